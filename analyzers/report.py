@@ -1,0 +1,182 @@
+"""The versioned Report: the contract between analysis and presentation.
+
+Analysis builds a `Report`; renderers (text, JSON, HTML, TUI, Perfetto overlay) only read it.
+`encode_report` / `decode_report` give the JSON form (`zdiag analyze --json`). The schema string
+is versioned: fields may be added with defaults (old files keep loading), never renamed.
+Every duration carries its unit in its name (`_ms`, `_us`), every size is in bytes (`_bytes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA = "zdiag.report/1"
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+
+# Verdicts, one per rank and step (thresholds: analyzers/verdict.py).
+VERDICTS = ("compute-bound", "comm-bound", "exposed-comm", "host-bound")
+
+
+class StepBreakdown(msgspec.Struct, kw_only=True):
+    """Where one step's time went on one rank (unions over all device lanes)."""
+
+    step: int
+    start_ms: float = 0.0  # step start, from the rank's first event
+    duration_ms: float
+    compute_ms: float
+    comm_ms: float
+    overlapped_ms: float  # compute ∩ comm
+    exposed_comm_ms: float  # comm − compute
+    memcpy_ms: float = 0.0  # memcpy/memset not covered by compute or comm
+    idle_ms: float  # no device activity at all
+    host_launch_ms: float = 0.0  # host time in kernel-launch API calls
+    kernel_count: int = 0
+    verdict: str
+    verdict_reason: str = ""  # the numbers and thresholds that decided it
+
+
+class RankSummary(msgspec.Struct, kw_only=True):
+    """One rank: its source file, its device kind, and its steps."""
+
+    rank: int
+    source: str = ""
+    device: str = "unknown"  # "cuda", "rocm", "cpu"
+    host: str | None = None
+    lanes: list[str] = msgspec.field(default_factory=list)
+    steps: list[StepBreakdown] = msgspec.field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
+
+
+class FsdpUnit(msgspec.Struct, kw_only=True):
+    """One FSDP unit (a `fully_shard`-ed module, or a ZeRO/FSDP1 equivalent) on one rank."""
+
+    name: str  # module fqn, e.g. "layers.3"; "" for the root
+    rank: int
+    framework: str = "fsdp2"  # "fsdp2", "fsdp1", "deepspeed"
+    param_bytes: int | None = None
+    all_gather_count: int = 0
+    all_gather_bytes: int = 0
+    all_gather_ms: float = 0.0
+    reduce_count: int = 0
+    reduce_bytes: int = 0
+    reduce_ms: float = 0.0
+    exposed_wait_ms: float = 0.0  # compute stalled waiting for this unit's collectives
+    gather_lead_ms: float | None = None  # mean (needed - issued); <= 0: issued only when needed
+
+
+class CollectiveKindStats(msgspec.Struct, kw_only=True):
+    """Totals per collective kind (all_gather, reduce_scatter, all_reduce, ...) on one rank."""
+
+    rank: int
+    kind: str
+    count: int
+    total_bytes: int = 0
+    total_ms: float = 0.0
+    exposed_ms: float = 0.0
+    dtypes: list[str] = msgspec.field(default_factory=list)
+
+
+class StragglerStat(msgspec.Struct, kw_only=True):
+    """How often a rank arrived last at matched collectives and the waiting it caused."""
+
+    rank: int
+    matched_collectives: int
+    last_arrivals: int
+    wait_caused_ms: float
+    mean_skew_ms: float
+
+
+class TimelineSpan(msgspec.Struct, array_like=True):
+    """One interval of a step timeline; `lane` is "compute", "comm:<kind>", "memcpy" or "fsdp"."""
+
+    lane: str
+    name: str
+    start_ms: float  # from the step's start
+    dur_ms: float
+
+
+class StepTimeline(msgspec.Struct, kw_only=True):
+    """The intervals of one chosen step on one rank, bounded in count (`truncated` says so)."""
+
+    rank: int
+    step: int
+    spans: list[TimelineSpan] = msgspec.field(default_factory=list)
+    truncated: bool = False
+
+
+class MemoryTimeline(msgspec.Struct, kw_only=True):
+    """Memory over time by category (e.g. PARAMETER, ACTIVATION, GRADIENT) on one rank."""
+
+    rank: int
+    source: str  # "memory_timeline", "snapshot", "trace"
+    times_ms: list[float] = msgspec.field(default_factory=list)
+    bytes_by_category: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    peak_bytes: int = 0
+    peak_category_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    capacity_bytes: int | None = None
+    oom: bool = False
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """A diagnosed problem, its evidence as numbers, the change to make and the gain to expect."""
+
+    id: str  # stable: "whole-model-wrap", "tiny-layer-wrap", "missing-overlap", ...
+    severity: Severity
+    title: str
+    ranks: list[int] = msgspec.field(default_factory=list)
+    steps: list[int] = msgspec.field(default_factory=list)
+    units: list[str] = msgspec.field(default_factory=list)
+    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    recommendation: str = ""
+    code: str | None = None  # the concrete code / config change
+    expected_gain_ms: float | None = None  # per step
+    expected_gain_bytes: int | None = None  # peak memory saved
+    gain_method: str = ""  # how the gain was estimated
+
+
+class Report(msgspec.Struct, kw_only=True):
+    """Everything `zdiag analyze` found; renderers consume only this."""
+
+    schema: str = SCHEMA
+    zdiag_version: str = ""
+    inputs: list[str] = msgspec.field(default_factory=list)
+    ranks: list[RankSummary] = msgspec.field(default_factory=list)
+    findings: list[Finding] = msgspec.field(default_factory=list)
+    fsdp_units: list[FsdpUnit] = msgspec.field(default_factory=list)
+    collectives: list[CollectiveKindStats] = msgspec.field(default_factory=list)
+    stragglers: list[StragglerStat] = msgspec.field(default_factory=list)
+    timelines: list[StepTimeline] = msgspec.field(default_factory=list)
+    memory: list[MemoryTimeline] = msgspec.field(default_factory=list)
+    thresholds: dict[str, float] = msgspec.field(default_factory=dict)
+    warnings: list[str] = msgspec.field(default_factory=list)
+    run: dict[str, Any] | None = None  # manifest summary (world size, config, versions)
+
+    def findings_at_least(self, severity: str) -> list[Finding]:
+        """Findings whose severity is `severity` or worse."""
+        floor = SEVERITY_ORDER[severity]
+        return [f for f in self.findings if SEVERITY_ORDER[f.severity] >= floor]
+
+
+def encode_report(report: Report) -> bytes:
+    """The report as indented-free JSON bytes (the `--json` output)."""
+    return msgspec.json.encode(report)
+
+
+def decode_report(data: bytes | str) -> Report:
+    """Parse a JSON report; raises ValueError naming the problem for other schemas or bad JSON."""
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not a JSON report ({exc})") from exc
+    if not isinstance(raw, dict) or not str(raw.get("schema", "")).startswith("zdiag.report/"):
+        raise ValueError("not a zdiag report (no 'schema': 'zdiag.report/N' field)")
+    if raw["schema"] != SCHEMA:
+        raise ValueError(f"report schema {raw['schema']!r} is newer than this zdiag ({SCHEMA})")
+    try:
+        return msgspec.convert(raw, Report)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"malformed zdiag report ({exc})") from exc

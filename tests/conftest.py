@@ -1,0 +1,20 @@
+"""Shared test fixtures: the repository root and the real traces beside the checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REAL_TRACES = REPO_ROOT.parent / "shared" / "real_traces"
+
+
+@pytest.fixture
+def real_traces() -> Path:
+    """../shared/real_traces (next to the checkout, as in CI); skips when absent."""
+    if not REAL_TRACES.is_dir():
+        pytest.skip(
+            f"real traces not found at {REAL_TRACES} (they live in ../shared next to the checkout)"
+        )
+    return REAL_TRACES

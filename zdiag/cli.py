@@ -1,0 +1,112 @@
+"""The `zdiag` command line: one exit path for every subcommand.
+
+Subcommand modules are imported only when chosen, so `zdiag --help` and `zdiag --version` start
+fast and one subcommand's heavy dependencies (torch, textual, plotly) never load for another.
+A user mistake prints one sentence on stderr and exits 2; `--debug` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from zdiag import __version__
+from zdiag.errors import UserError
+
+# name -> (module defining COMMAND, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": (
+        "zdiag.commands.run",
+        "launch a training script (or the built-in harness) under the profiler",
+    ),
+    "analyze": ("zdiag.commands.analyze", "analyze profiler traces or a run directory"),
+    "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
+    "demo": ("zdiag.commands.demo", "run the built-in FSDP2 harness on 2 CPU ranks and analyze it"),
+}
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 70
+EXIT_INTERRUPTED = 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr, with a pointer to --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv (the first non-option word), if it is a known one."""
+    for token in argv:
+        if token == "--":
+            return None
+        if not token.startswith("-"):
+            return token if token in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The top-level parser; only the chosen subcommand's module is imported and asked for options."""
+    parser = OneLineParser(
+        prog="zdiag",
+        description="Find out why sharded PyTorch training (FSDP2, ZeRO) is slow or out of memory.",
+    )
+    parser.add_argument("--version", action="version", version=f"zdiag {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    chosen = _chosen_command(argv)
+    for name, (module_name, help_text) in COMMANDS.items():
+        sp = sub.add_parser(
+            name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
+        )
+        if name == chosen:
+            command = importlib.import_module(module_name).COMMAND
+            command.add_arguments(sp)
+            sp.set_defaults(_command=command, _parser=sp)
+            sp.add_argument(
+                "--debug",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="show tracebacks for errors",
+            )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `zdiag`; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        (getattr(args, "_parser", None) or parser).error(
+            f"unrecognized arguments: {' '.join(extra)}"
+        )
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USER_ERROR
+    prog = f"zdiag {args.command}"
+    try:
+        return int(args._command.run(args))
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # the one exit path for unexpected errors
+        if args.debug:
+            raise
+        print(
+            f"{prog}: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with --debug for the traceback and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL_ERROR
