@@ -47,6 +47,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     device: str = "unknown"  # "cuda", "rocm", "cpu"
     host: str | None = None
     lanes: list[str] = msgspec.field(default_factory=list)
+    # absolute `ts` (µs) of the rank's first event in its trace: StepBreakdown.start_ms is relative
+    # to it; the Perfetto overlay adds it back to line up with the original trace (0.0: unknown)
+    trace_start_us: float = 0.0
     steps: list[StepBreakdown] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
 
