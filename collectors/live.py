@@ -1,0 +1,208 @@
+"""The live step-record publisher each training rank runs when a monitor is configured.
+
+`publisher_from_env(rank, host)` returns a `StepPublisher` when ``ZDIAG_MONITOR=HOST:PORT`` is
+set (``ZDIAG_MONITOR_TOKEN`` is the shared token), else None. `StepPublisher.publish(record)`
+is called once per training step: it stamps the record and puts it on a bounded in-memory
+queue, nothing more. A background thread encodes and sends it over a ZeroMQ PUSH socket.
+
+Guarantees, for the training step:
+
+- `publish` never blocks and never raises. When the queue is full (the sender is behind) the
+  record is dropped and counted; when the socket cannot take it (no monitor, monitor gone, a slow
+  link filling the send high-water mark) it is dropped and counted too. Every record carries the
+  running drop count, so the monitor shows what was lost.
+- memory is bounded: ``queue_size`` records here plus ``SEND_HWM`` messages inside zmq, and
+  zmq's ``IMMEDIATE`` option keeps nothing queued for a peer that is not connected.
+- zmq reconnects by itself (every ``RECONNECT_IVL_MS``, backing off to ``RECONNECT_IVL_MAX_MS``),
+  so a monitor that starts late, or is killed and restarted, just starts receiving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from zdiag.collectors.live_wire import (
+    ENV_JOB,
+    ENV_MONITOR,
+    ENV_TOKEN,
+    JOB_ENV_FALLBACKS,
+    SCHEMA,
+    Endpoint,
+    encode,
+    parse_endpoint,
+)
+
+QUEUE_SIZE = 256  # records waiting for the sender thread (a few minutes of steps at 1 Hz)
+SEND_HWM = 64  # messages zmq may hold for a connected but slow peer
+RECONNECT_IVL_MS = 200
+RECONNECT_IVL_MAX_MS = 2000
+_STOP = object()
+
+
+def job_id_from_env() -> str:
+    """The job id: ``ZDIAG_JOB_ID``, else the launcher's (torchelastic, Slurm, LSF, PBS), else ""."""
+    for name in (ENV_JOB, *JOB_ENV_FALLBACKS):
+        value = os.environ.get(name)
+        if value:
+            return value
+    return ""
+
+
+class StepPublisher:
+    """Sends step records to a monitor or relay without ever slowing the training step."""
+
+    def __init__(
+        self,
+        target: Endpoint | str,
+        *,
+        rank: int,
+        host: str,
+        token: str = "",
+        job: str = "",
+        queue_size: int = QUEUE_SIZE,
+        send_hwm: int = SEND_HWM,
+    ) -> None:
+        """Start the sender thread; it connects to `target` (``HOST:PORT``) in the background."""
+        self.target = target if isinstance(target, Endpoint) else parse_endpoint(target)
+        self.rank = int(rank)
+        self.host = str(host)
+        self.job = job
+        self._token = token.encode()
+        self._send_hwm = send_hwm
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
+        self._seq = itertools.count()
+        self._closed = False
+        # Counters: written by one thread each (no lock needed for the GIL-atomic int updates).
+        self.dropped_queue_full = 0
+        self.dropped_unsent = 0
+        self.sent = 0
+        self.error: str | None = None  # the first internal error, if any (the sender then stops)
+        self._thread = threading.Thread(
+            target=self._run, name=f"zdiag-live-publisher-{self.rank}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped so far (queue full, or the socket could not take them)."""
+        return self.dropped_queue_full + self.dropped_unsent
+
+    def publish(self, record: dict[str, Any]) -> None:
+        """Queue one step record; never blocks, never raises (drops and counts when full)."""
+        try:
+            if self._closed:
+                return
+            item = dict(record)
+            item["ts"] = time.time()
+            item["seq"] = next(self._seq)
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped_queue_full += 1
+        except Exception:  # instrumentation must never break training
+            self.dropped_queue_full += 1
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop the sender thread (what is still queued is sent if it can be, without waiting)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:
+            # Make room for the sentinel; a dropped record is counted like any other.
+            try:
+                self._queue.get_nowait()
+                self.dropped_queue_full += 1
+                self._queue.put_nowait(_STOP)
+            except (queue.Empty, queue.Full):
+                pass
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> StepPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sender thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ctx: zmq.Context[Any] | None = None
+        sock: zmq.Socket[Any] | None = None
+        try:
+            ctx = zmq.Context(io_threads=1)
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for peers that are not connected
+            sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.connect(self.target.connect_url)
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    break
+                self._send(sock, item)
+        except Exception as exc:  # contained: training goes on, the records are counted as dropped
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._drain_as_dropped()
+        finally:
+            if sock is not None:
+                sock.close(linger=0)
+            if ctx is not None:
+                ctx.term()
+
+    def _send(self, sock: zmq.Socket[Any], item: dict[str, Any]) -> None:
+        item.setdefault("rank", self.rank)
+        item.setdefault("host", self.host)
+        item["kind"] = "step"
+        item["schema"] = SCHEMA
+        item["job"] = self.job
+        item["pid"] = os.getpid()
+        item["dropped"] = self.dropped
+        for key, value in item.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                item[key] = None  # JSON has no NaN/inf
+        try:
+            sock.send_multipart(encode(item, self._token), flags=zmq.NOBLOCK, copy=True)
+            self.sent += 1
+        except zmq.Again:
+            self.dropped_unsent += 1
+        except (TypeError, ValueError):  # an unencodable record (e.g. NaN): drop it, keep going
+            self.dropped_unsent += 1
+
+    def _drain_as_dropped(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                self.dropped_unsent += 1
+
+
+def publisher_from_env(rank: int, host: str) -> StepPublisher | None:
+    """A publisher to ``$ZDIAG_MONITOR`` (``HOST:PORT``) with ``$ZDIAG_MONITOR_TOKEN``; None if unset.
+
+    A malformed ``ZDIAG_MONITOR`` raises ConfigError (a user mistake, reported before training).
+    """
+    target = os.environ.get(ENV_MONITOR, "").strip()
+    if not target:
+        return None
+    endpoint = parse_endpoint(target, option=ENV_MONITOR)
+    return StepPublisher(
+        endpoint,
+        rank=rank,
+        host=host,
+        token=os.environ.get(ENV_TOKEN, ""),
+        job=job_id_from_env(),
+    )

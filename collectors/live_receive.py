@@ -1,0 +1,215 @@
+"""The receiving end of the live stream: the monitor's receiver and the per-node relay.
+
+`LiveReceiver` binds a ZeroMQ PULL socket, checks each message's token and schema, and returns
+decoded records stamped with their receive time. Messages with a wrong token are rejected and
+counted (`rejected_token`), malformed ones too (`malformed`). Binding anywhere but loopback
+requires a token. Oversized messages are refused by zmq itself (``MAXMSGSIZE``).
+
+`Relay` fans in one node's ranks: it listens on the node (loopback by default), and forwards
+every valid message over one connection to the monitor, dropping and counting when the monitor is
+slow or absent, and reporting its counters as ``kind="relay"`` records every few seconds. Run it as
+``zdiag monitor --relay`` or inside the local-rank-0 process with `Relay.start_thread`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from zdiag.collectors.live_wire import (
+    MAX_MESSAGE_BYTES,
+    SCHEMA,
+    SCHEMA_FRAME,
+    Endpoint,
+    WireError,
+    decode,
+    encode,
+    parse_endpoint,
+    token_matches,
+)
+from zdiag.errors import ConfigError
+
+RCV_HWM = 200_000  # messages zmq may buffer between two polls (bounded memory under bursts)
+RELAY_SEND_HWM = 10_000
+RELAY_STATS_INTERVAL_S = 2.0
+
+
+def _as_endpoint(value: Endpoint | str, option: str) -> Endpoint:
+    return value if isinstance(value, Endpoint) else parse_endpoint(value, option=option)
+
+
+class LiveReceiver:
+    """A PULL socket bound to `listen` that yields validated records (never blocks unless asked)."""
+
+    def __init__(
+        self,
+        listen: Endpoint | str,
+        *,
+        token: str = "",
+        clock: Callable[[], float] = time.time,
+        option: str = "--listen",
+    ) -> None:
+        """Bind; raise ConfigError for a non-loopback address without a token or a busy port."""
+        endpoint = _as_endpoint(listen, option)
+        if not endpoint.is_loopback and not token:
+            raise ConfigError(
+                f"{option} {endpoint} accepts connections from other machines, so it needs a shared "
+                "token: pass --token or set ZDIAG_MONITOR_TOKEN (and the same on every rank)."
+            )
+        self._token = token.encode()
+        self._clock = clock
+        self.received = 0
+        self.rejected_token = 0
+        self.malformed = 0
+        self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
+        self._sock: zmq.Socket[Any] = self._ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, RCV_HWM)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        try:
+            if endpoint.port == 0:
+                port = self._sock.bind_to_random_port(f"tcp://{endpoint.host}")
+                endpoint = Endpoint(endpoint.host, port)
+            else:
+                self._sock.bind(endpoint.bind_url)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConfigError(
+                f"{option} {endpoint}: cannot listen there ({exc.strerror}); choose another port."
+            ) from None
+        self.endpoint = endpoint
+
+    @property
+    def rejected(self) -> int:
+        """Messages refused: wrong token or malformed."""
+        return self.rejected_token + self.malformed
+
+    def poll_frames(self, timeout_ms: int = 0, max_messages: int = 50_000) -> list[list[bytes]]:
+        """Raw messages whose token and schema frame are right (waits up to `timeout_ms` for one)."""
+        out: list[list[bytes]] = []
+        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+            return out
+        for _ in range(max_messages):
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) != 3 or frames[0] != SCHEMA_FRAME:
+                self.malformed += 1
+            elif not token_matches(self._token, frames[1]):
+                self.rejected_token += 1
+            else:
+                out.append(frames)
+        return out
+
+    def poll(self, timeout_ms: int = 0, max_messages: int = 50_000) -> list[dict[str, Any]]:
+        """Decoded records, each stamped with ``recv_ts`` (this receiver's clock)."""
+        records: list[dict[str, Any]] = []
+        frames_list = self.poll_frames(timeout_ms, max_messages)
+        now = self._clock()
+        for frames in frames_list:
+            try:
+                record = decode(frames)
+            except WireError:
+                self.malformed += 1
+                continue
+            record["recv_ts"] = now
+            records.append(record)
+        self.received += len(records)
+        return records
+
+    def close(self) -> None:
+        """Close the socket at once (nothing lingers)."""
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+class Relay:
+    """Forwards one node's ranks to the monitor over a single connection."""
+
+    def __init__(
+        self,
+        listen: Endpoint | str,
+        forward: Endpoint | str,
+        *,
+        token: str = "",
+        host: str | None = None,
+        stats_interval_s: float = RELAY_STATS_INTERVAL_S,
+    ) -> None:
+        """Bind `listen` (token rules as for the monitor) and connect to `forward` in the background."""
+        self.receiver = LiveReceiver(listen, token=token, option="--listen")
+        self.forward = _as_endpoint(forward, "--forward")
+        self.host = host or socket.gethostname()
+        self._token = token.encode()
+        self._stats_interval_s = stats_interval_s
+        self.forwarded = 0
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
+        self._out: zmq.Socket[Any] = self._ctx.socket(zmq.PUSH)
+        self._out.setsockopt(zmq.LINGER, 0)
+        self._out.setsockopt(zmq.SNDHWM, RELAY_SEND_HWM)
+        self._out.setsockopt(zmq.IMMEDIATE, 1)
+        self._out.setsockopt(zmq.RECONNECT_IVL, 200)
+        self._out.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._out.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        self._out.connect(self.forward.connect_url)
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            self._out.send_multipart(frames, flags=zmq.NOBLOCK)
+            self.forwarded += 1
+        except zmq.Again:
+            self.dropped += 1
+
+    def stats_record(self) -> dict[str, Any]:
+        """This relay's counters as a ``kind="relay"`` record."""
+        return {
+            "kind": "relay",
+            "schema": SCHEMA,
+            "host": self.host,
+            "ts": time.time(),
+            "forwarded": self.forwarded,
+            "dropped": self.dropped,
+            "rejected": self.receiver.rejected,
+        }
+
+    def run(self, duration_s: float | None = None) -> None:
+        """Forward until `stop()` (or for `duration_s` seconds); then close the sockets."""
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        next_stats = time.monotonic() + self._stats_interval_s
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                for frames in self.receiver.poll_frames(timeout_ms=100):
+                    self._send(frames)
+                if now >= next_stats:
+                    next_stats = now + self._stats_interval_s
+                    self._send(encode(self.stats_record(), self._token))
+        finally:
+            self._close()
+
+    def start_thread(self) -> threading.Thread:
+        """Run the relay in a daemon thread (e.g. inside the local-rank-0 process)."""
+        self._thread = threading.Thread(target=self.run, name="zdiag-live-relay", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Ask `run` to return and wait for its thread, if it has one."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _close(self) -> None:
+        self._out.close(linger=0)
+        self._ctx.term()
+        self.receiver.close()
