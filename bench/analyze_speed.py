@@ -124,10 +124,11 @@ def _decode_msgspec_typed(data: bytes) -> int:
 def _decode_simdjson_lazy(data: bytes) -> int:
     import simdjson
 
-    doc = simdjson.Parser().parse(data)
-    events = doc["traceEvents"]
+    doc: Any = simdjson.Parser().parse(data)
+    events: Any = doc["traceEvents"]
     total = 0.0
     n = 0
+    ev: Any
     for ev in events:
         n += 1
         if ev.get("ph") == "X":
