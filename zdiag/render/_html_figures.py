@@ -1,0 +1,444 @@
+"""The plotly figures of the HTML report, built only from what the Report holds.
+
+Every figure function returns `(figure or None, notes)`: `None` when the Report has nothing to
+show, and notes (plain text, escaped by the page) saying what was aggregated, downsampled or
+truncated to keep large runs responsive. Every string read from a trace goes through `esc` before
+it reaches plotly: plotly interprets a subset of HTML in labels and decodes entities, so escaped
+names are shown literally and never interpreted.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from zdiag.analyzers.report import (
+    FsdpUnit,
+    MemoryTimeline,
+    RankSummary,
+    Report,
+    StepBreakdown,
+    StepTimeline,
+)
+from zdiag.render._output import unit_label
+
+# Limits that keep the page responsive; beyond them the page aggregates and says so.
+MAX_HEATMAP_RANKS = 256
+MAX_HEATMAP_STEPS = 500
+MAX_BREAKDOWN_RANK_CHOICES = 32
+MAX_TIMELINE_STEPS = 3
+MAX_TIMELINE_RANKS = 16
+MAX_TIMELINE_SPANS = 4000  # per figure, over all its ranks
+MAX_UNITS = 120
+MAX_MEMORY_RANKS = 4
+MAX_MEMORY_POINTS = 1500
+
+VERDICT_COLORS = {
+    "compute-bound": "#2e7d32",
+    "exposed-comm": "#ef6c00",
+    "comm-bound": "#c62828",
+    "host-bound": "#6a1b9a",
+}
+PHASE_COLORS = {
+    "compute (not overlapped)": "#4c78a8",
+    "overlapped comm": "#72b7b2",
+    "exposed comm": "#e45756",
+    "memcpy": "#b279a2",
+    "idle": "#bab0ac",
+}
+LANE_COLORS = {"compute": "#4c78a8", "memcpy": "#b279a2", "fsdp": "#9d755d"}
+COMM_COLORS = ["#e45756", "#f58518", "#eeca3b", "#54a24b", "#ff9da6", "#79706e"]
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+Notes = list[str]
+
+
+def esc(text: object) -> str:
+    """Escape a value for plotly text (labels, hover): shown literally, never interpreted."""
+    return html.escape(str(text), quote=True)
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title={"text": esc(title), "x": 0.01, "font": {"size": 15}},
+        template="plotly_white",
+        height=height,
+        margin={"l": 70, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "y": -0.15},
+        hoverlabel={"namelength": -1},
+    )
+    return fig
+
+
+def _ranks(report: Report) -> list[RankSummary]:
+    return sorted(report.ranks, key=lambda r: r.rank)
+
+
+def _step_ids(ranks: Sequence[RankSummary]) -> list[int]:
+    return sorted({s.step for r in ranks for s in r.steps})
+
+
+def _blocks(n: int, limit: int) -> int:
+    """How many consecutive items go into one displayed cell so that at most `limit` remain."""
+    return max(1, math.ceil(n / limit))
+
+
+def _span_label(items: Sequence[int], start: int, size: int) -> str:
+    chunk = items[start : start + size]
+    return str(chunk[0]) if len(chunk) == 1 else f"{chunk[0]}–{chunk[-1]}"
+
+
+def heatmap(
+    report: Report, value: Callable[[StepBreakdown], float], title: str, what: str
+) -> tuple[go.Figure | None, Notes]:
+    """A ranks x steps heatmap of `value` (ms); blocks of ranks/steps show their maximum."""
+    ranks = _ranks(report)
+    steps = _step_ids(ranks)
+    if not ranks or not steps:
+        return None, []
+    rank_ids = [r.rank for r in ranks]
+    rb = _blocks(len(ranks), MAX_HEATMAP_RANKS)
+    sb = _blocks(len(steps), MAX_HEATMAP_STEPS)
+    col_of = {s: i // sb for i, s in enumerate(steps)}
+    ncols = math.ceil(len(steps) / sb)
+    z: list[list[float | None]] = []
+    text: list[list[str]] = []
+    y_labels: list[str] = []
+    for row_start in range(0, len(ranks), rb):
+        row: list[float | None] = [None] * ncols
+        verdicts: list[str] = [""] * ncols
+        for r in ranks[row_start : row_start + rb]:
+            for s in r.steps:
+                c = col_of[s.step]
+                v = value(s)
+                if row[c] is None or v > (row[c] or 0.0):
+                    row[c] = v
+                    verdicts[c] = s.verdict
+        label = _span_label(rank_ids, row_start, rb)
+        y_labels.append(f"rank {label}" if rb == 1 else f"ranks {label}")
+        z.append(row)
+        text.append(
+            [
+                f"{y_labels[-1]}, step {_span_label(steps, c * sb, sb)}: "
+                + ("no data" if row[c] is None else f"{row[c]:.2f} ms ({esc(verdicts[c])})")
+                for c in range(ncols)
+            ]
+        )
+    x_labels = [_span_label(steps, c * sb, sb) for c in range(ncols)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=x_labels,
+            y=y_labels,
+            text=text,
+            hovertemplate="%{text}<extra></extra>",
+            colorscale="YlOrRd",
+            colorbar={"title": {"text": "ms"}},
+            hoverongaps=False,
+        )
+    )
+    fig.update_xaxes(title_text="step", type="category")
+    fig.update_yaxes(title_text="rank", type="category", autorange="reversed")
+    notes: Notes = []
+    if rb > 1 or sb > 1:
+        notes.append(
+            f"{what}: {len(ranks)} ranks x {len(steps)} steps aggregated into blocks of "
+            f"{rb} rank(s) x {sb} step(s); each cell shows the block's maximum."
+        )
+    height = min(900, max(260, 60 + 18 * len(y_labels)))
+    return _layout(fig, title, height), notes
+
+
+def _phases(s: StepBreakdown) -> dict[str, float]:
+    return {
+        "compute (not overlapped)": max(s.compute_ms - s.overlapped_ms, 0.0),
+        "overlapped comm": s.overlapped_ms,
+        "exposed comm": s.exposed_comm_ms,
+        "memcpy": s.memcpy_ms,
+        "idle": s.idle_ms,
+    }
+
+
+def _phase_series(rows: Sequence[RankSummary], steps: list[int], sb: int) -> dict[str, list[float]]:
+    """Mean per phase over the given ranks and each block of `sb` steps."""
+    sums: dict[str, list[float]] = {p: [0.0] * math.ceil(len(steps) / sb) for p in PHASE_COLORS}
+    counts = [0] * math.ceil(len(steps) / sb)
+    col_of = {s: i // sb for i, s in enumerate(steps)}
+    for r in rows:
+        for s in r.steps:
+            c = col_of[s.step]
+            counts[c] += 1
+            for phase, v in _phases(s).items():
+                sums[phase][c] += v
+    return {
+        p: [round(v / n, 3) if n else 0.0 for v, n in zip(vs, counts, strict=True)]
+        for p, vs in sums.items()
+    }
+
+
+def breakdown(report: Report) -> tuple[go.Figure | None, Notes]:
+    """Stacked bars per step: compute, overlapped comm, exposed comm, memcpy, idle (ms).
+
+    Shows the mean over ranks, with a menu to pick one rank (the first ranks, up to a limit).
+    """
+    ranks = _ranks(report)
+    steps = _step_ids(ranks)
+    if not steps:
+        return None, []
+    sb = _blocks(len(steps), MAX_HEATMAP_STEPS)
+    x = [_span_label(steps, c * sb, sb) for c in range(math.ceil(len(steps) / sb))]
+    choices: list[tuple[str, Sequence[RankSummary]]] = [
+        (f"mean of {len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0].rank}", ranks)
+    ]
+    if len(ranks) > 1:
+        choices += [(f"rank {r.rank}", [r]) for r in ranks[:MAX_BREAKDOWN_RANK_CHOICES]]
+    series = [(label, _phase_series(rows, steps, sb)) for label, rows in choices]
+    fig = go.Figure(
+        [
+            go.Bar(
+                name=phase,
+                x=x,
+                y=series[0][1][phase],
+                marker_color=color,
+                hovertemplate=f"step %{{x}}: %{{y:.2f}} ms {phase}<extra></extra>",
+            )
+            for phase, color in PHASE_COLORS.items()
+        ]
+    )
+    fig.update_layout(barmode="stack")
+    if len(series) > 1:
+        buttons = [
+            {"label": esc(label), "method": "restyle", "args": [{"y": list(data.values())}]}
+            for label, data in series
+        ]
+        fig.update_layout(
+            updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15}]
+        )
+    fig.update_xaxes(title_text="step", type="category")
+    fig.update_yaxes(title_text="ms")
+    notes: Notes = []
+    if sb > 1:
+        notes.append(f"Breakdown: each bar is the mean over a block of {sb} steps.")
+    if len(ranks) > MAX_BREAKDOWN_RANK_CHOICES:
+        notes.append(
+            f"Breakdown: the menu lists the first {MAX_BREAKDOWN_RANK_CHOICES} of {len(ranks)} ranks."
+        )
+    return _layout(fig, "Where each step's time went (ms)", 420), notes
+
+
+def _lane_order(lane: str) -> tuple[int, str]:
+    if lane == "compute":
+        return (0, lane)
+    if lane.startswith("comm:"):
+        return (1, lane)
+    return (2, lane) if lane == "memcpy" else (3, lane)
+
+
+def timeline(step: int, timelines: Sequence[StepTimeline]) -> tuple[go.Figure | None, Notes]:
+    """Gantt-style bars of one step: a row per rank and lane, colored by lane kind."""
+    chosen = sorted(timelines, key=lambda t: t.rank)[:MAX_TIMELINE_RANKS]
+    total = sum(len(t.spans) for t in chosen)
+    if total == 0:
+        return None, []
+    notes: Notes = []
+    if len(timelines) > len(chosen):
+        notes.append(
+            f"Timeline of step {step}: the first {len(chosen)} of {len(timelines)} ranks are shown."
+        )
+    per_rank = max(1, MAX_TIMELINE_SPANS // len(chosen))
+    if total > MAX_TIMELINE_SPANS:
+        notes.append(
+            f"Timeline of step {step}: {total} spans; the first {per_rank} per rank are drawn."
+        )
+    if any(t.truncated for t in chosen):
+        cut = ", ".join(str(t.rank) for t in chosen if t.truncated)
+        notes.append(
+            f"Timeline of step {step}: the analysis kept only part of the spans (rank {cut})."
+        )
+    lanes_seen = sorted({s.lane for t in chosen for s in t.spans}, key=_lane_order)
+    comm_color = {
+        lane: COMM_COLORS[i % len(COMM_COLORS)]
+        for i, lane in enumerate(lane for lane in lanes_seen if lane.startswith("comm:"))
+    }
+    rows: list[str] = []
+    by_lane: dict[str, dict[str, list]] = defaultdict(
+        lambda: {"y": [], "x": [], "base": [], "text": []}
+    )
+    for t in chosen:
+        for lane in sorted({s.lane for s in t.spans}, key=_lane_order):
+            rows.append(f"rank {t.rank} · {esc(lane)}")
+        for s in t.spans[:per_rank]:
+            d = by_lane[s.lane]
+            d["y"].append(f"rank {t.rank} · {esc(s.lane)}")
+            d["x"].append(max(s.dur_ms, 0.0))
+            d["base"].append(s.start_ms)
+            d["text"].append(
+                f"{esc(s.name)}<br>start {s.start_ms:.3f} ms, {s.dur_ms:.3f} ms (rank {t.rank})"
+            )
+    fig = go.Figure()
+    for lane in lanes_seen:
+        if lane not in by_lane:
+            continue
+        d = by_lane[lane]
+        color = LANE_COLORS.get(lane) or comm_color.get(lane, "#888888")
+        fig.add_trace(
+            go.Bar(
+                name=esc(lane),
+                orientation="h",
+                y=d["y"],
+                x=d["x"],
+                base=d["base"],
+                hovertext=d["text"],
+                hovertemplate="%{hovertext}<extra></extra>",
+                marker={"color": color, "line": {"width": 0}},
+                opacity=0.8,
+                width=0.8,
+            )
+        )
+    fig.update_layout(barmode="overlay")
+    fig.update_yaxes(
+        type="category",
+        categoryorder="array",
+        categoryarray=rows,
+        autorange="reversed",
+    )
+    fig.update_xaxes(title_text=f"ms from the start of step {step}")
+    height = min(1200, max(260, 90 + 24 * len(rows)))
+    return _layout(fig, f"Timeline of step {step} per rank", height), notes
+
+
+def timelines_by_step(report: Report) -> list[tuple[int, list[StepTimeline]]]:
+    """The timelines grouped by step (at most MAX_TIMELINE_STEPS steps, in step order)."""
+    groups: dict[int, list[StepTimeline]] = defaultdict(list)
+    for t in report.timelines:
+        groups[t.step].append(t)
+    return sorted(groups.items())[:MAX_TIMELINE_STEPS]
+
+
+def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
+    """Per FSDP unit: bytes gathered and reduced (mean over ranks), exposed wait (mean and max)."""
+    if not report.fsdp_units:
+        return None, []
+    grouped: dict[str, list[FsdpUnit]] = {}
+    for u in report.fsdp_units:
+        grouped.setdefault(u.name, []).append(u)
+    names = list(grouped)
+    notes: Notes = []
+    if len(names) > MAX_UNITS:
+        keep = set(
+            sorted(names, key=lambda n: max(u.exposed_wait_ms for u in grouped[n]), reverse=True)[
+                :MAX_UNITS
+            ]
+        )
+        notes.append(
+            f"FSDP units: the {MAX_UNITS} of {len(names)} units with the largest exposed wait are shown."
+        )
+        names = [n for n in names if n in keep]
+
+    def mean(n: str, get: Callable[[FsdpUnit], float]) -> float:
+        return sum(get(u) for u in grouped[n]) / len(grouped[n])
+
+    labels = [esc(unit_label(n)) for n in names]
+    nranks = len({u.rank for u in report.fsdp_units})
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    fig.add_trace(
+        go.Bar(
+            name="all-gather (MiB)",
+            x=labels,
+            y=[mean(n, lambda u: u.all_gather_bytes) / MIB for n in names],
+            marker_color="#4c78a8",
+            hovertemplate="%{x}: %{y:.1f} MiB gathered<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Bar(
+            name="reduce (MiB)",
+            x=labels,
+            y=[mean(n, lambda u: u.reduce_bytes) / MIB for n in names],
+            marker_color="#72b7b2",
+            hovertemplate="%{x}: %{y:.1f} MiB reduced<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Bar(
+            name="exposed wait (ms, mean over ranks)",
+            x=labels,
+            y=[mean(n, lambda u: u.exposed_wait_ms) for n in names],
+            marker_color="#e45756",
+            hovertemplate="%{x}: %{y:.2f} ms exposed wait (mean)<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
+    if nranks > 1:
+        fig.add_trace(
+            go.Scatter(
+                name="exposed wait (ms, worst rank)",
+                x=labels,
+                y=[max(u.exposed_wait_ms for u in grouped[n]) for n in names],
+                mode="markers",
+                marker={"color": "#222222", "symbol": "line-ew-open", "size": 14},
+                hovertemplate="%{x}: %{y:.2f} ms exposed wait (worst rank)<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(type="category", row=1, col=1)
+    fig.update_xaxes(type="category", title_text="FSDP unit", row=2, col=1)
+    fig.update_yaxes(title_text="MiB (mean)", row=1, col=1)
+    fig.update_yaxes(title_text="ms", row=2, col=1)
+    title = f"FSDP units: bytes moved and exposed wait ({nranks} rank{'s' if nranks != 1 else ''})"
+    return _layout(fig, title, 560), notes
+
+
+def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
+    """Stacked memory by category over time (GiB), capacity as a line; max per bucket if long."""
+    n = len(timeline_.times_ms)
+    if n == 0 or not timeline_.bytes_by_category:
+        return None, []
+    stride = _blocks(n, MAX_MEMORY_POINTS)
+    notes: Notes = []
+    if stride > 1:
+        notes.append(
+            f"Memory of rank {timeline_.rank}: {n} samples downsampled to buckets of {stride} "
+            "(each bucket shows its maximum)."
+        )
+    times = timeline_.times_ms[::stride]
+    fig = go.Figure()
+    for category, values in timeline_.bytes_by_category.items():
+        ys = [max(values[i : i + stride], default=0) / GIB for i in range(0, n, stride)]
+        fig.add_trace(
+            go.Scatter(
+                name=esc(category),
+                x=times,
+                y=ys,
+                stackgroup="memory",
+                mode="lines",
+                hovertemplate=f"{esc(category)}: %{{y:.3f}} GiB at %{{x:.1f}} ms<extra></extra>",
+            )
+        )
+    if timeline_.capacity_bytes:
+        fig.add_hline(
+            y=timeline_.capacity_bytes / GIB,
+            line_dash="dash",
+            line_color="#c62828",
+            annotation_text="device capacity",
+        )
+    fig.update_xaxes(title_text="ms")
+    fig.update_yaxes(title_text="GiB")
+    title = (
+        f"Memory of rank {timeline_.rank} by category (peak {timeline_.peak_bytes / GIB:.2f} GiB"
+        f"{', OOM' if timeline_.oom else ''}; source: {timeline_.source})"
+    )
+    return _layout(fig, title, 380), notes

@@ -1,0 +1,265 @@
+"""HTML fragments of the report page (summary, findings, tables); every value is escaped here."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter, defaultdict
+from typing import Any
+
+import msgspec
+
+from zdiag.analyzers.report import SEVERITY_ORDER, VERDICTS, Finding, Report
+from zdiag.render._html_figures import VERDICT_COLORS
+from zdiag.render._output import fmt_bytes, fmt_ints, fmt_list, fmt_ms
+
+MAX_EVIDENCE_ITEMS = 40
+MAX_VALUE_CHARS = 400
+MAX_TABLE_ROWS = 64
+TOP_FINDINGS = 5
+
+
+def e(value: object) -> str:
+    """Escape any value for HTML text or a quoted attribute."""
+    return html.escape(str(value), quote=True)
+
+
+def _table(headers: list[str], rows: list[list[str]], note: str = "") -> str:
+    """A table whose cells are ALREADY escaped HTML."""
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    extra = f'<p class="note">{e(note)}</p>' if note else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{extra}"
+
+
+def verdict_chip(verdict: str) -> str:
+    """A colored label for a verdict."""
+    color = VERDICT_COLORS.get(verdict, "#555555")
+    return f'<span class="chip" style="background:{color}">{e(verdict)}</span>'
+
+
+def severity_chip(severity: str) -> str:
+    """A colored label for a finding's severity."""
+    return f'<span class="sev sev-{e(severity)}">{e(severity)}</span>'
+
+
+def ordered_findings(report: Report) -> list[tuple[int, Finding]]:
+    """Findings worst first (severity, then expected gain), with their index in the Report."""
+    return sorted(
+        enumerate(report.findings),
+        key=lambda p: (-SEVERITY_ORDER.get(p[1].severity, 0), -(p[1].expected_gain_ms or 0.0)),
+    )
+
+
+def summary(report: Report) -> str:
+    """Run facts, verdict counts, top findings, warnings."""
+    steps = [s for r in report.ranks for s in r.steps]
+    parts = ['<section id="summary"><h2>Summary</h2>']
+    facts: list[tuple[str, str]] = [
+        ("ranks", str(len(report.ranks))),
+        ("rank × step rows", str(len(steps))),
+        ("findings", str(len(report.findings))),
+    ]
+    if steps:
+        durations = [s.duration_ms for s in steps]
+        facts.append(("mean step time", fmt_ms(sum(durations) / len(durations))))
+        facts.append(("slowest step", fmt_ms(max(durations))))
+    if report.zdiag_version:
+        facts.append(("zdiag", report.zdiag_version))
+    parts.append(
+        '<dl class="facts">'
+        + "".join(f"<div><dt>{e(k)}</dt><dd>{e(v)}</dd></div>" for k, v in facts)
+        + "</dl>"
+    )
+    if steps:
+        counts = Counter(s.verdict for s in steps)
+        names = list(VERDICTS) + sorted(set(counts) - set(VERDICTS))
+        rows = [
+            [verdict_chip(v), e(counts[v]), e(f"{counts[v] / len(steps):.0%}")]
+            for v in names
+            if counts[v]
+        ]
+        parts.append("<h3>Step verdicts (rank × step)</h3>")
+        parts.append(_table(["verdict", "steps", "share"], rows))
+    else:
+        parts.append('<p class="empty">No steps were found in the inputs.</p>')
+    parts.append("<h3>Top findings</h3>")
+    top = ordered_findings(report)[:TOP_FINDINGS]
+    if top:
+        items = []
+        for index, f in top:
+            gain = (
+                f" — expected gain {e(fmt_ms(f.expected_gain_ms))}/step"
+                if f.expected_gain_ms
+                else ""
+            )
+            items.append(
+                f'<li>{severity_chip(f.severity)} <a href="#finding-{index}">{e(f.title)}</a>'
+                f" <code>{e(f.id)}</code>{gain}</li>"
+            )
+        parts.append('<ol class="top">' + "".join(items) + "</ol>")
+    else:
+        parts.append('<p class="empty">No findings: nothing in the traces crossed a threshold.</p>')
+    if report.warnings:
+        parts.append("<h3>Warnings</h3><ul>")
+        parts.extend(f"<li>{e(w)}</li>" for w in report.warnings[:MAX_TABLE_ROWS])
+        if len(report.warnings) > MAX_TABLE_ROWS:
+            parts.append(f"<li>… and {len(report.warnings) - MAX_TABLE_ROWS} more</li>")
+        parts.append("</ul>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:,.4g}"
+    elif isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = msgspec.json.encode(value).decode()
+        except (TypeError, msgspec.EncodeError):
+            text = repr(value)
+    if len(text) > MAX_VALUE_CHARS:
+        text = text[:MAX_VALUE_CHARS] + "…"
+    return e(text)
+
+
+def findings(report: Report) -> str:
+    """Every finding: what, where, evidence, recommendation, code, expected gain."""
+    parts = ['<section id="findings"><h2>Findings</h2>']
+    if not report.findings:
+        parts.append('<p class="empty">No findings.</p></section>')
+        return "".join(parts)
+    for index, f in ordered_findings(report):
+        parts.append(f'<article class="finding sev-border-{e(f.severity)}" id="finding-{index}">')
+        parts.append(f"<h3>{severity_chip(f.severity)} {e(f.title)} <code>{e(f.id)}</code></h3>")
+        where = []
+        if f.ranks:
+            where.append(f"ranks {fmt_ints(f.ranks)}")
+        if f.steps:
+            where.append(f"steps {fmt_ints(f.steps)}")
+        if f.units:
+            where.append("units " + fmt_list([u or "(root)" for u in f.units], 8))
+        if where:
+            parts.append(f'<p class="where">{e("; ".join(where))}</p>')
+        if f.evidence:
+            items = list(f.evidence.items())
+            rows = [[e(k), _value(v)] for k, v in items[:MAX_EVIDENCE_ITEMS]]
+            note = (
+                f"{len(items) - MAX_EVIDENCE_ITEMS} more evidence items are in the JSON report."
+                if len(items) > MAX_EVIDENCE_ITEMS
+                else ""
+            )
+            parts.append(_table(["evidence", "value"], rows, note))
+        if f.recommendation:
+            parts.append(
+                f'<p class="rec"><strong>What to change:</strong> {e(f.recommendation)}</p>'
+            )
+        if f.code:
+            parts.append(f"<pre><code>{e(f.code)}</code></pre>")
+        gains = []
+        if f.expected_gain_ms is not None:
+            gains.append(f"{fmt_ms(f.expected_gain_ms)} per step")
+        if f.expected_gain_bytes is not None:
+            gains.append(f"{fmt_bytes(f.expected_gain_bytes)} of peak memory")
+        if gains:
+            method = f" ({f.gain_method})" if f.gain_method else ""
+            parts.append(f'<p class="gain">Expected gain: {e(" and ".join(gains) + method)}</p>')
+        parts.append("</article>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def collectives(report: Report) -> str:
+    """Collective totals per kind over all ranks, and the straggler table."""
+    parts = ['<section id="collectives"><h2>Collectives and stragglers</h2>']
+    if report.collectives:
+        agg: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
+        ranks_of: dict[str, set[int]] = defaultdict(set)
+        for c in report.collectives:
+            a = agg[c.kind]
+            a[0] += c.count
+            a[1] += c.total_bytes
+            a[2] += c.total_ms
+            a[3] += c.exposed_ms
+            ranks_of[c.kind].add(c.rank)
+        rows = [
+            [
+                e(kind),
+                e(len(ranks_of[kind])),
+                e(int(a[0])),
+                e(fmt_bytes(a[1])),
+                e(fmt_ms(a[2])),
+                e(fmt_ms(a[3])),
+            ]
+            for kind, a in sorted(agg.items(), key=lambda p: -p[1][2])
+        ]
+        parts.append(
+            _table(
+                ["kind", "ranks", "count", "bytes", "time", "exposed"],
+                rows,
+                "Totals over all ranks.",
+            )
+        )
+    else:
+        parts.append('<p class="empty">No collectives were found.</p>')
+    if report.stragglers:
+        worst = sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)
+        rows = [
+            [
+                e(s.rank),
+                e(s.matched_collectives),
+                e(s.last_arrivals),
+                e(fmt_ms(s.wait_caused_ms)),
+                e(fmt_ms(s.mean_skew_ms)),
+            ]
+            for s in worst[:MAX_TABLE_ROWS]
+        ]
+        note = (
+            f"The {MAX_TABLE_ROWS} ranks that caused the most waiting."
+            if len(worst) > MAX_TABLE_ROWS
+            else ""
+        )
+        parts.append("<h3>Stragglers (who arrived last)</h3>")
+        parts.append(
+            _table(
+                ["rank", "matched collectives", "last arrivals", "wait caused", "mean skew"],
+                rows,
+                note,
+            )
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def run_facts(report: Report) -> str:
+    """Inputs, the manifest summary and the verdict thresholds."""
+    parts = ['<section id="run"><h2>Run and thresholds</h2>']
+    if report.run:
+        rows = [[e(k), _value(v)] for k, v in list(report.run.items())[:MAX_TABLE_ROWS]]
+        parts.append(_table(["run", "value"], rows))
+    if report.thresholds:
+        rows = [[e(k), _value(v)] for k, v in report.thresholds.items()]
+        parts.append(_table(["threshold", "value"], rows))
+    if report.inputs:
+        shown = report.inputs[:MAX_TABLE_ROWS]
+        more = (
+            f"<li>… and {len(report.inputs) - len(shown)} more</li>"
+            if len(report.inputs) > len(shown)
+            else ""
+        )
+        parts.append(
+            f"<details><summary>{e(len(report.inputs))} input file(s)</summary><ul>"
+            + "".join(f"<li><code>{e(p)}</code></li>" for p in shown)
+            + more
+            + "</ul></details>"
+        )
+    rank_warnings = [(r.rank, w) for r in report.ranks for w in r.warnings]
+    if rank_warnings:
+        parts.append("<h3>Per-rank warnings</h3><ul>")
+        parts.extend(
+            f"<li>rank {e(rank)}: {e(w)}</li>" for rank, w in rank_warnings[:MAX_TABLE_ROWS]
+        )
+        parts.append("</ul>")
+    parts.append(f'<p class="note">Report schema {e(report.schema)}.</p></section>')
+    return "".join(parts)

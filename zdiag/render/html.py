@@ -1,0 +1,172 @@
+"""The HTML report (`zdiag analyze PATH --html FILE`): one self-contained, interactive page.
+
+plotly's JavaScript is inlined once, so the page loads nothing from the network. Names read from
+traces are untrusted: HTML text goes through `html.escape`, plotly labels are escaped too, and the
+figures' JSON comes from plotly's serializer (which writes `<`, `>` and `/` as `\\u003c`, ...);
+every script block is checked before it is written. Large runs are aggregated or truncated
+(limits in `_html_figures`), and the page says so under "Notes".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from zdiag.analyzers.report import Report
+from zdiag.render import _html_figures as figs
+from zdiag.render import _html_parts as parts
+from zdiag.render._html_parts import e
+from zdiag.render._output import write_atomically
+
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+
+CSS = """
+:root { --fg:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#ffffff; --soft:#f6f8fa; }
+* { box-sizing: border-box; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
+  background: var(--bg); margin: 0; line-height: 1.45; }
+header { background: #24292f; color: #fff; padding: 14px 24px; }
+header h1 { margin: 0; font-size: 20px; } header p { margin: 4px 0 0; color: #c9d1d9; font-size: 13px; }
+nav { position: sticky; top: 0; background: var(--soft); border-bottom: 1px solid var(--line);
+  padding: 6px 24px; z-index: 10; font-size: 14px; }
+nav a { margin-right: 14px; color: #0969da; text-decoration: none; }
+main { max-width: 1280px; margin: 0 auto; padding: 8px 24px 48px; }
+section { margin-top: 28px; } h2 { border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 14px; }
+th, td { border: 1px solid var(--line); padding: 4px 10px; text-align: left; vertical-align: top; }
+th { background: var(--soft); } td { font-variant-numeric: tabular-nums; overflow-wrap: anywhere; }
+.facts { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }
+.facts div { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; }
+.facts dt { font-size: 12px; color: var(--muted); } .facts dd { margin: 0; font-size: 18px; font-weight: 600; }
+.chip, .sev { color: #fff; border-radius: 10px; padding: 1px 8px; font-size: 12px; font-weight: 600;
+  white-space: nowrap; }
+.sev-critical { background: #c62828; } .sev-warning { background: #ef6c00; } .sev-info { background: #1565c0; }
+.finding { border: 1px solid var(--line); border-left: 5px solid #888; border-radius: 6px;
+  padding: 4px 16px 10px; margin: 14px 0; }
+.sev-border-critical { border-left-color: #c62828; } .sev-border-warning { border-left-color: #ef6c00; }
+.sev-border-info { border-left-color: #1565c0; }
+.finding h3 { font-size: 16px; overflow-wrap: anywhere; } .where, .gain, .note { color: var(--muted); font-size: 14px; }
+pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 10px;
+  overflow-x: auto; font-size: 13px; }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; overflow-wrap: anywhere; }
+.empty { color: var(--muted); font-style: italic; }
+.figure { border: 1px solid var(--line); border-radius: 6px; margin: 12px 0; padding: 4px; }
+.notes li { color: #8a4b00; }
+"""
+
+
+def _figure_html(fig: go.Figure, div_id: str) -> str:
+    """One figure as a <div> plus its script, after checking the script cannot be broken out of."""
+    fragment = pio.to_html(
+        fig,
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        config=PLOTLY_CONFIG,
+        default_width="100%",
+        default_height=f"{fig.layout.height or 420}px",
+    )
+    lowered = fragment.lower()
+    if lowered.count("</script") != lowered.count("<script") or "<!--" in lowered:
+        raise RuntimeError(f"plotly produced an unsafe script block for {div_id}; not writing it")
+    return f'<div class="figure">{fragment}</div>'
+
+
+def _section(anchor: str, title: str, body: list[str], empty: str) -> str:
+    inner = "".join(body) if body else f'<p class="empty">{e(empty)}</p>'
+    return f'<section id="{anchor}"><h2>{e(title)}</h2>{inner}</section>'
+
+
+def render_html(report: Report) -> str:
+    """The complete page as a string (see the module docstring)."""
+    notes: list[str] = []
+    n_figs = 0
+
+    def add(result: tuple[go.Figure | None, list[str]], div_id: str) -> list[str]:
+        nonlocal n_figs
+        fig, fig_notes = result
+        notes.extend(fig_notes)
+        if fig is None:
+            return []
+        n_figs += 1
+        return [_figure_html(fig, div_id)]
+
+    steps_body = add(
+        figs.heatmap(
+            report, lambda s: s.duration_ms, "Step time per rank and step (ms)", "Step time"
+        ),
+        "fig-step-time",
+    )
+    steps_body += add(
+        figs.heatmap(
+            report,
+            lambda s: s.exposed_comm_ms,
+            "Exposed communication per rank and step (ms)",
+            "Exposed communication",
+        ),
+        "fig-exposed-comm",
+    )
+    steps_body += add(figs.breakdown(report), "fig-breakdown")
+    timeline_body: list[str] = []
+    for i, (step, timelines) in enumerate(figs.timelines_by_step(report)):
+        timeline_body += add(figs.timeline(step, timelines), f"fig-timeline-{i}")
+    units_body = add(figs.fsdp_units(report), "fig-fsdp-units")
+    memory_body: list[str] = []
+    for i, mem in enumerate(sorted(report.memory, key=lambda m: m.rank)[: figs.MAX_MEMORY_RANKS]):
+        memory_body += add(figs.memory(mem), f"fig-memory-{i}")
+    if len(report.memory) > figs.MAX_MEMORY_RANKS:
+        notes.append(
+            f"Memory: the first {figs.MAX_MEMORY_RANKS} of {len(report.memory)} ranks are shown."
+        )
+
+    sections = [
+        parts.summary(report),
+        parts.findings(report),
+        _section("steps", "Steps", steps_body, "No steps to chart."),
+        _section("timeline", "Timeline", timeline_body, "The report holds no step timeline."),
+        _section("fsdp", "FSDP units", units_body, "No FSDP units were found in the traces."),
+        _section("memory", "Memory", memory_body, "The run has no memory timeline."),
+        parts.collectives(report),
+        parts.run_facts(report),
+    ]
+    if notes:
+        sections.insert(
+            1,
+            '<section id="notes"><h2>Notes</h2><p>Parts of this report are aggregated or truncated to keep the page responsive:</p>'
+            '<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul></section>",
+        )
+    script = f'<script type="text/javascript">{get_plotlyjs()}</script>' if n_figs else ""
+    nav = "".join(
+        f'<a href="#{a}">{t}</a>'
+        for a, t in (
+            ("summary", "Summary"),
+            ("findings", "Findings"),
+            ("steps", "Steps"),
+            ("timeline", "Timeline"),
+            ("fsdp", "FSDP units"),
+            ("memory", "Memory"),
+            ("collectives", "Collectives"),
+            ("run", "Run"),
+        )
+    )
+    subtitle = f"{len(report.ranks)} rank(s), {len(report.findings)} finding(s)"
+    if report.inputs:
+        subtitle += f" — from {report.inputs[0]}" + (
+            f" and {len(report.inputs) - 1} more" if len(report.inputs) > 1 else ""
+        )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>zdiag report</title>"
+        f"<style>{CSS}</style>{script}</head><body>"
+        f"<header><h1>zdiag report</h1><p>{e(subtitle)}</p></header>"
+        f"<nav>{nav}</nav><main>{''.join(sections)}</main></body></html>"
+    )
+
+
+def write_html(report: Report, path: Path) -> None:
+    """Write the self-contained HTML report to `path` atomically (temp file + rename)."""
+    write_atomically(Path(path), render_html(report).encode("utf-8"))
