@@ -1,0 +1,223 @@
+"""The terminal report browser (`zdiag analyze PATH --tui`).
+
+`ReportApp(report)` takes the Report as its data source. Tabs:
+
+- Steps: the ranks table; highlighting a rank fills its step table; highlighting a step shows its
+  breakdown, verdict, the findings that concern it and its timeline spans (when the Report holds a
+  timeline for that rank and step). Enter moves right (rank -> steps -> spans), Escape moves back.
+- Findings: worst first; the highlighted finding's evidence, recommendation, code and gain.
+- Summary: verdict counts, warnings, run facts, thresholds and inputs.
+
+Cells and texts built from trace names are Rich `Text` objects (never parsed as markup).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
+
+from zdiag.analyzers.report import SEVERITY_ORDER, Finding, RankSummary, Report, StepTimeline
+from zdiag.render import _details as details
+
+MAX_SPAN_ROWS = 2000
+
+
+def _ms(value: float) -> Text:
+    return Text(f"{value:,.2f}", justify="right")
+
+
+class ReportApp(App[None]):
+    """Browse a Report: steps per rank with drill-down, findings, summary."""
+
+    CSS_PATH = "report_app.tcss"
+    TITLE = "zdiag report"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("s", "show_tab('steps')", "Steps"),
+        Binding("f", "show_tab('findings')", "Findings"),
+        Binding("m", "show_tab('summary')", "Summary"),
+        Binding("enter", "drill_in", "Drill in", show=True, priority=False),
+        Binding("escape", "drill_out", "Back"),
+    ]
+
+    def __init__(self, report: Report) -> None:
+        super().__init__()
+        self.report = report
+        self.ranks = sorted(report.ranks, key=lambda r: r.rank)
+        self.findings: list[Finding] = sorted(
+            report.findings,
+            key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), -(f.expected_gain_ms or 0.0)),
+        )
+        self.timelines: dict[tuple[int, int], StepTimeline] = {
+            (t.rank, t.step): t for t in report.timelines
+        }
+        self.current_rank: RankSummary | None = None
+        self.sub_title = f"{len(self.ranks)} ranks · {len(self.findings)} findings"
+
+    def compose(self) -> ComposeResult:
+        """Tabs for steps, findings and summary, with the key footer."""
+        yield Header()
+        with TabbedContent(initial="steps"):
+            with TabPane("Steps", id="steps"):
+                with Horizontal():
+                    yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+                    with Vertical(id="step-side"):
+                        yield DataTable(id="steps-table", cursor_type="row", zebra_stripes=True)
+                        with Horizontal(id="step-bottom"):
+                            with VerticalScroll(id="step-detail-box"):
+                                yield Static(id="step-detail")
+                            yield DataTable(id="spans", cursor_type="row")
+            with TabPane("Findings", id="findings"):
+                with Horizontal():
+                    yield DataTable(id="findings-table", cursor_type="row", zebra_stripes=True)
+                    with VerticalScroll(id="finding-detail-box"):
+                        yield Static(id="finding-detail")
+            with TabPane("Summary", id="summary"):
+                with VerticalScroll():
+                    yield Static(details.summary(self.report), id="summary-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Fill the tables; the first rank and finding are shown."""
+        ranks = self.query_one("#ranks", DataTable)
+        ranks.add_columns("rank", "steps", "mean ms", "max ms", "mostly")
+        for r in self.ranks:
+            durations = [s.duration_ms for s in r.steps]
+            ranks.add_row(
+                Text(str(r.rank), justify="right"),
+                Text(str(len(r.steps)), justify="right"),
+                _ms(sum(durations) / len(durations)) if durations else Text("—"),
+                _ms(max(durations)) if durations else Text("—"),
+                details.verdict_text(details.dominant_verdict(r)),
+                key=str(r.rank),
+            )
+        steps = self.query_one("#steps-table", DataTable)
+        steps.add_columns("step", "ms", "compute", "overlap", "exposed", "idle", "verdict")
+        spans = self.query_one("#spans", DataTable)
+        spans.add_columns("lane", "name", "start ms", "ms")
+        findings = self.query_one("#findings-table", DataTable)
+        findings.add_columns("severity", "gain ms", "finding")
+        for i, f in enumerate(self.findings):
+            findings.add_row(
+                details.severity_text(f.severity),
+                _ms(f.expected_gain_ms) if f.expected_gain_ms is not None else Text("—"),
+                Text(f.title),
+                key=str(i),
+            )
+        if not self.ranks:
+            self.query_one("#step-detail", Static).update(
+                Text("No steps in this report.", style="italic")
+            )
+        if not self.findings:
+            self.query_one("#finding-detail", Static).update(
+                Text("No findings: nothing in the traces crossed a threshold.", style="italic")
+            )
+        for selector, title in (
+            ("#ranks", "Ranks"),
+            ("#steps-table", "Steps of the rank"),
+            ("#step-detail-box", "Step"),
+            ("#spans", "Timeline spans"),
+            ("#findings-table", "Findings (worst first)"),
+            ("#finding-detail-box", "Finding"),
+        ):
+            self.query_one(selector).border_title = title
+        ranks.focus()
+
+    @on(DataTable.RowHighlighted, "#ranks")
+    def _rank_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        rank = self.ranks[event.cursor_row]
+        self.current_rank = rank
+        table = self.query_one("#steps-table", DataTable)
+        table.clear()
+        for s in rank.steps:
+            table.add_row(
+                Text(str(s.step), justify="right"),
+                _ms(s.duration_ms),
+                _ms(s.compute_ms),
+                _ms(s.overlapped_ms),
+                _ms(s.exposed_comm_ms),
+                _ms(s.idle_ms),
+                details.verdict_text(s.verdict),
+                key=str(s.step),
+            )
+        if not rank.steps:
+            self.query_one("#step-detail", Static).update(
+                Text(f"Rank {rank.rank} has no steps.", style="italic")
+            )
+            self.query_one("#spans", DataTable).clear()
+
+    @on(DataTable.RowHighlighted, "#steps-table")
+    def _step_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        rank = self.current_rank
+        if rank is None or not 0 <= event.cursor_row < len(rank.steps):
+            return
+        step = rank.steps[event.cursor_row]
+        detail = details.step_detail(self.report, rank, step)
+        spans = self.query_one("#spans", DataTable)
+        spans.clear()
+        timeline = self.timelines.get((rank.rank, step.step))
+        if timeline is None:
+            steps_with = sorted({t.step for t in self.report.timelines if t.rank == rank.rank})
+            hint = (
+                f"Timeline spans: recorded for step {', '.join(map(str, steps_with))} of this rank."
+                if steps_with
+                else "Timeline spans: none recorded for this rank."
+            )
+            detail.append(hint + "\n", style="dim")
+        else:
+            for span in timeline.spans[:MAX_SPAN_ROWS]:
+                spans.add_row(
+                    Text(span.lane), Text(span.name), _ms(span.start_ms), _ms(span.dur_ms)
+                )
+            shown = min(len(timeline.spans), MAX_SPAN_ROWS)
+            cut = timeline.truncated or len(timeline.spans) > MAX_SPAN_ROWS
+            detail.append(
+                f"Timeline spans: {shown} shown{' (truncated)' if cut else ''} →\n", style="dim"
+            )
+        self.query_one("#step-detail", Static).update(detail)
+
+    @on(DataTable.RowHighlighted, "#findings-table")
+    def _finding_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if 0 <= event.cursor_row < len(self.findings):
+            finding = self.findings[event.cursor_row]
+            self.query_one("#finding-detail", Static).update(details.finding_detail(finding))
+
+    @on(DataTable.RowSelected, "#ranks")
+    def _rank_selected(self, event: DataTable.RowSelected) -> None:
+        self.query_one("#steps-table", DataTable).focus()
+
+    @on(DataTable.RowSelected, "#steps-table")
+    def _step_selected(self, event: DataTable.RowSelected) -> None:
+        self.query_one("#spans", DataTable).focus()
+
+    def action_show_tab(self, tab: str) -> None:
+        """Switch to a tab and focus its main table."""
+        self.query_one(TabbedContent).active = tab
+        target = {"steps": "#ranks", "findings": "#findings-table"}.get(tab)
+        if target:
+            self.query_one(target, DataTable).focus()
+
+    def action_drill_in(self) -> None:
+        """Move focus one level deeper (rank -> steps -> spans)."""
+        order = ["ranks", "steps-table", "spans"]
+        focused = self.focused.id if self.focused else None
+        if focused in order[:-1]:
+            self.query_one(f"#{order[order.index(focused) + 1]}", DataTable).focus()
+
+    def action_drill_out(self) -> None:
+        """Move focus one level back (spans -> steps -> ranks)."""
+        order = ["ranks", "steps-table", "spans"]
+        focused = self.focused.id if self.focused else None
+        if focused in order[1:]:
+            self.query_one(f"#{order[order.index(focused) - 1]}", DataTable).focus()
+
+
+def browse(report: Report) -> None:
+    """Run the report browser in the terminal until the user quits."""
+    ReportApp(report).run()

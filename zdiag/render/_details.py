@@ -1,0 +1,167 @@
+"""Rich `Text` blocks for the terminal report browser (tui/report_app.py).
+
+Everything is built with `Text.append` (never markup parsing), so names read from traces,
+including ones that look like Rich/Textual markup (`[bold]`, `[/]`, `[@click=...]`), are shown
+literally.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.text import Text
+
+from zdiag.analyzers.report import VERDICTS, Finding, RankSummary, Report, StepBreakdown
+from zdiag.render._output import fmt_bytes, fmt_ints, fmt_list, fmt_ms
+
+VERDICT_STYLES = {
+    "compute-bound": "bold green",
+    "exposed-comm": "bold dark_orange",
+    "comm-bound": "bold red",
+    "host-bound": "bold magenta",
+}
+SEVERITY_STYLES = {
+    "critical": "bold white on red",
+    "warning": "bold black on dark_orange",
+    "info": "bold white on blue",
+}
+
+
+def verdict_text(verdict: str) -> Text:
+    """A verdict, colored."""
+    return Text(verdict, style=VERDICT_STYLES.get(verdict, "bold"))
+
+
+def severity_text(severity: str) -> Text:
+    """A severity as a colored badge."""
+    return Text(f" {severity} ", style=SEVERITY_STYLES.get(severity, "reverse"))
+
+
+def dominant_verdict(rank: RankSummary) -> str:
+    """The verdict most of the rank's steps got ("" without steps)."""
+    counts = Counter(s.verdict for s in rank.steps)
+    return counts.most_common(1)[0][0] if counts else ""
+
+
+def _line(text: Text, label: str, value: str | Text, style: str = "") -> None:
+    text.append(f"{label:<22}", style="dim")
+    if isinstance(value, Text):
+        text.append_text(value)
+    else:
+        text.append(value, style=style)
+    text.append("\n")
+
+
+def step_detail(report: Report, rank: RankSummary, step: StepBreakdown) -> Text:
+    """One step of one rank: its breakdown, verdict and the findings that concern it."""
+    text = Text()
+    text.append(f"Rank {rank.rank} · step {step.step}", style="bold")
+    text.append("  ")
+    text.append_text(verdict_text(step.verdict))
+    text.append("\n")
+    if step.verdict_reason:
+        text.append(step.verdict_reason + "\n", style="italic")
+    _line(text, "duration", fmt_ms(step.duration_ms))
+    _line(text, "compute", fmt_ms(step.compute_ms))
+    _line(text, "communication", fmt_ms(step.comm_ms))
+    _line(text, "  overlapped", fmt_ms(step.overlapped_ms))
+    _line(text, "  exposed", fmt_ms(step.exposed_comm_ms), "bold" if step.exposed_comm_ms else "")
+    _line(text, "memcpy (uncovered)", fmt_ms(step.memcpy_ms))
+    _line(text, "idle", fmt_ms(step.idle_ms))
+    _line(text, "host launch", fmt_ms(step.host_launch_ms))
+    _line(text, "kernels", str(step.kernel_count))
+    related = [
+        f
+        for f in report.findings
+        if (not f.ranks or rank.rank in f.ranks) and (not f.steps or step.step in f.steps)
+    ]
+    if related:
+        text.append("Findings here: ", style="dim")
+        text.append(", ".join(f.id for f in related) + "\n")
+    return text
+
+
+def finding_detail(finding: Finding) -> Text:
+    """Everything a finding says: where, evidence, what to change, code, expected gain."""
+    text = Text()
+    text.append_text(severity_text(finding.severity))
+    text.append(" ")
+    text.append(finding.title, style="bold")
+    text.append("\n")
+    text.append(finding.id + "\n\n", style="dim")
+    if finding.ranks:
+        _line(text, "ranks", fmt_ints(finding.ranks))
+    if finding.steps:
+        _line(text, "steps", fmt_ints(finding.steps))
+    if finding.units:
+        _line(text, "units", fmt_list([u or "(root)" for u in finding.units], 8))
+    if finding.evidence:
+        text.append("\nEvidence\n", style="bold underline")
+        for key, value in list(finding.evidence.items())[:40]:
+            shown = f"{value:,.4g}" if isinstance(value, float) else str(value)
+            _line(text, str(key), shown[:300])
+    if finding.recommendation:
+        text.append("\nWhat to change\n", style="bold underline")
+        text.append(finding.recommendation + "\n")
+    if finding.code:
+        text.append("\n")
+        text.append(finding.code + "\n", style="cyan")
+    gains = []
+    if finding.expected_gain_ms is not None:
+        gains.append(f"{fmt_ms(finding.expected_gain_ms)} per step")
+    if finding.expected_gain_bytes is not None:
+        gains.append(f"{fmt_bytes(finding.expected_gain_bytes)} of peak memory")
+    if gains:
+        text.append("\nExpected gain: ", style="bold")
+        text.append(" and ".join(gains))
+        if finding.gain_method:
+            text.append(f" ({finding.gain_method})", style="dim")
+        text.append("\n")
+    return text
+
+
+def summary(report: Report) -> Text:
+    """Verdict counts, findings by severity, warnings, run facts and inputs."""
+    text = Text()
+    steps = [s for r in report.ranks for s in r.steps]
+    text.append("zdiag report", style="bold")
+    if report.zdiag_version:
+        text.append(f"  (zdiag {report.zdiag_version}, {report.schema})", style="dim")
+    text.append("\n\n")
+    _line(text, "ranks", str(len(report.ranks)))
+    _line(text, "rank × step rows", str(len(steps)))
+    if steps:
+        _line(text, "mean step time", fmt_ms(sum(s.duration_ms for s in steps) / len(steps)))
+    _line(text, "findings", str(len(report.findings)))
+    if steps:
+        text.append("\nStep verdicts\n", style="bold underline")
+        counts = Counter(s.verdict for s in steps)
+        for v in list(VERDICTS) + sorted(set(counts) - set(VERDICTS)):
+            if counts[v]:
+                _line(
+                    text,
+                    v,
+                    f"{counts[v]} ({counts[v] / len(steps):.0%})",
+                    VERDICT_STYLES.get(v, ""),
+                )
+    else:
+        text.append("\nNo steps were found in the inputs.\n", style="italic")
+    if report.warnings:
+        text.append("\nWarnings\n", style="bold underline")
+        for w in report.warnings[:50]:
+            text.append(f"• {w}\n")
+    if report.run:
+        text.append("\nRun\n", style="bold underline")
+        for key, value in list(report.run.items())[:40]:
+            _line(text, str(key), str(value)[:200])
+    if report.thresholds:
+        text.append("\nThresholds\n", style="bold underline")
+        for key, value in report.thresholds.items():
+            _line(text, str(key), f"{value:g}")
+    if report.inputs:
+        text.append("\nInputs\n", style="bold underline")
+        for path in report.inputs[:20]:
+            text.append(f"{path}\n")
+        if len(report.inputs) > 20:
+            text.append(f"… and {len(report.inputs) - 20} more\n", style="dim")
+    return text
