@@ -1,21 +1,184 @@
-"""`zdiag monitor` (placeholder until its issue lands)."""
+"""`zdiag monitor`: follow a running job live, rank by rank (or relay one node's ranks to it).
+
+- ``zdiag monitor [--listen 127.0.0.1:5577]``: the Textual app.
+- ``zdiag monitor --headless --duration S [--json]``: receive for S seconds, print a summary.
+- ``zdiag monitor --relay --listen 127.0.0.1:5578 --forward MONITOR:5577``: the per-node relay.
+
+Listening on anything but loopback needs a shared token (``--token`` or ``ZDIAG_MONITOR_TOKEN``);
+messages without it are rejected and counted. Ranks publish when ``ZDIAG_MONITOR=HOST:PORT`` is
+set (``zdiag run --monitor HOST:PORT`` sets it).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from types import FrameType
+from typing import Any
 
-from zdiag.errors import UserError
+from zdiag.errors import ConfigError, UserError
+
+DEFAULT_LISTEN = "127.0.0.1:5577"
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _Stop:
+    """Turns SIGTERM into a clean stop, so a terminated headless monitor still prints."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
 
 
 class MonitorCommand:
     """`zdiag monitor`."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """No options yet."""
+        """Options of the monitor and of the relay."""
+        parser.add_argument(
+            "--listen",
+            default=DEFAULT_LISTEN,
+            metavar="HOST:PORT",
+            help=f"address to receive step records on (default {DEFAULT_LISTEN}; "
+            "a non-loopback address requires --token)",
+        )
+        parser.add_argument(
+            "--token",
+            default=None,
+            help="shared token every rank sends (default: $ZDIAG_MONITOR_TOKEN); "
+            "records without it are rejected and counted",
+        )
+        parser.add_argument(
+            "--headless",
+            action="store_true",
+            help="no terminal UI: receive for --duration seconds, then print a summary",
+        )
+        parser.add_argument(
+            "--duration",
+            type=float,
+            default=None,
+            metavar="S",
+            help="stop after S seconds (headless default 10; relay default: until interrupted)",
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="with --headless: print the summary as JSON"
+        )
+        parser.add_argument(
+            "--relay",
+            action="store_true",
+            help="run the per-node relay: receive this node's ranks on --listen, forward to --forward",
+        )
+        parser.add_argument(
+            "--forward",
+            default=None,
+            metavar="HOST:PORT",
+            help="with --relay: the monitor's address",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
-        """Not built yet."""
-        raise UserError("'zdiag monitor' is not available in this build yet.")
+        """Validate the options, then run the app, the headless loop or the relay."""
+        token = args.token if args.token is not None else os.environ.get("ZDIAG_MONITOR_TOKEN", "")
+        if args.duration is not None and not args.duration > 0:
+            raise ConfigError(
+                f"--duration must be a positive number of seconds, got {args.duration}."
+            )
+        if args.json and not args.headless:
+            raise ConfigError("--json needs --headless (the terminal UI has no JSON output).")
+        if args.relay:
+            if not args.forward:
+                raise ConfigError(
+                    "--relay needs --forward MONITOR_HOST:PORT, the monitor's address."
+                )
+            return self._relay(args, token)
+        if args.forward:
+            raise ConfigError("--forward is only for --relay.")
+        from zdiag.collectors.live_receive import LiveReceiver
+
+        receiver = LiveReceiver(args.listen, token=token)
+        if args.headless:
+            return self._headless(receiver, args)
+        if not sys.stdout.isatty():
+            receiver.close()
+            raise UserError("stdout is not a terminal: use --headless --duration S for a summary.")
+        from zdiag.tui.monitor_app import MonitorApp
+
+        MonitorApp(receiver).run()  # the app closes the receiver when it exits
+        return 0
+
+    def _headless(self, receiver: Any, args: argparse.Namespace) -> int:
+        from zdiag.tui.monitor_state import MonitorState
+        from zdiag.tui.monitor_text import render_summary, view_to_json
+
+        duration = args.duration if args.duration is not None else 10.0
+        stop = _Stop()
+        previous = signal.signal(signal.SIGTERM, stop)
+        state = MonitorState()
+        rss: list[tuple[float, int]] = []
+        start = time.monotonic()
+        next_rss = start
+        print(
+            f"zdiag monitor: listening on {receiver.endpoint} for {duration:g} s", file=sys.stderr
+        )
+        try:
+            while not stop.requested and (now := time.monotonic()) - start < duration:
+                state.ingest(receiver.poll(timeout_ms=50), time.time())
+                if now >= next_rss:
+                    rss.append((round(now - start, 2), rss_bytes()))
+                    next_rss = now + 1.0
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            state.rejected = receiver.rejected
+            receiver.close()
+        view = state.view(time.time())
+        if args.json:
+            out = view_to_json(view)
+            out["listen"] = str(receiver.endpoint)
+            out["duration_s"] = round(time.monotonic() - start, 3)
+            out["rss_bytes"] = rss
+            out["rejected_token"] = receiver.rejected_token
+            out["malformed"] = receiver.malformed
+            print(json.dumps(out))
+        else:
+            print(render_summary(view, source=f"listening on {receiver.endpoint}"), end="")
+        return 0
+
+    def _relay(self, args: argparse.Namespace, token: str) -> int:
+        from zdiag.collectors.live_receive import Relay
+
+        relay = Relay(args.listen, args.forward, token=token)
+        previous = signal.signal(signal.SIGTERM, lambda s, f: relay.stop(timeout_s=0))
+        print(
+            f"zdiag monitor --relay: {relay.receiver.endpoint} -> {relay.forward}", file=sys.stderr
+        )
+        try:
+            relay.run(duration_s=args.duration)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        print(
+            f"zdiag monitor --relay: forwarded {relay.forwarded}, dropped {relay.dropped}, "
+            f"rejected {relay.receiver.rejected}",
+            file=sys.stderr,
+        )
+        return 0
 
 
 COMMAND = MonitorCommand()

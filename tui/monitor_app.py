@@ -1,0 +1,196 @@
+"""`zdiag monitor`'s Textual app: one screen that follows every rank of a running job.
+
+The app takes its data source (a `MonitorSource`: the zmq `LiveReceiver`, or a fake in tests)
+and its clock as constructor arguments; all figures come from `MonitorState.view` (pure), the
+app only lays them out: a header (job, ranks reporting, step rate, lag, drops, rejections), the
+rank table (sortable; stragglers, stale and gone ranks highlighted), a sparkline of the slowest
+rank's step time per step, the live findings, and the keys in the footer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Footer, Label, Sparkline, Static
+
+from zdiag.tui.monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
+from zdiag.tui.monitor_text import COLUMNS, fmt_ms, header_line, row_cells, spark_top
+
+STATUS_STYLE = {"ok": "", "straggler": "bold dark_orange", "stale": "yellow", "gone": "bold red"}
+STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}
+SEVERITY_STYLE = {"critical": "bold red", "warning": "dark_orange", "info": "cyan"}
+
+
+def _sort_value(row: RankRow, key: str) -> tuple[float, int]:
+    values: dict[str, float | None] = {
+        "rank": float(row.rank),
+        "step": float(row.step),
+        "step time": row.step_time_ms,
+        "exposed comm": row.exposed_comm_ms,
+        "mem alloc": row.mem_allocated_bytes,
+        "mem peak": row.mem_peak_bytes,
+        "status": float(STATUS_ORDER.get(row.status, 9)),
+    }
+    value = values.get(key, float(row.rank))
+    return (float("-inf") if value is None else value, row.rank)
+
+
+SORT_KEYS = ("rank", "step time", "exposed comm", "mem alloc", "mem peak", "step", "status")
+
+
+class MonitorApp(App[None]):
+    """The live monitor; `source` and `clock` are injected (tests pass fakes)."""
+
+    CSS_PATH = "monitor.tcss"
+    TITLE = "zdiag monitor"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "cycle_sort", "sort"),
+        Binding("r", "reverse_sort", "reverse"),
+        Binding("w", "worst_first", "worst first"),
+        Binding("f", "toggle_findings", "findings"),
+        Binding("p", "toggle_pause", "pause"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        source: MonitorSource,
+        *,
+        clock: Clock = time.time,
+        poll_interval_s: float = 0.25,
+        refresh_interval_s: float = 1.0,
+    ) -> None:
+        """Follow `source`; figures are computed at `clock()` times."""
+        super().__init__()
+        self.source = source
+        self.clock = clock
+        self.state = MonitorState()
+        self.poll_interval_s = poll_interval_s
+        self.refresh_interval_s = refresh_interval_s
+        self.sort_key = "rank"
+        self.sort_reverse = False
+        self.paused = False
+        self.last_view: MonitorView | None = None
+
+    def compose(self) -> ComposeResult:
+        """Header, table, sparkline, findings, footer."""
+        yield Static(id="header")
+        yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="trend"):
+            yield Label("slowest rank, last steps", id="trend-label")
+            yield Sparkline([], summary_function=max, id="spark")
+        yield Static(id="findings")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Set up the table and the timers; show whatever is there at once."""
+        table = self.query_one("#ranks", DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        self.poll_source()
+        self.refresh_view()
+        self.set_interval(self.poll_interval_s, self.poll_source)
+        self.set_interval(self.refresh_interval_s, self.refresh_view)
+
+    def poll_source(self) -> None:
+        """Fold the source's new records into the state (a late attach just starts here)."""
+        records = self.source.poll()
+        self.state.ingest(records, self.clock())
+        self.state.rejected = self.source.rejected
+
+    def refresh_view(self) -> None:
+        """Redraw every widget from a fresh view (skipped while paused)."""
+        if self.paused:
+            return
+        view = self.last_view = self.state.view(self.clock())
+        self.query_one("#header", Static).update(self._header(view))
+        self._fill_table(view)
+        spark = self.query_one("#spark", Sparkline)
+        spark.data = list(view.slowest_step_ms)
+        last = view.slowest_step_ms[-1] if view.slowest_step_ms else None
+        self.query_one("#trend-label", Label).update(f"slowest rank per step: {fmt_ms(last)} ")
+        self.query_one("#findings", Static).update(self._findings(view))
+
+    def _header(self, view: MonitorView) -> Text:
+        text = Text(header_line(view))
+        if self.paused:
+            text.append("  [paused]", style="bold")
+        sort = f"  sort: {self.sort_key}{' (desc)' if self.sort_reverse else ''}"
+        text.append(sort, style="dim")
+        return text
+
+    def _fill_table(self, view: MonitorView) -> None:
+        table = self.query_one("#ranks", DataTable)
+        cursor = table.cursor_row
+        rows = sorted(
+            view.rows, key=lambda r: _sort_value(r, self.sort_key), reverse=self.sort_reverse
+        )
+        top = spark_top(view)
+        table.clear()
+        for row in rows:
+            style = STATUS_STYLE.get(row.status, "")
+            cells = (Text(c, style=style) for c in row_cells(row, top))
+            table.add_row(*cells, key=str(row.rank))
+        if rows:
+            table.move_cursor(row=min(cursor, len(rows) - 1), animate=False)
+
+    def _findings(self, view: MonitorView) -> Text:
+        text = Text()
+        if not view.findings:
+            text.append("no findings", style="dim")
+            return text
+        for i, f in enumerate(view.findings):
+            if i:
+                text.append("\n")
+            text.append(f"[{f.severity}] {f.id}", style=SEVERITY_STYLE.get(f.severity, ""))
+            ranks = ", ".join(str(r) for r in f.ranks[:8]) + (" ..." if len(f.ranks) > 8 else "")
+            text.append(f": {f.title} (ranks {ranks})\n")
+            text.append(f"  {f.recommendation}", style="dim")
+        return text
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def _set_sort(self, key: str, reverse: bool) -> None:
+        self.sort_key, self.sort_reverse = key, reverse
+        self.refresh_view()
+
+    def action_cycle_sort(self) -> None:
+        """Sort by the next column."""
+        nxt = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)]
+        self._set_sort(nxt, self.sort_reverse)
+
+    def action_reverse_sort(self) -> None:
+        """Flip the sort order."""
+        self._set_sort(self.sort_key, not self.sort_reverse)
+
+    def action_worst_first(self) -> None:
+        """Gone, stale and straggler ranks on top."""
+        self._set_sort("status", False)
+
+    def action_toggle_findings(self) -> None:
+        """Show or hide the findings panel."""
+        panel = self.query_one("#findings", Static)
+        panel.display = not panel.display
+
+    def action_toggle_pause(self) -> None:
+        """Freeze the display (records are still received and counted)."""
+        self.paused = not self.paused
+        if not self.paused:
+            self.refresh_view()
+        elif self.last_view is not None:
+            self.query_one("#header", Static).update(self._header(self.last_view))
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        """Clicking a column header sorts by it (again: reverses)."""
+        key = str(event.column_key.value)
+        if key in SORT_KEYS:
+            self._set_sort(key, not self.sort_reverse if key == self.sort_key else False)
+
+    def on_unmount(self) -> None:
+        """Release the source."""
+        self.source.close()

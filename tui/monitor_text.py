@@ -1,0 +1,151 @@
+"""Plain-text and JSON renderers of a `MonitorView` (headless mode, ssh without a TTY, tests).
+
+No Textual here; the Textual app reuses the cell formatters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+
+from zdiag.tui.monitor_state import MonitorView, RankRow
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+
+
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds for a table cell ("-" when unknown)."""
+    if value is None:
+        return "-"
+    return f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms"
+
+
+def fmt_bytes(value: float | None) -> str:
+    """Bytes in binary units ("-" when unknown)."""
+    if value is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def fmt_age(seconds: float) -> str:
+    """Time since the last record."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def spark(values: tuple[float, ...], top: float | None = None) -> str:
+    """A one-line sparkline of `values`, scaled to `top` (their max by default)."""
+    if not values:
+        return ""
+    top = top or max(values) or 1.0
+    last = len(SPARK_CHARS) - 1
+    return "".join(SPARK_CHARS[max(0, min(last, round(v / top * last)))] for v in values)
+
+
+def header_line(view: MonitorView) -> str:
+    """The one-line header: job, ranks reporting, step rate, problems."""
+    jobs = ", ".join(view.jobs) if view.jobs else "(no job id)"
+    counts = view.status_counts
+    reporting = len(view.rows) - counts.get("stale", 0) - counts.get("gone", 0)
+    parts = [f"job {jobs}", f"{reporting} ranks"]
+    not_ok = [f"{counts[s]} {s}" for s in ("straggler", "stale", "gone") if counts.get(s)]
+    if not_ok:
+        parts[-1] += f" ({', '.join(not_ok)})"
+    rate = view.steps_per_s
+    parts.append(f"{rate:.2f} steps/s" if rate is not None else "- steps/s")
+    if view.lag_p50_ms is not None:
+        parts.append(f"lag {view.lag_p50_ms:.0f} ms")
+    if view.relays:
+        parts.append(f"{view.relays} relays")
+    parts.append(f"dropped {view.dropped}")
+    parts.append(f"rejected {view.rejected}")
+    return " · ".join(parts)
+
+
+def spark_top(view: MonitorView) -> float | None:
+    """The largest recent step time of any rank: the common scale of the per-rank sparklines."""
+    tops = [max(r.recent_step_ms) for r in view.rows if r.recent_step_ms]
+    return max(tops) if tops else None
+
+
+def row_cells(row: RankRow, top: float | None = None) -> tuple[str, ...]:
+    """The table cells of one rank (rank, host, step, step time, exposed, memory, recent, status).
+
+    The recent step times are drawn on the scale `top` (see `spark_top`), so ranks compare.
+    """
+    return (
+        str(row.rank),
+        row.host,
+        str(row.step),
+        fmt_ms(row.step_time_ms),
+        fmt_ms(row.exposed_comm_ms),
+        fmt_bytes(row.mem_allocated_bytes),
+        fmt_bytes(row.mem_peak_bytes),
+        spark(row.recent_step_ms, top),
+        row.status if row.status in ("ok", "straggler") else f"{row.status} {fmt_age(row.age_s)}",
+    )
+
+
+COLUMNS = (
+    "rank",
+    "host",
+    "step",
+    "step time",
+    "exposed comm",
+    "mem alloc",
+    "mem peak",
+    "recent",
+    "status",
+)
+
+
+def render_summary(view: MonitorView, *, source: str = "", max_rows: int = 64) -> str:
+    """The headless summary: header, findings, then the rank table (worst ranks first)."""
+    lines = [f"zdiag monitor{f' ({source})' if source else ''}", header_line(view)]
+    if view.lag_max_ms is not None:
+        lines.append(
+            f"records {view.records}, receive lag p50 {view.lag_p50_ms:.1f} ms, "
+            f"p99 {view.lag_p99_ms:.1f} ms, max {view.lag_max_ms:.1f} ms"
+        )
+    lines.append("")
+    if view.findings:
+        lines.append("findings:")
+        for f in view.findings:
+            lines.append(f"  [{f.severity}] {f.id}: {f.title} (ranks {_ranks(f.ranks)})")
+    else:
+        lines.append("findings: none")
+    lines.append("")
+    if not view.rows:
+        lines.append("no rank has reported yet")
+        return "\n".join(lines) + "\n"
+    order = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}
+    rows = sorted(view.rows, key=lambda r: (order.get(r.status, 4), r.rank))[:max_rows]
+    top = spark_top(view)
+    table = [COLUMNS, *(row_cells(r, top) for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    for cells in table:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    if len(view.rows) > max_rows:
+        lines.append(f"... {len(view.rows) - max_rows} more ranks")
+    return "\n".join(lines) + "\n"
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8])
+    return shown + (f" +{len(ranks) - 8}" if len(ranks) > 8 else "")
+
+
+def view_to_json(view: MonitorView) -> dict[str, Any]:
+    """The view as plain JSON-able data (`zdiag monitor --headless --json`)."""
+    out = dataclasses.asdict(view)
+    out["findings"] = [msgspec.to_builtins(f) for f in view.findings]
+    out["status_counts"] = view.status_counts
+    return out
