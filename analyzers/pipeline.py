@@ -1,0 +1,316 @@
+"""From paths to a Report: discover inputs, load ranks, segment steps, break down, assemble.
+
+Public entry points:
+
+- `load_run(paths, *, progress=None) -> RunData`: find the traces (files, run directories, or
+  folders of per-rank traces), decode each into a `RankTrace`, assign ranks.
+- `analyze_run(run, *, ranks=None) -> Analysis`: steps and per-step breakdown per rank, the
+  Report with ranks/steps/thresholds/collective totals filled, then the optional stages (FSDP
+  ledger, cross-rank, detectors) when their modules exist.
+- `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
+
+`progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
+Rank of a trace: `distributedInfo.rank`, else the run manifest, else the file name (rank-3,
+rank3, rank_3, _3_of_8), else 0 with a warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from zdiag import __version__
+from zdiag.analyzers import verdict
+from zdiag.analyzers.breakdown import breakdown_rank, collective_stats
+from zdiag.analyzers.events import RankTrace
+from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
+from zdiag.analyzers.report import Finding, RankSummary, Report
+from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
+from zdiag.analyzers.steps import find_steps
+from zdiag.errors import InputError
+
+Progress = Callable[[int, int, str], None]
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
+PARALLEL_MIN_BYTES = 32 * 1024 * 1024
+"""Load files in worker processes only when there are several and they hold this much data."""
+
+
+# --- discovering inputs ---------------------------------------------------------------------
+
+
+def _is_trace_name(path: Path) -> bool:
+    name = path.name.lower()
+    return name.endswith(TRACE_SUFFIXES) and not any(x in name for x in _NOT_TRACES)
+
+
+def _read_manifest(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise InputError(
+            f"{path}: the run manifest is not valid JSON ({exc}); fix or remove it."
+        ) from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: the run manifest is not a JSON object; fix or remove it.")
+    return data
+
+
+def manifest_ranks(manifest: dict[str, Any], run_dir: Path) -> dict[Path, int]:
+    """Trace path -> rank from a manifest: any object holding an int "rank" and a trace path."""
+    found: dict[Path, int] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            rank = node.get("rank")
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                for value in _strings(node):
+                    if value.endswith(TRACE_SUFFIXES) and "timeline" not in value:
+                        found[(run_dir / value).resolve()] = rank
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(manifest)
+    return found
+
+
+def _strings(node: dict[str, Any]) -> Iterable[str]:
+    for v in node.values():
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            yield from (x for x in v.values() if isinstance(x, str))
+
+
+def discover(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | None, Path | None]:
+    """(trace files, manifest, run_dir) for the given paths; InputError when none is usable."""
+    if not paths:
+        raise InputError("no input given; pass a trace file, several, or a run directory.")
+    files: list[Path] = []
+    manifest: dict[str, Any] | None = None
+    run_dir: Path | None = None
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: no such file or folder; check the path.")
+        if p.is_file() and p.name == "manifest.json":
+            p = p.parent
+        if p.is_dir():
+            is_run_dir = (p / "manifest.json").is_file() or (p / "traces").is_dir()
+            if is_run_dir:
+                run_dir = run_dir or p
+                m = _read_manifest(p)
+                manifest = manifest or m
+                found = sorted(x for x in (p / "traces").glob("*") if _is_trace_name(x))
+            else:
+                found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
+                if not found:
+                    found = sorted(x for x in p.rglob("*") if x.is_file() and _is_trace_name(x))
+            if not found:
+                raise InputError(
+                    f"{p}: the folder holds no trace files (*.json or *.json.gz); pass a run "
+                    "directory written by 'zdiag run' or a folder of torch.profiler traces."
+                )
+            files.extend(found)
+        else:
+            files.append(p)
+    unique = list(dict.fromkeys(f.resolve() for f in files))
+    return unique, manifest, run_dir
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
+    if trace.rank_source == "distributedInfo":
+        return
+    path = trace.source.resolve()
+    if path in manifest_map:
+        trace.rank, trace.rank_source = manifest_map[path], "manifest"
+        return
+    from_name = rank_from_file_name(path)
+    if from_name is not None:
+        trace.rank, trace.rank_source = from_name, "file name"
+        trace.warnings.append(
+            f"no distributedInfo in the trace: rank {from_name} taken from the file name"
+        )
+        return
+    trace.rank, trace.rank_source = 0, "default"
+    trace.warnings.append(
+        "no distributedInfo in the trace and no rank in the file name: assumed rank 0"
+    )
+
+
+def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
+    """Load every trace under `paths` (files, run directories, folders) into a RunData."""
+    files, manifest, run_dir = discover([Path(p) for p in paths])
+    total_bytes = sum(f.stat().st_size for f in files)
+    traces: list[RankTrace] = []
+    if len(files) > 1 and total_bytes >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
+        workers = min(len(files), os.cpu_count() or 1)
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for done, trace in enumerate(pool.map(load_rank_trace, files), start=1):
+                traces.append(trace)
+                if progress:
+                    progress(done, len(files), trace.source.name)
+    else:
+        for done, f in enumerate(files, start=1):
+            traces.append(load_rank_trace(f))
+            if progress:
+                progress(done, len(files), f.name)
+    manifest_map = manifest_ranks(manifest, run_dir) if manifest and run_dir else {}
+    for t in traces:
+        _assign_rank(t, manifest_map)
+    traces.sort(key=lambda t: (t.rank, str(t.source)))
+    run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    seen: dict[int, int] = {}
+    for t in traces:
+        seen[t.rank] = seen.get(t.rank, 0) + 1
+    dup = sorted(r for r, c in seen.items() if c > 1)
+    if dup:
+        run.warnings.append(
+            f"rank(s) {', '.join(map(str, dup))} appear in several files; cross-rank results "
+            "may mix runs"
+        )
+    if run_dir is not None:
+        for t in traces:
+            mem = run_dir / "memory" / f"rank-{t.rank}.timeline.json.gz"
+            if mem.is_file():
+                run.memory_timelines[t.rank] = mem
+            log = run_dir / "steps" / f"rank-{t.rank}.jsonl"
+            if log.is_file():
+                run.step_logs[t.rank] = log
+    return run
+
+
+# --- analysis -------------------------------------------------------------------------------
+
+
+def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
+    """Steps, per-step breakdown, collective totals and the optional stages for a RunData."""
+    if ranks:
+        missing = sorted(set(ranks) - {t.rank for t in run.ranks})
+        if missing:
+            have = ", ".join(str(t.rank) for t in run.ranks)
+            raise InputError(
+                f"rank(s) {', '.join(map(str, missing))} not found in the input (it has rank(s) {have}); pick one of those with --rank."
+            )
+        run.ranks = [t for t in run.ranks if t.rank in set(ranks)]
+    report = Report(
+        zdiag_version=__version__,
+        inputs=[str(p) for p in run.inputs],
+        thresholds=verdict.thresholds(),
+        warnings=list(run.warnings),
+        run=_run_summary(run),
+    )
+    steps: dict[int, StepWindows] = {}
+    breakdowns = {}
+    for t in run.ranks:
+        windows = find_steps(t)
+        steps[t.rank] = windows
+        bds = breakdown_rank(t, windows)
+        breakdowns[t.rank] = bds
+        report.collectives.extend(collective_stats(t, windows))
+        _thin_trace_warnings(t)
+        report.ranks.append(
+            RankSummary(
+                rank=t.rank,
+                source=str(t.source),
+                device=t.device,
+                host=t.host,
+                lanes=[lane.name for lane in t.lanes if lane.is_device]
+                or [lane.name for lane in t.lanes],
+                steps=bds,
+                warnings=list(t.warnings),
+                trace_start_us=t.trace_start_us,
+            )
+        )
+    analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
+    _run_optional_stages(run, analysis)
+    return analysis
+
+
+def analyze_paths(
+    paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
+) -> Report:
+    """Load and analyze; the Report that `zdiag analyze` prints."""
+    run = load_run(paths, progress=progress)
+    return analyze_run(run, ranks=ranks).report
+
+
+def _thin_trace_warnings(t: RankTrace) -> None:
+    if not t.has_device_events:
+        if t.device_properties:
+            t.warnings.append(
+                "the trace lists a GPU but holds no GPU kernels or copies: the breakdown uses host "
+                "threads (record with ProfilerActivity.CUDA to see device time)"
+            )
+        else:
+            t.warnings.append(
+                "no GPU events (CPU-only run): lanes are host threads and communication is the "
+                "gloo/c10d ops on them"
+            )
+
+
+def _run_summary(run: RunData) -> dict[str, Any] | None:
+    summary: dict[str, Any] = {}
+    ws = next((t.world_size for t in run.ranks if t.world_size), None)
+    if ws:
+        summary["world_size"] = ws
+    backend = next(
+        (t.distributed_info.get("backend") for t in run.ranks if t.distributed_info), None
+    )
+    if backend:
+        summary["backend"] = backend
+    if run.run_dir is not None:
+        summary["run_dir"] = str(run.run_dir)
+    if run.manifest:
+        for key in ("schema", "world_size", "config", "versions", "scenario"):
+            if key in run.manifest:
+                summary[key] = run.manifest[key]
+    return summary or None
+
+
+# --- optional stages (owned by other modules; run when present) -----------------------------
+
+
+def _optional(module: str, attr: str) -> Callable[..., Any] | None:
+    """`module.attr` when that module exists (other engineers' stages land independently)."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None
+        raise
+    fn = getattr(mod, attr, None)
+    return fn if callable(fn) else None
+
+
+def _run_optional_stages(run: RunData, analysis: Analysis) -> None:
+    """FSDP ledger, cross-rank analysis, then detectors (they see the ledger and stragglers)."""
+    report = analysis.report
+    ledger = _optional("zdiag.analyzers.fsdp_ledger", "build_ledger")
+    if ledger is not None:
+        for t in run.ranks:
+            w = analysis.steps[t.rank]
+            report.fsdp_units.extend(
+                ledger(t, w.step.tolist(), w.start_us.tolist(), w.end_us.tolist())
+            )
+    crossrank = _optional("zdiag.analyzers.crossrank", "analyze_crossrank")
+    if crossrank is not None:
+        crossrank(run, analysis)
+    detectors = _optional("zdiag.analyzers.detectors", "run_detectors")
+    if detectors is not None:
+        found: list[Finding] = list(detectors(run, analysis))
+        report.findings.extend(found)

@@ -1,0 +1,170 @@
+"""Step segmentation: where each training step starts and ends on one rank.
+
+Markers, in order of preference (the first that is present wins):
+
+1. `ProfilerStep#N` ranges on the CPU (what `torch.profiler.profile(schedule=...)` + `prof.step()`
+   records). Step number = N.
+2. Optimizer-step annotations (`Optimizer.step#AdamW.step`, ...): a step ends where an
+   optimizer step ends; the first window starts at the trace's first event. Numbered 0, 1, ...
+3. Forward-start markers repeated at least twice (`FSDP::root_pre_forward`,
+   `DistributedDataParallel.forward`, `## forward ##`): a step runs from one forward start to
+   the next; the last one ends at the trace's last event. Numbered 0, 1, ...
+4. None: the whole trace is one window (step 0) and a warning says so.
+
+Device windows (GPU runs). Kernels run after the CPU enqueued them, so a step's GPU work can
+spill past its CPU range. Each device event is attributed to the step whose CPU range holds the
+call that launched it (CUDA/HIP correlation id; the event's own start when there is none). Step
+N's device window starts at b_N = min(first device start of N, max(CPU start of N, last device end
+of N-1)) and ends where step N+1's begins (the last step ends at max(its CPU end, its last device
+end)). Windows are contiguous and never overlap, so device time is counted once, and a host-bound
+step (GPU idle while the CPU prepares) keeps its idle time. Host-only runs use the CPU ranges.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import numpy.typing as npt
+
+from zdiag.analyzers.events import DEVICE_KINDS, EventKind, RankTrace
+from zdiag.analyzers.run_data import StepWindows
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_OPTIMIZER_RE = r"^Optimizer\.step#"
+_FORWARD_MARKERS = (
+    r"^FSDP::root_pre_forward$",
+    r"^DistributedDataParallel\.forward$",
+    r"^## forward ##$",
+)
+
+Arr = npt.NDArray[np.float64]
+
+
+def find_steps(trace: RankTrace) -> StepWindows:
+    """The step windows of one rank (see the module docstring); appends warnings to the trace."""
+    n = len(trace)
+    if n == 0:
+        trace.warnings.append("the trace holds no complete events: nothing to analyze")
+        z = np.zeros(0)
+        return StepWindows(np.zeros(0, np.int64), z, z, z, z, "none")
+    first = float(trace.ts_us.min())
+    last = float(trace.end_us.max())
+
+    numbers, cpu_s, cpu_e, source = _profiler_steps(trace)
+    if not len(numbers):
+        numbers, cpu_s, cpu_e, source = _optimizer_steps(trace, first)
+    if not len(numbers):
+        numbers, cpu_s, cpu_e, source = _forward_steps(trace, last)
+    if not len(numbers):
+        trace.warnings.append(
+            "no step markers (ProfilerStep#N, Optimizer.step#..., forward markers): the whole trace "
+            "is analyzed as one window; record with torch.profiler's schedule and call prof.step() "
+            "each iteration to get per-step results"
+        )
+        numbers = np.zeros(1, np.int64)
+        cpu_s, cpu_e, source = np.array([first]), np.array([last]), "whole trace"
+    if source == "optimizer step":
+        trace.warnings.append(
+            "no ProfilerStep markers: steps are delimited by optimizer-step annotations "
+            "(the first window starts at the first event)"
+        )
+    elif source == "forward marker":
+        trace.warnings.append(
+            "no ProfilerStep or optimizer-step markers: steps run from one forward start to the next"
+        )
+    start, end = device_windows(trace, cpu_s, cpu_e) if source != "whole trace" else (cpu_s, cpu_e)
+    if source == "whole trace":
+        start, end = np.array([first]), np.array([last])
+    return StepWindows(numbers, start, end, cpu_s, cpu_e, source)
+
+
+def _profiler_steps(trace: RankTrace) -> tuple[npt.NDArray[np.int64], Arr, Arr, str]:
+    idx = trace.of_kind(EventKind.PROFILER_STEP)
+    by_step: dict[int, tuple[float, float]] = {}
+    for i in idx:
+        m = _STEP_RE.match(trace.name(int(i)))
+        if not m:
+            continue
+        k = int(m.group(1))
+        s = float(trace.ts_us[i])
+        e = s + float(trace.dur_us[i])
+        if k in by_step:  # the same step on several threads: keep the widest range
+            s0, e0 = by_step[k]
+            s, e = min(s, s0), max(e, e0)
+        by_step[k] = (s, e)
+    return _sorted_windows(by_step, "ProfilerStep")
+
+
+def _optimizer_steps(trace: RankTrace, first: float) -> tuple[npt.NDArray[np.int64], Arr, Arr, str]:
+    idx = trace.matching(_OPTIMIZER_RE)
+    idx = idx[np.isin(trace.kind[idx], [int(EventKind.USER_ANNOTATION), int(EventKind.CPU_OP)])]
+    if not len(idx):
+        return _sorted_windows({}, "")
+    ends = np.unique(trace.ts_us[idx] + trace.dur_us[idx])
+    starts = np.concatenate([[first], ends[:-1]])
+    return np.arange(len(ends), dtype=np.int64), starts, ends, "optimizer step"
+
+
+def _forward_steps(trace: RankTrace, last: float) -> tuple[npt.NDArray[np.int64], Arr, Arr, str]:
+    for pattern in _FORWARD_MARKERS:
+        idx = trace.matching(pattern)
+        idx = idx[~np.isin(trace.kind[idx], [int(EventKind.GPU_ANNOTATION)])]
+        if len(idx) >= 2:
+            starts = np.unique(trace.ts_us[idx])
+            ends = np.concatenate([starts[1:], [last]])
+            return np.arange(len(starts), dtype=np.int64), starts, ends, "forward marker"
+    return _sorted_windows({}, "")
+
+
+def _sorted_windows(
+    by_step: dict[int, tuple[float, float]], source: str
+) -> tuple[npt.NDArray[np.int64], Arr, Arr, str]:
+    if not by_step:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), source
+    items = sorted(by_step.items(), key=lambda kv: kv[1][0])
+    numbers = np.array([k for k, _ in items], dtype=np.int64)
+    s = np.array([v[0] for _, v in items])
+    e = np.array([v[1] for _, v in items])
+    return numbers, s, e, source
+
+
+def launch_times(trace: RankTrace, device_idx: npt.NDArray[np.int64]) -> Arr:
+    """For device events, the start of the host call that launched them (own start if unknown)."""
+    own = trace.ts_us[device_idx]
+    rt = trace.of_kind(EventKind.RUNTIME_LAUNCH, EventKind.RUNTIME_OTHER)
+    rt = rt[trace.correlation[rt] >= 0]
+    if not len(rt) or not len(device_idx):
+        return own
+    corr_rt = trace.correlation[rt]
+    order = np.argsort(corr_rt, kind="stable")
+    corr_sorted = corr_rt[order]
+    ts_sorted = trace.ts_us[rt][order]
+    c = trace.correlation[device_idx]
+    pos = np.clip(np.searchsorted(corr_sorted, c), 0, len(corr_sorted) - 1)
+    found = (c >= 0) & (corr_sorted[pos] == c)
+    return np.where(found, ts_sorted[pos], own)
+
+
+def device_windows(trace: RankTrace, cpu_s: Arr, cpu_e: Arr) -> tuple[Arr, Arr]:
+    """Device-side windows from CPU step ranges (see the module docstring)."""
+    dev = trace.of_kind(*DEVICE_KINDS)
+    if not len(dev):
+        return cpu_s.copy(), cpu_e.copy()
+    launch = launch_times(trace, dev)
+    k = len(cpu_s)
+    step_of = np.searchsorted(cpu_s, launch, side="right") - 1
+    inside = (step_of >= 0) & (launch < cpu_e[np.clip(step_of, 0, None)])
+    step_of, d = step_of[inside], dev[inside]
+    first_dev = np.full(k, np.inf)
+    last_dev = np.full(k, -np.inf)
+    np.minimum.at(first_dev, step_of, trace.ts_us[d])
+    np.maximum.at(last_dev, step_of, trace.ts_us[d] + trace.dur_us[d])
+    start = cpu_s.copy()
+    prev_end = np.concatenate([[-np.inf], last_dev[:-1]])
+    start = np.minimum(first_dev, np.maximum(cpu_s, prev_end))
+    start = np.maximum.accumulate(start)
+    end = np.empty(k)
+    end[:-1] = start[1:]
+    end[-1] = max(float(cpu_e[-1]), float(last_dev[-1]))
+    return start, end
