@@ -1,21 +1,424 @@
-"""`zdiag run` (placeholder until its issue lands)."""
+"""`zdiag run`: launch a training script (or the built-in harness) under zdiag's collectors.
+
+    zdiag run [options] train.py [script args]
+    zdiag run [options] --harness [harness options]
+
+One plain process by default; with any of `--nproc-per-node --nnodes --node-rank --rdzv-endpoint
+--rdzv-id` the ranks are started by torchrun (`python -m torch.distributed.run`). Each rank runs
+`python -m zdiag.collectors.bootstrap`, which runs the script unchanged as `__main__`. When the
+training ends (however it ends) this launcher merges the ranks' manifest parts into
+`RUN_DIR/manifest.json` and exits with the training's exit code. docs/run.md is the user guide,
+docs/run-dir.md the run directory contract.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
-from zdiag.errors import UserError
+from zdiag.collectors.config import (
+    DEFAULT_PROFILE_STEPS,
+    ENV_CONFIG,
+    ENV_MONITOR,
+    ENV_RUN_DIR,
+    CollectorConfig,
+    parse_profile_steps,
+)
+from zdiag.collectors.fsio import write_json_atomically
+from zdiag.collectors.manifest import hostname, merge_manifest, utc_now_iso
+from zdiag.collectors.rundir import MANIFEST, launcher_part_path, make_run_dir
+from zdiag.errors import ConfigError, InputError
+
+BOOTSTRAP_MODULE = "zdiag.collectors.bootstrap"
+HARNESS_MODULE = "zdiag.harness"
+# A CPU node runs at most this many ranks per core it may use: beyond that gloo collectives
+# starve and time out instead of training. (GPU ranks are bound by the script's device choice.)
+MAX_RANKS_PER_CPU = 4
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _positive_int(option: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{option} must be a whole number, not {value!r}.") from None
+    if n < 1:
+        raise ConfigError(f"{option} must be at least 1, not {n}.")
+    return n
+
+
+def _host_port(option: str, value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{option} must be HOST:PORT with a port from 1 to 65535, not {value!r}.")
+    return host, int(port)
 
 
 class RunCommand:
     """`zdiag run`."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """No options yet."""
+        """Options of `zdiag run` (everything after the script, or after --harness, is passed on)."""
+        parser.usage = "zdiag run [options] SCRIPT [script args]\n       zdiag run [options] --harness [harness options]"
+        out = parser.add_argument_group("output")
+        out.add_argument(
+            "--out",
+            type=Path,
+            default=None,
+            help="run directory (default: ./zdiag_runs/<timestamp>); must not hold a finished run",
+        )
+        prof = parser.add_argument_group("profiler")
+        prof.add_argument(
+            "--profile-steps",
+            default=DEFAULT_PROFILE_STEPS,
+            metavar="WAIT:WARMUP:ACTIVE",
+            help=f"profiler schedule in training steps, one window (default: {DEFAULT_PROFILE_STEPS})",
+        )
+        prof.add_argument(
+            "--no-profile",
+            action="store_true",
+            help="no profiler at all: only step detection and the step log (near-zero cost)",
+        )
+        prof.add_argument(
+            "--record-shapes", action="store_true", help="record operator input shapes"
+        )
+        prof.add_argument(
+            "--profile-memory",
+            action="store_true",
+            help="record allocations and export the memory timeline (also records shapes and stacks)",
+        )
+        prof.add_argument(
+            "--with-stack", action="store_true", help="record Python stacks of operators"
+        )
+        prof.add_argument(
+            "--nvtx",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="NVTX range per step when CUDA is present (default: on; free on CPU)",
+        )
+        prof.add_argument(
+            "--monitor",
+            metavar="HOST:PORT",
+            default=None,
+            help="publish live step records to a `zdiag monitor` listening at HOST:PORT",
+        )
+        dist = parser.add_argument_group("ranks and nodes (passed to torchrun)")
+        dist.add_argument("--nproc-per-node", metavar="N", default=None, help="ranks on this node")
+        dist.add_argument("--nnodes", metavar="N", default=None, help="number of nodes")
+        dist.add_argument(
+            "--node-rank",
+            metavar="K",
+            default=None,
+            help="this node's rank (0..nnodes-1); selects torchrun's static rendezvous",
+        )
+        dist.add_argument(
+            "--rdzv-endpoint",
+            metavar="HOST:PORT",
+            default=None,
+            help="rendezvous endpoint (node 0)",
+        )
+        dist.add_argument("--rdzv-id", metavar="ID", default=None, help="rendezvous (job) id")
+        parser.add_argument(
+            "--harness",
+            nargs=argparse.REMAINDER,
+            default=None,
+            metavar="HARNESS_OPTIONS",
+            help="run the built-in FSDP2/ZeRO harness (python -m zdiag.harness) with these options",
+        )
+        parser.add_argument(
+            "target",
+            nargs=argparse.REMAINDER,
+            metavar="SCRIPT [ARGS]",
+            help="training script and its arguments",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
-        """Not built yet."""
-        raise UserError("'zdiag run' is not available in this build yet.")
+        """Validate, launch, wait, merge the manifest; returns the training's exit code."""
+        plan = LaunchPlan.from_args(args)
+        return plan.execute()
+
+
+class LaunchPlan:
+    """A validated `zdiag run` invocation: what to start, where it writes, and how to merge."""
+
+    def __init__(
+        self,
+        *,
+        target: list[str],
+        config: CollectorConfig,
+        out: Path,
+        monitor: str | None,
+        torchrun: list[str] | None,
+        nnodes: int,
+        node_rank: int,
+        expected_world_size: int | None,
+        argv: list[str],
+    ) -> None:
+        self.target = target
+        self.config = config
+        self.out = out
+        self.monitor = monitor
+        self.torchrun = torchrun
+        self.nnodes = nnodes
+        self.node_rank = node_rank
+        self.expected_world_size = expected_world_size
+        self.argv = argv
+
+    # ----------------------------------------------------------------- validation
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LaunchPlan:
+        """Check every option; raise ConfigError/InputError with one sentence on the first problem."""
+        target = cls._target(args)
+        wait, warmup, active = parse_profile_steps(args.profile_steps)
+        config = CollectorConfig(
+            profile=not args.no_profile,
+            wait=wait,
+            warmup=warmup,
+            active=active,
+            record_shapes=args.record_shapes,
+            profile_memory=args.profile_memory,
+            with_stack=args.with_stack,
+            nvtx=args.nvtx,
+        )
+        if args.no_profile and (args.record_shapes or args.profile_memory or args.with_stack):
+            raise ConfigError(
+                "--no-profile turns the profiler off, so --record-shapes, --profile-memory and "
+                "--with-stack cannot apply; drop one or the other."
+            )
+        if args.monitor is not None:
+            _host_port("--monitor", args.monitor)
+        torchrun, nnodes, node_rank, world = cls._torchrun(args)
+        out = cls._out_dir(args.out)
+        return cls(
+            target=target,
+            config=config,
+            out=out,
+            monitor=args.monitor,
+            torchrun=torchrun,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            expected_world_size=world,
+            argv=[Path(sys.argv[0]).name, *sys.argv[1:]],
+        )
+
+    @staticmethod
+    def _target(args: argparse.Namespace) -> list[str]:
+        script = list(args.target or [])
+        if args.harness is not None:
+            if script:
+                raise ConfigError(
+                    f"give either a training script or --harness, not both (got {script[0]!r} too); "
+                    "put harness options after --harness."
+                )
+            import importlib.util
+
+            if importlib.util.find_spec(HARNESS_MODULE) is None:
+                raise InputError(
+                    "the built-in harness (zdiag.harness) is not installed in this environment; "
+                    "reinstall zdiag or run your own script."
+                )
+            return ["-m", HARNESS_MODULE, *args.harness]
+        if not script:
+            raise ConfigError(
+                "give a training script to run (zdiag run train.py ...) or --harness."
+            )
+        path = Path(script[0])
+        if script[0].startswith("-"):
+            raise ConfigError(
+                f"unknown option {script[0]!r} before the training script (see 'zdiag run --help')."
+            )
+        if not path.is_file():
+            raise InputError(f"training script {script[0]!r} not found; check the path.")
+        return [str(path), *script[1:]]
+
+    @staticmethod
+    def _torchrun(args: argparse.Namespace) -> tuple[list[str] | None, int, int, int | None]:
+        given = [args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id]
+        if all(v is None for v in given):
+            return None, 1, 0, 1
+        nproc = _positive_int("--nproc-per-node", args.nproc_per_node or "1")
+        nnodes = _positive_int("--nnodes", args.nnodes or "1")
+        limit = MAX_RANKS_PER_CPU * usable_cpus()
+        if nproc > limit:
+            raise ConfigError(
+                f"--nproc-per-node {nproc} is more ranks than this node can run: at most "
+                f"{MAX_RANKS_PER_CPU} per usable CPU core ({limit} here); lower it."
+            )
+        node_rank = 0
+        if args.node_rank is not None:
+            try:
+                node_rank = int(args.node_rank)
+            except ValueError:
+                raise ConfigError(
+                    f"--node-rank must be a whole number, not {args.node_rank!r}."
+                ) from None
+            if not 0 <= node_rank < nnodes:
+                raise ConfigError(
+                    f"--node-rank must be between 0 and {nnodes - 1} (--nnodes {nnodes}), not {node_rank}."
+                )
+        if args.rdzv_endpoint is not None:
+            _host_port("--rdzv-endpoint", args.rdzv_endpoint)
+        if nnodes > 1 and args.rdzv_endpoint is None:
+            raise ConfigError(
+                f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address) so the nodes can meet."
+            )
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        cmd += ["--nnodes", str(nnodes), "--max-restarts", "0"]
+        if args.rdzv_endpoint is None:
+            cmd += ["--standalone"]
+        elif args.node_rank is not None:
+            # Static rendezvous: node ranks as given, node 0 hosts the store at the endpoint.
+            cmd += ["--rdzv-backend", "static", "--rdzv-endpoint", args.rdzv_endpoint]
+            cmd += ["--node-rank", str(node_rank)]
+        else:
+            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+        if args.rdzv_id is not None:
+            cmd += ["--rdzv-id", str(args.rdzv_id)]
+        cmd += ["-m", BOOTSTRAP_MODULE]
+        return cmd, nnodes, node_rank, nproc * nnodes
+
+    @staticmethod
+    def _out_dir(out: Path | None) -> Path:
+        if out is None:
+            base = Path("zdiag_runs") / time.strftime("%Y%m%d-%H%M%S")
+            out, n = base, 1
+            while out.exists():
+                n += 1
+                out = base.with_name(f"{base.name}-{n}")
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {str(out)!r} is a file, not a folder; choose another path.")
+        if (out / MANIFEST).exists():
+            raise InputError(
+                f"--out {str(out)!r} already holds a finished run; choose a new folder."
+            )
+        return out.resolve()
+
+    # ----------------------------------------------------------------- launch
+    def command(self) -> list[str]:
+        """The command line that starts the rank(s)."""
+        if self.torchrun is not None:
+            return [*self.torchrun, *self.target]
+        return [sys.executable, "-m", BOOTSTRAP_MODULE, *self.target]
+
+    def environment(self) -> dict[str, str]:
+        """The ranks' environment: ours plus the run directory and settings."""
+        env = dict(os.environ)
+        env[ENV_RUN_DIR] = str(self.out)
+        env[ENV_CONFIG] = self.config.to_json()
+        env["ZDIAG_NODE_RANK"] = str(self.node_rank)
+        if self.monitor:
+            env[ENV_MONITOR] = self.monitor
+        else:
+            env.pop(ENV_MONITOR, None)
+        return env
+
+    def _launcher_part(
+        self, started_at: str, exit_code: int | None, error: str | None
+    ) -> dict[str, Any]:
+        return {
+            "node_rank": self.node_rank,
+            "nnodes": self.nnodes,
+            "host": hostname(),
+            "command": self.argv,
+            "launched": self.command(),
+            "cwd": os.getcwd(),
+            "expected_world_size": self.expected_world_size,
+            "profile": {
+                "enabled": self.config.profile,
+                "wait": self.config.wait,
+                "warmup": self.config.warmup,
+                "active": self.config.active,
+                "record_shapes": self.config.record_shapes or self.config.profile_memory,
+                "profile_memory": self.config.profile_memory,
+                "with_stack": self.config.with_stack or self.config.profile_memory,
+            },
+            "started_at": started_at,
+            "ended_at": utc_now_iso() if exit_code is not None else None,
+            "exit_code": exit_code,
+            "error": error,
+        }
+
+    def execute(self) -> int:
+        """Start the ranks, wait for them, merge the manifest; the training's exit code."""
+        make_run_dir(self.out)
+        started = utc_now_iso()
+        part = launcher_part_path(self.out, self.node_rank)
+        write_json_atomically(part, self._launcher_part(started, None, None))
+        code, error = self._run_child()
+        manifest = merge_manifest(self.out, node_rank=self.node_rank)
+        if code != 0 and self.torchrun is not None:
+            # torchrun exits 1 for any failed worker: report the training's own exit code.
+            rank_codes = [
+                r["exit_code"] for r in manifest["ranks"] if r.get("exit_code") not in (None, 0)
+            ]
+            if rank_codes:
+                code = int(rank_codes[0])
+        write_json_atomically(part, self._launcher_part(started, code, error))
+        manifest = merge_manifest(self.out, node_rank=self.node_rank)
+        self._summary(manifest, code)
+        return code
+
+    def _run_child(self) -> tuple[int, str | None]:
+        try:
+            child = subprocess.Popen(self.command(), env=self.environment())
+        except OSError as exc:
+            return 127, f"could not start {self.command()[0]}: {exc}"
+        forwarded: list[int] = []
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            forwarded.append(signum)
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        previous = signal.signal(signal.SIGTERM, forward)
+        try:
+            while True:
+                try:
+                    rc = child.wait()
+                    break
+                except KeyboardInterrupt:  # the child got the same SIGINT; let it end cleanly
+                    forwarded.append(signal.SIGINT)
+                    continue
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if rc < 0:
+            return 128 - rc, f"training ended by signal {-rc}"
+        if forwarded and rc == 0:
+            return rc, None
+        return rc, None if rc == 0 else f"training exited with code {rc}"
+
+    def _summary(self, manifest: dict[str, Any], code: int) -> None:
+        ranks = manifest["ranks"]
+        traces = sum(1 for r in ranks if r.get("trace"))
+        notes = []
+        if manifest["exit"]["oom"]:
+            notes.append("out of memory (memory data written)")
+        if self.config.profile and traces < len(ranks) and not manifest["exit"]["oom"]:
+            needed = self.config.wait + self.config.warmup + 1
+            notes.append(
+                f"{len(ranks) - traces} rank(s) without a trace: the profiler window starts after "
+                f"{needed - 1} steps (--profile-steps {self.config.wait}:{self.config.warmup}:{self.config.active})"
+            )
+        extra = f"; {'; '.join(notes)}" if notes else ""
+        print(
+            f"zdiag run: {self.out} ({len(ranks)} rank(s), {traces} trace(s), exit code {code}){extra}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 COMMAND = RunCommand()

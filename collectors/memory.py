@@ -1,0 +1,82 @@
+"""Device memory readings, the CUDA allocator history, and what is written on out-of-memory."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zdiag.collectors.fsio import write_atomically, write_json_atomically
+
+MemoryReading = tuple[int | None, int | None, int | None]
+NO_READING: MemoryReading = (None, None, None)
+
+
+def cuda_in_use() -> bool:
+    """Whether this process has initialized CUDA (checking never initializes it)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def read_device_memory(reset_peak: bool = True) -> MemoryReading:
+    """(allocated, reserved, peak since the last reading) in bytes on the current CUDA device.
+
+    (None, None, None) on CPU: PyTorch keeps no allocator statistics for host memory.
+    """
+    if not cuda_in_use():
+        return NO_READING
+    allocated = int(torch.cuda.memory_allocated())
+    reserved = int(torch.cuda.memory_reserved())
+    peak = int(torch.cuda.max_memory_allocated())
+    if reset_peak:
+        torch.cuda.reset_peak_memory_stats()
+    return allocated, reserved, peak
+
+
+def start_cuda_history(max_entries: int) -> bool:
+    """Record CUDA allocations with Python stacks (bounded to `max_entries`); False on CPU."""
+    if not torch.cuda.is_available():
+        return False
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    return True
+
+
+def stop_cuda_history() -> None:
+    """Stop recording CUDA allocation history (no-op on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def dump_cuda_snapshot(path: str | Path) -> bool:
+    """Write the CUDA memory snapshot (pickle, as `torch.cuda.memory._dump_snapshot`) atomically."""
+    if not cuda_in_use():
+        return False
+    snapshot = torch.cuda.memory._snapshot()
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            pickle.dump(snapshot, f)
+
+    write_atomically(path, write, suffix=".pickle")
+    return True
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` (or the exception it was raised from) is a PyTorch out-of-memory error."""
+    oom_types: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
+    if hasattr(torch, "OutOfMemoryError"):
+        oom_types = (torch.OutOfMemoryError, *oom_types)
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 5:
+        if isinstance(current, oom_types):
+            return True
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return False
+
+
+def write_oom_record(path: str | Path, record: dict[str, Any]) -> None:
+    """Write what was known when the rank ran out of memory (JSON, atomically)."""
+    write_json_atomically(path, record)

@@ -1,0 +1,426 @@
+"""One rank's collection session: step detection, the profiler, the step log, memory and OOM data.
+
+`RankSession` is what both `zdiag run` (through the bootstrap) and `zdiag.profile(...)` drive.
+Steps are counted either by a global optimizer step post-hook (`auto_step=True`: the first
+optimizer that steps is the *step driver*; other optimizers' steps are ignored, so a loop with two
+optimizers counts one step per iteration) or by explicit `step()` calls (which switch the session
+to manual stepping for good).
+
+Per step the hook does O(1) work: a clock reading, one step-log line, an optional live record, an
+optional NVTX push/pop and, while the profiler window is open, `profiler.step()`. Once the window
+is written the profiler is stopped. Any collector error is reported once on stderr, collection
+stops on that rank, and training continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from zdiag.collectors import memory, rundir, runinfo
+from zdiag.collectors.config import CollectorConfig
+from zdiag.collectors.fsio import write_atomically, write_json_atomically
+from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
+from zdiag.collectors.nvtx import StepRanges
+from zdiag.collectors.steplog import StepLog
+
+MAX_COLLECTOR_ERRORS = 10
+
+_ACTIVE: RankSession | None = None
+
+
+def active_session() -> RankSession | None:
+    """The session collecting in this process, if any."""
+    return _ACTIVE
+
+
+def torch_versions() -> dict[str, str | None]:
+    """Python, torch, CUDA and NCCL versions (None where not present)."""
+    nccl: str | None = None
+    try:
+        if torch.cuda.is_available():
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:
+        nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+    }
+
+
+class RankSession:
+    """Collects one rank's data into `run_dir` (see `zdiag.collectors.rundir` for the layout)."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: CollectorConfig,
+        *,
+        auto_step: bool = True,
+        command: list[str] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.auto_step = auto_step
+        env = process_env_info()
+        self.rank: int = env["rank"]
+        self.local_rank: int = env["local_rank"]
+        self.node_rank: int = env["node_rank"]
+        self.world_size: int = env["world_size"]
+        self.host = hostname()
+        self.command = command if command is not None else [sys.executable, *sys.argv]
+        self.started_at = utc_now_iso()
+        self.step_index = 0
+        self.manual = not auto_step
+        self.oom = False
+        self.backend: str | None = None
+        self.collector_errors: list[str] = []
+        self.trace_written = False
+        self.timeline_written = False
+        self.snapshot_written = False
+        self.oom_record_written = False
+        self._broken = False
+        self._finished = False
+        self._driver: int | None = None
+        self._hook: Any = None
+        self._remove_listener: Any = None
+        self._prof: Any = None
+        self._cuda_history = False
+        self._publisher: Any = None
+        self._samples_per_step: float | None = None
+        self._step_log = StepLog(
+            self.run_dir / rundir.step_log_relpath(self.rank), config.max_step_log_lines
+        )
+        self._nvtx = StepRanges(config.nvtx)
+        self._step_start = time.perf_counter()
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> RankSession:
+        """Create the run directory, write this rank's part, arm the hook and the profiler."""
+        global _ACTIVE
+        rundir.make_run_dir(self.run_dir)
+        self._write_part(exit_code=None, error=None)
+        _ACTIVE = self
+        self._remove_listener = runinfo.add_listener(self._on_run_info)
+        self._on_run_info(runinfo.current_run_info())
+        self._guard("live publisher", self._start_publisher)
+        if self.config.profile:
+            self._guard("profiler", self._start_profiler)
+            if self.config.profile_memory:
+                self._cuda_history = bool(
+                    self._guard(
+                        "CUDA memory history",
+                        memory.start_cuda_history,
+                        self.config.max_snapshot_entries,
+                    )
+                )
+        if self.auto_step:
+            hook = torch.compiler.disable(self._on_optimizer_step)
+            self._hook = register_optimizer_step_post_hook(hook)
+        self._nvtx.begin(0)
+        self._step_start = time.perf_counter()
+        return self
+
+    def finish(self, exit_code: int | None, error: str | None = None) -> None:
+        """Close everything, write the last profiler window if open, and the final manifest part."""
+        global _ACTIVE
+        if self._finished:
+            return
+        self._finished = True
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._remove_listener is not None:
+            self._remove_listener()
+        self._guard("NVTX", self._nvtx.end)
+        self._guard("profiler", self._stop_profiler)
+        if self._cuda_history:
+            self._guard("CUDA memory history", memory.stop_cuda_history)
+        self._step_log.close()
+        if self._publisher is not None:
+            self._guard("live publisher", self._publisher.close)
+            self._publisher = None
+        self._write_part(exit_code=exit_code, error=error)
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+    # ----------------------------------------------------------------- steps
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.manual or self._broken:
+            return
+        if self._driver is None:
+            self._driver = id(optimizer)
+        elif id(optimizer) != self._driver:
+            return
+        self._end_step()
+
+    def step(self) -> None:
+        """Mark the end of a training step by hand (switches off the optimizer-hook detection)."""
+        self.manual = True
+        if not self._broken and not self._finished:
+            self._end_step()
+
+    def _end_step(self) -> None:
+        try:
+            now = time.perf_counter()
+            duration_ms = (now - self._step_start) * 1000.0
+            self._step_start = now
+            step = self.step_index
+            self.step_index += 1
+            self._nvtx.end()
+            allocated, reserved, peak = memory.read_device_memory()
+            self._step_log.write(
+                {
+                    "step": step,
+                    "time_unix": time.time(),
+                    "duration_ms": round(duration_ms, 4),
+                    "mem_allocated_bytes": allocated,
+                    "mem_reserved_bytes": reserved,
+                    "mem_peak_bytes": peak,
+                }
+            )
+            if self._publisher is not None:
+                self._publish(step, duration_ms, allocated, reserved, peak)
+            if self.backend is None and dist.is_available() and dist.is_initialized():
+                self.backend = str(dist.get_backend())
+                if self._prof is not None:
+                    self._prof.preset_metadata.pop("distributedInfo", None)
+            if self._prof is not None:
+                self._prof.step()
+                if self.trace_written:
+                    self._stop_profiler()
+            self._nvtx.begin(self.step_index)
+        except Exception as exc:
+            self._fail("step hook", exc)
+
+    def _publish(
+        self,
+        step: int,
+        duration_ms: float,
+        allocated: int | None,
+        reserved: int | None,
+        peak: int | None,
+    ) -> None:
+        samples_per_s = None
+        if self._samples_per_step and duration_ms > 0:
+            samples_per_s = self._samples_per_step / (duration_ms / 1000.0)
+        self._publisher.publish(
+            {
+                "rank": self.rank,
+                "host": self.host,
+                "step": step,
+                "step_time_ms": duration_ms,
+                "mem_allocated_bytes": allocated,
+                "mem_reserved_bytes": reserved,
+                "mem_peak_bytes": peak,
+                "samples_per_s": samples_per_s,
+            }
+        )
+
+    # ----------------------------------------------------------------- profiler
+    def _start_profiler(self) -> None:
+        cfg = self.config
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # The memory timeline needs shapes and stacks as well (torch.profiler's requirement).
+        need_mem = cfg.profile_memory
+        self._prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(
+                wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=1
+            ),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=cfg.record_shapes or need_mem,
+            profile_memory=need_mem,
+            with_stack=cfg.with_stack or need_mem,
+        )
+        # Until torch.distributed is initialized, say which rank this is (torch adds the real
+        # distributedInfo, with process groups, when the trace starts after init_process_group).
+        fallback = {"backend": None, "rank": self.rank, "world_size": self.world_size}
+        self._prof.preset_metadata_json("distributedInfo", json.dumps(fallback))
+        self._prof.start()
+
+    def _stop_profiler(self) -> None:
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prof.stop()
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        try:
+            trace = self.run_dir / rundir.trace_relpath(self.rank)
+            write_atomically(trace, prof.export_chrome_trace, suffix=".json.gz")
+            self.trace_written = True
+            if self.config.profile_memory:
+                self._export_memory(prof)
+            self._write_part(exit_code=None, error=None)
+        except Exception as exc:
+            self._fail("trace export", exc)
+
+    def _export_memory(self, prof: Any) -> None:
+        timeline = self.run_dir / rundir.memory_timeline_relpath(self.rank)
+        device = "cuda:0" if memory.cuda_in_use() else "cpu"
+        if memory.cuda_in_use():
+            device = f"cuda:{torch.cuda.current_device()}"
+
+        def export(tmp: str) -> None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prof.export_memory_timeline(tmp, device=device)
+
+        self._guard("memory timeline", write_atomically, timeline, export, ".timeline.json.gz")
+        self.timeline_written = timeline.is_file()
+        if self._cuda_history:
+            snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
+            self.snapshot_written = bool(
+                self._guard("memory snapshot", memory.dump_cuda_snapshot, snap)
+            )
+
+    # ----------------------------------------------------------------- OOM
+    def on_out_of_memory(self, exc: BaseException) -> None:
+        """Write the memory data first (profiler window, snapshot, OOM record), then mark the rank."""
+        self.oom = True
+        allocated, reserved, peak = (
+            self._guard("memory reading", memory.read_device_memory, False) or memory.NO_READING
+        )
+        profiling_memory = self._prof is not None and self.config.profile_memory
+        if self._prof is not None:
+            # Closing the window exports the trace and, with --profile-memory, the memory timeline.
+            self._guard("profiler", self._stop_profiler)
+        if memory.cuda_in_use() and not self.snapshot_written:
+            snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
+            self.snapshot_written = bool(
+                self._guard("memory snapshot", memory.dump_cuda_snapshot, snap)
+            )
+        record = {
+            "rank": self.rank,
+            "host": self.host,
+            "step": self.step_index,
+            "time_unix": time.time(),
+            "error_type": type(exc).__name__,
+            "error": str(exc)[:4000],
+            "mem_allocated_bytes": allocated,
+            "mem_reserved_bytes": reserved,
+            "mem_peak_bytes": peak,
+            "memory_budget_bytes": runinfo.current_run_info().get("memory_budget_bytes"),
+            "profiler_window_open": profiling_memory,
+            "memory_timeline": rundir.memory_timeline_relpath(self.rank)
+            if self.timeline_written
+            else None,
+            "memory_snapshot": rundir.memory_snapshot_relpath(self.rank)
+            if self.snapshot_written
+            else None,
+        }
+        path = self.run_dir / rundir.oom_relpath(self.rank)
+        self._guard("OOM record", memory.write_oom_record, path, record)
+        self.oom_record_written = path.is_file()
+        self._write_part(exit_code=None, error=f"{type(exc).__name__}: {str(exc)[:500]}")
+
+    # ----------------------------------------------------------------- helpers
+    def _start_publisher(self) -> None:
+        if not os.environ.get("ZDIAG_MONITOR"):
+            return
+        try:
+            from zdiag.collectors.live import publisher_from_env  # engineer D's module
+        except ImportError as exc:
+            self._report(f"live metrics are off: {exc}")
+            return
+        self._publisher = publisher_from_env(self.rank, self.host)
+
+    def _on_run_info(self, info: dict[str, Any]) -> None:
+        sps = info.get("samples_per_step")
+        self._samples_per_step = float(sps) if isinstance(sps, (int, float)) and sps > 0 else None
+        if info and not self._finished:
+            self._guard("manifest part", self._write_part, None, None)
+
+    def _guard(self, where: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._report(f"{where} failed: {type(exc).__name__}: {exc}")
+            return None
+
+    def _fail(self, where: str, exc: Exception) -> None:
+        """A collector error inside the step path: report once, stop collecting, keep training."""
+        self._broken = True
+        self._report(
+            f"{where} failed: {type(exc).__name__}: {exc}; zdiag stops collecting on this rank"
+        )
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.on_trace_ready = None
+                prof.stop()
+            except Exception:
+                pass
+
+    def _report(self, message: str) -> None:
+        if len(self.collector_errors) < MAX_COLLECTOR_ERRORS:
+            self.collector_errors.append(message)
+            print(
+                f"zdiag (rank {self.rank}): {message}; training continues.",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _write_part(self, exit_code: int | None, error: str | None) -> None:
+        ended = self._finished
+        part: dict[str, Any] = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "node_rank": self.node_rank,
+            "world_size": self.world_size,
+            "host": self.host,
+            "pid": os.getpid(),
+            "command": self.command,
+            "cwd": os.getcwd(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "backend": self.backend,
+            "versions": torch_versions(),
+            "profile": {
+                "enabled": self.config.profile,
+                "wait": self.config.wait,
+                "warmup": self.config.warmup,
+                "active": self.config.active,
+                "record_shapes": self.config.record_shapes or self.config.profile_memory,
+                "profile_memory": self.config.profile_memory,
+                "with_stack": self.config.with_stack or self.config.profile_memory,
+            },
+            "run_info": runinfo.current_run_info(),
+            "trace": rundir.trace_relpath(self.rank) if self.trace_written else None,
+            "memory_timeline": rundir.memory_timeline_relpath(self.rank)
+            if self.timeline_written
+            else None,
+            "memory_snapshot": rundir.memory_snapshot_relpath(self.rank)
+            if self.snapshot_written
+            else None,
+            "oom_record": rundir.oom_relpath(self.rank) if self.oom_record_written else None,
+            "step_log": rundir.step_log_relpath(self.rank) if self._step_log.written else None,
+            "steps": self.step_index,
+            "step_log_truncated": self._step_log.truncated,
+            "exit_code": exit_code if ended else None,
+            "oom": self.oom,
+            "error": error,
+            "collector_errors": list(self.collector_errors),
+            "started_at": self.started_at,
+            "ended_at": utc_now_iso() if ended else None,
+        }
+        write_json_atomically(rundir.rank_part_path(self.run_dir, self.rank), part)
