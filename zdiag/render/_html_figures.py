@@ -108,7 +108,7 @@ def heatmap(
     col_of = {s: i // sb for i, s in enumerate(steps)}
     ncols = math.ceil(len(steps) / sb)
     z: list[list[float | None]] = []
-    text: list[list[str]] = []
+    verdict_rows: list[list[str]] = []
     y_labels: list[str] = []
     for row_start in range(0, len(ranks), rb):
         row: list[float | None] = [None] * ncols
@@ -122,22 +122,16 @@ def heatmap(
                     verdicts[c] = s.verdict
         label = _span_label(rank_ids, row_start, rb)
         y_labels.append(f"rank {label}" if rb == 1 else f"ranks {label}")
-        z.append(row)
-        text.append(
-            [
-                f"{y_labels[-1]}, step {_span_label(steps, c * sb, sb)}: "
-                + ("no data" if row[c] is None else f"{row[c]:.2f} ms ({esc(verdicts[c])})")
-                for c in range(ncols)
-            ]
-        )
+        z.append([None if v is None else round(v, 3) for v in row])
+        verdict_rows.append([esc(v) for v in verdicts])
     x_labels = [_span_label(steps, c * sb, sb) for c in range(ncols)]
     fig = go.Figure(
         go.Heatmap(
             z=z,
             x=x_labels,
             y=y_labels,
-            text=text,
-            hovertemplate="%{text}<extra></extra>",
+            customdata=verdict_rows,
+            hovertemplate="%{y}, step %{x}: %{z:.2f} ms (%{customdata})<extra></extra>",
             colorscale="YlOrRd",
             colorbar={"title": {"text": "ms"}},
             hoverongaps=False,

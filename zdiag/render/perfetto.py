@@ -5,8 +5,8 @@ there is one process, "zdiag · rank N", with:
 
 - a "step verdicts" thread: one complete event ("ph": "X") per step, named `step N: <verdict>`
   (Perfetto colors slices by name without digits, so one color per verdict; chrome://tracing uses
-  `cname`), its breakdown in `args`;
-- counters ("ph": "C") "exposed comm (ms)" and "step time (ms)", one sample per step;
+  `cname`), its breakdown in `args` (up to MAX_DETAILED_STEPS slices in all);
+- a counter ("ph": "C") "exposed comm (ms)", one sample per step;
 - a "findings" thread: an instant marker ("ph": "i") per finding at the steps it concerns
   (at most MAX_MARKERS_PER_FINDING per rank), with evidence and recommendation in `args`.
   Findings that name no rank are global markers.
@@ -30,6 +30,9 @@ OVERLAY_PID_BASE = 1_000_000_000  # above any real pid (Linux pid_max <= 2**22)
 STEP_TID = 1
 FINDING_TID = 2
 MAX_MARKERS_PER_FINDING = 16  # per rank
+# Beyond this many rank x step slices, slices carry only their step number (the name keeps the
+# verdict, the counter the exposed comm) so the file stays small; otherData says so.
+MAX_DETAILED_STEPS = 50_000
 # chrome://tracing reserved color names (Perfetto ignores cname and colors by name).
 VERDICT_CNAME = {
     "compute-bound": "good",
@@ -86,7 +89,7 @@ def _metadata(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
     ]
 
 
-def _step_events(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
+def _step_events(pid: int, rank: RankSummary, detailed: bool) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     end_us = None
     ordered = sorted(rank.steps, key=lambda s: s.start_ms)
@@ -106,7 +109,7 @@ def _step_events(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
                 "name": f"step {s.step}: {s.verdict}",
                 "cat": "zdiag.step",
                 "cname": VERDICT_CNAME.get(s.verdict, "generic_work"),
-                "args": _step_args(s),
+                **({"args": _step_args(s)} if detailed else {}),
             }
         )
         events.append(
@@ -118,23 +121,16 @@ def _step_events(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
                 "args": {"ms": round(s.exposed_comm_ms, 3)},
             }
         )
-        events.append(
-            {
-                "ph": "C",
-                "pid": pid,
-                "ts": ts,
-                "name": "step time (ms)",
-                "args": {"ms": round(s.duration_ms, 3)},
-            }
-        )
         end_us = _us(ts + dur)
     if end_us is not None:  # close the counters after the last step
-        for name in ("exposed comm (ms)", "step time (ms)"):
-            events.append({"ph": "C", "pid": pid, "ts": end_us, "name": name, "args": {"ms": 0}})
+        events.append(
+            {"ph": "C", "pid": pid, "ts": end_us, "name": "exposed comm (ms)", "args": {"ms": 0}}
+        )
     return events
 
 
 def _step_args(s: StepBreakdown) -> dict[str, Any]:
+    """The step's breakdown, shown when a slice is selected."""
     return {
         "step": s.step,
         "verdict": s.verdict,
@@ -217,10 +213,11 @@ def _finding_events(report: Report) -> list[dict[str, Any]]:
 def overlay_events(report: Report) -> dict[str, Any]:
     """The overlay as a Chrome trace-event JSON object (`traceEvents` plus `otherData`)."""
     events: list[dict[str, Any]] = []
+    detailed = sum(len(r.steps) for r in report.ranks) <= MAX_DETAILED_STEPS
     for rank in sorted(report.ranks, key=lambda r: r.rank):
         pid = OVERLAY_PID_BASE + rank.rank
         events += _metadata(pid, rank)
-        events += _step_events(pid, rank)
+        events += _step_events(pid, rank, detailed)
     events += _finding_events(report)
     aligned = bool(report.ranks) and all(r.trace_start_us for r in report.ranks)
     return {
@@ -231,6 +228,9 @@ def overlay_events(report: Report) -> dict[str, Any]:
             "zdiag_version": report.zdiag_version,
             "report_schema": report.schema,
             "aligned_to_trace_timestamps": aligned,
+            "step_args": "full breakdown"
+            if detailed
+            else "none (large run: the slice name has step and verdict)",
             "inputs": report.inputs[:64],
         },
     }
