@@ -19,7 +19,7 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
 from zdiag.tui.monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
-from zdiag.tui.monitor_text import COLUMNS, fmt_ms, header_line, row_cells, spark_top
+from zdiag.tui.monitor_text import COLUMNS, fmt_ms, header_line, row_cells, spark_scale
 
 STATUS_STYLE = {"ok": "", "straggler": "bold dark_orange", "stale": "yellow", "gone": "bold red"}
 STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}
@@ -130,17 +130,24 @@ class MonitorApp(App[None]):
         rows = sorted(
             view.rows, key=lambda r: _sort_value(r, self.sort_key), reverse=self.sort_reverse
         )
-        top = spark_top(view)
+        scale = spark_scale(view)
         table.clear()
         for row in rows:
             style = STATUS_STYLE.get(row.status, "")
-            cells = (Text(c, style=style) for c in row_cells(row, top))
+            cells = (Text(c, style=style) for c in row_cells(row, scale))
             table.add_row(*cells, key=str(row.rank))
         if rows:
             table.move_cursor(row=min(cursor, len(rows) - 1), animate=False)
 
     def _findings(self, view: MonitorView) -> Text:
         text = Text()
+        if not view.rows:
+            text.append(
+                "waiting for step records: ranks publish when ZDIAG_MONITOR=HOST:PORT is set "
+                "(zdiag run --monitor HOST:PORT)",
+                style="dim",
+            )
+            return text
         if not view.findings:
             text.append("no findings", style="dim")
             return text

@@ -41,13 +41,20 @@ def fmt_age(seconds: float) -> str:
     return f"{seconds / 3600:.0f}h"
 
 
-def spark(values: tuple[float, ...], top: float | None = None) -> str:
-    """A one-line sparkline of `values`, scaled to `top` (their max by default)."""
+def spark(values: tuple[float, ...], scale: tuple[float, float] | None = None) -> str:
+    """A one-line sparkline of `values` on the range `scale` (lo, hi; their own range by default).
+
+    A range narrower than 2% of its top draws mid-height bars: equal values look equal.
+    """
     if not values:
         return ""
-    top = top or max(values) or 1.0
+    lo, hi = scale if scale is not None else (min(values), max(values))
     last = len(SPARK_CHARS) - 1
-    return "".join(SPARK_CHARS[max(0, min(last, round(v / top * last)))] for v in values)
+    if hi - lo <= 0.02 * abs(hi):
+        return SPARK_CHARS[last // 2] * len(values)
+    return "".join(
+        SPARK_CHARS[max(0, min(last, round((v - lo) / (hi - lo) * last)))] for v in values
+    )
 
 
 def header_line(view: MonitorView) -> str:
@@ -70,16 +77,16 @@ def header_line(view: MonitorView) -> str:
     return " · ".join(parts)
 
 
-def spark_top(view: MonitorView) -> float | None:
-    """The largest recent step time of any rank: the common scale of the per-rank sparklines."""
-    tops = [max(r.recent_step_ms) for r in view.rows if r.recent_step_ms]
-    return max(tops) if tops else None
+def spark_scale(view: MonitorView) -> tuple[float, float] | None:
+    """The range of all ranks' recent step times: the common scale of the per-rank sparklines."""
+    values = [v for r in view.rows for v in r.recent_step_ms]
+    return (min(values), max(values)) if values else None
 
 
-def row_cells(row: RankRow, top: float | None = None) -> tuple[str, ...]:
+def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[str, ...]:
     """The table cells of one rank (rank, host, step, step time, exposed, memory, recent, status).
 
-    The recent step times are drawn on the scale `top` (see `spark_top`), so ranks compare.
+    The recent step times are drawn on `scale` (see `spark_scale`), so ranks compare.
     """
     return (
         str(row.rank),
@@ -89,7 +96,7 @@ def row_cells(row: RankRow, top: float | None = None) -> tuple[str, ...]:
         fmt_ms(row.exposed_comm_ms),
         fmt_bytes(row.mem_allocated_bytes),
         fmt_bytes(row.mem_peak_bytes),
-        spark(row.recent_step_ms, top),
+        spark(row.recent_step_ms, scale),
         row.status if row.status in ("ok", "straggler") else f"{row.status} {fmt_age(row.age_s)}",
     )
 
@@ -128,8 +135,8 @@ def render_summary(view: MonitorView, *, source: str = "", max_rows: int = 64) -
         return "\n".join(lines) + "\n"
     order = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}
     rows = sorted(view.rows, key=lambda r: (order.get(r.status, 4), r.rank))[:max_rows]
-    top = spark_top(view)
-    table = [COLUMNS, *(row_cells(r, top) for r in rows)]
+    scale = spark_scale(view)
+    table = [COLUMNS, *(row_cells(r, scale) for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     for cells in table:
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())

@@ -1,0 +1,131 @@
+"""The monitor's Textual app, driven by a fake source and a frozen clock (pilots and snapshots)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_monitor_state import NOW, job
+from textual.widgets import DataTable, Static
+
+from zdiag.tui.monitor_app import MonitorApp
+
+pytestmark = [pytest.mark.tui, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Textual runs on asyncio (anyio's pytest plugin runs the async tests)."""
+    return "asyncio"
+
+
+class FakeSource:
+    """Hands out queued batches of records, one batch per poll (a `MonitorSource`)."""
+
+    def __init__(self, *batches: list[dict[str, Any]], rejected: int = 0) -> None:
+        self.batches = list(batches)
+        self.rejected = rejected
+        self.closed = False
+
+    def poll(self) -> list[dict[str, Any]]:
+        return self.batches.pop(0) if self.batches else []
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def problem_job() -> list[dict[str, Any]]:
+    """16 ranks on 4 nodes: a straggler, a creeping rank, a stale one, a vanished one."""
+    grow = {"mem_allocated_bytes": lambda s: float(2 << 30) + s * 64 * 2**20}
+    records = job(
+        ranks=16,
+        steps=31,  # the last step arrives at NOW
+        r5={
+            "compute_ms": 95.0,
+            "exposed_comm_ms": 0.0,
+            "step_time_ms": lambda s: 101.0 + s % 4 * 15,
+        },
+        r9=grow,
+    )
+    # rank 12 stopped 8 s ago (stale), rank 13 a minute ago (gone)
+    delay = {12: 8.0, 13: 60.0}
+    return [
+        dict(r, ts=r["ts"] - delay[r["rank"]], recv_ts=r["recv_ts"] - delay[r["rank"]])
+        if r["rank"] in delay
+        else r
+        for r in records
+    ]
+
+
+def make_app(
+    *batches: list[dict[str, Any]], rejected: int = 0, poll_interval_s: float = 0.05
+) -> MonitorApp:
+    return MonitorApp(
+        FakeSource(*batches, rejected=rejected),
+        clock=lambda: NOW,
+        poll_interval_s=poll_interval_s,
+        refresh_interval_s=3600,  # tests refresh explicitly
+    )
+
+
+def header_text(app: MonitorApp) -> str:
+    return str(app.query_one("#header", Static).render())
+
+
+def first_column(app: MonitorApp) -> list[str]:
+    table = app.query_one("#ranks", DataTable)
+    return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+
+async def test_header_table_and_findings_show_the_job() -> None:
+    app = make_app(problem_job(), rejected=3)
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.pause()
+        header = header_text(app)
+        assert "job job-7" in header and "14 ranks" in header
+        assert "1 straggler" in header and "1 stale" in header and "1 gone" in header
+        assert "rejected 3" in header
+        table = app.query_one("#ranks", DataTable)
+        assert table.row_count == 16
+        ids = [f.id for f in app.last_view.findings] if app.last_view else []
+        assert ids == ["straggler", "memory-creep"]
+        assert "[warning] straggler" in str(app.query_one("#findings", Static).render())
+    assert app.source.closed  # type: ignore[attr-defined]
+
+
+async def test_sort_keys_and_worst_first() -> None:
+    app = make_app(problem_job())
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.pause()
+        assert first_column(app)[:3] == ["0", "1", "2"]
+        await pilot.press("w")
+        assert first_column(app)[:3] == ["13", "12", "5"]  # gone, stale, straggler
+        await pilot.press("s")  # status -> rank (the cycle wraps)
+        assert app.sort_key == "rank"
+        await pilot.press("r")
+        assert first_column(app)[0] == "15"
+        await pilot.press("s", "r")  # step time, ascending then descending
+        assert app.sort_key == "step time" and not app.sort_reverse
+
+
+async def test_late_attach_pause_and_findings_toggle() -> None:
+    # Nothing at first (the job has not started, or the monitor attached between records).
+    app = make_app([], [], problem_job(), poll_interval_s=0.5)
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.pause()
+        assert "0 ranks" in header_text(app)
+        await pilot.pause(1.3)  # the poll timer picks the records up
+        await pilot.press("p")
+        assert "[paused]" in header_text(app)
+        await pilot.press("p")
+        assert "14 ranks" in header_text(app)
+        await pilot.press("f")
+        assert not app.query_one("#findings", Static).display
+
+
+def test_snapshot_problem_job(snap_compare: Any) -> None:
+    assert snap_compare(make_app(problem_job(), rejected=2), terminal_size=(130, 36))
+
+
+def test_snapshot_empty(snap_compare: Any) -> None:
+    assert snap_compare(make_app(), terminal_size=(100, 20))
