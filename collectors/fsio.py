@@ -10,6 +10,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates 0600 files; finished files get the usual permissions (0666 minus the umask).
+_FILE_MODE = 0o666 & ~_current_umask()
+
+
 def temp_path_for(path: str | Path, suffix: str = "") -> str:
     """A unique temporary file name in the target's folder (same filesystem, so rename is atomic).
 
@@ -19,6 +29,7 @@ def temp_path_for(path: str | Path, suffix: str = "") -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=suffix, dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, _FILE_MODE)
     return tmp
 
 

@@ -138,6 +138,11 @@ def build_manifest(run_dir: str | Path, *, node_rank: int = 0) -> dict[str, Any]
         [lc.get("error") for lc in launcher_list]
     )
     memory_budget = run_info.get("memory_budget_bytes")
+    harness = run_info.get("harness")
+    if memory_budget is None and isinstance(harness, dict):
+        gib = harness.get("memory_budget_gb")
+        if isinstance(gib, (int, float)) and gib > 0:
+            memory_budget = int(gib * 2**30)
 
     return {
         "schema": MANIFEST_SCHEMA,
@@ -153,7 +158,7 @@ def build_manifest(run_dir: str | Path, *, node_rank: int = 0) -> dict[str, Any]
         "device": lead.get("device"),
         "backend": _first([p.get("backend") for p in ordered]),
         "versions": lead.get("versions") or {},
-        "harness": run_info.get("harness"),
+        "harness": harness,
         "profile": head.get("profile") or lead.get("profile"),
         "fsdp_units": list(run_info.get("fsdp_units") or []),
         "memory_budget_bytes": int(memory_budget) if memory_budget is not None else None,

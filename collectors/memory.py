@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from zdiag.collectors import runinfo
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 
 MemoryReading = tuple[int | None, int | None, int | None]
@@ -22,16 +23,29 @@ def cuda_in_use() -> bool:
 def read_device_memory(reset_peak: bool = True) -> MemoryReading:
     """(allocated, reserved, peak since the last reading) in bytes on the current CUDA device.
 
-    (None, None, None) on CPU: PyTorch keeps no allocator statistics for host memory.
+    On CPU, PyTorch keeps no allocator statistics: the reader registered with
+    `runinfo.set_memory_reader` answers if there is one, else (None, None, None).
     """
     if not cuda_in_use():
-        return NO_READING
+        reader = runinfo.memory_reader()
+        if reader is None:
+            return NO_READING
+        try:
+            allocated, reserved, peak = reader()
+        except Exception:
+            runinfo.set_memory_reader(None)
+            raise
+        return _opt_int(allocated), _opt_int(reserved), _opt_int(peak)
     allocated = int(torch.cuda.memory_allocated())
     reserved = int(torch.cuda.memory_reserved())
     peak = int(torch.cuda.max_memory_allocated())
     if reset_peak:
         torch.cuda.reset_peak_memory_stats()
     return allocated, reserved, peak
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def start_cuda_history(max_entries: int) -> bool:

@@ -11,7 +11,10 @@ with a meaning in the manifest:
 - `samples_per_step`: int, samples one rank processes per step (gives `samples_per_s` in live records).
 
 Any other JSON-serializable key is kept under `manifest["run_info"]`. Calls merge: later values for
-a key replace earlier ones. Only the standard library is imported.
+a key replace earlier ones.
+
+`set_memory_reader(fn)` lets a script without CUDA allocator statistics (the harness's emulated
+device budget on CPU) supply the step log's memory columns. Only the standard library is imported.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from typing import Any
 
 _RUN_INFO: dict[str, Any] = {}
 _LISTENERS: list[Callable[[dict[str, Any]], None]] = []
+
+MemoryReader = Callable[[], tuple[int | None, int | None, int | None]]
+_MEMORY_READER: list[MemoryReader] = []
 
 
 def _json_safe(value: Any) -> Any:
@@ -64,3 +70,20 @@ def add_listener(listener: Callable[[dict[str, Any]], None]) -> Callable[[], Non
             _LISTENERS.remove(listener)
 
     return remove
+
+
+def set_memory_reader(reader: MemoryReader | None) -> None:
+    """Register `reader() -> (allocated_bytes, reserved_bytes, peak_bytes)` for the step log.
+
+    Used on CPU only (CUDA's allocator statistics take precedence). Called once per step from the
+    step hook, so it must be cheap; any value may be None. `None` unregisters. A reader that raises
+    is dropped after reporting once.
+    """
+    _MEMORY_READER.clear()
+    if reader is not None:
+        _MEMORY_READER.append(reader)
+
+
+def memory_reader() -> MemoryReader | None:
+    """The registered memory reader, if any."""
+    return _MEMORY_READER[0] if _MEMORY_READER else None

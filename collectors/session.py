@@ -181,7 +181,9 @@ class RankSession:
             step = self.step_index
             self.step_index += 1
             self._nvtx.end()
-            allocated, reserved, peak = memory.read_device_memory()
+            allocated, reserved, peak = (
+                self._guard("memory reader", memory.read_device_memory) or memory.NO_READING
+            )
             self._step_log.write(
                 {
                     "step": step,

@@ -1,0 +1,210 @@
+"""Unit tests of the collectors: config, atomic files, manifest merge, step log, run info, and a
+single-rank session driven in-process through the `zdiag.profile` API."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import zdiag
+from zdiag.collectors import manifest, memory, rundir, runinfo
+from zdiag.collectors.config import CollectorConfig, config_from_env, parse_profile_steps
+from zdiag.collectors.fsio import write_atomically, write_json_atomically
+from zdiag.collectors.steplog import StepLog
+from zdiag.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _clean_run_info() -> None:
+    runinfo._RUN_INFO.clear()
+    runinfo.set_memory_reader(None)
+
+
+def test_parse_profile_steps() -> None:
+    assert parse_profile_steps("1:1:3") == (1, 1, 3)
+    assert parse_profile_steps("0:0:1") == (0, 0, 1)
+    for bad in ("1:x:3", "1:1", "1:1:0", "-1:1:1", ""):
+        with pytest.raises(ConfigError):
+            parse_profile_steps(bad)
+
+
+def test_config_round_trips_through_env() -> None:
+    cfg = CollectorConfig(profile=False, wait=2, warmup=0, active=4, nvtx=False)
+    env = {"ZDIAG_RUN_DIR": "/tmp/x", "ZDIAG_CONFIG": cfg.to_json()}
+    found = config_from_env(env)
+    assert found == ("/tmp/x", cfg)
+    assert config_from_env({}) is None
+
+
+def test_atomic_write_leaves_no_temp_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+
+    def boom(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomically(target, boom)
+    assert list(tmp_path.iterdir()) == []
+    write_json_atomically(target, {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_step_log_is_capped(tmp_path: Path) -> None:
+    log = StepLog(tmp_path / "s.jsonl", max_lines=3)
+    for i in range(5):
+        log.write({"step": i})
+    log.close()
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
+    assert log.truncated and log.written
+
+
+def test_run_info_is_json_safe_and_notifies() -> None:
+    seen: list[dict] = []
+    remove = runinfo.add_listener(seen.append)
+    runinfo.record_run_info(
+        harness={"dim": 8},
+        fsdp_units=[{"name": "a", "param_count": 2, "param_bytes": 8}],
+        odd=object(),
+    )
+    remove()
+    runinfo.record_run_info(extra=1)
+    assert len(seen) == 1
+    info = runinfo.current_run_info()
+    assert info["harness"] == {"dim": 8} and isinstance(info["odd"], str) and info["extra"] == 1
+
+
+def test_is_out_of_memory_follows_the_cause_chain() -> None:
+    oom = torch.OutOfMemoryError("emulated")
+    assert memory.is_out_of_memory(oom)
+    try:
+        try:
+            raise oom
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert memory.is_out_of_memory(outer)
+    assert not memory.is_out_of_memory(ValueError("x"))
+
+
+def _part(run_dir: Path, rank: int, **kw: object) -> None:
+    data = {"rank": rank, "world_size": 3, "host": f"h{rank}", "exit_code": 0, "oom": False}
+    data.update(kw)
+    write_json_atomically(rundir.rank_part_path(run_dir, rank), data)
+
+
+def test_merge_marks_missing_ranks_and_reports_oom(tmp_path: Path) -> None:
+    rundir.make_run_dir(tmp_path)
+    (tmp_path / rundir.trace_relpath(0)).write_bytes(b"x")
+    _part(
+        tmp_path,
+        0,
+        trace=rundir.trace_relpath(0),
+        step_log=rundir.step_log_relpath(0),
+        run_info={
+            "harness": {"memory_budget_gb": 0.25},
+            "fsdp_units": [{"name": "", "param_count": 1, "param_bytes": 4}],
+        },
+    )
+    _part(tmp_path, 2, exit_code=1, oom=True, error="OutOfMemoryError: emulated")
+    write_json_atomically(
+        rundir.launcher_part_path(tmp_path, 0),
+        {"node_rank": 0, "nnodes": 1, "command": ["zdiag", "run"], "exit_code": 1},
+    )
+    m = manifest.merge_manifest(tmp_path)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == m
+    assert m["schema"] == "zdiag.manifest/1"
+    assert [r["rank"] for r in m["ranks"]] == [0, 1, 2]
+    assert m["ranks"][1].get("missing") is True
+    assert m["ranks"][0]["trace"] == "traces/rank-0.json.gz"
+    assert m["ranks"][0]["step_log"] is None  # named in the part, but the file is absent
+    assert m["exit"] == {"code": 1, "oom": True, "error": "OutOfMemoryError: emulated"}
+    assert m["memory_budget_bytes"] == 2**28
+    assert m["fsdp_units"][0]["param_bytes"] == 4
+    assert m["hosts"] == ["h0", "h2"]
+
+
+def test_profile_api_writes_a_run_directory(tmp_path: Path) -> None:
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    runinfo.set_memory_reader(lambda: (100, 200, 300))
+    with zdiag.profile(out=tmp_path, wait=1, warmup=0, active=2) as prof:
+        for _ in range(5):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    assert prof.step_num == 5
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["world_size"] == 1 and m["exit"]["code"] == 0 and m["ranks"][0]["steps"] == 5
+    trace = json.load(gzip.open(tmp_path / m["ranks"][0]["trace"]))
+    steps = sorted(
+        {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    )
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert trace["distributedInfo"]["rank"] == 0 and trace["distributedInfo"]["world_size"] == 1
+    lines = [json.loads(x) for x in (tmp_path / "steps/rank-0.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(5))
+    assert lines[1]["mem_allocated_bytes"] == 100 and lines[1]["mem_peak_bytes"] == 300
+    assert all(x["duration_ms"] >= 0 for x in lines)
+
+
+def test_profile_api_records_oom_and_reraises(tmp_path: Path) -> None:
+    with (
+        pytest.raises(torch.OutOfMemoryError),
+        zdiag.profile(out=tmp_path, wait=0, warmup=0, active=3, profile_memory=True) as prof,
+    ):
+        x = torch.randn(64, 64, requires_grad=True)
+        (x @ x).sum().backward()
+        prof.step()
+        raise torch.OutOfMemoryError("emulated: tried to allocate 1 GiB")
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["exit"]["oom"] is True and m["ranks"][0]["oom"] is True
+    rank = m["ranks"][0]
+    assert rank["oom_record"] and rank["trace"] and rank["memory_timeline"]
+    record = json.loads((tmp_path / rank["oom_record"]).read_text())
+    assert record["error_type"] == "OutOfMemoryError" and record["step"] == 1
+    assert record["profiler_window_open"] is True
+    timeline = json.load(gzip.open(tmp_path / rank["memory_timeline"]))
+    assert isinstance(timeline, list) and len(timeline) == 2
+
+
+def test_collector_error_is_contained_and_reported_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def bad_reader() -> tuple[int, int, int]:
+        raise RuntimeError("reader broke")
+
+    runinfo.set_memory_reader(bad_reader)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with zdiag.profile(out=tmp_path, enabled=False, auto_step=True):
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    err = capsys.readouterr().err
+    assert err.count("reader broke") == 1
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["ranks"][0]["steps"] == 3 and m["ranks"][0]["trace"] is None
+    assert len(m["ranks"][0]["collector_errors"]) == 1
+
+
+def test_auto_step_counts_one_step_per_iteration_with_two_optimizers(tmp_path: Path) -> None:
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+    with zdiag.profile(out=tmp_path, enabled=False, auto_step=True) as prof:
+        for _ in range(4):
+            b(a(torch.randn(2, 4))).sum().backward()
+            opt_a.step()
+            opt_b.step()
+    assert prof.step_num == 4
