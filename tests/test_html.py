@@ -1,0 +1,131 @@
+"""The HTML report without a browser: self-contained, escaped, aggregated when large, atomic."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import plotly
+import pytest
+
+from zdiag.errors import InputError
+from zdiag.render import _output as output_mod
+from zdiag.render import html as html_mod
+from zdiag.render._sample import HOSTILE, empty_report, sample_report
+from zdiag.render.html import render_html, write_html
+
+SECTIONS = ("summary", "findings", "steps", "timeline", "fsdp", "memory", "collectives", "run")
+
+
+def _without_plotlyjs(page: str) -> str:
+    """The page minus the inlined plotly.js bundle (the first script block)."""
+    start = page.find("<script")
+    end = page.find("</script>", start)
+    return page[:start] + page[end + len("</script>") :] if start >= 0 else page
+
+
+@pytest.fixture(scope="module")
+def sample_page() -> str:
+    return render_html(sample_report())
+
+
+@pytest.fixture(scope="module")
+def hostile_page() -> str:
+    return render_html(sample_report(hostile=True))
+
+
+def test_page_is_self_contained(sample_page: str) -> None:
+    assert f"plotly.js v{plotly.__version__}" in sample_page or "Plotly" in sample_page
+    assert not re.search(r"<script[^>]+src=", sample_page)
+    assert "<link" not in sample_page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", _without_plotlyjs(sample_page))
+
+
+def test_page_has_every_section_and_figure(sample_page: str) -> None:
+    for anchor in SECTIONS:
+        assert f'<section id="{anchor}">' in sample_page
+    ids = re.findall(r'id="(fig-[a-z0-9-]+)"', sample_page)
+    assert {"fig-step-time", "fig-exposed-comm", "fig-breakdown", "fig-timeline-0"} <= set(ids)
+    assert {"fig-fsdp-units", "fig-memory-0", "fig-memory-1"} <= set(ids)
+    # findings with evidence, recommendation, code, gain
+    assert "set_modules_to_forward_prefetch" in sample_page
+    assert "What to change:" in sample_page and "Expected gain: 12.5 ms per step" in sample_page
+    assert "exposed-comm" in sample_page and "compute-bound" in sample_page
+
+
+def test_empty_report_renders_without_figures() -> None:
+    page = render_html(empty_report())
+    assert "<script" not in page  # nothing to plot: no plotly.js either
+    assert "No steps were found" in page and "No findings" in page
+    for anchor in SECTIONS:
+        assert f'<section id="{anchor}">' in page
+
+
+def test_untrusted_names_are_escaped(hostile_page: str) -> None:
+    rest = _without_plotlyjs(hostile_page)
+    assert HOSTILE not in hostile_page
+    assert "<img" not in rest and "onerror=" not in rest.replace("onerror=&quot;", "")
+    assert "<!--" not in rest
+    # the only script blocks are plotly.js and one per figure
+    figures = len(re.findall(r'class="plotly-graph-div"', rest))
+    assert figures >= 7
+    assert rest.count("<script") == figures
+    assert rest.count("</script>") == figures
+    # shown literally in text, and escaped inside plotly's JSON
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in rest
+    assert "layers.0&lt;script&gt;" in rest  # a unit label inside a figure's JSON
+
+
+def test_unsafe_plotly_output_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(
+        html_mod.pio, "to_html", lambda *a, **k: "<div></div><script>x</script><script>y"
+    )
+    with pytest.raises(RuntimeError, match="unsafe script block"):
+        write_html(sample_report(ranks=2, steps=2), tmp_path / "r.html")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_large_runs_are_aggregated_and_the_page_says_so() -> None:
+    page = render_html(sample_report(ranks=300, steps=4, units=130, timeline_spans=1200))
+    notes = page[page.index('<section id="notes">') :]
+    assert "300 ranks x 4 steps aggregated into blocks of 2 rank(s) x 1 step(s)" in notes
+    assert "the first 32 of 300 ranks" in notes
+    assert "the first 1000 per rank are drawn" in notes
+    assert "the 120 of 130 units with the largest exposed wait" in notes
+    long = render_html(sample_report(ranks=2, steps=1100, units=2))
+    assert "2 ranks x 1100 steps aggregated into blocks of 1 rank(s) x 3 step(s)" in long
+    assert "each bar is the mean over a block of 3 steps" in long
+
+
+def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "report.html"
+    target.write_text("old")
+    monkeypatch.setattr(html_mod, "render_html", lambda report: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        write_html(sample_report(ranks=1, steps=1), target)
+    assert target.read_text() == "old"
+    monkeypatch.undo()
+    write_html(sample_report(ranks=1, steps=1), target)
+    assert target.read_text().startswith("<!DOCTYPE html>")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+def test_failed_rename_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "report.html"
+    target.write_text("old")
+
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(output_mod.os, "replace", refuse)
+    with pytest.raises(InputError, match="cannot write"):
+        write_html(sample_report(ranks=1, steps=1), target)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+def test_missing_folder_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        write_html(empty_report(), tmp_path / "nope" / "report.html")

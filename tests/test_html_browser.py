@@ -1,0 +1,79 @@
+"""The HTML report in real headless Chromium: its figures render and trace names cannot inject.
+
+Skipped (with the reason) when Chromium is absent; install it with `apt-get install -y chromium`.
+The page is loaded from a file with networking disabled, and the DOM after scripts ran is dumped.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from zdiag.render._sample import HOSTILE, sample_report
+from zdiag.render.html import write_html
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def dump_dom(page: Path, profile: Path) -> str:
+    """The page's DOM after its scripts ran, from headless Chromium."""
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium not found (apt-get install -y chromium)")
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=4000",
+        "--dump-dom",
+        page.resolve().as_uri(),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _title(dom: str) -> str:
+    found = re.search(r"<title>(.*?)</title>", dom, re.S)
+    return found.group(1) if found else ""
+
+
+def test_the_detector_sees_an_injection(tmp_path: Path) -> None:
+    """Control: the same payload, unescaped, does change the title (so the next test can tell)."""
+    page = tmp_path / "unsafe.html"
+    page.write_text(f"<!DOCTYPE html><html><head><title>zdiag report</title></head><body>{HOSTILE}")
+    dom = dump_dom(page, tmp_path / "profile")
+    assert _title(dom) == "pwned"
+
+
+def test_figures_render_and_hostile_names_stay_text(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    write_html(sample_report(hostile=True), page)
+    source = page.read_text()
+    dom = dump_dom(page, tmp_path / "profile")
+
+    # every figure was drawn by plotly: its div became a plot with SVG inside
+    figures = re.findall(r'<div id="(fig-[a-z0-9-]+)" class="plotly-graph-div', source)
+    assert len(figures) >= 7
+    assert dom.count("js-plotly-plot") >= len(figures)
+    assert dom.count('class="main-svg"') >= len(figures)
+    assert dom.count('<g class="hm"') == 2  # both heatmaps were painted (as images)
+    assert dom.count('class="trace bars"') >= 10  # breakdown, timeline and unit bars
+
+    # nothing from the names ran or became an element
+    assert _title(dom) == "zdiag report"
+    assert not re.search(r"<img[^>]*src=\"?x", dom)
+    assert dom.count("<script") == source.count("<script")
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
