@@ -1,0 +1,620 @@
+"""Across ranks: match collectives, measure arrival skew, rank the stragglers.
+
+A collective (all-reduce, all-gather, ...) cannot finish on any rank before every rank of its
+process group has started it, so the rank that *arrives* last makes the others wait: their
+kernels (or gloo ops) start early and sit idle until it arrives. This module
+
+1. **matches** the same collective across ranks: by process group + kind + step + sequence number
+   (the i-th collective of that kind on that group in that `ProfilerStep`); when a rank holds a
+   different count (sampled or truncated traces, different profiler windows), or the sequence
+   pairs disagree on when the collective ended, it falls back to **end-time matching**: a
+   blocking collective ends on all its ranks at (nearly) the same moment, so pairs whose
+   (clock-aligned) end times agree within a tolerance are the same collective, taken in order.
+   Traces without process-group args use one default group; without steps, the whole trace.
+2. **aligns clocks**: ranks on different hosts have clocks that disagree by up to milliseconds;
+   a rank's offset is the median difference of its matched collectives' end times (which should
+   coincide) against the reference rank.
+3. **measures arrival skew** per matched collective (start of each rank), the **last arriver**,
+   the **waiting** it causes (sum over the other ranks of how long before it they arrived) and
+   its **lead** over the second-to-last arrival (what the collective, and the step, would gain if
+   it arrived with the others).
+4. ranks them into `StragglerStat`s (Report.stragglers) and, past the thresholds below, a
+   `straggler` Finding.
+
+Entry points: `analyze_crossrank(run, analysis)` (the pipeline: fills `report.stragglers`),
+`detect_stragglers(run, analysis)` (the detector registry), and the pure cores
+`match_collectives(ranks)`, `straggler_stats(result)`, `find_stragglers(result, ...)` that tests
+drive with synthetic inputs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from zdiag.analyzers.report import Finding, StepBreakdown, StragglerStat
+
+if TYPE_CHECKING:
+    from zdiag.analyzers.events import RankTrace
+    from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# --- thresholds (named, with their reasoning; reported in the finding's evidence) -----------
+
+SKEW_NOISE_US = 50.0
+"""Arrivals closer than this are a tie: nobody counts as last. Kernel-launch jitter is a few us
+and the clock alignment (median of end-time differences) leaves tens of us of error; 50 us is
+above both and far below a step-relevant delay."""
+
+END_MATCH_MIN_TOL_US = 100.0
+END_MATCH_REL_TOL = 0.05
+"""Two ranks' ends of one collective agree within max(100 us, 5% of the shorter of the two
+kernels). Ranks finish a ring/tree collective a data-transfer tail apart (the last chunks travel
+the ring), which grows with the transfer itself; the shorter kernel (the last arriver's) is
+about the pure transfer time. 100 us covers small collectives' tail plus clock-alignment error."""
+
+SEQUENCE_AGREEMENT = 0.8
+"""Sequence-number pairs are trusted when at least 80% of them end together (within the end
+tolerance); otherwise events were dropped or shuffled and end-time matching is used."""
+
+STRAGGLER_MIN_LAST_SHARE = 0.5
+STRAGGLER_CHANCE_FACTOR = 1.5
+"""A rank is a straggler candidate when it arrives last at >= max(50%, 1.5 x 1/N) of the
+matched collectives (with a skew above the noise) it takes part in. By chance each of N ranks
+is last 1/N of the time; 1.5x chance and a majority keep ordinary jitter out (with 2 ranks:
+75%)."""
+
+STRAGGLER_MIN_GAIN_SHARE = 0.02
+STRAGGLER_MIN_GAIN_MS = 0.1
+"""...and when its lateness costs every rank at least 2% of the median step time (and 0.1 ms)
+per step: below that, chasing it is not worth an engineer's afternoon."""
+
+STRAGGLER_CRITICAL_GAIN_SHARE = 0.10
+"""A straggler costing >= 10% of the step time is critical; below, a warning."""
+
+UNEVEN_WORK_SHARE = 0.10
+"""The straggler's compute per step exceeding the other ranks' median by >= 10% points to uneven
+work or a slower device; its device idling more than theirs by >= 10% of the median step time
+(while computing about as much) points to the host side (its device waits for its CPU)."""
+
+
+def thresholds() -> dict[str, float]:
+    """The thresholds above by name (for Report.thresholds and the finding's evidence)."""
+    return {
+        "straggler_skew_noise_us": SKEW_NOISE_US,
+        "straggler_end_match_min_tol_us": END_MATCH_MIN_TOL_US,
+        "straggler_end_match_rel_tol": END_MATCH_REL_TOL,
+        "straggler_min_last_share": STRAGGLER_MIN_LAST_SHARE,
+        "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
+        "straggler_min_gain_share": STRAGGLER_MIN_GAIN_SHARE,
+        "straggler_min_gain_ms": STRAGGLER_MIN_GAIN_MS,
+        "straggler_critical_gain_share": STRAGGLER_CRITICAL_GAIN_SHARE,
+    }
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RankCollectives:
+    """One rank's collectives in start order: the only input the matching needs.
+
+    `step[i]` is the step number holding collective i (-1: outside any step / no steps);
+    `process_group[i]` is "" when the trace does not say.
+    """
+
+    rank: int
+    start_us: FloatArray
+    end_us: FloatArray
+    kind: list[str]
+    process_group: list[str]
+    step: IntArray
+
+    def __post_init__(self) -> None:
+        n = len(self.start_us)
+        if not (
+            len(self.end_us) == len(self.kind) == len(self.process_group) == len(self.step) == n
+        ):
+            raise ValueError(f"rank {self.rank}: collective columns differ in length")
+        order = np.argsort(self.start_us, kind="stable")
+        if len(order) and np.any(order != np.arange(n)):
+            self.start_us = self.start_us[order]
+            self.end_us = self.end_us[order]
+            self.kind = [self.kind[i] for i in order]
+            self.process_group = [self.process_group[i] for i in order]
+            self.step = self.step[order]
+
+    def __len__(self) -> int:
+        return len(self.start_us)
+
+
+def rank_collectives(trace: RankTrace, windows: StepWindows | None = None) -> RankCollectives:
+    """A rank's collectives (B1's `RankTrace.collectives` table) with their steps."""
+    col = trace.collectives
+    idx = np.asarray(col.event, dtype=np.int64)
+    start = np.asarray(trace.ts_us, dtype=np.float64)[idx]
+    end = start + np.asarray(trace.dur_us, dtype=np.float64)[idx]
+    kinds = [col.kinds[int(k)] for k in col.kind]
+    if windows is not None and len(windows):
+        pos = windows.index_of(start)
+        step = np.where(pos >= 0, windows.step[np.clip(pos, 0, None)], -1).astype(np.int64)
+    else:
+        step = np.full(len(idx), -1, dtype=np.int64)
+    return RankCollectives(
+        rank=trace.rank,
+        start_us=start,
+        end_us=end,
+        kind=kinds,
+        process_group=list(col.process_group),
+        step=step,
+    )
+
+
+# --- outputs --------------------------------------------------------------------------------
+
+
+@dataclass
+class MatchedCollective:
+    """One collective seen on two or more ranks; starts/ends are clock-aligned, in `ranks` order."""
+
+    process_group: str
+    kind: str
+    step: int  # -1 when the traces have no steps
+    seq: int  # index among the reference rank's (group, kind, step) collectives
+    ranks: list[int]
+    start_us: list[float]
+    end_us: list[float]
+    method: Literal["sequence", "end-time"] = "sequence"
+
+    @property
+    def skew_us(self) -> float:
+        """Last arrival minus first arrival."""
+        return max(self.start_us) - min(self.start_us)
+
+    @property
+    def last_rank(self) -> int:
+        """The rank that arrived last (lowest rank on exact ties)."""
+        return self.ranks[int(np.argmax(self.start_us))]
+
+    @property
+    def wait_caused_us(self) -> float:
+        """Sum over the other ranks of how long they waited for the last arrival."""
+        last = max(self.start_us)
+        return float(sum(last - s for s in self.start_us))
+
+    @property
+    def lead_us(self) -> float:
+        """Last arrival minus second-to-last: what the collective gains if the last one is on time."""
+        s = sorted(self.start_us)
+        return s[-1] - s[-2]
+
+
+@dataclass
+class CrossRankResult:
+    """The matched collectives of a run and how they were matched."""
+
+    ranks: list[int]
+    matched: list[MatchedCollective] = field(default_factory=list)
+    clock_offset_us: dict[int, float] = field(default_factory=dict)  # add to a rank's times
+    collectives_per_rank: dict[int, int] = field(default_factory=dict)
+    matched_per_rank: dict[int, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        """Distinct step numbers of the matched collectives (-1 when there are no steps)."""
+        return sorted({m.step for m in self.matched})
+
+
+# --- matching -------------------------------------------------------------------------------
+
+GroupKey = tuple[str, str, int]  # (process group, kind, step)
+
+
+def _groups(rc: RankCollectives) -> dict[GroupKey, IntArray]:
+    out: dict[GroupKey, list[int]] = defaultdict(list)
+    for i in range(len(rc)):
+        out[(rc.process_group[i], rc.kind[i], int(rc.step[i]))].append(i)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _end_tol(dur_a: FloatArray, dur_b: FloatArray) -> FloatArray:
+    return np.maximum(END_MATCH_MIN_TOL_US, END_MATCH_REL_TOL * np.minimum(dur_a, dur_b))
+
+
+OFFSET_INDEX_WINDOW = 3
+"""Clock-offset candidates pair each collective with the other rank's collectives up to 3
+places away in the same (group, kind, step) sequence: enough to bridge a few dropped events."""
+
+
+def _estimate_offset(
+    ref: RankCollectives,
+    ref_groups: dict[GroupKey, IntArray],
+    other: RankCollectives,
+    other_groups: dict[GroupKey, IntArray],
+) -> float | None:
+    """The clock offset (ref - other) that makes the most collective ends coincide.
+
+    Candidates are end-time differences of nearby pairs (same group key, index distance <=
+    OFFSET_INDEX_WINDOW); the offset is the candidate with the most others within
+    END_MATCH_MIN_TOL_US of it (true pairs agree, wrong pairs scatter), refined by the median
+    of those. None when the ranks share no group key.
+    """
+    cands: list[FloatArray] = []
+    for key, a in ref_groups.items():
+        b = other_groups.get(key)
+        if b is None:
+            continue
+        ea, eb = ref.end_us[a], other.end_us[b]
+        for shift in range(-OFFSET_INDEX_WINDOW, OFFSET_INDEX_WINDOW + 1):
+            lo, hi = max(0, -shift), min(len(ea), len(eb) - shift)
+            if hi > lo:
+                cands.append(ea[lo:hi] - eb[lo + shift : hi + shift])
+    if not cands:
+        return None
+    d = np.sort(np.concatenate(cands))
+    support = np.searchsorted(d, d + END_MATCH_MIN_TOL_US, side="right") - np.searchsorted(
+        d, d - END_MATCH_MIN_TOL_US, side="left"
+    )
+    best = support.max()
+    # among equally supported candidates prefer the one nearest zero (synchronized clocks)
+    center = d[support == best][np.argmin(np.abs(d[support == best]))]
+    near = d[np.abs(d - center) <= END_MATCH_MIN_TOL_US]
+    return float(np.median(near))
+
+
+def _end_time_pairs(
+    ends_a: FloatArray, durs_a: FloatArray, ends_b: FloatArray, durs_b: FloatArray
+) -> list[tuple[int, int]]:
+    """Monotone pairs (i, j) whose ends agree within the tolerance (two pointers, in end order)."""
+    oa = np.argsort(ends_a, kind="stable")
+    ob = np.argsort(ends_b, kind="stable")
+    pairs = []
+    i = j = 0
+    while i < len(oa) and j < len(ob):
+        ia, jb = int(oa[i]), int(ob[j])
+        d = ends_b[jb] - ends_a[ia]
+        tol = max(END_MATCH_MIN_TOL_US, END_MATCH_REL_TOL * min(durs_a[ia], durs_b[jb]))
+        if abs(d) <= tol:
+            pairs.append((ia, jb))
+            i += 1
+            j += 1
+        elif d < 0:
+            j += 1
+        else:
+            i += 1
+    return pairs
+
+
+def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
+    """Match collectives across ranks (see the module docstring); pure, any number of ranks."""
+    by_rank = sorted(ranks, key=lambda r: r.rank)
+    result = CrossRankResult(ranks=[r.rank for r in by_rank])
+    for r in by_rank:
+        result.collectives_per_rank[r.rank] = len(r)
+        result.matched_per_rank[r.rank] = 0
+    if len(by_rank) < 2:
+        return result
+    groups = {r.rank: _groups(r) for r in by_rank}
+
+    # clock offsets, each rank against the lowest rank it shares a group key with
+    offsets: dict[int, float] = {by_rank[0].rank: 0.0}
+    for r in by_rank[1:]:
+        for ref in by_rank:
+            if ref.rank not in offsets or ref.rank == r.rank:
+                continue
+            delta = _estimate_offset(ref, groups[ref.rank], r, groups[r.rank])
+            if delta is not None:
+                offsets[r.rank] = offsets[ref.rank] + delta
+                break
+        else:
+            offsets[r.rank] = 0.0
+            if len(r):
+                result.warnings.append(
+                    f"rank {r.rank}: no collective sequence shared with another rank; its clock "
+                    "is assumed to agree with theirs"
+                )
+    result.clock_offset_us = offsets
+    starts = {r.rank: r.start_us + offsets[r.rank] for r in by_rank}
+    ends = {r.rank: r.end_us + offsets[r.rank] for r in by_rank}
+    durs = {r.rank: r.end_us - r.start_us for r in by_rank}
+
+    keys = sorted({k for g in groups.values() for k in g}, key=lambda k: (k[2], k[0], k[1]))
+    sequence_used = end_time_used = 0
+    for key in keys:
+        holders = [rc.rank for rc in by_rank if key in groups[rc.rank]]
+        if len(holders) < 2:
+            continue
+        ref_rank = holders[0]
+        a = groups[ref_rank][key]
+        # per reference collective: rank -> index in that rank's arrays
+        members: list[dict[int, int]] = [{ref_rank: int(i)} for i in a]
+        methods: list[Literal["sequence", "end-time"]] = ["sequence"] * len(a)
+        for other in holders[1:]:
+            b = groups[other][key]
+            pairs: list[tuple[int, int]] = []
+            if len(b) == len(a):
+                tol = _end_tol(durs[ref_rank][a], durs[other][b])
+                agree = np.abs(ends[ref_rank][a] - ends[other][b]) <= tol
+                if agree.mean() >= SEQUENCE_AGREEMENT:
+                    pairs = [(k, k) for k in range(len(a))]
+                    sequence_used += 1
+            if not pairs:
+                pairs = _end_time_pairs(
+                    ends[ref_rank][a], durs[ref_rank][a], ends[other][b], durs[other][b]
+                )
+                end_time_used += 1
+                for ia, _ in pairs:
+                    methods[ia] = "end-time"
+            for ia, jb in pairs:
+                members[ia][other] = int(b[jb])
+        pg, kind, step = key
+        for seq, (m, method) in enumerate(zip(members, methods, strict=True)):
+            if len(m) < 2:
+                continue
+            rs = sorted(m)
+            result.matched.append(
+                MatchedCollective(
+                    process_group=pg,
+                    kind=kind,
+                    step=step,
+                    seq=seq,
+                    ranks=rs,
+                    start_us=[float(starts[q][m[q]]) for q in rs],
+                    end_us=[float(ends[q][m[q]]) for q in rs],
+                    method=method,
+                )
+            )
+            for q in rs:
+                result.matched_per_rank[q] += 1
+    if end_time_used:
+        result.warnings.append(
+            f"collective counts or sequences differ between ranks in {end_time_used} of "
+            f"{end_time_used + sequence_used} (group, kind, step) comparisons (sampled or "
+            "truncated traces?): those collectives were matched by their end times"
+        )
+    if any(len(r) for r in by_rank) and not result.matched:
+        result.warnings.append(
+            "no collective could be matched across ranks: the traces may come from different "
+            "runs or profiler windows"
+        )
+    result.matched.sort(key=lambda m: min(m.start_us))
+    return result
+
+
+# --- ranking --------------------------------------------------------------------------------
+
+
+def straggler_stats(result: CrossRankResult) -> list[StragglerStat]:
+    """Per rank: matched collectives, last arrivals (skew above the noise), waiting caused, mean
+    lateness behind the first arrival. Sorted by waiting caused, worst first."""
+    matched: dict[int, int] = defaultdict(int)
+    last: dict[int, int] = defaultdict(int)
+    wait_us: dict[int, float] = defaultdict(float)
+    late_us: dict[int, float] = defaultdict(float)
+    for m in result.matched:
+        first = min(m.start_us)
+        for r, s in zip(m.ranks, m.start_us, strict=True):
+            matched[r] += 1
+            late_us[r] += s - first
+        if m.skew_us >= SKEW_NOISE_US:
+            lr = m.last_rank
+            last[lr] += 1
+            wait_us[lr] += m.wait_caused_us
+    stats = [
+        StragglerStat(
+            rank=r,
+            matched_collectives=matched[r],
+            last_arrivals=last[r],
+            wait_caused_ms=round(wait_us[r] / 1000.0, 4),
+            mean_skew_ms=round(late_us[r] / matched[r] / 1000.0, 4) if matched[r] else 0.0,
+        )
+        for r in result.ranks
+    ]
+    stats.sort(key=lambda s: (-s.wait_caused_ms, s.rank))
+    return stats
+
+
+def _median_step_ms(breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float | None:
+    durs = [s.duration_ms for steps in breakdowns.values() for s in steps if s.duration_ms > 0]
+    return float(statistics.median(durs)) if durs else None
+
+
+def _per_step_mean(steps: Sequence[StepBreakdown], attr: str) -> float | None:
+    vals = [float(getattr(s, attr)) for s in steps]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _diagnosis(
+    rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]], median_step_ms: float | None
+) -> tuple[str, dict[str, float]]:
+    """What the straggler's own breakdown suggests, with the numbers behind it."""
+    mine = breakdowns.get(rank) or []
+    others = [r for r in breakdowns if r != rank and breakdowns[r]]
+    if not mine or not others:
+        return "", {}
+    ev: dict[str, float] = {}
+    hint = ""
+    for attr in ("compute_ms", "idle_ms"):
+        own = _per_step_mean(mine, attr)
+        theirs = [v for r in others if (v := _per_step_mean(breakdowns[r], attr)) is not None]
+        if own is None or not theirs:
+            continue
+        med = float(statistics.median(theirs))
+        ev[f"straggler_{attr}_per_step"] = round(own, 3)
+        ev[f"others_median_{attr}_per_step"] = round(med, 3)
+    own_c = ev.get("straggler_compute_ms_per_step")
+    med_c = ev.get("others_median_compute_ms_per_step")
+    own_i = ev.get("straggler_idle_ms_per_step")
+    med_i = ev.get("others_median_idle_ms_per_step")
+    if own_c is not None and med_c and own_c >= med_c * (1 + UNEVEN_WORK_SHARE):
+        hint = (
+            f"Its device computes {own_c - med_c:.2f} ms per step more than the others' median: "
+            "suspect uneven work (longer sequences or padding, MoE routing imbalance, rank-0-only "
+            "work) or a slower GPU (thermal or power throttling: `nvidia-smi -q -d "
+            "PERFORMANCE,CLOCK` on its host)."
+        )
+    elif (
+        own_i is not None
+        and med_i is not None
+        and median_step_ms
+        and own_i - med_i >= UNEVEN_WORK_SHARE * median_step_ms
+    ):
+        hint = (
+            f"Its device idles {own_i - med_i:.2f} ms per step more than the others' median while "
+            "computing about as much: suspect the host side (data loading: DataLoader workers, "
+            "pin_memory, storage reads; or host jitter: CPU contention, GC, logging or "
+            "checkpointing on that rank)."
+        )
+    return hint, ev
+
+
+def find_stragglers(
+    result: CrossRankResult,
+    breakdowns: Mapping[int, Sequence[StepBreakdown]] | None = None,
+) -> list[Finding]:
+    """The `straggler` finding (zero or one) from matched collectives and, when given, the
+    per-rank step breakdowns (for the step time and the diagnosis)."""
+    breakdowns = breakdowns or {}
+    n_ranks = len(result.ranks)
+    if n_ranks < 2 or not result.matched:
+        return []
+    steps = [s for s in result.steps if s >= 0]
+    n_steps = max(1, len(steps))
+    median_step = _median_step_ms(breakdowns)
+    min_share = max(STRAGGLER_MIN_LAST_SHARE, STRAGGLER_CHANCE_FACTOR / n_ranks)
+    min_gain = max(
+        STRAGGLER_MIN_GAIN_MS, STRAGGLER_MIN_GAIN_SHARE * median_step if median_step else 0.0
+    )
+
+    stats = {s.rank: s for s in straggler_stats(result)}
+    lead_us: dict[int, float] = defaultdict(float)
+    late_steps: dict[int, set[int]] = defaultdict(set)
+    for m in result.matched:
+        if m.skew_us >= SKEW_NOISE_US:
+            lead_us[m.last_rank] += m.lead_us
+            if m.step >= 0:
+                late_steps[m.last_rank].add(m.step)
+
+    culprits = []
+    for r, s in stats.items():
+        if not s.matched_collectives:
+            continue
+        share = s.last_arrivals / s.matched_collectives
+        gain_ms = lead_us[r] / 1000.0 / n_steps
+        if share >= min_share and gain_ms >= min_gain:
+            culprits.append((gain_ms, r, share))
+    if not culprits:
+        return []
+    culprits.sort(key=lambda c: (-c[0], c[1]))
+    ranks = [r for _, r, _ in culprits]
+    gain_total = sum(g for g, _, _ in culprits)
+    critical = median_step is not None and gain_total >= STRAGGLER_CRITICAL_GAIN_SHARE * median_step
+
+    per_rank: dict[str, dict[str, float]] = {}
+    hints = []
+    for gain_ms, r, share in culprits:
+        s = stats[r]
+        hint, diag = _diagnosis(r, breakdowns, median_step)
+        if hint:
+            hints.append(f"Rank {r}: {hint}")
+        per_rank[str(r)] = {
+            "last_arrivals": s.last_arrivals,
+            "matched_collectives": s.matched_collectives,
+            "last_arrival_share": round(share, 3),
+            "wait_caused_ms_per_step": round(s.wait_caused_ms / n_steps, 3),
+            "lead_over_next_ms_per_step": round(gain_ms, 3),
+            "mean_lateness_ms": s.mean_skew_ms,
+            **diag,
+        }
+    skews = [m.skew_us for m in result.matched]
+    names = ", ".join(str(r) for r in ranks)
+    plural = "s" if len(ranks) > 1 else ""
+    first = culprits[0]
+    title = (
+        f"Straggler rank{plural} {names}: last to arrive at {first[2]:.0%} of collectives, "
+        f"costing every rank {gain_total:.2f} ms per step"
+    )
+    recommendation = (
+        f"Find out why rank{plural} {names} reach{'' if plural else 'es'} the collectives late; "
+        "the others wait for it at every collective it is last to. "
+        + (" ".join(hints) + " " if hints else "")
+        + "Look at, in order: data loading (input pipeline stalls or uneven batch sizes on that "
+        "rank), host jitter (CPU contention, garbage collection, logging/eval/checkpointing done "
+        "only on that rank), thermal or clock throttling of its GPU/host, and uneven work "
+        "(sequence lengths, padding, MoE routing). Re-profile after the fix: this finding's skew "
+        "should shrink below the noise."
+    )
+    evidence: dict[str, object] = {
+        "ranks_compared": n_ranks,
+        "matched_collectives": len(result.matched),
+        "steps_covered": n_steps,
+        "median_step_ms": round(median_step, 3) if median_step is not None else None,
+        "median_skew_ms": round(float(np.median(skews)) / 1000.0, 4),
+        "max_skew_ms": round(max(skews) / 1000.0, 4),
+        "per_rank": per_rank,
+        "clock_offset_ms": {
+            str(r): round(v / 1000.0, 4) for r, v in result.clock_offset_us.items() if v
+        },
+        "end_time_matched": sum(m.method == "end-time" for m in result.matched),
+        "min_last_share": round(min_share, 3),
+        "min_gain_ms_per_step": round(min_gain, 4),
+        "skew_noise_us": SKEW_NOISE_US,
+    }
+    return [
+        Finding(
+            id="straggler",
+            severity="critical" if critical else "warning",
+            title=title,
+            ranks=ranks,
+            steps=sorted(set().union(*(late_steps[r] for r in ranks))),
+            evidence=evidence,
+            recommendation=recommendation,
+            expected_gain_ms=round(gain_total, 3),
+            gain_method=(
+                "per step, the sum over the collectives where the straggler arrived last of its "
+                "lead over the second-to-last arrival: the time every rank would save if it "
+                "arrived with the others (an upper bound when its lateness is work it must do)"
+            ),
+        )
+    ]
+
+
+# --- pipeline / registry entry points -------------------------------------------------------
+
+
+def crossrank_result(run: RunData, analysis: Analysis | None = None) -> CrossRankResult:
+    """Match the collectives of a loaded run, using the analysis' step windows when given."""
+    inputs = []
+    for t in run.ranks:
+        windows = analysis.steps.get(t.rank) if analysis is not None else None
+        inputs.append(rank_collectives(t, windows))
+    return match_collectives(inputs)
+
+
+def analyze_crossrank(run: RunData, analysis: Analysis) -> CrossRankResult:
+    """The pipeline stage: fills `analysis.report.stragglers` (and thresholds, warnings) for
+    runs with two or more ranks; returns the matching for callers that want more."""
+    result = crossrank_result(run, analysis)
+    if len(result.ranks) >= 2:
+        analysis.report.stragglers = straggler_stats(result)
+        analysis.report.thresholds.update(thresholds())
+        analysis.report.warnings.extend(f"cross-rank: {w}" for w in result.warnings)
+    return result
+
+
+def detect_stragglers(
+    run: RunData, analysis: Analysis, result: CrossRankResult | None = None
+) -> list[Finding]:
+    """The `straggler` detector: zero or one Finding naming the ranks that arrive last."""
+    if result is None:
+        result = crossrank_result(run, analysis)
+    return find_stragglers(result, analysis.breakdowns)

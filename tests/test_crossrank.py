@@ -1,0 +1,345 @@
+"""Cross-rank matching, arrival skew and the straggler finding.
+
+Synthetic runs are written as real Kineto JSON (one file per rank) and go through the whole
+pipeline (`load_run` / `analyze_run`), so the loader's collectives table feeds the matching as it
+does for users; the pure core (`match_collectives`) is also driven directly with columns.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zdiag.analyzers import crossrank
+from zdiag.analyzers.crossrank import (
+    RankCollectives,
+    analyze_crossrank,
+    detect_stragglers,
+    find_stragglers,
+    match_collectives,
+    straggler_stats,
+)
+from zdiag.analyzers.pipeline import analyze_paths, analyze_run, load_run
+
+STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
+LAYERS = 4  # collectives per step
+COMPUTE_US = 3_000.0  # compute before each collective
+TRANSFER_US = 400.0  # the collective's own transfer time
+
+
+def write_run(
+    folder: Path,
+    n_ranks: int,
+    *,
+    steps: int = 5,
+    delay_us: dict[int, float] | None = None,
+    clock_offset_us: dict[int, float] | None = None,
+    jitter_us: float = 0.0,
+    groups: list[list[int]] | None = None,
+    drop: dict[int, set[int]] | None = None,
+    seed: int = 0,
+) -> list[Path]:
+    """Write rank-N.json traces of a synthetic data-parallel run.
+
+    Per step, LAYERS times: a compute kernel, then an all-reduce kernel. Rank r reaches each
+    collective `delay_us[r]` late (plus uniform jitter); every rank of the group leaves it
+    TRANSFER_US after the last one arrived (as a blocking collective does). `clock_offset_us`
+    shifts a rank's whole clock; `groups` splits the ranks into process groups; `drop[r]`
+    removes those collective indices (in trace order) from rank r, like a sampled trace.
+    """
+    delay_us = delay_us or {}
+    clock_offset_us = clock_offset_us or {}
+    groups = groups or [list(range(n_ranks))]
+    drop = drop or {}
+    rng = random.Random(seed)
+    events: dict[int, list[dict[str, object]]] = {r: [] for r in range(n_ranks)}
+    ids = dict.fromkeys(range(n_ranks), 0)
+    t0 = 1_700_000_000_000_000.0
+    coll_index = dict.fromkeys(range(n_ranks), 0)
+    for step in range(steps):
+        step_start = t0 + step * STEP_US
+        for r in range(n_ranks):
+            off = clock_offset_us.get(r, 0.0)
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{step + 10}",
+                    "pid": 100,
+                    "tid": 100,
+                    "ts": step_start + off,
+                    "dur": STEP_US - 10,
+                }
+            )
+        cursor = {r: step_start + 100.0 for r in range(n_ranks)}
+        for _layer in range(LAYERS):
+            for gi, members in enumerate(groups):
+                arrive = {}
+                for r in members:
+                    start = cursor[r]
+                    end = start + COMPUTE_US + delay_us.get(r, 0.0)
+                    end += rng.uniform(0, jitter_us) if jitter_us else 0.0
+                    ids[r] += 1
+                    events[r].append(
+                        {
+                            "ph": "X",
+                            "cat": "kernel",
+                            "name": "ampere_sgemm_128x64_nn",
+                            "pid": 0,
+                            "tid": 7,
+                            "ts": start + clock_offset_us.get(r, 0.0),
+                            "dur": end - start,
+                            "args": {"stream": 7, "correlation": ids[r], "External id": ids[r]},
+                        }
+                    )
+                    arrive[r] = end
+                leave = max(arrive.values()) + TRANSFER_US
+                for r in members:
+                    ids[r] += 1
+                    idx = coll_index[r]
+                    coll_index[r] += 1
+                    cursor[r] = leave + 50.0
+                    if idx in drop.get(r, set()):
+                        continue
+                    events[r].append(
+                        {
+                            "ph": "X",
+                            "cat": "kernel",
+                            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                            "pid": 0,
+                            "tid": 20,
+                            "ts": arrive[r] + clock_offset_us.get(r, 0.0),
+                            "dur": leave - arrive[r] + rng.uniform(0, 5),
+                            "args": {
+                                "stream": 20,
+                                "correlation": ids[r],
+                                "External id": ids[r],
+                                "Collective name": "allreduce",
+                                "In msg nelems": 1 << 20,
+                                "Out msg nelems": 1 << 20,
+                                "dtype": "Float",
+                                "Group size": len(members),
+                                "Process Group Name": str(gi),
+                            },
+                        }
+                    )
+    paths = []
+    for r in range(n_ranks):
+        p = folder / f"rank-{r}.json"
+        p.write_text(
+            json.dumps(
+                {
+                    "distributedInfo": {"backend": "nccl", "rank": r, "world_size": n_ranks},
+                    "traceEvents": events[r],
+                }
+            )
+        )
+        paths.append(p)
+    return paths
+
+
+def _columns(rank: int, starts: list[float], ends: list[float], pg: str = "0") -> RankCollectives:
+    n = len(starts)
+    return RankCollectives(
+        rank=rank,
+        start_us=np.asarray(starts, dtype=np.float64),
+        end_us=np.asarray(ends, dtype=np.float64),
+        kind=["all_reduce"] * n,
+        process_group=[pg] * n,
+        step=np.full(n, -1, dtype=np.int64),
+    )
+
+
+# --- the pure core ---------------------------------------------------------------------------
+
+
+def test_sequence_matching_measures_skew_and_last_arrival() -> None:
+    # three collectives; rank 1 arrives 500 us late at each, all end together
+    r0 = _columns(0, [0, 10_000, 20_000], [1_000, 11_000, 21_000])
+    r1 = _columns(1, [500, 10_500, 20_500], [1_000, 11_000, 21_000])
+    result = match_collectives([r1, r0])
+    assert [m.method for m in result.matched] == ["sequence"] * 3
+    assert all(m.ranks == [0, 1] for m in result.matched)
+    assert [m.skew_us for m in result.matched] == [500, 500, 500]
+    assert {m.last_rank for m in result.matched} == {1}
+    stats = {s.rank: s for s in straggler_stats(result)}
+    assert stats[1].last_arrivals == 3 and stats[0].last_arrivals == 0
+    assert stats[1].wait_caused_ms == pytest.approx(1.5)
+    assert stats[1].mean_skew_ms == pytest.approx(0.5)
+
+
+def test_ties_below_the_noise_name_nobody() -> None:
+    r0 = _columns(0, [0, 10_000], [1_000, 11_000])
+    r1 = _columns(1, [10, 10_020], [1_000, 11_000])  # 10-20 us apart: launch jitter
+    stats = straggler_stats(match_collectives([r0, r1]))
+    assert all(s.last_arrivals == 0 for s in stats)
+
+
+def test_clock_offset_is_removed_using_end_times() -> None:
+    # rank 1's clock runs 5 ms ahead; it is not late at all
+    r0 = _columns(0, [0, 10_000, 20_000], [1_000, 11_000, 21_000])
+    r1 = _columns(1, [5_000, 15_000, 25_000], [6_000, 16_000, 26_000])
+    result = match_collectives([r0, r1])
+    assert result.clock_offset_us[1] == pytest.approx(-5_000)
+    assert all(m.skew_us == pytest.approx(0) for m in result.matched)
+
+
+def test_dropped_events_fall_back_to_end_time_matching() -> None:
+    # rank 1 lost its 2nd collective (sampled trace): sequence numbers would pair wrongly
+    r0 = _columns(0, [0, 10_000, 20_000, 30_000], [1_000, 11_000, 21_000, 31_000])
+    r1 = _columns(1, [300, 20_300, 30_300], [1_000, 21_000, 31_000])
+    result = match_collectives([r0, r1])
+    assert len(result.matched) == 3
+    assert all(m.method == "end-time" for m in result.matched)
+    assert [m.end_us[0] for m in result.matched] == [1_000, 21_000, 31_000]
+    assert all(m.last_rank == 1 and m.skew_us == pytest.approx(300) for m in result.matched)
+    assert result.matched_per_rank == {0: 3, 1: 3}
+
+
+def test_single_rank_has_nothing_to_compare() -> None:
+    result = match_collectives([_columns(0, [0], [1_000])])
+    assert result.matched == [] and find_stragglers(result) == []
+
+
+# --- synthetic runs through the pipeline -----------------------------------------------------
+
+
+def test_delayed_rank_is_named_with_its_cost(tmp_path: Path) -> None:
+    write_run(tmp_path, 4, delay_us={2: 1_500.0}, jitter_us=20.0)
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    stats = analysis.report.stragglers
+    assert stats and stats[0].rank == 2  # worst first
+    s2 = stats[0]
+    assert s2.matched_collectives == 5 * LAYERS
+    assert s2.last_arrivals == 5 * LAYERS
+    # each of the 3 others waits ~1.5 ms at each of the 20 collectives
+    assert s2.wait_caused_ms == pytest.approx(3 * 1.5 * 20, rel=0.05)
+    findings = detect_stragglers(run, analysis)
+    assert [f.id for f in findings] == ["straggler"]
+    f = findings[0]
+    assert f.ranks == [2]
+    assert f.steps == [10, 11, 12, 13, 14]
+    # gain: its lead over the next arrival, 1.5 ms (minus jitter) x 4 collectives per step
+    assert f.expected_gain_ms == pytest.approx(1.5 * LAYERS, rel=0.05)
+    assert f.evidence["per_rank"]["2"]["last_arrival_share"] == 1.0
+    assert f.severity == "critical"  # 6 ms of a 40 ms step (>= 10%)
+    for word in ("data loading", "jitter", "thermal", "uneven work"):
+        assert word in f.recommendation
+    # its compute is 50% longer than the others': the diagnosis says so
+    assert "computes" in f.recommendation
+
+
+def test_balanced_ranks_with_jitter_have_no_straggler(tmp_path: Path) -> None:
+    write_run(tmp_path, 4, jitter_us=800.0, seed=3)
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    assert len(analysis.report.stragglers) == 4
+    assert max(s.last_arrivals for s in analysis.report.stragglers) < 0.5 * 5 * LAYERS
+    assert detect_stragglers(run, analysis) == []
+
+
+def test_small_delay_is_below_the_gain_threshold(tmp_path: Path) -> None:
+    # 60 us late every time: consistently last, but 0.24 ms of a 40 ms step (< 2%)
+    write_run(tmp_path, 2, delay_us={1: 60.0})
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    assert analysis.report.stragglers[0].rank == 1
+    assert analysis.report.stragglers[0].last_arrivals == 5 * LAYERS
+    assert detect_stragglers(run, analysis) == []
+
+
+def test_clock_offset_between_hosts_is_not_a_straggler(tmp_path: Path) -> None:
+    write_run(tmp_path, 3, clock_offset_us={1: 7_000.0, 2: -3_000.0}, jitter_us=10.0)
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    result = crossrank.crossrank_result(run, analysis)
+    assert result.clock_offset_us[1] == pytest.approx(-7_000, abs=50)
+    assert result.clock_offset_us[2] == pytest.approx(3_000, abs=50)
+    assert detect_stragglers(run, analysis) == []
+
+
+def test_straggler_found_despite_clock_offset_and_dropped_events(tmp_path: Path) -> None:
+    write_run(
+        tmp_path,
+        2,
+        delay_us={0: 2_000.0},
+        clock_offset_us={1: 4_000.0},
+        drop={1: {1, 6, 7}},
+    )
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    result = crossrank.crossrank_result(run, analysis)
+    assert len(result.matched) == 5 * LAYERS - 3
+    assert all(m.last_rank == 0 for m in result.matched)
+    findings = detect_stragglers(run, analysis, result)
+    assert findings and findings[0].ranks == [0]
+
+
+def test_process_groups_are_matched_separately(tmp_path: Path) -> None:
+    # two groups {0,1} and {2,3}; rank 3 is late in its own group only
+    write_run(tmp_path, 4, groups=[[0, 1], [2, 3]], delay_us={3: 1_500.0})
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    result = analyze_crossrank(run, analysis)
+    assert {tuple(m.ranks) for m in result.matched} == {(0, 1), (2, 3)}
+    assert {m.process_group for m in result.matched if m.ranks == [2, 3]} == {"1"}
+    stats = {s.rank: s for s in analysis.report.stragglers}
+    assert stats[3].last_arrivals == 5 * LAYERS
+    assert stats[3].matched_collectives == 5 * LAYERS
+    assert stats[2].last_arrivals == 0
+    findings = detect_stragglers(run, analysis, result)
+    assert findings and findings[0].ranks == [3]
+
+
+def test_two_stragglers_are_both_named(tmp_path: Path) -> None:
+    write_run(tmp_path, 4, delay_us={1: 1_000.0, 3: 2_500.0}, seed=1)
+    run = load_run([tmp_path])
+    analysis = analyze_run(run)
+    # rank 3 is last everywhere; rank 1 is never last, so only rank 3 is named
+    findings = detect_stragglers(run, analysis)
+    assert findings[0].ranks == [3]
+    # lead over the next arrival (rank 1), not over the first
+    assert findings[0].expected_gain_ms == pytest.approx(1.5 * LAYERS, rel=0.02)
+
+
+def test_pipeline_fills_report_stragglers(tmp_path: Path) -> None:
+    write_run(tmp_path, 2, delay_us={1: 1_000.0})
+    report = analyze_paths([tmp_path])
+    assert [s.rank for s in report.stragglers] == [1, 0]
+    assert "straggler_skew_noise_us" in report.thresholds
+
+
+# --- the real two-rank pair -------------------------------------------------------------------
+
+
+def test_sampled_128_pair(real_traces: Path) -> None:
+    """Two ranks of a 128-rank job with sampled events: counts match but sequence pairs do not
+    end together, so matching must fall back to end times; every matched pair must then really
+    end together, and its skew is what the stats report."""
+    run = load_run([real_traces / "hta" / "sampled_128"])
+    analysis = analyze_run(run)
+    result = crossrank.crossrank_result(run, analysis)
+    assert result.ranks == [0, 1]
+    assert result.matched, result.warnings
+    for m in result.matched:
+        assert m.ranks == [0, 1]
+        assert abs(m.end_us[0] - m.end_us[1]) <= max(
+            crossrank.END_MATCH_MIN_TOL_US,
+            crossrank.END_MATCH_REL_TOL
+            * min(e - s for s, e in zip(m.start_us, m.end_us, strict=True)),
+        )
+    # this host pair shares a clock: the estimated offset is within the end tolerance
+    assert abs(result.clock_offset_us[1]) <= crossrank.END_MATCH_MIN_TOL_US
+    stats = {s.rank: s for s in analysis.report.stragglers}
+    assert stats[0].matched_collectives == stats[1].matched_collectives == len(result.matched)
+    assert stats[0].last_arrivals + stats[1].last_arrivals <= len(result.matched)
+    # in these traces rank 1 starts every matched send/recv after rank 0 (by 0.08-22 ms)
+    assert stats[1].last_arrivals >= stats[0].last_arrivals
+    for f in detect_stragglers(run, analysis, result):
+        assert f.id == "straggler" and f.ranks == [1]
+        assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
