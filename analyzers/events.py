@@ -158,6 +158,30 @@ class RankTrace:
         ids = np.array([i for i, n in enumerate(self.names) if rx.match(n)], dtype=np.int32)
         return np.flatnonzero(np.isin(self.name_id, ids))
 
+    def launch_calls(self, idx: IntArray) -> IntArray:
+        """For device events `idx`, the index of the host call (cudaLaunchKernel, ...) that
+        launched each one (same correlation id), or -1 when the trace does not link them."""
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.full(len(idx), -1, dtype=np.int64)
+        rt = self.of_kind(EventKind.RUNTIME_LAUNCH, EventKind.RUNTIME_OTHER)
+        rt = rt[self.correlation[rt] >= 0]
+        if not len(rt) or not len(idx):
+            return out
+        order = np.argsort(self.correlation[rt], kind="stable")
+        corr_sorted = self.correlation[rt][order]
+        c = self.correlation[idx]
+        pos = np.clip(np.searchsorted(corr_sorted, c), 0, len(corr_sorted) - 1)
+        found = (c >= 0) & (corr_sorted[pos] == c)
+        return np.where(found, rt[order][pos], -1)
+
+    def enclosing(self, candidates: IntArray, lane: int, t: float) -> list[int]:
+        """Events among `candidates` (time-ordered indices) on `lane` whose span holds time t,
+        outermost first."""
+        cand = candidates[self.lane_id[candidates] == lane]
+        stop = int(np.searchsorted(self.ts_us[cand], t, side="right"))
+        found = [int(i) for i in cand[:stop] if self.ts_us[i] + self.dur_us[i] >= t]
+        return found
+
     @property
     def has_device_events(self) -> bool:
         """True when the trace holds GPU kernels, memcpys or memsets."""

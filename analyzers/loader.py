@@ -18,7 +18,6 @@ import gzip
 import math
 import re
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,28 +39,58 @@ from zdiag.errors import InputError
 
 # --- the decode schema: only what analysis reads --------------------------------------------
 
-Number = int | float | str  # some exporters write numbers as strings; converted and checked
+_RAW_EMPTY = msgspec.Raw(b"")
 
 
 class _Args(msgspec.Struct, gc=False):
-    """The args keys read for every event; the full args stay raw (see _Event.args)."""
+    """The `args` keys analysis reads; every other key is skipped by the decoder.
 
-    external_id: int | float | str | None = msgspec.field(default=None, name="External id")
-    correlation: int | float | str | None = None
-    stream: int | float | str | None = None
+    Ids are read for every event. The collective keys are present only on collective kernels
+    and ops. Big per-op shape lists stay raw bytes and are decoded only for kept events.
+    Keys map back to Kineto's spelling in `ARGS_KEYS` when `RankTrace.args` is built.
+    """
+
+    external_id: Any = msgspec.field(default=None, name="External id")
+    correlation: Any = None
+    name: Any = None  # thread_name / process_name metadata
+    collective_name: Any = msgspec.field(default=None, name="Collective name")
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_msg_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    in_split_size: Any = msgspec.field(default=None, name="In split size")
+    out_split_size: Any = msgspec.field(default=None, name="Out split size")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    global_rank_start: Any = msgspec.field(default=None, name="Global rank start")
+    global_rank_stride: Any = msgspec.field(default=None, name="Global rank stride")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    stream: Any = None
+    device: Any = None
+    nbytes: Any = msgspec.field(default=None, name="bytes")
+    input_dims: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Concrete Inputs")
+
+
+ARGS_KEYS: dict[str, str] = {
+    f.name: f.encode_name for f in msgspec.structs.fields(_Args) if f.name != "name"
+}
+"""Struct field -> Kineto args key, for the keys kept in RankTrace.args."""
 
 
 class _Event(msgspec.Struct, gc=False):
     """One trace event, restricted to the keys analysis reads."""
 
     ph: str = ""
-    name: Any = ""
-    cat: Any = ""
-    pid: Any = 0
-    tid: Any = 0
-    ts: Any = None
-    dur: Any = None
-    args: msgspec.Raw = msgspec.Raw(b"")
+    name: str = ""
+    cat: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float | str | None = None
+    dur: float | str | None = None
+    args: _Args | None = None
 
 
 class _Trace(msgspec.Struct, gc=False):
@@ -73,8 +102,7 @@ class _Trace(msgspec.Struct, gc=False):
     host_name: str | None = None
 
 
-_ARGS_DECODER = msgspec.json.Decoder(_Args)
-_DICT_DECODER = msgspec.json.Decoder(dict[str, Any])
+_RAW_DECODER = msgspec.json.Decoder()
 _TRACE_DECODER = msgspec.json.Decoder(_Trace)
 
 # Events whose full args are kept (decoded) in RankTrace.args.
@@ -198,25 +226,6 @@ def _as_int(value: Any) -> int | None:
 # --- building the columns -------------------------------------------------------------------
 
 
-@dataclass
-class _Interner:
-    """Strings -> dense int ids."""
-
-    ids: dict[Any, int]
-    values: list[Any]
-
-    @classmethod
-    def new(cls) -> _Interner:
-        return cls({}, [])
-
-    def get(self, value: Any) -> int:
-        i = self.ids.get(value)
-        if i is None:
-            i = self.ids[value] = len(self.values)
-            self.values.append(value)
-        return i
-
-
 def _number_column(values: list[Any], path: Path, field: str) -> np.ndarray:
     """float64 column from decoded values; InputError for non-numeric or NaN entries."""
     try:
@@ -233,6 +242,31 @@ def _number_column(values: list[Any], path: Path, field: str) -> np.ndarray:
             f"{path}: an event has a NaN or infinite '{field}'; re-export the trace or fix that event."
         )
     return col
+
+
+def _id_column(values: list[Any]) -> np.ndarray:
+    """int64 ids (External id, correlation); -1 where absent or not an integer."""
+    try:
+        return np.array([-1 if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([-1 if (x := _as_int(v)) is None else x for v in values], dtype=np.int64)
+
+
+def _args_dict(a: _Args) -> dict[str, Any]:
+    """The kept args of one event, under Kineto's key names (raw shape lists decoded)."""
+    out: dict[str, Any] = {}
+    for attr, key in ARGS_KEYS.items():
+        value = getattr(a, attr)
+        if isinstance(value, msgspec.Raw):
+            if not value:
+                continue
+            try:
+                value = _RAW_DECODER.decode(value)
+            except msgspec.DecodeError:
+                continue
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def _is_float_text(v: Any) -> bool:
@@ -271,13 +305,9 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
     for e in events:
         if e.ph == "X":
             complete.append(e)
-        elif e.ph == "M" and e.name == "thread_name" and e.args:
-            try:
-                tn = _DICT_DECODER.decode(e.args).get("name")
-            except msgspec.DecodeError:
-                tn = None
-            if isinstance(tn, str):
-                thread_names[(e.pid, e.tid)] = tn
+        elif e.ph == "M" and e.name == "thread_name" and e.args is not None:
+            if isinstance(e.args.name, str):
+                thread_names[(e.pid, e.tid)] = e.args.name
     # Drop the profiler's own span ("PyTorch Profiler (0)", cat "Trace") and events without dur.
     complete = [e for e in complete if e.cat != "Trace" and e.dur is not None and e.ts is not None]
     n = len(complete)
@@ -288,29 +318,33 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         warnings.append(f"{count} events with a negative duration were treated as zero-length")
         dur = np.maximum(dur, 0.0)
 
-    names = _Interner.new()
-    cats = _Interner.new()
-    lanes_i = _Interner.new()
-    name_id = np.fromiter((names.get(str(e.name)) for e in complete), np.int32, n)
-    cat_id = np.fromiter((cats.get(str(e.cat)) for e in complete), np.int32, n)
-    lane_key = np.fromiter((lanes_i.get((e.pid, e.tid)) for e in complete), np.int32, n)
+    name_ids: dict[str, int] = {}
+    cat_ids: dict[str, int] = {}
+    lane_ids: dict[tuple[Any, Any], int] = {}
+    name_id = np.fromiter(
+        (name_ids.setdefault(e.name, len(name_ids)) for e in complete), np.int32, n
+    )
+    cat_id = np.fromiter((cat_ids.setdefault(e.cat, len(cat_ids)) for e in complete), np.int32, n)
+    lane_key = np.fromiter(
+        (lane_ids.setdefault((e.pid, e.tid), len(lane_ids)) for e in complete), np.int32, n
+    )
+    names = list(name_ids)
+    cats = list(cat_ids)
+    lane_keys = list(lane_ids)
 
     # Classify each distinct (cat, name) pair once.
-    pair = cat_id.astype(np.int64) * max(len(names.values), 1) + name_id
+    n_names = max(len(names), 1)
+    pair = cat_id.astype(np.int64) * n_names + name_id
     uniq, inverse = np.unique(pair, return_inverse=True)
-    n_names = max(len(names.values), 1)
     uniq_kinds = np.array(
-        [
-            int(classify(cats.values[int(u) // n_names], names.values[int(u) % n_names]))
-            for u in uniq
-        ],
+        [int(classify(cats[int(u) // n_names], names[int(u) % n_names])) for u in uniq],
         dtype=np.uint8,
     )
     kind = uniq_kinds[inverse].astype(np.uint8) if n else np.zeros(0, np.uint8)
 
     # Lanes: device if any event on it has a device category.
-    device_cat = np.array([is_device_category(c) for c in cats.values], dtype=bool)
-    lane_is_device = np.zeros(len(lanes_i.values), dtype=bool)
+    device_cat = np.array([is_device_category(c) for c in cats], dtype=bool)
+    lane_is_device = np.zeros(len(lane_keys), dtype=bool)
     if n:
         np.logical_or.at(lane_is_device, lane_key, device_cat[cat_id])
     lanes = [
@@ -320,37 +354,18 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
             _lane_name(pid, tid, bool(lane_is_device[j]), thread_names),
             bool(lane_is_device[j]),
         )
-        for j, (pid, tid) in enumerate(lanes_i.values)
+        for j, (pid, tid) in enumerate(lane_keys)
     ]
 
-    # args: External id / correlation for every event; full args only where kept.
-    correlation = np.full(n, -1, dtype=np.int64)
-    external_id = np.full(n, -1, dtype=np.int64)
+    # args: External id / correlation for every event; the known args only where kept.
+    external_id = _id_column([e.args.external_id if e.args else None for e in complete])
+    correlation = _id_column([e.args.correlation if e.args else None for e in complete])
     keep = np.isin(kind, np.array([int(k) for k in _KEEP_ARGS_KINDS], np.uint8))
     kept_args: dict[int, dict[str, Any]] = {}
-    for i, e in enumerate(complete):
-        raw_args = e.args
-        if not raw_args:
-            continue
-        if keep[i]:
-            try:
-                full = _DICT_DECODER.decode(raw_args)
-            except msgspec.DecodeError:
-                full = {}
-            kept_args[i] = full
-            ext = _as_int(full.get("External id"))
-            corr = _as_int(full.get("correlation"))
-        else:
-            try:
-                a = _ARGS_DECODER.decode(raw_args)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            ext = _as_int(a.external_id)
-            corr = _as_int(a.correlation)
-        if ext is not None:
-            external_id[i] = ext
-        if corr is not None:
-            correlation[i] = corr
+    for i in np.flatnonzero(keep).tolist():
+        a = complete[i].args
+        if a is not None:
+            kept_args[i] = _args_dict(a)
 
     # Sort everything by start time (stable: ties keep file order).
     order = np.argsort(ts, kind="stable")
@@ -375,7 +390,7 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         rank_source="distributedInfo" if rank is not None else "default",
         source=path,
         device="cpu",
-        names=[str(v) for v in names.values],
+        names=names,
         name_id=name_id,
         ts_us=ts,
         dur_us=dur,
@@ -410,32 +425,36 @@ def _device_kind(trace: RankTrace) -> str:
 # --- collectives ----------------------------------------------------------------------------
 
 
+_BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
+
+
 def build_collectives(trace: RankTrace) -> Collectives:
     """The comm events of a rank with their kind, sizes, dtype, group size and process group.
 
-    Device runs: one row per comm kernel. The kind comes from the kernel's own args
-    ("Collective name"), else from the CPU op that launched it (`record_param_comms` /
-    `nccl:*` with the same External id: this names `ncclDevKernel_Generic`), else from the
-    kernel name. Host-only runs (no GPU events): one row per `gloo:*` / `nccl:*` /
-    `c10d::*` op that is not nested inside another comm op on the same thread.
+    Device runs: one row per comm kernel. Sizes and kind come from the kernel's own args
+    ("Collective name", "In msg nelems", ...), else from the `record_param_comms` op with the
+    same External id, else from the comm ops enclosing the host call that launched the kernel
+    (correlation id; this is how `ncclDevKernel_Generic` gets its kind from `nccl:all_gather`),
+    else from the kernel name. Host-only runs (no GPU events): one row per backend op
+    (`gloo:*`, `nccl:*`, ...), or per outermost `c10d::*` op when there are none; sizes from the
+    enclosing `record_param_comms`.
     """
+    comm_ops = trace.of_kind(EventKind.COMM_OP)
     if trace.has_device_events:
         rows = trace.of_kind(EventKind.COMM_KERNEL)
+        calls = trace.launch_calls(rows)
     else:
-        rows = host_comm_events(trace)
-    # CPU-side comm ops with args, by External id (record_param_comms carries the sizes).
+        backend = np.array(
+            [bool(_BACKEND_OP_RE.match(trace.name(int(i)))) for i in comm_ops], dtype=bool
+        )
+        rows = comm_ops[backend] if backend.any() else host_comm_events(trace)
+        calls = rows
     by_ext: dict[int, dict[str, Any]] = {}
-    label_by_ext: dict[int, str] = {}
-    for i in trace.of_kind(EventKind.COMM_OP):
-        ext = int(trace.external_id[i])
-        if ext < 0:
-            continue
+    for i in comm_ops:
         a = trace.args.get(int(i), {})
-        if "Collective name" in a:
+        ext = int(trace.external_id[i])
+        if ext >= 0 and "Collective name" in a:
             by_ext.setdefault(ext, a)
-        nm = trace.name(int(i))
-        if nm != "record_param_comms":
-            label_by_ext.setdefault(ext, nm)
     kinds = list(COLLECTIVE_KINDS)
     m = len(rows)
     kind = np.zeros(m, dtype=np.int16)
@@ -445,17 +464,25 @@ def build_collectives(trace: RankTrace) -> Collectives:
     gsize = np.full(m, -1, dtype=np.int64)
     dtypes: list[str] = []
     pgs: list[str] = []
-    for j, i in enumerate(rows):
-        i = int(i)
+    for j, i in enumerate(rows.tolist()):
         a = trace.args.get(i, {})
-        ext = int(trace.external_id[i])
-        src = a if "Collective name" in a else by_ext.get(ext, a)
-        label = str(src.get("Collective name") or "")
-        k = collective_kind(label) if label else "unknown"
-        if k == "unknown":
-            k = collective_kind(trace.name(i))
-        if k == "unknown" and ext in label_by_ext:
-            k = collective_kind(label_by_ext[ext])
+        src = a if "Collective name" in a else by_ext.get(int(trace.external_id[i]), {})
+        labels: list[str] = []
+        call = int(calls[j])
+        if call >= 0:
+            around = trace.enclosing(comm_ops, int(trace.lane_id[call]), float(trace.ts_us[call]))
+            for op in reversed(around):  # innermost first
+                op_args = trace.args.get(op, {})
+                if not src and "Collective name" in op_args:
+                    src = op_args
+                if trace.name(op) != "record_param_comms":
+                    labels.append(trace.name(op))
+        k = "unknown"
+        for text in [str(src.get("Collective name") or ""), *labels, trace.name(i)]:
+            if text:
+                k = collective_kind(text)
+                if k != "unknown":
+                    break
         kind[j] = kinds.index(k)
         ni = _as_int(src.get("In msg nelems"))
         no = _as_int(src.get("Out msg nelems"))

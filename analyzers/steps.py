@@ -131,19 +131,9 @@ def _sorted_windows(
 
 def launch_times(trace: RankTrace, device_idx: npt.NDArray[np.int64]) -> Arr:
     """For device events, the start of the host call that launched them (own start if unknown)."""
+    calls = trace.launch_calls(device_idx)
     own = trace.ts_us[device_idx]
-    rt = trace.of_kind(EventKind.RUNTIME_LAUNCH, EventKind.RUNTIME_OTHER)
-    rt = rt[trace.correlation[rt] >= 0]
-    if not len(rt) or not len(device_idx):
-        return own
-    corr_rt = trace.correlation[rt]
-    order = np.argsort(corr_rt, kind="stable")
-    corr_sorted = corr_rt[order]
-    ts_sorted = trace.ts_us[rt][order]
-    c = trace.correlation[device_idx]
-    pos = np.clip(np.searchsorted(corr_sorted, c), 0, len(corr_sorted) - 1)
-    found = (c >= 0) & (corr_sorted[pos] == c)
-    return np.where(found, ts_sorted[pos], own)
+    return np.where(calls >= 0, trace.ts_us[np.maximum(calls, 0)], own)
 
 
 def device_windows(trace: RankTrace, cpu_s: Arr, cpu_e: Arr) -> tuple[Arr, Arr]:

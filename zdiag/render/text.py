@@ -1,0 +1,274 @@
+"""Plain-text rendering of a Report (the default output of `zdiag analyze`).
+
+Sections: the run, one summary per rank (median step, verdict counts, where time went), a
+per-step table per rank, collective totals, FSDP units, findings, warnings. Pure: returns a
+string; the command prints it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
+
+MAX_STEP_ROWS = 40
+"""Per-step rows shown per rank; longer runs show the first and last rows and say so."""
+
+MAX_UNIT_ROWS = 20
+
+
+def _ms(v: float) -> str:
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
+        ).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _rank_summary(rank: RankSummary) -> list[str]:
+    steps = rank.steps
+    where = f" on {rank.host}" if rank.host else ""
+    head = f"Rank {rank.rank} ({rank.device}{where}) - {rank.source}"
+    if not steps:
+        return [head, "  no steps analyzed"]
+    dur = [s.duration_ms for s in steps]
+    total = sum(dur)
+    verdicts = Counter(s.verdict for s in steps)
+    main_verdict, count = verdicts.most_common(1)[0]
+
+    def share(attr: str) -> str:
+        return _pct(sum(getattr(s, attr) for s in steps), total)
+
+    return [
+        head,
+        f"  {len(steps)} step(s), median {_ms(statistics.median(dur))} ms, "
+        f"min {_ms(min(dur))} ms, max {_ms(max(dur))} ms",
+        f"  time: compute {share('compute_ms')}, exposed comm {share('exposed_comm_ms')}, "
+        f"memcpy {share('memcpy_ms')}, idle {share('idle_ms')} "
+        f"(comm {share('comm_ms')}, of which overlapped {_pct(sum(s.overlapped_ms for s in steps), sum(s.comm_ms for s in steps))})",
+        f"  verdict: {main_verdict} in {count} of {len(steps)} step(s)"
+        + (
+            ""
+            if len(verdicts) == 1
+            else " (" + ", ".join(f"{v} {c}" for v, c in verdicts.most_common()[1:]) + ")"
+        ),
+    ]
+
+
+def _step_rows(steps: list[StepBreakdown]) -> tuple[list[list[str]], int]:
+    shown = steps
+    hidden = 0
+    if len(steps) > MAX_STEP_ROWS:
+        half = MAX_STEP_ROWS // 2
+        shown = steps[:half] + steps[-half:]
+        hidden = len(steps) - len(shown)
+    rows = [
+        [
+            str(s.step),
+            _ms(s.duration_ms),
+            _ms(s.compute_ms),
+            _ms(s.comm_ms),
+            _ms(s.overlapped_ms),
+            _ms(s.exposed_comm_ms),
+            _ms(s.memcpy_ms),
+            _ms(s.idle_ms),
+            _ms(s.host_launch_ms),
+            str(s.kernel_count),
+            s.verdict,
+        ]
+        for s in shown
+    ]
+    return rows, hidden
+
+
+STEP_HEADER = [
+    "step",
+    "dur ms",
+    "compute",
+    "comm",
+    "overlap",
+    "exposed",
+    "memcpy",
+    "idle",
+    "launch",
+    "kernels",
+    "verdict",
+]
+
+
+def _finding_lines(f: Finding) -> list[str]:
+    where = []
+    if f.ranks:
+        where.append(
+            "rank " + ",".join(map(str, f.ranks[:16])) + ("..." if len(f.ranks) > 16 else "")
+        )
+    if f.steps:
+        where.append(
+            "step " + ",".join(map(str, f.steps[:16])) + ("..." if len(f.steps) > 16 else "")
+        )
+    if f.units:
+        where.append("unit " + ", ".join(f.units[:8]) + ("..." if len(f.units) > 8 else ""))
+    lines = [
+        f"[{f.severity.upper()}] {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
+    ]
+    if f.evidence:
+        ev = ", ".join(f"{k}={_fmt_value(v)}" for k, v in list(f.evidence.items())[:8])
+        lines.append(f"    evidence: {ev}")
+    if f.recommendation:
+        lines.append(f"    do: {f.recommendation}")
+    if f.code:
+        lines.extend(f"      {line}" for line in f.code.splitlines())
+    if f.expected_gain_ms is not None:
+        how = f" ({f.gain_method})" if f.gain_method else ""
+        lines.append(f"    expected gain: {_ms(f.expected_gain_ms)} ms per step{how}")
+    if f.expected_gain_bytes is not None:
+        lines.append(f"    expected saving: {_bytes(f.expected_gain_bytes)} peak memory")
+    return lines
+
+
+def _fmt_value(v: object) -> str:
+    if isinstance(v, float):
+        return _ms(v)
+    if isinstance(v, list | tuple) and len(v) > 6:
+        return "[" + ", ".join(map(str, v[:6])) + ", ...]"
+    return str(v)
+
+
+def render_text(report: Report) -> str:
+    """The report as plain text, ending with a newline."""
+    out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
+    if report.run:
+        bits = [f"{k}={v}" for k, v in report.run.items() if isinstance(v, str | int | float)]
+        if bits:
+            out.append("run: " + ", ".join(bits))
+    out.append(f"inputs: {len(report.inputs)} file(s), {len(report.ranks)} rank(s)")
+    for rank in report.ranks:
+        out.append("")
+        out.extend(_rank_summary(rank))
+        if rank.steps:
+            rows, hidden = _step_rows(rank.steps)
+            out.append("")
+            out.extend("  " + line for line in _table(STEP_HEADER, rows, set(range(1, 10))))
+            if hidden:
+                out.append(f"  ({hidden} middle steps not shown; use --json for all)")
+    if report.collectives:
+        out += ["", "Collectives (all steps)"]
+        rows = [
+            [
+                str(c.rank),
+                c.kind,
+                str(c.count),
+                _bytes(c.total_bytes) if c.total_bytes else "-",
+                _ms(c.total_ms),
+                _ms(c.exposed_ms),
+                ",".join(c.dtypes) or "-",
+            ]
+            for c in report.collectives
+        ]
+        out.extend(
+            "  " + line
+            for line in _table(
+                ["rank", "kind", "count", "bytes", "total ms", "exposed ms", "dtypes"],
+                rows,
+                {2, 3, 4, 5},
+            )
+        )
+    if report.fsdp_units:
+        out += ["", "FSDP units"]
+        units = sorted(report.fsdp_units, key=lambda u: -u.exposed_wait_ms)[:MAX_UNIT_ROWS]
+        rows = [
+            [
+                str(u.rank),
+                u.name or "(root)",
+                u.framework,
+                _bytes(u.all_gather_bytes),
+                _bytes(u.reduce_bytes),
+                _ms(u.all_gather_ms),
+                _ms(u.reduce_ms),
+                _ms(u.exposed_wait_ms),
+            ]
+            for u in units
+        ]
+        out.extend(
+            "  " + line
+            for line in _table(
+                [
+                    "rank",
+                    "unit",
+                    "kind",
+                    "gathered",
+                    "reduced",
+                    "gather ms",
+                    "reduce ms",
+                    "exposed ms",
+                ],
+                rows,
+                {3, 4, 5, 6, 7},
+            )
+        )
+        if len(report.fsdp_units) > MAX_UNIT_ROWS:
+            out.append(f"  ({len(report.fsdp_units) - MAX_UNIT_ROWS} more units; use --json)")
+    if report.stragglers:
+        out += ["", "Stragglers (who arrives last at matched collectives)"]
+        rows = [
+            [
+                str(s.rank),
+                str(s.last_arrivals),
+                str(s.matched_collectives),
+                _ms(s.wait_caused_ms),
+                _ms(s.mean_skew_ms),
+            ]
+            for s in sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)
+        ]
+        out.extend(
+            "  " + line
+            for line in _table(
+                ["rank", "last", "matched", "wait caused ms", "mean skew ms"], rows, {1, 2, 3, 4}
+            )
+        )
+    out += ["", f"Findings ({len(report.findings)})"]
+    if report.findings:
+        order = {"critical": 0, "warning": 1, "info": 2}
+        for f in sorted(report.findings, key=lambda f: order.get(f.severity, 3)):
+            out.extend("  " + line for line in _finding_lines(f))
+    else:
+        out.append("  none")
+    warnings = list(report.warnings)
+    for rank in report.ranks:
+        warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
+    if warnings:
+        out += ["", "Warnings"]
+        out.extend(f"  - {w}" for w in warnings)
+    if report.thresholds:
+        out += [
+            "",
+            "Verdict thresholds: " + ", ".join(f"{k}={v:g}" for k, v in report.thresholds.items()),
+        ]
+    return "\n".join(out) + "\n"
