@@ -51,7 +51,7 @@ def job_id_from_env() -> str:
     """The job id: ``ZDIAG_JOB_ID``, else the launcher's (torchelastic, Slurm, LSF, PBS), else ""."""
     for name in (ENV_JOB, *JOB_ENV_FALLBACKS):
         value = os.environ.get(name)
-        if value:
+        if value and value != "none":  # torchrun's default run id says nothing
             return value
     return ""
 

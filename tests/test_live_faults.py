@@ -1,0 +1,157 @@
+"""Faults: the monitor absent at start, killed and restarted, a rank killed, a slow link.
+
+Training must go on (publish() returns at once, nothing raises), the monitor must mark silent
+ranks stale, and nothing may crash. Real processes, loopback only, every process reaped.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import zmq
+from test_live_publisher import free_port, record
+
+from zdiag.collectors.live import StepPublisher
+
+pytestmark = pytest.mark.slow
+
+# A stand-in training rank: sleeps `dt` per step ("compute"), publishes one record per step,
+# and prints its publish() cost and wall time as JSON.
+RANK = r"""
+import json, os, sys, time
+from zdiag.collectors.live import publisher_from_env
+rank, steps, dt = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+pub = publisher_from_env(rank, "node0")
+costs = []
+start = time.perf_counter()
+for step in range(steps):
+    time.sleep(dt)
+    t = time.perf_counter()
+    pub.publish({"rank": rank, "host": "node0", "step": step, "step_time_ms": dt * 1000,
+                 "mem_allocated_bytes": 1e9, "mem_reserved_bytes": 2e9, "mem_peak_bytes": 3e9,
+                 "samples_per_s": 8 / dt})
+    costs.append(time.perf_counter() - t)
+wall = time.perf_counter() - start
+pub.close()
+costs.sort()
+print(json.dumps({"wall_s": wall, "steps": steps, "p50_us": costs[len(costs) // 2] * 1e6,
+                  "max_us": costs[-1] * 1e6, "sent": pub.sent, "dropped": pub.dropped}))
+"""
+
+
+def start_rank(rank: int, steps: int, dt: float, target: str) -> subprocess.Popen[str]:
+    env = {"ZDIAG_MONITOR": target, "PATH": "/usr/bin:/bin"}
+    return subprocess.Popen(
+        [sys.executable, "-c", RANK, str(rank), str(steps), str(dt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def start_monitor(target: str, duration_s: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "zdiag", "monitor", "--headless", "--json"),
+            *("--listen", target, "--duration", str(duration_s)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float = 30) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def reap(*procs: subprocess.Popen[str]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+
+
+def test_monitor_absent_then_killed_then_restarted() -> None:
+    target = f"127.0.0.1:{free_port()}"
+    rank = start_rank(0, steps=100, dt=0.05, target=target)  # ~5 s of "training"
+    first = second = None
+    try:
+        time.sleep(1.0)  # no monitor yet
+        first = start_monitor(target, 30)
+        time.sleep(1.5)
+        first.send_signal(signal.SIGKILL)  # killed mid-run
+        first.communicate()
+        time.sleep(0.5)
+        second = start_monitor(target, 30)  # restarted on the same port
+        stats = finish(rank)
+        time.sleep(0.3)
+        second.send_signal(signal.SIGTERM)  # the headless monitor still prints its summary
+        seen = finish(second)
+    finally:
+        reap(rank, *(p for p in (first, second) if p is not None))
+    assert stats["steps"] == 100
+    assert stats["dropped"] > 0  # records sent while no monitor listened were counted
+    # publish() never waited for the network: a blocking call would take >= 200 ms (reconnect)
+    assert stats["max_us"] < 50_000, stats
+    (row,) = seen["rows"]
+    assert row["rank"] == 0 and row["step"] == 99  # the restarted monitor follows to the end
+    assert row["dropped"] > 0
+
+
+def test_killed_rank_is_marked_stale() -> None:
+    target = f"127.0.0.1:{free_port()}"
+    monitor = start_monitor(target, 7.5)
+    time.sleep(0.5)
+    alive = start_rank(0, steps=75, dt=0.1, target=target)
+    doomed = start_rank(1, steps=75, dt=0.1, target=target)
+    try:
+        time.sleep(1.5)
+        doomed.send_signal(signal.SIGKILL)
+        doomed.communicate()
+        seen = finish(monitor)
+        finish(alive)
+    finally:
+        reap(monitor, alive, doomed)
+    status = {r["rank"]: r["status"] for r in seen["rows"]}
+    assert status == {0: "ok", 1: "stale"}
+
+
+def test_slow_link_drops_and_counts_without_blocking() -> None:
+    """A receiver that never reads: zmq's buffers fill, then records are dropped and counted."""
+    ctx = zmq.Context()
+    sink = ctx.socket(zmq.PULL)
+    sink.setsockopt(zmq.RCVHWM, 1)
+    sink.setsockopt(zmq.RCVBUF, 4096)
+    sink.setsockopt(zmq.LINGER, 0)
+    port = sink.bind_to_random_port("tcp://127.0.0.1")
+    pub = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h", queue_size=64, send_hwm=4)
+    try:
+        deadline = time.monotonic() + 5
+        while pub.sent == 0 and time.monotonic() < deadline:  # wait for the connection
+            pub.publish(record())
+            time.sleep(0.01)
+        worst = 0.0
+        for step in range(20_000):
+            t = time.perf_counter()
+            pub.publish(record(0, step))
+            worst = max(worst, time.perf_counter() - t)
+            if step % 1000 == 0:
+                time.sleep(0.005)  # let the sender thread run, as a training step would
+        time.sleep(0.2)
+        assert pub.dropped > 0
+        assert worst < 0.05
+    finally:
+        pub.close()
+        sink.close()
+        ctx.term()
