@@ -1,0 +1,127 @@
+"""`activation-oom`: out of memory (or over budget) with the peak dominated by activations.
+
+Evidence comes from the memory timeline's categories at the peak, or from the out-of-memory
+record (zdiag's harness names activations, unsharded parameters and model state in it). The fix
+for activation memory is activation checkpointing of the repeated block (only each block's
+input is kept) or a smaller micro-batch with gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_pattern
+from zdiag.analyzers.detectors.context import MIB, DetectorContext, MemoryEvidence
+from zdiag.analyzers.report import Finding
+
+# "Dominated": activations are at least half of the memory in use at the peak / the failure,
+# so no other category (parameters, gradients, optimizer state) could be the bigger lever.
+ACTIVATION_SHARE = 0.5
+ACTIVATION_CATEGORIES = ("ACTIVATION", "AUTOGRAD_DETAIL")
+# Without the model shape: a transformer block saves at least ~8 tensors the size of its input
+# for backward (norm outputs, q/k/v, attention output, the MLP's 8/3-wide hidden states), and
+# checkpointing keeps only the input, so at least 7/8 of the activations are freed.
+MIN_SAVED_TENSORS_PER_BLOCK = 8
+
+
+def _activation_bytes(ev: MemoryEvidence) -> int:
+    return sum(ev.category_bytes.get(c, 0) for c in ACTIVATION_CATEGORIES)
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The activation-oom finding, or none."""
+    hits: list[MemoryEvidence] = []
+    for ev in ctx.memory:
+        in_use = sum(ev.category_bytes.values())
+        act = _activation_bytes(ev)
+        over = ev.oom or (
+            ev.capacity_bytes is not None
+            and ev.peak_bytes is not None
+            and ev.peak_bytes > ev.capacity_bytes
+        )
+        if over and in_use > 0 and act >= ACTIVATION_SHARE * in_use:
+            hits.append(ev)
+    if not hits:
+        return []
+    worst = max(hits, key=_activation_bytes)
+    act = _activation_bytes(worst)
+    in_use = sum(worst.category_bytes.values())
+    h = ctx.harness
+    block = harness_block_pattern(h) or find_block_pattern(
+        [u.get("name", "") for u in ctx.manifest_units()]
+        + [n for lg in ctx.fsdp_ledgers() for n in lg.unit_order]
+    )
+    layers = block.count if block else None
+    kept: int | None = None
+    method = ""
+    try:
+        width = 2 if h.get("precision") == "bf16" else 4
+        kept = int(h["batch"]) * int(h["seq"]) * int(h["dim"]) * width * int(h["layers"])
+        method = (
+            "activation checkpointing of every block keeps only each block's input "
+            f"(batch x seq x dim x {width} bytes x {h['layers']} blocks = {kept / MIB:.2f} MiB) "
+            f"of the {act / MIB:.2f} MiB activations at the failure"
+        )
+    except (KeyError, TypeError, ValueError):
+        kept = act // MIN_SAVED_TENSORS_PER_BLOCK
+        method = (
+            f"activation checkpointing frees at least {MIN_SAVED_TENSORS_PER_BLOCK - 1}/"
+            f"{MIN_SAVED_TENSORS_PER_BLOCK} of the {act / MIB:.2f} MiB activations (a block saves "
+            f">= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps one)"
+        )
+    saved = max(0, act - kept)
+    over_by = None
+    if worst.capacity_bytes is not None and worst.peak_bytes is not None:
+        over_by = max(0, worst.peak_bytes - worst.capacity_bytes)
+    accum = None
+    if over_by is not None and act > over_by:
+        accum = max(2, math.ceil(act / (act - over_by)))
+    where = block.python if block else "model.layers"
+    code = (
+        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
+        "    apply_activation_checkpointing, checkpoint_wrapper)\n"
+        f"blocks = set({where})\n"
+        "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,\n"
+        "                               check_fn=lambda m: m in blocks)  # before fully_shard"
+    )
+    alt = (
+        f" Or split each batch into {accum} micro-batches with gradient accumulation "
+        f"(batch {h['batch']} -> {max(1, int(h['batch']) // accum)})."
+        if accum and isinstance(h.get("batch"), int)
+        else (
+            f" Or split each batch into {accum} micro-batches with gradient accumulation."
+            if accum
+            else " Or use a smaller micro-batch with gradient accumulation."
+        )
+    )
+    return [
+        Finding(
+            id="activation-oom",
+            severity="critical",
+            title=(
+                f"{'Out of memory' if worst.oom else 'Over the memory budget'}: activations are "
+                f"{act / MIB:.1f} MiB of {in_use / MIB:.1f} MiB in use ({act / in_use:.0%})"
+            ),
+            ranks=sorted({ev.rank for ev in hits}),
+            units=[f"{block.list_path}.{i}" for i in range(layers)] if block and layers else [],
+            evidence={
+                "source": worst.source,
+                "oom": worst.oom,
+                "activation_bytes": act,
+                "in_use_bytes": in_use,
+                "activation_share": round(act / in_use, 3),
+                "threshold_activation_share": ACTIVATION_SHARE,
+                "capacity_bytes": worst.capacity_bytes,
+                "peak_bytes": worst.peak_bytes,
+                "category_bytes": dict(worst.category_bytes),
+                "activation_checkpointing": h.get("ac"),
+            },
+            recommendation=(
+                f"Checkpoint the activations of each {block.pattern if block else 'transformer block'}"
+                f" (recompute in backward): frees about {saved / MIB:.1f} MiB." + alt
+            ),
+            code=code,
+            expected_gain_bytes=saved,
+            gain_method=method,
+        )
+    ]

@@ -1,0 +1,84 @@
+"""`comm-bound`: steps where communication alone is longer than compute.
+
+Overlap can hide communication only up to the compute it runs under; when comm > compute the
+step is comm-bound whatever the prefetch settings. What helps then: fewer bytes (bf16 gathers),
+more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi-node jobs).
+"""
+
+from __future__ import annotations
+
+from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.report import Finding
+
+# Most steps must be comm-bound (per the pipeline's verdicts), not one outlier.
+COMM_BOUND_STEP_SHARE = 0.5
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The comm-bound finding, or none (only for runs with FSDP/ZeRO traffic)."""
+    ledgers = ctx.fsdp_ledgers()
+    if not ledgers:
+        return []
+    fsdp_ranks = {lg.rank for lg in ledgers}
+    ranks: list[int] = []
+    steps: set[int] = set()
+    comm = compute = 0.0
+    n = bound = 0
+    for rank, bds in sorted(ctx.breakdowns.items()):
+        if rank not in fsdp_ranks:
+            continue
+        hit = [b for b in bds if b.verdict == "comm-bound"]
+        n += len(bds)
+        bound += len(hit)
+        if hit:
+            ranks.append(rank)
+            steps.update(b.step for b in hit)
+        comm += sum(b.comm_ms for b in bds)
+        compute += sum(b.compute_ms for b in bds)
+    if not n or bound / n < COMM_BOUND_STEP_SHARE:
+        return []
+    fp32 = any(
+        r.dtype.strip().lower() in ("float", "float32") for lg in ledgers for r in lg.gathers
+    )
+    nnodes = ctx.nnodes or 1
+    options = []
+    if fp32:
+        options.append(
+            "gather parameters in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16))"
+        )
+    options.append("a bigger batch per rank (more compute per gathered byte)")
+    if nnodes > 1:
+        options.append("HSDP (shard within a node, replicate across nodes)")
+    return [
+        Finding(
+            id="comm-bound",
+            severity="warning",
+            title=(
+                f"{bound} of {n} steps are comm-bound: communication "
+                f"({comm / n:.1f} ms/step) exceeds compute ({compute / n:.1f} ms/step)"
+            ),
+            ranks=ranks,
+            steps=sorted(steps),
+            evidence={
+                "comm_bound_steps": bound,
+                "steps": n,
+                "comm_ms_per_step": round(comm / n, 3),
+                "compute_ms_per_step": round(compute / n, 3),
+                "threshold_step_share": COMM_BOUND_STEP_SHARE,
+            },
+            recommendation=(
+                "No prefetch or overlap setting can fix this: communication is longer than the "
+                "compute it could hide under. What would: " + "; ".join(options) + "."
+            ),
+            code=(
+                "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
+                if fp32
+                else None
+            ),
+            expected_gain_ms=round(max(0.0, comm - compute) / n, 3),
+            gain_method=(
+                "upper bound: the comm time in excess of compute per step, which only fewer "
+                "bytes or more compute per step can remove"
+            ),
+        )
+    ]

@@ -1,0 +1,209 @@
+"""What every detector reads, computed once per analysis: FSDP ledgers, manifest facts, memory.
+
+Detectors are pure functions of a `DetectorContext`. `build_context` is the only place that
+reads the pipeline's `RunData` / `Analysis` (and the small run-dir files they point to: OOM
+records), so detectors can be tested on hand-built contexts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zdiag.analyzers.events import RankTrace
+from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
+from zdiag.analyzers.report import Finding, MemoryTimeline, Report, StepBreakdown
+
+MIB = 1024**2
+
+
+@dataclass
+class MemoryEvidence:
+    """What is known about one rank's memory at its peak or at its out-of-memory error."""
+
+    rank: int
+    source: str  # "memory_timeline", "oom record", "manifest"
+    oom: bool = False
+    capacity_bytes: int | None = None
+    peak_bytes: int | None = None
+    category_bytes: dict[str, int] = field(default_factory=dict)  # ACTIVATION, PARAMETER, ...
+    message: str = ""
+
+
+@dataclass
+class DetectorContext:
+    """The analyzed run as the detectors see it."""
+
+    ledgers: dict[int, RankLedger]  # rank -> ledger (empty ledgers for non-FSDP traces)
+    breakdowns: dict[int, list[StepBreakdown]] = field(default_factory=dict)
+    traces: dict[int, RankTrace] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None
+    memory: list[MemoryEvidence] = field(default_factory=list)
+    report: Report | None = None
+    run: Any = None  # the pipeline's RunData (for detectors that delegate, e.g. straggler)
+    analysis: Any = None  # the pipeline's Analysis
+
+    @property
+    def harness(self) -> dict[str, Any]:
+        """The harness options recorded in the manifest ({} for other scripts)."""
+        h = (self.manifest or {}).get("harness")
+        return h if isinstance(h, dict) else {}
+
+    @property
+    def world_size(self) -> int | None:
+        """World size from the manifest or the traces."""
+        ws = (self.manifest or {}).get("world_size")
+        if isinstance(ws, int):
+            return ws
+        for t in self.traces.values():
+            if t.world_size:
+                return t.world_size
+        return None
+
+    @property
+    def nnodes(self) -> int | None:
+        """Number of nodes (manifest `nnodes`, else distinct hosts), None when unknown."""
+        n = (self.manifest or {}).get("nnodes")
+        if isinstance(n, int):
+            return n
+        hosts = {t.host for t in self.traces.values() if t.host}
+        return len(hosts) if hosts else None
+
+    def fsdp_ledgers(self) -> list[RankLedger]:
+        """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
+        return [lg for _, lg in sorted(self.ledgers.items()) if lg.framework and lg.records]
+
+    def manifest_units(self) -> list[dict[str, Any]]:
+        """The manifest's `fsdp_units` ([{name, param_count, param_bytes}]), [] when absent."""
+        units = (self.manifest or {}).get("fsdp_units")
+        return [u for u in units if isinstance(u, dict)] if isinstance(units, list) else []
+
+    def oom_recorded(self) -> bool:
+        """The run ended in an out-of-memory error (manifest exit or any rank's evidence)."""
+        exit_info = (self.manifest or {}).get("exit")
+        if isinstance(exit_info, dict) and exit_info.get("oom"):
+            return True
+        return any(m.oom for m in self.memory)
+
+
+def build_context(run: Any, analysis: Any) -> DetectorContext:
+    """The DetectorContext of a pipeline `RunData` and `Analysis` (see analyzers/run_data.py)."""
+    traces: dict[int, RankTrace] = {t.rank: t for t in getattr(run, "ranks", [])}
+    steps = getattr(analysis, "steps", {}) or {}
+    ledgers: dict[int, RankLedger] = {}
+    for rank, t in traces.items():
+        w = steps.get(rank)
+        if w is not None and len(w):
+            ledgers[rank] = build_rank_ledger(
+                t, w.step.tolist(), w.start_us.tolist(), w.end_us.tolist()
+            )
+        else:
+            ledgers[rank] = build_rank_ledger(t)
+    report: Report | None = getattr(analysis, "report", None)
+    manifest = getattr(run, "manifest", None)
+    ctx = DetectorContext(
+        ledgers=ledgers,
+        breakdowns=dict(getattr(analysis, "breakdowns", {}) or {}),
+        traces=traces,
+        manifest=manifest if isinstance(manifest, dict) else None,
+        report=report,
+        run=run,
+        analysis=analysis,
+    )
+    ctx.memory = _memory_evidence(ctx, getattr(run, "run_dir", None), report)
+    return ctx
+
+
+# --- memory evidence ------------------------------------------------------------------------
+
+# The harness's emulated OOM message and torch's wording are parsed for their numbers.
+_OOM_ACT_RE = re.compile(r"([\d.]+) MiB activations")
+_OOM_UNSHARDED_RE = re.compile(r"([\d.]+) MiB unsharded parameters")
+_OOM_STATE_RE = re.compile(r"([\d.]+) MiB sharded parameters, gradients and optimizer state")
+_OOM_CAPACITY_RE = re.compile(r"total capacity of ([\d.]+) GiB")
+_OOM_ALLOC_RE = re.compile(r"Tried to allocate ([\d.]+) (MiB|GiB|KiB)")
+_UNIT = {"KiB": 1024, "MiB": MIB, "GiB": 1024**3}
+
+
+def _mib(rx: re.Pattern[str], text: str) -> int | None:
+    m = rx.search(text)
+    return int(float(m.group(1)) * MIB) if m else None
+
+
+def parse_oom_message(rank: int, text: str, source: str = "oom record") -> MemoryEvidence:
+    """MemoryEvidence from an out-of-memory message (torch's CUDA wording or zdiag's harness)."""
+    ev = MemoryEvidence(rank=rank, source=source, oom=True, message=text[:300])
+    for cat, rx in (
+        ("ACTIVATION", _OOM_ACT_RE),
+        ("PARAMETER_UNSHARDED", _OOM_UNSHARDED_RE),
+        ("MODEL_STATE", _OOM_STATE_RE),
+    ):
+        v = _mib(rx, text)
+        if v is not None:
+            ev.category_bytes[cat] = v
+    m = _OOM_CAPACITY_RE.search(text)
+    if m:
+        ev.capacity_bytes = int(float(m.group(1)) * 1024**3)
+    m = _OOM_ALLOC_RE.search(text)
+    if ev.category_bytes:
+        ev.peak_bytes = sum(ev.category_bytes.values())
+        if m:
+            ev.peak_bytes += int(float(m.group(1)) * _UNIT[m.group(2)])
+    return ev
+
+
+def _memory_evidence(
+    ctx: DetectorContext, run_dir: Path | None, report: Report | None
+) -> list[MemoryEvidence]:
+    out: list[MemoryEvidence] = []
+    timelines: list[MemoryTimeline] = list(report.memory) if report is not None else []
+    for tl in timelines:
+        out.append(
+            MemoryEvidence(
+                rank=tl.rank,
+                source=tl.source,
+                oom=tl.oom,
+                capacity_bytes=tl.capacity_bytes,
+                peak_bytes=tl.peak_bytes or None,
+                category_bytes=dict(tl.peak_category_bytes),
+            )
+        )
+    have = {m.rank for m in out if m.category_bytes}
+    ranks = (ctx.manifest or {}).get("ranks")
+    if run_dir is not None and isinstance(ranks, list):
+        for entry in ranks:
+            if not isinstance(entry, dict):
+                continue
+            rank = entry.get("rank")
+            rel = entry.get("oom_record")
+            if not isinstance(rank, int) or rank in have:
+                continue
+            if isinstance(rel, str):
+                rec = _read_json(run_dir / rel)
+                if rec is not None:
+                    ev = parse_oom_message(rank, str(rec.get("error", "")))
+                    budget = rec.get("memory_budget_bytes")
+                    if ev.capacity_bytes is None and isinstance(budget, int):
+                        ev.capacity_bytes = budget
+                    out.append(ev)
+                    continue
+            if entry.get("oom"):
+                msg = str(entry.get("error") or "")
+                out.append(parse_oom_message(rank, msg, source="manifest"))
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def finding_ranks(findings: list[Finding]) -> set[int]:
+    """All ranks named by some findings."""
+    return {r for f in findings for r in f.ranks}

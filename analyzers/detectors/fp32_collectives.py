@@ -1,0 +1,75 @@
+"""`fp32-collectives`: FSDP all-gathers moving fp32 parameters where bf16 would serve.
+
+Parameters gathered for compute in bf16 are enough for the forward and backward math of
+mixed-precision training (FSDP2's MixedPrecisionPolicy keeps fp32 shards and reduces gradients in
+fp32 if asked): half the bytes on the wire and in the unsharded parameter memory.
+"""
+
+from __future__ import annotations
+
+from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
+from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.report import Finding
+
+FP32_NAMES = ("float", "float32", "torch.float32", "fp32")
+# Worth saying only when the fp32 gathers matter: most gathered bytes are fp32 ...
+FP32_BYTES_SHARE = 0.5
+# ... and their exposed time is a visible part of the step (10%: below, halving it is noise).
+EXPOSED_STEP_SHARE = 0.1
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The fp32-collectives finding (severity info), or none."""
+    ledgers = ctx.fsdp_ledgers()
+    if not ledgers:
+        return []
+    lg = ledgers[0]
+    gathers = [r for r in lg.gathers if r.bytes > 0]
+    if not gathers:
+        return []
+    fp32 = [r for r in gathers if r.dtype.strip().lower() in FP32_NAMES]
+    share = sum(r.bytes for r in fp32) / sum(r.bytes for r in gathers)
+    if share < FP32_BYTES_SHARE or lg.window_us <= 0:
+        return []
+    exposed = sum(r.exposed_us for r in fp32)
+    if exposed < EXPOSED_STEP_SHARE * lg.window_us:
+        return []
+    n_steps = max(1, len(lg.steps) or len({r.step for r in fp32}))
+    model = fit_alpha_beta(gathers)
+    gain_ms = None
+    method = ""
+    if model is not None:
+        saved = sum(r.bytes / 2 / model.beta_bytes_per_us for r in fp32)
+        total = sum(r.dur_us for r in fp32)
+        gain_ms = round(min(saved, total) * (exposed / total if total else 0) / 1e3 / n_steps, 3)
+        method = (
+            "half the bytes of each fp32 all-gather at the fitted bandwidth "
+            f"({model.beta_bytes_per_us:.0f} B/us), scaled by the measured exposed share"
+        )
+    return [
+        Finding(
+            id="fp32-collectives",
+            severity="info",
+            title=f"{share:.0%} of all-gathered parameter bytes are fp32",
+            ranks=[x.rank for x in ledgers],
+            steps=list(lg.steps),
+            evidence={
+                "fp32_gather_bytes_per_step": int(sum(r.bytes for r in fp32) / n_steps),
+                "fp32_bytes_share": round(share, 3),
+                "exposed_fp32_gather_ms_per_step": round(exposed / 1e3 / n_steps, 3),
+                "window_ms": round(lg.window_us / 1e3, 3),
+            },
+            recommendation=(
+                "Gather parameters in bf16 (keep fp32 shards and fp32 gradient reduction): half "
+                "the all-gather bytes and half the unsharded parameter memory."
+            ),
+            code=(
+                "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+                "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+                "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+            ),
+            expected_gain_ms=gain_ms,
+            expected_gain_bytes=int(max((r.bytes for r in fp32), default=0) / 2),
+            gain_method=method + "; bytes: half of the largest unit's unsharded parameters",
+        )
+    ]

@@ -1,0 +1,201 @@
+"""`missing-overlap`: all-gathers serialized with compute.
+
+Serialized means the gather for a unit is issued only when that unit's compute already needs
+it (lead = needed - issued <= 0), instead of during the previous unit's compute; and that this
+costs time: most of the gather time is exposed (not covered by compute). The expected gain
+replays the measured per-unit timeline with prefetch depth 1: each gather would run during the
+previous unit's measured compute, leaving exposed only what does not fit in it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+from zdiag.analyzers.detectors.blocks import find_block_pattern
+from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.events import EventKind, RankTrace
+from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
+from zdiag.analyzers.report import Finding
+
+# More than half of the gathers that could have been prefetched (every gather but the first of
+# each pass) were issued only when needed. FSDP2 with default settings prefetches in backward, so
+# one pass without any prefetch (implicit forward prefetch on a GPU relies on the host running
+# ahead) stays at or below half: the finding needs both passes, or all of one pass and more.
+SERIALIZED_SHARE = 0.5
+# ... and at least half of the all-gather time is exposed: prefetch only helps what is exposed
+# (on GPUs, host-side lead <= 0 with the device still overlapping is not a problem).
+EXPOSED_SHARE = 0.5
+# Host syncs (`.item()`, stream/device synchronize) at least once per unit and step keep the
+# host from running ahead to issue the next gather: recommend removing them.
+HOST_SYNCS_PER_UNIT = 1.0
+_HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
+
+
+def _serialized(gathers: list[CollectiveRecord]) -> tuple[int, int]:
+    """(gathers issued only when needed, gathers that could have been prefetched)."""
+    by_pass: dict[tuple[int, str], list[CollectiveRecord]] = defaultdict(list)
+    for r in gathers:
+        if r.lead_us is not None:
+            by_pass[(r.step, r.phase)].append(r)
+    late = total = 0
+    for recs in by_pass.values():
+        for r in sorted(recs, key=lambda r: r.issued_us)[1:]:
+            total += 1
+            late += (r.lead_us or 0.0) <= 0.0
+    return late, total
+
+
+def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
+    """Exposed gather time removed by prefetch depth 1, from the measured timeline.
+
+    In a serialized pass, unit i computes from its gather's end until the next gather's issue;
+    with prefetch the next gather runs during that compute: its exposed time becomes
+    max(0, exposed - compute_i).
+    """
+    by_pass: dict[tuple[int, str], list[CollectiveRecord]] = defaultdict(list)
+    for r in gathers:
+        by_pass[(r.step, r.phase)].append(r)
+    gain = 0.0
+    for recs in by_pass.values():
+        recs.sort(key=lambda r: r.issued_us)
+        for prev, cur in itertools.pairwise(recs):
+            if (cur.lead_us or 0.0) > 0.0:
+                continue  # already prefetched
+            compute = max(0.0, cur.issued_us - prev.end_us)
+            gain += cur.exposed_us - max(0.0, cur.exposed_us - compute)
+    return gain
+
+
+def _host_syncs(trace: RankTrace | None) -> int:
+    if trace is None:
+        return 0
+    n = len(trace.of_kind(EventKind.CPU_SYNC))
+    ids = [i for i, name in enumerate(trace.names) if name in _HOST_SYNC_NAMES]
+    if ids:
+        import numpy as np
+
+        mask = np.isin(trace.name_id, np.asarray(ids, dtype=np.int32))
+        # aten::item wraps aten::_local_scalar_dense: count the inner op only when both exist
+        inner = [i for i in ids if trace.names[i] == "aten::_local_scalar_dense"]
+        if inner:
+            mask = np.isin(trace.name_id, np.asarray(inner, dtype=np.int32))
+        n += int(mask.sum())
+    return n
+
+
+def _code(lg: RankLedger) -> str:
+    if lg.framework == "fsdp1":
+        return (
+            "from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP\n"
+            "model = FSDP(model, auto_wrap_policy=..., forward_prefetch=True,\n"
+            "             backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True)"
+        )
+    if lg.framework == "deepspeed":
+        return (
+            '"zero_optimization": {"stage": 3, "overlap_comm": true,\n'
+            '                      "stage3_prefetch_bucket_size": 5e8,\n'
+            '                      "stage3_max_live_parameters": 1e9}'
+        )
+    block = find_block_pattern(lg.unit_order)
+    blocks = block.python if block else "model.layers"
+    return (
+        f"blocks = {blocks}\n"
+        "for i in range(len(blocks) - 1):\n"
+        "    blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])\n"
+        "for i in range(1, len(blocks)):\n"
+        "    blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])\n"
+        f"model.set_modules_to_forward_prefetch([blocks[0]])  # root -> first block\n"
+        f"model.set_modules_to_backward_prefetch([blocks[-1]])"
+    )
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The missing-overlap finding, or none."""
+    ledgers = ctx.fsdp_ledgers()
+    if not ledgers:
+        return []
+    lg = ledgers[0]
+    gathers = lg.gathers
+    if not gathers:
+        return []
+    gather_us = sum(r.dur_us for r in gathers)
+    exposed_us = sum(r.exposed_us for r in gathers)
+    exposed_share = exposed_us / gather_us if gather_us > 0 else 0.0
+    late, could = _serialized(gathers)
+    has_leads = could > 0
+    serialized_share = late / could if could else 0.0
+    if has_leads:
+        if serialized_share <= SERIALIZED_SHARE or exposed_share < EXPOSED_SHARE:
+            return []
+    else:
+        # FSDP1 / ZeRO: no per-unit "needed" label; judge on exposure alone, higher bar.
+        if lg.framework == "fsdp2" or exposed_share < 2 * EXPOSED_SHARE * 0.9:
+            return []
+    n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
+    gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps if has_leads else None
+    units = [u for u in lg.unit_order if u]
+    syncs = _host_syncs(ctx.traces.get(lg.rank))
+    syncs_per_step = syncs / n_steps
+    host_bound = bool(units) and syncs_per_step >= HOST_SYNCS_PER_UNIT * len(units)
+    recommendation = (
+        "Prefetch each unit's all-gather during the previous unit's compute: explicit forward "
+        "and backward prefetch of depth 1 on the exact blocks below; keep "
+        "reshard_after_forward=True on the blocks (False on the root's last block saves one "
+        "gather at the cost of keeping it unsharded)."
+    )
+    if lg.framework == "fsdp1":
+        recommendation = (
+            "Turn on FSDP1's prefetching: forward_prefetch=True, "
+            "backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True."
+        )
+    elif lg.framework == "deepspeed":
+        recommendation = (
+            "Let ZeRO-3 overlap its gathers: overlap_comm=true and a stage3_prefetch_bucket_size "
+            "large enough for the next module's parameters."
+        )
+    if host_bound:
+        recommendation += (
+            f" The host blocks {syncs_per_step:.0f} times per step (.item() / synchronize, "
+            f"{syncs_per_step / len(units):.1f} per unit): remove those syncs from the step "
+            "(log losses every N steps, check NaNs on device) so the host can issue the next "
+            "gather ahead of time."
+        )
+    return [
+        Finding(
+            id="missing-overlap",
+            severity="critical" if exposed_share >= 0.8 and serialized_share >= 0.8 else "warning",
+            title=(
+                f"All-gathers serialized with compute: {late} of {could} issued only when needed, "
+                f"{exposed_share:.0%} of all-gather time exposed"
+                if has_leads
+                else f"{exposed_share:.0%} of all-gather time exposed: gathers not overlapped"
+            ),
+            ranks=[lgr.rank for lgr in ledgers],
+            steps=list(lg.steps),
+            units=units,
+            evidence={
+                "framework": lg.framework,
+                "gathers": len(gathers),
+                "gathers_issued_when_needed": late,
+                "gathers_prefetchable": could,
+                "serialized_share": round(serialized_share, 3),
+                "threshold_serialized_share": SERIALIZED_SHARE,
+                "all_gather_ms_per_step": round(gather_us / 1e3 / n_steps, 3),
+                "exposed_all_gather_ms_per_step": round(exposed_us / 1e3 / n_steps, 3),
+                "exposed_share": round(exposed_share, 3),
+                "threshold_exposed_share": EXPOSED_SHARE,
+                "host_syncs_per_step": round(syncs_per_step, 2),
+            },
+            recommendation=recommendation,
+            code=_code(lg),
+            expected_gain_ms=None if gain_ms is None else round(gain_ms, 3),
+            gain_method=(
+                "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
+                "runs during the previous unit's measured compute (its gather end to the next "
+                "issue); only the part longer than that compute stays exposed"
+                if has_leads
+                else ""
+            ),
+        )
+    ]

@@ -1,0 +1,151 @@
+"""`whole-model-wrap`: one FSDP unit holds (nearly) all parameters.
+
+Then one all-gather of the whole model precedes forward compute (nothing can overlap it) and
+the peak unsharded parameter memory is the whole model. Per-block `fully_shard` keeps one or
+two blocks unsharded at a time and lets each block's gather overlap the previous block's compute.
+"""
+
+from __future__ import annotations
+
+from zdiag.analyzers.detectors.blocks import (
+    BlockPattern,
+    find_block_pattern,
+    harness_block_pattern,
+)
+from zdiag.analyzers.detectors.context import MIB, DetectorContext
+from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
+from zdiag.analyzers.report import Finding
+
+# A unit holding >= 90% of the gathered parameter bytes is "the whole model". Per-block
+# wrapping of any model with >= 2 blocks leaves the largest unit well below that: a block of an
+# L-block model holds <= 1/L of the block parameters, and the root (embeddings, head) of common
+# LLMs holds < 40% even with a large vocabulary. 90% leaves room for a few small side units
+# (e.g. a separately wrapped embedding) next to an otherwise whole-model unit.
+WHOLE_MODEL_SHARE = 0.9
+# Prefetch depth 1 keeps the current and the next block unsharded: 2 blocks at the peak.
+BLOCKS_UNSHARDED_AT_PEAK = 2
+
+
+def _harness_block_fraction(harness: dict[str, object]) -> float | None:
+    """Share of parameters in the blocks of zdiag's harness model (from its recorded shape)."""
+    try:
+        layers = int(harness["layers"])  # type: ignore[call-overload]
+        dim = int(harness["dim"])  # type: ignore[call-overload]
+        vocab = int(harness["vocab"])  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError):
+        return None
+    hidden = 64 * ((int(8 * dim / 3) + 63) // 64)
+    block = 4 * dim * dim + 3 * dim * hidden + 2 * dim
+    other = 2 * vocab * dim + dim
+    return layers * block / (layers * block + other)
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The whole-model-wrap finding, or none."""
+    ledgers = ctx.fsdp_ledgers()
+    if not ledgers:
+        return []
+    lg = ledgers[0]
+    units = [u for u in lg.units() if u.param_bytes]
+    total = sum(u.param_bytes or 0 for u in units)
+    if not units or total <= 0:
+        return []
+    biggest = max(units, key=lambda u: u.param_bytes or 0)
+    share = (biggest.param_bytes or 0) / total
+    if share < WHOLE_MODEL_SHARE:
+        return []
+
+    block = harness_block_pattern(ctx.harness) or find_block_pattern(
+        u.get("name", "") for u in ctx.manifest_units()
+    )
+    layers = block.count if block else None
+    block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
+    whole_bytes = biggest.param_bytes or 0
+    reshard = ctx.harness.get("zero", 3) != 2
+    gain_bytes: int | None = None
+    method_bytes = ""
+    if layers and reshard:
+        frac = block_fraction if block_fraction is not None else 1.0
+        per_block = whole_bytes * frac / layers
+        new_peak = whole_bytes * (1 - frac) + BLOCKS_UNSHARDED_AT_PEAK * per_block
+        gain_bytes = max(0, int(whole_bytes - new_peak))
+        method_bytes = (
+            f"peak unsharded parameters now = the whole unit ({whole_bytes / MIB:.2f} MiB); per "
+            f"block with reshard_after_forward=True and prefetch depth 1 = root-only parameters + "
+            f"{BLOCKS_UNSHARDED_AT_PEAK} blocks of {layers} "
+            + (
+                f"(block share {frac:.0%} from the harness model shape)"
+                if block_fraction is not None
+                else "(assuming the blocks hold nearly all parameters)"
+            )
+        )
+    gathers = [r for r in lg.records if r.unit == biggest.name and r.family == GATHER_FAMILY]
+    n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
+    exposed_ms = sum(r.exposed_us for r in gathers) / 1e3 / n_steps
+    # Per block, only the first block's gather (plus root-only parameters) stays exposed:
+    # every later block's gather overlaps the previous block's compute.
+    gain_ms = None
+    method_ms = ""
+    if layers:
+        frac = block_fraction if block_fraction is not None else 1.0
+        still_exposed = (1 - frac) + frac / layers
+        gain_ms = round(exposed_ms * (1 - still_exposed), 3)
+        method_ms = (
+            f"measured exposed gather time of the whole-model unit ({exposed_ms:.2f} ms/step) x the "
+            f"share that per-block prefetch would hide (all but the root-only parameters and the "
+            f"first of {layers} blocks: {1 - still_exposed:.0%})"
+        )
+    where = block.python if block else "model.layers"
+    code = (
+        "from torch.distributed.fsdp import fully_shard\n"
+        f"for block in {where}:\n"
+        "    fully_shard(block)\n"
+        "fully_shard(model)"
+    )
+    ranks = [
+        other.rank
+        for other in ledgers
+        if any(
+            (u.param_bytes or 0) >= WHOLE_MODEL_SHARE * total
+            for u in other.units()
+            if u.param_bytes
+        )
+    ]
+    evidence = {
+        "units": len(units),
+        "largest_unit": biggest.name or "(root)",
+        "largest_unit_param_bytes": whole_bytes,
+        "largest_unit_share": round(share, 4),
+        "threshold_share": WHOLE_MODEL_SHARE,
+        "gathers_per_step": round(len(gathers) / n_steps, 2),
+        "exposed_gather_ms_per_step": round(exposed_ms, 3),
+        "peak_unsharded_param_bytes": whole_bytes,
+        "repeated_block": _describe(block),
+    }
+    return [
+        Finding(
+            id="whole-model-wrap",
+            severity="warning",
+            title=(
+                f"One FSDP unit ({biggest.name or 'the root'}) holds {share:.0%} of the parameters: "
+                f"the whole model ({whole_bytes / MIB:.2f} MiB) is gathered at once"
+            ),
+            ranks=ranks,
+            steps=list(lg.steps),
+            units=[biggest.name],
+            evidence=evidence,
+            recommendation=(
+                f"Shard each repeated block ({block.pattern if block else 'each transformer block'}) "
+                "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
+                "each block's all-gather overlaps the previous block's compute."
+            ),
+            code=code,
+            expected_gain_ms=gain_ms,
+            expected_gain_bytes=gain_bytes,
+            gain_method="; ".join(m for m in (method_bytes, method_ms) if m),
+        )
+    ]
+
+
+def _describe(block: BlockPattern | None) -> str | None:
+    return f"{block.pattern} x{block.count}" if block else None

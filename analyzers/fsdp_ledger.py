@@ -1,0 +1,478 @@
+"""The FSDP unit ledger: per sharded unit, what it gathered and reduced, when, and what it cost.
+
+Input is one rank's columnar trace (`RankTrace`); output is one `FsdpUnit` per unit plus, in
+`RankLedger`, the per-collective records the detectors replay. Patterns behind it are in
+docs/fsdp-patterns.md. Behaviour first, labels as hints:
+
+1. Collectives are found from the trace's communication: the host op that *issues* a collective
+   (`c10d::_allgather_base_`, `c10d::_reduce_scatter_base_`, ...) and the event that *executes*
+   it (an NCCL kernel linked by `correlation` to the launch inside the host op, or on gloo the
+   `gloo:*` op on a worker thread, paired in issue order per collective family and size).
+2. Each issue is attributed to a unit by the innermost framework label enclosing it on the
+   issuing thread: FSDP2 `FSDP::all_gather (<fqn>)` / `FSDP::post_backward_reduce (<fqn>)`,
+   FSDP1 `FullyShardedDataParallel.*` (units numbered in issue order within a step), DeepSpeed
+   ZeRO Python ranges (`fetch_sub_module`, `__all_gather_params`, `reduce_*`). Collectives with
+   no such label are not FSDP traffic and are left out.
+3. Per gather: issued = host issue start; needed = start of the consuming
+   `FSDP::pre_forward (<fqn>)` / `FSDP::pre_backward (<fqn>)` (FSDP2 only); lead = needed - issued;
+   exposed = the part of the collective's execution not covered by compute on any lane.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zdiag.analyzers import intervals
+from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
+from zdiag.analyzers.report import FsdpUnit
+
+# FSDP2: "FSDP::all_gather (layers.0)", "FSDP::all_gather" (root), "FSDP::forward_prefetch for x".
+_FSDP2_RE = re.compile(r"^FSDP::(?P<phase>[a-z_]+)(?: \((?P<fqn>[^)]*)\)| for (?P<target>.+))?$")
+_FSDP1_RE = re.compile(r"^FullyShardedDataParallel\.")
+_DEEPSPEED_RE = re.compile(
+    r"fetch_sub_module|all_gather_params|AllGatherCoalesced|all_gather_coalesced"
+    r"|reduce_and_partition|reduce_ipg_grads|reduce_scatter_coalesced|DeepSpeedZero|deepspeed",
+)
+# Host ops that issue a collective (the outermost comm op on the training thread).
+_ISSUE_RE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms$)")
+# Host-only runs: the op that executes a collective on a backend worker thread.
+_EXEC_RE = re.compile(r"^(gloo|nccl|mpi|ucc|rccl):")
+
+GATHER_FAMILY = "all_gather"
+REDUCE_FAMILY = "reduce"
+
+
+@dataclass
+class CollectiveRecord:
+    """One FSDP collective on one rank: who issued it, when it ran, and what it cost."""
+
+    unit: str  # module fqn ("" = root), or "fsdp1-unit-<k>" / "zero-unit-<k>"
+    framework: str  # "fsdp2", "fsdp1", "deepspeed"
+    family: str  # "all_gather" or "reduce"
+    kind: str  # collective kind of the execution ("all_gather", "reduce_scatter", "all_reduce")
+    phase: str  # "forward", "backward" or "" (unknown)
+    step: int  # step number, -1 outside every step window
+    issued_us: float  # host issue start
+    issue_end_us: float  # host issue op end
+    start_us: float  # execution start (kernel / worker op)
+    end_us: float  # execution end
+    bytes: int  # message bytes (gathered output / reduced input), -1 unknown
+    dtype: str
+    needed_us: float | None = None  # when the consuming pre_forward / pre_backward started
+    exposed_us: float = 0.0  # execution time not covered by compute
+    prefetched: bool = False  # issued under an explicit FSDP prefetch label
+
+    @property
+    def dur_us(self) -> float:
+        """Execution duration."""
+        return self.end_us - self.start_us
+
+    @property
+    def lead_us(self) -> float | None:
+        """needed - issued: > 0 the gather was issued ahead of its use."""
+        return None if self.needed_us is None else self.needed_us - self.issued_us
+
+
+@dataclass
+class RankLedger:
+    """The ledger of one rank: its FSDP collectives in issue order and per-unit totals."""
+
+    rank: int
+    framework: str | None  # None when the trace holds no FSDP/ZeRO traffic
+    device: str
+    records: list[CollectiveRecord] = field(default_factory=list)
+    unit_order: list[str] = field(default_factory=list)  # units in first-issue order
+    steps: list[int] = field(default_factory=list)  # step numbers covered
+    compute_us: float = 0.0  # compute union inside the analyzed windows
+    window_us: float = 0.0  # summed length of the analyzed windows
+
+    @property
+    def gathers(self) -> list[CollectiveRecord]:
+        """All-gather records in issue order."""
+        return [r for r in self.records if r.family == GATHER_FAMILY]
+
+    @property
+    def reduces(self) -> list[CollectiveRecord]:
+        """Gradient-reduction records in issue order."""
+        return [r for r in self.records if r.family == REDUCE_FAMILY]
+
+    def units(self) -> list[FsdpUnit]:
+        """One FsdpUnit per unit, in first-issue order."""
+        out = []
+        for name in self.unit_order:
+            recs = [r for r in self.records if r.unit == name]
+            gathers = [r for r in recs if r.family == GATHER_FAMILY]
+            reduces = [r for r in recs if r.family == REDUCE_FAMILY]
+            leads = [r.lead_us for r in gathers if r.lead_us is not None]
+            gather_bytes = [r.bytes for r in gathers if r.bytes > 0]
+            out.append(
+                FsdpUnit(
+                    name=name,
+                    rank=self.rank,
+                    framework=recs[0].framework if recs else (self.framework or "fsdp2"),
+                    param_bytes=max(gather_bytes) if gather_bytes else None,
+                    all_gather_count=len(gathers),
+                    all_gather_bytes=int(sum(max(r.bytes, 0) for r in gathers)),
+                    all_gather_ms=sum(r.dur_us for r in gathers) / 1e3,
+                    reduce_count=len(reduces),
+                    reduce_bytes=int(sum(max(r.bytes, 0) for r in reduces)),
+                    reduce_ms=sum(r.dur_us for r in reduces) / 1e3,
+                    exposed_wait_ms=sum(r.exposed_us for r in recs) / 1e3,
+                    gather_lead_ms=(sum(leads) / len(leads) / 1e3) if leads else None,
+                )
+            )
+        return out
+
+
+@dataclass
+class _Label:
+    start: float
+    end: float
+    framework: str
+    phase: str  # FSDP2 phase ("all_gather", "post_backward_reduce", ...) or the FSDP1/DS name
+    fqn: str | None  # FSDP2 module fqn ("" root), None when the label names no module
+
+
+def _parse_label(name: str) -> tuple[str, str, str | None] | None:
+    """(framework, phase, fqn) of a framework label, None for other names."""
+    m = _FSDP2_RE.match(name)
+    if m:
+        fqn = m.group("fqn")
+        target = m.group("target")
+        return "fsdp2", m.group("phase"), fqn if fqn is not None else (target or "")
+    if _FSDP1_RE.match(name):
+        return "fsdp1", name.split(".", 1)[1], None
+    if _DEEPSPEED_RE.search(name):
+        return "deepspeed", name, None
+    return None
+
+
+def _labels_by_lane(trace: RankTrace) -> dict[int, list[_Label]]:
+    """Framework labels (FSDP2/FSDP1 annotations, DeepSpeed Python ranges) per lane, by start."""
+    cand = trace.of_kind(EventKind.FSDP_ANNOTATION, EventKind.USER_ANNOTATION)
+    py = trace.of_kind(EventKind.PYTHON_FUNCTION)
+    out: dict[int, list[_Label]] = defaultdict(list)
+    parsed: dict[int, tuple[str, str, str | None] | None] = {}
+    for idx in (cand, py):
+        for i in idx:
+            nid = int(trace.name_id[i])
+            if nid not in parsed:
+                name = trace.names[nid]
+                p = _parse_label(name)
+                if p is not None and p[0] == "fsdp2" and idx is py:
+                    p = None
+                if p is not None and p[0] == "deepspeed" and idx is not py:
+                    p = p if "deepspeed" in name.lower() or "fetch" in name else None
+                parsed[nid] = p
+            p = parsed[nid]
+            if p is None:
+                continue
+            s = float(trace.ts_us[i])
+            out[int(trace.lane_id[i])].append(_Label(s, s + float(trace.dur_us[i]), *p))
+    for labels in out.values():
+        labels.sort(key=lambda lab: (lab.start, -(lab.end - lab.start)))
+    return out
+
+
+def _innermost(labels: list[_Label], starts: list[float], t: float) -> list[_Label]:
+    """Labels enclosing time t, outermost first (labels sorted by start; nesting assumed)."""
+    import bisect
+
+    hi = bisect.bisect_right(starts, t)
+    return [lab for lab in labels[:hi] if lab.end >= t]
+
+
+def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str]:
+    """(largest element count, dtype) from an op's `Input Dims` / `Input type` args."""
+    a = trace.args.get(int(i), {})
+    dims = a.get("Input Dims") or []
+    types = a.get("Input type") or []
+    best, dt = -1, ""
+    for k, d in enumerate(dims):
+        if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d):
+            n = int(np.prod(d))
+            if n > best:
+                best = n
+                dt = str(types[k]) if k < len(types) else ""
+    return best, dt
+
+
+def _message_bytes(
+    trace: RankTrace, issue: int, execution: int, row: int | None
+) -> tuple[int, str]:
+    """(bytes, dtype) of one collective's full message: the gathered output of an all-gather,
+    the unreduced input of a reduction (the larger of input and output either way).
+
+    The issuing `c10d::` op's `Input Dims` list both tensors, so it is read first; then the
+    execution's collective args (`In/Out msg nelems` x `dtype` on NCCL); then the execution's
+    own `Input Dims` (gloo's `gloo:all_gather` lists only the shard, hence last).
+    """
+    n, dt = _elems_and_dtype(trace, issue)
+    if row is not None:
+        dt = dt or trace.collectives.dtype[row]
+    size = dtype_size(dt) if dt else None
+    if n > 0 and size is not None:
+        return n * size, dt
+    if row is not None and int(trace.collectives.bytes[row]) > 0:
+        return int(trace.collectives.bytes[row]), trace.collectives.dtype[row] or dt
+    n, dt2 = _elems_and_dtype(trace, execution)
+    dt = dt or dt2
+    size = dtype_size(dt) if dt else None
+    return (n * size if (n > 0 and size is not None) else -1), dt
+
+
+def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSet:
+    """Where compute ran: compute kernels on device runs; on host-only runs, CPU ops on the
+    non-communication threads that enclose no framework label or comm op (an op wrapping a
+    blocking collective is waiting, not computing)."""
+    if trace.has_device_events:
+        k = trace.of_kind(EventKind.COMPUTE_KERNEL)
+        return intervals.union(trace.ts_us[k], trace.end_us[k])
+    ops = trace.of_kind(EventKind.CPU_OP)
+    ops = ops[~np.isin(trace.lane_id[ops], np.fromiter(comm_lanes, np.int32, len(comm_lanes)))]
+    markers = trace.of_kind(EventKind.FSDP_ANNOTATION, EventKind.COMM_OP)
+    keep = np.ones(len(ops), dtype=bool)
+    for lane in np.unique(trace.lane_id[ops]):
+        on = trace.lane_id[ops] == lane
+        ms = np.sort(trace.ts_us[markers[trace.lane_id[markers] == lane]])
+        if not ms.size:
+            continue
+        s, e = trace.ts_us[ops[on]], trace.end_us[ops[on]]
+        inside = np.searchsorted(ms, e, side="left") - np.searchsorted(ms, s, side="right")
+        keep[np.flatnonzero(on)] = inside <= 0
+    ops = ops[keep]
+    return intervals.union(trace.ts_us[ops], trace.end_us[ops])
+
+
+def _family(kind: str) -> str | None:
+    if kind == "all_gather":
+        return GATHER_FAMILY
+    if kind in ("reduce_scatter", "all_reduce", "reduce"):
+        return REDUCE_FAMILY
+    return None
+
+
+def build_rank_ledger(
+    trace: RankTrace,
+    step_numbers: list[int] | None = None,
+    step_starts_us: list[float] | None = None,
+    step_ends_us: list[float] | None = None,
+) -> RankLedger:
+    """The FSDP ledger of one rank, limited to the given step windows (all events when None).
+
+    Steps are given as parallel lists (number, start, end on the trace clock), e.g. from the
+    pipeline's `StepWindows` (`.step`, `.start_us`, `.end_us`).
+    """
+    ledger = RankLedger(rank=trace.rank, framework=None, device=trace.device)
+    labels = _labels_by_lane(trace)
+    if not labels:
+        return ledger
+    label_starts = {lane: [lab.start for lab in labs] for lane, labs in labels.items()}
+
+    comm_ops = trace.of_kind(EventKind.COMM_OP)
+    issues: list[int] = []
+    open_end: dict[int, float] = {}
+    for i in comm_ops:
+        name = trace.name(int(i))
+        lane = int(trace.lane_id[i])
+        if not _ISSUE_RE.match(name) or lane not in labels:
+            continue
+        if float(trace.ts_us[i]) < open_end.get(lane, -np.inf):
+            continue  # nested inside an issuing op
+        open_end[lane] = float(trace.end_us[i])
+        issues.append(int(i))
+    if not issues:
+        return ledger
+
+    # Executions: device comm kernels, else backend ops on worker threads.
+    device = trace.has_device_events
+    if device:
+        execs = [int(i) for i in trace.of_kind(EventKind.COMM_KERNEL)]
+    else:
+        issue_lanes = {int(trace.lane_id[i]) for i in issues}
+        execs = [
+            int(i)
+            for i in comm_ops
+            if _EXEC_RE.match(trace.name(int(i))) and int(trace.lane_id[i]) not in issue_lanes
+        ]
+    comm_lanes = {int(trace.lane_id[i]) for i in execs} if not device else set()
+    coll_row = {int(e): j for j, e in enumerate(trace.collectives.event)}
+
+    def exec_kind(e: int) -> str:
+        j = coll_row.get(e)
+        if j is not None and trace.collectives.kind_name(j) != "unknown":
+            return trace.collectives.kind_name(j)
+        return collective_kind(trace.name(e))
+
+    # Pair issue -> execution.
+    pairing: dict[int, int] = {}
+    if device:
+        launch_of_corr: dict[int, int] = {}
+        for i in trace.of_kind(EventKind.RUNTIME_LAUNCH):
+            c = int(trace.correlation[i])
+            if c >= 0:
+                launch_of_corr[c] = int(i)
+        issue_arr = np.asarray(issues)
+        for e in execs:
+            launch = launch_of_corr.get(int(trace.correlation[e]))
+            if launch is None:
+                continue
+            t = float(trace.ts_us[launch])
+            lane = trace.lane_id[launch]
+            hit = issue_arr[
+                (trace.lane_id[issue_arr] == lane)
+                & (trace.ts_us[issue_arr] <= t)
+                & (trace.end_us[issue_arr] >= t)
+            ]
+            if len(hit) and int(hit[-1]) not in pairing:
+                pairing[int(hit[-1])] = e
+    else:
+        # FIFO per family: backends run one process group's collectives in issue order.
+        queues: dict[str, list[int]] = defaultdict(list)
+        for e in sorted(execs, key=lambda e: float(trace.ts_us[e])):
+            fam = _family(exec_kind(e))
+            if fam:
+                queues[fam].append(e)
+        pos: dict[str, int] = defaultdict(int)
+        for i in issues:
+            fam = _family(collective_kind(trace.name(i)))
+            if fam is None:
+                continue
+            q = queues[fam]
+            k = pos[fam]
+            while k < len(q) and float(trace.ts_us[q[k]]) < float(trace.ts_us[i]):
+                k += 1  # an execution that started before this issue belongs to no FSDP issue
+            if k < len(q):
+                pairing[i] = q[k]
+                pos[fam] = k + 1
+
+    compute = _compute_set(trace, comm_lanes)
+
+    # Step windows.
+    if step_numbers is not None and step_starts_us is not None and step_ends_us is not None:
+        w_num = np.asarray(step_numbers, dtype=np.int64)
+        w_s = np.asarray(step_starts_us, dtype=np.float64)
+        w_e = np.asarray(step_ends_us, dtype=np.float64)
+    else:
+        w_num = np.zeros(0, np.int64)
+        w_s = w_e = np.zeros(0)
+    windowed = len(w_num) > 0
+
+    fsdp1_counter: dict[tuple[int, str], int] = defaultdict(int)
+    records: list[CollectiveRecord] = []
+    for i in issues:
+        lane = int(trace.lane_id[i])
+        t = float(trace.ts_us[i])
+        enclosing = _innermost(labels[lane], label_starts[lane], t)
+        if not enclosing:
+            continue
+        inner = enclosing[-1]
+        kind_name = collective_kind(trace.name(i))
+        fam = _family(kind_name)
+        if fam is None:
+            continue
+        step = -1
+        if windowed:
+            k = int(np.searchsorted(w_s, t, side="right")) - 1
+            if k < 0 or t >= w_e[k]:
+                continue
+            step = int(w_num[k])
+        prefetched = any(lab.phase.endswith("_prefetch") for lab in enclosing)
+        if inner.framework == "fsdp2":
+            unit = inner.fqn if inner.fqn is not None else ""
+            phase = ""
+        else:
+            key = (step, fam)
+            unit = f"{'fsdp1' if inner.framework == 'fsdp1' else 'zero'}-unit-{fsdp1_counter[key]}"
+            fsdp1_counter[key] += 1
+            phase = ""
+            if inner.framework == "fsdp1":
+                names = " ".join(lab.phase for lab in enclosing)
+                phase = "backward" if "backward" in names else "forward"
+        e = pairing.get(i, i)
+        nbytes, dt = _message_bytes(trace, i, e, coll_row.get(e))
+        start = float(trace.ts_us[e])
+        end = float(trace.end_us[e])
+        covered = intervals.total(intervals.clip(compute, start, end))
+        records.append(
+            CollectiveRecord(
+                unit=unit,
+                framework=inner.framework,
+                family=fam,
+                kind=exec_kind(e) if e != i else kind_name,
+                phase=phase,
+                step=step,
+                issued_us=t,
+                issue_end_us=float(trace.end_us[i]),
+                start_us=start,
+                end_us=end,
+                bytes=nbytes,
+                dtype=dt,
+                exposed_us=max(0.0, (end - start) - covered),
+                prefetched=prefetched,
+            )
+        )
+    if not records:
+        return ledger
+
+    _attach_needs(records, labels)
+    ledger.records = records
+    frameworks = {r.framework for r in records}
+    ledger.framework = "fsdp2" if "fsdp2" in frameworks else sorted(frameworks)[0]
+    seen: dict[str, None] = {}
+    for r in records:
+        seen.setdefault(r.unit, None)
+    ledger.unit_order = list(seen)
+    if windowed:
+        covered_steps = sorted({r.step for r in records})
+        ledger.steps = covered_steps
+        mask = np.isin(w_num, covered_steps)
+        ledger.window_us = float((w_e[mask] - w_s[mask]).sum())
+        ledger.compute_us = float(intervals.clipped_totals(compute, w_s[mask], w_e[mask]).sum())
+    else:
+        lo = min(r.issued_us for r in records)
+        hi = max(r.end_us for r in records)
+        ledger.window_us = hi - lo
+        ledger.compute_us = intervals.total(intervals.clip(compute, lo, hi))
+    return ledger
+
+
+def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label]]) -> None:
+    """FSDP2: set each gather's `needed_us` and phase from the unit's next pre_forward /
+    pre_backward label (the hook that blocks until the parameters are there)."""
+    consumers: dict[str, list[_Label]] = defaultdict(list)
+    for labs in labels.values():
+        for lab in labs:
+            if lab.framework == "fsdp2" and lab.phase in ("pre_forward", "pre_backward"):
+                consumers[lab.fqn or ""].append(lab)
+    for labs in consumers.values():
+        labs.sort(key=lambda lab: lab.start)
+    reduce_phase = "backward"
+    for r in records:
+        if r.framework != "fsdp2":
+            continue
+        if r.family != GATHER_FAMILY:
+            r.phase = reduce_phase
+            continue
+        for lab in consumers.get(r.unit, []):
+            if lab.end >= r.issued_us:
+                r.needed_us = lab.start
+                r.phase = "forward" if lab.phase == "pre_forward" else "backward"
+                break
+
+
+def build_ledger(
+    trace: RankTrace,
+    step_numbers: list[int] | None = None,
+    step_starts_us: list[float] | None = None,
+    step_ends_us: list[float] | None = None,
+) -> list[FsdpUnit]:
+    """`Report.fsdp_units` for one rank: one FsdpUnit per FSDP/ZeRO unit seen in the windows.
+
+    An empty list when the trace holds no FSDP or ZeRO traffic (DDP, inference, ...).
+    """
+    return build_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us).units()
