@@ -21,6 +21,7 @@ from typing import Any
 from zdiag import __version__
 from zdiag.collectors.fsio import write_json_atomically
 from zdiag.collectors.rundir import MANIFEST, MANIFEST_SCHEMA, PARTS_DIR
+from zdiag.collectors.runinfo import memory_budget_bytes
 
 RANK_FILE_KEYS = ("trace", "memory_timeline", "memory_snapshot", "oom_record", "step_log")
 
@@ -137,12 +138,8 @@ def build_manifest(run_dir: str | Path, *, node_rank: int = 0) -> dict[str, Any]
     error = _first([e["error"] for e in entries]) or _first(
         [lc.get("error") for lc in launcher_list]
     )
-    memory_budget = run_info.get("memory_budget_bytes")
+    memory_budget = memory_budget_bytes(run_info)
     harness = run_info.get("harness")
-    if memory_budget is None and isinstance(harness, dict):
-        gib = harness.get("memory_budget_gb")
-        if isinstance(gib, (int, float)) and gib > 0:
-            memory_budget = int(gib * 2**30)
 
     return {
         "schema": MANIFEST_SCHEMA,
@@ -161,7 +158,7 @@ def build_manifest(run_dir: str | Path, *, node_rank: int = 0) -> dict[str, Any]
         "harness": harness,
         "profile": head.get("profile") or lead.get("profile"),
         "fsdp_units": list(run_info.get("fsdp_units") or []),
-        "memory_budget_bytes": int(memory_budget) if memory_budget is not None else None,
+        "memory_budget_bytes": memory_budget,
         "run_info": {k: v for k, v in run_info.items() if k not in ("harness", "fsdp_units")},
         "ranks": entries,
         "exit": {"code": code, "oom": oom, "error": error},

@@ -87,3 +87,16 @@ def set_memory_reader(reader: MemoryReader | None) -> None:
 def memory_reader() -> MemoryReader | None:
     """The registered memory reader, if any."""
     return _MEMORY_READER[0] if _MEMORY_READER else None
+
+
+def memory_budget_bytes(info: dict[str, Any]) -> int | None:
+    """The device capacity the run was given: `memory_budget_bytes`, else the harness's GiB option."""
+    value = info.get("memory_budget_bytes")
+    if isinstance(value, (int, float)) and value > 0:
+        return int(value)
+    harness = info.get("harness")
+    if isinstance(harness, dict):
+        gib = harness.get("memory_budget_gb")
+        if isinstance(gib, (int, float)) and gib > 0:
+            return int(gib * 2**30)
+    return None

@@ -319,7 +319,7 @@ class RankSession:
             "mem_allocated_bytes": allocated,
             "mem_reserved_bytes": reserved,
             "mem_peak_bytes": peak,
-            "memory_budget_bytes": runinfo.current_run_info().get("memory_budget_bytes"),
+            "memory_budget_bytes": runinfo.memory_budget_bytes(runinfo.current_run_info()),
             "profiler_window_open": profiling_memory,
             "memory_timeline": rundir.memory_timeline_relpath(self.rank)
             if self.timeline_written

@@ -408,10 +408,12 @@ class LaunchPlan:
         if manifest["exit"]["oom"]:
             notes.append("out of memory (memory data written)")
         if self.config.profile and traces < len(ranks) and not manifest["exit"]["oom"]:
-            needed = self.config.wait + self.config.warmup + 1
+            steps = min((r.get("steps") or 0) for r in ranks) if ranks else 0
             notes.append(
-                f"{len(ranks) - traces} rank(s) without a trace: the profiler window starts after "
-                f"{needed - 1} steps (--profile-steps {self.config.wait}:{self.config.warmup}:{self.config.active})"
+                f"{len(ranks) - traces} rank(s) without a trace: {steps} step(s) detected, and the "
+                f"profiler records steps {self.config.wait + self.config.warmup} to "
+                f"{self.config.wait + self.config.warmup + self.config.active - 1} "
+                f"(--profile-steps {self.config.wait}:{self.config.warmup}:{self.config.active})"
             )
         extra = f"; {'; '.join(notes)}" if notes else ""
         print(

@@ -1,0 +1,84 @@
+"""`zdiag run` usage errors: one line on stderr, exit 2, nothing launched, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zdiag.cli import main
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('should not run')\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run"], "give a training script"),
+        (["run", "missing_train.py"], "not found"),
+        (["run", "--profile-steps", "1:x", "SCRIPT"], "--profile-steps"),
+        (["run", "--profile-steps", "1:1:0", "SCRIPT"], "ACTIVE must be at least 1"),
+        (["run", "--nproc-per-node", "100000", "SCRIPT"], "more ranks than this node can run"),
+        (["run", "--nproc-per-node", "0", "SCRIPT"], "--nproc-per-node must be at least 1"),
+        (["run", "--nproc-per-node", "two", "SCRIPT"], "whole number"),
+        (["run", "--nnodes", "2", "SCRIPT"], "needs --rdzv-endpoint"),
+        (
+            ["run", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "SCRIPT"],
+            "--node-rank",
+        ),
+        (["run", "--rdzv-endpoint", "nohost", "SCRIPT"], "HOST:PORT"),
+        (["run", "--monitor", "localhost:99999", "SCRIPT"], "--monitor"),
+        (["run", "--no-profile", "--profile-memory", "SCRIPT"], "--no-profile"),
+    ],
+)
+def test_wrong_usage_is_one_line_and_exit_2(
+    argv: list[str], expected: str, script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = [str(script) if a == "SCRIPT" else a for a in argv]
+    argv = [argv[0], "--out", str(out), *argv[1:]]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("zdiag run: error: ") and expected in lines[0]
+    assert "should not run" not in captured.out
+    assert not out.exists()
+
+
+def test_existing_finished_run_is_refused(
+    script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    assert main(["run", "--out", str(out), str(script)]) == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+
+
+def test_wrong_usage_from_the_real_command_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zdiag",
+            "run",
+            "--out",
+            str(tmp_path / "r"),
+            str(tmp_path / "nope.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.count("\n") == 1 and "nope.py" in proc.stderr and "Traceback" not in proc.stderr
+    )
