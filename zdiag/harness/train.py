@@ -71,13 +71,26 @@ def build(
     return model, units, optimizer
 
 
-def record_run_info(cfg: HarnessConfig, units: list[FSDPUnit]) -> None:
-    """Hand options and FSDP units to zdiag's collectors (no-op when not under `zdiag run`)."""
+def record_run_info(cfg: HarnessConfig, units: list[FSDPUnit], budget: MemoryBudget | None) -> None:
+    """Hand options, FSDP units and the emulated budget to zdiag's collectors.
+
+    A no-op when not under `zdiag run` (the collectors' hook ignores it), and skipped when the
+    collectors are not installed.
+    """
     try:
-        from zdiag.collectors.runinfo import record_run_info as record
+        from zdiag.collectors import runinfo
     except ImportError:
         return
-    record(harness=cfg.as_dict(), fsdp_units=[u.as_dict() for u in units])
+    budget_bytes = int(cfg.memory_budget_gb * GIB) if cfg.memory_budget_gb is not None else None
+    runinfo.record_run_info(
+        harness=cfg.as_dict(),
+        fsdp_units=[u.as_dict() for u in units],
+        memory_budget_bytes=budget_bytes,
+        samples_per_step=cfg.batch,
+    )
+    set_reader = getattr(runinfo, "set_memory_reader", None)
+    if budget is not None and set_reader is not None:
+        set_reader(lambda: (budget.in_use_bytes(), None, budget.peak_bytes))
 
 
 def train(cfg: HarnessConfig) -> int:
@@ -93,7 +106,6 @@ def train(cfg: HarnessConfig) -> int:
 def _train(cfg: HarnessConfig, device: torch.device) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, units, optimizer = build(cfg, device)
-    record_run_info(cfg, units)
 
     budget: MemoryBudget | None = None
     if cfg.memory_budget_gb is not None:
@@ -102,6 +114,7 @@ def _train(cfg: HarnessConfig, device: torch.device) -> int:
         else:
             budget = MemoryBudget(int(cfg.memory_budget_gb * GIB), model, label=f" on rank {rank}")
             budget.install_checkpoint_accounting(model.layers)
+    record_run_info(cfg, units, budget)
 
     if rank == 0:
         total = sum(u.param_count for u in units)
