@@ -248,3 +248,61 @@ def test_exit_code_and_exceptions_pass_through(tmp_path: Path) -> None:
         m["exit"]["code"] == 3 and m["ranks"][0]["exit_code"] == 3 and m["ranks"][0]["steps"] == 2
     )
     assert m["ranks"][0]["trace"] is None and m["profile"]["enabled"] is False
+
+
+def test_monitor_receives_live_step_records(tmp_path: Path) -> None:
+    live_receive = pytest.importorskip("zdiag.collectors.live_receive")
+    receiver = live_receive.LiveReceiver("127.0.0.1:0")
+    try:
+        out = tmp_path / "run"
+        monitor = f"127.0.0.1:{receiver.endpoint.port}"
+        script = str(REPO_ROOT / "examples" / "train.py")
+        proc = zdiag_run(
+            "--out",
+            str(out),
+            "--no-profile",
+            "--monitor",
+            monitor,
+            script,
+            "--steps",
+            "4",
+            "--dim",
+            "16",
+        )
+        assert proc.returncode == 0, proc.stderr
+        records: list[dict[str, Any]] = []
+        for _ in range(20):
+            records += [r for r in receiver.poll(timeout_ms=250) if "step" in r]
+            if len(records) >= 4:
+                break
+    finally:
+        receiver.close()
+    assert sorted(r["step"] for r in records) == [0, 1, 2, 3]
+    first = records[0]
+    assert first["rank"] == 0 and first["host"] == socket.gethostname()
+    assert first["step_time_ms"] > 0 and "mem_allocated_bytes" in first and "samples_per_s" in first
+
+
+def test_torch_compile_with_hooks_still_counts_steps(tmp_path: Path) -> None:
+    script = tmp_path / "compiled.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),\n"
+        "                      torch.nn.Linear(16, 1)), backend='aot_eager')\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "@torch.compile(backend='eager')\n"
+        "def opt_step():\n"
+        "    opt.step()\n"
+        "for _ in range(4):\n"
+        "    model(torch.randn(8, 16)).sum().backward()\n"
+        "    opt_step()\n"
+        "    opt.zero_grad()\n"
+        "print('compiled ok')\n"
+    )
+    out = tmp_path / "run"
+    proc = zdiag_run("--out", str(out), "--profile-steps", "1:1:1", str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert "compiled ok" in proc.stdout
+    m = load_manifest(out)
+    assert m["ranks"][0]["steps"] == 4 and m["ranks"][0]["collector_errors"] == []
+    assert profiler_steps(load_trace(out, m["ranks"][0]["trace"])) == [2]
