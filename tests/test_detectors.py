@@ -1,0 +1,167 @@
+"""Detectors on synthetic FSDP2 traces (tests/test_ledger.py builds them) and hand-built contexts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_ledger import BLOCKS, fsdp2_cpu_trace, write
+
+from zdiag.analyzers.detectors import DETECTORS, FSDP_FINDING_IDS, run_context
+from zdiag.analyzers.detectors.blocks import find_block_pattern
+from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
+from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
+from zdiag.analyzers.fsdp_ledger import build_rank_ledger
+from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.pipeline import analyze_paths
+from zdiag.analyzers.report import Report
+
+HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
+OOM_TEXT = (
+    "Emulated device out of memory on rank 0. Tried to allocate 1.00 MiB. The device budget "
+    "(--memory-budget-gb) has a total capacity of 0.03 GiB of which 0.90 MiB is free. In use: "
+    "27.14 MiB activations saved for backward, 0.45 MiB unsharded parameters, 2.22 MiB sharded "
+    "parameters, gradients and optimizer state."
+)
+
+
+def _ids(path: Path) -> set[str]:
+    return {f.id for f in analyze_paths([path]).findings}
+
+
+def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContext:
+    trace = load_rank_trace(write(tmp_path, doc))
+    ctx = DetectorContext(ledgers={0: build_rank_ledger(trace)}, traces={0: trace}, **kw)  # type: ignore[arg-type]
+    return ctx
+
+
+def test_registry_lists_every_issue_detector() -> None:
+    assert {"whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom"} <= set(
+        DETECTORS
+    )
+    assert {"straggler", "fp32-collectives", "flat-sharding-multinode", "comm-bound"} <= set(
+        DETECTORS
+    )
+
+
+def test_missing_overlap_fires_on_serialized_gathers_only(tmp_path: Path) -> None:
+    serial = write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2), "serial-rank0.json.gz")
+    prefetched = write(
+        tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2, prefetch=True), "pre-rank0.json.gz"
+    )
+    report = analyze_paths([serial])
+    (f,) = [f for f in report.findings if f.id == "missing-overlap"]
+    assert f.severity in ("warning", "critical")
+    assert f.evidence["serialized_share"] == 1.0
+    assert "set_modules_to_forward_prefetch" in (f.code or "")
+    assert "model.layers" in (f.code or "")
+    # replay: each late gather (100 us) fits under the previous unit's 300 us compute
+    assert f.expected_gain_ms == pytest.approx(6 * 0.1, rel=0.05)
+    assert "missing-overlap" not in _ids(prefetched)
+
+
+def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> None:
+    ctx = _ctx(
+        tmp_path,
+        fsdp2_cpu_trace([("", 20000)], steps=2),
+        manifest={"harness": HARNESS, "fsdp_units": [{"name": "", "param_bytes": 80000}]},
+    )
+    (f,) = [f for f in run_context(ctx) if f.id == "whole-model-wrap"]
+    assert f.evidence["largest_unit_share"] == 1.0
+    assert "for block in model.layers" in (f.code or "")
+    assert f.expected_gain_bytes is not None and 0 < f.expected_gain_bytes < 80000
+    assert f.gain_method
+
+
+def test_block_wrap_is_not_whole_model(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=1, prefetch=True))
+    assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}
+
+
+LEAVES = [("", 64)] + [
+    (f"layers.{i}.{m}", n)
+    for i in range(3)
+    for m, n in (("attention_norm", 64), ("wq", 4096), ("wk", 4096), ("w1", 8192))
+]
+
+
+def test_tiny_layer_wrap_fires_when_sub_block_units_are_latency_bound(tmp_path: Path) -> None:
+    # alpha 200 us, beta 1000 B/us: n_1/2 = 200 kB, far above these <= 32 kB messages
+    doc = fsdp2_cpu_trace(LEAVES, steps=2, gather_us=200, bytes_per_us=1000)
+    ctx = _ctx(tmp_path, doc)
+    (f,) = [f for f in run_context(ctx) if f.id == "tiny-layer-wrap"]
+    assert f.evidence["units_per_block"] == 4
+    assert f.evidence["alpha_us"] == pytest.approx(200, rel=0.05)
+    assert "for block in model.layers" in (f.code or "")
+    assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
+
+
+def test_tiny_layer_wrap_quiet_when_messages_are_bandwidth_bound(tmp_path: Path) -> None:
+    big = [(name, n * 1000) for name, n in LEAVES]  # MB-sized messages: >> n_1/2 = 20 kB
+    doc = fsdp2_cpu_trace(big, steps=1, gather_us=20, bytes_per_us=1000)
+    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc))}
+
+
+def test_tiny_layer_wrap_quiet_on_block_units(tmp_path: Path) -> None:
+    doc = fsdp2_cpu_trace(BLOCKS, steps=1, gather_us=200, bytes_per_us=1000)
+    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc))}
+
+
+def test_alpha_beta_fit_uses_the_fastest_run_per_size(tmp_path: Path) -> None:
+    doc = fsdp2_cpu_trace(LEAVES, steps=1, gather_us=200, bytes_per_us=1000)
+    ledger = build_rank_ledger(load_rank_trace(write(tmp_path, doc)))
+    # a slow outlier (a late peer) must not move the fit
+    ledger.gathers[3].end_us += 5000
+    model = fit_alpha_beta(ledger.gathers)
+    assert model is not None
+    assert model.alpha_us == pytest.approx(200, rel=0.02)
+    assert model.beta_bytes_per_us == pytest.approx(1000, rel=0.02)
+
+
+def test_activation_oom_from_the_oom_record() -> None:
+    ev = parse_oom_message(0, OOM_TEXT)
+    assert ev.category_bytes["ACTIVATION"] == int(27.14 * 2**20)
+    ctx = DetectorContext(ledgers={}, memory=[ev], manifest={"harness": HARNESS})
+    (f,) = [f for f in run_context(ctx) if f.id == "activation-oom"]
+    assert f.severity == "critical"
+    assert f.evidence["activation_share"] > 0.9
+    assert "apply_activation_checkpointing" in (f.code or "")
+    assert f.units == ["layers.0", "layers.1", "layers.2"]
+    assert f.expected_gain_bytes is not None and f.expected_gain_bytes > 0
+
+
+def test_activation_oom_quiet_when_parameters_dominate_or_no_oom() -> None:
+    params = parse_oom_message(0, OOM_TEXT.replace("27.14 MiB activations", "1.00 MiB activations"))
+    ok = parse_oom_message(0, OOM_TEXT)
+    ok.oom = False
+    ok.capacity_bytes = 2**30  # peak well inside the capacity
+    for ev in (params, ok):
+        ctx = DetectorContext(ledgers={}, memory=[ev])
+        assert "activation-oom" not in {f.id for f in run_context(ctx)}
+
+
+def test_a_failing_detector_becomes_a_report_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(ctx: DetectorContext) -> list[object]:
+        raise ValueError("bad input")
+
+    monkeypatch.setitem(DETECTORS, "comm-bound", boom)  # type: ignore[arg-type]
+    report = Report()
+    run_context(DetectorContext(ledgers={}, report=report))
+    assert any("comm-bound failed" in w for w in report.warnings)
+
+
+def test_block_pattern() -> None:
+    block = find_block_pattern(["", "layers.0.wq", "layers.1.wq", "norm", "layers.10"])
+    assert block is not None and block.pattern == "layers.N" and block.count == 3
+    assert block.block_of("layers.1.wq") == "layers.1"
+    assert find_block_pattern(["", "encoder", "decoder"]) is None
+
+
+def test_no_fsdp_findings_on_real_traces(real_traces: Path) -> None:
+    files = [p for p in sorted(real_traces.rglob("*.json.gz")) if "sampled_128" not in str(p)]
+    inputs = [[p] for p in files] + [[real_traces / "hta" / "sampled_128"]]
+    for paths in inputs:
+        report = analyze_paths(paths)
+        assert report.fsdp_units == [], paths
+        bad = [f.id for f in report.findings if f.id in FSDP_FINDING_IDS | {"activation-oom"}]
+        assert not bad, (paths, bad)
