@@ -79,7 +79,7 @@ class ReportApp(App[None]):
                     with VerticalScroll(id="finding-detail-box"):
                         yield Static(id="finding-detail")
             with TabPane("Summary", id="summary"):
-                with VerticalScroll():
+                with VerticalScroll(id="summary-box"):
                     yield Static(details.summary(self.report), id="summary-text")
         yield Footer()
 
@@ -100,7 +100,7 @@ class ReportApp(App[None]):
         steps = self.query_one("#steps-table", DataTable)
         steps.add_columns("step", "ms", "compute", "overlap", "exposed", "idle", "verdict")
         spans = self.query_one("#spans", DataTable)
-        spans.add_columns("lane", "name", "start ms", "ms")
+        spans.add_columns("start ms", "ms", "lane", "name")
         findings = self.query_one("#findings-table", DataTable)
         findings.add_columns("severity", "gain ms", "finding")
         for i, f in enumerate(self.findings):
@@ -173,7 +173,7 @@ class ReportApp(App[None]):
         else:
             for span in timeline.spans[:MAX_SPAN_ROWS]:
                 spans.add_row(
-                    Text(span.lane), Text(span.name), _ms(span.start_ms), _ms(span.dur_ms)
+                    _ms(span.start_ms), _ms(span.dur_ms), Text(span.lane), Text(span.name)
                 )
             shown = min(len(timeline.spans), MAX_SPAN_ROWS)
             cut = timeline.truncated or len(timeline.spans) > MAX_SPAN_ROWS
@@ -199,9 +199,9 @@ class ReportApp(App[None]):
     def action_show_tab(self, tab: str) -> None:
         """Switch to a tab and focus its main table."""
         self.query_one(TabbedContent).active = tab
-        target = {"steps": "#ranks", "findings": "#findings-table"}.get(tab)
-        if target:
-            self.query_one(target, DataTable).focus()
+        # focus a widget of the new tab, else focus falls back into the old tab and reopens it
+        target = {"steps": "#ranks", "findings": "#findings-table", "summary": "#summary-box"}[tab]
+        self.query_one(target).focus()
 
     def action_drill_in(self) -> None:
         """Move focus one level deeper (rank -> steps -> spans)."""
