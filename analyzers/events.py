@@ -174,14 +174,6 @@ class RankTrace:
         found = (c >= 0) & (corr_sorted[pos] == c)
         return np.where(found, rt[order][pos], -1)
 
-    def enclosing(self, candidates: IntArray, lane: int, t: float) -> list[int]:
-        """Events among `candidates` (time-ordered indices) on `lane` whose span holds time t,
-        outermost first."""
-        cand = candidates[self.lane_id[candidates] == lane]
-        stop = int(np.searchsorted(self.ts_us[cand], t, side="right"))
-        found = [int(i) for i in cand[:stop] if self.ts_us[i] + self.dur_us[i] >= t]
-        return found
-
     @property
     def has_device_events(self) -> bool:
         """True when the trace holds GPU kernels, memcpys or memsets."""
@@ -193,6 +185,45 @@ class RankTrace:
         info = self.distributed_info or {}
         ws = info.get("world_size")
         return int(ws) if isinstance(ws, int | float) else None
+
+
+class EnclosingIndex:
+    """Which of a set of (properly nested, per-thread) ranges enclose a given time on a lane.
+
+    Built once for `candidates` (e.g. all comm ops); `at(lane, t)` costs O(log n + depth).
+    """
+
+    def __init__(self, trace: RankTrace, candidates: IntArray) -> None:
+        self._by_lane: dict[int, tuple[IntArray, FloatArray, FloatArray, IntArray]] = {}
+        candidates = np.asarray(candidates, dtype=np.int64)
+        lanes = trace.lane_id[candidates]
+        for lane in np.unique(lanes).tolist():
+            idx = candidates[lanes == lane]
+            idx = idx[np.argsort(trace.ts_us[idx], kind="stable")]
+            start = trace.ts_us[idx]
+            end = start + trace.dur_us[idx]
+            parent = np.full(len(idx), -1, dtype=np.int64)
+            stack: list[int] = []
+            for j in range(len(idx)):
+                while stack and end[stack[-1]] < start[j]:
+                    stack.pop()
+                parent[j] = stack[-1] if stack else -1
+                stack.append(j)
+            self._by_lane[int(lane)] = (idx, start, end, parent)
+
+    def at(self, lane: int, t: float) -> list[int]:
+        """Event indices whose range holds time t on `lane`, outermost first."""
+        entry = self._by_lane.get(int(lane))
+        if entry is None:
+            return []
+        idx, start, end, parent = entry
+        j = int(np.searchsorted(start, t, side="right")) - 1
+        found: list[int] = []
+        while j >= 0:
+            if end[j] >= t:
+                found.append(int(idx[j]))
+            j = int(parent[j])
+        return found[::-1]
 
 
 # --- classification -----------------------------------------------------------------------

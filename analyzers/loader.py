@@ -27,6 +27,7 @@ import numpy as np
 from zdiag.analyzers.events import (
     COLLECTIVE_KINDS,
     Collectives,
+    EnclosingIndex,
     EventKind,
     Lane,
     RankTrace,
@@ -449,6 +450,7 @@ def build_collectives(trace: RankTrace) -> Collectives:
         )
         rows = comm_ops[backend] if backend.any() else host_comm_events(trace)
         calls = rows
+    around_index = EnclosingIndex(trace, comm_ops)
     by_ext: dict[int, dict[str, Any]] = {}
     for i in comm_ops:
         a = trace.args.get(int(i), {})
@@ -470,7 +472,7 @@ def build_collectives(trace: RankTrace) -> Collectives:
         labels: list[str] = []
         call = int(calls[j])
         if call >= 0:
-            around = trace.enclosing(comm_ops, int(trace.lane_id[call]), float(trace.ts_us[call]))
+            around = around_index.at(int(trace.lane_id[call]), float(trace.ts_us[call]))
             for op in reversed(around):  # innermost first
                 op_args = trace.args.get(op, {})
                 if not src and "Collective name" in op_args:
