@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ def test_clipped_totals_matches_clip_on_random_sets() -> None:
     a = iv.union(starts, starts + rng.uniform(0, 30, 300))
     edges = np.sort(rng.uniform(-50, 1050, 21))
     got = iv.clipped_totals(a, edges[:-1], edges[1:])
-    want = [iv.total(iv.clip(a, lo, hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    want = [iv.total(iv.clip(a, lo, hi)) for lo, hi in itertools.pairwise(edges)]
     assert np.allclose(got, want)
 
 
@@ -141,7 +142,7 @@ def test_breakdown_sums_to_duration_on_a_random_trace(tmp_path: Path) -> None:
     for j in range(200):
         start = float(rng.uniform(0, 4000))
         b.kernel(names[j % 4], start, float(rng.uniform(1, 60)), stream=7 + j % 3, launch_at=start)
-    for j in range(20):
+    for _ in range(20):
         b.memcpy(float(rng.uniform(0, 4000)), 10)
     report = analyze_paths([b.write(tmp_path / "t.json")])
     for s in report.ranks[0].steps:
