@@ -7,6 +7,8 @@ the optional extra `zdiag[hta]`; `hta` is imported lazily, only when a function 
 one or more per-rank Kineto traces and returns one `HtaBreakdown` per rank. What HTA measures
 (read from traceinsight 0.6.1's source; docs/hta-crosscheck.md compares it with zdiag):
 
+- Nanosecond-resolution traces: every event is shrunk inward to whole microseconds (start
+  rounded up, end rounded down) unless `ns_rounding=False`.
 - Its window: GPU events launched by CPU ops that start before the *last* `ProfilerStep`
   (the last step is dropped unless `include_last_profiler_step=True`); kernels whose launch it
   cannot correlate are dropped as well.
@@ -89,12 +91,16 @@ def hta_breakdown(
     *,
     ranks: Sequence[int] | None = None,
     include_last_profiler_step: bool = False,
+    ns_rounding: bool = True,
 ) -> list[HtaBreakdown]:
     """Run HTA's temporal breakdown and comm/comp overlap on per-rank trace files.
 
     `paths` is a folder (HTA reads every *.json / *.json.gz in it and takes ranks from each
     trace's distributedInfo) or a list of trace files; for files, `ranks` gives their ranks
     (default 0, 1, ... in order), so traces without distributedInfo or from different jobs work.
+    `ns_rounding=False` turns off HTA's default rounding of nanosecond-resolution events inward
+    to whole microseconds (start rounded up, end down), which shortens every such event by up to
+    2 us (restored afterwards; HTA keeps it as process-wide state).
     Raises HtaUnavailable when HTA is not installed and HtaFailed (naming the traces and HTA's
     error) when HTA cannot analyze them. Results are sorted by rank.
     """
@@ -118,6 +124,11 @@ def hta_breakdown(
         trace_dir = str(files[0].parent)
         label = ", ".join(str(f) for f in files)
 
+    from hta.configs.env_options import HTAEnvOptions
+
+    options = HTAEnvOptions.instance()
+    saved_rounding_off = options.disable_ns_rounding()
+    options.set_disable_ns_rounding(not ns_rounding)
     hta_logger = logging.getLogger("hta")
     saved_level = hta_logger.level
     hta_logger.setLevel(logging.ERROR)  # HTA logs progress at INFO on stderr; analysis is quiet
@@ -137,6 +148,7 @@ def hta_breakdown(
         raise HtaFailed(f"HTA failed on {label}: {type(exc).__name__}: {exc}") from exc
     finally:
         hta_logger.setLevel(saved_level)
+        options.set_disable_ns_rounding(saved_rounding_off)
 
     # HTA returns the overlap as a percentage rounded to 0.01
     ratio_by_rank: dict[int, float | None] = {}
