@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 from collections import defaultdict
@@ -91,3 +92,22 @@ def test_large_runs_keep_the_file_compact(tmp_path: Path, monkeypatch: Any) -> N
     trace = json.loads((tmp_path / "o.json").read_text())
     assert trace["otherData"]["step_args"].startswith("none")
     assert all("args" not in ev for ev in trace["traceEvents"] if ev["ph"] == "X")
+
+
+def test_overlay_lines_up_with_the_original_trace(real_traces: Path, tmp_path: Path) -> None:
+    """Each step slice starts exactly where the trace's ProfilerStep#N annotation starts."""
+    from zdiag.analyzers.pipeline import analyze_paths
+
+    source = real_traces / "hta" / "sampled_128" / "rank-0.json.gz"
+    write_overlay(analyze_paths([source]), tmp_path / "o.json")
+    with gzip.open(source, "rt") as fh:
+        original = json.load(fh)["traceEvents"]
+    annotated = {
+        int(e["name"].split("#")[1]): float(e["ts"])
+        for e in original
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    }
+    slices = [e for e in _load(tmp_path / "o.json") if e["ph"] == "X"]
+    assert slices
+    for ev in slices:
+        assert abs(ev["ts"] - annotated[ev["args"]["step"]]) < 1.0  # µs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -119,3 +120,15 @@ def test_renderers_leave_no_temporary_files(tmp_path: Path) -> None:
     render_html(report, tmp_path)
     render_perfetto(report, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["overlay.json", "report.html"]
+
+
+def test_every_renderer_renders_a_real_report(real_traces: Path, tmp_path: Path) -> None:
+    """The same contract on a Report analyzed from real traces (2 ranks, HTA's sampled_128)."""
+    from zdiag.analyzers.pipeline import analyze_paths
+
+    report = analyze_paths([real_traces / "hta" / "sampled_128"])
+    assert report.ranks and all(r.steps for r in report.ranks)
+    for name, renderer in RENDERERS.items():
+        if name == "text" and importlib.util.find_spec("zdiag.render.text") is None:
+            continue
+        assert renderer(report, tmp_path), name

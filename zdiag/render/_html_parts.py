@@ -188,7 +188,7 @@ def collectives(report: Report) -> str:
                 e(kind),
                 e(len(ranks_of[kind])),
                 e(int(a[0])),
-                e(fmt_bytes(a[1])),
+                e(fmt_bytes(a[1]) if a[1] else "—"),
                 e(fmt_ms(a[2])),
                 e(fmt_ms(a[3])),
             ]
