@@ -16,7 +16,7 @@ import statistics
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from zdiag.analyzers.report import Finding
 
@@ -61,6 +61,27 @@ class MonitorSource(Protocol):
 Clock = Callable[[], float]
 
 
+class StepSample(NamedTuple):
+    """The figures of one step the model keeps (compact: the full record is not retained)."""
+
+    step: int
+    ts: float
+    step_time_ms: float | None
+    compute_ms: float | None
+    comm_ms: float | None
+    exposed_comm_ms: float | None
+    mem_allocated_bytes: float | None
+
+    @classmethod
+    def of(cls, rec: dict[str, Any]) -> StepSample:
+        """The sample of a decoded record."""
+        return cls(
+            int(rec["step"]),
+            float(rec["ts"]),
+            *(rec.get(k) for k in cls._fields[2:]),
+        )
+
+
 @dataclass
 class RankState:
     """What the monitor knows about one rank (bounded histories)."""
@@ -73,12 +94,14 @@ class RankState:
     first_seen: float = 0.0
     last_recv: float = 0.0
     restarts: int = 0
-    steps: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
+    steps: deque[StepSample] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
 
     def recent(self, key: str, n: int = WINDOW_STEPS) -> list[float]:
-        """The last `n` non-missing values of `key`."""
-        values = [s[key] for s in list(self.steps)[-n:] if s.get(key) is not None]
-        return [float(v) for v in values]
+        """The last `n` non-missing values of `key` (a `StepSample` field)."""
+        values = (
+            getattr(s, key) for s in itertools.islice(self.steps, max(0, len(self.steps) - n), None)
+        )
+        return [float(v) for v in values if v is not None]
 
 
 @dataclass(frozen=True)
@@ -179,7 +202,7 @@ class MonitorState:
             state.job = str(rec.get("job", state.job))
             state.last = rec
             state.last_recv = max(state.last_recv, recv)
-            state.steps.append(rec)
+            state.steps.append(StepSample.of(rec))
             if state.job:
                 self._jobs[state.job] = None
                 self._jobs.move_to_end(state.job)
@@ -278,8 +301,8 @@ def _steps_per_s(state: RankState) -> float | None:
     recent = list(state.steps)[-WINDOW_STEPS:]
     if len(recent) < 2:
         return None
-    dt = float(recent[-1]["ts"]) - float(recent[0]["ts"])
-    dsteps = int(recent[-1]["step"]) - int(recent[0]["step"])
+    dt = recent[-1].ts - recent[0].ts
+    dsteps = recent[-1].step - recent[0].step
     return dsteps / dt if dt > 0 and dsteps > 0 else None
 
 
@@ -379,18 +402,16 @@ def _comm_bound(states: Iterable[RankState]) -> Finding | None:
     """Ranks whose communication takes at least as long as their compute (overlap cannot hide it)."""
     bound: dict[int, tuple[float, float, float]] = {}
     for s in states:
-        recent = [
-            st
+        pairs = [
+            (float(st.comm_ms), float(st.compute_ms))
             for st in list(s.steps)[-WINDOW_STEPS:]
-            if st.get("comm_ms") is not None and st.get("compute_ms") is not None
+            if st.comm_ms is not None and st.compute_ms is not None
         ]
-        if len(recent) < STRAGGLER_MIN_STEPS:
+        if len(pairs) < STRAGGLER_MIN_STEPS:
             continue
-        comm = statistics.median(float(st["comm_ms"]) for st in recent)
-        compute = statistics.median(float(st["compute_ms"]) for st in recent)
-        exposed = _median(
-            [float(st["exposed_comm_ms"]) for st in recent if st.get("exposed_comm_ms") is not None]
-        )
+        comm = statistics.median(p[0] for p in pairs)
+        compute = statistics.median(p[1] for p in pairs)
+        exposed = _median(s.recent("exposed_comm_ms"))
         if comm > 0 and comm >= COMM_BOUND_RATIO * compute:
             bound[s.rank] = (comm, compute, exposed or 0.0)
     if not bound:

@@ -1,0 +1,256 @@
+"""Load on the live monitor: N simulated ranks at H records/s each, directly or through relays.
+
+    python bench/monitor_load.py --ranks 512 --hz 1 --seconds 60 --target 127.0.0.1:5599 --spawn-monitor
+    python bench/monitor_load.py --ranks 512 --hz 1 --seconds 60 --target 127.0.0.1:5599 --relays 8 --spawn-monitor
+    python bench/monitor_load.py --publish-cost
+
+Each simulated rank has its own ZeroMQ PUSH socket (as a real rank's publisher has) and sends
+wire-format step records (`zdiag.collectors.live_wire.encode`) spread evenly over each period;
+with ``--relays K`` the ranks connect to K in-process `Relay`s that forward to the target, as
+per-node relays would. With ``--spawn-monitor`` the script starts
+``zdiag monitor --headless --json`` on the target, and reports what it saw: records received vs
+sent, receive lag (monitor receive time minus the record's timestamp) and the monitor's RSS
+over time. Without it, point ``--target`` at a monitor you started yourself.
+
+``--publish-cost`` measures the real `StepPublisher.publish()` per call with no monitor and with
+one, and a small torch training loop's step time without a publisher, with one and no monitor,
+and with one and a monitor: the cost training pays.
+Loopback only; every process and thread it starts is stopped before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from zdiag.collectors.live import StepPublisher
+from zdiag.collectors.live_receive import LiveReceiver, Relay
+from zdiag.collectors.live_wire import SCHEMA, encode, parse_endpoint
+
+
+def _socket(ctx: zmq.Context[Any], url: str) -> zmq.Socket[Any]:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 64)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.connect(url)
+    return sock
+
+
+def run_load(
+    ranks: int, hz: float, seconds: float, target: str, relays: int, token: str
+) -> dict[str, Any]:
+    """Send ``ranks * hz * seconds`` records; return what was sent and dropped."""
+    endpoint = parse_endpoint(target, option="--target")
+    relay_objs = [
+        Relay("127.0.0.1:0", endpoint, token=token, host=f"node{i}", stats_interval_s=2.0)
+        for i in range(relays)
+    ]
+    for r in relay_objs:
+        r.start_thread()
+    urls = [r.receiver.endpoint.connect_url for r in relay_objs] or [endpoint.connect_url]
+    ctx: zmq.Context[Any] = zmq.Context()
+    socks = [_socket(ctx, urls[i % len(urls)]) for i in range(ranks)]
+    rng = random.Random(0)
+    token_b = token.encode()
+    sent = dropped = 0
+    behind_s = 0.0
+    time.sleep(1.0)  # let the connections complete, as a real job's setup would
+    start = time.time()
+    periods = int(seconds * hz)
+    try:
+        for tick in range(periods):
+            for i, sock in enumerate(socks):
+                due = start + (tick + i / ranks) / hz
+                wait = due - time.time()
+                if wait > 0.001:
+                    time.sleep(wait)
+                behind_s = max(behind_s, -wait)
+                step_ms = 100.0 * (1.3 if i == 7 else 1.0) * rng.uniform(0.97, 1.03)
+                record = {
+                    "kind": "step",
+                    "schema": SCHEMA,
+                    "rank": i,
+                    "host": f"node{i // 8}",
+                    "job": "bench",
+                    "pid": 10_000 + i,
+                    "step": tick,
+                    "ts": time.time(),
+                    "seq": tick,
+                    "step_time_ms": step_ms,
+                    "compute_ms": step_ms * 0.7,
+                    "comm_ms": step_ms * 0.4,
+                    "exposed_comm_ms": step_ms * 0.1,
+                    "mem_allocated_bytes": 20e9,
+                    "mem_reserved_bytes": 24e9,
+                    "mem_peak_bytes": 30e9,
+                    "samples_per_s": 80.0,
+                    "dropped": 0,
+                }
+                try:
+                    sock.send_multipart(encode(record, token_b), flags=zmq.NOBLOCK)
+                    sent += 1
+                except zmq.Again:
+                    dropped += 1
+        time.sleep(0.5)
+    finally:
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        for r in relay_objs:
+            r.stop(timeout_s=0)  # all at once, then wait for each
+        for r in relay_objs:
+            r.stop()
+    return {
+        "ranks": ranks,
+        "hz": hz,
+        "seconds": seconds,
+        "relays": relays,
+        "sent": sent,
+        "dropped_at_sender": dropped,
+        "relay_dropped": sum(r.dropped for r in relay_objs),
+        "sender_max_behind_s": round(behind_s, 3),
+    }
+
+
+def spawn_monitor(target: str, duration_s: float, token: str) -> subprocess.Popen[str]:
+    """``zdiag monitor --headless --json`` on `target`."""
+    cmd = [sys.executable, "-m", "zdiag", "monitor", "--headless", "--json", "--listen", target]
+    cmd += ["--duration", str(duration_s)]
+    if token:
+        cmd += ["--token", token]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def measure_publish_cost(calls: int = 50_000) -> dict[str, Any]:
+    """publish() cost per call (µs), and a torch loop's step time with and without publishing."""
+    import torch
+
+    out: dict[str, Any] = {}
+    record = {"rank": 0, "host": "h", "step": 0, "step_time_ms": 100.0, "samples_per_s": 1.0}
+    rx = LiveReceiver("127.0.0.1:0")
+    port = rx.endpoint.port
+    for label, listening in (("no monitor", False), ("monitor", True)):
+        if not listening:
+            rx.close()
+        else:
+            rx = LiveReceiver(f"127.0.0.1:{port}")
+        pub = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h")
+        time.sleep(0.5)
+        costs = []
+        for i in range(calls):
+            record["step"] = i
+            t = time.perf_counter_ns()
+            pub.publish(record)
+            costs.append(time.perf_counter_ns() - t)
+            if listening and i % 256 == 0:
+                rx.poll()
+                time.sleep(0.001)  # a step's worth of time for the sender thread
+        costs.sort()
+        out[f"publish_us ({label})"] = {
+            "p50": costs[len(costs) // 2] / 1000,
+            "p99": costs[int(len(costs) * 0.99)] / 1000,
+            "max": costs[-1] / 1000,
+            "dropped": pub.dropped,
+        }
+        pub.close()
+    rx.close()
+
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+
+    def steps(pub: StepPublisher | None, n: int = 300) -> float:
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            for _ in range(8):
+                a @ a
+            if pub is not None:
+                pub.publish({**record, "step": i})
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1000
+
+    rx = LiveReceiver(f"127.0.0.1:{port}")
+    with_monitor = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h")
+    time.sleep(0.5)
+    results: dict[str, float] = {}
+    cases: list[tuple[str, StepPublisher | None]] = [
+        ("no publisher", None),
+        ("publisher, monitor listening", with_monitor),
+    ]
+    for label, maybe_pub in cases:
+        results[label] = steps(maybe_pub)
+    with_monitor.close()
+    rx.close()
+    absent = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h")
+    results["publisher, no monitor"] = steps(absent)
+    absent.close()
+    out["median_step_ms"] = {k: round(v, 3) for k, v in results.items()}
+    return out
+
+
+def main() -> int:
+    """Parse options and run the chosen measurement; prints one JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=512)
+    parser.add_argument("--hz", type=float, default=1.0, help="records per second per rank")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--target", default="127.0.0.1:5599", help="the monitor, HOST:PORT")
+    parser.add_argument("--relays", type=int, default=0, help="forward through K relays")
+    parser.add_argument("--token", default="")
+    parser.add_argument("--spawn-monitor", action="store_true")
+    parser.add_argument("--publish-cost", action="store_true")
+    args = parser.parse_args()
+    if not parse_endpoint(args.target, option="--target").is_loopback:
+        parser.error("--target must be a loopback address (this is a local benchmark)")
+    if args.publish_cost:
+        print(json.dumps(measure_publish_cost(), indent=1))
+        return 0
+    monitor = None
+    if args.spawn_monitor:
+        monitor = spawn_monitor(args.target, args.seconds + 30, args.token)
+        time.sleep(1.5)
+    try:
+        result: dict[str, Any] = {
+            "load": run_load(
+                args.ranks, args.hz, args.seconds, args.target, args.relays, args.token
+            )
+        }
+        if monitor is not None:
+            time.sleep(1.0)
+            monitor.send_signal(signal.SIGTERM)
+            out, err = monitor.communicate(timeout=60)
+            if monitor.returncode != 0:
+                print(err, file=sys.stderr)
+                return 1
+            seen = json.loads(out)
+            rss = seen["rss_bytes"]
+            result["monitor"] = {
+                "records": seen["records"],
+                "ranks": len(seen["rows"]),
+                "status_counts": seen["status_counts"],
+                "findings": [f["id"] for f in seen["findings"]],
+                "lag_ms": {k: round(seen[f"lag_{k}_ms"], 2) for k in ("p50", "p99", "max")},
+                "rss_mib_every_10s": [round(b / 2**20, 1) for _, b in rss[::10]],
+                "rss_mib_max": round(max(b for _, b in rss) / 2**20, 1),
+                "relays": seen["relays"],
+            }
+    finally:
+        if monitor is not None and monitor.poll() is None:
+            monitor.kill()
+            monitor.communicate()
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
