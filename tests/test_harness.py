@@ -209,7 +209,9 @@ def test_memory_budget_raises_real_oom_and_checkpointing_lowers_the_peak() -> No
 # ---- real 2-rank gloo runs -----------------------------------------------------------------------
 @pytest.mark.dist
 def test_two_rank_healthy_run_exits_zero_with_one_line_per_step() -> None:
-    proc = _torchrun("-m", "zdiag.harness", "--steps", "3", "--wrap", "leaf", "--zero", "2")
+    proc = _torchrun(
+        "-m", "zdiag.harness", "--steps", "3", "--wrap", "leaf", "--zero", "2", "--seq", "64"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert [s.split()[1] for s in steps] == ["1", "2", "3"]  # rank 0 only
@@ -269,13 +271,13 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
-def gather_overlap_fraction(trace: Path) -> float:
-    """Share of gloo all-gather time (worker threads) during main-thread compute ops."""
+def overlap_fraction(trace: Path, comm_prefix: str) -> float:
+    """Share of gloo collective time (worker threads) during main-thread compute ops."""
     with gzip.open(trace, "rt") as fh:
         events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
     main_tid = next(e["pid"] for e in events if isinstance(e.get("pid"), int))
     gathers = _union(
-        [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "gloo:all_gather"]
+        [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith(comm_prefix)]
     )
     compute = _union(
         [
@@ -285,23 +287,31 @@ def gather_overlap_fraction(trace: Path) -> float:
         ]
     )
     gather_us = sum(end - start for start, end in gathers)
-    assert gather_us > 0, f"no gloo:all_gather in {trace}"
+    assert gather_us > 0, f"no {comm_prefix} in {trace}"
     assert any(e["name"].startswith("FSDP::all_gather (layers.0)") for e in events)
     return _intersection(gathers, compute) / gather_us
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_healthy_default_overlaps_gathers_with_compute_and_prefetch_off_does_not(
     tmp_path: Path,
 ) -> None:
     script = tmp_path / "profile_harness.py"
     script.write_text(PROFILE_SCRIPT)
     fractions: dict[str, list[float]] = {}
+    comm_fractions: dict[str, list[float]] = {}
     for name, extra in (("healthy", []), ("off", ["--prefetch", "off"])):
         out = tmp_path / name
         out.mkdir()
         proc = _torchrun(str(script), str(out), "--steps", "4", *extra)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        fractions[name] = [gather_overlap_fraction(out / f"rank{r}.json.gz") for r in (0, 1)]
+        traces = [out / f"rank{r}.json.gz" for r in (0, 1)]
+        fractions[name] = [overlap_fraction(t, "gloo:all_gather") for t in traces]
+        comm_fractions[name] = [overlap_fraction(t, "gloo:") for t in traces]
+    # gathers: prefetched on gloo's thread while the main thread computes
     assert min(fractions["healthy"]) > 0.15, fractions
     assert max(fractions["off"]) < 0.05, fractions
+    # all communication (gathers and the reduce-scatters, which gloo runs as all_reduce)
+    assert min(comm_fractions["healthy"]) > 0.1, comm_fractions
+    assert max(comm_fractions["off"]) < 0.05, comm_fractions

@@ -12,7 +12,9 @@ How each knob maps onto FSDP2 (see docs/harness.md for the reasoning):
   previous one's in backward (`set_modules_to_forward_prefetch` / `..._backward_prefetch`). On CPU,
   FSDP2's streams are no-ops and its default all-gather is synchronous (blocks the only thread), so
   the harness also switches the unshard to `async_op=True` there: the gloo worker thread then
-  runs the prefetched gather while the main thread computes.
+  runs the prefetched gather while the main thread computes. Likewise on CPU the reduce-scatters
+  are issued asynchronously (`AsyncCPUReduceScatter`, FSDP2's custom-comm hook) and completed
+  just before `optimizer.step()`, as CUDA's reduce-scatter stream lets them overlap backward.
 - `--prefetch implicit`: FSDP2's defaults, untouched.
 - `--prefetch off`: the broken setup. Each unit's prefetch lists name the unit itself (so FSDP2's
   implicit backward prefetch is switched off and nothing is fetched ahead: the off-by-one
@@ -24,10 +26,12 @@ How each knob maps onto FSDP2 (see docs/harness.md for the reasoning):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -43,7 +47,55 @@ except ImportError as exc:  # torch < 2.6
         f"torch {torch.__version__} lacks it; install a newer torch, e.g. pip install 'torch>=2.6'."
     ) from exc
 
+try:  # the comm interface FSDPModule.set_custom_reduce_scatter takes (torch >= 2.8)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+except ImportError:  # pragma: no cover - older torch: reduce-scatters stay synchronous on CPU
+    ReduceScatter = object  # type: ignore[assignment,misc]
+
 LEAF_TYPES = (nn.Linear, nn.Embedding, nn.RMSNorm)
+
+
+class AsyncCPUReduceScatter(ReduceScatter):
+    """FSDP2 reduce-scatter for CPU/gloo that runs on gloo's worker thread, waited before step().
+
+    On CUDA FSDP2 runs reduce-scatters on a side stream, so they overlap the rest of backward. On
+    CPU its streams are no-ops and the default reduce-scatter blocks the main thread. This comm
+    issues it with `async_op=True`, keeps the input and output alive, and `wait_all()` (run by an
+    optimizer step pre-hook) completes them before the optimizer reads the sharded gradients.
+    FSDP2 only views the output as `.grad` before that point; the harness never accumulates
+    gradients across backwards, which would read it early.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[dist.Work, torch.Tensor, torch.Tensor]] = []
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """A plain buffer, as FSDP2's default comm allocates."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        """Issue the reduce-scatter asynchronously; FSDP2 ignores the returned work."""
+        work = dist.reduce_scatter_tensor(
+            output_tensor, input_tensor, op=op, group=group, async_op=True
+        )
+        assert work is not None
+        self.pending.append((work, input_tensor, output_tensor))
+        return work
+
+    def wait_all(self) -> None:
+        """Block until every issued reduce-scatter has finished."""
+        for work, _input, _output in self.pending:
+            work.wait()
+        self.pending.clear()
 
 
 @dataclass(frozen=True)
@@ -138,6 +190,25 @@ def _set_prefetch(
         for unit in [root, *units]:
             unit.set_modules_to_forward_prefetch([unit])
             unit.set_modules_to_backward_prefetch([unit])
+
+
+def enable_async_cpu_reduce_scatter(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> AsyncCPUReduceScatter | None:
+    """Make every unit's reduce-scatter asynchronous (CPU only), completed before `optimizer.step()`.
+
+    Returns None (and changes nothing) where this torch lacks `set_custom_reduce_scatter`.
+    """
+    if ReduceScatter is object:
+        return None
+    comm = AsyncCPUReduceScatter()
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            if not hasattr(module, "set_custom_reduce_scatter"):
+                return None
+            module.set_custom_reduce_scatter(comm)
+    optimizer.register_step_pre_hook(lambda *_: comm.wait_all())
+    return comm
 
 
 def describe_units(model: nn.Module) -> list[FSDPUnit]:

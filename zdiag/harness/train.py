@@ -22,7 +22,7 @@ from zdiag.errors import ConfigError
 from zdiag.harness.config import HarnessConfig
 from zdiag.harness.memory_budget import GIB, MemoryBudget, cap_cuda_memory
 from zdiag.harness.model import ModelArgs, Transformer, synthetic_batch
-from zdiag.harness.sharding import FSDPUnit, apply_fsdp
+from zdiag.harness.sharding import FSDPUnit, apply_fsdp, enable_async_cpu_reduce_scatter
 
 
 def choose_device(cfg: HarnessConfig) -> torch.device:
@@ -68,6 +68,8 @@ def build(
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     units = apply_fsdp(model, cfg, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    if cfg.prefetch == "explicit" and device.type == "cpu" and dist.get_world_size() > 1:
+        enable_async_cpu_reduce_scatter(model, optimizer)
     return model, units, optimizer
 
 
