@@ -111,3 +111,16 @@ def test_overlay_lines_up_with_the_original_trace(real_traces: Path, tmp_path: P
     assert slices
     for ev in slices:
         assert abs(ev["ts"] - annotated[ev["args"]["step"]]) < 1.0  # µs
+
+
+def test_non_finite_numbers_do_not_break_the_json(tmp_path: Path) -> None:
+    report = sample_report(ranks=1, steps=3)
+    report.ranks[0].steps[1].duration_ms = float("nan")
+    report.ranks[0].steps[2].start_ms = float("inf")
+    report.ranks[0].steps[0].exposed_comm_ms = float("nan")
+    write_overlay(report, tmp_path / "o.json")
+    for ev in _load(tmp_path / "o.json"):
+        if ev["ph"] == "X":
+            assert ev["dur"] >= 0 and ev["ts"] == ev["ts"]  # numbers, not null/NaN
+        if ev["ph"] == "C":
+            assert isinstance(ev["args"]["ms"], (int, float))

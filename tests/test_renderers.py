@@ -132,3 +132,17 @@ def test_every_renderer_renders_a_real_report(real_traces: Path, tmp_path: Path)
         if name == "text" and importlib.util.find_spec("zdiag.render.text") is None:
             continue
         assert renderer(report, tmp_path), name
+
+
+def test_analyze_cli_writes_html_and_overlay(
+    real_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`zdiag analyze PATH --html FILE --perfetto FILE` reaches these renderers."""
+    from zdiag.cli import main
+
+    html_path, overlay_path = tmp_path / "r.html", tmp_path / "o.json"
+    trace = real_traces / "hta" / "sampled_128"
+    code = main(["analyze", str(trace), "--html", str(html_path), "--perfetto", str(overlay_path)])
+    assert code == 0, capsys.readouterr().err
+    assert html_path.read_text().startswith("<!DOCTYPE html>")
+    assert json.loads(overlay_path.read_text())["traceEvents"]

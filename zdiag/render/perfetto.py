@@ -18,6 +18,7 @@ docs/reports.md). Process ids are OVERLAY_PID_BASE + rank so they never collide 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ SEVERITY_CNAME = {"info": "generic_work", "warning": "bad", "critical": "terribl
 
 
 def _us(value: float) -> float:
-    return round(value, 3)
+    """A number rounded to 3 decimals (µs: to the ns); non-finite values (bad input) become 0."""
+    return round(value, 3) if math.isfinite(value) else 0.0
 
 
 def _metadata(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
@@ -118,7 +120,7 @@ def _step_events(pid: int, rank: RankSummary, detailed: bool) -> list[dict[str, 
                 "pid": pid,
                 "ts": ts,
                 "name": "exposed comm (ms)",
-                "args": {"ms": round(s.exposed_comm_ms, 3)},
+                "args": {"ms": _us(s.exposed_comm_ms)},
             }
         )
         end_us = _us(ts + dur)
