@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_monitor_state import NOW, job
+from test_monitor_state import NOW, job, rec
 from textual.widgets import DataTable, Static
 
 from zdiag.tui.monitor_app import MonitorApp
@@ -129,3 +129,17 @@ def test_snapshot_problem_job(snap_compare: Any) -> None:
 
 def test_snapshot_empty(snap_compare: Any) -> None:
     assert snap_compare(make_app(), terminal_size=(100, 20))
+
+
+async def test_refresh_updates_cells_in_place_and_rebuilds_on_reorder() -> None:
+    app = make_app(problem_job())
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.pause()
+        table = app.query_one("#ranks", DataTable)
+        app.state.ingest([rec(0, 31, ts=NOW, recv_ts=NOW, step_time_ms=250.0)], NOW)
+        app.refresh_view()  # same order (by rank): cells are updated in place
+        assert [str(c) for c in table.get_row("0")][2:4] == ["31", "250 ms"]
+        await pilot.press("s")  # by step time: the order changes, the table is rebuilt
+        assert first_column(app)[:2] == ["1", "2"]  # 100 ms ranks first, rank 0 (250 ms) last
+        await pilot.press("r")
+        assert first_column(app)[0] == "0"

@@ -76,6 +76,8 @@ class MonitorApp(App[None]):
         self.sort_reverse = False
         self.paused = False
         self.last_view: MonitorView | None = None
+        self._order: list[str] = []  # row keys as shown
+        self._shown: dict[str, tuple[tuple[str, ...], str]] = {}  # key -> (cells, status)
 
     def compose(self) -> ComposeResult:
         """Header, table, sparkline, findings, footer."""
@@ -125,19 +127,32 @@ class MonitorApp(App[None]):
         return text
 
     def _fill_table(self, view: MonitorView) -> None:
+        """Update the cells that changed; rebuild the table only when the row order changed."""
         table = self.query_one("#ranks", DataTable)
-        cursor = table.cursor_row
         rows = sorted(
             view.rows, key=lambda r: _sort_value(r, self.sort_key), reverse=self.sort_reverse
         )
         scale = spark_scale(view)
-        table.clear()
-        for row in rows:
-            style = STATUS_STYLE.get(row.status, "")
-            cells = (Text(c, style=style) for c in row_cells(row, scale))
-            table.add_row(*cells, key=str(row.rank))
-        if rows:
-            table.move_cursor(row=min(cursor, len(rows) - 1), animate=False)
+        shown = {str(row.rank): (row_cells(row, scale), row.status) for row in rows}
+        order = list(shown)
+        if order == self._order:
+            for key, (cells, status) in shown.items():
+                old_cells, old_status = self._shown[key]
+                style = STATUS_STYLE.get(status, "")
+                for column, new, old in zip(COLUMNS, cells, old_cells, strict=True):
+                    if new != old or status != old_status:
+                        table.update_cell(
+                            key, column, Text(new, style=style), update_width=len(new) > len(old)
+                        )
+        else:
+            cursor = table.cursor_row
+            table.clear()
+            for key, (cells, status) in shown.items():
+                style = STATUS_STYLE.get(status, "")
+                table.add_row(*(Text(c, style=style) for c in cells), key=key)
+            if rows:
+                table.move_cursor(row=min(cursor, len(rows) - 1), animate=False)
+        self._order, self._shown = order, shown
 
     def _findings(self, view: MonitorView) -> Text:
         text = Text()
