@@ -15,8 +15,11 @@ Columns (all of length `len(trace)`, index `i` is one event):
 - `external_id[i]`: Kineto "External id" linking a kernel to the CPU op that launched it (-1)
 
 `args` keeps the full `args` dict only for the events that need it (collective kernels and
-ops, `record_param_comms`, `nccl:*`/`gloo:*`/`c10d::*` ops, `FSDP::*` / `ProfilerStep#*` /
-other annotations); look it up with `trace.args.get(i, {})`.
+ops, `record_param_comms`, `nccl:*`/`gloo:*`/`c10d::*` ops, `FSDP::*` / `ProfilerStep#*`
+annotations); look it up with `trace.args.get(i, {})`. It is a read-only Mapping whose dicts are
+built on first access. Kept keys: External id, correlation, Collective name, In/Out msg nelems,
+dtype, Group size, Process Group Name/Description/Ranks, Input Dims, Input type (ask for
+more in loader._Args: every key is a field there, and each costs memory on huge traces).
 
 `collectives` is one row per communication event that counts as device communication (comm
 kernels on GPU runs; `gloo:*`/`nccl:*` ops on host-only runs) with its collective kind
@@ -33,6 +36,7 @@ Example (count all-gather kernels on rank 0):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -128,7 +132,7 @@ class RankTrace:
     kind: npt.NDArray[np.uint8]
     correlation: IntArray
     external_id: IntArray
-    args: dict[int, dict[str, Any]] = field(default_factory=dict)
+    args: Mapping[int, dict[str, Any]] = field(default_factory=dict)
     collectives: Collectives = field(default_factory=Collectives.empty)
     distributed_info: dict[str, Any] | None = None
     device_properties: list[dict[str, Any]] = field(default_factory=list)

@@ -18,6 +18,7 @@ import gzip
 import math
 import re
 import zlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,28 +58,20 @@ class _Args(msgspec.Struct, gc=False):
     collective_name: Any = msgspec.field(default=None, name="Collective name")
     in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_msg_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    in_split_size: Any = msgspec.field(default=None, name="In split size")
-    out_split_size: Any = msgspec.field(default=None, name="Out split size")
     dtype: Any = None
     group_size: Any = msgspec.field(default=None, name="Group size")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
-    global_rank_start: Any = msgspec.field(default=None, name="Global rank start")
-    global_rank_stride: Any = msgspec.field(default=None, name="Global rank stride")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    stream: Any = None
-    device: Any = None
-    nbytes: Any = msgspec.field(default=None, name="bytes")
     input_dims: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input type")
-    concrete_inputs: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Concrete Inputs")
 
 
 ARGS_KEYS: dict[str, str] = {
     f.name: f.encode_name for f in msgspec.structs.fields(_Args) if f.name != "name"
 }
 """Struct field -> Kineto args key, for the keys kept in RankTrace.args."""
+_ATTR_BY_KEY = {key: attr for attr, key in ARGS_KEYS.items()}
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -253,11 +246,15 @@ def _id_column(values: list[Any]) -> np.ndarray:
         return np.array([-1 if (x := _as_int(v)) is None else x for v in values], dtype=np.int64)
 
 
+_RAW_FIELDS = ("input_dims", "input_type")
+
+
 def _args_dict(a: _Args) -> dict[str, Any]:
     """The kept args of one event, under Kineto's key names (raw shape lists decoded)."""
     out: dict[str, Any] = {}
-    for attr, key in ARGS_KEYS.items():
-        value = getattr(a, attr)
+    for attr, value in msgspec.structs.asdict(a).items():
+        if value is None or attr == "name":
+            continue
         if isinstance(value, msgspec.Raw):
             if not value:
                 continue
@@ -265,9 +262,54 @@ def _args_dict(a: _Args) -> dict[str, Any]:
                 value = _RAW_DECODER.decode(value)
             except msgspec.DecodeError:
                 continue
-        if value is not None:
-            out[key] = value
+        out[ARGS_KEYS[attr]] = value
     return out
+
+
+class KeptArgs(Mapping[int, dict[str, Any]]):
+    """`RankTrace.args`: event index -> args dict, built on first access (most are never read).
+
+    `value(i, key)` reads one Kineto key without building the dict.
+    """
+
+    def __init__(self, structs: dict[int, _Args]) -> None:
+        for a in structs.values():  # detach raw slices from the file buffer (memory)
+            for attr in _RAW_FIELDS:
+                raw = getattr(a, attr)
+                if raw:
+                    setattr(a, attr, raw.copy())
+        self._structs = structs
+        self._dicts: dict[int, dict[str, Any]] = {}
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        d = self._dicts.get(i)
+        if d is None:
+            d = self._dicts[i] = _args_dict(self._structs[i])
+        return d
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._structs)
+
+    def __len__(self) -> int:
+        return len(self._structs)
+
+    def __contains__(self, i: object) -> bool:
+        return i in self._structs
+
+    def value(self, i: int, key: str) -> Any:
+        """One args value of event i by its Kineto key ("Collective name"), or None."""
+        a = self._structs.get(i)
+        if a is None:
+            return None
+        attr = _ATTR_BY_KEY.get(key)
+        return None if attr is None else getattr(a, attr)
+
+    def reindexed(self, new_pos: np.ndarray) -> KeptArgs:
+        """The same args under new event indices (after sorting)."""
+        out = KeptArgs.__new__(KeptArgs)
+        out._structs = {int(new_pos[i]): a for i, a in self._structs.items()}
+        out._dicts = {}
+        return out
 
 
 def _is_float_text(v: Any) -> bool:
@@ -301,16 +343,20 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
             f"{path}: is JSON but has no 'traceEvents' list; pass a Kineto trace exported by torch.profiler."
         )
     warnings: list[str] = []
-    thread_names: dict[tuple[Any, Any], str] = {}
-    complete: list[_Event] = []
-    for e in events:
-        if e.ph == "X":
-            complete.append(e)
-        elif e.ph == "M" and e.name == "thread_name" and e.args is not None:
-            if isinstance(e.args.name, str):
-                thread_names[(e.pid, e.tid)] = e.args.name
-    # Drop the profiler's own span ("PyTorch Profiler (0)", cat "Trace") and events without dur.
-    complete = [e for e in complete if e.cat != "Trace" and e.dur is not None and e.ts is not None]
+    thread_names: dict[tuple[Any, Any], str] = {
+        (e.pid, e.tid): e.args.name
+        for e in events
+        if e.ph == "M"
+        and e.name == "thread_name"
+        and e.args is not None
+        and isinstance(e.args.name, str)
+    }
+    # Complete events only, minus the profiler's own span ("PyTorch Profiler (0)", cat "Trace").
+    complete = [
+        e
+        for e in events
+        if e.ph == "X" and e.dur is not None and e.ts is not None and e.cat != "Trace"
+    ]
     n = len(complete)
     ts = _number_column([e.ts for e in complete], path, "ts")
     dur = _number_column([e.dur for e in complete], path, "dur")
@@ -362,11 +408,12 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
     external_id = _id_column([e.args.external_id if e.args else None for e in complete])
     correlation = _id_column([e.args.correlation if e.args else None for e in complete])
     keep = np.isin(kind, np.array([int(k) for k in _KEEP_ARGS_KINDS], np.uint8))
-    kept_args: dict[int, dict[str, Any]] = {}
+    kept_structs: dict[int, _Args] = {}
     for i in np.flatnonzero(keep).tolist():
         a = complete[i].args
         if a is not None:
-            kept_args[i] = _args_dict(a)
+            kept_structs[i] = a
+    kept_args = KeptArgs(kept_structs)
 
     # Sort everything by start time (stable: ties keep file order).
     order = np.argsort(ts, kind="stable")
@@ -381,7 +428,7 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         correlation, external_id = correlation[order], external_id[order]
         new_pos = np.empty(n, dtype=np.int64)
         new_pos[order] = np.arange(n)
-        kept_args = {int(new_pos[i]): a for i, a in kept_args.items()}
+        kept_args = kept_args.reindexed(new_pos)
 
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None
     rank = _as_int(info.get("rank")) if info else None
@@ -429,6 +476,14 @@ def _device_kind(trace: RankTrace) -> str:
 _BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
 
 
+def _has_collective_name(trace: RankTrace) -> Callable[[int], bool]:
+    """A fast test for "event i's args hold a 'Collective name'"."""
+    args = trace.args
+    if isinstance(args, KeptArgs):
+        return lambda i: args.value(i, "Collective name") is not None
+    return lambda i: "Collective name" in args.get(i, {})
+
+
 def build_collectives(trace: RankTrace) -> Collectives:
     """The comm events of a rank with their kind, sizes, dtype, group size and process group.
 
@@ -452,11 +507,11 @@ def build_collectives(trace: RankTrace) -> Collectives:
         calls = rows
     around_index = EnclosingIndex(trace, comm_ops)
     by_ext: dict[int, dict[str, Any]] = {}
-    for i in comm_ops:
-        a = trace.args.get(int(i), {})
+    has_name = _has_collective_name(trace)
+    for i in comm_ops.tolist():
         ext = int(trace.external_id[i])
-        if ext >= 0 and "Collective name" in a:
-            by_ext.setdefault(ext, a)
+        if ext >= 0 and has_name(i):
+            by_ext.setdefault(ext, trace.args[i])
     kinds = list(COLLECTIVE_KINDS)
     m = len(rows)
     kind = np.zeros(m, dtype=np.int16)
@@ -474,9 +529,8 @@ def build_collectives(trace: RankTrace) -> Collectives:
         if call >= 0:
             around = around_index.at(int(trace.lane_id[call]), float(trace.ts_us[call]))
             for op in reversed(around):  # innermost first
-                op_args = trace.args.get(op, {})
-                if not src and "Collective name" in op_args:
-                    src = op_args
+                if not src and has_name(op):
+                    src = trace.args[op]
                 if trace.name(op) != "record_param_comms":
                     labels.append(trace.name(op))
         k = "unknown"
