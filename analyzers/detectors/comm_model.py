@@ -39,8 +39,11 @@ class AlphaBeta:
 def fit_alpha_beta(records: Sequence[CollectiveRecord]) -> AlphaBeta | None:
     """Fit alpha/beta to the fastest execution per message size; None without usable sizes.
 
-    With one size (or a non-positive slope) beta is the best bandwidth seen and alpha the
-    fastest small-message time minus its transfer at that bandwidth (never negative).
+    The line is a Theil-Sen fit (median of pairwise slopes, median intercept) over those
+    envelope points: one size whose few samples all hit a slow moment moves it little, where a
+    least-squares line would follow it. alpha is kept within [0, fastest time seen] (no
+    collective can beat its own overhead). With one size, or a non-positive slope, beta is the
+    best bandwidth seen and alpha the fastest time minus its transfer at that bandwidth.
     """
     fastest: dict[int, float] = defaultdict(lambda: float("inf"))
     for r in records:
@@ -50,12 +53,15 @@ def fit_alpha_beta(records: Sequence[CollectiveRecord]) -> AlphaBeta | None:
         return None
     sizes = np.array(sorted(fastest), dtype=np.float64)
     times = np.array([fastest[int(s)] for s in sizes], dtype=np.float64)
-    if len(sizes) >= 2 and sizes[-1] > sizes[0]:
-        slope, intercept = np.polyfit(sizes, times, 1)
-        if slope > 0 and intercept >= 0:
-            return AlphaBeta(float(intercept), float(1.0 / slope), len(sizes))
+    if len(sizes) >= 2:
+        i, j = np.triu_indices(len(sizes), k=1)
+        slope = float(np.median((times[j] - times[i]) / (sizes[j] - sizes[i])))
+        if slope > 0:
+            alpha = float(np.median(times - slope * sizes))
+            alpha = min(max(alpha, 0.0), float(times.min()))
+            return AlphaBeta(alpha, 1.0 / slope, len(sizes))
     beta = float((sizes / times).max())
     alpha = float(max(0.0, (times - sizes / beta).min()))
     if alpha == 0.0:
-        alpha = float(times.min())  # smallest message's time is all overhead
+        alpha = float(times.min())  # the smallest message's time is all overhead
     return AlphaBeta(alpha, beta, len(sizes))

@@ -114,7 +114,29 @@ def build_context(run: Any, analysis: Any) -> DetectorContext:
         analysis=analysis,
     )
     ctx.memory = _memory_evidence(ctx, getattr(run, "run_dir", None), report)
+    fill_unit_bytes_from_manifest(ctx)
     return ctx
+
+
+def fill_unit_bytes_from_manifest(ctx: DetectorContext) -> None:
+    """Collectives whose size the trace does not record (gloo without `record_shapes`) take
+    their unit's unsharded parameter bytes from the manifest's `fsdp_units`.
+
+    Both an all-gather and its gradient reduction move the unit's full parameter count; the
+    manifest's bytes are at the parameters' storage dtype (fp32 shards), so under bf16 gathers
+    they overstate the gather by 2x: the trace's own sizes are always preferred.
+    """
+    sizes = {
+        str(u.get("name", "")): int(u["param_bytes"])
+        for u in ctx.manifest_units()
+        if isinstance(u.get("param_bytes"), int) and u["param_bytes"] > 0
+    }
+    if not sizes:
+        return
+    for lg in ctx.ledgers.values():
+        for r in lg.records:
+            if r.bytes <= 0 and r.unit in sizes:
+                r.bytes = sizes[r.unit]
 
 
 # --- memory evidence ------------------------------------------------------------------------
