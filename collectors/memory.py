@@ -20,13 +20,18 @@ def cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def read_device_memory(reset_peak: bool = True) -> MemoryReading:
+def read_device_memory(
+    reset_peak: bool = True, cuda_available: bool | None = None
+) -> MemoryReading:
     """(allocated, reserved, peak since the last reading) in bytes on the current CUDA device.
 
     On CPU, PyTorch keeps no allocator statistics: the reader registered with
     `runinfo.set_memory_reader` answers if there is one, else (None, None, None).
+    `cuda_available` saves the per-step `torch.cuda.is_available()` call when the caller knows it.
     """
-    if not cuda_in_use():
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not (cuda_available and torch.cuda.is_initialized()):
         reader = runinfo.memory_reader()
         if reader is None:
             return NO_READING

@@ -105,6 +105,8 @@ class RankSession:
             self.run_dir / rundir.step_log_relpath(self.rank), config.max_step_log_lines
         )
         self._nvtx = StepRanges(config.nvtx)
+        self._cuda = torch.cuda.is_available()
+        self._dist = dist.is_available()
         self._step_start = time.perf_counter()
 
     # ----------------------------------------------------------------- lifecycle
@@ -182,21 +184,13 @@ class RankSession:
             self.step_index += 1
             self._nvtx.end()
             allocated, reserved, peak = (
-                self._guard("memory reader", memory.read_device_memory) or memory.NO_READING
+                self._guard("memory reader", memory.read_device_memory, True, self._cuda)
+                or memory.NO_READING
             )
-            self._step_log.write(
-                {
-                    "step": step,
-                    "time_unix": time.time(),
-                    "duration_ms": round(duration_ms, 4),
-                    "mem_allocated_bytes": allocated,
-                    "mem_reserved_bytes": reserved,
-                    "mem_peak_bytes": peak,
-                }
-            )
+            self._step_log.write_step(step, time.time(), duration_ms, allocated, reserved, peak)
             if self._publisher is not None:
                 self._publish(step, duration_ms, allocated, reserved, peak)
-            if self.backend is None and dist.is_available() and dist.is_initialized():
+            if self.backend is None and self._dist and dist.is_initialized():
                 self.backend = str(dist.get_backend())
                 if self._prof is not None:
                     self._prof.preset_metadata.pop("distributedInfo", None)
