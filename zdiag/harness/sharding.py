@@ -7,7 +7,8 @@ How each knob maps onto FSDP2 (see docs/harness.md for the reasoning):
 - `--zero 3`: `reshard_after_forward=True` (parameters freed after forward, gathered again for
   backward: ZeRO-3). `--zero 2`: `reshard_after_forward=False` (parameters stay gathered from
   forward to backward, gradients and optimizer state stay sharded: ZeRO-2 memory, one gather per
-  step). FSDP2 never reshards the root after forward, whatever is asked.
+  step). The root unit (embeddings, final norm, output) is not resharded after forward when
+  other units exist, as FSDP2's own root default does; with `--wrap whole` it follows `--zero`.
 - `--prefetch explicit`: each unit prefetches the next unit's all-gather in forward and the
   previous one's in backward (`set_modules_to_forward_prefetch` / `..._backward_prefetch`). On CPU,
   FSDP2's streams are no-ops and its default all-gather is synchronous (blocks the only thread), so
@@ -84,9 +85,14 @@ class AsyncCPUReduceScatter(ReduceScatter):
         async_op: bool = False,
     ) -> dist.Work | None:
         """Issue the reduce-scatter asynchronously; FSDP2 ignores the returned work."""
-        work = dist.reduce_scatter_tensor(
-            output_tensor, input_tensor, op=op, group=group, async_op=True
-        )
+        if hasattr(dist, "reduce_scatter_single"):  # torch >= 2.12 name; the old one warns
+            work = dist.reduce_scatter_single(
+                output=output_tensor, input=input_tensor, op=op, group=group, async_op=True
+            )
+        else:
+            work = dist.reduce_scatter_tensor(
+                output_tensor, input_tensor, op=op, group=group, async_op=True
+            )
         assert work is not None
         self.pending.append((work, input_tensor, output_tensor))
         return work
@@ -164,7 +170,10 @@ def apply_fsdp(model: Transformer, cfg: HarnessConfig, mesh: DeviceMesh) -> list
         units = []
     for module in units:
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    # The root's parameters are needed again first thing in backward: like FSDP2's own default
+    # for the root (reshard_after_forward=None), keep them gathered, unless it is the only unit.
+    root_reshard = reshard if not units else False
+    fully_shard(model, mesh=mesh, reshard_after_forward=root_reshard, mp_policy=mp)
     fsdp_units: list[FSDPModule] = [m for m in units if isinstance(m, FSDPModule)]
     root = model
     assert isinstance(root, FSDPModule)
