@@ -23,6 +23,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,11 @@ class Measurement:
 
     label: str
     wall_s: float
-    peak_rss_mb: float
+    peak_rss_mb: float  # the largest single process (GNU time %M)
     ok: bool
     detail: str = ""
+    cpu_s: float = float("nan")  # user + system seconds of the child and its children
+    tree_peak_mb: float = float("nan")  # peak of the summed RSS of the process tree (sampled)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -149,35 +152,104 @@ def _child_decode(name: str, path: str) -> None:
 
 
 TIME_BIN = "/usr/bin/time"
+SAMPLE_S = 0.1
 
 
-def run_child(label: str, argv: list[str], timeout_s: float = 3600.0) -> Measurement:
-    """Run `argv` as a child: wall time around it, and the child's own peak RSS.
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_kb(root: int) -> int:
+    """Summed RSS of a process and all its descendants, in KiB (0 once it is gone)."""
+    total, todo, seen = 0, [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _rss_kb(pid)
+        todo += _children(pid)
+    return total
+
+
+def run_child(
+    label: str, argv: list[str], timeout_s: float = 3600.0, stdout_path: Path | None = None
+) -> Measurement:
+    """Run `argv` as a child: wall time, CPU time, the largest process's peak RSS and the peak
+    of the whole process tree's summed RSS (worker pools count in full).
 
     Peak RSS comes from GNU time (`/usr/bin/time -f %M`), which forks the child from its own tiny
     process: Linux carries a parent's RSS into a forked child's `ru_maxrss`, so measuring with
-    `os.wait4` straight from this (bigger) process would overstate small children.
+    `os.wait4` straight from this (bigger) process would overstate small children. The tree sum
+    is sampled every 0.1 s from /proc. `stdout_path` sends the child's stdout to a file.
     """
     rss_file = Path(f"/tmp/zdiag-bench-rss-{os.getpid()}.txt")
     use_time = os.access(TIME_BIN, os.X_OK)
-    full = [TIME_BIN, "-f", "%M", "-o", str(rss_file), *argv] if use_time else argv
+    full = [TIME_BIN, "-f", "%M %U %S", "-o", str(rss_file), *argv] if use_time else argv
+    out_f = stdout_path.open("wb") if stdout_path else None
     t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        full, stdout=out_f if out_f else subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    tree_peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal tree_peak
+        while not done.is_set():
+            tree_peak = max(tree_peak, tree_rss_kb(proc.pid))
+            done.wait(SAMPLE_S)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
-        proc = subprocess.run(full, capture_output=True, timeout=timeout_s, check=False)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = -9, exc.stdout or b"", (exc.stderr or b"") + b" (timed out)"
+        out, err = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        rc, err = -9, (err or b"") + b" (timed out)"
     wall = time.perf_counter() - t0
-    peak_mb = float("nan")
+    done.set()
+    sampler.join()
+    if out_f:
+        out_f.close()
+    peak_mb = cpu_s = float("nan")
     if use_time and rss_file.exists():
-        lines = [ln for ln in rss_file.read_text().splitlines() if ln.strip().isdigit()]
-        if lines:
-            peak_mb = int(lines[-1]) / 1024.0  # GNU time reports KiB
+        for line in rss_file.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0].isdigit():
+                peak_mb = int(parts[0]) / 1024.0  # GNU time reports KiB
+                cpu_s = float(parts[1]) + float(parts[2])
         rss_file.unlink()
-    text_out = out.decode(errors="replace").strip()
+    text_out = (out or b"").decode(errors="replace").strip()
     ok = rc == 0
-    detail = text_out.splitlines()[-1] if ok and text_out else err.decode(errors="replace")[-400:]
-    return Measurement(label, wall, peak_mb, ok, detail.strip())
+    detail = (
+        text_out.splitlines()[-1]
+        if ok and text_out
+        else (err or b"").decode(errors="replace")[-400:]
+    )
+    # the sampled tree includes GNU time itself (~2 MB); never report less than %M
+    tree_mb = max(tree_peak / 1024.0, peak_mb) if tree_peak else peak_mb
+    return Measurement(label, wall, peak_mb, ok, detail.strip(), cpu_s, tree_mb)
 
 
 def baseline_rss_mb() -> float:
@@ -268,6 +340,235 @@ def cmd_decoders(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the end-to-end comparison ---------------------------------------------------------------
+
+SOURCE_TRACE = REPO.parent / "shared" / "real_traces" / "hta" / "v100_ddp_rank1_of_2.json.gz"
+"""The real trace repeated in time: DDP on 2x V100, 5 ProfilerSteps, NCCL, memory events."""
+SINGLE_SIZES_MB = (100, 500, 1000)
+RANKS, RANK_SIZE_MB = 8, 200
+FULL_DECODE_ORDER = ("orjson", "msgspec", "json", "ujson", "simdjson")
+BIG_DECODERS = ("orjson", "msgspec", "json", "msgspec-typed")
+BIG_INPUT_MB = 150.0
+"""Past this size only BIG_DECODERS run: ujson and simdjson are slower than orjson/msgspec and
+need 8-12x the JSON size in memory (measured on the real traces and the 100 MB input)."""
+MEM_LIMIT_MB = 12_000.0
+"""Never start a child predicted to exceed this peak RSS (the machine is shared)."""
+MEM_RESERVE_MB = 4_000.0
+"""...nor one predicted to leave less than this of the machine's available memory."""
+
+
+def _child_hta(paths: list[str]) -> None:
+    """Child-process body: HTA as a user runs it (parse + temporal breakdown + overlap)."""
+    sys.path.insert(0, str(REPO))
+    from zdiag.analyzers.hta_adapter import hta_breakdown
+
+    t0 = time.perf_counter()
+    target: list[Path] | Path = (
+        Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else [Path(p) for p in paths]
+    )
+    rows = hta_breakdown(target)
+    print(json.dumps({"ranks": len(rows), "s": time.perf_counter() - t0}))
+
+
+def mem_available_mb() -> float:
+    """MemAvailable from /proc/meminfo in MB (inf when unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("inf")
+
+
+class Guard:
+    """Predicts a tool's peak RSS from its smaller runs (MB of RSS per MB of JSON) and refuses
+    runs predicted past MEM_LIMIT_MB or past the available memory minus MEM_RESERVE_MB."""
+
+    def __init__(self, limit_mb: float) -> None:
+        self.limit_mb = limit_mb
+        self.per_mb: dict[str, float] = {}
+
+    def record(self, tool: str, json_mb: float, peak_mb: float) -> None:
+        """Remember the worst RSS-per-JSON-MB seen for `tool`."""
+        if json_mb > 0 and peak_mb == peak_mb:  # not NaN
+            self.per_mb[tool] = max(self.per_mb.get(tool, 0.0), peak_mb / json_mb)
+
+    def predict(self, tool: str, json_mb: float) -> float | None:
+        """Predicted peak RSS (MB), or None before any run of `tool`."""
+        ratio = self.per_mb.get(tool)
+        return None if ratio is None else ratio * json_mb
+
+    def refuse(self, tool: str, json_mb: float) -> str | None:
+        """Why `tool` must not run on `json_mb` of JSON, or None when it may."""
+        pred = self.predict(tool, json_mb)
+        if pred is None:
+            return None
+        room = min(self.limit_mb, mem_available_mb() - MEM_RESERVE_MB)
+        if pred > room:
+            return f"skipped: predicted peak {pred:,.0f} MB > {room:,.0f} MB allowed"
+        return None
+
+
+def build_inputs(workdir: Path, src: Path, sizes: tuple[int, ...], ranks: int) -> dict[str, Path]:
+    """Inflated inputs in `workdir` (built once; reused when present)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    inflate = HERE / "inflate_trace.py"
+    out: dict[str, Path] = {}
+    for mb in sizes:
+        path = workdir / f"single_{mb}mb" / "rank-0.json"
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            subprocess.run(
+                [sys.executable, str(inflate), str(src), str(path), "--target-mb", str(mb)],
+                check=True,
+            )
+        out[f"{mb} MB"] = path
+    if ranks:
+        folder = workdir / f"ranks{ranks}_{RANK_SIZE_MB}mb"
+        if not (folder / f"rank-{ranks - 1}.json").exists():
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(inflate),
+                    str(src),
+                    str(folder),
+                    "--target-mb",
+                    str(RANK_SIZE_MB),
+                    "--ranks",
+                    str(ranks),
+                ],
+                check=True,
+            )
+        out[f"{ranks} ranks x {RANK_SIZE_MB} MB"] = folder
+    return out
+
+
+def _json_mb(path: Path) -> float:
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return sum(f.stat().st_size for f in files) / 1e6
+
+
+def _row(
+    name: str, json_mb: float, tool: str, m: Measurement | None, note: str = ""
+) -> dict[str, Any]:
+    nan = float("nan")
+    return {
+        "input": name,
+        "json_mb": round(json_mb, 1),
+        "tool": tool,
+        "wall_s": m.wall_s if m else nan,
+        "cpu_s": m.cpu_s if m else nan,
+        "peak_rss_mb": m.peak_rss_mb if m else nan,
+        "tree_peak_mb": m.tree_peak_mb if m else nan,
+        "ok": bool(m and m.ok),
+        "note": note if (m is None or m.ok) else (note + " FAILED: " + m.detail[-200:]).strip(),
+    }
+
+
+def _log(row: dict[str, Any]) -> None:
+    print(
+        f"{row['input']:>22s} {row['tool']:>16s}  wall {row['wall_s']:8.2f} s  cpu "
+        f"{row['cpu_s']:8.2f} s  peak {row['peak_rss_mb']:8.0f} MB  tree {row['tree_peak_mb']:8.0f}"
+        f" MB  {row['note']}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def compare(
+    inputs: dict[str, Path],
+    workdir: Path,
+    *,
+    decoders: tuple[str, ...],
+    big_decoders: tuple[str, ...],
+    with_hta: bool,
+    guard: Guard,
+) -> list[dict[str, Any]]:
+    """zdiag analyze, HTA and the decoders on each input, one child at a time."""
+    rows: list[dict[str, Any]] = []
+    for name, path in inputs.items():
+        json_mb = _json_mb(path)
+        is_dir = path.is_dir()
+        m = run_child(
+            "zdiag",
+            [sys.executable, "-m", "zdiag", "analyze", str(path), "--json", "--quiet"],
+            stdout_path=workdir / "report.json",
+        )
+        note = ""
+        if m.ok:
+            report = json.loads((workdir / "report.json").read_bytes())
+            steps = sum(len(r["steps"]) for r in report["ranks"])
+            note = f"{len(report['ranks'])} rank(s), {steps} steps"
+        rows.append(_row(name, json_mb, "zdiag analyze", m, note))
+        _log(rows[-1])
+        if not is_dir:
+            for dec in decoders if json_mb <= BIG_INPUT_MB else big_decoders:
+                why = guard.refuse(dec, json_mb)
+                if why:
+                    rows.append(_row(name, json_mb, dec, None, why))
+                else:
+                    m = run_child(dec, [sys.executable, __file__, "_decode", dec, str(path)])
+                    guard.record(dec, json_mb, m.peak_rss_mb)
+                    rows.append(_row(name, json_mb, dec, m))
+                _log(rows[-1])
+        if with_hta:
+            why = guard.refuse("hta", json_mb)
+            if why:
+                rows.append(_row(name, json_mb, "HTA", None, why))
+            else:
+                m = run_child("hta", [sys.executable, __file__, "_hta", str(path)])
+                guard.record("hta", json_mb, m.tree_peak_mb)
+                rows.append(_row(name, json_mb, "HTA", m))
+            _log(rows[-1])
+    return rows
+
+
+def results_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of the comparison rows."""
+    lines = [
+        "| input | JSON MB | tool | wall s | CPU s | peak RSS MB (largest process) | peak RSS MB (all processes) | note |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r["ok"]:
+            nums = (
+                f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['peak_rss_mb']:,.0f} | "
+                f"{r['tree_peak_mb']:,.0f}"
+            )
+        else:
+            nums = "- | - | - | -"
+        lines.append(f"| {r['input']} | {r['json_mb']:,.0f} | {r['tool']} | {nums} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """`compare`: build the inputs, run everything, print the table (and write --json-out)."""
+    src = Path(args.source)
+    if not src.is_file():
+        print(f"analyze_speed: source trace not found: {src}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir)
+    sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else ()
+    inputs = build_inputs(workdir, src, sizes, args.ranks)
+    decoders = tuple(args.decoders.split(",")) if args.decoders else ()
+    guard = Guard(args.mem_limit_mb)
+    rows = compare(
+        inputs,
+        workdir,
+        decoders=decoders,
+        big_decoders=tuple(d for d in BIG_DECODERS if d in decoders),
+        with_hta=not args.no_hta,
+        guard=guard,
+    )
+    print(f"machine: {machine_line()}")
+    print(time.strftime("date: %Y-%m-%d %H:%M UTC", time.gmtime()))
+    print(results_table(rows))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -276,13 +577,31 @@ def main(argv: list[str] | None = None) -> int:
     p_dec.add_argument("files", nargs="+")
     p_dec.add_argument("--only", help="comma-separated decoders (default: all)")
     p_dec.add_argument("--json-out", help="also write the rows as JSON here")
+    p_cmp = sub.add_parser("compare", help="zdiag analyze vs HTA vs decoders on inflated traces")
+    p_cmp.add_argument("--workdir", default="/tmp/zdiag-bench", help="scratch folder for inputs")
+    p_cmp.add_argument("--source", default=str(SOURCE_TRACE), help="the real trace to inflate")
+    p_cmp.add_argument(
+        "--sizes", default=",".join(map(str, SINGLE_SIZES_MB)), help="single-trace MB, e.g. 100,500"
+    )
+    p_cmp.add_argument("--ranks", type=int, default=RANKS, help="ranks of 200 MB (0: none)")
+    p_cmp.add_argument("--decoders", default=",".join((*FULL_DECODE_ORDER, "msgspec-typed")))
+    p_cmp.add_argument("--no-hta", action="store_true", help="leave HTA out")
+    p_cmp.add_argument("--mem-limit-mb", type=float, default=MEM_LIMIT_MB)
+    p_cmp.add_argument("--json-out", help="also write the rows as JSON here")
     p_child = sub.add_parser("_decode", help=argparse.SUPPRESS)
     p_child.add_argument("decoder")
     p_child.add_argument("file")
+    p_hta = sub.add_parser("_hta", help=argparse.SUPPRESS)
+    p_hta.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
     if args.cmd == "_decode":
         _child_decode(args.decoder, args.file)
         return 0
+    if args.cmd == "_hta":
+        _child_hta(args.paths)
+        return 0
+    if args.cmd == "compare":
+        return cmd_compare(args)
     if args.cmd == "decoders":
         return cmd_decoders(args)
     return 2
