@@ -127,6 +127,8 @@ class ReportApp(App[None]):
             ("#finding-detail-box", "Finding"),
         ):
             self.query_one(selector).border_title = title
+        ranks.border_subtitle = "Enter → steps"
+        self.query_one("#steps-table").border_subtitle = "Enter → spans · Esc ← ranks"
         ranks.focus()
 
     @on(DataTable.RowHighlighted, "#ranks")
