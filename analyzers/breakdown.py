@@ -91,11 +91,13 @@ def _host_sets(
     return compute, comm
 
 
-def breakdown_rank(trace: RankTrace, windows: StepWindows) -> list[StepBreakdown]:
-    """One StepBreakdown per step window of the rank."""
+def breakdown_rank(
+    trace: RankTrace, windows: StepWindows, sets: ActivitySets | None = None
+) -> list[StepBreakdown]:
+    """One StepBreakdown per step window of the rank (`sets`: reuse already built sets)."""
     if not len(windows):
         return []
-    sets = ActivitySets(trace)
+    sets = sets or ActivitySets(trace)
     s, e = windows.start_us, windows.end_us
     dur = e - s
     compute = iv.clipped_totals(sets.compute, s, e)
@@ -142,12 +144,14 @@ def breakdown_rank(trace: RankTrace, windows: StepWindows) -> list[StepBreakdown
     return out
 
 
-def collective_stats(trace: RankTrace, windows: StepWindows) -> list[CollectiveKindStats]:
+def collective_stats(
+    trace: RankTrace, windows: StepWindows, sets: ActivitySets | None = None
+) -> list[CollectiveKindStats]:
     """Totals per collective kind on one rank, over the step windows (all steps together)."""
     coll = trace.collectives
     if not len(coll) or not len(windows):
         return []
-    sets = ActivitySets(trace)
+    sets = sets or ActivitySets(trace)
     ev = coll.event
     in_window = windows.index_of(trace.ts_us[ev]) >= 0
     out = []

@@ -21,17 +21,20 @@ import json
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zdiag import __version__
 from zdiag.analyzers import verdict
-from zdiag.analyzers.breakdown import breakdown_rank, collective_stats
+from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
-from zdiag.analyzers.report import Finding, RankSummary, Report
+from zdiag.analyzers.memory import load_memory_timeline
+from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
 from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
 from zdiag.analyzers.steps import find_steps
+from zdiag.analyzers.timeline import step_timeline
 from zdiag.errors import InputError
 
 Progress = Callable[[int, int, str], None]
@@ -94,11 +97,28 @@ def _strings(node: dict[str, Any]) -> Iterable[str]:
             yield from (x for x in v.values() if isinstance(x, str))
 
 
-def discover(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | None, Path | None]:
-    """(trace files, manifest, run_dir) for the given paths; InputError when none is usable."""
+def is_memory_timeline_name(path: Path) -> bool:
+    """File names that `export_memory_timeline` outputs usually get (not Kineto traces)."""
+    name = path.name.lower()
+    return "timeline" in name or name.endswith((".raw.json.gz", ".raw.gz", ".raw.json"))
+
+
+@dataclass
+class Inputs:
+    """What `discover` found: traces, explicit memory timelines, the manifest and run dir."""
+
+    traces: list[Path]
+    memory: list[Path]
+    manifest: dict[str, Any] | None
+    run_dir: Path | None
+
+
+def discover(paths: list[Path]) -> Inputs:
+    """The inputs under the given paths; InputError when none is usable."""
     if not paths:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
     files: list[Path] = []
+    memory: list[Path] = []
     manifest: dict[str, Any] | None = None
     run_dir: Path | None = None
     for p in paths:
@@ -123,10 +143,19 @@ def discover(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | None, Path
                     "directory written by 'zdiag run' or a folder of torch.profiler traces."
                 )
             files.extend(found)
+        elif is_memory_timeline_name(p):
+            memory.append(p)
         else:
             files.append(p)
-    unique = list(dict.fromkeys(f.resolve() for f in files))
-    return unique, manifest, run_dir
+    if not files:
+        raise InputError(
+            f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "
+            "rank's trace (or the run directory)."
+        )
+    by_real: dict[Path, Path] = {}
+    for f in files:
+        by_real.setdefault(f.resolve(), f)
+    return Inputs(list(by_real.values()), memory, manifest, run_dir)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -154,7 +183,8 @@ def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
 
 def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     """Load every trace under `paths` (files, run directories, folders) into a RunData."""
-    files, manifest, run_dir = discover([Path(p) for p in paths])
+    found = discover([Path(p) for p in paths])
+    files, manifest, run_dir = found.traces, found.manifest, found.run_dir
     total_bytes = sum(f.stat().st_size for f in files)
     traces: list[RankTrace] = []
     if len(files) > 1 and total_bytes >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
@@ -183,11 +213,16 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
             f"rank(s) {', '.join(map(str, dup))} appear in several files; cross-rank results "
             "may mix runs"
         )
+    for mem in found.memory:
+        rank = rank_from_file_name(mem)
+        if rank is None:
+            rank = traces[0].rank if len(traces) == 1 else 0
+        run.memory_timelines[rank] = mem
     if run_dir is not None:
         for t in traces:
             mem = run_dir / "memory" / f"rank-{t.rank}.timeline.json.gz"
             if mem.is_file():
-                run.memory_timelines[t.rank] = mem
+                run.memory_timelines.setdefault(t.rank, mem)
             log = run_dir / "steps" / f"rank-{t.rank}.jsonl"
             if log.is_file():
                 run.step_logs[t.rank] = log
@@ -211,7 +246,6 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
         zdiag_version=__version__,
         inputs=[str(p) for p in run.inputs],
         thresholds=verdict.thresholds(),
-        warnings=list(run.warnings),
         run=_run_summary(run),
     )
     steps: dict[int, StepWindows] = {}
@@ -219,9 +253,13 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     for t in run.ranks:
         windows = find_steps(t)
         steps[t.rank] = windows
-        bds = breakdown_rank(t, windows)
+        sets = ActivitySets(t)
+        bds = breakdown_rank(t, windows, sets)
         breakdowns[t.rank] = bds
-        report.collectives.extend(collective_stats(t, windows))
+        report.collectives.extend(collective_stats(t, windows, sets))
+        timeline = step_timeline(t, windows, bds, sets)
+        if timeline is not None:
+            report.timelines.append(timeline)
         _thin_trace_warnings(t)
         report.ranks.append(
             RankSummary(
@@ -236,6 +274,8 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
                 trace_start_us=t.trace_start_us,
             )
         )
+    report.memory.extend(_memory_timelines(run))
+    report.warnings.extend(run.warnings)
     analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
     _run_optional_stages(run, analysis)
     return analysis
@@ -247,6 +287,29 @@ def analyze_paths(
     """Load and analyze; the Report that `zdiag analyze` prints."""
     run = load_run(paths, progress=progress)
     return analyze_run(run, ranks=ranks).report
+
+
+def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
+    """Report.memory from the memory timelines found; a bad one is a warning, not an error."""
+    out = []
+    by_rank = {t.rank: t for t in run.ranks}
+    for rank, path in sorted(run.memory_timelines.items()):
+        t = by_rank.get(rank)
+        if t is None:
+            continue
+        capacity = None
+        if t.device_properties:
+            mem = t.device_properties[0].get("totalGlobalMem")
+            capacity = int(mem) if isinstance(mem, int | float) and mem > 0 else None
+        try:
+            timeline = load_memory_timeline(path, rank, t.trace_start_us, capacity)
+        except InputError as exc:
+            run.warnings.append(f"memory timeline skipped: {exc.message}")
+            continue
+        if run.run_dir is not None and (run.run_dir / "memory" / f"rank-{rank}.oom.json").is_file():
+            timeline.oom = True
+        out.append(timeline)
+    return out
 
 
 def _thin_trace_warnings(t: RankTrace) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from zdiag.analyzers.events import EventKind
 from zdiag.analyzers.pipeline import analyze_run, load_run
-from zdiag.analyzers.report import VERDICTS, Report
+from zdiag.analyzers.report import VERDICTS, Report, decode_report, encode_report
 
 # path -> (rank, device, ProfilerStep numbers or None, collective kinds expected on the device)
 EXPECTED: dict[str, tuple[int, str, list[int] | None, set[str]]] = {
@@ -39,6 +39,7 @@ EXPECTED: dict[str, tuple[int, str, list[int] | None, set[str]]] = {
 
 
 def _check_consistent(report: Report) -> None:
+    assert decode_report(encode_report(report)) == report  # the --json form round-trips
     for rank in report.ranks:
         assert rank.steps
         for s in rank.steps:

@@ -275,3 +275,78 @@ def test_rocm_is_detected(tmp_path: Path) -> None:
     t = load_rank_trace(b.write(tmp_path / "t.json"))
     assert t.device == "rocm"
     assert len(t.of_kind(EventKind.RUNTIME_LAUNCH)) == 1
+
+
+# --- memory timelines ----------------------------------------------------------------------
+
+
+def test_memory_timeline_coalesced_format_in_a_run_dir(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "traces").mkdir(parents=True)
+    (run_dir / "memory").mkdir()
+    _small(rank=0).write(run_dir / "traces" / "rank-0.json.gz")
+    base = 1_000_000  # the synthetic trace's clock origin, in us
+    sizes = [
+        [0, 100, 0, 0, 0, 0, 0, 0, 0],
+        [0, 100, 0, 0, 0, 700, 0, 0, 0],  # activations peak
+        [0, 100, 0, 0, 0, 50, 200, 0, 0],
+    ]
+    data = json.dumps([[base + 10, base + 20, base + 30], sizes]).encode()
+    (run_dir / "memory" / "rank-0.timeline.json.gz").write_bytes(gzip.compress(data))
+    (run_dir / "memory" / "rank-0.oom.json").write_text("{}")
+    from zdiag.analyzers.pipeline import analyze_run
+
+    report = analyze_run(load_run([run_dir])).report
+    (mem,) = report.memory
+    assert mem.rank == 0 and mem.oom
+    assert mem.peak_bytes == 800
+    assert mem.peak_category_bytes == {"PARAMETER": 100, "ACTIVATION": 700}
+    assert mem.bytes_by_category["GRADIENT"] == [0, 0, 200]
+    assert mem.times_ms[0] == pytest.approx(0.01)  # 10 us after the trace's first event
+    assert mem.capacity_bytes is None  # the synthetic GPU has no totalGlobalMem
+
+
+def test_memory_timeline_raw_format_passed_explicitly(tmp_path: Path) -> None:
+    trace = _small(rank=0).write(tmp_path / "trace.json")
+    ns = 1_000_000_000  # raw times are ns on the trace clock
+    raw = [
+        [-1, 1, 100, 0],  # PREEXISTING parameter
+        [ns + 10_000, 2, 300, 4],  # CREATE activation
+        [ns + 20_000, 3, -300, 4],  # INCREMENT_VERSION: activation -> gradient
+        [ns + 20_000, 3, 300, 5],
+        [ns + 30_000, 4, 300, 5],  # DESTROY gradient
+    ]
+    mem_path = tmp_path / "memory_timeline.raw.gz"
+    mem_path.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    from zdiag.analyzers.pipeline import analyze_run
+
+    report = analyze_run(load_run([trace, mem_path])).report
+    (mem,) = report.memory
+    assert mem.peak_bytes == 400
+    # the pre-existing allocation is placed at the first real time, like torch's own plot
+    assert mem.bytes_by_category["ACTIVATION"] == [300, 0, 0]
+    assert mem.bytes_by_category["GRADIENT"] == [0, 300, 0]
+    assert mem.bytes_by_category["PARAMETER"] == [100, 100, 100]
+    with pytest.raises(InputError, match="memory timeline, not a profiler trace"):
+        load_run([mem_path])
+
+
+def test_a_bad_memory_timeline_is_a_warning(tmp_path: Path) -> None:
+    trace = _small(rank=0).write(tmp_path / "trace.json")
+    bad = tmp_path / "rank-0.timeline.json"
+    bad.write_text('{"not": "a timeline"}')
+    from zdiag.analyzers.pipeline import analyze_run
+
+    report = analyze_run(load_run([trace, bad])).report
+    assert report.memory == []
+    assert any("memory timeline skipped" in w for w in report.warnings)
+
+
+def test_real_raw_memory_timeline(real_traces: Path) -> None:
+    from zdiag.analyzers.memory import MAX_MEMORY_POINTS, load_memory_timeline
+
+    mem = load_memory_timeline(real_traces / "hta" / "memory_timeline.raw.gz", 0)
+    assert 0 < len(mem.times_ms) <= MAX_MEMORY_POINTS
+    assert mem.peak_bytes == sum(mem.peak_category_bytes.values())
+    assert all(min(v) >= 0 for v in mem.bytes_by_category.values())
+    assert max(mem.bytes_by_category["ACTIVATION"]) > 0
