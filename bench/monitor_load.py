@@ -12,6 +12,7 @@ per-node relays would. With ``--spawn-monitor`` the script starts
 sent, receive lag (monitor receive time minus the record's timestamp) and the monitor's RSS
 over time. Without it, point ``--target`` at a monitor you started yourself.
 
+``--ui-cost`` times one refresh of the Textual app (view, table update, render) at ``--ranks``.
 ``--publish-cost`` measures the real `StepPublisher.publish()` per call with no monitor and with
 one, and a small torch training loop's step time without a publisher, with one and no monitor,
 and with one and a monitor: the cost training pays.
@@ -198,6 +199,74 @@ def measure_publish_cost(calls: int = 50_000) -> dict[str, Any]:
     return out
 
 
+class _FakeSource:
+    """A `MonitorSource` that hands out one batch of records, then nothing."""
+
+    def __init__(self, batch: list[dict[str, Any]]) -> None:
+        self.batch = batch
+        self.rejected = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        batch, self.batch = self.batch, []
+        return batch
+
+    def close(self) -> None:
+        pass
+
+
+def _step_records(ranks: int, step: int, now: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": "step",
+            "rank": r,
+            "host": f"node{r // 8}",
+            "job": "bench",
+            "pid": r,
+            "step": step,
+            "ts": now,
+            "recv_ts": now,
+            "step_time_ms": 100.0 + (r * 7 + step) % 5,
+            "compute_ms": 70.0,
+            "comm_ms": 40.0,
+            "exposed_comm_ms": 10.0,
+            "mem_allocated_bytes": 20e9,
+            "mem_peak_bytes": 30e9,
+            "dropped": 0,
+        }
+        for r in range(ranks)
+    ]
+
+
+def measure_ui_refresh(ranks: int, refreshes: int = 10) -> dict[str, Any]:
+    """Wall time of one TUI refresh (view + table update + render) with `ranks` ranks reporting."""
+    import asyncio
+
+    from zdiag.tui.monitor_app import MonitorApp
+
+    now = time.time()
+    history = [rec for step in range(30) for rec in _step_records(ranks, step, now - 30 + step)]
+
+    async def run() -> list[float]:
+        app = MonitorApp(_FakeSource(history), clock=lambda: now, refresh_interval_s=3600)
+        times = []
+        async with app.run_test(size=(160, 50)) as pilot:
+            await pilot.pause()
+            for k in range(refreshes):
+                app.state.ingest(_step_records(ranks, 30 + k, now), now)
+                t = time.perf_counter()
+                app.refresh_view()
+                await pilot.pause()  # let Textual lay out and render
+                times.append(time.perf_counter() - t)
+        return times
+
+    times = sorted(asyncio.run(run()))
+    return {
+        "ranks": ranks,
+        "refresh_ms_median": round(times[len(times) // 2] * 1000, 1),
+        "refresh_ms_max": round(times[-1] * 1000, 1),
+    }
+
+
 def main() -> int:
     """Parse options and run the chosen measurement; prints one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -209,9 +278,13 @@ def main() -> int:
     parser.add_argument("--token", default="")
     parser.add_argument("--spawn-monitor", action="store_true")
     parser.add_argument("--publish-cost", action="store_true")
+    parser.add_argument("--ui-cost", action="store_true", help="time TUI refreshes at --ranks")
     args = parser.parse_args()
     if not parse_endpoint(args.target, option="--target").is_loopback:
         parser.error("--target must be a loopback address (this is a local benchmark)")
+    if args.ui_cost:
+        print(json.dumps(measure_ui_refresh(args.ranks), indent=1))
+        return 0
     if args.publish_cost:
         print(json.dumps(measure_publish_cost(), indent=1))
         return 0

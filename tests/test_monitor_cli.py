@@ -34,6 +34,7 @@ def zdiag(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
         (("--relay",), "--forward"),
         (("--forward", "127.0.0.1:1"), "--relay"),
         (("--headless", "--duration", "0"), "--duration"),
+        (("--every", "1"), "--headless"),
     ],
 )
 def test_mistakes_are_one_line(args: tuple[str, ...], needle: str) -> None:
@@ -60,11 +61,14 @@ def test_busy_port_is_one_line() -> None:
 
 
 def test_headless_with_nothing_received() -> None:
+    port = free_port()
     res = zdiag(
-        "monitor", "--headless", "--duration", "0.5", "--listen", f"127.0.0.1:{free_port()}"
+        *("monitor", "--headless", "--duration", "1", "--every", "0.4"),
+        *("--listen", f"127.0.0.1:{port}"),
     )
     assert res.returncode == 0, res.stderr
     assert "0 ranks" in res.stdout and "no rank has reported yet" in res.stdout
+    assert res.stdout.count("zdiag monitor (listening") == 3  # two periodic, one final
 
 
 def test_relay_process_forwards_ranks_to_the_monitor() -> None:

@@ -237,9 +237,9 @@ class MonitorState:
 
     def view(self, now: float) -> MonitorView:
         """The snapshot at time `now` (rows in rank order)."""
-        live = {
-            r: s for r, s in self.ranks.items() if self.status(s, now) == "ok"
-        }  # findings only look at ranks still reporting
+        statuses = {r: self.status(s, now) for r, s in self.ranks.items()}
+        # findings only look at ranks still reporting
+        live = {r: s for r, s in self.ranks.items() if statuses[r] == "ok"}
         findings: list[Finding] = []
         stragglers = _stragglers(live.values())
         if stragglers:
@@ -254,7 +254,7 @@ class MonitorState:
         rows = []
         for rank in sorted(self.ranks):
             s = self.ranks[rank]
-            status = self.status(s, now)
+            status = statuses[rank]
             if status == "ok" and rank in straggler_ranks:
                 status = "straggler"
             last = s.last
@@ -314,11 +314,8 @@ def _stragglers(states: Iterable[RankState]) -> Finding | None:
     """
     states = list(states)
     key = "compute_ms" if all(s.recent("compute_ms") for s in states) else "step_time_ms"
-    medians = {
-        s.rank: m
-        for s in states
-        if len(s.recent(key)) >= STRAGGLER_MIN_STEPS and (m := _median(s.recent(key))) is not None
-    }
+    recents = {s.rank: s.recent(key) for s in states}
+    medians = {r: statistics.median(v) for r, v in recents.items() if len(v) >= STRAGGLER_MIN_STEPS}
     if len(medians) < 2:
         return None
     job_median = statistics.median(medians.values())

@@ -79,6 +79,13 @@ class MonitorCommand:
             "--json", action="store_true", help="with --headless: print the summary as JSON"
         )
         parser.add_argument(
+            "--every",
+            type=float,
+            default=None,
+            metavar="S",
+            help="with --headless: also print a summary every S seconds",
+        )
+        parser.add_argument(
             "--relay",
             action="store_true",
             help="run the per-node relay: receive this node's ranks on --listen, forward to --forward",
@@ -99,6 +106,8 @@ class MonitorCommand:
             )
         if args.json and not args.headless:
             raise ConfigError("--json needs --headless (the terminal UI has no JSON output).")
+        if args.every is not None and (not args.headless or not args.every > 0):
+            raise ConfigError("--every needs --headless and a positive number of seconds.")
         if args.relay:
             if not args.forward:
                 raise ConfigError(
@@ -122,7 +131,6 @@ class MonitorCommand:
 
     def _headless(self, receiver: Any, args: argparse.Namespace) -> int:
         from zdiag.tui.monitor_state import MonitorState
-        from zdiag.tui.monitor_text import render_summary, view_to_json
 
         duration = args.duration if args.duration is not None else 10.0
         stop = _Stop()
@@ -131,6 +139,7 @@ class MonitorCommand:
         rss: list[tuple[float, int]] = []
         start = time.monotonic()
         next_rss = start
+        next_summary = start + args.every if args.every else None
         print(
             f"zdiag monitor: listening on {receiver.endpoint} for {duration:g} s", file=sys.stderr
         )
@@ -140,13 +149,29 @@ class MonitorCommand:
                 if now >= next_rss:
                     rss.append((round(now - start, 2), rss_bytes()))
                     next_rss = now + 1.0
+                if next_summary is not None and now >= next_summary:
+                    next_summary = now + args.every
+                    state.rejected = receiver.rejected
+                    self._print(state.view(time.time()), receiver, args, start, rss)
         except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
             state.rejected = receiver.rejected
             receiver.close()
-        view = state.view(time.time())
+        self._print(state.view(time.time()), receiver, args, start, rss)
+        return 0
+
+    def _print(
+        self,
+        view: Any,
+        receiver: Any,
+        args: argparse.Namespace,
+        start: float,
+        rss: list[tuple[float, int]],
+    ) -> None:
+        from zdiag.tui.monitor_text import render_summary, view_to_json
+
         if args.json:
             out = view_to_json(view)
             out["listen"] = str(receiver.endpoint)
@@ -154,10 +179,9 @@ class MonitorCommand:
             out["rss_bytes"] = rss
             out["rejected_token"] = receiver.rejected_token
             out["malformed"] = receiver.malformed
-            print(json.dumps(out))
+            print(json.dumps(out), flush=True)
         else:
-            print(render_summary(view, source=f"listening on {receiver.endpoint}"), end="")
-        return 0
+            print(render_summary(view, source=f"listening on {receiver.endpoint}"), flush=True)
 
     def _relay(self, args: argparse.Namespace, token: str) -> int:
         from zdiag.collectors.live_receive import Relay
