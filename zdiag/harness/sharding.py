@@ -48,7 +48,7 @@ except ImportError as exc:  # torch < 2.6
         f"torch {torch.__version__} lacks it; install a newer torch, e.g. pip install 'torch>=2.6'."
     ) from exc
 
-try:  # the comm interface FSDPModule.set_custom_reduce_scatter takes (torch >= 2.8)
+try:  # the comm interface FSDPModule.set_custom_reduce_scatter takes (newer torch only)
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 except ImportError:  # pragma: no cover - older torch: reduce-scatters stay synchronous on CPU
     ReduceScatter = object  # type: ignore[assignment,misc]
