@@ -64,13 +64,13 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int, top: int = 70) -> go.Figure:
     fig.update_layout(
         title={"text": esc(title), "x": 0.01, "font": {"size": 15}},
         template="plotly_white",
         height=height,
-        margin={"l": 70, "r": 20, "t": 50, "b": 50},
-        legend={"orientation": "h", "y": -0.15},
+        margin={"l": 70, "r": 20, "t": top, "b": 50},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "xanchor": "right", "x": 1},
         hoverlabel={"namelength": -1},
     )
     return fig
@@ -212,7 +212,9 @@ def breakdown(report: Report) -> tuple[go.Figure | None, Notes]:
             for label, data in series
         ]
         fig.update_layout(
-            updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15}]
+            updatemenus=[
+                {"buttons": buttons, "x": 0, "xanchor": "left", "y": 1.01, "yanchor": "bottom"}
+            ],
         )
     fig.update_xaxes(title_text="step", type="category")
     fig.update_yaxes(title_text="ms")
@@ -223,7 +225,7 @@ def breakdown(report: Report) -> tuple[go.Figure | None, Notes]:
         notes.append(
             f"Breakdown: the menu lists the first {MAX_BREAKDOWN_RANK_CHOICES} of {len(ranks)} ranks."
         )
-    return _layout(fig, "Where each step's time went (ms)", 420), notes
+    return _layout(fig, "Where each step's time went (ms)", 440, top=100), notes
 
 
 def _lane_order(lane: str) -> tuple[int, str]:
