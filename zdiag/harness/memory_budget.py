@@ -56,15 +56,22 @@ class MemoryBudget:
         self.activation_bytes = 0
         self.peak_bytes = 0
         self._storages: dict[int, tuple[int, int]] = {}  # storage ptr -> (refcount, nbytes)
+        self._model_state_bytes: int | None = None
 
     # ---- accounting -------------------------------------------------------------------------
     def model_state_bytes(self) -> int:
-        """Local parameter shards x state_factor (parameters, gradients, optimizer state)."""
-        total = 0
-        for param in self.model.parameters():
-            local = param.to_local() if isinstance(param, DTensor) else param
-            total += local.numel() * local.element_size()
-        return total * self.state_factor
+        """Local parameter shards x state_factor (parameters, gradients, optimizer state).
+
+        Counted in full from the start (as if gradients and optimizer state already existed,
+        as they do from the second step on), and computed once: the shards never change size.
+        """
+        if self._model_state_bytes is None:
+            total = 0
+            for param in self.model.parameters():
+                local = param.to_local() if isinstance(param, DTensor) else param
+                total += local.numel() * local.element_size()
+            self._model_state_bytes = total * self.state_factor
+        return self._model_state_bytes
 
     def unsharded_param_bytes(self) -> int:
         """Bytes of parameters currently gathered by FSDP (registered as plain tensors)."""
