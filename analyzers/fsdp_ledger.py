@@ -20,6 +20,7 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -178,12 +179,25 @@ def _labels_by_lane(trace: RankTrace) -> dict[int, list[_Label]]:
     return out
 
 
-def _innermost(labels: list[_Label], starts: list[float], t: float) -> list[_Label]:
-    """Labels enclosing time t, outermost first (labels sorted by start; nesting assumed)."""
-    import bisect
+def _enclosing_labels(labels: list[_Label], times: list[float]) -> list[list[_Label]]:
+    """For each time (ascending), the labels enclosing it, outermost first.
 
-    hi = bisect.bisect_right(starts, t)
-    return [lab for lab in labels[:hi] if lab.end >= t]
+    One sweep with a stack: record_function ranges on one thread nest properly, so a label
+    that ended before t has every label above it on the stack ended too.
+    """
+    out: list[list[_Label]] = []
+    stack: list[_Label] = []
+    k = 0
+    for t in times:
+        while k < len(labels) and labels[k].start <= t:
+            while stack and stack[-1].end < labels[k].start:
+                stack.pop()
+            stack.append(labels[k])
+            k += 1
+        while stack and stack[-1].end < t:
+            stack.pop()
+        out.append([lab for lab in stack if lab.end >= t])
+    return out
 
 
 def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str]:
@@ -271,7 +285,6 @@ def build_rank_ledger(
     labels = _labels_by_lane(trace)
     if not labels:
         return ledger
-    label_starts = {lane: [lab.start for lab in labs] for lane, labs in labels.items()}
 
     comm_ops = trace.of_kind(EventKind.COMM_OP)
     issues: list[int] = []
@@ -362,12 +375,20 @@ def build_rank_ledger(
         w_s = w_e = np.zeros(0)
     windowed = len(w_num) > 0
 
+    enclosing_of: dict[int, list[_Label]] = {}
+    by_lane: dict[int, list[int]] = defaultdict(list)
+    for i in issues:  # time-ordered
+        by_lane[int(trace.lane_id[i])].append(i)
+    for lane, idx in by_lane.items():
+        times = [float(trace.ts_us[i]) for i in idx]
+        for i, enc in zip(idx, _enclosing_labels(labels[lane], times), strict=True):
+            enclosing_of[i] = enc
+
     fsdp1_counter: dict[tuple[int, str], int] = defaultdict(int)
     records: list[CollectiveRecord] = []
     for i in issues:
-        lane = int(trace.lane_id[i])
         t = float(trace.ts_us[i])
-        enclosing = _innermost(labels[lane], label_starts[lane], t)
+        enclosing = enclosing_of[i]
         if not enclosing:
             continue
         inner = enclosing[-1]
@@ -449,20 +470,21 @@ def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label
         for lab in labs:
             if lab.framework == "fsdp2" and lab.phase in ("pre_forward", "pre_backward"):
                 consumers[lab.fqn or ""].append(lab)
-    for labs in consumers.values():
+    ends: dict[str, list[float]] = {}
+    for fqn, labs in consumers.items():
         labs.sort(key=lambda lab: lab.start)
-    reduce_phase = "backward"
+        ends[fqn] = [lab.end for lab in labs]  # one unit's hooks never overlap: ends ascend
     for r in records:
         if r.framework != "fsdp2":
             continue
         if r.family != GATHER_FAMILY:
-            r.phase = reduce_phase
+            r.phase = "backward"
             continue
-        for lab in consumers.get(r.unit, []):
-            if lab.end >= r.issued_us:
-                r.needed_us = lab.start
-                r.phase = "forward" if lab.phase == "pre_forward" else "backward"
-                break
+        labs = consumers.get(r.unit, [])
+        k = bisect.bisect_left(ends.get(r.unit, []), r.issued_us)
+        if k < len(labs):
+            r.needed_us = labs[k].start
+            r.phase = "forward" if labs[k].phase == "pre_forward" else "backward"
 
 
 def build_ledger(
