@@ -36,7 +36,7 @@ MAX_TIMELINE_RANKS = 16
 MAX_TIMELINE_SPANS = 4000  # per figure, over all its ranks
 MAX_UNITS = 120
 MAX_MEMORY_RANKS = 4
-MAX_MEMORY_POINTS = 1500
+MAX_MEMORY_POINTS = 2000
 
 VERDICT_COLORS = {
     "compute-bound": "#2e7d32",
@@ -410,7 +410,8 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
             f"Memory of rank {timeline_.rank}: {n} samples downsampled to buckets of {stride} "
             "(each bucket shows its maximum)."
         )
-    times = timeline_.times_ms[::stride]
+    origin = timeline_.times_ms[0]
+    times = [round(t - origin, 3) for t in timeline_.times_ms[::stride]]
     fig = go.Figure()
     for category, values in timeline_.bytes_by_category.items():
         ys = [max(values[i : i + stride], default=0) / GIB for i in range(0, n, stride)]
@@ -424,17 +425,20 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
                 hovertemplate=f"{esc(category)}: %{{y:.3f}} GiB at %{{x:.1f}} ms<extra></extra>",
             )
         )
-    if timeline_.capacity_bytes:
+    capacity = timeline_.capacity_bytes
+    # the capacity line only where it is near the data; else it would flatten the chart
+    if capacity and timeline_.peak_bytes >= 0.5 * capacity:
         fig.add_hline(
-            y=timeline_.capacity_bytes / GIB,
+            y=capacity / GIB,
             line_dash="dash",
             line_color="#c62828",
             annotation_text="device capacity",
         )
-    fig.update_xaxes(title_text="ms")
+    fig.update_xaxes(title_text="ms from the first memory sample")
     fig.update_yaxes(title_text="GiB")
+    of = f" of {capacity / GIB:.1f} GiB" if capacity else ""
     title = (
         f"Memory of rank {timeline_.rank} by category (peak {timeline_.peak_bytes / GIB:.2f} GiB"
-        f"{', OOM' if timeline_.oom else ''}; source: {timeline_.source})"
+        f"{of}{', OOM' if timeline_.oom else ''}; source: {timeline_.source})"
     )
     return _layout(fig, title, 380), notes
