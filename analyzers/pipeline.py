@@ -196,6 +196,8 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
                     progress(done, len(files), trace.source.name)
     else:
         for done, f in enumerate(files, start=1):
+            if progress:
+                progress(done - 1, len(files), f"reading {f.name}")
             traces.append(load_rank_trace(f))
             if progress:
                 progress(done, len(files), f.name)

@@ -9,7 +9,9 @@ Markers, in order of preference (the first that is present wins):
 3. Forward-start markers repeated at least twice (`FSDP::root_pre_forward`,
    `DistributedDataParallel.forward`, `## forward ##`): a step runs from one forward start to
    the next; the last one ends at the trace's last event. Numbered 0, 1, ...
-4. None: the whole trace is one window (step 0) and a warning says so.
+4. None: one window (step 0) and a warning says so. On GPU runs the window is the device's
+   active span (first device activity to last), so CUDA initialisation and teardown before the
+   first and after the last kernel are left out; on host-only runs it is the whole trace.
 
 Device windows (GPU runs). Kernels run after the CPU enqueued them, so a step's GPU work can
 spill past its CPU range. Each device event is attributed to the step whose CPU range holds the
@@ -73,9 +75,15 @@ def find_steps(trace: RankTrace) -> StepWindows:
         trace.warnings.append(
             "no ProfilerStep or optimizer-step markers: steps run from one forward start to the next"
         )
-    start, end = device_windows(trace, cpu_s, cpu_e) if source != "whole trace" else (cpu_s, cpu_e)
     if source == "whole trace":
-        start, end = np.array([first]), np.array([last])
+        dev = trace.of_kind(*DEVICE_KINDS)
+        if len(dev):  # GPU runs: the device's active span (skips CUDA init, teardown)
+            start = np.array([float(trace.ts_us[dev].min())])
+            end = np.array([float((trace.ts_us[dev] + trace.dur_us[dev]).max())])
+        else:
+            start, end = np.array([first]), np.array([last])
+    else:
+        start, end = device_windows(trace, cpu_s, cpu_e)
     return StepWindows(numbers, start, end, cpu_s, cpu_e, source)
 
 

@@ -350,3 +350,25 @@ def test_real_raw_memory_timeline(real_traces: Path) -> None:
     assert mem.peak_bytes == sum(mem.peak_category_bytes.values())
     assert all(min(v) >= 0 for v in mem.bytes_by_category.values())
     assert max(mem.bytes_by_category["ACTIVATION"]) > 0
+
+
+def test_parallel_load_matches_sequential_and_reports_bad_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zdiag.analyzers import pipeline
+
+    for r in (0, 1):
+        _small(rank=r).write(tmp_path / f"rank-{r}.json.gz")
+    sequential = load_run([tmp_path])
+    monkeypatch.setattr(pipeline, "PARALLEL_MIN_BYTES", 0)
+    seen: list[tuple[int, int]] = []
+    parallel = load_run([tmp_path], progress=lambda d, t, _label: seen.append((d, t)))
+    assert [t.rank for t in parallel.ranks] == [t.rank for t in sequential.ranks]
+    assert all(
+        np.array_equal(a.ts_us, b.ts_us)
+        for a, b in zip(parallel.ranks, sequential.ranks, strict=True)
+    )
+    assert seen[-1] == (2, 2)
+    (tmp_path / "rank-1.json.gz").write_bytes(b"\x1f\x8b broken")
+    with pytest.raises(InputError, match=r"rank-1\.json\.gz"):
+        load_run([tmp_path])

@@ -161,6 +161,22 @@ def _fmt_value(v: object) -> str:
     return str(v)
 
 
+def _rank_list(ranks: list[int]) -> str:
+    """ "rank 3", "ranks 0-7", "ranks 0,2,5" (runs of consecutive ranks collapsed)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return "ranks " + ",".join(parts)
+
+
 def render_text(report: Report) -> str:
     """The report as plain text, ending with a newline."""
     out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
@@ -261,8 +277,13 @@ def render_text(report: Report) -> str:
     else:
         out.append("  none")
     warnings = list(report.warnings)
+    ranks_by_warning: dict[str, list[int]] = {}
     for rank in report.ranks:
-        warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
+        for w in rank.warnings:
+            ranks_by_warning.setdefault(w, []).append(rank.rank)
+    for w, ranks in ranks_by_warning.items():
+        who = _rank_list(ranks) if len(report.ranks) > 1 else f"rank {ranks[0]}"
+        warnings.append(f"{who}: {w}")
     if warnings:
         out += ["", "Warnings"]
         out.extend(f"  - {w}" for w in warnings)
