@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from zdiag.collectors import memory, rundir, runinfo
@@ -99,6 +100,8 @@ class RankSession:
         self._remove_listener: Any = None
         self._prof: Any = None
         self._cuda_history = False
+        self._profiler_pending = False
+        self._forward_hook: Any = None
         self._publisher: Any = None
         self._samples_per_step: float | None = None
         self._step_log = StepLog(
@@ -120,15 +123,12 @@ class RankSession:
         self._on_run_info(runinfo.current_run_info())
         self._guard("live publisher", self._start_publisher)
         if self.config.profile:
-            self._guard("profiler", self._start_profiler)
-            if self.config.profile_memory:
-                self._cuda_history = bool(
-                    self._guard(
-                        "CUDA memory history",
-                        memory.start_cuda_history,
-                        self.config.max_snapshot_entries,
-                    )
-                )
+            # The profiler (and CUDA history) start at the first module forward, or at the first
+            # step end if no module runs forward before it: after the script's own set-up
+            # (device selection, process group, model build), which stays out of the trace.
+            self._profiler_pending = True
+            first_forward = torch.compiler.disable(self._on_first_forward)
+            self._forward_hook = register_module_forward_pre_hook(first_forward)
         if self.auto_step:
             hook = torch.compiler.disable(self._on_optimizer_step)
             self._hook = register_optimizer_step_post_hook(hook)
@@ -147,6 +147,7 @@ class RankSession:
             self._hook = None
         if self._remove_listener is not None:
             self._remove_listener()
+        self._remove_forward_hook()
         self._guard("NVTX", self._nvtx.end)
         self._guard("profiler", self._stop_profiler)
         if self._cuda_history:
@@ -198,6 +199,8 @@ class RankSession:
                 self._prof.step()
                 if self.trace_written:
                     self._stop_profiler()
+            elif self._profiler_pending:
+                self._arm_profiler(self.step_index)
             self._nvtx.begin(self.step_index)
         except Exception as exc:
             self._fail("step hook", exc)
@@ -227,7 +230,31 @@ class RankSession:
         )
 
     # ----------------------------------------------------------------- profiler
-    def _start_profiler(self) -> None:
+    def _on_first_forward(self, module: Any, args: Any) -> None:
+        self._remove_forward_hook()
+        if self._profiler_pending and not self._broken:
+            self._arm_profiler(self.step_index)
+
+    def _remove_forward_hook(self) -> None:
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+    def _arm_profiler(self, at_step: int) -> None:
+        """Start the profiler (and the CUDA allocator history) as of step `at_step`."""
+        self._profiler_pending = False
+        self._remove_forward_hook()
+        self._guard("profiler", self._start_profiler, at_step)
+        if self.config.profile_memory:
+            self._cuda_history = bool(
+                self._guard(
+                    "CUDA memory history",
+                    memory.start_cuda_history,
+                    self.config.max_snapshot_entries,
+                )
+            )
+
+    def _start_profiler(self, at_step: int = 0) -> None:
         cfg = self.config
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -247,7 +274,16 @@ class RankSession:
         # Until torch.distributed is initialized, say which rank this is (torch adds the real
         # distributedInfo, with process groups, when the trace starts after init_process_group).
         fallback = {"backend": None, "rank": self.rank, "world_size": self.world_size}
-        self._prof.preset_metadata_json("distributedInfo", json.dumps(fallback))
+        if not (self._dist and dist.is_initialized()):
+            self._prof.preset_metadata_json("distributedInfo", json.dumps(fallback))
+        if at_step > 0:
+            # Started after step 0 (no module forward before it ended): align the profiler's step
+            # counter, so ProfilerStep#n still names step n of the step log.
+            action = self._prof.schedule(at_step)
+            self._prof.step_num = at_step
+            self._prof.current_action = action
+            if hasattr(self._prof, "_prev_schedule_action"):
+                self._prof._prev_schedule_action = action
         self._prof.start()
 
     def _stop_profiler(self) -> None:
@@ -360,6 +396,8 @@ class RankSession:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._remove_forward_hook()
+        self._profiler_pending = False
         prof, self._prof = self._prof, None
         if prof is not None:
             try:

@@ -208,3 +208,20 @@ def test_auto_step_counts_one_step_per_iteration_with_two_optimizers(tmp_path: P
             opt_a.step()
             opt_b.step()
     assert prof.step_num == 4
+
+
+def test_profiler_started_late_keeps_step_numbers_aligned(tmp_path: Path) -> None:
+    # No nn.Module forward at all: the profiler starts at the end of step 0 and must still name
+    # step n ProfilerStep#n.
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    with zdiag.profile(out=tmp_path, wait=2, warmup=1, active=2, auto_step=True):
+        for _ in range(6):
+            (w @ w).sum().backward()
+            opt.step()
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    trace = json.load(gzip.open(tmp_path / m["ranks"][0]["trace"]))
+    steps = sorted(
+        {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    )
+    assert steps == ["ProfilerStep#3", "ProfilerStep#4"]
