@@ -24,7 +24,15 @@ REPORTS: dict[str, Callable[[], Report]] = {
     "hostile-names": lambda: sample_report(hostile=True),
     "one-rank-one-step": lambda: sample_report(ranks=1, steps=1, units=1),
     "no-timeline-no-memory": lambda: _strip(sample_report(ranks=2, steps=3)),
+    "repeated-ids": lambda: _repeat_ids(sample_report(ranks=2, steps=3)),
 }
+
+
+def _repeat_ids(report: Report) -> Report:
+    """Odd input: two ranks with the same number, a step number that repeats."""
+    report.ranks[1].rank = report.ranks[0].rank
+    report.ranks[0].steps[1].step = report.ranks[0].steps[0].step
+    return report
 
 
 def _strip(report: Report) -> Report:

@@ -95,7 +95,7 @@ class ReportApp(App[None]):
                 _ms(sum(durations) / len(durations)) if durations else Text("—"),
                 _ms(max(durations)) if durations else Text("—"),
                 details.verdict_text(details.dominant_verdict(r)),
-                key=str(r.rank),
+                # no row keys: rank and step numbers may repeat in odd inputs
             )
         steps = self.query_one("#steps-table", DataTable)
         steps.add_columns("step", "ms", "compute", "overlap", "exposed", "idle", "verdict")
@@ -146,7 +146,6 @@ class ReportApp(App[None]):
                 _ms(s.exposed_comm_ms),
                 _ms(s.idle_ms),
                 details.verdict_text(s.verdict),
-                key=str(s.step),
             )
         if not rank.steps:
             self.query_one("#step-detail", Static).update(
