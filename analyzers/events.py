@@ -278,8 +278,27 @@ _FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.|DeepSpeedZeRO|ZeRO|d
 _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 
 
+_LEGACY_CATEGORIES = {
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "runtime": "cuda_runtime",
+    "driver": "cuda_driver",
+    "operator": "cpu_op",
+    "python": "python_function",
+    "gpu_user_annotation": "gpu_user_annotation",
+}
+
+
+def canonical_category(cat: str) -> str:
+    """Kineto category in today's spelling (older exporters wrote "Kernel", "Memcpy", "Runtime",
+    "Operator", ...)."""
+    low = cat.lower()
+    return _LEGACY_CATEGORIES.get(low, low)
+
+
 def classify(cat: str, name: str) -> EventKind:
     """The EventKind of a complete event from its category and name (pure, cacheable)."""
+    cat = canonical_category(cat)
     if cat == "kernel":
         return EventKind.COMM_KERNEL if _COMM_KERNEL_RE.search(name) else EventKind.COMPUTE_KERNEL
     if cat == "gpu_memcpy":
@@ -304,14 +323,14 @@ def classify(cat: str, name: str) -> EventKind:
         return EventKind.FSDP_ANNOTATION
     if cat == "user_annotation":
         return EventKind.USER_ANNOTATION
-    if cat in ("cpu_op", "operator", "Operator"):
+    if cat == "cpu_op":
         return EventKind.CPU_OP
     return EventKind.OTHER
 
 
 def is_device_category(cat: str) -> bool:
     """True for categories that Kineto records on GPU lanes."""
-    return cat in _DEVICE_CATS
+    return canonical_category(cat) in _DEVICE_CATS
 
 
 # --- collective kinds ---------------------------------------------------------------------

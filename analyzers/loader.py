@@ -355,7 +355,10 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
     complete = [
         e
         for e in events
-        if e.ph == "X" and e.dur is not None and e.ts is not None and e.cat != "Trace"
+        if e.ph == "X"
+        and e.dur is not None
+        and e.ts is not None
+        and e.cat not in ("Trace", "trace")
     ]
     n = len(complete)
     ts = _number_column([e.ts for e in complete], path, "ts")
@@ -542,9 +545,12 @@ def build_collectives(trace: RankTrace) -> Collectives:
         kind[j] = kinds.index(k)
         ni = _as_int(src.get("In msg nelems"))
         no = _as_int(src.get("Out msg nelems"))
+        dt = str(src.get("dtype") or "")
+        if ni is None and no is None and not src:
+            # gloo/c10d ops recorded with record_shapes: the op's largest input tensor
+            ni, dt = _largest_input(a)
         in_n[j] = -1 if ni is None else ni
         out_n[j] = -1 if no is None else no
-        dt = str(src.get("dtype") or "")
         dtypes.append(dt)
         size = dtype_size(dt) if dt else None
         if size is not None and (ni is not None or no is not None):
@@ -563,6 +569,20 @@ def build_collectives(trace: RankTrace) -> Collectives:
         dtype=dtypes,
         process_group=pgs,
     )
+
+
+def _largest_input(args: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(element count, dtype) of the largest tensor in an op's "Input Dims" / "Input type"."""
+    dims = args.get("Input Dims") or []
+    types = args.get("Input type") or []
+    best: int | None = None
+    dtype = ""
+    for k, d in enumerate(dims if isinstance(dims, list) else []):
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            n = int(np.prod(d))
+            if best is None or n > best:
+                best, dtype = n, str(types[k]) if k < len(types) else ""
+    return best, dtype
 
 
 def host_comm_events(trace: RankTrace) -> np.ndarray:

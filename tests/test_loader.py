@@ -243,6 +243,12 @@ def test_kernel_args_carry_collective_sizes(tmp_path: Path) -> None:
         ("user_annotation", "FSDP::all_gather (layers.0)", EventKind.FSDP_ANNOTATION),
         ("user_annotation", "## forward ##", EventKind.USER_ANNOTATION),
         ("cpu_op", "aten::mm", EventKind.CPU_OP),
+        # older Kineto spellings
+        ("Kernel", "volta_sgemm_128x64_nn", EventKind.COMPUTE_KERNEL),
+        ("Memcpy", "Memcpy HtoD (Pageable -> Device)", EventKind.MEMCPY),
+        ("Memset", "Memset (Device)", EventKind.MEMSET),
+        ("Runtime", "cudaLaunchKernel", EventKind.RUNTIME_LAUNCH),
+        ("Operator", "aten::conv2d", EventKind.CPU_OP),
     ],
 )
 def test_classify(cat: str, name: str, kind: EventKind) -> None:
@@ -372,3 +378,23 @@ def test_parallel_load_matches_sequential_and_reports_bad_files(
     (tmp_path / "rank-1.json.gz").write_bytes(b"\x1f\x8b broken")
     with pytest.raises(InputError, match=r"rank-1\.json\.gz"):
         load_run([tmp_path])
+
+
+def test_gloo_op_sizes_from_recorded_shapes(tmp_path: Path) -> None:
+    b = TraceBuilder(rank=0, backend="gloo", gpu_name=None)
+    b.step(1, 0, 100)
+    b.cpu_op(
+        "gloo:all_gather",
+        10,
+        20,
+        tid=77,
+        args={"Input Dims": [[32896], []], "Input type": ["float", "Scalar"]},
+    )
+    t = load_rank_trace(b.write(tmp_path / "t.json"))
+    c = t.collectives
+    assert (c.kind_name(0), int(c.in_nelems[0]), int(c.bytes[0]), c.dtype[0]) == (
+        "all_gather",
+        32896,
+        32896 * 4,
+        "float",
+    )
