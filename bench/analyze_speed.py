@@ -542,6 +542,47 @@ def results_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def targets_summary(rows: list[dict[str, Any]]) -> str:
+    """The issue's targets on the largest single trace and on the multi-rank input, as text.
+
+    Ratios are given on wall time and on CPU time (user + system): on a shared machine wall
+    time carries other jobs' load, CPU time is the work each tool did.
+    """
+    out = []
+    singles = [r for r in rows if "ranks" not in r["input"]]
+    if singles:
+        biggest = max(r["json_mb"] for r in singles)
+        at = {r["tool"]: r for r in singles if r["json_mb"] == biggest and r["ok"]}
+        z = at.get("zdiag analyze")
+        h = at.get("HTA")
+        full = [at[d] for d in FULL_DECODE_ORDER if d in at]
+        if z:
+            out.append(f"On the {biggest:,.0f} MB trace:")
+            if h:
+                out.append(
+                    f"- vs HTA: zdiag is {h['wall_s'] / z['wall_s']:.1f}x faster (wall), "
+                    f"{h['cpu_s'] / z['cpu_s']:.1f}x (CPU) [target >= 20x]; peak memory "
+                    f"{z['tree_peak_mb'] / h['tree_peak_mb']:.2f} of HTA's [target <= 0.33]"
+                )
+            else:
+                out.append("- HTA was not run at this size (see the note in its row)")
+            if full:
+                fw = min(full, key=lambda r: r["wall_s"])
+                fc = min(full, key=lambda r: r["cpu_s"])
+                out.append(
+                    f"- vs the fastest full decode: {z['wall_s'] / fw['wall_s']:.2f}x "
+                    f"{fw['tool']}'s wall time, {z['cpu_s'] / fc['cpu_s']:.2f}x {fc['tool']}'s "
+                    "CPU time [target <= 3x]"
+                )
+    multi = [r for r in rows if "ranks" in r["input"] and r["tool"] == "zdiag analyze" and r["ok"]]
+    for r in multi:
+        out.append(
+            f"{r['input']}: zdiag used {r['cpu_s'] / r['wall_s']:.2f} cores on average "
+            f"(CPU {r['cpu_s']:.1f} s over {r['wall_s']:.1f} s wall) [target: both cores]"
+        )
+    return "\n".join(out)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """`compare`: build the inputs, run everything, print the table (and write --json-out)."""
     src = Path(args.source)
@@ -564,8 +605,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"machine: {machine_line()}")
     print(time.strftime("date: %Y-%m-%d %H:%M UTC", time.gmtime()))
     print(results_table(rows))
+    print()
+    print(targets_summary(rows))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """`report ROWS.json`: the table and target summary again from saved rows."""
+    rows = json.loads(Path(args.rows).read_text())
+    print(results_table(rows))
+    print()
+    print(targets_summary(rows))
     return 0
 
 
@@ -588,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--no-hta", action="store_true", help="leave HTA out")
     p_cmp.add_argument("--mem-limit-mb", type=float, default=MEM_LIMIT_MB)
     p_cmp.add_argument("--json-out", help="also write the rows as JSON here")
+    p_rep = sub.add_parser("report", help="print the table again from compare's --json-out")
+    p_rep.add_argument("rows")
     p_child = sub.add_parser("_decode", help=argparse.SUPPRESS)
     p_child.add_argument("decoder")
     p_child.add_argument("file")
@@ -602,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "compare":
         return cmd_compare(args)
+    if args.cmd == "report":
+        return cmd_report(args)
     if args.cmd == "decoders":
         return cmd_decoders(args)
     return 2
