@@ -26,10 +26,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "whole-model-wrap": {"profile": ["--profile-steps", "1:1:2"], "steps": 4, "expect_oom": False},
     "tiny-layer-wrap": {"profile": ["--profile-steps", "1:1:1"], "steps": 3, "expect_oom": False},
     "missing-overlap": {"profile": ["--profile-steps", "1:1:2"], "steps": 4, "expect_oom": False},
+    # --profile-memory records Python stacks, so the failing step's trace is large: a narrower
+    # model (and a budget scaled to it) keeps the folder under 1 MB.
     "activation-oom": {
         "profile": ["--profile-steps", "0:0:1", "--profile-memory"],
         "steps": 3,
         "expect_oom": True,
+        "size": ["--layers", "2", "--dim", "128", "--heads", "4", "--vocab", "1024"],
+        "extra": ["--memory-budget-gb", "0.06"],
     },
 }
 HARNESS_SIZE = ["--layers", "4", "--dim", "256", "--heads", "8", "--vocab", "4096"]
@@ -51,7 +55,8 @@ def record(name: str, out_root: Path) -> dict[str, Any]:
         "--out",
         str(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out),
     ]
-    cmd += [*spec["profile"], "--harness", "--device", "cpu", "--misconfig", name, *HARNESS_SIZE]
+    cmd += [*spec["profile"], "--harness", "--device", "cpu", "--misconfig", name]
+    cmd += [*spec.get("size", HARNESS_SIZE), *spec.get("extra", [])]
     cmd += ["--steps", str(spec["steps"])]
     print(f"make_sample_traces: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

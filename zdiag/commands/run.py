@@ -212,7 +212,7 @@ class LaunchPlan:
             nnodes=nnodes,
             node_rank=node_rank,
             expected_world_size=world,
-            argv=[Path(sys.argv[0]).name, *sys.argv[1:]],
+            argv=["zdiag", *sys.argv[1:]],
         )
 
     @staticmethod
