@@ -34,8 +34,9 @@ typecheck: $(STAMP)
 	@rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/zdiag
 	@for f in zdiag/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/zdiag/; done
 	@for d in collectors analyzers tui; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/zdiag/$$d; done
+	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p zdiag
 	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
-		-p zdiag $$(ls -d $(CURDIR)/bench/*.py $(CURDIR)/examples/*.py 2>/dev/null)
+		$(CURDIR)/bench/*.py $(CURDIR)/examples/*.py
 
 unit: $(STAMP)
 	$(BIN)/pytest
