@@ -21,9 +21,12 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
 from __future__ import annotations
 
 import bisect
+import math
 import re
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -208,7 +211,7 @@ def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str]:
     best, dt = -1, ""
     for k, d in enumerate(dims):
         if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d):
-            n = int(np.prod(d))
+            n = int(math.prod(int(x) for x in d))
             if n > best:
                 best = n
                 dt = str(types[k]) if k < len(types) else ""
@@ -247,6 +250,7 @@ def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSe
         k = trace.of_kind(EventKind.COMPUTE_KERNEL)
         return intervals.union(trace.ts_us[k], trace.end_us[k])
     ops = trace.of_kind(EventKind.CPU_OP)
+    end_us = trace.end_us
     ops = ops[~np.isin(trace.lane_id[ops], np.fromiter(comm_lanes, np.int32, len(comm_lanes)))]
     markers = trace.of_kind(EventKind.FSDP_ANNOTATION, EventKind.COMM_OP)
     keep = np.ones(len(ops), dtype=bool)
@@ -255,11 +259,11 @@ def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSe
         ms = np.sort(trace.ts_us[markers[trace.lane_id[markers] == lane]])
         if not ms.size:
             continue
-        s, e = trace.ts_us[ops[on]], trace.end_us[ops[on]]
+        s, e = trace.ts_us[ops[on]], end_us[ops[on]]
         inside = np.searchsorted(ms, e, side="left") - np.searchsorted(ms, s, side="right")
         keep[np.flatnonzero(on)] = inside <= 0
     ops = ops[keep]
-    return intervals.union(trace.ts_us[ops], trace.end_us[ops])
+    return intervals.union(trace.ts_us[ops], end_us[ops])
 
 
 def _family(kind: str) -> str | None:
@@ -285,6 +289,7 @@ def build_rank_ledger(
     labels = _labels_by_lane(trace)
     if not labels:
         return ledger
+    end_us = trace.end_us  # a computed column: take it once
 
     comm_ops = trace.of_kind(EventKind.COMM_OP)
     issues: list[int] = []
@@ -296,7 +301,7 @@ def build_rank_ledger(
             continue
         if float(trace.ts_us[i]) < open_end.get(lane, -np.inf):
             continue  # nested inside an issuing op
-        open_end[lane] = float(trace.end_us[i])
+        open_end[lane] = float(end_us[i])
         issues.append(int(i))
     if not issues:
         return ledger
@@ -339,7 +344,7 @@ def build_rank_ledger(
             hit = issue_arr[
                 (trace.lane_id[issue_arr] == lane)
                 & (trace.ts_us[issue_arr] <= t)
-                & (trace.end_us[issue_arr] >= t)
+                & (end_us[issue_arr] >= t)
             ]
             if len(hit) and int(hit[-1]) not in pairing:
                 pairing[int(hit[-1])] = e
@@ -417,7 +422,7 @@ def build_rank_ledger(
         e = pairing.get(i, i)
         nbytes, dt = _message_bytes(trace, i, e, coll_row.get(e))
         start = float(trace.ts_us[e])
-        end = float(trace.end_us[e])
+        end = float(end_us[e])
         covered = intervals.total(intervals.clip(compute, start, end))
         records.append(
             CollectiveRecord(
@@ -428,7 +433,7 @@ def build_rank_ledger(
                 phase=phase,
                 step=step,
                 issued_us=t,
-                issue_end_us=float(trace.end_us[i]),
+                issue_end_us=float(end_us[i]),
                 start_us=start,
                 end_us=end,
                 bytes=nbytes,
@@ -487,6 +492,36 @@ def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label
             r.phase = "forward" if labs[k].phase == "pre_forward" else "backward"
 
 
+_CACHE: dict[int, tuple[weakref.ref[RankTrace], tuple[Any, ...], RankLedger]] = {}
+"""The last ledger per trace object: the pipeline's `build_ledger` and the detectors' context
+ask for the same one; records are shared, so callers must not rely on mutating them apart."""
+
+
+def cached_rank_ledger(
+    trace: RankTrace,
+    step_numbers: list[int] | None = None,
+    step_starts_us: list[float] | None = None,
+    step_ends_us: list[float] | None = None,
+) -> RankLedger:
+    """`build_rank_ledger`, computed once per trace object and step windows."""
+    key = (
+        tuple(step_numbers or ()),
+        tuple(step_starts_us or ()),
+        tuple(step_ends_us or ()),
+    )
+    trace_id = id(trace)
+    hit = _CACHE.get(trace_id)
+    if hit is not None and hit[0]() is trace and hit[1] == key:
+        return hit[2]
+    ledger = build_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us)
+
+    def forget(_: object, trace_id: int = trace_id) -> None:  # holds no reference to the trace
+        _CACHE.pop(trace_id, None)
+
+    _CACHE[trace_id] = (weakref.ref(trace, forget), key, ledger)
+    return ledger
+
+
 def build_ledger(
     trace: RankTrace,
     step_numbers: list[int] | None = None,
@@ -497,4 +532,4 @@ def build_ledger(
 
     An empty list when the trace holds no FSDP or ZeRO traffic (DDP, inference, ...).
     """
-    return build_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us).units()
+    return cached_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us).units()

@@ -329,3 +329,19 @@ def test_cuda_kernels_pair_by_correlation_and_overlap_compute_kernels(tmp_path: 
     assert (g.unit, g.start_us, g.end_us) == ("layers.0", 200, 300)
     assert g.bytes == 2000
     assert g.exposed_us == pytest.approx(60.0)  # 200-240 under the gemm, 240-300 exposed
+
+
+def test_ledger_is_computed_once_per_trace_and_not_kept_alive(tmp_path: Path) -> None:
+    import gc
+    import weakref
+
+    from zdiag.analyzers import fsdp_ledger
+
+    trace = load_rank_trace(write(tmp_path, fsdp2_cpu_trace(BLOCKS)))
+    first = fsdp_ledger.cached_rank_ledger(trace)
+    assert fsdp_ledger.cached_rank_ledger(trace) is first
+    assert fsdp_ledger.cached_rank_ledger(trace, [1], [0.0], [1e12]) is not first
+    ref = weakref.ref(trace)
+    del trace
+    gc.collect()
+    assert ref() is None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
+from zdiag.analyzers.fsdp_ledger import RankLedger, cached_rank_ledger
 from zdiag.analyzers.report import Finding, MemoryTimeline, Report, StepBreakdown
 
 MIB = 1024**2
@@ -97,11 +97,11 @@ def build_context(run: Any, analysis: Any) -> DetectorContext:
     for rank, t in traces.items():
         w = steps.get(rank)
         if w is not None and len(w):
-            ledgers[rank] = build_rank_ledger(
+            ledgers[rank] = cached_rank_ledger(
                 t, w.step.tolist(), w.start_us.tolist(), w.end_us.tolist()
             )
         else:
-            ledgers[rank] = build_rank_ledger(t)
+            ledgers[rank] = cached_rank_ledger(t)
     report: Report | None = getattr(analysis, "report", None)
     manifest = getattr(run, "manifest", None)
     ctx = DetectorContext(
