@@ -138,6 +138,7 @@ class RankTrace:
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     host: str | None = None
     trace_start_us: float = 0.0  # earliest event start (the clock origin used in reports)
+    base_time_ns: int | None = None  # Kineto's baseTimeNanoseconds: epoch ns = ts_us * 1000 + this
     warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:

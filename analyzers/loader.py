@@ -94,6 +94,7 @@ class _Trace(msgspec.Struct, gc=False):
     distributedInfo: dict[str, Any] | None = None
     deviceProperties: list[dict[str, Any]] | None = None
     host_name: str | None = None
+    baseTimeNanoseconds: int | float | None = None
 
 
 _RAW_DECODER = msgspec.json.Decoder()
@@ -454,6 +455,7 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         distributed_info=info,
         device_properties=props,
         host=doc.host_name,
+        base_time_ns=_as_int(doc.baseTimeNanoseconds),
         trace_start_us=float(ts[0]) if n else 0.0,
         warnings=warnings,
     )

@@ -11,7 +11,9 @@ Two formats written by `prof.export_memory_timeline(path, device)`:
 
 Both give bytes per category over time. The series is reduced to at most MAX_MEMORY_POINTS
 points, keeping in each bucket the moment of highest total, so the peak is never lost.
-Times are ms from `origin_us` (the rank's trace start; the profiler uses the trace clock).
+Times are ms from the rank's trace start. The memory profiler stamps Unix-epoch time while
+Kineto's `ts` is epoch minus `baseTimeNanoseconds`; the clock that puts the timeline next to the
+trace is used.
 """
 
 from __future__ import annotations
@@ -47,9 +49,17 @@ _ACTION_PREEXISTING, _ACTION_CREATE, _ACTION_INCREMENT, _ACTION_DESTROY = 1, 2, 
 
 
 def load_memory_timeline(
-    path: Path, rank: int, origin_us: float | None = None, capacity_bytes: int | None = None
+    path: Path,
+    rank: int,
+    origin_us: float | list[float] | None = None,
+    capacity_bytes: int | None = None,
 ) -> MemoryTimeline:
-    """Read a memory timeline file; InputError (one sentence) when it is not one."""
+    """Read a memory timeline file; InputError (one sentence) when it is not one.
+
+    `origin_us`: the time that becomes 0 ms; given several candidates (the trace start on the
+    trace clock, and on the Unix-epoch clock that the memory profiler uses), the one closest to
+    the timeline's first point is taken.
+    """
     raw = read_trace_bytes(path)
     try:
         data: Any = msgspec.json.decode(raw)
@@ -114,7 +124,7 @@ def summarize(
     times_us: npt.NDArray[np.float64],
     by_cat: npt.NDArray[np.int64],
     rank: int,
-    origin_us: float | None,
+    origin_us: float | list[float] | None,
     capacity_bytes: int | None,
 ) -> MemoryTimeline:
     """A MemoryTimeline from per-category bytes over time (peak-preserving reduction)."""
@@ -123,7 +133,12 @@ def summarize(
     total = by_cat.sum(axis=1)
     peak_at = int(np.argmax(total))
     keep = _peak_preserving(total, MAX_MEMORY_POINTS)
-    origin = float(times_us[0]) if origin_us is None else origin_us
+    if origin_us is None:
+        origin = float(times_us[0])
+    elif isinstance(origin_us, list):
+        origin = min(origin_us, key=lambda o: abs(float(times_us[0]) - o))
+    else:
+        origin = origin_us
     return MemoryTimeline(
         rank=rank,
         source="memory_timeline",

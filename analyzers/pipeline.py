@@ -49,7 +49,10 @@ PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 
 
 def _is_trace_name(path: Path) -> bool:
+    """Trace-like file names in folders; hidden and temporary files (being written) are skipped."""
     name = path.name.lower()
+    if name.startswith(".") or ".tmp" in name or name.endswith("~"):
+        return False
     return name.endswith(TRACE_SUFFIXES) and not any(x in name for x in _NOT_TRACES)
 
 
@@ -304,7 +307,10 @@ def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
             mem = t.device_properties[0].get("totalGlobalMem")
             capacity = int(mem) if isinstance(mem, int | float) and mem > 0 else None
         try:
-            timeline = load_memory_timeline(path, rank, t.trace_start_us, capacity)
+            origins = [t.trace_start_us]
+            if t.base_time_ns:
+                origins.append(t.trace_start_us + t.base_time_ns / 1000.0)
+            timeline = load_memory_timeline(path, rank, origins, capacity)
         except InputError as exc:
             run.warnings.append(f"memory timeline skipped: {exc.message}")
             continue

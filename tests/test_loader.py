@@ -89,6 +89,7 @@ def test_folder_of_traces_and_several_files(tmp_path: Path) -> None:
     for r in (2, 0, 1):
         _small(rank=r).write(tmp_path / f"rank-{r}.json.gz")
     (tmp_path / "notes.txt").write_text("not a trace")
+    (tmp_path / ".rank-3.json.gz.tmp-x1.json.gz").write_bytes(b"\x1f\x8b half-written")
     run = load_run([tmp_path])
     assert [t.rank for t in run.ranks] == [0, 1, 2]
     run = load_run([tmp_path / "rank-2.json.gz", tmp_path / "rank-0.json.gz"])
@@ -398,3 +399,19 @@ def test_gloo_op_sizes_from_recorded_shapes(tmp_path: Path) -> None:
         32896 * 4,
         "float",
     )
+
+
+def test_memory_timeline_on_the_epoch_clock_is_aligned_with_base_time(tmp_path: Path) -> None:
+    """The memory profiler stamps epoch time; Kineto ts = epoch - baseTimeNanoseconds."""
+    b = _small(rank=0)
+    base_ns = 1_790_000_000_000_000_000
+    b.doc["baseTimeNanoseconds"] = base_ns
+    trace = b.write(tmp_path / "rank-0.json")
+    epoch_us = base_ns / 1000 + 1_000_000  # the synthetic trace's first event, on the epoch clock
+    data = [[epoch_us + 50, epoch_us + 60], [[0, 10, 0, 0, 0, 0, 0, 0, 0]] * 2]
+    mem_path = tmp_path / "rank-0.timeline.json"
+    mem_path.write_text(json.dumps(data))
+    from zdiag.analyzers.pipeline import analyze_run
+
+    (mem,) = analyze_run(load_run([trace, mem_path])).report.memory
+    assert mem.times_ms == [pytest.approx(0.05), pytest.approx(0.06)]
