@@ -244,6 +244,10 @@ class RankSession:
         """Start the profiler (and the CUDA allocator history) as of step `at_step`."""
         self._profiler_pending = False
         self._remove_forward_hook()
+        if torch.autograd._profiler_enabled():
+            # Only one profiler can run: the script's own torch.profiler has it.
+            self._report("the script runs torch.profiler itself, so zdiag records no trace")
+            return
         self._guard("profiler", self._start_profiler, at_step)
         if self.config.profile_memory:
             self._cuda_history = bool(

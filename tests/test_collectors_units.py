@@ -225,3 +225,42 @@ def test_profiler_started_late_keeps_step_numbers_aligned(tmp_path: Path) -> Non
         {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
     )
     assert steps == ["ProfilerStep#3", "ProfilerStep#4"]
+
+
+def test_custom_loop_example_writes_a_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runpy
+    import sys
+
+    from conftest import REPO_ROOT
+
+    monkeypatch.setattr(sys, "argv", ["custom_loop.py", "--out", str(tmp_path), "--steps", "5"])
+    runpy.run_path(str(REPO_ROOT / "examples" / "custom_loop.py"), run_name="__main__")
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["ranks"][0]["steps"] == 5 and m["ranks"][0]["trace"]
+
+
+def test_nvtx_ranges_are_off_without_cuda() -> None:
+    from zdiag.collectors.nvtx import StepRanges
+
+    ranges = StepRanges(enabled=True)
+    assert ranges.enabled == torch.cuda.is_available()
+    ranges.begin(0)
+    ranges.end()
+    assert StepRanges(enabled=False).enabled is False
+
+
+def test_user_profiler_takes_precedence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with (
+        torch.profiler.profile(),
+        zdiag.profile(out=tmp_path / "run", wait=0, warmup=0, active=1, auto_step=True),
+    ):
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    assert "runs torch.profiler itself" in capsys.readouterr().err
+    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert m["ranks"][0]["steps"] == 2 and m["ranks"][0]["trace"] is None
