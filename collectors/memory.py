@@ -44,8 +44,6 @@ def read_device_memory(
     allocated = int(torch.cuda.memory_allocated())
     reserved = int(torch.cuda.memory_reserved())
     peak = int(torch.cuda.max_memory_allocated())
-    if reset_peak:
-        torch.cuda.reset_peak_memory_stats()
     return allocated, reserved, peak
 
 

@@ -185,7 +185,7 @@ class RankSession:
             self.step_index += 1
             self._nvtx.end()
             allocated, reserved, peak = (
-                self._guard("memory reader", memory.read_device_memory, True, self._cuda)
+                self._guard("memory reader", memory.read_device_memory, self._cuda)
                 or memory.NO_READING
             )
             self._step_log.write_step(step, time.time(), duration_ms, allocated, reserved, peak)
@@ -332,7 +332,8 @@ class RankSession:
         """Write the memory data first (profiler window, snapshot, OOM record), then mark the rank."""
         self.oom = True
         allocated, reserved, peak = (
-            self._guard("memory reading", memory.read_device_memory, False) or memory.NO_READING
+            self._guard("memory reading", memory.read_device_memory, self._cuda)
+            or memory.NO_READING
         )
         profiling_memory = self._prof is not None and self.config.profile_memory
         if self._prof is not None:
@@ -380,6 +381,9 @@ class RankSession:
 
     def _on_run_info(self, info: dict[str, Any]) -> None:
         sps = info.get("samples_per_step")
+        harness = info.get("harness")
+        if sps is None and isinstance(harness, dict):
+            sps = harness.get("batch")  # the harness: sequences per rank and step
         self._samples_per_step = float(sps) if isinstance(sps, (int, float)) and sps > 0 else None
         if info and not self._finished:
             self._guard("manifest part", self._write_part, None, None)
