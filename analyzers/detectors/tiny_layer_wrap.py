@@ -20,9 +20,12 @@ from zdiag.analyzers.report import Finding
 # A block split into >= 2 units is finer than the block: the block itself is the natural unit
 # (its parameters are needed together, by one forward call).
 MIN_UNITS_PER_BLOCK = 2
-# Latency-bound: the median message is below alpha x beta, i.e. more than half of a typical
-# collective's time is per-collective overhead, not transfer.
-LATENCY_BOUND_RATIO = 1.0
+# Latency-bound: the median message is below where the measured bandwidth flattens. A message of
+# s bytes reaches s / (alpha + s / beta) of the peak bandwidth beta; "flattened" = 80% of peak,
+# reached at s = 4 x alpha x beta. Below it, over 20% of each collective is fixed overhead, and
+# merging the k units of a block removes (k - 1) / k of that overhead: a saving worth a change.
+FLAT_BANDWIDTH_SHARE = 0.8
+LATENCY_BOUND_RATIO = FLAT_BANDWIDTH_SHARE / (1 - FLAT_BANDWIDTH_SHARE)  # x alpha x beta
 # Split blocks must carry a real share of the traffic (not one odd side module).
 MIN_SPLIT_COLLECTIVE_SHARE = 0.5
 
@@ -93,6 +96,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "collectives_per_step": round(len(split_recs) / n_steps, 2),
                 "median_message_bytes": int(median_bytes),
                 "half_bandwidth_bytes": int(model.half_bandwidth_bytes),
+                "flat_bandwidth_bytes": int(LATENCY_BOUND_RATIO * model.half_bandwidth_bytes),
+                "median_message_bandwidth_share": round(
+                    median_bytes / model.beta_bytes_per_us / model.time_us(median_bytes), 3
+                ),
                 "alpha_us": round(model.alpha_us, 2),
                 "beta_bytes_per_us": round(model.beta_bytes_per_us, 2),
                 "per_collective_overhead_share": round(overhead_share, 3),
