@@ -132,71 +132,73 @@ def spawn_monitor(target: str, duration_s: float, token: str) -> subprocess.Pope
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def measure_publish_cost(calls: int = 50_000) -> dict[str, Any]:
-    """publish() cost per call (µs), and a torch loop's step time with and without publishing."""
+def measure_publish_cost(rounds: int = 6, steps_per_round: int = 100) -> dict[str, Any]:
+    """A small torch training loop's step time and publish() cost, with and without a monitor.
+
+    Three configurations, interleaved round by round so machine load drifts affect all alike:
+    no publisher; a publisher whose monitor is absent; a publisher to a live
+    ``zdiag monitor --headless`` process.
+    """
     import torch
 
-    out: dict[str, Any] = {}
-    record = {"rank": 0, "host": "h", "step": 0, "step_time_ms": 100.0, "samples_per_s": 1.0}
-    rx = LiveReceiver("127.0.0.1:0")
-    port = rx.endpoint.port
-    for label, listening in (("no monitor", False), ("monitor", True)):
-        if not listening:
-            rx.close()
-        else:
-            rx = LiveReceiver(f"127.0.0.1:{port}")
-        pub = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h")
-        time.sleep(0.5)
-        costs = []
-        for i in range(calls):
-            record["step"] = i
-            t = time.perf_counter_ns()
-            pub.publish(record)
-            costs.append(time.perf_counter_ns() - t)
-            if listening and i % 256 == 0:
-                rx.poll()
-                time.sleep(0.001)  # a step's worth of time for the sender thread
-        costs.sort()
-        out[f"publish_us ({label})"] = {
-            "p50": costs[len(costs) // 2] / 1000,
-            "p99": costs[int(len(costs) * 0.99)] / 1000,
-            "max": costs[-1] / 1000,
-            "dropped": pub.dropped,
-        }
-        pub.close()
-    rx.close()
-
     torch.set_num_threads(1)
-    a = torch.randn(256, 256)
-
-    def steps(pub: StepPublisher | None, n: int = 300) -> float:
-        times = []
-        for i in range(n):
-            t = time.perf_counter()
-            for _ in range(8):
-                a @ a
+    weights = torch.randn(256, 256)
+    free = LiveReceiver("127.0.0.1:0")
+    absent_port = free.endpoint.port
+    free.close()
+    live_port = LiveReceiver("127.0.0.1:0")
+    port = live_port.endpoint.port
+    live_port.close()
+    monitor = spawn_monitor(f"127.0.0.1:{port}", 600, "")
+    time.sleep(1.5)
+    pubs: dict[str, StepPublisher | None] = {
+        "no publisher": None,
+        "publisher, no monitor": StepPublisher(f"127.0.0.1:{absent_port}", rank=0, host="h"),
+        "publisher, monitor listening": StepPublisher(f"127.0.0.1:{port}", rank=1, host="h"),
+    }
+    step_s: dict[str, list[float]] = {k: [] for k in pubs}
+    publish_ns: dict[str, list[int]] = {k: [] for k in pubs}
+    step = 0
+    try:
+        time.sleep(0.5)
+        for _ in range(rounds):
+            for label, pub in pubs.items():
+                for _ in range(steps_per_round):
+                    t = time.perf_counter()
+                    for _ in range(16):
+                        weights @ weights
+                    if pub is not None:
+                        c = time.perf_counter_ns()
+                        pub.publish(
+                            {"rank": pub.rank, "host": "h", "step": step, "step_time_ms": 1.0}
+                        )
+                        publish_ns[label].append(time.perf_counter_ns() - c)
+                    step_s[label].append(time.perf_counter() - t)
+                    step += 1
+    finally:
+        for pub in pubs.values():
             if pub is not None:
-                pub.publish({**record, "step": i})
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1000
-
-    rx = LiveReceiver(f"127.0.0.1:{port}")
-    with_monitor = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h")
-    time.sleep(0.5)
-    results: dict[str, float] = {}
-    cases: list[tuple[str, StepPublisher | None]] = [
-        ("no publisher", None),
-        ("publisher, monitor listening", with_monitor),
-    ]
-    for label, maybe_pub in cases:
-        results[label] = steps(maybe_pub)
-    with_monitor.close()
-    rx.close()
-    absent = StepPublisher(f"127.0.0.1:{port}", rank=0, host="h")
-    results["publisher, no monitor"] = steps(absent)
-    absent.close()
-    out["median_step_ms"] = {k: round(v, 3) for k, v in results.items()}
-    return out
+                pub.close()
+        monitor.send_signal(signal.SIGTERM)
+        out, _ = monitor.communicate(timeout=60)
+    seen = json.loads(out)
+    result: dict[str, Any] = {}
+    for label, pub in pubs.items():
+        entry: dict[str, Any] = {
+            "median_step_ms": round(statistics.median(step_s[label]) * 1000, 3),
+        }
+        if pub is not None:
+            costs = sorted(publish_ns[label])
+            entry["publish_us"] = {
+                "p50": round(costs[len(costs) // 2] / 1000, 2),
+                "p99": round(costs[int(len(costs) * 0.99)] / 1000, 2),
+                "max": round(costs[-1] / 1000, 1),
+            }
+            entry["sent"] = pub.sent
+            entry["dropped"] = pub.dropped
+        result[label] = entry
+    result["monitor_received"] = seen["records"]
+    return result
 
 
 class _FakeSource:

@@ -7,7 +7,9 @@ queue, nothing more. A background thread encodes and sends it over a ZeroMQ PUSH
 
 Guarantees, for the training step:
 
-- `publish` never blocks and never raises. When the queue is full (the sender is behind) the
+- `publish` never blocks and never raises: it appends to a deque (no lock, no thread wake-up, so
+  the step never hands the GIL to the sender thread), which the sender drains every 50 ms.
+  When the queue is full (the sender is behind) the
   record is dropped and counted; when the socket cannot take it (no monitor, monitor gone, a slow
   link filling the send high-water mark) it is dropped and counted too. Every record carries the
   running drop count, so the monitor shows what was lost.
@@ -19,10 +21,10 @@ Guarantees, for the training step:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import os
-import queue
 import threading
 import time
 from typing import Any
@@ -44,7 +46,7 @@ QUEUE_SIZE = 256  # records waiting for the sender thread (a few minutes of step
 SEND_HWM = 64  # messages zmq may hold for a connected but slow peer
 RECONNECT_IVL_MS = 200
 RECONNECT_IVL_MAX_MS = 2000
-_STOP = object()
+FLUSH_INTERVAL_S = 0.05  # the sender thread wakes this often and sends what is queued
 
 
 def job_id_from_env() -> str:
@@ -77,7 +79,11 @@ class StepPublisher:
         self.job = job
         self._token = token.encode()
         self._send_hwm = send_hwm
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
+        # A deque, not a queue.Queue: appending takes no lock and wakes no thread, so the training
+        # step never hands the GIL to the sender; the sender drains it every FLUSH_INTERVAL_S.
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._queue_size = max(1, queue_size)
+        self._stop = threading.Event()
         self._seq = itertools.count()
         self._closed = False
         # Counters: written by one thread each (no lock needed for the GIL-atomic int updates).
@@ -100,12 +106,13 @@ class StepPublisher:
         try:
             if self._closed:
                 return
+            if len(self._queue) >= self._queue_size:
+                self.dropped_queue_full += 1
+                return
             item = dict(record)
             item["ts"] = time.time()
             item["seq"] = next(self._seq)
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.dropped_queue_full += 1
+            self._queue.append(item)
         except Exception:  # instrumentation must never break training
             self.dropped_queue_full += 1
 
@@ -114,16 +121,7 @@ class StepPublisher:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._queue.put_nowait(_STOP)
-        except queue.Full:
-            # Make room for the sentinel; a dropped record is counted like any other.
-            try:
-                self._queue.get_nowait()
-                self.dropped_queue_full += 1
-                self._queue.put_nowait(_STOP)
-            except (queue.Empty, queue.Full):
-                pass
+        self._stop.set()
         self._thread.join(timeout_s)
 
     def __enter__(self) -> StepPublisher:
@@ -148,10 +146,11 @@ class StepPublisher:
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
             sock.connect(self.target.connect_url)
             while True:
-                item = self._queue.get()
-                if item is _STOP:
+                stopping = self._stop.wait(FLUSH_INTERVAL_S)
+                while self._queue:
+                    self._send(sock, self._queue.popleft())
+                if stopping:
                     break
-                self._send(sock, item)
         except Exception as exc:  # contained: training goes on, the records are counted as dropped
             self.error = f"{type(exc).__name__}: {exc}"
             self._drain_as_dropped()
@@ -181,13 +180,9 @@ class StepPublisher:
             self.dropped_unsent += 1
 
     def _drain_as_dropped(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not _STOP:
-                self.dropped_unsent += 1
+        while self._queue:
+            self._queue.popleft()
+            self.dropped_unsent += 1
 
 
 def publisher_from_env(rank: int, host: str) -> StepPublisher | None:
