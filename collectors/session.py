@@ -101,6 +101,7 @@ class RankSession:
         self._prof: Any = None
         self._cuda_history = False
         self._profiler_pending = False
+        self._window_done = False
         self._forward_hook: Any = None
         self._publisher: Any = None
         self._samples_per_step: float | None = None
@@ -197,7 +198,7 @@ class RankSession:
                     self._prof.preset_metadata.pop("distributedInfo", None)
             if self._prof is not None:
                 self._prof.step()
-                if self.trace_written:
+                if self._window_done:
                     self._stop_profiler()
             elif self._profiler_pending:
                 self._arm_profiler(self.step_index)
@@ -306,7 +307,10 @@ class RankSession:
                 self._export_memory(prof)
             self._write_part(exit_code=None, error=None)
         except Exception as exc:
-            self._fail("trace export", exc)
+            # Only the profiler's output is lost: steps are still detected and logged.
+            self._report(f"trace export failed: {type(exc).__name__}: {exc}; no trace on this rank")
+        finally:
+            self._window_done = True
 
     def _export_memory(self, prof: Any) -> None:
         timeline = self.run_dir / rundir.memory_timeline_relpath(self.rank)

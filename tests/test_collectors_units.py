@@ -264,3 +264,25 @@ def test_user_profiler_takes_precedence(tmp_path: Path, capsys: pytest.CaptureFi
     assert "runs torch.profiler itself" in capsys.readouterr().err
     m = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert m["ranks"][0]["steps"] == 2 and m["ranks"][0]["trace"] is None
+
+
+def test_failed_trace_export_never_stops_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def disk_full(self: object, path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", disk_full)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with zdiag.profile(out=tmp_path, wait=0, warmup=1, active=1, auto_step=True) as prof:
+        for _ in range(6):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    assert prof.step_num == 6
+    err = capsys.readouterr().err
+    assert err.count("No space left on device") == 1 and "training continues" in err
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    rank = m["ranks"][0]
+    assert rank["trace"] is None and rank["steps"] == 6 and rank["exit_code"] == 0
+    assert not list((tmp_path / "traces").iterdir())  # no temp file left behind
