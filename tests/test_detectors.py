@@ -165,3 +165,36 @@ def test_no_fsdp_findings_on_real_traces(real_traces: Path) -> None:
         assert report.fsdp_units == [], paths
         bad = [f.id for f in report.findings if f.id in FSDP_FINDING_IDS | {"activation-oom"}]
         assert not bad, (paths, bad)
+
+
+def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> None:
+    from types import SimpleNamespace
+
+    from zdiag.analyzers.detectors import run_detectors
+    from zdiag.analyzers.report import MemoryTimeline
+
+    cuda_oom = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB"
+    )
+    run = SimpleNamespace(
+        ranks=[],
+        run_dir=None,
+        manifest={"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}},
+    )
+    timeline = MemoryTimeline(
+        rank=0,
+        source="memory_timeline",
+        peak_bytes=70 * 2**30,
+        peak_category_bytes={
+            "ACTIVATION": 50 * 2**30,
+            "PARAMETER": 8 * 2**30,
+            "GRADIENT": 12 * 2**30,
+        },
+    )
+    analysis = SimpleNamespace(steps={}, breakdowns={}, report=Report(memory=[timeline]))
+    (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
+    assert f.evidence["oom"] is True
+    assert f.evidence["capacity_bytes"] == int(79.1 * 2**30)
+    assert f.evidence["activation_share"] == pytest.approx(50 / 70, abs=1e-3)
+    # without the shape, checkpointing is credited with 7/8 of the activations
+    assert f.expected_gain_bytes == 50 * 2**30 - 50 * 2**30 // 8

@@ -180,11 +180,31 @@ def parse_oom_message(rank: int, text: str, source: str = "oom record") -> Memor
 def _memory_evidence(
     ctx: DetectorContext, run_dir: Path | None, report: Report | None
 ) -> list[MemoryEvidence]:
-    out: list[MemoryEvidence] = []
+    """One MemoryEvidence per rank with memory data, merging the OOM record (what was in use at
+    the failure: preferred for categories) with the memory timeline (the peak by category), and
+    the manifest's per-rank `oom` flag."""
+    by_rank: dict[int, MemoryEvidence] = {}
+    ranks = (ctx.manifest or {}).get("ranks")
+    entries = [e for e in ranks if isinstance(e, dict)] if isinstance(ranks, list) else []
+    for entry in entries:
+        rank = entry.get("rank")
+        if not isinstance(rank, int):
+            continue
+        rel = entry.get("oom_record")
+        rec = _read_json(run_dir / rel) if run_dir is not None and isinstance(rel, str) else None
+        if rec is not None:
+            ev = parse_oom_message(rank, str(rec.get("error", "")))
+            budget = rec.get("memory_budget_bytes")
+            if ev.capacity_bytes is None and isinstance(budget, int):
+                ev.capacity_bytes = budget
+            by_rank[rank] = ev
+        elif entry.get("oom"):
+            by_rank[rank] = parse_oom_message(rank, str(entry.get("error") or ""), "manifest")
     timelines: list[MemoryTimeline] = list(report.memory) if report is not None else []
     for tl in timelines:
-        out.append(
-            MemoryEvidence(
+        known = by_rank.get(tl.rank)
+        if known is None:
+            by_rank[tl.rank] = MemoryEvidence(
                 rank=tl.rank,
                 source=tl.source,
                 oom=tl.oom,
@@ -192,30 +212,15 @@ def _memory_evidence(
                 peak_bytes=tl.peak_bytes or None,
                 category_bytes=dict(tl.peak_category_bytes),
             )
-        )
-    have = {m.rank for m in out if m.category_bytes}
-    ranks = (ctx.manifest or {}).get("ranks")
-    if run_dir is not None and isinstance(ranks, list):
-        for entry in ranks:
-            if not isinstance(entry, dict):
-                continue
-            rank = entry.get("rank")
-            rel = entry.get("oom_record")
-            if not isinstance(rank, int) or rank in have:
-                continue
-            if isinstance(rel, str):
-                rec = _read_json(run_dir / rel)
-                if rec is not None:
-                    ev = parse_oom_message(rank, str(rec.get("error", "")))
-                    budget = rec.get("memory_budget_bytes")
-                    if ev.capacity_bytes is None and isinstance(budget, int):
-                        ev.capacity_bytes = budget
-                    out.append(ev)
-                    continue
-            if entry.get("oom"):
-                msg = str(entry.get("error") or "")
-                out.append(parse_oom_message(rank, msg, source="manifest"))
-    return out
+            continue
+        known.oom = known.oom or tl.oom
+        if known.capacity_bytes is None:
+            known.capacity_bytes = tl.capacity_bytes
+        if not known.category_bytes and tl.peak_category_bytes:
+            known.category_bytes = dict(tl.peak_category_bytes)
+            known.peak_bytes = tl.peak_bytes or None
+            known.source = f"{known.source} + {tl.source}"
+    return [by_rank[r] for r in sorted(by_rank)]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
