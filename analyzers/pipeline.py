@@ -277,6 +277,8 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
                 steps=bds,
                 warnings=list(t.warnings),
                 trace_start_us=t.trace_start_us,
+                rank_source=t.rank_source,
+                step_source=windows.source,
             )
         )
     report.memory.extend(_memory_timelines(run))

@@ -52,6 +52,10 @@ class RankSummary(msgspec.Struct, kw_only=True):
     trace_start_us: float = 0.0
     steps: list[StepBreakdown] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
+    # where the rank number came from: "distributedInfo", "manifest", "file name", "default"
+    rank_source: str = ""
+    # how steps were found: "ProfilerStep", "optimizer step", "forward marker", "whole trace"
+    step_source: str = ""
 
 
 class FsdpUnit(msgspec.Struct, kw_only=True):

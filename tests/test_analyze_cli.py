@@ -229,7 +229,6 @@ def test_bad_input_in_a_real_process(tmp_path: Path) -> None:
 
 
 def test_no_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["analyze"])
-    assert exc.value.code == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    code, out, err = _run([], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "no input given" in err

@@ -51,7 +51,7 @@ class AnalyzeCommand:
         """Options of `zdiag analyze`."""
         parser.add_argument(
             "paths",
-            nargs="+",
+            nargs="*",
             metavar="PATH",
             type=Path,
             help="trace files (.json, .json.gz), a run directory, or a folder of per-rank traces",
@@ -95,6 +95,10 @@ class AnalyzeCommand:
         from zdiag.render._output import write_atomically
         from zdiag.render.text import render_text
 
+        if not args.paths:
+            raise ConfigError(
+                "no input given; pass a trace file (.json or .json.gz), several, or a run directory."
+            )
         if args.rank is not None and any(r < 0 for r in args.rank):
             raise ConfigError("--rank must be 0 or more.")
         progress = None

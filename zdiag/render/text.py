@@ -68,7 +68,9 @@ def _rank_summary(rank: RankSummary) -> list[str]:
 
     return [
         head,
-        f"  {len(steps)} step(s), median {_ms(statistics.median(dur))} ms, "
+        f"  {len(steps)} step(s)"
+        + (f" from {rank.step_source}" if rank.step_source else "")
+        + f", median {_ms(statistics.median(dur))} ms, "
         f"min {_ms(min(dur))} ms, max {_ms(max(dur))} ms",
         f"  time: compute {share('compute_ms')}, exposed comm {share('exposed_comm_ms')}, "
         f"memcpy {share('memcpy_ms')}, idle {share('idle_ms')} "
