@@ -198,3 +198,19 @@ def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> 
     assert f.evidence["activation_share"] == pytest.approx(50 / 70, abs=1e-3)
     # without the shape, checkpointing is credited with 7/8 of the activations
     assert f.expected_gain_bytes == 50 * 2**30 - 50 * 2**30 // 8
+
+
+def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
+    tmp_path: Path,
+) -> None:
+    doc = fsdp2_cpu_trace([("", 20000)], steps=1)
+    events = doc["traceEvents"]
+    assert isinstance(events, list)
+    for k in range(3):
+        events.append(
+            {"ph": "X", "cat": "python_function", "name": f"nn.Module: DecoderLayer_{k}",
+             "pid": 1, "tid": 100, "ts": 50_000 + k, "dur": 1, "args": {}}
+        )  # fmt: skip
+    (f,) = [f for f in run_context(_ctx(tmp_path, doc)) if f.id == "whole-model-wrap"]
+    assert "isinstance(module, DecoderLayer)" in (f.code or "")
+    assert "DecoderLayer x3" in f.recommendation

@@ -60,3 +60,20 @@ def harness_block_pattern(harness: dict[str, object]) -> BlockPattern | None:
     if isinstance(layers, int) and layers >= 2:
         return BlockPattern("layers", layers)
     return None
+
+
+_MODULE_EVENT_RE = re.compile(r"^nn\.Module: (?P<cls>[A-Za-z_]\w*)_(?P<idx>\d+)$")
+
+
+def repeated_module_class(names: Iterable[str]) -> tuple[str, int] | None:
+    """(class name, instances) of the most repeated module class in a `with_stack` trace's
+    `nn.Module: <Class>_<k>` events, None when no class appears twice."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for name in names:
+        m = _MODULE_EVENT_RE.match(name)
+        if m:
+            seen[m.group("cls")].add(m.group("idx"))
+    best = max(seen.items(), key=lambda kv: len(kv[1]), default=None)
+    if best is None or len(best[1]) < 2:
+        return None
+    return best[0], len(best[1])

@@ -11,6 +11,7 @@ from zdiag.analyzers.detectors.blocks import (
     BlockPattern,
     find_block_pattern,
     harness_block_pattern,
+    repeated_module_class,
 )
 from zdiag.analyzers.detectors.context import MIB, DetectorContext
 from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
@@ -58,7 +59,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     block = harness_block_pattern(ctx.harness) or find_block_pattern(
         u.get("name", "") for u in ctx.manifest_units()
     )
-    layers = block.count if block else None
+    trace = ctx.traces.get(lg.rank)
+    module_class = None if block or trace is None else repeated_module_class(trace.names)
+    layers = block.count if block else (module_class[1] if module_class else None)
     block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
     whole_bytes = biggest.param_bytes or 0
     reshard = ctx.harness.get("zero", 3) != 2
@@ -95,13 +98,21 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             f"share that per-block prefetch would hide (all but the root-only parameters and the "
             f"first of {layers} blocks: {1 - still_exposed:.0%})"
         )
-    where = block.python if block else "model.layers"
-    code = (
-        "from torch.distributed.fsdp import fully_shard\n"
-        f"for block in {where}:\n"
-        "    fully_shard(block)\n"
-        "fully_shard(model)"
-    )
+    if module_class is not None:
+        code = (
+            "from torch.distributed.fsdp import fully_shard\n"
+            "for module in model.modules():\n"
+            f"    if isinstance(module, {module_class[0]}):\n"
+            "        fully_shard(module)\n"
+            "fully_shard(model)"
+        )
+    else:
+        code = (
+            "from torch.distributed.fsdp import fully_shard\n"
+            f"for block in {block.python if block else 'model.layers'}:\n"
+            "    fully_shard(block)\n"
+            "fully_shard(model)"
+        )
     ranks = [
         other.rank
         for other in ledgers
@@ -135,7 +146,17 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             units=[biggest.name],
             evidence=evidence,
             recommendation=(
-                f"Shard each repeated block ({block.pattern if block else 'each transformer block'}) "
+                "Shard each repeated block ("
+                + (
+                    block.pattern
+                    if block
+                    else (
+                        f"{module_class[0]} x{module_class[1]}"
+                        if module_class
+                        else "each transformer block"
+                    )
+                )
+                + ") "
                 "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
                 "each block's all-gather overlaps the previous block's compute."
             ),
