@@ -323,6 +323,13 @@ def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
 
 
 def _thin_trace_warnings(t: RankTrace) -> None:
+    """Warnings saying what a valid but thin (or unusual) trace lacks."""
+    gpus = {lane.pid for lane in t.lanes if lane.is_device}
+    if len(gpus) > 1:
+        t.warnings.append(
+            f"the trace holds activity of {len(gpus)} GPUs: they are analyzed together as this "
+            "rank's device time (one trace per rank and GPU gives per-GPU results)"
+        )
     if not t.has_device_events:
         if t.device_properties:
             t.warnings.append(

@@ -223,3 +223,13 @@ def test_thresholds_are_reported(tmp_path: Path) -> None:
     report = analyze_paths([b.write(tmp_path / "t.json")])
     assert report.thresholds == verdict.thresholds()
     assert report.thresholds["host_bound_idle_fraction"] == verdict.HOST_BOUND_IDLE_FRACTION
+
+
+def test_two_gpus_in_one_trace_are_flagged(tmp_path: Path) -> None:
+    b = TraceBuilder(rank=0)
+    b.step(1, 0, 100)
+    b.kernel("gemm", 10, 20, launch_at=5)
+    b.kernel("gemm", 10, 20, launch_at=6)
+    b.events[-2]["pid"] = 1  # the second kernel ran on GPU 1
+    report = analyze_paths([b.write(tmp_path / "t.json")])
+    assert any("2 GPUs" in w for w in report.ranks[0].warnings)
