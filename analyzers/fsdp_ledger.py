@@ -21,6 +21,7 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 import weakref
@@ -69,6 +70,9 @@ class CollectiveRecord:
     needed_us: float | None = None  # when the consuming pre_forward / pre_backward started
     exposed_us: float = 0.0  # execution time not covered by compute
     prefetched: bool = False  # issued under an explicit FSDP prefetch label
+    # compute that ran between the previous gather of the same step and pass and this one
+    # (execution times): what a prefetch of this gather could hide it under
+    compute_before_us: float | None = None
 
     @property
     def dur_us(self) -> float:
@@ -446,6 +450,7 @@ def build_rank_ledger(
         return ledger
 
     _attach_needs(records, labels)
+    _attach_compute_before(records, compute)
     ledger.records = records
     frameworks = {r.framework for r in records}
     ledger.framework = "fsdp2" if "fsdp2" in frameworks else sorted(frameworks)[0]
@@ -465,6 +470,20 @@ def build_rank_ledger(
         ledger.window_us = hi - lo
         ledger.compute_us = intervals.total(intervals.clip(compute, lo, hi))
     return ledger
+
+
+def _attach_compute_before(records: list[CollectiveRecord], compute: intervals.IntervalSet) -> None:
+    """Each gather's `compute_before_us`: compute between the previous gather's execution end
+    (same step and pass, execution order) and this gather's execution start."""
+    by_pass: dict[tuple[int, str], list[CollectiveRecord]] = defaultdict(list)
+    for r in records:
+        if r.family == GATHER_FAMILY:
+            by_pass[(r.step, r.phase)].append(r)
+    for recs in by_pass.values():
+        recs.sort(key=lambda r: r.start_us)
+        for prev, cur in itertools.pairwise(recs):
+            lo, hi = prev.end_us, max(prev.end_us, cur.start_us)
+            cur.compute_before_us = intervals.total(intervals.clip(compute, lo, hi))
 
 
 def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label]]) -> None:

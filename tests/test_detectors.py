@@ -214,3 +214,67 @@ def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
     (f,) = [f for f in run_context(_ctx(tmp_path, doc)) if f.id == "whole-model-wrap"]
     assert "isinstance(module, DecoderLayer)" in (f.code or "")
     assert "DecoderLayer x3" in f.recommendation
+
+
+def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
+    """FSDP2 on CUDA, forward of 4 blocks; every gather is issued on the host inside its own
+    pre_forward (implicit prefetch: lead <= 0). With `overlap` the host runs ahead and each gather
+    kernel runs under the previous block's gemm; without, gathers and gemms alternate."""
+    from test_ledger import TraceBuilder
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    b = TraceBuilder()
+    host, corr = 100.0, 1
+    prev_gemm_start, prev_gemm_end = 10_000.0, 10_000.0
+    for k in range(4):
+        fqn = f"layers.{k}"
+        b.x(f"FSDP::pre_forward ({fqn})", host, 40, cat="user_annotation")
+        b.x(f"FSDP::all_gather ({fqn})", host + 2, 20, cat="user_annotation")
+        b.x(
+            "c10d::_allgather_base_",
+            host + 4,
+            15,
+            **{"Input Dims": [[1 << 20], [1 << 19]], "Input type": ["BFloat16"] * 2},
+        )
+        b.x("cudaLaunchKernel", host + 6, 2, cat="cuda_runtime", correlation=corr)
+        b.x("cudaLaunchKernel", host + 45, 2, cat="cuda_runtime", correlation=corr + 1)
+        # run-ahead: the gather runs under the previous gemm; serial: after it
+        gather_start = prev_gemm_start + 100 if overlap and k else prev_gemm_end
+        b.events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllGather_RING_LL",
+                "pid": 0,
+                "tid": 20,
+                "ts": gather_start,
+                "dur": 300,
+                "args": {"correlation": corr},
+            }
+        )
+        gemm_start = max(prev_gemm_end, gather_start + 300)
+        b.events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "sm90_gemm_bf16",
+                "pid": 0,
+                "tid": 7,
+                "ts": gemm_start,
+                "dur": 500,
+                "args": {"correlation": corr + 1},
+            }
+        )
+        prev_gemm_start, prev_gemm_end = gemm_start, gemm_start + 500
+        host += 60
+        corr += 2
+    return _ctx(tmp_path, b.doc(device_events=True))  # fmt: skip
+
+
+def test_missing_overlap_judges_cuda_gathers_by_device_overlap(tmp_path: Path) -> None:
+    run_ahead = _cuda_forward(tmp_path / "a", overlap=True)
+    assert "missing-overlap" not in {f.id for f in run_context(run_ahead)}
+    serial = _cuda_forward(tmp_path / "b", overlap=False)
+    (f,) = [f for f in run_context(serial) if f.id == "missing-overlap"]
+    assert f.evidence["exposed_share"] == 1.0
+    assert f.expected_gain_ms is not None and f.expected_gain_ms > 0

@@ -52,7 +52,8 @@ def _serialized(gathers: list[CollectiveRecord]) -> tuple[int, int]:
 def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
     """Exposed gather time removed by prefetch depth 1, from the measured timeline.
 
-    In a serialized pass, unit i computes from its gather's end until the next gather's issue;
+    In a serialized pass, unit i computes between its gather's end and the next gather's start
+    (the ledger's `compute_before_us`, measured on the compute lanes: device kernels on GPUs);
     with prefetch the next gather runs during that compute: its exposed time becomes
     max(0, exposed - compute_i).
     """
@@ -65,7 +66,9 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
         for prev, cur in itertools.pairwise(recs):
             if (cur.lead_us or 0.0) > 0.0:
                 continue  # already prefetched
-            compute = max(0.0, cur.issued_us - prev.end_us)
+            compute = cur.compute_before_us
+            if compute is None:
+                compute = max(0.0, cur.issued_us - prev.end_us)
             gain += cur.exposed_us - max(0.0, cur.exposed_us - compute)
     return gain
 
@@ -195,8 +198,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             expected_gain_ms=None if gain_ms is None else round(gain_ms, 3),
             gain_method=(
                 "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
-                "runs during the previous unit's measured compute (its gather end to the next "
-                "issue); only the part longer than that compute stays exposed"
+                "runs during the previous unit's measured compute (between the two gathers); "
+                "only the part longer than that compute stays exposed"
                 if has_leads
                 else ""
             ),
