@@ -191,6 +191,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "exposed_all_gather_ms_per_step": round(exposed_us / 1e3 / n_steps, 3),
                 "exposed_share": round(exposed_share, 3),
                 "threshold_exposed_share": EXPOSED_SHARE,
+                "reduce_ms_per_step": round(sum(r.dur_us for r in lg.reduces) / 1e3 / n_steps, 3),
+                "exposed_reduce_ms_per_step": round(
+                    sum(r.exposed_us for r in lg.reduces) / 1e3 / n_steps, 3
+                ),
                 "host_syncs_per_step": round(syncs_per_step, 2),
             },
             recommendation=recommendation,
