@@ -34,7 +34,7 @@ from zdiag.analyzers.memory import load_memory_timeline
 from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
 from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
 from zdiag.analyzers.steps import find_steps
-from zdiag.analyzers.timeline import step_timeline
+from zdiag.analyzers.timeline import select_timelines, step_timeline
 from zdiag.errors import InputError
 
 Progress = Callable[[int, int, str], None]
@@ -281,6 +281,7 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
                 step_source=windows.source,
             )
         )
+    report.timelines = select_timelines(report.timelines, breakdowns)
     report.memory.extend(_memory_timelines(run))
     report.warnings.extend(run.warnings)
     analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)

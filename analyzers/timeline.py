@@ -9,7 +9,8 @@ a typical step rather than a warm-up outlier. Lanes:
 - `fsdp`: FSDP::... / ZeRO ranges on the host (what the framework was doing).
 
 At most MAX_TIMELINE_SPANS spans are kept (the longest ones, then re-sorted by start);
-`truncated` says when some were dropped. Times are ms from the step's start.
+`truncated` says when some were dropped. Times are ms from the step's start. Runs with more than
+MAX_TIMELINE_RANKS ranks get timelines for rank 0 and the slowest ranks only (JSON size).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from zdiag.analyzers.run_data import StepWindows
 MAX_TIMELINE_SPANS = 3000
 """Spans kept per timeline (the longest ones)."""
 
+MAX_TIMELINE_RANKS = 16
+"""Ranks with a timeline in big runs: rank 0 and the ranks with the slowest median step."""
+
 MAX_NAME_CHARS = 160
 """Kernel names are cut to this length (C++ template names run to kilobytes)."""
 
@@ -35,6 +39,25 @@ def representative_step(steps: list[StepBreakdown]) -> int | None:
         return None
     order = sorted(range(len(steps)), key=lambda k: (steps[k].duration_ms, k))
     return order[(len(order) - 1) // 2]
+
+
+def select_timelines(
+    timelines: list[StepTimeline], steps_by_rank: dict[int, list[StepBreakdown]]
+) -> list[StepTimeline]:
+    """At most MAX_TIMELINE_RANKS timelines: rank 0 first, then the slowest ranks (by the
+    duration of the step each timeline shows), in rank order."""
+    if len(timelines) <= MAX_TIMELINE_RANKS:
+        return timelines
+
+    def shown_ms(tl: StepTimeline) -> float:
+        return next(
+            (s.duration_ms for s in steps_by_rank.get(tl.rank, []) if s.step == tl.step), 0.0
+        )
+
+    first = [tl for tl in timelines if tl.rank == 0][:1]
+    rest = sorted((tl for tl in timelines if tl not in first), key=lambda tl: -shown_ms(tl))
+    chosen = first + rest[: MAX_TIMELINE_RANKS - len(first)]
+    return sorted(chosen, key=lambda tl: tl.rank)
 
 
 def _name(text: str) -> str:

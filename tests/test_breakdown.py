@@ -233,3 +233,29 @@ def test_two_gpus_in_one_trace_are_flagged(tmp_path: Path) -> None:
     b.events[-2]["pid"] = 1  # the second kernel ran on GPU 1
     report = analyze_paths([b.write(tmp_path / "t.json")])
     assert any("2 GPUs" in w for w in report.ranks[0].warnings)
+
+
+def test_timeline_of_the_median_step_and_rank_cap(tmp_path: Path) -> None:
+    from zdiag.analyzers.timeline import MAX_TIMELINE_RANKS
+
+    for r in range(MAX_TIMELINE_RANKS + 2):
+        b = TraceBuilder(rank=r)
+        t = 0.0
+        for k, length in enumerate((100, 300, 200)):  # median: step 2 (200 us + 10 us x rank)
+            b.step(k, t, length + 10 * r)
+            b.kernel("gemm", t + 5, length - 10, launch_at=t + 1)  # ends inside its step
+            if k == 2:
+                b.annotation("FSDP::pre_forward (layers.0)", t + 1, 50)
+            t += length + 10 * r
+        b.write(tmp_path / f"rank-{r}.json")
+    report = analyze_paths([tmp_path])
+    assert len(report.timelines) == MAX_TIMELINE_RANKS
+    ranks = [tl.rank for tl in report.timelines]
+    assert ranks[0] == 0 and ranks[-1] == MAX_TIMELINE_RANKS + 1  # rank 0 and the slowest
+    assert 1 not in ranks  # one of the fastest is left out
+    tl = report.timelines[0]
+    assert tl.step == 2 and not tl.truncated
+    lanes = {(s.lane, s.name) for s in tl.spans}
+    assert ("compute", "gemm") in lanes and ("fsdp", "FSDP::pre_forward (layers.0)") in lanes
+    gemm = next(s for s in tl.spans if s.lane == "compute")
+    assert (gemm.start_ms, gemm.dur_ms) == (pytest.approx(0.005), pytest.approx(0.19))
