@@ -144,6 +144,8 @@ def read_trace_bytes(path: Path) -> bytes:
 
 def _decode_document(raw: bytes, path: Path) -> _Trace:
     """Decode the trace JSON into the minimal schema; InputError naming the problem."""
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (some editors add one)
+        raw = raw[3:]
     head = raw.lstrip()[:1]
     if head not in (b"{", b"["):
         raise InputError(

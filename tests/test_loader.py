@@ -128,6 +128,12 @@ def test_bare_array_trace_and_sorted_columns(tmp_path: Path) -> None:
     assert t.lanes[0].is_device
 
 
+def test_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_small().to_dict()).encode())
+    assert len(load_rank_trace(path)) > 0
+
+
 def test_numeric_strings_are_accepted_and_bad_values_rejected(tmp_path: Path) -> None:
     ok = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "10.5", "dur": "2"}]}
     (tmp_path / "ok.json").write_text(json.dumps(ok))
