@@ -232,3 +232,27 @@ def test_no_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run([], capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "no input given" in err
+
+
+def test_unwritable_output_fails_before_the_analysis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _trace(tmp_path / "t.json")
+    code, out, err = _run([str(path), "--html", str(tmp_path / "nope" / "r.html")], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--html" in err and "does not exist" in err
+
+
+def test_progress_bar_draws_and_clears() -> None:
+    import io
+
+    from zdiag.commands.analyze import _ProgressBar
+
+    stream = io.StringIO()
+    bar = _ProgressBar(stream)
+    bar(0, 2, "reading rank-0.json.gz")
+    bar(1, 2, "rank-0.json.gz")
+    bar.close()
+    text = stream.getvalue()
+    assert "1/2" in text and "rank-0.json.gz" in text
+    assert text.endswith("\r")  # the line is wiped, leaving stderr clean

@@ -9,6 +9,7 @@ code for CI: 1 when a finding at that severity or worse exists.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,23 @@ class _ProgressBar:
         if self.shown:
             self.stream.write("\r" + " " * 100 + "\r")
             self.stream.flush()
+
+
+def _check_writable(option: str, target: Path | None) -> None:
+    """Fail before the analysis (not after it) when an output file cannot be written there."""
+    if target is None:
+        return
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ConfigError(f"{option} {target}: is a folder; give a file name.")
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{option} {target}: the folder {folder} does not exist; create it first."
+        )
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(
+            f"{option} {target}: the folder {folder} is not writable; choose another."
+        )
 
 
 class AnalyzeCommand:
@@ -101,6 +119,12 @@ class AnalyzeCommand:
             )
         if args.rank is not None and any(r < 0 for r in args.rank):
             raise ConfigError("--rank must be 0 or more.")
+        for option, target in (
+            ("--output", args.output),
+            ("--html", args.html),
+            ("--perfetto", args.perfetto),
+        ):
+            _check_writable(option, target)
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
