@@ -42,7 +42,8 @@ Progress = Callable[[int, int, str], None]
 TRACE_SUFFIXES = (".json", ".json.gz")
 _NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
-"""Load files in worker processes only when there are several and they hold this much data."""
+"""Load files in worker processes only when there are several and they hold this much JSON
+(uncompressed): below that, starting workers costs more than it saves."""
 
 
 # --- discovering inputs ---------------------------------------------------------------------
@@ -164,6 +165,21 @@ def discover(paths: list[Path]) -> Inputs:
 # --- loading --------------------------------------------------------------------------------
 
 
+def _json_bytes(path: Path) -> int:
+    """Size of the JSON text: the file size, or for gzip its trailer's ISIZE (size mod 4 GiB)."""
+    try:
+        size = path.stat().st_size
+        if size < 18:
+            return size
+        with path.open("rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return size
+            f.seek(-4, os.SEEK_END)
+            return max(size, int.from_bytes(f.read(4), "little"))
+    except OSError:
+        return 0
+
+
 def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
     if trace.rank_source == "distributedInfo":
         return
@@ -188,7 +204,7 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     """Load every trace under `paths` (files, run directories, folders) into a RunData."""
     found = discover([Path(p) for p in paths])
     files, manifest, run_dir = found.traces, found.manifest, found.run_dir
-    total_bytes = sum(f.stat().st_size for f in files)
+    total_bytes = sum(_json_bytes(f) for f in files)
     traces: list[RankTrace] = []
     if len(files) > 1 and total_bytes >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
         workers = min(len(files), os.cpu_count() or 1)
