@@ -256,3 +256,31 @@ def test_progress_bar_draws_and_clears() -> None:
     text = stream.getvalue()
     assert "1/2" in text and "rank-0.json.gz" in text
     assert text.endswith("\r")  # the line is wiped, leaving stderr clean
+
+
+def test_text_for_many_ranks_and_for_an_empty_report() -> None:
+    from zdiag.analyzers.report import RankSummary, StepBreakdown
+    from zdiag.render.text import MAX_DETAILED_RANKS, render_text
+
+    def step(ms: float) -> StepBreakdown:
+        return StepBreakdown(
+            step=1,
+            duration_ms=ms,
+            compute_ms=ms / 2,
+            comm_ms=0.0,
+            overlapped_ms=0.0,
+            exposed_comm_ms=0.0,
+            idle_ms=ms / 2,
+            verdict="host-bound",
+        )
+
+    ranks = [RankSummary(rank=r, device="cuda", steps=[step(100.0 + r)]) for r in range(12)]
+    for r in ranks:
+        r.warnings.append("no step markers")
+    text = render_text(Report(ranks=ranks))
+    assert "Ranks" in text and f"Per-step detail for {MAX_DETAILED_RANKS} of 12 ranks" in text
+    assert text.count("\nRank ") == MAX_DETAILED_RANKS
+    assert "Rank 0 (cuda)" in text and "Rank 11 (cuda)" in text and "Rank 1 (cuda)" not in text
+    assert "ranks 0-11: no step markers" in text
+    empty = render_text(Report())
+    assert "0 rank(s)" in empty and "Findings (0)" in empty

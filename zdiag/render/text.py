@@ -17,6 +17,9 @@ MAX_STEP_ROWS = 40
 
 MAX_UNIT_ROWS = 20
 
+MAX_DETAILED_RANKS = 8
+"""Runs with more ranks get a one-line-per-rank overview and per-step tables for 8 of them."""
+
 
 def _ms(v: float) -> str:
     if abs(v) >= 100:
@@ -179,6 +182,39 @@ def _rank_list(ranks: list[int]) -> str:
     return "ranks " + ",".join(parts)
 
 
+def _median_ms(rank: RankSummary) -> float:
+    return statistics.median([s.duration_ms for s in rank.steps]) if rank.steps else 0.0
+
+
+def _rank_overview(ranks: list[RankSummary]) -> list[str]:
+    """One line per rank: median step, shares, the most common verdict."""
+    rows = []
+    for r in ranks:
+        total = sum(s.duration_ms for s in r.steps)
+        verdict = Counter(s.verdict for s in r.steps).most_common(1)
+        rows.append(
+            [
+                str(r.rank),
+                r.device,
+                str(len(r.steps)),
+                _ms(_median_ms(r)),
+                _pct(sum(s.compute_ms for s in r.steps), total),
+                _pct(sum(s.exposed_comm_ms for s in r.steps), total),
+                _pct(sum(s.idle_ms for s in r.steps), total),
+                verdict[0][0] if verdict else "-",
+            ]
+        )
+    header = ["rank", "device", "steps", "median ms", "compute", "exposed", "idle", "verdict"]
+    return _table(header, rows, {2, 3, 4, 5, 6})
+
+
+def _detailed_ranks(ranks: list[RankSummary]) -> list[RankSummary]:
+    """Rank 0 (or the first) and the slowest ranks by median step, in rank order."""
+    first = ranks[0]
+    slowest = sorted(ranks[1:], key=lambda r: -_median_ms(r))[: MAX_DETAILED_RANKS - 1]
+    return sorted([first, *slowest], key=lambda r: r.rank)
+
+
 def render_text(report: Report) -> str:
     """The report as plain text, ending with a newline."""
     out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
@@ -187,7 +223,17 @@ def render_text(report: Report) -> str:
         if bits:
             out.append("run: " + ", ".join(bits))
     out.append(f"inputs: {len(report.inputs)} file(s), {len(report.ranks)} rank(s)")
-    for rank in report.ranks:
+    detailed = report.ranks
+    if len(report.ranks) > MAX_DETAILED_RANKS:
+        out += ["", "Ranks"]
+        out.extend("  " + line for line in _rank_overview(report.ranks))
+        detailed = _detailed_ranks(report.ranks)
+        out += [
+            "",
+            f"Per-step detail for {len(detailed)} of {len(report.ranks)} ranks (rank 0 and the "
+            "slowest; --rank N shows any rank)",
+        ]
+    for rank in detailed:
         out.append("")
         out.extend(_rank_summary(rank))
         if rank.steps:
