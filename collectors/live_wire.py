@@ -129,6 +129,9 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
     if kind == "relay":
         if not isinstance(obj.get("host"), str):
             raise WireError("relay record without host")
+        obj["host"] = obj["host"][:128]
+        for name in ("forwarded", "dropped", "rejected"):
+            obj[name] = _count(obj.get(name))
         return obj
     if kind != "step":
         raise WireError(f"unknown kind {kind!r}")
@@ -148,6 +151,12 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
             obj[name] = float(value)
         else:
             obj[name] = None
-    dropped = obj.get("dropped", 0)
-    obj["dropped"] = dropped if isinstance(dropped, int) and dropped >= 0 else 0
+    obj["dropped"] = _count(obj.get("dropped"))
+    if not isinstance(obj.get("pid"), int):
+        obj["pid"] = None
     return obj
+
+
+def _count(value: Any) -> int:
+    """A counter field: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -178,11 +178,13 @@ def test_malformed_messages_are_counted() -> None:
         sock.send_multipart([b"junk"])
         sock.send_multipart(encode({"kind": "step", "rank": "x"}, b""))
         sock.send_multipart(encode({"kind": "step", "rank": 0, "step": 1, "ts": 1.0}, b""))
-        got = collect(rx, 1, timeout_s=5)
+        sock.send_multipart(encode({"kind": "relay", "host": "n", "dropped": "lots"}, b""))
+        got = collect(rx, 2, timeout_s=5)
         deadline = time.monotonic() + 5
         while rx.malformed < 2 and time.monotonic() < deadline:
             got += rx.poll(timeout_ms=50)
-        assert [r["step"] for r in got] == [1]
+        assert [r.get("step") for r in got] == [1, None]
+        assert got[0]["pid"] is None and got[1]["dropped"] == 0  # garbage counters become 0
         assert rx.malformed == 2
     finally:
         sock.close()

@@ -143,3 +143,16 @@ async def test_refresh_updates_cells_in_place_and_rebuilds_on_reorder() -> None:
         assert first_column(app)[:2] == ["1", "2"]  # 100 ms ranks first, rank 0 (250 ms) last
         await pilot.press("r")
         assert first_column(app)[0] == "0"
+
+
+class BrokenSource(FakeSource):
+    def poll(self) -> list[dict[str, Any]]:
+        raise RuntimeError("socket gone")
+
+
+async def test_a_failing_source_does_not_crash_the_app() -> None:
+    app = MonitorApp(BrokenSource(), clock=lambda: NOW, refresh_interval_s=3600)
+    async with app.run_test(size=(100, 20)) as pilot:
+        await pilot.pause()
+        assert app.source_error == "RuntimeError: socket gone"
+        assert "0 ranks" in header_text(app)

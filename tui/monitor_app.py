@@ -76,6 +76,7 @@ class MonitorApp(App[None]):
         self.sort_reverse = False
         self.paused = False
         self.last_view: MonitorView | None = None
+        self.source_error: str | None = None  # the first error the source raised
         self._order: list[str] = []  # row keys as shown
         self._shown: dict[str, tuple[tuple[str, ...], str]] = {}  # key -> (cells, status)
 
@@ -101,9 +102,14 @@ class MonitorApp(App[None]):
 
     def poll_source(self) -> None:
         """Fold the source's new records into the state (a late attach just starts here)."""
-        records = self.source.poll()
-        self.state.ingest(records, self.clock())
-        self.state.rejected = self.source.rejected
+        try:
+            records = self.source.poll()
+            self.state.ingest(records, self.clock())
+            self.state.rejected = self.source.rejected
+        except Exception as exc:  # a broken source must not take the display down
+            if self.source_error is None:
+                self.source_error = f"{type(exc).__name__}: {exc}"
+                self.notify(f"receiving failed: {self.source_error}", severity="error")
 
     def refresh_view(self) -> None:
         """Redraw every widget from a fresh view (skipped while paused)."""
