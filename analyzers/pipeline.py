@@ -263,6 +263,12 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
                 f"rank(s) {', '.join(map(str, missing))} not found in the input (it has rank(s) {have}); pick one of those with --rank."
             )
         run.ranks = [t for t in run.ranks if t.rank in set(ranks)]
+    if run.ranks and all(len(t) == 0 for t in run.ranks):
+        names = ", ".join(str(t.source) for t in run.ranks[:3])
+        raise InputError(
+            f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
+            "its schedule reached an active step and that prof.step() is called)."
+        )
     report = Report(
         zdiag_version=__version__,
         inputs=[str(p) for p in run.inputs],
@@ -341,6 +347,8 @@ def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
 
 def _thin_trace_warnings(t: RankTrace) -> None:
     """Warnings saying what a valid but thin (or unusual) trace lacks."""
+    if len(t) == 0:
+        return
     gpus = {lane.pid for lane in t.lanes if lane.is_device}
     if len(gpus) > 1:
         t.warnings.append(

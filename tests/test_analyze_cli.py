@@ -160,6 +160,11 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
             "nan2.json",
             "NaN",
         ),
+        "no_events": (
+            b'{"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1}]}',
+            "noev.json",
+            "no timed events",
+        ),
         "text_dur": (
             b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": "x"}]}',
             "dur.json",
@@ -189,6 +194,7 @@ BAD_CASES = [
     "events_not_objects",
     "nan_ts",
     "nan_string",
+    "no_events",
     "text_dur",
     "empty_folder",
 ]
