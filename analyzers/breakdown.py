@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers import intervals as iv
+from zdiag.analyzers.collectives import host_comm_events
 from zdiag.analyzers.events import EventKind, RankTrace
-from zdiag.analyzers.loader import host_comm_events
 from zdiag.analyzers.report import CollectiveKindStats, StepBreakdown
 from zdiag.analyzers.run_data import StepWindows
 from zdiag.analyzers.verdict import decide

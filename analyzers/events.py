@@ -35,6 +35,7 @@ Example (count all-gather kernels on rank 0):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -229,6 +230,22 @@ class EnclosingIndex:
                 found.append(int(idx[j]))
             j = int(parent[j])
         return found[::-1]
+
+
+def as_int(value: Any) -> int | None:
+    """An int from an int, an integral float or a numeric string; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
 
 
 # --- classification -----------------------------------------------------------------------

@@ -15,26 +15,22 @@ from __future__ import annotations
 
 import gc
 import gzip
-import math
 import re
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from zdiag.analyzers.collectives import build_collectives
 from zdiag.analyzers.events import (
-    COLLECTIVE_KINDS,
-    Collectives,
-    EnclosingIndex,
     EventKind,
     Lane,
     RankTrace,
+    as_int,
     classify,
-    collective_kind,
-    dtype_size,
     is_device_category,
 )
 from zdiag.errors import InputError
@@ -204,22 +200,6 @@ def rank_from_file_name(path: Path) -> int | None:
     return None
 
 
-def _as_int(value: Any) -> int | None:
-    """An int from an int, an integral float or a numeric string; None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value == int(value):
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
 # --- building the columns -------------------------------------------------------------------
 
 
@@ -246,7 +226,7 @@ def _id_column(values: list[Any]) -> np.ndarray:
     try:
         return np.array([-1 if v is None else v for v in values], dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.array([-1 if (x := _as_int(v)) is None else x for v in values], dtype=np.int64)
+        return np.array([-1 if (x := as_int(v)) is None else x for v in values], dtype=np.int64)
 
 
 _RAW_FIELDS = ("input_dims", "input_type")
@@ -437,7 +417,7 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         kept_args = kept_args.reindexed(new_pos)
 
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None
-    rank = _as_int(info.get("rank")) if info else None
+    rank = as_int(info.get("rank")) if info else None
     props = [p for p in (doc.deviceProperties or []) if isinstance(p, dict)]
     trace = RankTrace(
         rank=rank if rank is not None else 0,
@@ -457,7 +437,7 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         distributed_info=info,
         device_properties=props,
         host=doc.host_name,
-        base_time_ns=_as_int(doc.baseTimeNanoseconds),
+        base_time_ns=as_int(doc.baseTimeNanoseconds),
         trace_start_us=float(ts[0]) if n else 0.0,
         warnings=warnings,
     )
@@ -478,132 +458,6 @@ def _device_kind(trace: RankTrace) -> str:
 
 
 # --- collectives ----------------------------------------------------------------------------
-
-
-_BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
-
-
-def _has_collective_name(trace: RankTrace) -> Callable[[int], bool]:
-    """A fast test for "event i's args hold a 'Collective name'"."""
-    args = trace.args
-    if isinstance(args, KeptArgs):
-        return lambda i: args.value(i, "Collective name") is not None
-    return lambda i: "Collective name" in args.get(i, {})
-
-
-def build_collectives(trace: RankTrace) -> Collectives:
-    """The comm events of a rank with their kind, sizes, dtype, group size and process group.
-
-    Device runs: one row per comm kernel. Sizes and kind come from the kernel's own args
-    ("Collective name", "In msg nelems", ...), else from the `record_param_comms` op with the
-    same External id, else from the comm ops enclosing the host call that launched the kernel
-    (correlation id; this is how `ncclDevKernel_Generic` gets its kind from `nccl:all_gather`),
-    else from the kernel name. Host-only runs (no GPU events): one row per backend op
-    (`gloo:*`, `nccl:*`, ...), or per outermost `c10d::*` op when there are none; sizes from the
-    enclosing `record_param_comms`.
-    """
-    comm_ops = trace.of_kind(EventKind.COMM_OP)
-    if trace.has_device_events:
-        rows = trace.of_kind(EventKind.COMM_KERNEL)
-        calls = trace.launch_calls(rows)
-    else:
-        backend = np.array(
-            [bool(_BACKEND_OP_RE.match(trace.name(int(i)))) for i in comm_ops], dtype=bool
-        )
-        rows = comm_ops[backend] if backend.any() else host_comm_events(trace)
-        calls = rows
-    around_index = EnclosingIndex(trace, comm_ops)
-    by_ext: dict[int, dict[str, Any]] = {}
-    has_name = _has_collective_name(trace)
-    for i in comm_ops.tolist():
-        ext = int(trace.external_id[i])
-        if ext >= 0 and has_name(i):
-            by_ext.setdefault(ext, trace.args[i])
-    kinds = list(COLLECTIVE_KINDS)
-    m = len(rows)
-    kind = np.zeros(m, dtype=np.int16)
-    in_n = np.full(m, -1, dtype=np.int64)
-    out_n = np.full(m, -1, dtype=np.int64)
-    nbytes = np.full(m, -1, dtype=np.int64)
-    gsize = np.full(m, -1, dtype=np.int64)
-    dtypes: list[str] = []
-    pgs: list[str] = []
-    for j, i in enumerate(rows.tolist()):
-        a = trace.args.get(i, {})
-        src = a if "Collective name" in a else by_ext.get(int(trace.external_id[i]), {})
-        labels: list[str] = []
-        call = int(calls[j])
-        if call >= 0:
-            around = around_index.at(int(trace.lane_id[call]), float(trace.ts_us[call]))
-            for op in reversed(around):  # innermost first
-                if not src and has_name(op):
-                    src = trace.args[op]
-                if trace.name(op) != "record_param_comms":
-                    labels.append(trace.name(op))
-        k = "unknown"
-        for text in [str(src.get("Collective name") or ""), *labels, trace.name(i)]:
-            if text:
-                k = collective_kind(text)
-                if k != "unknown":
-                    break
-        kind[j] = kinds.index(k)
-        ni = _as_int(src.get("In msg nelems"))
-        no = _as_int(src.get("Out msg nelems"))
-        dt = str(src.get("dtype") or "")
-        if ni is None and no is None and not src:
-            # gloo/c10d ops recorded with record_shapes: the op's largest input tensor
-            ni, dt = _largest_input(a)
-        in_n[j] = -1 if ni is None else ni
-        out_n[j] = -1 if no is None else no
-        dtypes.append(dt)
-        size = dtype_size(dt) if dt else None
-        if size is not None and (ni is not None or no is not None):
-            nbytes[j] = max(ni or 0, no or 0) * size
-        gs = _as_int(src.get("Group size"))
-        gsize[j] = -1 if gs is None else gs
-        pgs.append(str(src.get("Process Group Name") or ""))
-    return Collectives(
-        event=np.asarray(rows, dtype=np.int64),
-        kind=kind,
-        kinds=kinds,
-        in_nelems=in_n,
-        out_nelems=out_n,
-        bytes=nbytes,
-        group_size=gsize,
-        dtype=dtypes,
-        process_group=pgs,
-    )
-
-
-def _largest_input(args: Mapping[str, Any]) -> tuple[int | None, str]:
-    """(element count, dtype) of the largest tensor in an op's "Input Dims" / "Input type"."""
-    dims = args.get("Input Dims") or []
-    types = args.get("Input type") or []
-    best: int | None = None
-    dtype = ""
-    for k, d in enumerate(dims if isinstance(dims, list) else []):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            n = int(np.prod(d))
-            if best is None or n > best:
-                best, dtype = n, str(types[k]) if k < len(types) else ""
-    return best, dtype
-
-
-def host_comm_events(trace: RankTrace) -> np.ndarray:
-    """Host-side comm ops that are the outermost comm op on their thread (host-only runs)."""
-    idx = trace.of_kind(EventKind.COMM_OP)
-    if not len(idx):
-        return idx
-    keep = []
-    open_end: dict[int, float] = {}
-    for i in idx:  # time-ordered
-        lane = int(trace.lane_id[i])
-        start = float(trace.ts_us[i])
-        if start < open_end.get(lane, -math.inf):
-            continue  # nested in an enclosing comm op on the same thread
-        open_end[lane] = start + float(trace.dur_us[i])
-        keep.append(int(i))
-    return np.asarray(keep, dtype=np.int64)
 
 
 def load_rank_trace(path: Path) -> RankTrace:
