@@ -541,14 +541,45 @@ def cached_rank_ledger(
     return ledger
 
 
+def fill_missing_bytes(ledger: RankLedger, unit_param_bytes: dict[str, int]) -> None:
+    """Collectives whose size the trace does not record (gloo without `record_shapes`) take
+    their unit's unsharded parameter bytes (e.g. the run manifest's `fsdp_units`).
+
+    An all-gather and its gradient reduction both move the unit's full parameter count; those
+    bytes are at the parameters' storage dtype, so under bf16 gathers they overstate a gather
+    2x: sizes recorded in the trace always win.
+    """
+    for r in ledger.records:
+        if r.bytes <= 0 and unit_param_bytes.get(r.unit, 0) > 0:
+            r.bytes = unit_param_bytes[r.unit]
+
+
+def manifest_unit_bytes(manifest: dict[str, Any] | None) -> dict[str, int]:
+    """{unit fqn: param_bytes} from a run manifest's `fsdp_units` ({} when absent)."""
+    units = (manifest or {}).get("fsdp_units")
+    if not isinstance(units, list):
+        return {}
+    return {
+        str(u.get("name", "")): int(u["param_bytes"])
+        for u in units
+        if isinstance(u, dict) and isinstance(u.get("param_bytes"), int) and u["param_bytes"] > 0
+    }
+
+
 def build_ledger(
     trace: RankTrace,
     step_numbers: list[int] | None = None,
     step_starts_us: list[float] | None = None,
     step_ends_us: list[float] | None = None,
+    *,
+    unit_param_bytes: dict[str, int] | None = None,
 ) -> list[FsdpUnit]:
     """`Report.fsdp_units` for one rank: one FsdpUnit per FSDP/ZeRO unit seen in the windows.
 
-    An empty list when the trace holds no FSDP or ZeRO traffic (DDP, inference, ...).
+    `unit_param_bytes` (e.g. `manifest_unit_bytes(run.manifest)`) sizes the collectives a trace
+    recorded without shapes. An empty list when the trace holds no FSDP or ZeRO traffic.
     """
-    return cached_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us).units()
+    ledger = cached_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us)
+    if unit_param_bytes:
+        fill_missing_bytes(ledger, unit_param_bytes)
+    return ledger.units()

@@ -345,3 +345,18 @@ def test_ledger_is_computed_once_per_trace_and_not_kept_alive(tmp_path: Path) ->
     del trace
     gc.collect()
     assert ref() is None
+
+
+def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Path) -> None:
+    from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
+
+    doc = fsdp2_cpu_trace(BLOCKS, steps=1)
+    for ev in doc["traceEvents"]:
+        ev.get("args", {}).pop("Input Dims", None)
+    trace = load_rank_trace(write(tmp_path, doc))
+    manifest = {
+        "fsdp_units": [{"name": n, "param_count": k, "param_bytes": 4 * k} for n, k in BLOCKS]
+    }
+    units = {u.name: u for u in build_ledger(trace, unit_param_bytes=manifest_unit_bytes(manifest))}
+    assert units["layers.2"].param_bytes == 16000
+    assert units[""].all_gather_bytes == 2 * 4000

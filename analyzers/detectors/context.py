@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import RankLedger, cached_rank_ledger
+from zdiag.analyzers.fsdp_ledger import (
+    RankLedger,
+    cached_rank_ledger,
+    fill_missing_bytes,
+    manifest_unit_bytes,
+)
 from zdiag.analyzers.report import Finding, MemoryTimeline, Report, StepBreakdown
 
 MIB = 1024**2
@@ -119,24 +124,11 @@ def build_context(run: Any, analysis: Any) -> DetectorContext:
 
 
 def fill_unit_bytes_from_manifest(ctx: DetectorContext) -> None:
-    """Collectives whose size the trace does not record (gloo without `record_shapes`) take
-    their unit's unsharded parameter bytes from the manifest's `fsdp_units`.
-
-    Both an all-gather and its gradient reduction move the unit's full parameter count; the
-    manifest's bytes are at the parameters' storage dtype (fp32 shards), so under bf16 gathers
-    they overstate the gather by 2x: the trace's own sizes are always preferred.
-    """
-    sizes = {
-        str(u.get("name", "")): int(u["param_bytes"])
-        for u in ctx.manifest_units()
-        if isinstance(u.get("param_bytes"), int) and u["param_bytes"] > 0
-    }
-    if not sizes:
-        return
-    for lg in ctx.ledgers.values():
-        for r in lg.records:
-            if r.bytes <= 0 and r.unit in sizes:
-                r.bytes = sizes[r.unit]
+    """Size the collectives the trace recorded without shapes from the manifest's units."""
+    sizes = manifest_unit_bytes(ctx.manifest)
+    if sizes:
+        for lg in ctx.ledgers.values():
+            fill_missing_bytes(lg, sizes)
 
 
 # --- memory evidence ------------------------------------------------------------------------
