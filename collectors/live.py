@@ -46,6 +46,7 @@ QUEUE_SIZE = 256  # records waiting for the sender thread (a few minutes of step
 SEND_HWM = 64  # messages zmq may hold for a connected but slow peer
 RECONNECT_IVL_MS = 200
 RECONNECT_IVL_MAX_MS = 2000
+CLOSE_LINGER_MS = 250  # on close, zmq may take this long to get the last records out
 FLUSH_INTERVAL_S = 0.05  # the sender thread wakes this often and sends what is queued
 
 
@@ -117,7 +118,7 @@ class StepPublisher:
             self.dropped_queue_full += 1
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """Stop the sender thread (what is still queued is sent if it can be, without waiting)."""
+        """Stop the sender thread; what is queued is sent if it can be (zmq lingers <= 250 ms)."""
         if self._closed:
             return
         self._closed = True
@@ -156,7 +157,7 @@ class StepPublisher:
             self._drain_as_dropped()
         finally:
             if sock is not None:
-                sock.close(linger=0)
+                sock.close(linger=CLOSE_LINGER_MS)
             if ctx is not None:
                 ctx.term()
 

@@ -84,7 +84,7 @@ def reap(*procs: subprocess.Popen[str]) -> None:
 
 def test_monitor_absent_then_killed_then_restarted() -> None:
     target = f"127.0.0.1:{free_port()}"
-    rank = start_rank(0, steps=100, dt=0.05, target=target)  # ~5 s of "training"
+    rank = start_rank(0, steps=140, dt=0.05, target=target)  # ~7 s of "training"
     first = second = None
     try:
         time.sleep(1.0)  # no monitor yet
@@ -100,23 +100,23 @@ def test_monitor_absent_then_killed_then_restarted() -> None:
         seen = finish(second)
     finally:
         reap(rank, *(p for p in (first, second) if p is not None))
-    assert stats["steps"] == 100
+    assert stats["steps"] == 140
     assert stats["dropped"] > 0  # records sent while no monitor listened were counted
     # publish() never waited for the network: a blocking call would take >= 200 ms (reconnect)
     assert stats["max_us"] < 50_000, stats
     (row,) = seen["rows"]
-    assert row["rank"] == 0 and row["step"] == 99  # the restarted monitor follows to the end
+    assert row["rank"] == 0 and row["step"] == 139  # the restarted monitor follows to the end
     assert row["dropped"] > 0
 
 
 def test_killed_rank_is_marked_stale() -> None:
     target = f"127.0.0.1:{free_port()}"
-    monitor = start_monitor(target, 7.5)
+    monitor = start_monitor(target, 8.5)
     time.sleep(0.5)
-    alive = start_rank(0, steps=75, dt=0.1, target=target)
-    doomed = start_rank(1, steps=75, dt=0.1, target=target)
+    alive = start_rank(0, steps=85, dt=0.1, target=target)
+    doomed = start_rank(1, steps=85, dt=0.1, target=target)
     try:
-        time.sleep(1.5)
+        time.sleep(2.5)  # the doomed rank has started and reported
         doomed.send_signal(signal.SIGKILL)
         doomed.communicate()
         seen = finish(monitor)
