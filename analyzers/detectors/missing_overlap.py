@@ -32,6 +32,8 @@ EXPOSED_SHARE_WITHOUT_LEADS = 0.9
 # Host syncs (`.item()`, stream/device synchronize) at least once per unit and step keep the
 # host from running ahead to issue the next gather: recommend removing them.
 HOST_SYNCS_PER_UNIT = 1.0
+# Launch-bound: most steps carry the pipeline's host-bound verdict (device idle dominates).
+HOST_BOUND_STEP_SHARE = 0.5
 _HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 
 
@@ -167,6 +169,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "(log losses every N steps, check NaNs on device) so the host can issue the next "
             "gather ahead of time."
         )
+    bds = ctx.breakdowns.get(lg.rank, [])
+    host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
+    if bds and host_bound_steps / len(bds) >= HOST_BOUND_STEP_SHARE:
+        recommendation += (
+            f" {host_bound_steps} of {len(bds)} steps are host-bound (the device idles waiting "
+            "for launches): fewer, larger kernels (torch.compile of each block, CUDA graphs) let "
+            "the host issue gathers early."
+        )
     return [
         Finding(
             id="missing-overlap",
@@ -196,6 +206,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                     sum(r.exposed_us for r in lg.reduces) / 1e3 / n_steps, 3
                 ),
                 "host_syncs_per_step": round(syncs_per_step, 2),
+                "host_bound_steps": host_bound_steps,
             },
             recommendation=recommendation,
             code=_code(lg),
