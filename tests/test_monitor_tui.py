@@ -156,3 +156,23 @@ async def test_a_failing_source_does_not_crash_the_app() -> None:
         await pilot.pause()
         assert app.source_error == "RuntimeError: socket gone"
         assert "0 ranks" in header_text(app)
+
+
+async def test_app_on_a_real_receiver_follows_a_real_publisher() -> None:
+    from zdiag.collectors.live import StepPublisher
+    from zdiag.collectors.live_receive import LiveReceiver
+
+    receiver = LiveReceiver("127.0.0.1:0")
+    app = MonitorApp(receiver, poll_interval_s=0.05, refresh_interval_s=0.1)
+    pub = StepPublisher(str(receiver.endpoint), rank=3, host="node0", job="live-1")
+    try:
+        async with app.run_test(size=(130, 30)) as pilot:
+            for step in range(100):  # ~5 s at most; stops as soon as the table shows rank 3
+                pub.publish({"rank": 3, "host": "node0", "step": step, "step_time_ms": 50.0})
+                await pilot.pause(0.05)
+                if first_column(app) == ["3"] and "job live-1" in header_text(app):
+                    break
+            assert first_column(app) == ["3"]
+            assert "job live-1 · 1 ranks" in header_text(app)
+    finally:
+        pub.close()
