@@ -18,6 +18,7 @@ import gzip
 import re
 import zlib
 from collections.abc import Iterator, Mapping
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,14 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
         return out
 
 
+def _args_values(events: list[_Event], attr: str) -> list[Any]:
+    """`e.args.<attr>` for every event (None where an event has no args)."""
+    try:
+        return list(map(attrgetter(f"args.{attr}"), events))
+    except AttributeError:  # some event without args: the slower, careful path
+        return [getattr(e.args, attr) if e.args is not None else None for e in events]
+
+
 def _is_float_text(v: Any) -> bool:
     try:
         float(v)
@@ -344,42 +353,48 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         and e.cat not in ("Trace", "trace")
     ]
     n = len(complete)
-    ts = _number_column([e.ts for e in complete], path, "ts")
-    dur = _number_column([e.dur for e in complete], path, "dur")
+    # The per-event loops below run in C (map + attrgetter + dict lookups): on multi-GB traces
+    # the Python-level work per event is what costs.
+    ts = _number_column(list(map(attrgetter("ts"), complete)), path, "ts")
+    dur = _number_column(list(map(attrgetter("dur"), complete)), path, "dur")
     if n and (dur < 0).any():
         count = int((dur < 0).sum())
         warnings.append(f"{count} events with a negative duration were treated as zero-length")
         dur = np.maximum(dur, 0.0)
 
+    # Intern (name, cat, pid, tid) once per distinct combination, then derive the columns.
+    keys = list(map(attrgetter("name", "cat", "pid", "tid"), complete))
+    distinct = list(dict.fromkeys(keys))
+    key_index = {k: j for j, k in enumerate(distinct)}
+    key_id = np.fromiter(map(key_index.__getitem__, keys), np.int32, n)
+    del keys
     name_ids: dict[str, int] = {}
     cat_ids: dict[str, int] = {}
     lane_ids: dict[tuple[Any, Any], int] = {}
-    name_id = np.fromiter(
-        (name_ids.setdefault(e.name, len(name_ids)) for e in complete), np.int32, n
-    )
-    cat_id = np.fromiter((cat_ids.setdefault(e.cat, len(cat_ids)) for e in complete), np.int32, n)
-    lane_key = np.fromiter(
-        (lane_ids.setdefault((e.pid, e.tid), len(lane_ids)) for e in complete), np.int32, n
-    )
+    kind_of_pair: dict[tuple[str, str], int] = {}
+    k_name = np.empty(len(distinct), np.int32)
+    k_lane = np.empty(len(distinct), np.int32)
+    k_kind = np.empty(len(distinct), np.uint8)
+    k_device = np.empty(len(distinct), bool)
+    for j, (nm, ct, pid, tid) in enumerate(distinct):
+        k_name[j] = name_ids.setdefault(nm, len(name_ids))
+        cat_ids.setdefault(ct, len(cat_ids))
+        k_lane[j] = lane_ids.setdefault((pid, tid), len(lane_ids))
+        kd = kind_of_pair.get((ct, nm))
+        if kd is None:
+            kd = kind_of_pair[(ct, nm)] = int(classify(ct, nm))
+        k_kind[j] = kd
+        k_device[j] = is_device_category(ct)
     names = list(name_ids)
-    cats = list(cat_ids)
     lane_keys = list(lane_ids)
-
-    # Classify each distinct (cat, name) pair once.
-    n_names = max(len(names), 1)
-    pair = cat_id.astype(np.int64) * n_names + name_id
-    uniq, inverse = np.unique(pair, return_inverse=True)
-    uniq_kinds = np.array(
-        [int(classify(cats[int(u) // n_names], names[int(u) % n_names])) for u in uniq],
-        dtype=np.uint8,
-    )
-    kind = uniq_kinds[inverse].astype(np.uint8) if n else np.zeros(0, np.uint8)
+    name_id = k_name[key_id] if n else np.zeros(0, np.int32)
+    lane_key = k_lane[key_id] if n else np.zeros(0, np.int32)
+    kind = k_kind[key_id] if n else np.zeros(0, np.uint8)
 
     # Lanes: device if any event on it has a device category.
-    device_cat = np.array([is_device_category(c) for c in cats], dtype=bool)
     lane_is_device = np.zeros(len(lane_keys), dtype=bool)
-    if n:
-        np.logical_or.at(lane_is_device, lane_key, device_cat[cat_id])
+    if len(distinct):
+        np.logical_or.at(lane_is_device, k_lane, k_device)
     lanes = [
         Lane(
             pid,
@@ -391,8 +406,8 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
     ]
 
     # args: External id / correlation for every event; the known args only where kept.
-    external_id = _id_column([e.args.external_id if e.args else None for e in complete])
-    correlation = _id_column([e.args.correlation if e.args else None for e in complete])
+    external_id = _id_column(_args_values(complete, "external_id"))
+    correlation = _id_column(_args_values(complete, "correlation"))
     keep = np.isin(kind, np.array([int(k) for k in _KEEP_ARGS_KINDS], np.uint8))
     kept_structs: dict[int, _Args] = {}
     for i in np.flatnonzero(keep).tolist():
