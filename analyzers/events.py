@@ -78,8 +78,8 @@ DEVICE_KINDS = (EventKind.COMPUTE_KERNEL, EventKind.COMM_KERNEL, EventKind.MEMCP
 class Lane:
     """Where events ran: a GPU stream (is_device) or a CPU thread."""
 
-    pid: int | str
-    tid: int | str
+    pid: int | float | str
+    tid: int | float | str
     name: str  # "stream 7", "thread 2919752 (pt_main_thread)", ...
     is_device: bool
 

@@ -109,3 +109,25 @@ def test_gloo_cpu_only_comm_is_on_worker_threads(real_traces: Path) -> None:
     t = run.ranks[0]
     lanes = {t.lanes[int(t.lane_id[int(e)])].tid for e in t.collectives.event}
     assert lanes == {3553, 3554}  # the worker threads, not the main thread 1074
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    sorted(p.name for p in SAMPLES.iterdir() if (p / "traces").is_dir())
+    if SAMPLES.is_dir()
+    else [],
+)
+def test_own_harness_samples(scenario: str) -> None:
+    """The project's own FSDP2 runs (CPU/gloo, 2 ranks): steps, gloo comm, FSDP units."""
+    run = load_run([SAMPLES / scenario])
+    assert run.manifest is not None and run.run_dir is not None
+    report = analyze_run(run).report
+    assert len(report.ranks) >= 2
+    assert all(r.step_source == "ProfilerStep" for r in report.ranks)
+    assert all(r.device == "cpu" for r in report.ranks)
+    assert sum(s.comm_ms for r in report.ranks for s in r.steps) > 0
+    assert report.fsdp_units  # FSDP2 labels joined to the gloo collectives
+    _check_consistent(report)
