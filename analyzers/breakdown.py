@@ -7,8 +7,11 @@ Activity sets (unions over all lanes, so two busy streams at once count once):
   `mem` = memcpy + memset. GPU annotations and host events are not device activity.
 - Host-only runs (CPU/gloo, or a trace without GPU events): lanes are threads. `comm` = the
   outermost `gloo:*` / `nccl:*` / `c10d::*` / `record_param_comms` op on each thread; `compute`
-  = per thread, the union of its CPU ops minus the time that thread spent inside a comm op
-  (a thread blocked in a collective is not computing), then the union over threads.
+  = per thread, the times whose innermost open op is a computing op (the self time of `aten::*`
+  and other ops, not of wrappers such as `autograd::engine::evaluate_function: ...`, autograd
+  nodes `...Backward0` or `PythonSubclass`, which also span hooks blocked waiting for a
+  collective), minus the time that thread spent inside a comm op (a thread blocked in a
+  collective is not computing), then the union over threads.
 
 Per step window: `compute_ms`, `comm_ms`, `overlapped_ms` = |compute ∩ comm|, `exposed_comm_ms`
 = |comm − compute|, `memcpy_ms` = |mem − compute − comm|, `idle_ms` = duration − |compute ∪ comm
@@ -18,6 +21,8 @@ Per step window: `compute_ms`, `comm_ms`, `overlapped_ms` = |compute ∩ comm|, 
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import numpy.typing as npt
@@ -69,18 +74,67 @@ def _union_of(trace: RankTrace, idx: npt.NDArray[np.int64]) -> iv.IntervalSet:
     return iv.union(trace.ts_us[idx], trace.ts_us[idx] + trace.dur_us[idx])
 
 
+_WRAPPER_OP_RE = re.compile(
+    r"^(autograd::engine::evaluate_function: |PythonSubclass$|[A-Za-z0-9_]+Backward\d*$)"
+)
+"""CPU ops that only wrap others: their own (self) time is not computation. Autograd nodes run
+backward hooks inside them, e.g. FSDP's pre-backward all-gather blocked waiting for gloo."""
+
+
+def _innermost_segments(
+    start: npt.NDArray[np.float64], end: npt.NDArray[np.float64], counts: npt.NDArray[np.bool_]
+) -> iv.IntervalSet:
+    """The times at which the innermost open op (of one thread's nested ops) has counts=True."""
+    order = np.lexsort((-(end - start), start)).tolist()
+    st, en, ok = start.tolist(), end.tolist(), counts.tolist()
+    seg_s: list[float] = []
+    seg_e: list[float] = []
+    stack: list[int] = []
+    cur = 0.0
+
+    def emit(a: float, b: float, op: int) -> None:
+        if b > a and ok[op]:
+            seg_s.append(a)
+            seg_e.append(b)
+
+    for i in order:
+        s = st[i]
+        while stack and en[stack[-1]] <= s:
+            top = stack.pop()
+            emit(cur, en[top], top)
+            cur = max(cur, en[top])
+        if stack:
+            emit(cur, s, stack[-1])
+        cur = s
+        stack.append(i)
+    while stack:
+        top = stack.pop()
+        emit(cur, en[top], top)
+        cur = max(cur, en[top])
+    return iv.union(np.asarray(seg_s), np.asarray(seg_e))
+
+
 def _host_sets(
     trace: RankTrace, comm_idx: npt.NDArray[np.int64]
 ) -> tuple[iv.IntervalSet, iv.IntervalSet]:
-    """(compute, comm) for host-only runs: per thread, CPU ops minus that thread's comm time."""
+    """(compute, comm) for host-only runs: per thread, the time in computing ops' own (self)
+    time, minus that thread's time inside comm ops; then the union over threads."""
     ops = trace.of_kind(EventKind.CPU_OP, EventKind.COMM_OP)
+    wrapper_ids = {j for j, name in enumerate(trace.names) if _WRAPPER_OP_RE.match(name)}
+    counts_all = (trace.kind[ops] == int(EventKind.CPU_OP)) & ~np.isin(
+        trace.name_id[ops], np.fromiter(wrapper_ids, np.int32, len(wrapper_ids))
+    )
     comm = _union_of(trace, comm_idx)
     parts_s: list[npt.NDArray[np.float64]] = []
     parts_e: list[npt.NDArray[np.float64]] = []
     lanes_ops = trace.lane_id[ops]
     lanes_comm = trace.lane_id[comm_idx]
     for lane in np.unique(lanes_ops):
-        busy = _union_of(trace, ops[lanes_ops == lane])
+        mine = lanes_ops == lane
+        idx = ops[mine]
+        busy = _innermost_segments(
+            trace.ts_us[idx], trace.ts_us[idx] + trace.dur_us[idx], counts_all[mine]
+        )
         blocked = _union_of(trace, comm_idx[lanes_comm == lane])
         s, e = iv.subtract(busy, blocked)
         parts_s.append(s)

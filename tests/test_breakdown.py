@@ -259,3 +259,22 @@ def test_timeline_of_the_median_step_and_rank_cap(tmp_path: Path) -> None:
     assert ("compute", "gemm") in lanes and ("fsdp", "FSDP::pre_forward (layers.0)") in lanes
     gemm = next(s for s in tl.spans if s.lane == "compute")
     assert (gemm.start_ms, gemm.dur_ms) == (pytest.approx(0.005), pytest.approx(0.19))
+
+
+def test_host_wrapper_ops_blocked_in_a_hook_are_not_compute(tmp_path: Path) -> None:
+    """An autograd node spans FSDP's pre-backward hook waiting for a gloo all-gather."""
+    b = TraceBuilder(rank=0, backend="gloo", gpu_name=None)
+    b.step(1, 0, 1000)
+    b.cpu_op("autograd::engine::evaluate_function: AddBackward0", 0, 900)
+    b.cpu_op("AddBackward0", 10, 100)  # an autograd node: only its children compute
+    b.cpu_op("aten::add", 20, 50)
+    b.cpu_op("aten::mm", 200, 300)  # self time is the matmul...
+    b.cpu_op("aten::resolve_conj", 210, 5)  # ...around a tiny child
+    # [500, 900): the hook waits for the all-gather running on the gloo thread
+    b.annotation("gloo:all_gather", 480, 420, tid=9001)
+    report = analyze_paths([b.write(tmp_path / "t.json")])
+    (s,) = report.ranks[0].steps
+    assert s.compute_ms == pytest.approx(0.35)  # aten::add 50 + aten::mm 300 (child included)
+    assert s.comm_ms == pytest.approx(0.42)
+    assert s.overlapped_ms == pytest.approx(0.02)  # [480, 500) under aten::mm
+    assert s.exposed_comm_ms == pytest.approx(0.40)
