@@ -254,7 +254,11 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
 
 
 def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
-    """Steps, per-step breakdown, collective totals and the optional stages for a RunData."""
+    """Steps, per-step breakdown, collective totals, timelines, memory and the optional stages.
+
+    `ranks` keeps only those ranks (run.ranks is narrowed in place; InputError naming the ranks
+    present when one is missing). InputError when no trace holds a timed event.
+    """
     if ranks:
         missing = sorted(set(ranks) - {t.rank for t in run.ranks})
         if missing:
