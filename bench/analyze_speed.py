@@ -358,15 +358,22 @@ MEM_RESERVE_MB = 4_000.0
 
 
 def _child_hta(paths: list[str]) -> None:
-    """Child-process body: HTA as a user runs it (parse + temporal breakdown + overlap)."""
+    """Child-process body: HTA as a user runs it (parse + temporal breakdown + overlap).
+
+    A folder is passed to HTA as its list of *.json files with ranks 0..N-1 in name order:
+    HTA's own rank discovery greps `"rank": N` with a space after the colon, so it finds no rank
+    in compact JSON (such as the inflated files) and silently analyzes nothing.
+    """
     sys.path.insert(0, str(REPO))
     from zdiag.analyzers.hta_adapter import hta_breakdown
 
     t0 = time.perf_counter()
-    target: list[Path] | Path = (
-        Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else [Path(p) for p in paths]
-    )
-    rows = hta_breakdown(target)
+    files = [Path(p) for p in paths]
+    if len(files) == 1 and files[0].is_dir():
+        files = sorted(files[0].glob("*.json"), key=lambda f: (len(f.name), f.name))
+    rows = hta_breakdown(files, ranks=list(range(len(files))))
+    if len(rows) != len(files):
+        raise SystemExit(f"HTA analyzed {len(rows)} of {len(files)} traces")
     print(json.dumps({"ranks": len(rows), "s": time.perf_counter() - t0}))
 
 
