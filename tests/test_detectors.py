@@ -278,3 +278,12 @@ def test_missing_overlap_judges_cuda_gathers_by_device_overlap(tmp_path: Path) -
     (f,) = [f for f in run_context(serial) if f.id == "missing-overlap"]
     assert f.evidence["exposed_share"] == 1.0
     assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
+
+
+def test_whole_model_wrap_quiet_when_blocks_are_units_beside_a_huge_embedding(
+    tmp_path: Path,
+) -> None:
+    # a 256k-vocabulary root outweighs small blocks 20:1, but the blocks are wrapped
+    units = [("", 200_000), ("layers.0", 4000), ("layers.1", 4000)]
+    ctx = _ctx(tmp_path, fsdp2_cpu_trace(units, steps=1, prefetch=True))
+    assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}

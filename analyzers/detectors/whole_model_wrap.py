@@ -55,6 +55,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     share = (biggest.param_bytes or 0) / total
     if share < WHOLE_MODEL_SHARE:
         return []
+    if find_block_pattern(u.name for u in units) is not None:
+        return []  # blocks are already units: a huge root is embeddings/head, not the model
 
     block = harness_block_pattern(ctx.harness) or find_block_pattern(
         u.get("name", "") for u in ctx.manifest_units()
