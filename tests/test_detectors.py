@@ -287,3 +287,24 @@ def test_whole_model_wrap_quiet_when_blocks_are_units_beside_a_huge_embedding(
     units = [("", 200_000), ("layers.0", 4000), ("layers.1", 4000)]
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(units, steps=1, prefetch=True))
     assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}
+
+
+def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
+    """An OOM before the profiler window leaves no trace: the OOM record still tells."""
+    import json
+    import shutil
+
+    from conftest import REPO_ROOT
+    from zdiag.analyzers.detectors import run_detectors
+    from zdiag.analyzers.run_data import Analysis, RunData
+
+    sample = REPO_ROOT / "sample_traces" / "activation-oom"
+    if not (sample / "manifest.json").is_file():
+        pytest.skip("sample_traces/activation-oom not recorded")
+    shutil.copytree(sample / "memory", tmp_path / "memory")
+    manifest = json.loads((sample / "manifest.json").read_text())
+    run = RunData(ranks=[], manifest=manifest, run_dir=tmp_path)
+    analysis = Analysis(steps={}, breakdowns={}, report=Report())
+    (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
+    assert f.ranks == [0, 1]
+    assert f.evidence["source"] == "oom record"
