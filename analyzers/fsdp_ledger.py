@@ -207,43 +207,60 @@ def _enclosing_labels(labels: list[_Label], times: list[float]) -> list[list[_La
     return out
 
 
-def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str]:
-    """(largest element count, dtype) from an op's `Input Dims` / `Input type` args."""
+_NOT_DTYPES = frozenset({"", "TensorList", "Scalar", "ScalarList", "GenericList", "int", "bool"})
+
+
+def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str, int]:
+    """(largest tensor's element count, dtype, tensors with known shapes) from an op's
+    `Input Dims` / `Input type` args; a TensorList counts as one tensor of its summed size."""
     a = trace.args.get(int(i), {})
     dims = a.get("Input Dims") or []
     types = a.get("Input type") or []
-    best, dt = -1, ""
-    for k, d in enumerate(dims):
+    best, tensors = -1, 0
+    for d in dims:
+        n = -1
         if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d):
-            n = int(math.prod(int(x) for x in d))
-            if n > best:
-                best = n
-                dt = str(types[k]) if k < len(types) else ""
-    return best, dt
+            n = math.prod(int(x) for x in d)
+        elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
+            parts = [x for x in d if x and all(isinstance(y, int | float) for y in x)]
+            n = sum(math.prod(int(y) for y in x) for x in parts) if parts else -1
+        if n > 0:
+            tensors += 1
+            best = max(best, n)
+    dt = next((str(t) for t in types if str(t) not in _NOT_DTYPES), "")
+    return best, dt, tensors
 
 
 def _message_bytes(
-    trace: RankTrace, issue: int, execution: int, row: int | None
+    trace: RankTrace, issue: int, execution: int, row: int | None, gather: bool
 ) -> tuple[int, str]:
     """(bytes, dtype) of one collective's full message: the gathered output of an all-gather,
     the unreduced input of a reduction (the larger of input and output either way).
 
-    The issuing `c10d::` op's `Input Dims` list both tensors, so it is read first; then the
-    execution's collective args (`In/Out msg nelems` x `dtype` on NCCL); then the execution's
-    own `Input Dims` (gloo's `gloo:all_gather` lists only the shard, hence last).
+    Read in order: the issuing `c10d::` op's `Input Dims` (`_allgather_base_` lists output and
+    input); the execution's collective args (`In/Out msg nelems` x `dtype` on NCCL); the
+    execution's own `Input Dims`. When only one tensor of an all-gather is known (the list form
+    `c10d::allgather_`, or `gloo:all_gather`) it is the shard: times the group size.
     """
-    n, dt = _elems_and_dtype(trace, issue)
+    group = 0
+    if row is not None:
+        group = int(trace.collectives.group_size[row])
+    group = group if group > 0 else (trace.world_size or 1)
+    n, dt, tensors = _elems_and_dtype(trace, issue)
     if row is not None:
         dt = dt or trace.collectives.dtype[row]
     size = dtype_size(dt) if dt else None
     if n > 0 and size is not None:
-        return n * size, dt
+        shard_only = gather and tensors < 2
+        return n * size * (group if shard_only else 1), dt
     if row is not None and int(trace.collectives.bytes[row]) > 0:
         return int(trace.collectives.bytes[row]), trace.collectives.dtype[row] or dt
-    n, dt2 = _elems_and_dtype(trace, execution)
+    n, dt2, tensors = _elems_and_dtype(trace, execution)
     dt = dt or dt2
     size = dtype_size(dt) if dt else None
-    return (n * size if (n > 0 and size is not None) else -1), dt
+    if n <= 0 or size is None:
+        return -1, dt
+    return n * size * (group if gather and tensors < 2 else 1), dt
 
 
 def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSet:
@@ -415,16 +432,17 @@ def build_rank_ledger(
         if inner.framework == "fsdp2":
             unit = inner.fqn if inner.fqn is not None else ""
             phase = ""
+        elif inner.framework == "fsdp1":
+            unit = ""  # named by position below
+            names = " ".join(lab.phase for lab in enclosing)
+            phase = "backward" if "backward" in names else "forward"
         else:
             key = (step, fam)
-            unit = f"{'fsdp1' if inner.framework == 'fsdp1' else 'zero'}-unit-{fsdp1_counter[key]}"
+            unit = f"zero-unit-{fsdp1_counter[key]}"
             fsdp1_counter[key] += 1
             phase = ""
-            if inner.framework == "fsdp1":
-                names = " ".join(lab.phase for lab in enclosing)
-                phase = "backward" if "backward" in names else "forward"
         e = pairing.get(i, i)
-        nbytes, dt = _message_bytes(trace, i, e, coll_row.get(e))
+        nbytes, dt = _message_bytes(trace, i, e, coll_row.get(e), fam == GATHER_FAMILY)
         start = float(trace.ts_us[e])
         end = float(end_us[e])
         covered = intervals.total(intervals.clip(compute, start, end))
@@ -449,6 +467,7 @@ def build_rank_ledger(
     if not records:
         return ledger
 
+    _name_fsdp1_units([r for r in records if r.framework == "fsdp1"])
     _attach_needs(records, labels)
     _attach_compute_before(records, compute)
     ledger.records = records
@@ -470,6 +489,34 @@ def build_rank_ledger(
         ledger.window_us = hi - lo
         ledger.compute_us = intervals.total(intervals.clip(compute, lo, hi))
     return ledger
+
+
+def _name_fsdp1_units(records: list[CollectiveRecord]) -> None:
+    """FSDP1 labels name no module: a unit is its position in the forward pass
+    (`fsdp1-unit-<k>`). Each backward gather and gradient reduction goes to the latest forward
+    unit of the same iteration with the same message size that it has not yet been matched to
+    (backward runs in reverse), else to the latest unmatched one."""
+    forward: list[CollectiveRecord] = []
+    used: dict[str, set[int]] = {GATHER_FAMILY: set(), REDUCE_FAMILY: set()}
+    in_backward = False
+    for r in records:  # issue order
+        if r.family == GATHER_FAMILY and r.phase == "forward":
+            if in_backward:  # a new iteration
+                forward, in_backward = [], False
+                used = {GATHER_FAMILY: set(), REDUCE_FAMILY: set()}
+            r.unit = f"fsdp1-unit-{len(forward)}"
+            forward.append(r)
+            continue
+        in_backward = True
+        taken = used[r.family]
+        free = [k for k in range(len(forward) - 1, -1, -1) if k not in taken]
+        same = [k for k in free if forward[k].bytes == r.bytes and r.bytes > 0]
+        pick = same[0] if same else (free[0] if free else None)
+        if pick is None:
+            r.unit = "fsdp1-unit-?"
+            continue
+        taken.add(pick)
+        r.unit = forward[pick].unit
 
 
 def _attach_compute_before(records: list[CollectiveRecord], compute: intervals.IntervalSet) -> None:

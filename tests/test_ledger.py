@@ -360,3 +360,62 @@ def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Pat
     units = {u.name: u for u in build_ledger(trace, unit_param_bytes=manifest_unit_bytes(manifest))}
     assert units["layers.2"].param_bytes == 16000
     assert units[""].all_gather_bytes == 2 * 4000
+
+
+def test_fsdp1_backward_collectives_match_forward_units_in_reverse(tmp_path: Path) -> None:
+    b = TraceBuilder()
+    t = 100.0
+
+    def collective(label: str, op: str, numel: int, gloo: str) -> None:
+        nonlocal t
+        b.x(label, t, 200, cat="user_annotation")
+        # FSDP1's list-form all-gather records only the shard (a TensorList): x group size 2
+        dims = [[], [[numel // 2]]] if op == "c10d::allgather_" else [[numel // 2], [numel]]
+        b.x(
+            op,
+            t + 10,
+            10,
+            **{
+                "Input Dims": dims,
+                "Input type": ["", "TensorList" if op == "c10d::allgather_" else "float", "float"],
+            },
+        )
+        b.x(gloo, t + 12, 100, tid=GLOO, cat="user_annotation")
+        b.x("aten::mm", t + 120, 50)
+        t += 250
+
+    for numel in (100, 800, 800):
+        collective(
+            "FullyShardedDataParallel._pre_forward", "c10d::allgather_", numel, "gloo:all_gather"
+        )
+    for numel in (800, 800):
+        collective(
+            "FullyShardedDataParallel._pre_backward_hook",
+            "c10d::allgather_",
+            numel,
+            "gloo:all_gather",
+        )
+        collective(
+            "FullyShardedDataParallel._post_backward_hook",
+            "c10d::_reduce_scatter_base_",
+            numel,
+            "gloo:all_reduce",
+        )
+    collective(
+        "FullyShardedDataParallel._post_backward_hook",
+        "c10d::_reduce_scatter_base_",
+        100,
+        "gloo:all_reduce",
+    )
+    ledger = build_rank_ledger(load_rank_trace(write(tmp_path, b.doc())))
+    got = [(r.family, r.phase, r.unit, r.bytes) for r in ledger.records]
+    assert got == [
+        ("all_gather", "forward", "fsdp1-unit-0", 400),
+        ("all_gather", "forward", "fsdp1-unit-1", 3200),
+        ("all_gather", "forward", "fsdp1-unit-2", 3200),
+        ("all_gather", "backward", "fsdp1-unit-2", 3200),
+        ("reduce", "backward", "fsdp1-unit-2", 3200),
+        ("all_gather", "backward", "fsdp1-unit-1", 3200),
+        ("reduce", "backward", "fsdp1-unit-1", 3200),
+        ("reduce", "backward", "fsdp1-unit-0", 400),
+    ]
