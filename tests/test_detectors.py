@@ -308,3 +308,35 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
     assert f.ranks == [0, 1]
     assert f.evidence["source"] == "oom record"
+
+
+def _as_fsdp1(doc: dict[str, object]) -> dict[str, object]:
+    """The FSDP2 synthetic trace relabelled the way FSDP1 records (no module names)."""
+    names = {
+        "FSDP::pre_forward": "FullyShardedDataParallel._pre_forward",
+        "FSDP::pre_backward": "FullyShardedDataParallel._pre_backward_hook",
+        "FSDP::all_gather": "FullyShardedDataParallel._pre_forward_unshard",
+        "FSDP::post_backward_reduce": "FullyShardedDataParallel._post_backward_hook",
+    }
+    events = []
+    for ev in doc["traceEvents"]:  # type: ignore[attr-defined]
+        name = str(ev.get("name", ""))
+        if name.startswith("FSDP::"):
+            base = name.split(" (")[0]
+            if base not in names:
+                continue
+            ev = {**ev, "name": names[base]}
+        events.append(ev)
+    return {**doc, "traceEvents": events}
+
+
+def test_missing_overlap_on_fsdp1_uses_exposure_and_fsdp1_knobs(tmp_path: Path) -> None:
+    doc = _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2))
+    ctx = _ctx(tmp_path, doc)
+    assert ctx.ledgers[0].framework == "fsdp1"
+    assert ctx.ledgers[0].unit_order == [f"fsdp1-unit-{k}" for k in range(4)]
+    report = analyze_paths([write(tmp_path, doc, "fsdp1-rank0.json.gz")])  # with step windows
+    (f,) = [f for f in report.findings if f.id == "missing-overlap"]
+    assert "forward_prefetch=True" in (f.code or "")
+    assert "BackwardPrefetch.BACKWARD_PRE" in (f.code or "")
+    assert f.expected_gain_ms == pytest.approx(6 * 0.1, rel=0.05)

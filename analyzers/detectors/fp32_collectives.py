@@ -18,6 +18,21 @@ FP32_BYTES_SHARE = 0.5
 EXPOSED_STEP_SHARE = 0.1
 
 
+_CODE = {
+    "fsdp2": (
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+        "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+        "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+    ),
+    "fsdp1": (
+        "from torch.distributed.fsdp import MixedPrecision\n"
+        "FSDP(model, ..., mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,\n"
+        "                                                reduce_dtype=torch.float32))"
+    ),
+    "deepspeed": '"bf16": {"enabled": true}  # DeepSpeed config',
+}
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The fp32-collectives finding (severity info), or none."""
     ledgers = ctx.fsdp_ledgers()
@@ -63,11 +78,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "Gather parameters in bf16 (keep fp32 shards and fp32 gradient reduction): half "
                 "the all-gather bytes and half the unsharded parameter memory."
             ),
-            code=(
-                "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
-                "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
-                "fully_shard(block, mp_policy=mp)  # for each block, then the root"
-            ),
+            code=_CODE.get(lg.framework or "fsdp2", _CODE["fsdp2"]),
             expected_gain_ms=gain_ms,
             expected_gain_bytes=int(max((r.bytes for r in fp32), default=0) / 2),
             gain_method=method + "; bytes: half of the largest unit's unsharded parameters",

@@ -66,7 +66,7 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
     for recs in by_pass.values():
         recs.sort(key=lambda r: r.issued_us)
         for prev, cur in itertools.pairwise(recs):
-            if (cur.lead_us or 0.0) > 0.0:
+            if (cur.lead_us or 0.0) > 0.0 or (cur.lead_us is None and cur.prefetched):
                 continue  # already prefetched
             compute = cur.compute_before_us
             if compute is None:
@@ -141,7 +141,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         if lg.framework == "fsdp2" or exposed_share < EXPOSED_SHARE_WITHOUT_LEADS:
             return []
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
-    gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps if has_leads else None
+    gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps
     units = [u for u in lg.unit_order if u]
     syncs = _host_syncs(ctx.traces.get(lg.rank))
     syncs_per_step = syncs / n_steps
@@ -215,8 +215,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
                 "runs during the previous unit's measured compute (between the two gathers); "
                 "only the part longer than that compute stays exposed"
-                if has_leads
-                else ""
+                + ("" if has_leads else " (gathers not under a prefetch label count as late)")
             ),
         )
     ]
