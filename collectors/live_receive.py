@@ -13,6 +13,7 @@ slow or absent, and reporting its counters as ``kind="relay"`` records every few
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -22,6 +23,8 @@ from typing import Any
 import zmq
 
 from zdiag.collectors.live_wire import (
+    ENV_MONITOR,
+    ENV_TOKEN,
     MAX_MESSAGE_BYTES,
     SCHEMA,
     SCHEMA_FRAME,
@@ -213,3 +216,27 @@ class Relay:
         self._out.close(linger=0)
         self._ctx.term()
         self.receiver.close()
+
+
+ENV_UPSTREAM = "ZDIAG_MONITOR_UPSTREAM"
+
+
+def relay_from_env(local_rank: int) -> Relay | None:
+    """In local rank 0, the node's relay when ``ZDIAG_MONITOR_UPSTREAM=HOST:PORT`` is set.
+
+    Every rank of the node publishes to ``ZDIAG_MONITOR`` (a loopback address); local rank 0 also
+    listens there and forwards to the monitor at ``ZDIAG_MONITOR_UPSTREAM``, with
+    ``ZDIAG_MONITOR_TOKEN``. Returns the started relay (call `Relay.stop` at the end), or None
+    (not local rank 0, or not configured). A bad address raises ConfigError.
+    """
+    upstream = os.environ.get(ENV_UPSTREAM, "").strip()
+    listen = os.environ.get(ENV_MONITOR, "").strip()
+    if local_rank != 0 or not upstream or not listen:
+        return None
+    relay = Relay(
+        parse_endpoint(listen, option=ENV_MONITOR),
+        parse_endpoint(upstream, option=ENV_UPSTREAM),
+        token=os.environ.get(ENV_TOKEN, ""),
+    )
+    relay.start_thread()
+    return relay

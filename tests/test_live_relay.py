@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from test_live_publisher import record
+import pytest
+from test_live_publisher import free_port, record
 
-from zdiag.collectors.live import StepPublisher
+from zdiag.collectors.live import StepPublisher, publisher_from_env
 from zdiag.collectors.live_receive import LiveReceiver, Relay
 
 
@@ -66,3 +67,33 @@ def test_relay_without_monitor_drops_and_counts() -> None:
     finally:
         pub.close()
         relay.stop()
+
+
+def test_relay_from_env_in_local_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zdiag.collectors.live_receive import relay_from_env
+
+    relay_at = f"127.0.0.1:{free_port()}"
+    monitor = LiveReceiver("127.0.0.1:0")
+    relay = pub = None
+    try:
+        monkeypatch.setenv("ZDIAG_MONITOR", relay_at)
+        monkeypatch.setenv("ZDIAG_MONITOR_UPSTREAM", str(monitor.endpoint))
+        assert relay_from_env(1) is None  # only local rank 0 runs it
+        relay = relay_from_env(0)
+        assert relay is not None
+        pub = publisher_from_env(5, "node3")  # every rank publishes to the node's relay
+        assert pub is not None
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 10
+        step = 0
+        while not got and time.monotonic() < deadline:
+            pub.publish(record(5, step, host="node3"))
+            step += 1
+            got += [r for r in monitor.poll(timeout_ms=50) if r["kind"] == "step"]
+        assert got and got[0]["rank"] == 5
+    finally:
+        if pub is not None:
+            pub.close()
+        if relay is not None:
+            relay.stop()
+        monitor.close()
