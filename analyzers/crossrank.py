@@ -304,6 +304,26 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
     if len(by_rank) < 2:
         return result
     groups = {r.rank: _groups(r) for r in by_rank}
+    shared = {k for g in groups.values() for k in g if sum(k in h for h in groups.values()) > 1}
+    if not shared and any((r.step >= 0).any() for r in by_rank):
+        # step numbers share nothing (ranks segmented differently, or profiled different
+        # windows): match over the whole trace instead of per step
+        by_rank = [
+            RankCollectives(
+                r.rank,
+                r.start_us,
+                r.end_us,
+                r.kind,
+                r.process_group,
+                np.full(len(r), -1, dtype=np.int64),
+            )
+            for r in by_rank
+        ]
+        groups = {r.rank: _groups(r) for r in by_rank}
+        result.warnings.append(
+            "the ranks' step numbers do not overlap: collectives were matched over the whole "
+            "trace, not per step"
+        )
 
     # clock offsets, each rank against the lowest rank it shares a group key with
     offsets: dict[int, float] = {by_rank[0].rank: 0.0}

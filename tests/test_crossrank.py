@@ -343,3 +343,12 @@ def test_sampled_128_pair(real_traces: Path) -> None:
     for f in detect_stragglers(run, analysis, result):
         assert f.id == "straggler" and f.ranks == [1]
         assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
+
+
+def test_ranks_without_common_step_numbers_are_matched_over_the_whole_trace() -> None:
+    r0 = _columns(0, [0, 10_000], [1_000, 11_000])
+    r1 = _columns(1, [400, 10_400], [1_000, 11_000])
+    r0.step[:] = [5, 6]  # rank 0 has ProfilerSteps, rank 1 none
+    result = match_collectives([r0, r1])
+    assert len(result.matched) == 2 and all(m.last_rank == 1 for m in result.matched)
+    assert any("do not overlap" in w for w in result.warnings)
