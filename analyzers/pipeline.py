@@ -5,8 +5,8 @@ Public entry points:
 - `load_run(paths, *, progress=None) -> RunData`: find the traces (files, run directories, or
   folders of per-rank traces), decode each into a `RankTrace`, assign ranks.
 - `analyze_run(run, *, ranks=None) -> Analysis`: steps and per-step breakdown per rank, the
-  Report with ranks/steps/thresholds/collective totals filled, then the optional stages (FSDP
-  ledger, cross-rank, detectors) when their modules exist.
+  Report with ranks/steps/thresholds/collective totals filled, then the FSDP ledger, the
+  cross-rank analysis and the detectors.
 - `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
 
 `progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
@@ -16,7 +16,6 @@ rank3, rank_3, _3_of_8), else 0 with a warning.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -28,7 +27,10 @@ from typing import Any
 from zdiag import __version__
 from zdiag.analyzers import verdict
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
+from zdiag.analyzers.crossrank import analyze_crossrank
+from zdiag.analyzers.detectors import run_detectors
 from zdiag.analyzers.events import RankTrace
+from zdiag.analyzers.fsdp_ledger import build_ledger, manifest_unit_bytes
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
 from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
@@ -117,8 +119,17 @@ class Inputs:
     run_dir: Path | None
 
 
+def _oom_records(run_dir: Path) -> list[Path]:
+    """The per-rank out-of-memory records `zdiag run` leaves in a run directory."""
+    return sorted((run_dir / "memory").glob("rank-*.oom.json"))
+
+
 def discover(paths: list[Path]) -> Inputs:
-    """The inputs under the given paths; InputError when none is usable."""
+    """The inputs under the given paths; InputError when none is usable.
+
+    A run directory that ran out of memory before the profiler wrote any trace is usable: its
+    out-of-memory records and manifest are still analyzed (the traces list is then empty).
+    """
     if not paths:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
     files: list[Path] = []
@@ -141,7 +152,7 @@ def discover(paths: list[Path]) -> Inputs:
                 found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
                 if not found:
                     found = sorted(x for x in p.rglob("*") if x.is_file() and _is_trace_name(x))
-            if not found:
+            if not found and not (is_run_dir and _oom_records(p)):
                 raise InputError(
                     f"{p}: the folder holds no trace files (*.json or *.json.gz); pass a run "
                     "directory written by 'zdiag run' or a folder of torch.profiler traces."
@@ -151,7 +162,7 @@ def discover(paths: list[Path]) -> Inputs:
             memory.append(p)
         else:
             files.append(p)
-    if not files:
+    if not files and memory:
         raise InputError(
             f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "
             "rank's trace (or the run directory)."
@@ -225,6 +236,12 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
         _assign_rank(t, manifest_map)
     traces.sort(key=lambda t: (t.rank, str(t.source)))
     run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    if not files and run_dir is not None:
+        run.warnings.append(
+            f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
+            "active steps); only its memory records are analyzed. Profile from the first step "
+            "with 'zdiag run --profile-steps 0:0:N' to see the steps before the failure."
+        )
     seen: dict[int, int] = {}
     for t in traces:
         seen[t.rank] = seen.get(t.rank, 0) + 1
@@ -311,7 +328,7 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     report.memory.extend(_memory_timelines(run))
     report.warnings.extend(run.warnings)
     analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
-    _run_optional_stages(run, analysis)
+    _run_later_stages(run, analysis)
     return analysis
 
 
@@ -391,35 +408,24 @@ def _run_summary(run: RunData) -> dict[str, Any] | None:
     return summary or None
 
 
-# --- optional stages (owned by other modules; run when present) -----------------------------
+# --- FSDP ledger, cross-rank, detectors -----------------------------------------------------
 
 
-def _optional(module: str, attr: str) -> Callable[..., Any] | None:
-    """`module.attr` when that module exists (other engineers' stages land independently)."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            return None
-        raise
-    fn = getattr(mod, attr, None)
-    return fn if callable(fn) else None
-
-
-def _run_optional_stages(run: RunData, analysis: Analysis) -> None:
+def _run_later_stages(run: RunData, analysis: Analysis) -> None:
     """FSDP ledger, cross-rank analysis, then detectors (they see the ledger and stragglers)."""
     report = analysis.report
-    ledger = _optional("zdiag.analyzers.fsdp_ledger", "build_ledger")
-    if ledger is not None:
-        for t in run.ranks:
-            w = analysis.steps[t.rank]
-            report.fsdp_units.extend(
-                ledger(t, w.step.tolist(), w.start_us.tolist(), w.end_us.tolist())
+    unit_bytes = manifest_unit_bytes(run.manifest)
+    for t in run.ranks:
+        w = analysis.steps[t.rank]
+        report.fsdp_units.extend(
+            build_ledger(
+                t,
+                w.step.tolist(),
+                w.start_us.tolist(),
+                w.end_us.tolist(),
+                unit_param_bytes=unit_bytes,
             )
-    crossrank = _optional("zdiag.analyzers.crossrank", "analyze_crossrank")
-    if crossrank is not None:
-        crossrank(run, analysis)
-    detectors = _optional("zdiag.analyzers.detectors", "run_detectors")
-    if detectors is not None:
-        found: list[Finding] = list(detectors(run, analysis))
-        report.findings.extend(found)
+        )
+    analyze_crossrank(run, analysis)
+    findings: list[Finding] = list(run_detectors(run, analysis))
+    report.findings.extend(findings)
