@@ -29,6 +29,7 @@ drive with synthetic inputs.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -62,8 +63,19 @@ the ring), which grows with the transfer itself; the shorter kernel (the last ar
 about the pure transfer time. 100 us covers small collectives' tail plus clock-alignment error."""
 
 SEQUENCE_AGREEMENT = 0.8
-"""Sequence-number pairs are trusted when at least 80% of them end together (within the end
-tolerance); otherwise events were dropped or shuffled and end-time matching is used."""
+"""Sequence-number pairs are trusted outright when at least 80% of them end together (within
+the end tolerance). Otherwise, when the two ranks' ends are reliable (a clock offset was
+measured from them, see OFFSET_MIN_SUPPORT), end-time matching replaces the sequence: the
+sequence was broken by dropped events, and collectives whose ends find no partner are left
+unmatched. When ends are not reliable (CPU/gloo collectives, whose ranks finish milliseconds
+apart; loosely synchronized hosts), the sequence number, or for unequal counts the order, is the
+better evidence and is kept."""
+
+OFFSET_MIN_SUPPORT = 3
+OFFSET_MIN_SUPPORT_SHARE = 0.25
+"""A clock offset is measured (and the ranks' ends called reliable) only when at least 3
+collective pairs, and 25% of the smaller rank's collectives in the shared groups, agree on it
+within END_MATCH_MIN_TOL_US; otherwise the clocks are taken as synchronized."""
 
 STRAGGLER_MIN_LAST_SHARE = 0.5
 STRAGGLER_CHANCE_FACTOR = 1.5
@@ -71,6 +83,11 @@ STRAGGLER_CHANCE_FACTOR = 1.5
 matched collectives (with a skew above the noise) it takes part in. By chance each of N ranks
 is last 1/N of the time; 1.5x chance and a majority keep ordinary jitter out (with 2 ranks:
 75%)."""
+
+STRAGGLER_MAX_CHANCE_P = 0.05
+"""...and when a rank no slower than the others would be last that often with probability below
+5% (binomial tail at 1/N per collective): 4 last arrivals out of 5 with 2 ranks (p = 0.19) is
+not evidence, 5 out of 5 (p = 0.03) is."""
 
 STRAGGLER_MIN_GAIN_SHARE = 0.02
 STRAGGLER_MIN_GAIN_MS = 0.1
@@ -94,6 +111,7 @@ def thresholds() -> dict[str, float]:
         "straggler_end_match_rel_tol": END_MATCH_REL_TOL,
         "straggler_min_last_share": STRAGGLER_MIN_LAST_SHARE,
         "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
+        "straggler_max_chance_p": STRAGGLER_MAX_CHANCE_P,
         "straggler_min_gain_share": STRAGGLER_MIN_GAIN_SHARE,
         "straggler_min_gain_ms": STRAGGLER_MIN_GAIN_MS,
         "straggler_critical_gain_share": STRAGGLER_CRITICAL_GAIN_SHARE,
@@ -246,7 +264,7 @@ def _estimate_offset(
     Candidates are end-time differences of nearby pairs (same group key, index distance <=
     OFFSET_INDEX_WINDOW); the offset is the candidate with the most others within
     END_MATCH_MIN_TOL_US of it (true pairs agree, wrong pairs scatter), refined by the median
-    of those. None when the ranks share no group key.
+    of those. None when the ranks share no group key or too few ends agree on any offset.
     """
     cands: list[FloatArray] = []
     for key, a in ref_groups.items():
@@ -260,11 +278,16 @@ def _estimate_offset(
                 cands.append(ea[lo:hi] - eb[lo + shift : hi + shift])
     if not cands:
         return None
+    n_shared = sum(
+        min(len(a), len(other_groups[k])) for k, a in ref_groups.items() if k in other_groups
+    )
     d = np.sort(np.concatenate(cands))
     support = np.searchsorted(d, d + END_MATCH_MIN_TOL_US, side="right") - np.searchsorted(
         d, d - END_MATCH_MIN_TOL_US, side="left"
     )
     best = support.max()
+    if best < max(OFFSET_MIN_SUPPORT, OFFSET_MIN_SUPPORT_SHARE * n_shared):
+        return None
     # among equally supported candidates prefer the one nearest zero (synchronized clocks)
     center = d[support == best][np.argmin(np.abs(d[support == best]))]
     near = d[np.abs(d - center) <= END_MATCH_MIN_TOL_US]
@@ -327,6 +350,7 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
 
     # clock offsets, each rank against the lowest rank it shares a group key with
     offsets: dict[int, float] = {by_rank[0].rank: 0.0}
+    reliable: dict[int, bool] = {by_rank[0].rank: True}
     for r in by_rank[1:]:
         for ref in by_rank:
             if ref.rank not in offsets or ref.rank == r.rank:
@@ -334,21 +358,18 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
             delta = _estimate_offset(ref, groups[ref.rank], r, groups[r.rank])
             if delta is not None:
                 offsets[r.rank] = offsets[ref.rank] + delta
+                reliable[r.rank] = reliable[ref.rank]
                 break
         else:
             offsets[r.rank] = 0.0
-            if len(r):
-                result.warnings.append(
-                    f"rank {r.rank}: no collective sequence shared with another rank; its clock "
-                    "is assumed to agree with theirs"
-                )
+            reliable[r.rank] = False
     result.clock_offset_us = offsets
     starts = {r.rank: r.start_us + offsets[r.rank] for r in by_rank}
     ends = {r.rank: r.end_us + offsets[r.rank] for r in by_rank}
     durs = {r.rank: r.end_us - r.start_us for r in by_rank}
 
     keys = sorted({k for g in groups.values() for k in g}, key=lambda k: (k[2], k[0], k[1]))
-    sequence_used = end_time_used = 0
+    sequence_used = end_time_used = order_used = loose_used = 0
     for key in keys:
         holders = [rc.rank for rc in by_rank if key in groups[rc.rank]]
         if len(holders) < 2:
@@ -360,20 +381,26 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
         methods: list[Literal["sequence", "end-time"]] = ["sequence"] * len(a)
         for other in holders[1:]:
             b = groups[other][key]
-            pairs: list[tuple[int, int]] = []
+            m = min(len(a), len(b))
+            agreeing = 0
             if len(b) == len(a):
                 tol = _end_tol(durs[ref_rank][a], durs[other][b])
-                agree = np.abs(ends[ref_rank][a] - ends[other][b]) <= tol
-                if agree.mean() >= SEQUENCE_AGREEMENT:
-                    pairs = [(k, k) for k in range(len(a))]
-                    sequence_used += 1
-            if not pairs:
+                agreeing = int((np.abs(ends[ref_rank][a] - ends[other][b]) <= tol).sum())
+            pairs: list[tuple[int, int]] = []
+            by_sequence = len(b) == len(a) and agreeing >= SEQUENCE_AGREEMENT * m
+            if not by_sequence and reliable[ref_rank] and reliable[other]:
                 pairs = _end_time_pairs(
                     ends[ref_rank][a], durs[ref_rank][a], ends[other][b], durs[other][b]
                 )
                 end_time_used += 1
                 for ia, _ in pairs:
                     methods[ia] = "end-time"
+            else:
+                pairs = [(k, k) for k in range(m)]  # sequence number (order when counts differ)
+                sequence_used += 1
+                loose_used += 0 if by_sequence else 1
+                if len(b) != len(a):
+                    order_used += 1
             for ia, jb in pairs:
                 members[ia][other] = int(b[jb])
         pg, kind, step = key
@@ -395,6 +422,19 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
             )
             for q in rs:
                 result.matched_per_rank[q] += 1
+    loose = sorted(r for r, ok in reliable.items() if not ok and result.collectives_per_rank[r])
+    if loose and loose_used:
+        result.warnings.append(
+            f"rank(s) {', '.join(map(str, loose))}: collective end times do not line up with the "
+            "other ranks' (CPU/gloo collectives or loosely synchronized clocks): clocks were taken "
+            "as synchronized and collectives matched by sequence number"
+        )
+    if order_used:
+        result.warnings.append(
+            f"in {order_used} (group, kind, step) comparisons the ranks hold different numbers of "
+            "collectives and their end times do not line up: those were matched by order, which "
+            "may pair different collectives"
+        )
     if end_time_used:
         result.warnings.append(
             f"collective counts or sequences differ between ranks in {end_time_used} of "
@@ -441,6 +481,18 @@ def straggler_stats(result: CrossRankResult) -> list[StragglerStat]:
     ]
     stats.sort(key=lambda s: (-s.wait_caused_ms, s.rank))
     return stats
+
+
+def chance_of_last(last: int, matched: int, n_ranks: int) -> float:
+    """P(X >= last) for X ~ Binomial(matched, 1/n_ranks): how likely a rank no slower than the
+    others is last at least this often."""
+    q = 1.0 / max(n_ranks, 1)
+    return float(
+        sum(
+            math.comb(matched, k) * q**k * (1 - q) ** (matched - k)
+            for k in range(last, matched + 1)
+        )
+    )
 
 
 def _median_step_ms(breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float | None:
@@ -530,7 +582,8 @@ def find_stragglers(
             continue
         share = s.last_arrivals / s.matched_collectives
         gain_ms = lead_us[r] / 1000.0 / n_steps
-        if share >= min_share and gain_ms >= min_gain:
+        p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
+        if share >= min_share and gain_ms >= min_gain and p < STRAGGLER_MAX_CHANCE_P:
             culprits.append((gain_ms, r, share))
     if not culprits:
         return []
@@ -550,6 +603,7 @@ def find_stragglers(
             "last_arrivals": s.last_arrivals,
             "matched_collectives": s.matched_collectives,
             "last_arrival_share": round(share, 3),
+            "chance_p": round(chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks), 5),
             "wait_caused_ms_per_step": round(s.wait_caused_ms / n_steps, 3),
             "lead_over_next_ms_per_step": round(gain_ms, 3),
             "mean_lateness_ms": s.mean_skew_ms,

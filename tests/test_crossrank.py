@@ -352,3 +352,37 @@ def test_ranks_without_common_step_numbers_are_matched_over_the_whole_trace() ->
     result = match_collectives([r0, r1])
     assert len(result.matched) == 2 and all(m.last_rank == 1 for m in result.matched)
     assert any("do not overlap" in w for w in result.warnings)
+
+
+def test_loose_ends_keep_sequence_matching_and_synchronized_clocks() -> None:
+    # CPU/gloo-like: ranks finish each collective milliseconds apart, so ends never line up;
+    # the sequence numbers are the evidence and no clock offset is invented
+    rng = random.Random(7)
+    starts0 = [i * 100_000.0 for i in range(12)]
+    ends0 = [s + 20_000 + rng.uniform(0, 8_000) for s in starts0]
+    starts1 = [s + 3_000 for s in starts0]
+    ends1 = [e + rng.uniform(-8_000, 8_000) for e in ends0]
+    result = match_collectives([_columns(0, starts0, ends0), _columns(1, starts1, ends1)])
+    assert result.clock_offset_us == {0: 0.0, 1: 0.0}
+    assert len(result.matched) == 12 and {m.method for m in result.matched} == {"sequence"}
+    assert all(m.last_rank == 1 and m.skew_us == pytest.approx(3_000) for m in result.matched)
+    assert any("do not line up" in w for w in result.warnings)
+
+
+def test_too_few_collectives_are_not_evidence() -> None:
+    # 2 ranks, rank 1 last at 4 of 5 collectives by 5 ms: p = 0.19 under chance, no finding
+    starts0 = [i * 100_000.0 for i in range(5)]
+    ends0 = [s + 10_000 for s in starts0]
+    starts1 = [s + (5_000 if i < 4 else -5_000) for i, s in enumerate(starts0)]
+    result = match_collectives([_columns(0, starts0, ends0), _columns(1, starts1, ends0)])
+    stats = {s.rank: s for s in straggler_stats(result)}
+    assert stats[1].last_arrivals == 4
+    assert crossrank.chance_of_last(4, 5, 2) == pytest.approx(6 / 32)
+    assert find_stragglers(result) == []
+    # the same lateness at all of 8 collectives is (p = 1/256)
+    starts0 = [i * 100_000.0 for i in range(8)]
+    ends0 = [s + 10_000 for s in starts0]
+    result = match_collectives(
+        [_columns(0, starts0, ends0), _columns(1, [s + 5_000 for s in starts0], ends0)]
+    )
+    assert [f.ranks for f in find_stragglers(result)] == [[1]]
