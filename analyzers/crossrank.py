@@ -381,13 +381,13 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
         methods: list[Literal["sequence", "end-time"]] = ["sequence"] * len(a)
         for other in holders[1:]:
             b = groups[other][key]
-            m = min(len(a), len(b))
+            n_pairs = min(len(a), len(b))
             agreeing = 0
             if len(b) == len(a):
                 tol = _end_tol(durs[ref_rank][a], durs[other][b])
                 agreeing = int((np.abs(ends[ref_rank][a] - ends[other][b]) <= tol).sum())
             pairs: list[tuple[int, int]] = []
-            by_sequence = len(b) == len(a) and agreeing >= SEQUENCE_AGREEMENT * m
+            by_sequence = len(b) == len(a) and agreeing >= SEQUENCE_AGREEMENT * n_pairs
             if not by_sequence and reliable[ref_rank] and reliable[other]:
                 pairs = _end_time_pairs(
                     ends[ref_rank][a], durs[ref_rank][a], ends[other][b], durs[other][b]
@@ -396,7 +396,9 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
                 for ia, _ in pairs:
                     methods[ia] = "end-time"
             else:
-                pairs = [(k, k) for k in range(m)]  # sequence number (order when counts differ)
+                pairs = [
+                    (k, k) for k in range(n_pairs)
+                ]  # sequence number (order when counts differ)
                 sequence_used += 1
                 loose_used += 0 if by_sequence else 1
                 if len(b) != len(a):
