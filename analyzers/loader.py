@@ -6,6 +6,12 @@ every other key is skipped by the decoder without building Python objects. The f
 object is kept as raw bytes (`msgspec.Raw`) and decoded to a dict only for the few events that
 need it (collectives, FSDP and step annotations). docs/analyze.md has the decoder measurements.
 
+Bounded memory: the events are decoded in batches (`decode_batches`: a pre-scan of the event
+array as raw slices, then `BATCH_EVENTS` events at a time), each batch is reduced to numpy
+columns and small interning tables at once, and the columns are joined in file order. An
+uncompressed file is memory-mapped, not read; a big one is decoded by forked worker processes
+on machines with several cores (`workers`).
+
 Every failure that the user can fix (missing or empty file, not JSON, truncated gzip or JSON,
 JSON without `traceEvents`, non-numeric or NaN `ts`/`dur`) raises `InputError` with one sentence
 naming the file, the problem and what to do.
@@ -15,9 +21,12 @@ from __future__ import annotations
 
 import gc
 import gzip
+import mmap
 import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,14 @@ import msgspec
 import numpy as np
 
 from zdiag.analyzers.collectives import build_collectives
+from zdiag.analyzers.decode_batches import (
+    BATCH_EVENTS,
+    Buffer,
+    TraceHeader,
+    auto_workers,
+    decode_spans,
+    scan_trace,
+)
 from zdiag.analyzers.events import (
     EventKind,
     Lane,
@@ -84,18 +101,8 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
-class _Trace(msgspec.Struct, gc=False):
-    """A Kineto trace file: its events and the few top-level blocks analysis reads."""
-
-    traceEvents: list[_Event] | None = None
-    distributedInfo: dict[str, Any] | None = None
-    deviceProperties: list[dict[str, Any]] | None = None
-    host_name: str | None = None
-    baseTimeNanoseconds: int | float | None = None
-
-
 _RAW_DECODER = msgspec.json.Decoder()
-_TRACE_DECODER = msgspec.json.Decoder(_Trace)
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 
 # Events whose full args are kept (decoded) in RankTrace.args.
 _KEEP_ARGS_KINDS = frozenset(
@@ -106,6 +113,7 @@ _KEEP_ARGS_KINDS = frozenset(
         EventKind.PROFILER_STEP,
     }
 )
+_KEEP_ARGS_CODES = np.array(sorted(int(k) for k in _KEEP_ARGS_KINDS), np.uint8)
 
 
 # --- reading bytes --------------------------------------------------------------------------
@@ -139,47 +147,35 @@ def read_trace_bytes(path: Path) -> bytes:
     return raw
 
 
-def _decode_document(raw: bytes, path: Path) -> _Trace:
-    """Decode the trace JSON into the minimal schema; InputError naming the problem."""
-    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (some editors add one)
-        raw = raw[3:]
-    head = raw.lstrip()[:1]
-    if head not in (b"{", b"["):
-        raise InputError(
-            f"{path}: is not JSON (it starts with {raw.lstrip()[:12]!r}); pass a Kineto trace exported by torch.profiler (.json or .json.gz)."
-        )
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of small objects: the cyclic GC would rescan them repeatedly
+@contextmanager
+def open_trace_buffer(path: Path) -> Iterator[Buffer]:
+    """The trace's JSON text: a read-only memory map of an uncompressed file (pages are read on
+    demand and can be dropped once decoded), else the decompressed bytes (`read_trace_bytes`)."""
+    if not path.is_file():
+        yield read_trace_bytes(path)  # raises the missing / folder / unreadable sentence
+        return
     try:
-        if head == b"[":
-            # The bare-array form of the Chrome trace format: a list of events.
-            events = msgspec.json.decode(raw, type=list[_Event])
-            return _Trace(traceEvents=events)
-        return _TRACE_DECODER.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise InputError(
-            f"{path}: is JSON but not a Kineto trace ({exc}); pass a trace exported by torch.profiler."
-        ) from exc
-    except msgspec.DecodeError as exc:
-        msg = str(exc)
-        if "truncated" in msg.lower():
-            problem = "the JSON is truncated (the file ends early)"
-            todo = "copy the file again or re-export the trace"
-        elif _has_nan_token(raw):
-            problem = "it holds NaN or Infinity where numbers are expected"
-            todo = "re-export the trace or fix the event times"
-        else:
-            problem = f"it is not valid JSON ({msg})"
-            todo = "check that it is a Kineto trace and was fully written"
-        raise InputError(f"{path}: {problem}; {todo}.") from exc
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-
-
-def _has_nan_token(raw: bytes) -> bool:
-    """True when the text holds a bare NaN/Infinity token (Python's json writes them)."""
-    return re.search(rb"[:\[,]\s*-?(NaN|Infinity)\b", raw) is not None
+        f = path.open("rb")
+    except OSError:
+        yield read_trace_bytes(path)
+        return
+    with f:
+        head = f.read(2)
+        if not head or head == b"\x1f\x8b":
+            yield read_trace_bytes(path)  # empty or gzip
+            return
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # not mappable (a pipe, a special file): read it
+            yield read_trace_bytes(path)
+            return
+        try:
+            yield mm
+        finally:
+            try:
+                mm.close()
+            except BufferError:  # a view is still alive (only on an error path): GC closes it
+                pass
 
 
 # --- rank inference -------------------------------------------------------------------------
@@ -204,30 +200,74 @@ def rank_from_file_name(path: Path) -> int | None:
 # --- building the columns -------------------------------------------------------------------
 
 
-def _number_column(values: list[Any], path: Path, field: str) -> np.ndarray:
-    """float64 column from decoded values; InputError for non-numeric or NaN entries."""
+_Problem = tuple[str, Any]
+"""A column's first bad value: ("value", the value) for non-numeric, ("nan", None) for NaN/inf."""
+
+
+def _number_values(values: list[Any]) -> tuple[np.ndarray, _Problem | None]:
+    """float64 column from decoded values, and its first problem (checked later, in file order)."""
     try:
         col = np.array(values, dtype=np.float64)
     except (TypeError, ValueError):
         bad = next(
             (v for v in values if not isinstance(v, int | float) and not _is_float_text(v)), None
         )
-        raise InputError(
-            f"{path}: an event has a non-numeric '{field}' ({bad!r}); re-export the trace or fix that event."
-        ) from None
+        return np.zeros(0, np.float64), ("value", bad)
     if col.size and not np.isfinite(col).all():
-        raise InputError(
-            f"{path}: an event has a NaN or infinite '{field}'; re-export the trace or fix that event."
-        )
-    return col
+        return col, ("nan", None)
+    return col, None
 
 
-def _id_column(values: list[Any]) -> np.ndarray:
-    """int64 ids (External id, correlation); -1 where absent or not an integer."""
+def _check_number_column(problems: list[_Problem | None], path: Path, field: str) -> None:
+    """InputError for the first non-numeric value of a column, else for its first NaN/inf."""
+    for kind, message in (
+        ("value", "a non-numeric '{field}' ({bad!r})"),
+        ("nan", "a NaN or infinite '{field}'"),
+    ):
+        bad = next((p for p in problems if p is not None and p[0] == kind), None)
+        if bad is not None:
+            what = message.format(field=field, bad=bad[1])
+            raise InputError(f"{path}: an event has {what}; re-export the trace or fix that event.")
+
+
+_INT_TYPES = frozenset({int, type(None)})
+
+
+@dataclass
+class _Ids:
+    """An id column of one batch: numpy's conversion (None when it failed) and the careful
+    `as_int` conversion (None when both agree because every value is an int or None)."""
+
+    fast: np.ndarray | None
+    careful: np.ndarray | None
+
+
+def _id_values(values: list[Any]) -> _Ids:
+    """int64 ids (External id, correlation) of one batch; -1 where absent or not an integer.
+
+    The trace-wide column is numpy's conversion unless it fails on some batch, then `as_int`'s
+    everywhere (`_join_ids`), as when the whole column was converted at once.
+    """
     try:
-        return np.array([-1 if v is None else v for v in values], dtype=np.int64)
+        fast: np.ndarray | None = np.array([-1 if v is None else v for v in values], dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.array([-1 if (x := as_int(v)) is None else x for v in values], dtype=np.int64)
+        fast = None
+    if fast is not None and set(map(type, values)) <= _INT_TYPES:
+        return _Ids(fast, None)
+    careful = np.array([-1 if (x := as_int(v)) is None else x for v in values], dtype=np.int64)
+    return _Ids(fast, careful)
+
+
+def _join_ids(parts: list[_Ids]) -> np.ndarray:
+    """The trace-wide id column from the batches' columns (see `_id_values`)."""
+    use_fast = all(p.fast is not None for p in parts)
+    cols = [p.fast if use_fast or p.careful is None else p.careful for p in parts]
+    return _concat([c for c in cols if c is not None], np.int64)
+
+
+def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    """The parts joined (an empty column of `dtype` when there are none)."""
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
 _RAW_FIELDS = ("input_dims", "input_type")
@@ -257,11 +297,7 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
     """
 
     def __init__(self, structs: dict[int, _Args]) -> None:
-        for a in structs.values():  # detach raw slices from the file buffer (memory)
-            for attr in _RAW_FIELDS:
-                raw = getattr(a, attr)
-                if raw:
-                    setattr(a, attr, raw.copy())
+        """`structs`: event index -> its args, raw slices already detached (`_detach_raw`)."""
         self._structs = structs
         self._dicts: dict[int, dict[str, Any]] = {}
 
@@ -296,6 +332,15 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
         return out
 
 
+def _detach_raw(a: _Args) -> _Args:
+    """`a` with its raw slices copied out of the batch's buffer (so that buffer can be freed)."""
+    for attr in _RAW_FIELDS:
+        raw = getattr(a, attr)
+        if raw:
+            setattr(a, attr, raw.copy())
+    return a
+
+
 def _args_values(events: list[_Event], attr: str) -> list[Any]:
     """`e.args.<attr>` for every event (None where an event has no args)."""
     try:
@@ -323,55 +368,169 @@ def _lane_name(
     return f"thread {tid}"
 
 
-def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
-    """Columns from a decoded document; rank from distributedInfo (or 0, rank_source "default").
+_TRACE_CATS = ("Trace", "trace")  # the profiler's own span ("PyTorch Profiler (0)")
+_KIND_CACHE: dict[tuple[str, str], int] = {}
 
-    The caller (`load_rank_trace`) fixes the rank from the manifest / file name when
-    distributedInfo has none.
-    """
-    events = doc.traceEvents
-    if events is None:
-        raise InputError(
-            f"{path}: is JSON but has no 'traceEvents' list; pass a Kineto trace exported by torch.profiler."
-        )
-    warnings: list[str] = []
-    thread_names: dict[tuple[Any, Any], str] = {
-        (e.pid, e.tid): e.args.name
+
+def _kind_code(cat: str, name: str) -> int:
+    """`classify(cat, name)` as an int, memoized (a trace has few distinct pairs)."""
+    code = _KIND_CACHE.get((cat, name))
+    if code is None:
+        code = _KIND_CACHE[(cat, name)] = int(classify(cat, name))
+    return code
+
+
+@dataclass
+class _Batch:
+    """One batch of events reduced to columns: the complete events in file order, their
+    (name, cat, pid, tid) keys interned in first-seen order, the kept args by position."""
+
+    n: int
+    ts: np.ndarray
+    ts_problem: _Problem | None
+    dur: np.ndarray
+    dur_problem: _Problem | None
+    keys: list[tuple[Any, Any, Any, Any]]
+    key_id: np.ndarray
+    external_id: _Ids
+    correlation: _Ids
+    kept: dict[int, _Args]
+    thread_names: list[tuple[tuple[Any, Any], str]]
+
+
+def _thread_name_events(events: list[_Event]) -> list[tuple[tuple[Any, Any], str]]:
+    """((pid, tid), name) of the thread_name metadata events, in file order."""
+    return [
+        ((e.pid, e.tid), e.args.name)
         for e in events
         if e.ph == "M"
         and e.name == "thread_name"
         and e.args is not None
         and isinstance(e.args.name, str)
-    }
-    # Complete events only, minus the profiler's own span ("PyTorch Profiler (0)", cat "Trace").
+    ]
+
+
+def _columns_of_batch(events: list[_Event]) -> _Batch:
+    """Reduce one batch of decoded events to columns (runs in a decode worker or in-process).
+
+    The per-event loops run in C where they can (map + attrgetter + dict lookups): on multi-GB
+    traces the Python-level work per event is what costs.
+    """
+    phs = list(map(attrgetter("ph"), events))
+    thread_names = _thread_name_events(events) if "M" in phs else []
+    # Complete events only, minus the profiler's own span.
     complete = [
         e
-        for e in events
-        if e.ph == "X"
-        and e.dur is not None
-        and e.ts is not None
-        and e.cat not in ("Trace", "trace")
+        for e, ph in zip(events, phs, strict=True)
+        if ph == "X" and e.dur is not None and e.ts is not None and e.cat not in _TRACE_CATS
     ]
+    del phs
     n = len(complete)
-    # The per-event loops below run in C (map + attrgetter + dict lookups): on multi-GB traces
-    # the Python-level work per event is what costs.
-    ts = _number_column(list(map(attrgetter("ts"), complete)), path, "ts")
-    dur = _number_column(list(map(attrgetter("dur"), complete)), path, "dur")
-    if n and (dur < 0).any():
-        count = int((dur < 0).sum())
-        warnings.append(f"{count} events with a negative duration were treated as zero-length")
-        dur = np.maximum(dur, 0.0)
-
-    # Intern (name, cat, pid, tid) once per distinct combination, then derive the columns.
+    ts, ts_problem = _number_values(list(map(attrgetter("ts"), complete)))
+    dur, dur_problem = _number_values(list(map(attrgetter("dur"), complete)))
     keys = list(map(attrgetter("name", "cat", "pid", "tid"), complete))
     distinct = list(dict.fromkeys(keys))
     key_index = {k: j for j, k in enumerate(distinct)}
     key_id = np.fromiter(map(key_index.__getitem__, keys), np.int32, n)
     del keys
+    k_kind = np.fromiter((_kind_code(ct, nm) for nm, ct, _, _ in distinct), np.uint8, len(distinct))
+    keep = np.isin(k_kind[key_id], _KEEP_ARGS_CODES) if n else np.zeros(0, bool)
+    kept: dict[int, _Args] = {}
+    for i in np.flatnonzero(keep).tolist():
+        a = complete[i].args
+        if a is not None:
+            kept[i] = _detach_raw(a)
+    return _Batch(
+        n=n,
+        ts=ts,
+        ts_problem=ts_problem,
+        dur=dur,
+        dur_problem=dur_problem,
+        keys=distinct,
+        key_id=key_id,
+        external_id=_id_values(_args_values(complete, "external_id")),
+        correlation=_id_values(_args_values(complete, "correlation")),
+        kept=kept,
+        thread_names=thread_names,
+    )
+
+
+@dataclass
+class _Columns:
+    """All batches joined in file order (before sorting by time)."""
+
+    ts: np.ndarray
+    dur: np.ndarray
+    key_id: np.ndarray  # into `keys`
+    keys: list[tuple[Any, Any, Any, Any]]  # distinct (name, cat, pid, tid), first-seen order
+    external_id: np.ndarray
+    correlation: np.ndarray
+    kept: dict[int, _Args]
+    thread_names: dict[tuple[Any, Any], str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
+    """Join batch columns in order: keys re-interned trace-wide, kept args re-indexed.
+
+    Raises the InputError of the first bad 'ts' (then 'dur') value once every batch decoded,
+    as the whole-document decode did (a decode error anywhere wins over a bad value).
+    """
+    key_index: dict[tuple[Any, Any, Any, Any], int] = {}
+    parts: dict[str, list[Any]] = {
+        k: [] for k in ("ts", "dur", "key_id", "ext", "corr", "ts_p", "dur_p")
+    }
+    kept: dict[int, _Args] = {}
+    thread_names: dict[tuple[Any, Any], str] = {}
+    offset = 0
+    for b in batches:
+        remap = np.fromiter(
+            (key_index.setdefault(k, len(key_index)) for k in b.keys), np.int32, len(b.keys)
+        )
+        parts["key_id"].append(remap[b.key_id] if b.n else b.key_id)
+        parts["ts"].append(b.ts)
+        parts["dur"].append(b.dur)
+        parts["ts_p"].append(b.ts_problem)
+        parts["dur_p"].append(b.dur_problem)
+        parts["ext"].append(b.external_id)
+        parts["corr"].append(b.correlation)
+        kept.update((offset + i, a) for i, a in b.kept.items())
+        thread_names.update(b.thread_names)
+        offset += b.n
+    _check_number_column(parts["ts_p"], path, "ts")
+    _check_number_column(parts["dur_p"], path, "dur")
+    return _Columns(
+        ts=_concat(parts.pop("ts"), np.float64),
+        dur=_concat(parts.pop("dur"), np.float64),
+        key_id=_concat(parts.pop("key_id"), np.int32),
+        keys=list(key_index),
+        external_id=_join_ids(parts.pop("ext")),
+        correlation=_join_ids(parts.pop("corr")),
+        kept=kept,
+        thread_names=thread_names,
+    )
+
+
+def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTrace:
+    """The RankTrace of joined columns; rank from distributedInfo (or 0, rank_source "default").
+
+    The caller (`load_rank_trace`) fixes the rank from the manifest / file name when
+    distributedInfo has none.
+    """
+    warnings = cols.warnings
+    n = len(cols.ts)
+    ts, dur = cols.ts, cols.dur
+    if n and (dur < 0).any():
+        count = int((dur < 0).sum())
+        warnings.append(f"{count} events with a negative duration were treated as zero-length")
+        dur = np.maximum(dur, 0.0)
+
+    # Names, lanes and kinds from the distinct (name, cat, pid, tid) keys.
+    distinct = cols.keys
+    key_id = cols.key_id
     name_ids: dict[str, int] = {}
     cat_ids: dict[str, int] = {}
     lane_ids: dict[tuple[Any, Any], int] = {}
-    kind_of_pair: dict[tuple[str, str], int] = {}
     k_name = np.empty(len(distinct), np.int32)
     k_lane = np.empty(len(distinct), np.int32)
     k_kind = np.empty(len(distinct), np.uint8)
@@ -380,10 +539,7 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         k_name[j] = name_ids.setdefault(nm, len(name_ids))
         cat_ids.setdefault(ct, len(cat_ids))
         k_lane[j] = lane_ids.setdefault((pid, tid), len(lane_ids))
-        kd = kind_of_pair.get((ct, nm))
-        if kd is None:
-            kd = kind_of_pair[(ct, nm)] = int(classify(ct, nm))
-        k_kind[j] = kd
+        k_kind[j] = _kind_code(ct, nm)
         k_device[j] = is_device_category(ct)
     names = list(name_ids)
     lane_keys = list(lane_ids)
@@ -399,22 +555,15 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         Lane(
             pid,
             tid,
-            _lane_name(pid, tid, bool(lane_is_device[j]), thread_names),
+            _lane_name(pid, tid, bool(lane_is_device[j]), cols.thread_names),
             bool(lane_is_device[j]),
         )
         for j, (pid, tid) in enumerate(lane_keys)
     ]
 
     # args: External id / correlation for every event; the known args only where kept.
-    external_id = _id_column(_args_values(complete, "external_id"))
-    correlation = _id_column(_args_values(complete, "correlation"))
-    keep = np.isin(kind, np.array([int(k) for k in _KEEP_ARGS_KINDS], np.uint8))
-    kept_structs: dict[int, _Args] = {}
-    for i in np.flatnonzero(keep).tolist():
-        a = complete[i].args
-        if a is not None:
-            kept_structs[i] = a
-    kept_args = KeptArgs(kept_structs)
+    external_id, correlation = cols.external_id, cols.correlation
+    kept_args = KeptArgs(cols.kept)
 
     # Sort everything by start time (stable: ties keep file order).
     order = np.argsort(ts, kind="stable")
@@ -431,9 +580,9 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         new_pos[order] = np.arange(n)
         kept_args = kept_args.reindexed(new_pos)
 
-    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None
+    info = header.distributedInfo if isinstance(header.distributedInfo, dict) else None
     rank = as_int(info.get("rank")) if info else None
-    props = [p for p in (doc.deviceProperties or []) if isinstance(p, dict)]
+    props = [p for p in (header.deviceProperties or []) if isinstance(p, dict)]
     trace = RankTrace(
         rank=rank if rank is not None else 0,
         rank_source="distributedInfo" if rank is not None else "default",
@@ -451,8 +600,8 @@ def build_rank_trace(doc: _Trace, path: Path) -> RankTrace:
         args=kept_args,
         distributed_info=info,
         device_properties=props,
-        host=doc.host_name,
-        base_time_ns=as_int(doc.baseTimeNanoseconds),
+        host=header.host_name,
+        base_time_ns=as_int(header.baseTimeNanoseconds),
         trace_start_us=float(ts[0]) if n else 0.0,
         warnings=warnings,
     )
@@ -475,9 +624,30 @@ def _device_kind(trace: RankTrace) -> str:
 # --- collectives ----------------------------------------------------------------------------
 
 
-def load_rank_trace(path: Path) -> RankTrace:
-    """Read, decode and columnize one trace file (rank from distributedInfo or "default")."""
-    raw = read_trace_bytes(path)
-    doc = _decode_document(raw, path)
-    del raw
-    return build_rank_trace(doc, path)
+def load_rank_trace(
+    path: Path, *, workers: int | None = None, batch_events: int = BATCH_EVENTS
+) -> RankTrace:
+    """Read, decode and columnize one trace file (rank from distributedInfo or "default").
+
+    The events are decoded `batch_events` at a time; `workers` decode processes (None: by file
+    size and cores, see `decode_batches.auto_workers`; 1: in this process). The result does not
+    depend on either.
+    """
+    with open_trace_buffer(path) as buf:
+        scan = scan_trace(buf, path, batch_events)
+        if not scan.has_events:
+            raise InputError(
+                f"{path}: is JSON but has no 'traceEvents' list; pass a Kineto trace exported by torch.profiler."
+            )
+        n_workers = auto_workers(len(buf)) if workers is None else workers
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # millions of small objects: the cyclic GC would rescan them repeatedly
+        try:
+            batches = decode_spans(
+                buf, scan, _EVENTS_DECODER, _columns_of_batch, path, workers=n_workers
+            )
+            cols = _join_batches(batches, path)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+    return build_rank_trace(cols, scan.header, path)
