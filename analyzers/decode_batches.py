@@ -251,11 +251,15 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def auto_workers(json_bytes: int) -> int:
-    """Decode processes for one file of this size: 1 when small or on one core."""
+def auto_workers(json_bytes: int, cores: int | None = None) -> int:
+    """Decode processes for one file of this size: 1 when small or on one core.
+
+    `cores`: the cores this file may use (default: all usable ones); a caller that already
+    loads several files in parallel passes its share so that processes do not multiply.
+    """
     if json_bytes < PARALLEL_MIN_BYTES or not fork_available():
         return 1
-    return max(1, min(usable_cores(), MAX_WORKERS))
+    return max(1, min(usable_cores() if cores is None else cores, MAX_WORKERS))
 
 
 def _groups(spans: list[Span], n_groups: int) -> list[list[Span]]:

@@ -28,6 +28,7 @@ from zdiag import __version__
 from zdiag.analyzers import verdict
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
 from zdiag.analyzers.crossrank import analyze_crossrank
+from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.detectors import run_detectors
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.fsdp_ledger import build_ledger, manifest_unit_bytes
@@ -211,6 +212,11 @@ def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
     )
 
 
+def _load_file(path: Path, workers: int) -> RankTrace:
+    """`load_rank_trace` with a given number of decode processes (for the per-file pool)."""
+    return load_rank_trace(path, workers=workers)
+
+
 def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     """Load every trace under `paths` (files, run directories, folders) into a RunData."""
     found = discover([Path(p) for p in paths])
@@ -219,8 +225,11 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     traces: list[RankTrace] = []
     if len(files) > 1 and total_bytes >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
         workers = min(len(files), os.cpu_count() or 1)
+        # One process per file; a big file decodes in several only with the cores left over.
+        share = max(1, (os.cpu_count() or 1) // workers)
+        inner = [auto_workers(_json_bytes(f), cores=share) for f in files]
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for done, trace in enumerate(pool.map(load_rank_trace, files), start=1):
+            for done, trace in enumerate(pool.map(_load_file, files, inner), start=1):
                 traces.append(trace)
                 if progress:
                     progress(done, len(files), trace.source.name)
