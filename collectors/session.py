@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,38 @@ def torch_versions() -> dict[str, str | None]:
         "cuda": torch.version.cuda,
         "nccl": nccl,
     }
+
+
+def _skip_in_dynamo(code: Any) -> None:
+    """Have dynamo run `code` (and everything it calls) eagerly, never compiling those frames."""
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except Exception:  # private API moved: dynamo then compiles (and falls back on) our frames
+        pass
+
+
+def eager_or_opaque(fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn` as a hook that is a plain call in eager mode and that torch.compile leaves alone.
+
+    Wrapping every call in `torch.compiler.disable` is not free: on gloo it left Python state in
+    the thread-local state that collectives capture, and `destroy_process_group` could then
+    deadlock. So the hook is a plain function whose frames dynamo is told to skip; only while
+    dynamo traces through it (a compiled `optimizer.step`) does it call the disabled wrapper.
+    """
+    opaque = torch.compiler.disable(fn)
+    is_compiling = torch.compiler.is_compiling
+
+    def hook(*args: Any) -> None:
+        if is_compiling():
+            opaque(*args)
+        else:
+            fn(*args)
+
+    _skip_in_dynamo(hook.__code__)
+    return hook
 
 
 class RankSession:
@@ -128,11 +161,11 @@ class RankSession:
             # step end if no module runs forward before it: after the script's own set-up
             # (device selection, process group, model build), which stays out of the trace.
             self._profiler_pending = True
-            first_forward = torch.compiler.disable(self._on_first_forward)
-            self._forward_hook = register_module_forward_pre_hook(first_forward)
+            self._forward_hook = register_module_forward_pre_hook(
+                eager_or_opaque(self._on_first_forward)
+            )
         if self.auto_step:
-            hook = torch.compiler.disable(self._on_optimizer_step)
-            self._hook = register_optimizer_step_post_hook(hook)
+            self._hook = register_optimizer_step_post_hook(eager_or_opaque(self._on_optimizer_step))
         self._nvtx.begin(0)
         self._step_start = time.perf_counter()
         return self

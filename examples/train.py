@@ -4,8 +4,9 @@
     zdiag run examples/train.py --steps 8                       # one process
     zdiag run --nproc-per-node 2 examples/train.py --steps 8    # 2 ranks (gloo, DDP)
 
-Under torchrun (RANK/WORLD_SIZE set) it joins a gloo process group and wraps the model in
-DistributedDataParallel; otherwise it trains alone. `zdiag run` finds its steps through the
+Under torchrun (RANK/WORLD_SIZE set) it joins a gloo process group and averages gradients with
+`all_reduce` after `backward()`; otherwise it trains alone. (Not DDP: with torch 2.13 on gloo, DDP's
+in-backward collectives can deadlock `destroy_process_group` at exit, independently of zdiag.) `zdiag run` finds its steps through the
 optimizer, with no change here.
 """
 
@@ -44,8 +45,10 @@ def main() -> None:
     rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
     model: nn.Module = build_model(args.dim, args.layers)
-    if distributed:
-        model = nn.parallel.DistributedDataParallel(model)
+    world = dist.get_world_size() if distributed else 1
+    if distributed:  # same initial weights everywhere
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(rank)
     started = time.perf_counter()
@@ -55,6 +58,11 @@ def main() -> None:
         y = x.sum(dim=1, keepdim=True)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
+        if distributed:
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
         opt.step()
         opt.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - started
