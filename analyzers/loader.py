@@ -370,12 +370,15 @@ def _lane_name(
 
 _TRACE_CATS = ("Trace", "trace")  # the profiler's own span ("PyTorch Profiler (0)")
 _KIND_CACHE: dict[tuple[str, str], int] = {}
+_KIND_CACHE_MAX = 200_000  # pairs remembered (a long-lived process loads many traces)
 
 
 def _kind_code(cat: str, name: str) -> int:
     """`classify(cat, name)` as an int, memoized (a trace has few distinct pairs)."""
     code = _KIND_CACHE.get((cat, name))
     if code is None:
+        if len(_KIND_CACHE) >= _KIND_CACHE_MAX:
+            _KIND_CACHE.clear()
         code = _KIND_CACHE[(cat, name)] = int(classify(cat, name))
     return code
 
