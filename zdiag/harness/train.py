@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
+from zdiag.collectors import runinfo
 from zdiag.errors import ConfigError
 from zdiag.harness.config import HarnessConfig
 from zdiag.harness.memory_budget import GIB, MemoryBudget, cap_cuda_memory
@@ -76,13 +77,8 @@ def build(
 def record_run_info(cfg: HarnessConfig, units: list[FSDPUnit], budget: MemoryBudget | None) -> None:
     """Hand options, FSDP units and the emulated budget to zdiag's collectors.
 
-    A no-op when not under `zdiag run` (the collectors' hook ignores it), and skipped when the
-    collectors are not installed.
+    A no-op when not under `zdiag run` (the collectors' hook ignores it).
     """
-    try:
-        from zdiag.collectors import runinfo
-    except ImportError:
-        return
     budget_bytes = int(cfg.memory_budget_gb * GIB) if cfg.memory_budget_gb is not None else None
     runinfo.record_run_info(
         harness=cfg.as_dict(),
@@ -90,9 +86,8 @@ def record_run_info(cfg: HarnessConfig, units: list[FSDPUnit], budget: MemoryBud
         memory_budget_bytes=budget_bytes,
         samples_per_step=cfg.batch,
     )
-    set_reader = getattr(runinfo, "set_memory_reader", None)
-    if budget is not None and set_reader is not None:
-        set_reader(lambda: (budget.in_use_bytes(), None, budget.peak_bytes))
+    if budget is not None:
+        runinfo.set_memory_reader(lambda: (budget.in_use_bytes(), None, budget.peak_bytes))
 
 
 def train(cfg: HarnessConfig) -> int:
@@ -100,7 +95,12 @@ def train(cfg: HarnessConfig) -> int:
     device = choose_device(cfg)
     init_process_group(device)
     try:
-        return _train(cfg, device)
+        code = _train(cfg, device)
+        # Every rank finishes its collectives before the group is torn down: with gloo,
+        # destroy_process_group can deadlock while a peer is still inside a collective.
+        # Only on success: after an error the peers may never arrive (torchrun stops them).
+        dist.barrier()
+        return code
     finally:
         dist.destroy_process_group()
 
