@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.zdiag-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck unit venv clean bench sample-traces
+.PHONY: demo test lint typecheck unit venv clean sample-traces
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,9 +42,6 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
-
-bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
 
 sample-traces: $(STAMP)
 	$(BIN)/python bench/make_sample_traces.py
