@@ -15,7 +15,6 @@ from zdiag.errors import ConfigError
 
 ENV_RUN_DIR = "ZDIAG_RUN_DIR"
 ENV_CONFIG = "ZDIAG_CONFIG"
-ENV_MONITOR = "ZDIAG_MONITOR"
 
 DEFAULT_PROFILE_STEPS = "1:1:3"
 # Bounds on what one rank writes, so a long run cannot fill a disk.

@@ -26,12 +26,12 @@ from typing import Any
 from zdiag.collectors.config import (
     DEFAULT_PROFILE_STEPS,
     ENV_CONFIG,
-    ENV_MONITOR,
     ENV_RUN_DIR,
     CollectorConfig,
     parse_profile_steps,
 )
 from zdiag.collectors.fsio import write_json_atomically
+from zdiag.collectors.live_wire import ENV_JOB, ENV_MONITOR
 from zdiag.collectors.manifest import hostname, merge_manifest, utc_now_iso
 from zdiag.collectors.rundir import MANIFEST, launcher_part_path, make_run_dir
 from zdiag.errors import ConfigError, InputError
@@ -322,6 +322,7 @@ class LaunchPlan:
         env["ZDIAG_NODE_RANK"] = str(self.node_rank)
         if self.monitor:
             env[ENV_MONITOR] = self.monitor
+            env.setdefault(ENV_JOB, self.out.name)  # the monitor's header names the run
         else:
             env.pop(ENV_MONITOR, None)
         return env
