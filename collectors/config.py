@@ -65,6 +65,18 @@ class CollectorConfig:
         """Whether the profiler's memory timeline is exported (it needs shapes and stacks too)."""
         return self.profile and self.profile_memory
 
+    def manifest_profile(self) -> dict[str, bool | int]:
+        """The manifest's `profile` block (memory profiling records shapes and stacks too)."""
+        return {
+            "enabled": self.profile,
+            "wait": self.wait,
+            "warmup": self.warmup,
+            "active": self.active,
+            "record_shapes": self.record_shapes or self.profile_memory,
+            "profile_memory": self.profile_memory,
+            "with_stack": self.with_stack or self.profile_memory,
+        }
+
     def to_json(self) -> str:
         """This config as one JSON object (the value of ZDIAG_CONFIG)."""
         return json.dumps(asdict(self), sort_keys=True)

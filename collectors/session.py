@@ -393,12 +393,7 @@ class RankSession:
             "mem_peak_bytes": peak,
             "memory_budget_bytes": runinfo.memory_budget_bytes(runinfo.current_run_info()),
             "profiler_window_open": profiling_memory,
-            "memory_timeline": rundir.memory_timeline_relpath(self.rank)
-            if self.timeline_written
-            else None,
-            "memory_snapshot": rundir.memory_snapshot_relpath(self.rank)
-            if self.snapshot_written
-            else None,
+            **self._memory_files(),
         }
         path = self.run_dir / rundir.oom_relpath(self.rank)
         self._guard("OOM record", memory.write_oom_record, path, record)
@@ -424,6 +419,17 @@ class RankSession:
         self._samples_per_step = float(sps) if isinstance(sps, (int, float)) and sps > 0 else None
         if info and not self._finished:
             self._guard("manifest part", self._write_part, None, None)
+
+    def _memory_files(self) -> dict[str, str | None]:
+        """The run-dir paths of this rank's memory timeline and snapshot (None: not written)."""
+        return {
+            "memory_timeline": rundir.memory_timeline_relpath(self.rank)
+            if self.timeline_written
+            else None,
+            "memory_snapshot": rundir.memory_snapshot_relpath(self.rank)
+            if self.snapshot_written
+            else None,
+        }
 
     def _guard(self, where: str, fn: Any, *args: Any) -> Any:
         try:
@@ -474,23 +480,10 @@ class RankSession:
             "device": "cuda" if torch.cuda.is_available() else "cpu",
             "backend": self.backend,
             "versions": torch_versions(),
-            "profile": {
-                "enabled": self.config.profile,
-                "wait": self.config.wait,
-                "warmup": self.config.warmup,
-                "active": self.config.active,
-                "record_shapes": self.config.record_shapes or self.config.profile_memory,
-                "profile_memory": self.config.profile_memory,
-                "with_stack": self.config.with_stack or self.config.profile_memory,
-            },
+            "profile": self.config.manifest_profile(),
             "run_info": runinfo.current_run_info(),
             "trace": rundir.trace_relpath(self.rank) if self.trace_written else None,
-            "memory_timeline": rundir.memory_timeline_relpath(self.rank)
-            if self.timeline_written
-            else None,
-            "memory_snapshot": rundir.memory_snapshot_relpath(self.rank)
-            if self.snapshot_written
-            else None,
+            **self._memory_files(),
             "oom_record": rundir.oom_relpath(self.rank) if self.oom_record_written else None,
             "step_log": rundir.step_log_relpath(self.rank) if self._step_log.written else None,
             "steps": self.step_index,
