@@ -51,7 +51,7 @@ TASKS_PER_WORKER = 4
 """Spans are handed out in this many contiguous groups per worker (balances uneven load)."""
 
 T = TypeVar("T")
-Buffer = bytes | mmap.mmap
+Buffer = bytes | bytearray | mmap.mmap
 
 
 class TraceHeader(msgspec.Struct, gc=False):

@@ -231,3 +231,15 @@ def test_big_files_use_the_cores_they_are_given() -> None:
     if decode_batches.fork_available():
         assert decode_batches.auto_workers(big, cores=3) == 3
         assert decode_batches.auto_workers(big, cores=64) == decode_batches.MAX_WORKERS
+
+
+def test_gzip_members_and_padding_decompress_as_gzip_does(tmp_path: Path) -> None:
+    events = _events(50)
+    text = json.dumps({"traceEvents": events}).encode()
+    half = len(text) // 2
+    path = tmp_path / "multi.json.gz"
+    path.write_bytes(gzip.compress(text[:half]) + b"\0\0" + gzip.compress(text[half:]) + b"\0")
+    assert load_rank_trace(path).ts_us.tolist() == [float(e["ts"]) for e in events]
+    path.write_bytes(gzip.compress(text)[:-12])
+    with pytest.raises(InputError, match="gzip data is truncated or corrupt"):
+        load_rank_trace(path)
