@@ -290,3 +290,20 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
     assert "ranks 0-11: no step markers" in text
     empty = render_text(Report())
     assert "0 rank(s)" in empty and "Findings (0)" in empty
+
+
+def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> None:
+    from zdiag.analyzers.crossrank import thresholds as straggler_thresholds
+    from zdiag.analyzers.verdict import thresholds as verdict_thresholds
+    from zdiag.render.text import render_text
+
+    report = Report(
+        thresholds={**verdict_thresholds(), **straggler_thresholds()},
+        findings=[Finding(id="whole-model-wrap", severity="warning", title="t", units=[""])],
+    )
+    lines = render_text(report).splitlines()
+    verdict = next(x for x in lines if x.startswith("Verdict thresholds: "))
+    straggler = next(x for x in lines if x.startswith("Straggler thresholds: "))
+    assert "host_bound_idle_fraction=" in verdict and "straggler" not in verdict
+    assert "skew_noise_us=50" in straggler and "host_bound" not in straggler
+    assert any(x.endswith("(unit (root))") for x in lines)

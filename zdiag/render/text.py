@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 
 from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
+from zdiag.render._output import unit_label
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -139,7 +140,8 @@ def _finding_lines(f: Finding) -> list[str]:
             "step " + ",".join(map(str, f.steps[:16])) + ("..." if len(f.steps) > 16 else "")
         )
     if f.units:
-        where.append("unit " + ", ".join(f.units[:8]) + ("..." if len(f.units) > 8 else ""))
+        names = [unit_label(u) for u in f.units[:8]]
+        where.append("unit " + ", ".join(names) + ("..." if len(f.units) > 8 else ""))
     lines = [
         f"[{f.severity.upper()}] {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
     ]
@@ -156,6 +158,28 @@ def _finding_lines(f: Finding) -> list[str]:
     if f.expected_gain_bytes is not None:
         lines.append(f"    expected saving: {_bytes(f.expected_gain_bytes)} peak memory")
     return lines
+
+
+STRAGGLER_PREFIX = "straggler_"
+"""Report.thresholds keys that belong to the cross-rank straggler ranking (crossrank.py); the
+others are the per-step verdict's (verdict.py)."""
+
+
+def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
+    """The verdict thresholds and the straggler thresholds, each on its own labelled line."""
+    verdict = {k: v for k, v in thresholds.items() if not k.startswith(STRAGGLER_PREFIX)}
+    straggler = {
+        k.removeprefix(STRAGGLER_PREFIX): v
+        for k, v in thresholds.items()
+        if k.startswith(STRAGGLER_PREFIX)
+    }
+    lines = []
+    for label, values in (("Verdict", verdict), ("Straggler", straggler)):
+        if values:
+            lines.append(
+                f"{label} thresholds: " + ", ".join(f"{k}={v:g}" for k, v in values.items())
+            )
+    return ["", *lines] if lines else []
 
 
 def _fmt_value(v: object) -> str:
@@ -270,7 +294,7 @@ def render_text(report: Report) -> str:
         rows = [
             [
                 str(u.rank),
-                u.name or "(root)",
+                unit_label(u.name),
                 u.framework,
                 _bytes(u.all_gather_bytes),
                 _bytes(u.reduce_bytes),
@@ -335,9 +359,5 @@ def render_text(report: Report) -> str:
     if warnings:
         out += ["", "Warnings"]
         out.extend(f"  - {w}" for w in warnings)
-    if report.thresholds:
-        out += [
-            "",
-            "Verdict thresholds: " + ", ".join(f"{k}={v:g}" for k, v in report.thresholds.items()),
-        ]
+    out.extend(_threshold_lines(report.thresholds))
     return "\n".join(out) + "\n"
