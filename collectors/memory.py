@@ -20,12 +20,11 @@ def cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def read_device_memory(
-    reset_peak: bool = True, cuda_available: bool | None = None
-) -> MemoryReading:
-    """(allocated, reserved, peak since the last reading) in bytes on the current CUDA device.
+def read_device_memory(cuda_available: bool | None = None) -> MemoryReading:
+    """(allocated, reserved, peak) in bytes on the current CUDA device.
 
-    On CPU, PyTorch keeps no allocator statistics: the reader registered with
+    The peak is `torch.cuda.max_memory_allocated()`, never reset here (the script's own readings
+    stay right). On CPU, PyTorch keeps no allocator statistics: the reader registered with
     `runinfo.set_memory_reader` answers if there is one, else (None, None, None).
     `cuda_available` saves the per-step `torch.cuda.is_available()` call when the caller knows it.
     """
@@ -52,16 +51,20 @@ def _opt_int(value: Any) -> int | None:
 
 
 def start_cuda_history(max_entries: int) -> bool:
-    """Record CUDA allocations with Python stacks (bounded to `max_entries`); False on CPU."""
-    if not torch.cuda.is_available():
+    """Record CUDA allocations with stacks (bounded to `max_entries`); False unless CUDA is in use.
+
+    A rank that has not initialized CUDA (a CPU run on a GPU machine) is left alone: turning the
+    history on would create a CUDA context on device 0 for nothing.
+    """
+    if not cuda_in_use():
         return False
     torch.cuda.memory._record_memory_history(max_entries=max_entries)
     return True
 
 
 def stop_cuda_history() -> None:
-    """Stop recording CUDA allocation history (no-op on CPU)."""
-    if torch.cuda.is_available():
+    """Stop recording CUDA allocation history (no-op unless CUDA is in use)."""
+    if cuda_in_use():
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
