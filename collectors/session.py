@@ -28,10 +28,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.profiler import ProfilerAction
 
 from zdiag.collectors import memory, rundir, runinfo
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
+from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
 from zdiag.collectors.nvtx import StepRanges
 from zdiag.collectors.steplog import StepLog
@@ -186,11 +188,12 @@ class RankSession:
         self._guard("profiler", self._stop_profiler)
         if self._cuda_history:
             self._guard("CUDA memory history", memory.stop_cuda_history)
-        self._step_log.close()
+        self._guard("step log", self._step_log.close)
         if self._publisher is not None:
             self._guard("live publisher", self._publisher.close)
             self._publisher = None
-        self._write_part(exit_code=exit_code, error=error)
+        # Never let zdiag's own output (a full disk, say) replace the training's outcome.
+        self._guard("manifest part", self._write_part, exit_code, error)
         if _ACTIVE is self:
             _ACTIVE = None
 
@@ -347,9 +350,7 @@ class RankSession:
 
     def _export_memory(self, prof: Any) -> None:
         timeline = self.run_dir / rundir.memory_timeline_relpath(self.rank)
-        device = "cuda:0" if memory.cuda_in_use() else "cpu"
-        if memory.cuda_in_use():
-            device = f"cuda:{torch.cuda.current_device()}"
+        device = f"cuda:{torch.cuda.current_device()}" if memory.cuda_in_use() else "cpu"
 
         def export(tmp: str) -> None:
             with warnings.catch_warnings():
@@ -372,15 +373,15 @@ class RankSession:
             self._guard("memory reading", memory.read_device_memory, self._cuda)
             or memory.NO_READING
         )
-        profiling_memory = self._prof is not None and self.config.profile_memory
+        # Recording (warmup or active), not merely armed and waiting: then the trace covers it.
+        window_open = self._prof is not None and self._prof.current_action != ProfilerAction.NONE
         if self._prof is not None:
             # Closing the window exports the trace and, with --profile-memory, the memory timeline.
             self._guard("profiler", self._stop_profiler)
-        if memory.cuda_in_use() and not self.snapshot_written:
+        if memory.cuda_in_use():  # replaces the window's snapshot: the state at the failure
             snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
-            self.snapshot_written = bool(
-                self._guard("memory snapshot", memory.dump_cuda_snapshot, snap)
-            )
+            dumped = bool(self._guard("memory snapshot", memory.dump_cuda_snapshot, snap))
+            self.snapshot_written = dumped or self.snapshot_written
         record = {
             "rank": self.rank,
             "host": self.host,
@@ -392,20 +393,21 @@ class RankSession:
             "mem_reserved_bytes": reserved,
             "mem_peak_bytes": peak,
             "memory_budget_bytes": runinfo.memory_budget_bytes(runinfo.current_run_info()),
-            "profiler_window_open": profiling_memory,
+            "profiler_window_open": window_open,
             **self._memory_files(),
         }
         path = self.run_dir / rundir.oom_relpath(self.rank)
         self._guard("OOM record", memory.write_oom_record, path, record)
         self.oom_record_written = path.is_file()
-        self._write_part(exit_code=None, error=f"{type(exc).__name__}: {str(exc)[:500]}")
+        error = f"{type(exc).__name__}: {str(exc)[:500]}"
+        self._guard("manifest part", self._write_part, None, error)
 
     # ----------------------------------------------------------------- helpers
     def _start_publisher(self) -> None:
-        if not os.environ.get("ZDIAG_MONITOR"):
+        if not os.environ.get(ENV_MONITOR):
             return
         try:
-            from zdiag.collectors.live import publisher_from_env  # engineer D's module
+            from zdiag.collectors.live import publisher_from_env
         except ImportError as exc:
             self._report(f"live metrics are off: {exc}")
             return
