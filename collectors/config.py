@@ -60,11 +60,6 @@ class CollectorConfig:
         if self.max_step_log_lines < 0 or self.max_snapshot_entries < 1:
             raise ConfigError("max_step_log_lines must be >= 0 and max_snapshot_entries >= 1.")
 
-    @property
-    def memory_timeline(self) -> bool:
-        """Whether the profiler's memory timeline is exported (it needs shapes and stacks too)."""
-        return self.profile and self.profile_memory
-
     def manifest_profile(self) -> dict[str, bool | int]:
         """The manifest's `profile` block (memory profiling records shapes and stacks too)."""
         return {

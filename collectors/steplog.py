@@ -7,10 +7,8 @@ the last second of lines.
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 FLUSH_INTERVAL_S = 1.0
 
@@ -55,15 +53,6 @@ class StepLog:
             f'"mem_peak_bytes":{_int_or_null(peak)}}}\n'
         )
         self._after_write(time_unix)
-
-    def write(self, record: dict[str, Any]) -> None:
-        """Append one arbitrary JSON record (dropped once the cap is reached)."""
-        if self.lines >= self.max_lines:
-            self.truncated = True
-            return
-        f = self._file or self._open()
-        f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._after_write(time.time())
 
     def _after_write(self, now: float) -> None:
         self.lines += 1

@@ -61,7 +61,7 @@ def test_atomic_write_leaves_no_temp_on_failure(tmp_path: Path) -> None:
 def test_step_log_is_capped(tmp_path: Path) -> None:
     log = StepLog(tmp_path / "s.jsonl", max_lines=3)
     for i in range(5):
-        log.write({"step": i})
+        log.write_step(i, 0.0, 1.0, None, None, None)
     log.close()
     lines = (tmp_path / "s.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]

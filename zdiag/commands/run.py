@@ -370,10 +370,8 @@ class LaunchPlan:
             child = subprocess.Popen(self.command(), env=self.environment())
         except OSError as exc:
             return 127, f"could not start {self.command()[0]}: {exc}"
-        forwarded: list[int] = []
 
         def forward(signum: int, frame: FrameType | None) -> None:
-            forwarded.append(signum)
             if child.poll() is None:
                 child.send_signal(signum)
 
@@ -384,14 +382,11 @@ class LaunchPlan:
                     rc = child.wait()
                     break
                 except KeyboardInterrupt:  # the child got the same SIGINT; let it end cleanly
-                    forwarded.append(signal.SIGINT)
                     continue
         finally:
             signal.signal(signal.SIGTERM, previous)
         if rc < 0:
             return 128 - rc, f"training ended by signal {-rc}"
-        if forwarded and rc == 0:
-            return rc, None
         return rc, None if rc == 0 else f"training exited with code {rc}"
 
     def _summary(self, manifest: dict[str, Any], code: int) -> None:
