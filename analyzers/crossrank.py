@@ -621,7 +621,11 @@ def find_stragglers(
     )
     recommendation = (
         f"Find out why rank{plural} {names} reach{'' if plural else 'es'} the collectives late; "
-        "the others wait for it at every collective it is last to. "
+        + (
+            "the others wait for them at every collective they are last to. "
+            if plural
+            else "the others wait for it at every collective it is last to. "
+        )
         + (" ".join(hints) + " " if hints else "")
         + "Look at, in order: data loading (input pipeline stalls or uneven batch sizes on that "
         "rank), host jitter (CPU contention, garbage collection, logging/eval/checkpointing done "
@@ -680,6 +684,7 @@ def analyze_crossrank(run: RunData, analysis: Analysis) -> CrossRankResult:
     """The pipeline stage: fills `analysis.report.stragglers` (and thresholds, warnings) for
     runs with two or more ranks; returns the matching for callers that want more."""
     result = crossrank_result(run, analysis)
+    analysis.crossrank = result
     if len(result.ranks) >= 2:
         analysis.report.stragglers = straggler_stats(result)
         analysis.report.thresholds.update(thresholds())
@@ -690,7 +695,10 @@ def analyze_crossrank(run: RunData, analysis: Analysis) -> CrossRankResult:
 def detect_stragglers(
     run: RunData, analysis: Analysis, result: CrossRankResult | None = None
 ) -> list[Finding]:
-    """The `straggler` detector: zero or one Finding naming the ranks that arrive last."""
+    """The `straggler` detector: zero or one Finding naming the ranks that arrive last.
+
+    Uses `result`, else the matching the pipeline's cross-rank stage kept on `analysis`, else
+    matches the collectives itself."""
     if result is None:
-        result = crossrank_result(run, analysis)
+        result = analysis.crossrank or crossrank_result(run, analysis)
     return find_stragglers(result, analysis.breakdowns)

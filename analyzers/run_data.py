@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.report import Report, StepBreakdown
+
+if TYPE_CHECKING:
+    from zdiag.analyzers.crossrank import CrossRankResult
 
 
 @dataclass
@@ -82,8 +85,11 @@ class Analysis:
     - `breakdowns`: rank -> list of StepBreakdown (the same objects as in report.ranks[*].steps)
     - `report`: ranks, steps and thresholds are filled before detectors/ledger/cross-rank run;
       they append findings, fsdp_units, collectives, stragglers to it.
+    - `crossrank`: the collectives matched across ranks, kept by the cross-rank stage so the
+      straggler detector does not match them a second time (None before that stage).
     """
 
     steps: dict[int, StepWindows]
     breakdowns: dict[int, list[StepBreakdown]]
     report: Report
+    crossrank: CrossRankResult | None = None
