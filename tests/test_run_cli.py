@@ -36,6 +36,8 @@ def script(tmp_path: Path) -> Path:
         (["run", "--rdzv-endpoint", "nohost", "SCRIPT"], "HOST:PORT"),
         (["run", "--monitor", "localhost:99999", "SCRIPT"], "--monitor"),
         (["run", "--no-profile", "--profile-memory", "SCRIPT"], "--no-profile"),
+        (["run", "--harness", "--dim", "30", "--heads", "4"], "must be divisible by --heads"),
+        (["run", "--harness", "--steps", "0"], "--steps must be a positive integer"),
     ],
 )
 def test_wrong_usage_is_one_line_and_exit_2(
@@ -82,3 +84,16 @@ def test_wrong_usage_from_the_real_command_line(tmp_path: Path) -> None:
     assert (
         proc.stderr.count("\n") == 1 and "nope.py" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+def test_bad_harness_option_is_refused_before_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--out", str(out), "--harness", "--wrap", "bogus"])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zdiag run --harness: error: ")
+    assert "--wrap" in lines[0]
+    assert not out.exists()

@@ -231,6 +231,13 @@ class LaunchPlan:
                     "the built-in harness (zdiag.harness) is not installed in this environment; "
                     "reinstall zdiag or run your own script."
                 )
+            # Check the harness options here (no torch import), so a typo is one line and no
+            # run is started or run directory made; --help prints the harness's options.
+            from zdiag.harness.config import build_parser, config_from_args
+
+            harness_parser = build_parser()
+            harness_parser.prog = "zdiag run --harness"
+            config_from_args(harness_parser.parse_args(args.harness))
             return ["-m", HARNESS_MODULE, *args.harness]
         if not script:
             raise ConfigError(
