@@ -26,15 +26,7 @@ def union(starts: Arr, ends: Arr) -> IntervalSet:
     if starts.size == 0:
         return EMPTY
     order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    running_end = np.maximum.accumulate(e)
-    # A new block starts where the start lies after every earlier end.
-    new_block = np.empty(s.size, dtype=bool)
-    new_block[0] = True
-    new_block[1:] = s[1:] > running_end[:-1]
-    first = np.flatnonzero(new_block)
-    last = np.append(first[1:] - 1, s.size - 1)
-    return s[first], running_end[last]
+    return _merge_sorted(starts[order], ends[order])
 
 
 def total(a: IntervalSet) -> float:
@@ -46,23 +38,24 @@ def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     """a ∩ b for two disjoint sorted sets."""
     if a[0].size == 0 or b[0].size == 0:
         return EMPTY
-    # Elementary segments from all boundaries; keep those covered by both.
-    pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
-    lo, hi = pts[:-1], pts[1:]
-    mid = (lo + hi) / 2
-    keep = _covers(a, mid) & _covers(b, mid)
-    return _merge_segments(lo[keep], hi[keep])
+    return _combine(a, b, keep_b=True)
 
 
 def subtract(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     """a − b for two disjoint sorted sets."""
     if a[0].size == 0 or b[0].size == 0:
         return a
+    return _combine(a, b, keep_b=False)
+
+
+def _combine(a: IntervalSet, b: IntervalSet, keep_b: bool) -> IntervalSet:
+    """The part of a inside b (keep_b) or outside it: cut both sets at every boundary into
+    elementary segments and keep those whose midpoint a covers and b covers (or not)."""
     pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
     lo, hi = pts[:-1], pts[1:]
     mid = (lo + hi) / 2
-    keep = _covers(a, mid) & ~_covers(b, mid)
-    return _merge_segments(lo[keep], hi[keep])
+    keep = _covers(a, mid) & (_covers(b, mid) == keep_b)
+    return _merge_sorted(lo[keep], hi[keep])
 
 
 def clip(a: IntervalSet, start: float, end: float) -> IntervalSet:
@@ -107,13 +100,15 @@ def _covers(a: IntervalSet, t: Arr) -> npt.NDArray[np.bool_]:
     return ok & (t < a[1][kk])
 
 
-def _merge_segments(lo: Arr, hi: Arr) -> IntervalSet:
-    """Merge adjacent elementary segments (lo/hi sorted, touching or not)."""
-    if lo.size == 0:
+def _merge_sorted(starts: Arr, ends: Arr) -> IntervalSet:
+    """Merge intervals sorted by start (overlapping or touching ones join) into a disjoint set."""
+    if starts.size == 0:
         return EMPTY
-    new_block = np.empty(lo.size, dtype=bool)
+    running_end = np.maximum.accumulate(ends)
+    # A new block starts where the start lies after every earlier end.
+    new_block = np.empty(starts.size, dtype=bool)
     new_block[0] = True
-    new_block[1:] = lo[1:] > hi[:-1]
+    new_block[1:] = starts[1:] > running_end[:-1]
     first = np.flatnonzero(new_block)
-    last = np.append(first[1:] - 1, lo.size - 1)
-    return lo[first], hi[last]
+    last = np.append(first[1:] - 1, starts.size - 1)
+    return starts[first], running_end[last]
