@@ -12,7 +12,7 @@ from collections import Counter
 from rich.text import Text
 
 from zdiag.analyzers.report import VERDICTS, Finding, RankSummary, Report, StepBreakdown
-from zdiag.render._output import fmt_bytes, fmt_ints, fmt_list, fmt_ms
+from zdiag.render._output import fmt_gain, fmt_ints, fmt_list, fmt_ms
 
 VERDICT_STYLES = {
     "compute-bound": "bold green",
@@ -44,7 +44,8 @@ def dominant_verdict(rank: RankSummary) -> str:
 
 
 def _line(text: Text, label: str, value: str | Text, style: str = "") -> None:
-    text.append(f"{label:<22}", style="dim")
+    # A label as long as the column still gets one space before its value.
+    text.append(f"{label:<21} ", style="dim")
     if isinstance(value, Text):
         text.append_text(value)
     else:
@@ -106,14 +107,10 @@ def finding_detail(finding: Finding) -> Text:
     if finding.code:
         text.append("\n")
         text.append(finding.code + "\n", style="cyan")
-    gains = []
-    if finding.expected_gain_ms is not None:
-        gains.append(f"{fmt_ms(finding.expected_gain_ms)} per step")
-    if finding.expected_gain_bytes is not None:
-        gains.append(f"{fmt_bytes(finding.expected_gain_bytes)} of peak memory")
-    if gains:
+    gain = fmt_gain(finding)
+    if gain:
         text.append("\nExpected gain: ", style="bold")
-        text.append(" and ".join(gains))
+        text.append(gain)
         if finding.gain_method:
             text.append(f" ({finding.gain_method})", style="dim")
         text.append("\n")
