@@ -58,7 +58,11 @@ class ReportApp(App[None]):
             (t.rank, t.step): t for t in report.timelines
         }
         self.current_rank: RankSummary | None = None
-        self.sub_title = f"{len(self.ranks)} ranks · {len(self.findings)} findings"
+        nranks, nfindings = len(self.ranks), len(self.findings)
+        self.sub_title = (
+            f"{nranks} rank{'' if nranks == 1 else 's'}"
+            f" · {nfindings} finding{'' if nfindings == 1 else 's'}"
+        )
 
     def compose(self) -> ComposeResult:
         """Tabs for steps, findings and summary, with the key footer."""
