@@ -26,12 +26,20 @@ from types import TracebackType
 from zdiag.collectors import memory
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.manifest import merge_manifest
+from zdiag.collectors.rundir import MANIFEST
 from zdiag.collectors.session import RankSession, active_session
+from zdiag.errors import ConfigError
 
 
 def default_out_dir() -> Path:
-    """./zdiag_runs/profile-<id>: the torchrun job id when there is one (same for all ranks)."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    """./zdiag_runs/profile-<id>: the torchrun job id when there is one (same for all ranks).
+
+    torchrun's default id, "none" (a rendezvous endpoint without --rdzv-id), names no job: every
+    such run would share one folder, so the timestamp is used instead.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id or run_id == "none":
+        run_id = time.strftime("%Y%m%d-%H%M%S")
     return Path("zdiag_runs") / f"profile-{run_id}"
 
 
@@ -66,6 +74,11 @@ class Profile:
             self._session = existing
             return self
         out = Path(self._out) if self._out is not None else default_out_dir()
+        if (out / MANIFEST).exists():
+            # A second run there would overwrite some files and leave the first run's others.
+            raise ConfigError(
+                f"out {str(out)!r} already holds a finished run; choose a new folder."
+            )
         self._session = RankSession(out, self._config, auto_step=self._auto_step).start()
         self._owned = True
         return self
@@ -119,7 +132,8 @@ def profile(
     shapes and stacks, which the memory timeline needs). nvtx: NVTX step ranges on CUDA.
     enabled=False: no profiler; steps are still logged. auto_step=True: count optimizer steps
     instead of (or in addition to, until the first) `.step()` calls.
-    Raises zdiag.errors.ConfigError for bad schedule values.
+    Raises zdiag.errors.ConfigError for bad schedule values, and on entering the block when
+    `out` already holds a finished run.
     """
     config = CollectorConfig(
         profile=enabled,

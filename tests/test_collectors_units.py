@@ -13,6 +13,7 @@ import torch
 
 import zdiag
 from zdiag.collectors import manifest, memory, rundir, runinfo
+from zdiag.collectors.api import default_out_dir
 from zdiag.collectors.config import CollectorConfig, config_from_env, parse_profile_steps
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 from zdiag.collectors.steplog import StepLog
@@ -286,3 +287,20 @@ def test_failed_trace_export_never_stops_training(
     rank = m["ranks"][0]
     assert rank["trace"] is None and rank["steps"] == 6 and rank["exit_code"] == 0
     assert not list((tmp_path / "traces").iterdir())  # no temp file left behind
+
+
+def test_profile_api_refuses_a_finished_run(tmp_path: Path) -> None:
+    with zdiag.profile(out=tmp_path, enabled=False) as prof:
+        prof.step()
+    before = (tmp_path / "steps/rank-0.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a finished run"):
+        with zdiag.profile(out=tmp_path, enabled=False) as prof:
+            prof.step()
+    assert (tmp_path / "steps/rank-0.jsonl").read_text() == before
+
+
+def test_default_out_dir_ignores_torchruns_placeholder_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert default_out_dir().name != "profile-none"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    assert default_out_dir().name == "profile-job7"
