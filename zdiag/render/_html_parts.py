@@ -10,7 +10,7 @@ import msgspec
 
 from zdiag.analyzers.report import SEVERITY_ORDER, VERDICTS, Finding, Report
 from zdiag.render._html_figures import VERDICT_COLORS
-from zdiag.render._output import fmt_bytes, fmt_ints, fmt_list, fmt_ms
+from zdiag.render._output import fmt_bytes, fmt_gain, fmt_ints, fmt_list, fmt_ms
 
 MAX_EVIDENCE_ITEMS = 40
 MAX_VALUE_CHARS = 400
@@ -157,14 +157,10 @@ def findings(report: Report) -> str:
             )
         if f.code:
             parts.append(f"<pre><code>{e(f.code)}</code></pre>")
-        gains = []
-        if f.expected_gain_ms is not None:
-            gains.append(f"{fmt_ms(f.expected_gain_ms)} per step")
-        if f.expected_gain_bytes is not None:
-            gains.append(f"{fmt_bytes(f.expected_gain_bytes)} of peak memory")
-        if gains:
+        gain = fmt_gain(f)
+        if gain:
             method = f" ({f.gain_method})" if f.gain_method else ""
-            parts.append(f'<p class="gain">Expected gain: {e(" and ".join(gains) + method)}</p>')
+            parts.append(f'<p class="gain">Expected gain: {e(gain + method)}</p>')
         parts.append("</article>")
     parts.append("</section>")
     return "".join(parts)

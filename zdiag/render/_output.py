@@ -6,6 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from zdiag.analyzers.report import Finding
 from zdiag.errors import InputError
 
 
@@ -89,3 +90,13 @@ def fmt_ints(values: list[int], limit: int = 12) -> str:
             runs.append((v, v))
     parts = [str(a) if a == b else f"{a}–{b}" for a, b in runs]
     return fmt_list(parts, limit)
+
+
+def fmt_gain(finding: Finding) -> str:
+    """A finding's expected gain ("12.5 ms per step and 1.0 GiB of peak memory"; "" for none)."""
+    gains = []
+    if finding.expected_gain_ms is not None:
+        gains.append(f"{fmt_ms(finding.expected_gain_ms)} per step")
+    if finding.expected_gain_bytes is not None:
+        gains.append(f"{fmt_bytes(finding.expected_gain_bytes)} of peak memory")
+    return " and ".join(gains)
