@@ -79,6 +79,7 @@ class RunCommand:
             "--out",
             type=Path,
             default=None,
+            metavar="DIR",
             help="run directory (default: ./zdiag_runs/<timestamp>); must not hold a finished run",
         )
         prof = parser.add_argument_group("profiler")
@@ -117,7 +118,12 @@ class RunCommand:
             help="publish live step records to a `zdiag monitor` listening at HOST:PORT",
         )
         dist = parser.add_argument_group("ranks and nodes (passed to torchrun)")
-        dist.add_argument("--nproc-per-node", metavar="N", default=None, help="ranks on this node")
+        dist.add_argument(
+            "--nproc-per-node",
+            metavar="N",
+            default=None,
+            help="ranks on this node (default: one plain process, no torchrun)",
+        )
         dist.add_argument("--nnodes", metavar="N", default=None, help="number of nodes")
         dist.add_argument(
             "--node-rank",
@@ -137,7 +143,8 @@ class RunCommand:
             nargs=argparse.REMAINDER,
             default=None,
             metavar="HARNESS_OPTIONS",
-            help="run the built-in FSDP2/ZeRO harness (python -m zdiag.harness) with these options",
+            help="run the built-in FSDP2/ZeRO harness (python -m zdiag.harness) with these options "
+            "('zdiag run --harness --help' lists them)",
         )
         parser.add_argument(
             "target",
