@@ -68,16 +68,6 @@ def import_hta() -> ModuleType:
     return hta
 
 
-def hta_version() -> str | None:
-    """The installed HTA version, or None when HTA is not installed."""
-    try:
-        from importlib.metadata import version
-
-        return version("traceinsight")
-    except Exception:
-        return None
-
-
 def _finite(x: Any) -> float | None:
     try:
         v = float(x)

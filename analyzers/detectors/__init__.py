@@ -10,7 +10,6 @@ reported as a warning on the Report instead of failing the analysis.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from zdiag.analyzers.detectors import (
     activation_oom,
@@ -24,6 +23,7 @@ from zdiag.analyzers.detectors import (
 )
 from zdiag.analyzers.detectors.context import DetectorContext, build_context
 from zdiag.analyzers.report import Finding
+from zdiag.analyzers.run_data import Analysis, RunData
 
 Detector = Callable[[DetectorContext], list[Finding]]
 
@@ -66,7 +66,7 @@ def run_context(ctx: DetectorContext) -> list[Finding]:
     return findings
 
 
-def run_detectors(run: Any, analysis: Any) -> list[Finding]:
+def run_detectors(run: RunData, analysis: Analysis) -> list[Finding]:
     """All findings for a pipeline `RunData` and `Analysis` (analyzers/run_data.py)."""
     return run_context(build_context(run, analysis))
 

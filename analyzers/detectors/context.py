@@ -20,7 +20,8 @@ from zdiag.analyzers.fsdp_ledger import (
     fill_missing_bytes,
     manifest_unit_bytes,
 )
-from zdiag.analyzers.report import Finding, MemoryTimeline, Report, StepBreakdown
+from zdiag.analyzers.report import MemoryTimeline, Report, StepBreakdown
+from zdiag.analyzers.run_data import Analysis, RunData
 
 MIB = 1024**2
 
@@ -48,8 +49,8 @@ class DetectorContext:
     manifest: dict[str, Any] | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     report: Report | None = None
-    run: Any = None  # the pipeline's RunData (for detectors that delegate, e.g. straggler)
-    analysis: Any = None  # the pipeline's Analysis
+    run: RunData | None = None  # the pipeline's (for detectors that delegate, e.g. straggler)
+    analysis: Analysis | None = None
 
     @property
     def harness(self) -> dict[str, Any]:
@@ -86,39 +87,30 @@ class DetectorContext:
         units = (self.manifest or {}).get("fsdp_units")
         return [u for u in units if isinstance(u, dict)] if isinstance(units, list) else []
 
-    def oom_recorded(self) -> bool:
-        """The run ended in an out-of-memory error (manifest exit or any rank's evidence)."""
-        exit_info = (self.manifest or {}).get("exit")
-        if isinstance(exit_info, dict) and exit_info.get("oom"):
-            return True
-        return any(m.oom for m in self.memory)
 
-
-def build_context(run: Any, analysis: Any) -> DetectorContext:
+def build_context(run: RunData, analysis: Analysis) -> DetectorContext:
     """The DetectorContext of a pipeline `RunData` and `Analysis` (see analyzers/run_data.py)."""
-    traces: dict[int, RankTrace] = {t.rank: t for t in getattr(run, "ranks", [])}
-    steps = getattr(analysis, "steps", {}) or {}
+    traces: dict[int, RankTrace] = {t.rank: t for t in run.ranks}
     ledgers: dict[int, RankLedger] = {}
     for rank, t in traces.items():
-        w = steps.get(rank)
+        w = analysis.steps.get(rank)
         if w is not None and len(w):
             ledgers[rank] = cached_rank_ledger(
                 t, w.step.tolist(), w.start_us.tolist(), w.end_us.tolist()
             )
         else:
             ledgers[rank] = cached_rank_ledger(t)
-    report: Report | None = getattr(analysis, "report", None)
-    manifest = getattr(run, "manifest", None)
+    report = analysis.report
     ctx = DetectorContext(
         ledgers=ledgers,
-        breakdowns=dict(getattr(analysis, "breakdowns", {}) or {}),
+        breakdowns=dict(analysis.breakdowns),
         traces=traces,
-        manifest=manifest if isinstance(manifest, dict) else None,
+        manifest=run.manifest if isinstance(run.manifest, dict) else None,
         report=report,
         run=run,
         analysis=analysis,
     )
-    ctx.memory = _memory_evidence(ctx, getattr(run, "run_dir", None), report)
+    ctx.memory = _memory_evidence(ctx, run.run_dir, report)
     fill_unit_bytes_from_manifest(ctx)
     return ctx
 
@@ -221,8 +213,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def finding_ranks(findings: list[Finding]) -> set[int]:
-    """All ranks named by some findings."""
-    return {r for f in findings for r in f.ranks}
