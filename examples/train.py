@@ -5,9 +5,9 @@
     zdiag run --nproc-per-node 2 examples/train.py --steps 8    # 2 ranks (gloo, DDP)
 
 Under torchrun (RANK/WORLD_SIZE set) it joins a gloo process group and averages gradients with
-`all_reduce` after `backward()`; otherwise it trains alone. (Not DDP: with torch 2.13 on gloo, DDP's
-in-backward collectives can deadlock `destroy_process_group` at exit, independently of zdiag.) `zdiag run` finds its steps through the
-optimizer, with no change here.
+`all_reduce` after `backward()`; otherwise it trains alone. (Not DDP: with torch 2.13 on gloo,
+DDP's in-backward collectives can deadlock `destroy_process_group` at exit, independently of
+zdiag.) `zdiag run` finds its steps through the optimizer, with no change here.
 """
 
 from __future__ import annotations

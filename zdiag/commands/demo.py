@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from zdiag.errors import ConfigError, UserError
-
-MISCONFIGS = ("none", "whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
+from zdiag.harness.config import MISCONFIGS
 
 
 class DemoCommand:
