@@ -97,6 +97,16 @@ def test_large_runs_are_aggregated_and_the_page_says_so() -> None:
     assert "each bar is the mean over a block of 3 steps" in long
 
 
+def test_timelines_of_more_steps_than_drawn_are_noted() -> None:
+    report = sample_report(ranks=4, steps=6)
+    for i, t in enumerate(report.timelines):
+        t.step = i  # each of the 4 ranks' representative step differs
+    page = render_html(report)
+    notes = page[page.index('<section id="notes">') :]
+    assert "the rank timelines cover 4 different steps; the first 3 are drawn" in notes
+    assert page.count('id="fig-timeline-') == 3
+
+
 def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "report.html"
     target.write_text("old")

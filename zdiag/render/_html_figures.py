@@ -309,12 +309,18 @@ def timeline(step: int, timelines: Sequence[StepTimeline]) -> tuple[go.Figure | 
     return _layout(fig, f"Timeline of step {step} per rank", height), notes
 
 
-def timelines_by_step(report: Report) -> list[tuple[int, list[StepTimeline]]]:
+def timelines_by_step(report: Report) -> tuple[list[tuple[int, list[StepTimeline]]], Notes]:
     """The timelines grouped by step (at most MAX_TIMELINE_STEPS steps, in step order)."""
     groups: dict[int, list[StepTimeline]] = defaultdict(list)
     for t in report.timelines:
         groups[t.step].append(t)
-    return sorted(groups.items())[:MAX_TIMELINE_STEPS]
+    notes: Notes = []
+    if len(groups) > MAX_TIMELINE_STEPS:
+        notes.append(
+            f"Timeline: the rank timelines cover {len(groups)} different steps; "
+            f"the first {MAX_TIMELINE_STEPS} are drawn."
+        )
+    return sorted(groups.items())[:MAX_TIMELINE_STEPS], notes
 
 
 def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:

@@ -111,7 +111,9 @@ def render_html(report: Report) -> str:
     )
     steps_body += add(figs.breakdown(report), "fig-breakdown")
     timeline_body: list[str] = []
-    for i, (step, timelines) in enumerate(figs.timelines_by_step(report)):
+    timeline_groups, timeline_notes = figs.timelines_by_step(report)
+    notes.extend(timeline_notes)
+    for i, (step, timelines) in enumerate(timeline_groups):
         timeline_body += add(figs.timeline(step, timelines), f"fig-timeline-{i}")
     units_body = add(figs.fsdp_units(report), "fig-fsdp-units")
     memory_body: list[str] = []
