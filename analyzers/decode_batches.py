@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,11 +236,14 @@ def _run_group(spans: list[Span]) -> list[Any]:
 
 
 def fork_available() -> bool:
-    """True where decode workers can be forked (Linux, not inside a daemonic process)."""
+    """True where decode workers can be forked: Linux, not inside a daemonic process, and only
+    one thread (forking a threaded process can copy a lock another thread holds: a UI that
+    loads traces from a worker thread decodes in-process instead)."""
     return (
         sys.platform.startswith("linux")
         and "fork" in multiprocessing.get_all_start_methods()
         and not multiprocessing.current_process().daemon
+        and threading.active_count() == 1
     )
 
 

@@ -243,3 +243,20 @@ def test_gzip_members_and_padding_decompress_as_gzip_does(tmp_path: Path) -> Non
     path.write_bytes(gzip.compress(text)[:-12])
     with pytest.raises(InputError, match="gzip data is truncated or corrupt"):
         load_rank_trace(path)
+
+
+def test_no_fork_while_other_threads_run(tmp_path: Path) -> None:
+    import threading
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert not decode_batches.fork_available()
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(_synthetic()))
+        one_shot = load_rank_trace(path, workers=1, batch_events=ONE_SHOT)
+        assert_same_trace(one_shot, load_rank_trace(path, workers=2, batch_events=3))
+    finally:
+        release.set()
+        other.join()
