@@ -340,3 +340,31 @@ def test_missing_overlap_on_fsdp1_uses_exposure_and_fsdp1_knobs(tmp_path: Path) 
     assert "forward_prefetch=True" in (f.code or "")
     assert "BackwardPrefetch.BACKWARD_PRE" in (f.code or "")
     assert f.expected_gain_ms == pytest.approx(6 * 0.1, rel=0.05)
+
+
+def test_comm_bound_recognizes_every_fp32_spelling_and_gives_complete_code() -> None:
+    from types import SimpleNamespace
+
+    from zdiag.analyzers.detectors import comm_bound
+    from zdiag.analyzers.report import StepBreakdown
+
+    def step(n: int) -> StepBreakdown:
+        return StepBreakdown(
+            step=n,
+            duration_ms=100.0,
+            compute_ms=30.0,
+            comm_ms=60.0,
+            overlapped_ms=20.0,
+            exposed_comm_ms=40.0,
+            idle_ms=30.0,
+            verdict="comm-bound",
+        )
+
+    for dtype in ("Float", "torch.float32", "fp32"):
+        gather = SimpleNamespace(dtype=dtype)
+        ledger = SimpleNamespace(rank=0, framework="fsdp2", records=[gather], gathers=[gather])
+        ctx = DetectorContext(ledgers={0: ledger}, breakdowns={0: [step(1), step(2)]})  # type: ignore[dict-item]
+        (f,) = comm_bound.detect(ctx)
+        assert "bf16" in f.recommendation
+        assert "import" in (f.code or "") and "fully_shard(block, mp_policy=mp)" in (f.code or "")
+        assert f.expected_gain_ms == pytest.approx(30.0)

@@ -8,6 +8,7 @@ more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi
 from __future__ import annotations
 
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.fp32_collectives import bf16_gather_code, is_fp32
 from zdiag.analyzers.report import Finding
 
 # Most steps must be comm-bound (per the pipeline's verdicts), not one outlier.
@@ -37,9 +38,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         compute += sum(b.compute_ms for b in bds)
     if not n or bound / n < COMM_BOUND_STEP_SHARE:
         return []
-    fp32 = any(
-        r.dtype.strip().lower() in ("float", "float32") for lg in ledgers for r in lg.gathers
-    )
+    fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
     nnodes = ctx.nnodes or 1
     options = []
     if fp32:
@@ -70,11 +69,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "No prefetch or overlap setting can fix this: communication is longer than the "
                 "compute it could hide under. What would: " + "; ".join(options) + "."
             ),
-            code=(
-                "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
-                if fp32
-                else None
-            ),
+            code=bf16_gather_code(ledgers[0].framework) if fp32 else None,
             expected_gain_ms=round(max(0.0, comm - compute) / n, 3),
             gain_method=(
                 "upper bound: the comm time in excess of compute per step, which only fewer "

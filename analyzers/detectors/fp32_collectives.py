@@ -12,6 +12,13 @@ from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.report import Finding
 
 FP32_NAMES = ("float", "float32", "torch.float32", "fp32")
+
+
+def is_fp32(dtype: str) -> bool:
+    """Whether a collective's recorded dtype (Kineto `dtype` arg, any spelling) is fp32."""
+    return dtype.strip().lower() in FP32_NAMES
+
+
 # Worth saying only when the fp32 gathers matter: most gathered bytes are fp32 ...
 FP32_BYTES_SHARE = 0.5
 # ... and their exposed time is a visible part of the step (10%: below, halving it is noise).
@@ -20,17 +27,24 @@ EXPOSED_STEP_SHARE = 0.1
 
 _CODE = {
     "fsdp2": (
+        "import torch\n"
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
         "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
         "fully_shard(block, mp_policy=mp)  # for each block, then the root"
     ),
     "fsdp1": (
+        "import torch\n"
         "from torch.distributed.fsdp import MixedPrecision\n"
         "FSDP(model, ..., mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,\n"
         "                                                reduce_dtype=torch.float32))"
     ),
     "deepspeed": '"bf16": {"enabled": true}  # DeepSpeed config',
 }
+
+
+def bf16_gather_code(framework: str | None) -> str:
+    """The change that gathers parameters in bf16, for the framework of the trace."""
+    return _CODE.get(framework or "fsdp2", _CODE["fsdp2"])
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -42,7 +56,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     gathers = [r for r in lg.gathers if r.bytes > 0]
     if not gathers:
         return []
-    fp32 = [r for r in gathers if r.dtype.strip().lower() in FP32_NAMES]
+    fp32 = [r for r in gathers if is_fp32(r.dtype)]
     share = sum(r.bytes for r in fp32) / sum(r.bytes for r in gathers)
     if share < FP32_BYTES_SHARE or lg.window_us <= 0:
         return []
@@ -78,7 +92,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "Gather parameters in bf16 (keep fp32 shards and fp32 gradient reduction): half "
                 "the all-gather bytes and half the unsharded parameter memory."
             ),
-            code=_CODE.get(lg.framework or "fsdp2", _CODE["fsdp2"]),
+            code=bf16_gather_code(lg.framework),
             expected_gain_ms=gain_ms,
             expected_gain_bytes=int(max((r.bytes for r in fp32), default=0) / 2),
             gain_method=method + "; bytes: half of the largest unit's unsharded parameters",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
+import numpy as np
+
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.events import EventKind, RankTrace
@@ -81,14 +83,9 @@ def _host_syncs(trace: RankTrace | None) -> int:
     n = len(trace.of_kind(EventKind.CPU_SYNC))
     ids = [i for i, name in enumerate(trace.names) if name in _HOST_SYNC_NAMES]
     if ids:
-        import numpy as np
-
-        mask = np.isin(trace.name_id, np.asarray(ids, dtype=np.int32))
         # aten::item wraps aten::_local_scalar_dense: count the inner op only when both exist
         inner = [i for i in ids if trace.names[i] == "aten::_local_scalar_dense"]
-        if inner:
-            mask = np.isin(trace.name_id, np.asarray(inner, dtype=np.int32))
-        n += int(mask.sum())
+        n += int(np.isin(trace.name_id, np.asarray(inner or ids, dtype=np.int32)).sum())
     return n
 
 
