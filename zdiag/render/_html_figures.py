@@ -349,39 +349,30 @@ def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
     labels = [esc(unit_label(n)) for n in names]
     nranks = len({u.rank for u in report.fsdp_units})
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    fig.add_trace(
-        go.Bar(
-            name="all-gather (MiB)",
-            x=labels,
-            y=[mean(n, lambda u: u.all_gather_bytes) / MIB for n in names],
-            marker_color="#4c78a8",
-            hovertemplate="%{x}: %{y:.1f} MiB gathered<extra></extra>",
+    bars: list[tuple[str, Callable[[FsdpUnit], float], str, str, int]] = [
+        # name, value per unit (MiB or ms), color, hover text, subplot row
+        ("all-gather (MiB)", lambda u: u.all_gather_bytes / MIB, "#4c78a8", "MiB gathered", 1),
+        ("reduce (MiB)", lambda u: u.reduce_bytes / MIB, "#72b7b2", "MiB reduced", 1),
+        (
+            "exposed wait (ms, mean over ranks)",
+            lambda u: u.exposed_wait_ms,
+            "#e45756",
+            "ms exposed wait (mean)",
+            2,
         ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Bar(
-            name="reduce (MiB)",
-            x=labels,
-            y=[mean(n, lambda u: u.reduce_bytes) / MIB for n in names],
-            marker_color="#72b7b2",
-            hovertemplate="%{x}: %{y:.1f} MiB reduced<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Bar(
-            name="exposed wait (ms, mean over ranks)",
-            x=labels,
-            y=[mean(n, lambda u: u.exposed_wait_ms) for n in names],
-            marker_color="#e45756",
-            hovertemplate="%{x}: %{y:.2f} ms exposed wait (mean)<extra></extra>",
-        ),
-        row=2,
-        col=1,
-    )
+    ]
+    for name, get, color, hover, row in bars:
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=labels,
+                y=[mean(n, get) for n in names],
+                marker_color=color,
+                hovertemplate=f"%{{x}}: %{{y:.{1 if row == 1 else 2}f}} {hover}<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
     if nranks > 1:
         fig.add_trace(
             go.Scatter(
