@@ -19,10 +19,16 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
 from zdiag.tui.monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
-from zdiag.tui.monitor_text import COLUMNS, fmt_ms, header_line, row_cells, spark_scale
+from zdiag.tui.monitor_text import (
+    COLUMNS,
+    STATUS_ORDER,
+    fmt_ms,
+    header_line,
+    row_cells,
+    spark_scale,
+)
 
 STATUS_STYLE = {"ok": "", "straggler": "bold dark_orange", "stale": "yellow", "gone": "bold red"}
-STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}
 SEVERITY_STYLE = {"critical": "bold red", "warning": "dark_orange", "info": "cyan"}
 
 

@@ -13,6 +13,7 @@ import msgspec
 from zdiag.tui.monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
+STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}  # worst first
 
 
 def fmt_ms(value: float | None) -> str:
@@ -133,8 +134,7 @@ def render_summary(view: MonitorView, *, source: str = "", max_rows: int = 64) -
     if not view.rows:
         lines.append("no rank has reported yet")
         return "\n".join(lines) + "\n"
-    order = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}
-    rows = sorted(view.rows, key=lambda r: (order.get(r.status, 4), r.rank))[:max_rows]
+    rows = sorted(view.rows, key=lambda r: (STATUS_ORDER.get(r.status, 4), r.rank))[:max_rows]
     scale = spark_scale(view)
     table = [COLUMNS, *(row_cells(r, scale) for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
