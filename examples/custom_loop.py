@@ -20,7 +20,9 @@ import zdiag
 def main() -> None:
     """Train a small MLP with hand-written SGD (no torch.optim) and mark steps explicitly."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="zdiag_runs/custom-loop")
+    parser.add_argument(
+        "--out", default=None, help="run directory (default: ./zdiag_runs/profile-<timestamp>)"
+    )
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
     torch.manual_seed(0)
