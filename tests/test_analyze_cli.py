@@ -299,7 +299,15 @@ def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> Non
 
     report = Report(
         thresholds={**verdict_thresholds(), **straggler_thresholds()},
-        findings=[Finding(id="whole-model-wrap", severity="warning", title="t", units=[""])],
+        findings=[
+            Finding(
+                id="whole-model-wrap",
+                severity="warning",
+                title="t",
+                units=[""],
+                evidence={"offsets": {}, "per_rank": {"1": {"chance_p": 0.0012, "wait_ms": 15.93}}},
+            )
+        ],
     )
     lines = render_text(report).splitlines()
     verdict = next(x for x in lines if x.startswith("Verdict thresholds: "))
@@ -307,3 +315,5 @@ def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> Non
     assert "host_bound_idle_fraction=" in verdict and "straggler" not in verdict
     assert "skew_noise_us=50" in straggler and "host_bound" not in straggler
     assert any(x.endswith("(unit (root))") for x in lines)
+    evidence = next(x for x in lines if "evidence:" in x)
+    assert evidence.endswith("evidence: per_rank={1: {chance_p: 0.0012, wait_ms: 15.9}}")

@@ -146,7 +146,8 @@ def _finding_lines(f: Finding) -> list[str]:
         f"[{f.severity.upper()}] {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
     ]
     if f.evidence:
-        ev = ", ".join(f"{k}={_fmt_value(v)}" for k, v in list(f.evidence.items())[:8])
+        shown = [(k, v) for k, v in f.evidence.items() if v not in (None, {}, [])][:8]
+        ev = ", ".join(f"{k}={_fmt_value(v)}" for k, v in shown)
         lines.append(f"    evidence: {ev}")
     if f.recommendation:
         lines.append(f"    do: {f.recommendation}")
@@ -183,8 +184,12 @@ def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
 
 
 def _fmt_value(v: object) -> str:
+    """An evidence value, also inside nested dicts (per rank): floats like table cells, tiny
+    ones (probabilities) with two significant digits instead of 0.00."""
     if isinstance(v, float):
-        return _ms(v)
+        return f"{v:.2g}" if 0 < abs(v) < 0.01 else _ms(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt_value(x)}" for k, x in v.items()) + "}"
     if isinstance(v, list | tuple) and len(v) > 6:
         return "[" + ", ".join(map(str, v[:6])) + ", ...]"
     return str(v)
