@@ -33,6 +33,7 @@ from zdiag.collectors.live_wire import (
     decode,
     encode,
     parse_endpoint,
+    push_socket,
     token_matches,
 )
 from zdiag.errors import ConfigError
@@ -145,8 +146,8 @@ class Relay:
         stats_interval_s: float = RELAY_STATS_INTERVAL_S,
     ) -> None:
         """Bind `listen` (token rules as for the monitor) and connect to `forward` in the background."""
+        self.forward = _as_endpoint(forward, "--forward")  # before binding: nothing to undo
         self.receiver = LiveReceiver(listen, token=token, option="--listen")
-        self.forward = _as_endpoint(forward, "--forward")
         self.host = host or socket.gethostname()
         self._token = token.encode()
         self._stats_interval_s = stats_interval_s
@@ -155,14 +156,7 @@ class Relay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
-        self._out: zmq.Socket[Any] = self._ctx.socket(zmq.PUSH)
-        self._out.setsockopt(zmq.LINGER, 0)
-        self._out.setsockopt(zmq.SNDHWM, RELAY_SEND_HWM)
-        self._out.setsockopt(zmq.IMMEDIATE, 1)
-        self._out.setsockopt(zmq.RECONNECT_IVL, 200)
-        self._out.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        self._out.setsockopt(zmq.TCP_KEEPALIVE, 1)
-        self._out.connect(self.forward.connect_url)
+        self._out: zmq.Socket[Any] = push_socket(self._ctx, self.forward, RELAY_SEND_HWM)
 
     def _send(self, frames: list[bytes]) -> None:
         try:

@@ -10,6 +10,7 @@ from test_live_publisher import free_port, record
 
 from zdiag.collectors.live import StepPublisher, publisher_from_env
 from zdiag.collectors.live_receive import LiveReceiver, Relay
+from zdiag.errors import ConfigError
 
 
 def test_relay_fans_in_ranks_and_reports_its_counters() -> None:
@@ -97,3 +98,12 @@ def test_relay_from_env_in_local_rank_0(monkeypatch: pytest.MonkeyPatch) -> None
         if relay is not None:
             relay.stop()
         monitor.close()
+
+
+def test_relay_with_a_bad_forward_address_leaves_its_port_free() -> None:
+    port = free_port()
+    with pytest.raises(ConfigError) as excinfo:
+        Relay(f"127.0.0.1:{port}", "not-an-address")
+    assert "--forward" in str(excinfo.value)
+    receiver = LiveReceiver(f"127.0.0.1:{port}")  # would be "address in use" had it bound
+    receiver.close()
