@@ -15,7 +15,7 @@ Guarantees, for the training step:
   running drop count, so the monitor shows what was lost.
 - memory is bounded: ``queue_size`` records here plus ``SEND_HWM`` messages inside zmq, and
   zmq's ``IMMEDIATE`` option keeps nothing queued for a peer that is not connected.
-- zmq reconnects by itself (every ``RECONNECT_IVL_MS``, backing off to ``RECONNECT_IVL_MAX_MS``),
+- zmq reconnects by itself (`live_wire.push_socket`: every ``RECONNECT_IVL_MS``, backing off),
   so a monitor that starts late, or is killed and restarted, just starts receiving.
 """
 
@@ -40,12 +40,11 @@ from zdiag.collectors.live_wire import (
     Endpoint,
     encode,
     parse_endpoint,
+    push_socket,
 )
 
 QUEUE_SIZE = 256  # records waiting for the sender thread (a few minutes of steps at 1 Hz)
 SEND_HWM = 64  # messages zmq may hold for a connected but slow peer
-RECONNECT_IVL_MS = 200
-RECONNECT_IVL_MAX_MS = 2000
 CLOSE_LINGER_MS = 250  # on close, zmq may take this long to get the last records out
 FLUSH_INTERVAL_S = 0.05  # the sender thread wakes this often and sends what is queued
 
@@ -138,14 +137,7 @@ class StepPublisher:
         sock: zmq.Socket[Any] | None = None
         try:
             ctx = zmq.Context(io_threads=1)
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, self._send_hwm)
-            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for peers that are not connected
-            sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            sock.connect(self.target.connect_url)
+            sock = push_socket(ctx, self.target, self._send_hwm)
             while True:
                 stopping = self._stop.wait(FLUSH_INTERVAL_S)
                 while self._queue:
@@ -177,7 +169,7 @@ class StepPublisher:
             self.sent += 1
         except zmq.Again:
             self.dropped_unsent += 1
-        except (TypeError, ValueError):  # an unencodable record (e.g. NaN): drop it, keep going
+        except (TypeError, ValueError):  # an unencodable record: drop it, keep going
             self.dropped_unsent += 1
 
     def _drain_as_dropped(self) -> None:

@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
 from zdiag.errors import ConfigError
 
 SCHEMA = "zdiag.live/1"
@@ -33,6 +35,8 @@ ENV_MONITOR = "ZDIAG_MONITOR"
 ENV_TOKEN = "ZDIAG_MONITOR_TOKEN"
 ENV_JOB = "ZDIAG_JOB_ID"
 # Launchers' job ids, tried in order when ZDIAG_JOB_ID is unset.
+RECONNECT_IVL_MS = 200  # a sender retries a missing peer this often ...
+RECONNECT_IVL_MAX_MS = 2000  # ... backing off to this
 JOB_ENV_FALLBACKS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID")
 
 _NUMBER_FIELDS = (
@@ -105,6 +109,24 @@ def encode(payload: dict[str, Any], token: bytes) -> list[bytes]:
     """The frames of one message."""
     body = json.dumps(payload, separators=(",", ":"), default=str, allow_nan=False)
     return [SCHEMA_FRAME, token, body.encode()]
+
+
+def push_socket(ctx: zmq.Context[Any], target: Endpoint, send_hwm: int) -> zmq.Socket[Any]:
+    """A PUSH socket connected to `target` as every sender (publisher, relay) sets it up.
+
+    Nothing lingers on close, at most `send_hwm` messages wait for a connected but slow peer,
+    nothing is queued for a peer that is not connected (``IMMEDIATE``), and zmq reconnects by
+    itself every ``RECONNECT_IVL_MS`` (backing off to ``RECONNECT_IVL_MAX_MS``).
+    """
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, send_hwm)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.connect(target.connect_url)
+    return sock
 
 
 class WireError(ValueError):
