@@ -368,3 +368,21 @@ def test_comm_bound_recognizes_every_fp32_spelling_and_gives_complete_code() -> 
         assert "bf16" in f.recommendation
         assert "import" in (f.code or "") and "fully_shard(block, mp_policy=mp)" in (f.code or "")
         assert f.expected_gain_ms == pytest.approx(30.0)
+
+
+def test_flat_sharding_across_nodes_recommends_hsdp_with_runnable_code() -> None:
+    from types import SimpleNamespace
+
+    from zdiag.analyzers.detectors import flat_sharding
+
+    record = SimpleNamespace(exposed_us=4000.0)
+    ledger = SimpleNamespace(rank=0, framework="fsdp2", records=[record], steps=[1, 2])
+    manifest = {"world_size": 16, "nnodes": 2}
+    ctx = DetectorContext(ledgers={0: ledger}, manifest=manifest)  # type: ignore[dict-item]
+    (f,) = flat_sharding.detect(ctx)
+    code = f.code or ""
+    assert "init_device_mesh" in code and "from torch.distributed.fsdp import fully_shard" in code
+    assert "(2, 8)" in code
+    assert f.expected_gain_ms == pytest.approx(1.0)  # 2 ms exposed per step, halved
+    single_node = DetectorContext(ledgers={0: ledger}, manifest={"world_size": 8, "nnodes": 1})  # type: ignore[dict-item]
+    assert flat_sharding.detect(single_node) == []

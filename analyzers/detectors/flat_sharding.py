@@ -52,6 +52,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             ),
             code=(
                 "from torch.distributed.device_mesh import init_device_mesh\n"
+                "from torch.distributed.fsdp import fully_shard\n"
                 f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
                 'mesh_dim_names=("replicate", "shard"))\n'
                 "fully_shard(block, mesh=mesh)  # for each block, then the root"
