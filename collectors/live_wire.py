@@ -21,11 +21,12 @@ import ipaddress
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import zmq
+from typing import TYPE_CHECKING, Any
 
 from zdiag.errors import ConfigError
+
+if TYPE_CHECKING:  # zmq is imported where a socket is made: `zdiag run` needs only the constants
+    import zmq
 
 SCHEMA = "zdiag.live/1"
 SCHEMA_FRAME = SCHEMA.encode()
@@ -118,6 +119,8 @@ def push_socket(ctx: zmq.Context[Any], target: Endpoint, send_hwm: int) -> zmq.S
     nothing is queued for a peer that is not connected (``IMMEDIATE``), and zmq reconnects by
     itself every ``RECONNECT_IVL_MS`` (backing off to ``RECONNECT_IVL_MAX_MS``).
     """
+    import zmq
+
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, send_hwm)
