@@ -31,6 +31,9 @@ EXPOSED_SHARE = 0.5
 # FSDP1 / DeepSpeed traces name no consuming module, so "issued when needed" cannot be measured:
 # only near-total exposure (>= 90% of all-gather time) counts as evidence of no overlap at all.
 EXPOSED_SHARE_WITHOUT_LEADS = 0.9
+# Critical (not just a warning) when both are near total: >= 80% of the prefetchable gathers
+# late and >= 80% of all-gather time exposed, i.e. essentially no overlap anywhere in the step.
+CRITICAL_SHARE = 0.8
 # Host syncs (`.item()`, stream/device synchronize) at least once per unit and step keep the
 # host from running ahead to issue the next gather: recommend removing them.
 HOST_SYNCS_PER_UNIT = 1.0
@@ -146,8 +149,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     recommendation = (
         "Prefetch each unit's all-gather during the previous unit's compute: explicit forward "
         "and backward prefetch of depth 1 on the exact blocks below; keep "
-        "reshard_after_forward=True on the blocks (False on the root's last block saves one "
-        "gather at the cost of keeping it unsharded)."
+        "reshard_after_forward=True on the blocks (False on the last block, whose backward "
+        "starts right after forward, saves one gather at the cost of keeping it unsharded)."
     )
     if lg.framework == "fsdp1":
         recommendation = (
@@ -177,7 +180,11 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     return [
         Finding(
             id="missing-overlap",
-            severity="critical" if exposed_share >= 0.8 and serialized_share >= 0.8 else "warning",
+            severity=(
+                "critical"
+                if exposed_share >= CRITICAL_SHARE and serialized_share >= CRITICAL_SHARE
+                else "warning"
+            ),
             title=(
                 f"All-gathers serialized with compute: {late} of {could} issued only when needed, "
                 f"{exposed_share:.0%} of all-gather time exposed"
@@ -207,7 +214,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             },
             recommendation=recommendation,
             code=_code(lg),
-            expected_gain_ms=None if gain_ms is None else round(gain_ms, 3),
+            expected_gain_ms=round(gain_ms, 3),
             gain_method=(
                 "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
                 "runs during the previous unit's measured compute (between the two gathers); "
