@@ -21,6 +21,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from zdiag.collectors.live_wire import ENV_TOKEN
 from zdiag.errors import ConfigError, UserError
 
 DEFAULT_LISTEN = "127.0.0.1:5577"
@@ -99,7 +100,7 @@ class MonitorCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         """Validate the options, then run the app, the headless loop or the relay."""
-        token = args.token if args.token is not None else os.environ.get("ZDIAG_MONITOR_TOKEN", "")
+        token = args.token if args.token is not None else os.environ.get(ENV_TOKEN, "")
         if args.duration is not None and not args.duration > 0:
             raise ConfigError(
                 f"--duration must be a positive number of seconds, got {args.duration}."
