@@ -42,11 +42,11 @@ class ReportApp(App[None]):
         Binding("s", "show_tab('steps')", "Steps"),
         Binding("f", "show_tab('findings')", "Findings"),
         Binding("m", "show_tab('summary')", "Summary"),
-        Binding("enter", "drill_in", "Drill in", show=True, priority=False),
         Binding("escape", "drill_out", "Back"),
     ]
 
     def __init__(self, report: Report) -> None:
+        """Browse `report` (ranks by rank, findings worst first)."""
         super().__init__()
         self.report = report
         self.ranks = sorted(report.ranks, key=lambda r: r.rank)
@@ -207,13 +207,6 @@ class ReportApp(App[None]):
         # focus a widget of the new tab, else focus falls back into the old tab and reopens it
         target = {"steps": "#ranks", "findings": "#findings-table", "summary": "#summary-box"}[tab]
         self.query_one(target).focus()
-
-    def action_drill_in(self) -> None:
-        """Move focus one level deeper (rank -> steps -> spans)."""
-        order = ["ranks", "steps-table", "spans"]
-        focused = self.focused.id if self.focused else None
-        if focused in order[:-1]:
-            self.query_one(f"#{order[order.index(focused) + 1]}", DataTable).focus()
 
     def action_drill_out(self) -> None:
         """Move focus one level back (spans -> steps -> ranks)."""
