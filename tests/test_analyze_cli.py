@@ -265,7 +265,12 @@ def test_progress_bar_draws_and_clears() -> None:
 
 
 def test_text_for_many_ranks_and_for_an_empty_report() -> None:
-    from zdiag.analyzers.report import RankSummary, StepBreakdown
+    from zdiag.analyzers.report import (
+        CollectiveKindStats,
+        RankSummary,
+        StepBreakdown,
+        StragglerStat,
+    )
     from zdiag.render.text import MAX_DETAILED_RANKS, render_text
 
     def step(ms: float) -> StepBreakdown:
@@ -283,7 +288,18 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
     ranks = [RankSummary(rank=r, device="cuda", steps=[step(100.0 + r)]) for r in range(12)]
     for r in ranks:
         r.warnings.append("no step markers")
-    text = render_text(Report(ranks=ranks))
+    collectives = [CollectiveKindStats(rank=r, kind="all_reduce", count=1) for r in range(12)]
+    stragglers = [
+        StragglerStat(
+            rank=r, matched_collectives=5, last_arrivals=1, wait_caused_ms=r, mean_skew_ms=0.1
+        )
+        for r in range(12)
+    ]
+    text = render_text(Report(ranks=ranks, collectives=collectives, stragglers=stragglers))
+    # bounded tables: collective totals for the detailed ranks, the 8 worst stragglers
+    assert text.count(" all_reduce ") == MAX_DETAILED_RANKS
+    assert f"the other {12 - MAX_DETAILED_RANKS} in --json" in text
+    assert "4 ranks causing less wait" in text
     assert "Ranks" in text and f"Per-step detail for {MAX_DETAILED_RANKS} of 12 ranks" in text
     assert text.count("\nRank ") == MAX_DETAILED_RANKS
     assert "Rank 0 (cuda)" in text and "Rank 11 (cuda)" in text and "Rank 1 (cuda)" not in text

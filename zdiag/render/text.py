@@ -19,7 +19,10 @@ MAX_STEP_ROWS = 40
 MAX_UNIT_ROWS = 20
 
 MAX_DETAILED_RANKS = 8
-"""Runs with more ranks get a one-line-per-rank overview and per-step tables for 8 of them."""
+"""Runs with more ranks get a one-line-per-rank overview and per-step tables (and collective
+totals) for 8 of them."""
+MAX_STRAGGLER_ROWS = 8
+"""Straggler table rows: the ranks causing the most waiting (all of them are in --json)."""
 
 
 def _ms(v: float) -> str:
@@ -272,6 +275,10 @@ def render_text(report: Report) -> str:
             if hidden:
                 out.append(f"  ({hidden} middle steps not shown; use --json for all)")
     if report.collectives:
+        collectives = report.collectives
+        if detailed is not report.ranks:  # many ranks: the detailed ones only
+            shown_ranks = {r.rank for r in detailed}
+            collectives = [c for c in collectives if c.rank in shown_ranks]
         out += ["", "Collectives (all steps)"]
         rows = [
             [
@@ -283,7 +290,7 @@ def render_text(report: Report) -> str:
                 _ms(c.exposed_ms),
                 ",".join(c.dtypes) or "-",
             ]
-            for c in report.collectives
+            for c in collectives
         ]
         out.extend(
             "  " + line
@@ -293,6 +300,11 @@ def render_text(report: Report) -> str:
                 {2, 3, 4, 5},
             )
         )
+        if len(collectives) < len(report.collectives):
+            out.append(
+                f"  (the {len(detailed)} ranks detailed above; the other "
+                f"{len(report.ranks) - len(detailed)} in --json)"
+            )
     if report.fsdp_units:
         out += ["", "FSDP units"]
         units = sorted(report.fsdp_units, key=lambda u: -u.exposed_wait_ms)[:MAX_UNIT_ROWS]
@@ -338,7 +350,7 @@ def render_text(report: Report) -> str:
                 _ms(s.wait_caused_ms),
                 _ms(s.mean_skew_ms),
             ]
-            for s in sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)
+            for s in sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)[:MAX_STRAGGLER_ROWS]
         ]
         out.extend(
             "  " + line
@@ -346,6 +358,11 @@ def render_text(report: Report) -> str:
                 ["rank", "last", "matched", "wait caused ms", "mean skew ms"], rows, {1, 2, 3, 4}
             )
         )
+        if len(report.stragglers) > MAX_STRAGGLER_ROWS:
+            out.append(
+                f"  ({len(report.stragglers) - MAX_STRAGGLER_ROWS} ranks causing less wait; "
+                "use --json)"
+            )
     out += ["", f"Findings ({len(report.findings)})"]
     if report.findings:
         order = {"critical": 0, "warning": 1, "info": 2}
