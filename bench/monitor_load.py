@@ -33,18 +33,9 @@ from typing import Any
 
 import zmq
 
-from zdiag.collectors.live import StepPublisher
+from zdiag.collectors.live import SEND_HWM, StepPublisher
 from zdiag.collectors.live_receive import LiveReceiver, Relay
-from zdiag.collectors.live_wire import SCHEMA, encode, parse_endpoint
-
-
-def _socket(ctx: zmq.Context[Any], url: str) -> zmq.Socket[Any]:
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 64)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
-    sock.connect(url)
-    return sock
+from zdiag.collectors.live_wire import SCHEMA, encode, parse_endpoint, push_socket
 
 
 def run_load(
@@ -58,9 +49,10 @@ def run_load(
     ]
     for r in relay_objs:
         r.start_thread()
-    urls = [r.receiver.endpoint.connect_url for r in relay_objs] or [endpoint.connect_url]
+    targets = [r.receiver.endpoint for r in relay_objs] or [endpoint]
     ctx: zmq.Context[Any] = zmq.Context()
-    socks = [_socket(ctx, urls[i % len(urls)]) for i in range(ranks)]
+    # each simulated rank's socket is set up exactly as the real publisher's
+    socks = [push_socket(ctx, targets[i % len(targets)], SEND_HWM) for i in range(ranks)]
     rng = random.Random(0)
     token_b = token.encode()
     sent = dropped = 0
