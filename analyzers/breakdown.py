@@ -57,15 +57,9 @@ class ActivitySets:
             self.kernels = np.sort(np.concatenate([comp, self.comm_events]))
         self.overlapped = iv.intersect(self.compute, self.comm)
         self.exposed = iv.subtract(self.comm, self.compute)
-        compute_or_comm = iv.union(
-            np.concatenate([self.compute[0], self.comm[0]]),
-            np.concatenate([self.compute[1], self.comm[1]]),
-        )
+        compute_or_comm = iv.join(self.compute, self.comm)
         self.mem_only = iv.subtract(self.mem, compute_or_comm)
-        self.busy = iv.union(
-            np.concatenate([compute_or_comm[0], self.mem[0]]),
-            np.concatenate([compute_or_comm[1], self.mem[1]]),
-        )
+        self.busy = iv.join(compute_or_comm, self.mem)
         launches = trace.of_kind(EventKind.RUNTIME_LAUNCH)
         self.launch = _union_of(trace, launches)
 

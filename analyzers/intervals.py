@@ -1,8 +1,8 @@
 """Interval unions and set operations with numpy (sort + merge; no Python loop over events).
 
 An interval set is a pair of float arrays (starts, ends), sorted, disjoint and non-empty
-(`start < end`). `union` builds one from arbitrary intervals; `intersect`, `subtract` and
-`clip` combine sets; `total` is the summed length.
+(`start < end`). `union` builds one from arbitrary intervals; `join`, `intersect`, `subtract`
+and `clip` combine sets; `total` is the summed length.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ def union(starts: Arr, ends: Arr) -> IntervalSet:
         return EMPTY
     order = np.argsort(starts, kind="stable")
     return _merge_sorted(starts[order], ends[order])
+
+
+def join(*sets: IntervalSet) -> IntervalSet:
+    """The union of several interval sets."""
+    return union(np.concatenate([a[0] for a in sets]), np.concatenate([a[1] for a in sets]))
 
 
 def total(a: IntervalSet) -> float:
