@@ -22,8 +22,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from zdiag.analyzers.report import SEVERITY_ORDER, Finding, RankSummary, Report, StepTimeline
+from zdiag.analyzers.report import Finding, RankSummary, Report, StepTimeline
 from zdiag.render import _details as details
+from zdiag.render._output import worst_first
 
 MAX_SPAN_ROWS = 2000
 
@@ -50,10 +51,7 @@ class ReportApp(App[None]):
         super().__init__()
         self.report = report
         self.ranks = sorted(report.ranks, key=lambda r: r.rank)
-        self.findings: list[Finding] = sorted(
-            report.findings,
-            key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), -(f.expected_gain_ms or 0.0)),
-        )
+        self.findings: list[Finding] = sorted(report.findings, key=worst_first)
         self.timelines: dict[tuple[int, int], StepTimeline] = {
             (t.rank, t.step): t for t in report.timelines
         }

@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
-from zdiag.analyzers.report import SEVERITY_ORDER, VERDICTS, Finding, Report
+from zdiag.analyzers.report import VERDICTS, Finding, Report
 from zdiag.render._html_figures import VERDICT_COLORS
-from zdiag.render._output import fmt_bytes, fmt_gain, fmt_ints, fmt_list, fmt_ms
+from zdiag.render._output import fmt_bytes, fmt_gain, fmt_ints, fmt_list, fmt_ms, worst_first
 
 MAX_EVIDENCE_ITEMS = 40
 MAX_VALUE_CHARS = 400
@@ -46,7 +46,7 @@ def ordered_findings(report: Report) -> list[tuple[int, Finding]]:
     """Findings worst first (severity, then expected gain), with their index in the Report."""
     return sorted(
         enumerate(report.findings),
-        key=lambda p: (-SEVERITY_ORDER.get(p[1].severity, 0), -(p[1].expected_gain_ms or 0.0)),
+        key=lambda p: worst_first(p[1]),
     )
 
 

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from zdiag.analyzers.report import Finding
+from zdiag.analyzers.report import SEVERITY_ORDER, Finding
 from zdiag.errors import InputError
 
 
@@ -100,3 +100,8 @@ def fmt_gain(finding: Finding) -> str:
     if finding.expected_gain_bytes is not None:
         gains.append(f"{fmt_bytes(finding.expected_gain_bytes)} of peak memory")
     return " and ".join(gains)
+
+
+def worst_first(finding: Finding) -> tuple[int, float]:
+    """Sort key for findings, worst first: severity, then expected gain (ms per step)."""
+    return (-SEVERITY_ORDER.get(finding.severity, 0), -(finding.expected_gain_ms or 0.0))
