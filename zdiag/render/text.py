@@ -341,7 +341,10 @@ def render_text(report: Report) -> str:
         if len(report.fsdp_units) > MAX_UNIT_ROWS:
             out.append(f"  ({len(report.fsdp_units) - MAX_UNIT_ROWS} more units; use --json)")
     if report.stragglers:
-        out += ["", "Stragglers (who arrives last at matched collectives)"]
+        out += [
+            "",
+            "Stragglers (last arrivals at matched collectives; wait summed over all steps)",
+        ]
         rows = [
             [
                 str(s.rank),
@@ -355,7 +358,7 @@ def render_text(report: Report) -> str:
         out.extend(
             "  " + line
             for line in _table(
-                ["rank", "last", "matched", "wait caused ms", "mean skew ms"], rows, {1, 2, 3, 4}
+                ["rank", "last", "matched", "wait caused ms", "mean late ms"], rows, {1, 2, 3, 4}
             )
         )
         if len(report.stragglers) > MAX_STRAGGLER_ROWS:
