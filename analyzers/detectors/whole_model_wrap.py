@@ -165,7 +165,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             code=code,
             expected_gain_ms=gain_ms,
             expected_gain_bytes=gain_bytes,
-            gain_method="; ".join(m for m in (method_bytes, method_ms) if m),
+            gain_method="; ".join(
+                m for m in (method_ms, f"memory: {method_bytes}" if method_bytes else "") if m
+            ),
         )
     ]
 
