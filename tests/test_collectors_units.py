@@ -304,3 +304,21 @@ def test_default_out_dir_ignores_torchruns_placeholder_id(monkeypatch: pytest.Mo
     assert default_out_dir().name != "profile-none"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
     assert default_out_dir().name == "profile-job7"
+
+
+def test_cpu_memory_reading_is_the_process_rss_when_no_reader_is_registered() -> None:
+    import sys
+
+    from zdiag.collectors import memory, runinfo
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the RSS fallback reads /proc (Linux)")
+    runinfo.set_memory_reader(None)
+    before, reserved, peak = memory.read_device_memory(cuda_available=False)
+    assert before is not None and peak is not None and reserved is None
+    assert peak >= before > 10 * 2**20  # an interpreter with torch loaded holds far more
+    block = bytearray(100 * 2**20)  # touched pages: resident
+    after, _, peak_after = memory.read_device_memory(cuda_available=False)
+    assert after - before >= 90 * 2**20
+    assert peak_after is not None and peak_after >= after
+    del block
