@@ -126,7 +126,10 @@ class RankCollectives:
     """One rank's collectives in start order: the only input the matching needs.
 
     `step[i]` is the step number holding collective i (-1: outside any step / no steps);
-    `process_group[i]` is "" when the trace does not say.
+    `process_group[i]` is "" when the trace does not say. `ends_align` says whether this rank's
+    collective ends line up with other ranks' (device kernels: NCCL/RCCL ranks finish a
+    collective together); host-thread collectives (CPU/gloo) finish milliseconds apart, so their
+    ends neither measure a clock offset nor re-pair collectives: they are matched by sequence.
     """
 
     rank: int
@@ -135,6 +138,7 @@ class RankCollectives:
     kind: list[str]
     process_group: list[str]
     step: IntArray
+    ends_align: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.start_us)
@@ -173,6 +177,7 @@ def rank_collectives(trace: RankTrace, windows: StepWindows | None = None) -> Ra
         kind=kinds,
         process_group=list(col.process_group),
         step=step,
+        ends_align=trace.device != "cpu",
     )
 
 
@@ -339,6 +344,7 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
                 r.kind,
                 r.process_group,
                 np.full(len(r), -1, dtype=np.int64),
+                r.ends_align,
             )
             for r in by_rank
         ]
@@ -349,11 +355,14 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
         )
 
     # clock offsets, each rank against the lowest rank it shares a group key with
+    # (host-thread collectives: no offset, ends not reliable; see RankCollectives.ends_align)
     offsets: dict[int, float] = {by_rank[0].rank: 0.0}
-    reliable: dict[int, bool] = {by_rank[0].rank: True}
+    reliable: dict[int, bool] = {by_rank[0].rank: by_rank[0].ends_align}
     for r in by_rank[1:]:
         for ref in by_rank:
             if ref.rank not in offsets or ref.rank == r.rank:
+                continue
+            if not (r.ends_align and ref.ends_align):
                 continue
             delta = _estimate_offset(ref, groups[ref.rank], r, groups[r.rank])
             if delta is not None:
@@ -424,7 +433,12 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
             )
             for q in rs:
                 result.matched_per_rank[q] += 1
-    loose = sorted(r for r, ok in reliable.items() if not ok and result.collectives_per_rank[r])
+    host_side = {r.rank for r in by_rank if not r.ends_align}
+    loose = sorted(
+        r
+        for r, ok in reliable.items()
+        if not ok and r not in host_side and result.collectives_per_rank[r]
+    )
     if loose and loose_used:
         result.warnings.append(
             f"rank(s) {', '.join(map(str, loose))}: collective end times do not line up with the "
@@ -551,6 +565,19 @@ def _diagnosis(
     return hint, ev
 
 
+def _others_exposed_comm_ms(
+    breakdowns: Mapping[int, Sequence[StepBreakdown]], rank: int
+) -> float | None:
+    """Median over the other ranks of their mean exposed communication per step (None: unknown)."""
+    values = [_per_step_mean(s, "exposed_comm_ms") for r, s in breakdowns.items() if r != rank]
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+def _round_or_none(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def find_stragglers(
     result: CrossRankResult,
     breakdowns: Mapping[int, Sequence[StepBreakdown]] | None = None,
@@ -584,6 +611,10 @@ def find_stragglers(
             continue
         share = s.last_arrivals / s.matched_collectives
         gain_ms = lead_us[r] / 1000.0 / n_steps
+        exposed = _others_exposed_comm_ms(breakdowns, r)
+        if exposed is not None:
+            # the others' wait costs step time only where it is exposed (not hidden by compute)
+            gain_ms = min(gain_ms, exposed)
         p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
         if share >= min_share and gain_ms >= min_gain and p < STRAGGLER_MAX_CHANCE_P:
             culprits.append((gain_ms, r, share))
@@ -594,9 +625,9 @@ def find_stragglers(
     gain_total = sum(g for g, _, _ in culprits)
     critical = median_step is not None and gain_total >= STRAGGLER_CRITICAL_GAIN_SHARE * median_step
 
-    per_rank: dict[str, dict[str, float]] = {}
+    per_rank: dict[str, dict[str, float | None]] = {}
     hints = []
-    for gain_ms, r, share in culprits:
+    for _gain, r, share in culprits:
         s = stats[r]
         hint, diag = _diagnosis(r, breakdowns, median_step)
         if hint:
@@ -607,7 +638,10 @@ def find_stragglers(
             "last_arrival_share": round(share, 3),
             "chance_p": round(chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks), 5),
             "wait_caused_ms_per_step": round(s.wait_caused_ms / n_steps, 3),
-            "lead_over_next_ms_per_step": round(gain_ms, 3),
+            "lead_over_next_ms_per_step": round(lead_us[r] / 1000.0 / n_steps, 3),
+            "others_exposed_comm_ms_per_step": _round_or_none(
+                _others_exposed_comm_ms(breakdowns, r)
+            ),
             "mean_lateness_ms": s.mean_skew_ms,
             **diag,
         }
@@ -661,8 +695,10 @@ def find_stragglers(
             expected_gain_ms=round(gain_total, 3),
             gain_method=(
                 "per step, the sum over the collectives where the straggler arrived last of its "
-                "lead over the second-to-last arrival: the time every rank would save if it "
-                "arrived with the others (an upper bound when its lateness is work it must do)"
+                "lead over the second-to-last arrival, capped by the other ranks' exposed "
+                "communication per step (a wait hidden behind their compute costs no step time): "
+                "the time every rank would save if it arrived with the others (an upper bound "
+                "when its lateness is work it must do)"
             ),
         )
     ]

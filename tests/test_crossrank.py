@@ -24,6 +24,7 @@ from zdiag.analyzers.crossrank import (
     straggler_stats,
 )
 from zdiag.analyzers.pipeline import analyze_paths, analyze_run, load_run
+from zdiag.analyzers.report import StepBreakdown
 
 STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
 LAYERS = 4  # collectives per step
@@ -386,3 +387,61 @@ def test_too_few_collectives_are_not_evidence() -> None:
         [_columns(0, starts0, ends0), _columns(1, [s + 5_000 for s in starts0], ends0)]
     )
     assert [f.ranks for f in find_stragglers(result)] == [[1]]
+
+
+def _host_side(rc: RankCollectives) -> RankCollectives:
+    rc.ends_align = False
+    return rc
+
+
+def test_host_collectives_chance_end_agreement_does_not_invent_a_clock_offset() -> None:
+    # gloo-like ranks finish collectives milliseconds apart; a quarter of the ends agreeing on
+    # one offset by chance must not turn on end-time matching (it paired 10 of 28 on a real run)
+    rng = random.Random(3)
+    starts0 = [i * 50_000.0 for i in range(28)]
+    ends0 = [s + 10_000 for s in starts0]
+    starts1 = [s + 2_000 for s in starts0]
+    ends1 = [e + (600.0 if i % 4 == 0 else rng.uniform(-8_000, 8_000)) for i, e in enumerate(ends0)]
+    device = match_collectives([_columns(0, starts0, ends0), _columns(1, starts1, ends1)])
+    assert (
+        device.clock_offset_us[1] != 0.0
+    )  # the premise: on device ranks this looks like an offset
+    host = match_collectives(
+        [_host_side(_columns(0, starts0, ends0)), _host_side(_columns(1, starts1, ends1))]
+    )
+    assert host.clock_offset_us == {0: 0.0, 1: 0.0}
+    assert len(host.matched) == 28 and {m.method for m in host.matched} == {"sequence"}
+    assert all(m.last_rank == 1 and m.skew_us == pytest.approx(2_000) for m in host.matched)
+    assert not any("differ" in w or "do not line up" in w for w in host.warnings)
+
+
+def _steps(exposed_comm_ms: float) -> list[StepBreakdown]:
+    return [
+        StepBreakdown(
+            step=s,
+            duration_ms=100.0,
+            compute_ms=80.0,
+            comm_ms=20.0,
+            overlapped_ms=20.0 - exposed_comm_ms,
+            exposed_comm_ms=exposed_comm_ms,
+            idle_ms=20.0 - exposed_comm_ms,
+            verdict="compute-bound",
+        )
+        for s in range(3)
+    ]
+
+
+def test_straggler_gain_is_capped_by_the_waiting_ranks_exposed_communication() -> None:
+    # rank 1 arrives 3 ms late at 12 collectives: 36 ms of lead, but rank 0 only has 5 ms of
+    # exposed communication per step; the rest of its wait was hidden behind its compute
+    starts0 = [i * 100_000.0 for i in range(12)]
+    ends0 = [s + 20_000 for s in starts0]
+    starts1 = [s + 3_000 for s in starts0]
+    result = match_collectives([_columns(0, starts0, ends0), _columns(1, starts1, ends0)])
+    uncapped = find_stragglers(result)
+    assert uncapped and uncapped[0].expected_gain_ms == pytest.approx(36.0)
+    (capped,) = find_stragglers(result, {0: _steps(5.0), 1: _steps(5.0)})
+    assert capped.expected_gain_ms == pytest.approx(5.0)
+    assert capped.evidence["per_rank"]["1"]["lead_over_next_ms_per_step"] == pytest.approx(36.0)
+    # fully hidden waits (1 ms exposed, under 2% of the 100 ms step) cost nothing worth a finding
+    assert find_stragglers(result, {0: _steps(1.0), 1: _steps(1.0)}) == []
