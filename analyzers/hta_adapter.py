@@ -104,7 +104,8 @@ def hta_breakdown(
         trace_files: dict[int, str] | None = None
         label = str(paths)
     else:
-        files = [Path(p).resolve() for p in paths]
+        given = [Path(p) for p in paths]
+        files = [p.resolve() for p in given]  # HTA needs one real folder holding them all
         if not files:
             raise InputError("no trace files given to HTA")
         rank_list = list(ranks) if ranks is not None else list(range(len(files)))
@@ -112,7 +113,7 @@ def hta_breakdown(
             raise InputError("give one distinct rank per trace file")
         trace_files = {r: str(f) for r, f in zip(rank_list, files, strict=True)}
         trace_dir = str(files[0].parent)
-        label = ", ".join(str(f) for f in files)
+        label = ", ".join(str(p) for p in given)  # errors name the paths the user gave
 
     from hta.configs.env_options import HTAEnvOptions
 
