@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 
 from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
-from zdiag.render._output import unit_label
+from zdiag.render._output import unit_label, worst_first
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -368,8 +368,7 @@ def render_text(report: Report) -> str:
             )
     out += ["", f"Findings ({len(report.findings)})"]
     if report.findings:
-        order = {"critical": 0, "warning": 1, "info": 2}
-        for f in sorted(report.findings, key=lambda f: order.get(f.severity, 3)):
+        for f in sorted(report.findings, key=worst_first):
             out.extend("  " + line for line in _finding_lines(f))
     else:
         out.append("  none")
