@@ -617,17 +617,17 @@ def find_stragglers(
             gain_ms = min(gain_ms, exposed)
         p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
         if share >= min_share and gain_ms >= min_gain and p < STRAGGLER_MAX_CHANCE_P:
-            culprits.append((gain_ms, r, share))
+            culprits.append((gain_ms, r, share, exposed))
     if not culprits:
         return []
     culprits.sort(key=lambda c: (-c[0], c[1]))
-    ranks = [r for _, r, _ in culprits]
-    gain_total = sum(g for g, _, _ in culprits)
+    ranks = [c[1] for c in culprits]
+    gain_total = sum(c[0] for c in culprits)
     critical = median_step is not None and gain_total >= STRAGGLER_CRITICAL_GAIN_SHARE * median_step
 
     per_rank: dict[str, dict[str, float | None]] = {}
     hints = []
-    for _gain, r, share in culprits:
+    for _gain, r, share, exposed in culprits:
         s = stats[r]
         hint, diag = _diagnosis(r, breakdowns, median_step)
         if hint:
@@ -639,9 +639,7 @@ def find_stragglers(
             "chance_p": round(chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks), 5),
             "wait_caused_ms_per_step": round(s.wait_caused_ms / n_steps, 3),
             "lead_over_next_ms_per_step": round(lead_us[r] / 1000.0 / n_steps, 3),
-            "others_exposed_comm_ms_per_step": _round_or_none(
-                _others_exposed_comm_ms(breakdowns, r)
-            ),
+            "others_exposed_comm_ms_per_step": _round_or_none(exposed),
             "mean_lateness_ms": s.mean_skew_ms,
             **diag,
         }
