@@ -20,8 +20,10 @@ from zdiag.analyzers.fsdp_ledger import (
     fill_missing_bytes,
     manifest_unit_bytes,
 )
+from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.analyzers.report import MemoryTimeline, Report, StepBreakdown
 from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.errors import InputError
 
 MIB = 1024**2
 
@@ -130,6 +132,8 @@ _OOM_ACT_RE = re.compile(r"([\d.]+) MiB activations")
 _OOM_UNSHARDED_RE = re.compile(r"([\d.]+) MiB unsharded parameters")
 _OOM_STATE_RE = re.compile(r"([\d.]+) MiB sharded parameters, gradients and optimizer state")
 _OOM_CAPACITY_RE = re.compile(r"total capacity of ([\d.]+) GiB")
+# With torch.cuda.set_per_process_memory_fraction the allocator's cap: the capacity that counts.
+_OOM_ALLOWED_RE = re.compile(r"([\d.]+) (GiB|MiB|KiB) allowed")
 _OOM_ALLOC_RE = re.compile(r"Tried to allocate ([\d.]+) (MiB|GiB|KiB)")
 _UNIT = {"KiB": 1024, "MiB": MIB, "GiB": 1024**3}
 
@@ -150,8 +154,11 @@ def parse_oom_message(rank: int, text: str, source: str = "oom record") -> Memor
         v = _mib(rx, text)
         if v is not None:
             ev.category_bytes[cat] = v
+    allowed = _OOM_ALLOWED_RE.search(text)
     m = _OOM_CAPACITY_RE.search(text)
-    if m:
+    if allowed:
+        ev.capacity_bytes = int(float(allowed.group(1)) * _UNIT[allowed.group(2)])
+    elif m:
         ev.capacity_bytes = int(float(m.group(1)) * 1024**3)
     m = _OOM_ALLOC_RE.search(text)
     if ev.category_bytes:
@@ -184,6 +191,10 @@ def _memory_evidence(
             by_rank[rank] = ev
         elif entry.get("oom"):
             by_rank[rank] = parse_oom_message(rank, str(entry.get("error") or ""), "manifest")
+        ev_oom = by_rank.get(rank)
+        snap = entry.get("memory_snapshot")
+        if ev_oom is not None and not ev_oom.category_bytes and isinstance(snap, str) and run_dir:
+            _add_snapshot_categories(ctx, ev_oom, run_dir / snap)
     timelines: list[MemoryTimeline] = list(report.memory) if report is not None else []
     for tl in timelines:
         known = by_rank.get(tl.rank)
@@ -205,6 +216,30 @@ def _memory_evidence(
             known.peak_bytes = tl.peak_bytes or None
             known.source = f"{known.source} + {tl.source}"
     return [by_rank[r] for r in sorted(by_rank)]
+
+
+def _add_snapshot_categories(ctx: DetectorContext, ev: MemoryEvidence, path: Path) -> None:
+    """Fill an out-of-memory rank's categories from its CUDA snapshot (taken at the failure)."""
+    try:
+        mem = summarize_snapshot(read_snapshot(path))
+    except InputError as exc:
+        _warn(ctx, f"memory snapshot skipped: {exc.message}")
+        return
+    if not mem.has_stacks:
+        _warn(
+            ctx,
+            f"rank {ev.rank} ran out of memory, but its CUDA snapshot has no allocation stacks, "
+            "so what filled the memory is unknown; re-run with `zdiag run --profile-memory`.",
+        )
+        return
+    ev.category_bytes = dict(mem.category_bytes)
+    ev.peak_bytes = mem.in_use_bytes + (mem.oom_request_bytes or 0)
+    ev.source = f"{ev.source} + snapshot"
+
+
+def _warn(ctx: DetectorContext, message: str) -> None:
+    if ctx.report is not None and message not in ctx.report.warnings:
+        ctx.report.warnings.append(message)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
