@@ -45,9 +45,11 @@ _FSDP_REDUCE = ("post_backward", "reduce")
 _CHECKPOINT = "/torch/utils/checkpoint.py"
 _MODULE = "/torch/nn/modules/module.py"
 _MODULE_CALL = ("_call_impl",)
-# Backward: the Python entry points, and the C++ engine when C++ frames are recorded.
+# Backward: the Python entry points, and the C++ engine when C++ frames are recorded (on CUDA
+# backward runs in the engine's device thread, whose stack has no Python frames). Not any
+# `torch::autograd::` frame: forward ops from Python pass through `torch::autograd::VariableType`.
 _BACKWARD_PY = ("_engine_run_backward", "run_backward")
-_BACKWARD_CPP = ("autograd::Engine", "torch::autograd::")
+_BACKWARD_CPP = ("autograd::Engine",)
 _CONSTRUCTION = ("reset_parameters", "__init__")
 
 CATEGORIES = (

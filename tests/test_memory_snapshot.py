@@ -108,6 +108,9 @@ def test_categorize_rules() -> None:
     )
     assert categorize([f("", "torch::autograd::Engine::thread_main()")]) == "AUTOGRAD_DETAIL"
     assert categorize([module_call]) == "ACTIVATION"
+    # C++ frames of a forward op (recorded with stacks="all") do not make it backward.
+    forward_cpp = f("", "torch::autograd::VariableType::(anonymous namespace)::mm(...)")
+    assert categorize([forward_cpp, module_call]) == "ACTIVATION"
     assert categorize([f("/home/me/train.py", "main")]) == "UNKNOWN"
 
 
