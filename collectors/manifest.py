@@ -67,6 +67,8 @@ def _rank_entry(run_dir: Path, part: dict[str, Any]) -> dict[str, Any]:
     for key in RANK_FILE_KEYS:
         rel = part.get(key)
         entry[key] = rel if isinstance(rel, str) and (run_dir / rel).is_file() else None
+    categorized = part.get("memory_timeline_categorized")
+    entry["memory_timeline_categorized"] = categorized if entry["memory_timeline"] else None
     entry["steps"] = part.get("steps", 0)
     entry["step_log_truncated"] = bool(part.get("step_log_truncated", False))
     entry["exit_code"] = part.get("exit_code")
@@ -81,7 +83,7 @@ def _rank_entry(run_dir: Path, part: dict[str, Any]) -> dict[str, Any]:
 def _missing_entry(rank: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"rank": rank, "local_rank": None, "node_rank": None, "host": None}
     entry["pid"] = None
-    entry.update(dict.fromkeys(RANK_FILE_KEYS))
+    entry.update(dict.fromkeys(RANK_FILE_KEYS), memory_timeline_categorized=None)
     entry.update(steps=0, step_log_truncated=False, exit_code=None, oom=False, error=None)
     entry.update(collector_errors=[], started_at=None, ended_at=None, missing=True)
     return entry

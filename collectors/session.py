@@ -30,7 +30,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
-from zdiag.collectors import memory, rundir, runinfo
+from zdiag.collectors import memory, memtimeline, rundir, runinfo
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 from zdiag.collectors.live_wire import ENV_MONITOR
@@ -126,6 +126,7 @@ class RankSession:
         self.collector_errors: list[str] = []
         self.trace_written = False
         self.timeline_written = False
+        self.timeline_categorized: bool | None = None
         self.snapshot_written = False
         self.oom_record_written = False
         self._broken = False
@@ -351,14 +352,19 @@ class RankSession:
     def _export_memory(self, prof: Any) -> None:
         timeline = self.run_dir / rundir.memory_timeline_relpath(self.rank)
         device = f"cuda:{torch.cuda.current_device()}" if memory.cuda_in_use() else "cpu"
-
-        def export(tmp: str) -> None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                prof.export_memory_timeline(tmp, device=device)
-
-        self._guard("memory timeline", write_atomically, timeline, export, ".timeline.json.gz")
+        failure = self._guard(
+            "memory timeline", memtimeline.export_timeline, prof, timeline, device
+        )
         self.timeline_written = timeline.is_file()
+        if self.timeline_written:
+            self.timeline_categorized = failure is None
+            if failure is not None:
+                self._report(
+                    f"torch's memory profiler could not sort this rank's memory into categories "
+                    f"({failure}; torch loses the frees done on other threads, such as gloo's: "
+                    "pytorch/pytorch#167838); its memory timeline holds total bytes only "
+                    "(docs/run.md)"
+                )
         if self._cuda_history:
             snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
             self.snapshot_written = bool(
@@ -486,6 +492,7 @@ class RankSession:
             "run_info": runinfo.current_run_info(),
             "trace": rundir.trace_relpath(self.rank) if self.trace_written else None,
             **self._memory_files(),
+            "memory_timeline_categorized": self.timeline_categorized,
             "oom_record": rundir.oom_relpath(self.rank) if self.oom_record_written else None,
             "step_log": rundir.step_log_relpath(self.rank) if self._step_log.written else None,
             "steps": self.step_index,

@@ -141,6 +141,33 @@ def test_harness_on_two_gloo_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.dist
+def test_memory_timeline_on_two_gloo_ranks(tmp_path: Path) -> None:
+    # torch's categorized export can fail on a gloo rank (a free on gloo's thread it did not
+    # record, pytorch/pytorch#167838): every rank still gets a timeline, and says which kind.
+    from zdiag.analyzers.memory import load_memory_timeline
+
+    out = tmp_path / "run"
+    proc = zdiag_run(
+        *("--out", str(out), "--nproc-per-node", "2", "--profile-steps", "1:1:2"),
+        *("--profile-memory", "--harness", *TINY_HARNESS, "--steps", "4"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = load_manifest(out)
+    for r in (0, 1):
+        rank = m["ranks"][r]
+        assert rank["memory_timeline"] == f"memory/rank-{r}.timeline.json.gz"
+        categorized = rank["memory_timeline_categorized"]
+        assert isinstance(categorized, bool)
+        assert len(rank["collector_errors"]) == (0 if categorized else 1)
+        timeline = load_memory_timeline(out / rank["memory_timeline"], rank=r)
+        assert timeline.peak_bytes > 0 and len(timeline.times_ms) > 10
+        if categorized:
+            assert "PARAMETER" in timeline.bytes_by_category
+        else:
+            assert set(timeline.bytes_by_category) == {"UNKNOWN"}
+
+
+@pytest.mark.dist
 def test_two_nodes_simulated_on_one_machine(tmp_path: Path) -> None:
     out = tmp_path / "run"
     endpoint = f"127.0.0.1:{free_port()}"
