@@ -1,0 +1,335 @@
+"""The checks only a GPU can show (issues 3 and 5), as one command for a lent CUDA machine.
+
+Each check runs the harness under `zdiag run` on every visible GPU (one process per GPU, NCCL),
+analyzes the run and writes what it saw: OUT/summary.md (a table, pass / FAIL / skip per check
+with its figures), OUT/log.txt (every command's output) and OUT/gpu_runs.tgz (the run
+directories, for `sample_traces/gpu/`).
+
+    python3 bench/gpu_checks.py --out OUT                      # on a CUDA machine, ~5 min
+    python3 bench/gpu_checks.py --out OUT --device cpu         # the same flow on CPU (gloo, 2
+                                                               # ranks): tests this script
+
+Checks:
+1. healthy harness: exit 0, NCCL, a trace per rank with kernels and collectives, FSDP units
+   with gathered bytes, allocator memory in the step log, no misconfiguration finding.
+2. the zoo: whole-model-wrap, tiny-layer-wrap, missing-overlap each raise their own finding.
+3. a real out-of-memory from activations: the peak of the same shape with and without
+   activation checkpointing is measured first, the allocator is capped between the two
+   (`--memory-budget-gb`, `torch.cuda.set_per_process_memory_fraction`), so only the run without
+   checkpointing fails: non-zero exit, OOM in the manifest, a snapshot with stacks, and the
+   `activation-oom` finding with its predicted saving next to the measured one.
+4. NVTX: the `zdiag step N` ranges seen by Nsight Systems (`nsys`), else Nsight Compute
+   (`ncu --nvtx` with an include filter: kernels profiled only inside the range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.pipeline import analyze_paths
+from zdiag.analyzers.report import Report
+
+MISCONFIGS = ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
+GIB = 1024**3
+
+
+@dataclass
+class Check:
+    """One row of the summary: `ok` None means skipped."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+
+class Runner:
+    """Runs `zdiag` commands, logging their output to one file."""
+
+    def __init__(self, out: Path, device: str) -> None:
+        self.out = out
+        self.device = device
+        self.runs = Path(tempfile.mkdtemp(prefix="zdiag-gpu-checks-"))
+        self.log = (out / "log.txt").open("a")
+        self.nproc = 2 if device == "cpu" else max(1, _cuda_count())
+
+    def zdiag(self, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+        """`python -m zdiag ARGS`, output appended to log.txt."""
+        return self.command([sys.executable, "-m", "zdiag", *args], timeout)
+
+    def command(self, cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+        """Any command, output appended to log.txt."""
+        started = time.perf_counter()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as exc:
+            proc = subprocess.CompletedProcess(cmd, 124, str(exc.stdout or ""), "timed out")
+        self.log.write(
+            f"\n$ {' '.join(cmd)}\n(exit {proc.returncode}, {time.perf_counter() - started:.1f} s)"
+            f"\n{proc.stdout[-20000:]}\n{proc.stderr[-20000:]}\n"
+        )
+        self.log.flush()
+        return proc
+
+    def harness(
+        self, name: str, options: list[str], profile: str = "2:1:3", memory: bool = False
+    ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+        """`zdiag run` of the harness into runs/NAME."""
+        run_dir = self.runs / name
+        launch = ["--nproc-per-node", str(self.nproc)] if self.nproc > 1 else []
+        extra = ["--profile-memory"] if memory else []
+        args = [
+            "run", *launch, "--out", str(run_dir), "--profile-steps", profile, *extra,
+            "--harness", "--device", self.device, *options,
+        ]  # fmt: skip
+        return run_dir, self.zdiag(args)
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def _fired(report: Report) -> set[str]:
+    return {f.id for f in report.findings if f.id in MISCONFIGS}
+
+
+def _manifest(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def shape(device: str) -> list[str]:
+    """A shape whose compute is worth measuring on the device (small on CPU)."""
+    if device == "cpu":
+        return ["--layers", "3", "--dim", "64", "--heads", "4", "--vocab", "512", "--seq", "64"]
+    return ["--layers", "8", "--dim", "1024", "--heads", "16", "--vocab", "8192", "--seq", "1024"]
+
+
+def check_environment(r: Runner) -> Check:
+    """GPU, driver, torch, CUDA and NCCL versions."""
+    proc = r.command(
+        [
+            sys.executable,
+            "-c",
+            "import torch, platform; c = torch.cuda.is_available(); "
+            "print(platform.node(), 'torch', torch.__version__, 'cuda', torch.version.cuda, "
+            "'nccl', torch.cuda.nccl.version() if c else None, "
+            "[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])",
+        ]
+    )
+    return Check("environment", proc.returncode == 0, proc.stdout.strip() or proc.stderr[-300:])
+
+
+def check_healthy(r: Runner) -> Check:
+    """The default harness: NCCL, kernels, units, allocator memory, no misconfiguration."""
+    run_dir, proc = r.harness("healthy", [*shape(r.device), "--steps", "8"])
+    if proc.returncode != 0:
+        return Check("healthy harness", False, f"exit {proc.returncode}: {proc.stderr[-300:]}")
+    report = analyze_paths([run_dir])
+    m = _manifest(run_dir)
+    steps = [s for rank in report.ranks for s in rank.steps]
+    comm = sum(s.comm_ms for s in steps)
+    overlapped = sum(s.overlapped_ms for s in steps)
+    kernels = sum(s.kernel_count for s in steps)
+    gathered = sum(u.all_gather_bytes for u in report.fsdp_units)
+    step_log = run_dir / "steps" / "rank-0.jsonl"
+    lines = step_log.read_text().splitlines() if step_log.is_file() else []
+    peak = json.loads(lines[-1]).get("mem_peak_bytes") if lines else None
+    want_backend = "gloo" if r.device == "cpu" else "nccl"
+    problems = [
+        p
+        for p, bad in (
+            (f"backend {m.get('backend')}", m.get("backend") != want_backend),
+            ("no steps", not steps),
+            ("no kernels", r.device != "cpu" and kernels == 0),
+            ("no communication", comm <= 0),
+            ("no FSDP gather bytes", gathered <= 0),
+            ("no allocator peak in the step log", r.device != "cpu" and not peak),
+            (f"findings {sorted(_fired(report))}", bool(_fired(report))),
+        )
+        if bad
+    ]
+    devices = sorted({rank.device for rank in report.ranks})
+    detail = (
+        f"{len(report.ranks)} rank(s) on {devices}, manifest device {m.get('device')}, "
+        f"{len(steps)} step(s), median {sorted(s.duration_ms for s in steps)[len(steps) // 2]:.1f}"
+        f" ms, {kernels} kernels, comm {comm:.1f} ms of which {overlapped:.1f} ms overlapped, "
+        f"{gathered / 2**20:.1f} MiB gathered over {len(report.fsdp_units)} unit rows, "
+        f"step-log peak {peak}"
+        if steps
+        else "no steps"
+    )
+    return Check("healthy harness", not problems, "; ".join([*problems, detail]))
+
+
+def check_zoo(r: Runner) -> list[Check]:
+    """Each misconfiguration a GPU run can show raises its own finding."""
+    out = []
+    for misconfig in ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap"):
+        run_dir, proc = r.harness(
+            misconfig, [*shape(r.device), "--steps", "8", "--misconfig", misconfig]
+        )
+        if proc.returncode != 0:
+            out.append(Check(f"zoo {misconfig}", False, f"exit {proc.returncode}"))
+            continue
+        fired = _fired(analyze_paths([run_dir]))
+        out.append(Check(f"zoo {misconfig}", fired == {misconfig}, f"fired {sorted(fired)}"))
+    return out
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def _peak_bytes(run_dir: Path) -> int | None:
+    peaks = []
+    for log in sorted((run_dir / "steps").glob("rank-*.jsonl")):
+        for line in log.read_text().splitlines():
+            value = json.loads(line).get("mem_peak_bytes")
+            if isinstance(value, int):
+                peaks.append(value)
+    return max(peaks) if peaks else None
+
+
+def check_oom(r: Runner) -> Check:
+    """A real OOM from activations, its snapshot, and the finding's predicted saving."""
+    oom_shape = ["--layers", "8", "--dim", "512", "--heads", "8", "--vocab", "1024"]
+    oom_shape += ["--seq", "2048", "--batch", "8", "--steps", "3"]
+    if r.device == "cpu":  # the emulated budget: the preset's own shape and budget
+        run_dir, proc = r.harness("oom", ["--misconfig", "activation-oom"], "0:0:2", memory=True)
+        measured = None
+    else:
+        ac_dir, ac_proc = r.harness("peak-ac", [*oom_shape, "--ac", "block"], "0:0:1")
+        no_dir, no_proc = r.harness("peak-no-ac", oom_shape, "0:0:1")
+        ac_peak, no_peak = _peak_bytes(ac_dir), _peak_bytes(no_dir)
+        if ac_proc.returncode or no_proc.returncode or not ac_peak or not no_peak:
+            return Check("activation OOM", False, "could not measure the two peaks first")
+        budget = (ac_peak + no_peak) / 2 / GIB
+        measured = no_peak - ac_peak
+        run_dir, proc = r.harness(
+            "oom", [*oom_shape, "--memory-budget-gb", f"{budget:.3f}"], "0:0:2", memory=True
+        )
+    m = _manifest(run_dir)
+    report = analyze_paths([run_dir])
+    finding = next((f for f in report.findings if f.id == "activation-oom"), None)
+    snap_detail = "no snapshot"
+    snaps = sorted((run_dir / "memory").glob("rank-*.snapshot.pickle"))
+    if snaps:
+        mem = summarize_snapshot(read_snapshot(snaps[0]))
+        cats = {k: f"{v / 2**20:.0f}" for k, v in sorted(mem.category_bytes.items())}
+        snap_detail = f"snapshot {snaps[0].stat().st_size / 2**20:.1f} MiB, MiB by category {cats}"
+        with open(snaps[0], "rb") as f:
+            raw = pickle.load(f)
+        snap_detail += f", {sum(len(t) for t in raw.get('device_traces', []))} trace entries"
+    problems = [
+        p
+        for p, bad in (
+            ("exit 0", proc.returncode == 0),
+            ("manifest exit.oom false", not (m.get("exit") or {}).get("oom")),
+            ("no snapshot", r.device != "cpu" and not snaps),
+            (f"no activation-oom finding: {sorted(_fired(report))}", finding is None),
+        )
+        if bad
+    ]
+    predicted = finding.expected_gain_bytes if finding else None
+    detail = (
+        f"exit {proc.returncode}; predicted saving {_mib(predicted)}, measured peak difference "
+        f"with and without checkpointing {_mib(measured)}; {snap_detail}"
+    )
+    return Check("activation OOM", not problems, "; ".join([*problems, detail]))
+
+
+def check_nvtx(r: Runner) -> Check:
+    """The step ranges as Nsight sees them (nsys, else ncu)."""
+    if r.device == "cpu":
+        return Check("NVTX ranges", None, "no CUDA: NVTX is off by design")
+    args = ["run", "--no-profile", "--harness", "--device", "cuda", *shape("cuda"), "--steps", "5"]
+    zdiag = [sys.executable, "-m", "zdiag", *args]
+    if shutil.which("nsys"):
+        rep = r.runs / "nsys"
+        r.command(["nsys", "profile", "-t", "cuda,nvtx", "-o", str(rep), "-f", "true", *zdiag])
+        stats = r.command(["nsys", "stats", "-r", "nvtx_sum", "-f", "csv", f"{rep}.nsys-rep"])
+        names = [line for line in stats.stdout.splitlines() if "zdiag" in line]
+        return Check("NVTX ranges (nsys)", bool(names), f"{len(names)} zdiag range rows")
+    if shutil.which("ncu"):
+        proc = r.command(
+            ["ncu", "--nvtx", "--nvtx-include", "zdiag step 3/", "--launch-count", "3",
+             "--metrics", "gpu__time_duration.sum", *zdiag],
+            timeout=420,
+        )  # fmt: skip
+        profiled = proc.stdout.count("gpu__time_duration.sum")
+        seen = "zdiag step 3" in proc.stdout
+        return Check(
+            "NVTX ranges (ncu)",
+            profiled > 0,
+            f"{profiled} kernel(s) profiled inside `zdiag step 3`; range named in output: {seen}",
+        )
+    return Check("NVTX ranges", None, "neither nsys nor ncu on PATH")
+
+
+# Big files (a snapshot with 100k history entries) stay out of the tarball, which must come back
+# from a lent machine (16 MiB per file there); summary.md has their figures.
+MAX_TAR_MEMBER = 8 * 2**20
+
+
+def _small_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if info.size > MAX_TAR_MEMBER else info
+
+
+def write_summary(out: Path, checks: list[Check], r: Runner, seconds: float) -> None:
+    """summary.md: one table row per check."""
+    mark = {True: "pass", False: "FAIL", None: "skip"}
+    lines = [
+        f"# zdiag GPU checks: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, device "
+        f"{r.device}, {r.nproc} process(es), {seconds:.0f} s",
+        "",
+        "| check | result | figures |",
+        "|---|---|---|",
+        *(f"| {c.name} | {mark[c.ok]} | {c.detail.replace('|', '/')} |" for c in checks),
+    ]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    """Run every check; exit 1 if any failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for the results")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    r = Runner(args.out, args.device)
+    started = time.perf_counter()
+    checks = [check_environment(r), check_healthy(r), *check_zoo(r), check_oom(r), check_nvtx(r)]
+    write_summary(args.out, checks, r, time.perf_counter() - started)
+    with tarfile.open(args.out / "gpu_runs.tgz", "w:gz") as tar:
+        for run_dir in sorted(p for p in r.runs.iterdir() if (p / "manifest.json").is_file()):
+            tar.add(run_dir, arcname=run_dir.name, filter=_small_files)
+    shutil.rmtree(r.runs, ignore_errors=True)
+    print((args.out / "summary.md").read_text())
+    return 1 if any(c.ok is False for c in checks) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
