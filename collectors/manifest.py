@@ -63,6 +63,7 @@ def _rank_entry(run_dir: Path, part: dict[str, Any]) -> dict[str, Any]:
         "node_rank": part.get("node_rank"),
         "host": part.get("host"),
         "pid": part.get("pid"),
+        "device": part.get("device"),
     }
     for key in RANK_FILE_KEYS:
         rel = part.get(key)
@@ -82,7 +83,7 @@ def _rank_entry(run_dir: Path, part: dict[str, Any]) -> dict[str, Any]:
 
 def _missing_entry(rank: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"rank": rank, "local_rank": None, "node_rank": None, "host": None}
-    entry["pid"] = None
+    entry.update(pid=None, device=None)
     entry.update(dict.fromkeys(RANK_FILE_KEYS), memory_timeline_categorized=None)
     entry.update(steps=0, step_log_truncated=False, exit_code=None, oom=False, error=None)
     entry.update(collector_errors=[], started_at=None, ended_at=None, missing=True)

@@ -22,6 +22,15 @@ def cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def device_in_use() -> str:
+    """`cuda:<current device>` once this process has initialized CUDA, else `cpu`.
+
+    Asking never initializes CUDA. A rank on a GPU machine that trains on the CPU (`--device cpu`)
+    never initializes it, so it reads `cpu`.
+    """
+    return f"cuda:{torch.cuda.current_device()}" if cuda_in_use() else "cpu"
+
+
 def read_device_memory(cuda_available: bool | None = None) -> MemoryReading:
     """(allocated, reserved, peak) in bytes on the current CUDA device.
 

@@ -351,7 +351,7 @@ class RankSession:
 
     def _export_memory(self, prof: Any) -> None:
         timeline = self.run_dir / rundir.memory_timeline_relpath(self.rank)
-        device = f"cuda:{torch.cuda.current_device()}" if memory.cuda_in_use() else "cpu"
+        device = memory.device_in_use()
         failure = self._guard(
             "memory timeline", memtimeline.export_timeline, prof, timeline, device
         )
@@ -474,6 +474,12 @@ class RankSession:
                 flush=True,
             )
 
+    def _device(self) -> str | None:
+        """The device this rank trains on: `cuda:<index>` once it has initialized CUDA, `cpu` if
+        it finished without; None while that is not known yet (a part written before CUDA)."""
+        device = memory.device_in_use()
+        return None if device == "cpu" and not self._finished else device
+
     def _write_part(self, exit_code: int | None, error: str | None) -> None:
         ended = self._finished
         part: dict[str, Any] = {
@@ -485,7 +491,7 @@ class RankSession:
             "pid": os.getpid(),
             "command": self.command,
             "cwd": os.getcwd(),
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "device": self._device(),
             "backend": self.backend,
             "versions": torch_versions(),
             "profile": self.config.manifest_profile(),

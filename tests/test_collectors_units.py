@@ -322,3 +322,25 @@ def test_cpu_memory_reading_is_the_process_rss_when_no_reader_is_registered() ->
     assert after - before >= 90 * 2**20
     assert peak_after is not None and peak_after >= after
     del block
+
+
+def test_device_is_the_one_this_process_initialized(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GPU machine: CUDA is available, but only a rank that initialized it trains on it.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert memory.device_in_use() == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert memory.device_in_use() == "cuda:1"
+
+
+def test_manifest_device_on_a_gpu_machine_training_on_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA never initialized
+    with zdiag.profile(out=tmp_path, enabled=False, nvtx=False) as prof:
+        part = json.loads((tmp_path / "manifest.d" / "rank-0.json").read_text())
+        assert part["device"] is None  # not known while the rank runs without CUDA
+        prof.step()
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["device"] == "cpu" and m["ranks"][0]["device"] == "cpu"

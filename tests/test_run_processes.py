@@ -68,6 +68,7 @@ def check_common_manifest(m: dict[str, Any], world_size: int) -> None:
     assert m["exit"] == {"code": 0, "oom": False, "error": None}
     for r in m["ranks"]:
         assert r["exit_code"] == 0 and r["oom"] is False and r["collector_errors"] == []
+        assert r["device"] == "cpu"
 
 
 def test_unmodified_script_steps_found_by_the_optimizer_hook(tmp_path: Path) -> None:
