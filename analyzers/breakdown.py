@@ -69,10 +69,13 @@ def _union_of(trace: RankTrace, idx: npt.NDArray[np.int64]) -> iv.IntervalSet:
 
 
 _WRAPPER_OP_RE = re.compile(
-    r"^(autograd::engine::evaluate_function: |PythonSubclass$|[A-Za-z0-9_]+Backward\d*$)"
+    r"^(autograd::engine::evaluate_function: |PythonSubclass$|[A-Za-z0-9_]+Backward\d*$"
+    r"|torch::autograd::AccumulateGrad$)"
 )
 """CPU ops that only wrap others: their own (self) time is not computation. Autograd nodes run
-backward hooks inside them, e.g. FSDP's pre-backward all-gather blocked waiting for gloo."""
+backward hooks inside them, e.g. FSDP's pre-backward all-gather blocked waiting for gloo;
+`AccumulateGrad` runs the gradient hooks (its accumulation is a child `aten::` op), e.g.
+DeepSpeed ZeRO's bucket reduction and the wait for it."""
 
 
 def _innermost_segments(

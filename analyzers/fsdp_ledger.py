@@ -11,8 +11,13 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
 2. Each issue is attributed to a unit by the innermost framework label enclosing it on the
    issuing thread: FSDP2 `FSDP::all_gather (<fqn>)` / `FSDP::post_backward_reduce (<fqn>)`,
    FSDP1 `FullyShardedDataParallel.*` (units numbered in issue order within a step), DeepSpeed
-   ZeRO Python ranges (`fetch_sub_module`, `__all_gather_params`, `reduce_*`). Collectives with
-   no such label are not FSDP traffic and are left out.
+   ZeRO Python ranges (`fetch_sub_module`, `__all_gather_params`, `reduce_*`, only in
+   `with_stack` traces). DeepSpeed ZeRO-3 records no range Kineto sees (its ranges are NVTX), so
+   a thread that runs ZeRO-3's per-module autograd Functions (`PreBackwardFunctionForModule`,
+   `PostBackwardFunctionModule`, `LinearFunctionForZeroStage3`) makes every collective it
+   issues ZeRO-3 traffic, except scalar all-reduces (overflow check, gradient norm); those are
+   named by position (`zero-gather-<k>` / `zero-reduce-<k>`, k-th of its step). Collectives
+   with no such label are not FSDP traffic and are left out.
 3. Per gather: issued = host issue start; needed = start of the consuming
    `FSDP::pre_forward (<fqn>)` / `FSDP::pre_backward (<fqn>)` (FSDP2 only); lead = needed - issued;
    exposed = the part of the collective's execution not covered by compute on any lane.
@@ -42,6 +47,15 @@ _DEEPSPEED_RE = re.compile(
     r"fetch_sub_module|all_gather_params|AllGatherCoalesced|all_gather_coalesced"
     r"|reduce_and_partition|reduce_ipg_grads|reduce_scatter_coalesced|DeepSpeedZero|deepspeed",
 )
+# DeepSpeed ZeRO-3's per-module autograd Functions (deepspeed/runtime/zero/parameter_offload.py,
+# linear.py; `PreBackwardFunction` / `PostBackwardFunction` before DeepSpeed 0.14), recorded as
+# cpu_ops named after the class (its backward node: the same name + "Backward").
+_ZERO3_OP_RE = re.compile(
+    r"^(PreBackwardFunctionForModule|PostBackwardFunctionModule|PreBackwardFunction"
+    r"|PostBackwardFunction|LinearFunctionForZeroStage3)(Backward)?$"
+)
+# The autograd engine's per-node op: its first one in a step is where backward starts.
+_BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function: "
 # Host ops that issue a collective (the outermost comm op on the training thread).
 _ISSUE_RE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms$)")
 # Host-only runs: the op that executes a collective on a backend worker thread.
@@ -55,7 +69,7 @@ REDUCE_FAMILY = "reduce"
 class CollectiveRecord:
     """One FSDP collective on one rank: who issued it, when it ran, and what it cost."""
 
-    unit: str  # module fqn ("" = root), or "fsdp1-unit-<k>" / "zero-unit-<k>"
+    unit: str  # module fqn ("" = root), "fsdp1-unit-<k>", "zero-gather-<k>" / "zero-reduce-<k>"
     framework: str  # "fsdp2", "fsdp1", "deepspeed"
     family: str  # "all_gather" or "reduce"
     kind: str  # collective kind of the execution ("all_gather", "reduce_scatter", "all_reduce")
@@ -207,6 +221,45 @@ def _enclosing_labels(labels: list[_Label], times: list[float]) -> list[list[_La
     return out
 
 
+def _zero3_lanes(trace: RankTrace) -> set[int]:
+    """Threads that run DeepSpeed ZeRO-3's per-module autograd Functions (their cpu_ops)."""
+    ids = np.array([j for j, n in enumerate(trace.names) if _ZERO3_OP_RE.match(n)], dtype=np.int32)
+    if not ids.size:
+        return set()
+    ops = trace.of_kind(EventKind.CPU_OP)
+    hit = ops[np.isin(trace.name_id[ops], ids)]
+    return {int(x) for x in np.unique(trace.lane_id[hit])}
+
+
+def _backward_starts(trace: RankTrace, lanes: set[int]) -> dict[int, np.ndarray]:
+    """Per lane, the sorted start times of the autograd engine's node ops (backward work)."""
+    ids = np.array(
+        [j for j, n in enumerate(trace.names) if n.startswith(_BACKWARD_OP_PREFIX)],
+        dtype=np.int32,
+    )
+    ops = trace.of_kind(EventKind.CPU_OP)
+    ops = ops[np.isin(trace.name_id[ops], ids)] if ids.size else ops[:0]
+    return {lane: np.sort(trace.ts_us[ops[trace.lane_id[ops] == lane]]) for lane in lanes}
+
+
+def _is_scalar_message(trace: RankTrace, i: int) -> bool:
+    """Whether a collective op's first input is a single element (`Input Dims` [] / [[]] /
+    [1]): an overflow flag or a norm, not parameters or gradients."""
+    dims = trace.args.get(int(i), {}).get("Input Dims") or []
+    if not dims or not isinstance(dims[0], list):
+        return False
+    d = dims[0]
+    if all(isinstance(x, int | float) for x in d):
+        return math.prod(int(x) for x in d) <= 1
+    if all(isinstance(x, list) for x in d):
+        return (
+            len(d) == 1
+            and all(isinstance(y, int | float) for y in d[0])
+            and (math.prod(int(y) for y in d[0]) <= 1)
+        )
+    return False
+
+
 _NOT_DTYPES = frozenset({"", "TensorList", "Scalar", "ScalarList", "GenericList", "int", "bool"})
 
 
@@ -308,7 +361,9 @@ def build_rank_ledger(
     """
     ledger = RankLedger(rank=trace.rank, framework=None, device=trace.device)
     labels = _labels_by_lane(trace)
-    if not labels:
+    fsdp_labelled = any(lab.framework != "deepspeed" for labs in labels.values() for lab in labs)
+    zero3 = set() if fsdp_labelled else _zero3_lanes(trace)
+    if not labels and not zero3:
         return ledger
     end_us = trace.end_us  # a computed column: take it once
 
@@ -318,7 +373,7 @@ def build_rank_ledger(
     for i in comm_ops:
         name = trace.name(int(i))
         lane = int(trace.lane_id[i])
-        if not _ISSUE_RE.match(name) or lane not in labels:
+        if not _ISSUE_RE.match(name) or (lane not in labels and lane not in zero3):
             continue
         if float(trace.ts_us[i]) < open_end.get(lane, -np.inf):
             continue  # nested inside an issuing op
@@ -407,40 +462,50 @@ def build_rank_ledger(
         by_lane[int(trace.lane_id[i])].append(i)
     for lane, idx in by_lane.items():
         times = [float(trace.ts_us[i]) for i in idx]
-        for i, enc in zip(idx, _enclosing_labels(labels[lane], times), strict=True):
+        for i, enc in zip(idx, _enclosing_labels(labels.get(lane, []), times), strict=True):
             enclosing_of[i] = enc
 
-    fsdp1_counter: dict[tuple[int, str], int] = defaultdict(int)
+    backward_starts: dict[int, np.ndarray] | None = None
     records: list[CollectiveRecord] = []
     for i in issues:
         t = float(trace.ts_us[i])
         enclosing = enclosing_of[i]
-        if not enclosing:
+        lane = int(trace.lane_id[i])
+        if enclosing:
+            framework = enclosing[-1].framework
+        elif lane in zero3:
+            framework = "deepspeed"
+        else:
             continue
-        inner = enclosing[-1]
         kind_name = collective_kind(trace.name(i))
         fam = _family(kind_name)
         if fam is None:
             continue
-        step = -1
+        step, step_start = -1, -math.inf
         if windowed:
             k = int(np.searchsorted(w_s, t, side="right")) - 1
             if k < 0 or t >= w_e[k]:
                 continue
-            step = int(w_num[k])
+            step, step_start = int(w_num[k]), float(w_s[k])
         prefetched = any(lab.phase.endswith("_prefetch") for lab in enclosing)
-        if inner.framework == "fsdp2":
+        if framework == "fsdp2":
+            inner = enclosing[-1]
             unit = inner.fqn if inner.fqn is not None else ""
             phase = ""
-        elif inner.framework == "fsdp1":
+        elif framework == "fsdp1":
             unit = ""  # named by position below
             names = " ".join(lab.phase for lab in enclosing)
             phase = "backward" if "backward" in names else "forward"
         else:
-            key = (step, fam)
-            unit = f"zero-unit-{fsdp1_counter[key]}"
-            fsdp1_counter[key] += 1
-            phase = ""
+            if fam == REDUCE_FAMILY and _is_scalar_message(trace, i):
+                continue  # overflow check / gradient norm, not gradient traffic
+            unit = ""  # named by position below
+            if backward_starts is None:
+                backward_starts = _backward_starts(trace, {int(trace.lane_id[x]) for x in issues})
+            starts = backward_starts.get(lane, np.zeros(0))
+            j = int(np.searchsorted(starts, t, side="right"))
+            in_backward = j > 0 and float(starts[j - 1]) >= step_start
+            phase = "backward" if fam == REDUCE_FAMILY or in_backward else "forward"
         e = pairing.get(i, i)
         nbytes, dt = _message_bytes(trace, i, e, coll_row.get(e), fam == GATHER_FAMILY)
         start = float(trace.ts_us[e])
@@ -449,7 +514,7 @@ def build_rank_ledger(
         records.append(
             CollectiveRecord(
                 unit=unit,
-                framework=inner.framework,
+                framework=framework,
                 family=fam,
                 kind=exec_kind(e) if e != i else kind_name,
                 phase=phase,
@@ -468,6 +533,7 @@ def build_rank_ledger(
         return ledger
 
     _name_fsdp1_units([r for r in records if r.framework == "fsdp1"])
+    _name_zero_units([r for r in records if r.framework == "deepspeed"])
     _attach_needs(records, labels)
     _attach_compute_before(records, compute)
     ledger.records = records
@@ -517,6 +583,20 @@ def _name_fsdp1_units(records: list[CollectiveRecord]) -> None:
             continue
         taken.add(pick)
         r.unit = forward[pick].unit
+
+
+def _name_zero_units(records: list[CollectiveRecord]) -> None:
+    """DeepSpeed ZeRO names no unit in Kineto, and its collectives are not per module: ZeRO-3
+    fetches (possibly coalesced) module parameters and reduces gradients in buckets. Each is
+    named by its position in its step: the k-th all-gather `zero-gather-<k>`, the k-th
+    reduction `zero-reduce-<k>` (DeepSpeed replays the same fetch order every step, so the same
+    name is the same parameters across steps)."""
+    counter: dict[tuple[int, str], int] = defaultdict(int)
+    for r in records:  # issue order
+        key = (r.step, r.family)
+        prefix = "zero-gather" if r.family == GATHER_FAMILY else "zero-reduce"
+        r.unit = f"{prefix}-{counter[key]}"
+        counter[key] += 1
 
 
 def _attach_compute_before(records: list[CollectiveRecord], compute: intervals.IntervalSet) -> None:

@@ -41,7 +41,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
     nnodes = ctx.nnodes or 1
     options = []
-    if fp32:
+    if fp32 and ledgers[0].framework == "deepspeed":
+        options.append('train in bf16 (DeepSpeed config "bf16": {"enabled": true})')
+    elif fp32:
         options.append(
             "gather parameters in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16))"
         )

@@ -47,6 +47,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not ledgers:
         return []
     lg = ledgers[0]
+    if lg.framework == "deepspeed":
+        return []  # ZeRO fetches each module's parameters itself: there is no wrap to choose
     units = [u for u in lg.units() if u.param_bytes]
     total = sum(u.param_bytes or 0 for u in units)
     if not units or total <= 0:
