@@ -7,7 +7,8 @@ optimizers counts one step per iteration) or by explicit `step()` calls (which s
 to manual stepping for good).
 
 Per step the hook does O(1) work: a clock reading, one step-log line, an optional live record, an
-optional NVTX push/pop and, while the profiler window is open, `profiler.step()`. Once the window
+optional NVTX push/pop (with CUDA, also closing FSDP unit ranges left open, see `nvtx.py`) and,
+while the profiler window is open, `profiler.step()`. Once the window
 is written the profiler is stopped. Any collector error is reported once on stderr, collection
 stops on that rank, and training continues.
 """
@@ -20,7 +21,6 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
 from zdiag.collectors import memory, memtimeline, rundir, runinfo
+from zdiag.collectors.compile_safe import eager_or_opaque
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
-from zdiag.collectors.nvtx import StepRanges
+from zdiag.collectors.nvtx import StepRanges, UnitRanges
 from zdiag.collectors.steplog import StepLog
 
 MAX_COLLECTOR_ERRORS = 10
@@ -63,38 +64,6 @@ def torch_versions() -> dict[str, str | None]:
         "cuda": torch.version.cuda,
         "nccl": nccl,
     }
-
-
-def _skip_in_dynamo(code: Any) -> None:
-    """Have dynamo run `code` (and everything it calls) eagerly, never compiling those frames."""
-    try:
-        from torch._C._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-
-        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
-    except Exception:  # private API moved: dynamo then compiles (and falls back on) our frames
-        pass
-
-
-def eager_or_opaque(fn: Callable[..., None]) -> Callable[..., None]:
-    """`fn` as a hook that is a plain call in eager mode and that torch.compile leaves alone.
-
-    Wrapping every call in `torch.compiler.disable` is not free: on gloo it left Python state in
-    the thread-local state that collectives capture, and `destroy_process_group` could then
-    deadlock. So the hook is a plain function whose frames dynamo is told to skip; only while
-    dynamo traces through it (a compiled `optimizer.step`) does it call the disabled wrapper.
-    """
-    opaque = torch.compiler.disable(fn)
-    is_compiling = torch.compiler.is_compiling
-
-    def hook(*args: Any) -> None:
-        if is_compiling():
-            opaque(*args)
-        else:
-            fn(*args)
-
-    _skip_in_dynamo(hook.__code__)
-    return hook
 
 
 class RankSession:
@@ -145,6 +114,7 @@ class RankSession:
             self.run_dir / rundir.step_log_relpath(self.rank), config.max_step_log_lines
         )
         self._nvtx = StepRanges(config.nvtx)
+        self._unit_ranges = UnitRanges(config.nvtx, self._report)
         self._cuda = torch.cuda.is_available()
         self._dist = dist.is_available()
         self._step_start = time.perf_counter()
@@ -169,6 +139,7 @@ class RankSession:
             )
         if self.auto_step:
             self._hook = register_optimizer_step_post_hook(eager_or_opaque(self._on_optimizer_step))
+        self._unit_ranges.watch()
         self._nvtx.begin(0)
         self._step_start = time.perf_counter()
         return self
@@ -185,6 +156,7 @@ class RankSession:
         if self._remove_listener is not None:
             self._remove_listener()
         self._remove_forward_hook()
+        self._guard("NVTX", self._unit_ranges.close)
         self._guard("NVTX", self._nvtx.end)
         self._guard("profiler", self._stop_profiler)
         if self._cuda_history:
@@ -221,6 +193,7 @@ class RankSession:
             self._step_start = now
             step = self.step_index
             self.step_index += 1
+            self._unit_ranges.step_end()
             self._nvtx.end()
             allocated, reserved, peak = (
                 self._guard("memory reader", memory.read_device_memory, self._cuda)
@@ -456,6 +429,7 @@ class RankSession:
             self._hook.remove()
             self._hook = None
         self._remove_forward_hook()
+        self._unit_ranges.close()
         self._profiler_pending = False
         prof, self._prof = self._prof, None
         if prof is not None:
