@@ -2,7 +2,10 @@
 
 Active only when CUDA is available and NVTX is on (`--nvtx`, the default). Otherwise
 `StepRanges` returns at once from every call (no torch.cuda call) and `UnitRanges` registers
-nothing at all: no hook, no per-step work.
+nothing at all: no hook, no per-step work. The per-unit ranges also need an NVTX tool listening
+(Nsight sets `NVTX_INJECTION64_PATH` in the processes it profiles): their hooks cost about 50 µs
+per unit and step on the host (measured on CPU with a recorder, `bench/nvtx_unit_cost.py`), which
+is not spent when nothing would receive the ranges. The step range is always pushed (~2 µs).
 
 - `zdiag step N`: pushed and popped from the step hook (`range_push`/`range_pop`, training thread).
 - `zdiag forward <fqn>` / `zdiag recompute <fqn>` / `zdiag backward <fqn>`, one per FSDP unit
@@ -39,6 +42,7 @@ kernels on a real GPU timeline is unverified. Units inside a reentrant checkpoin
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,11 +155,22 @@ class _Open:
     task: int  # autograd graph task it opened in (NO_GRAPH_TASK: forward)
 
 
+NVTX_TOOL_ENV = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
+"""Set by Nsight Systems / Nsight Compute (and any NVTX tool) in the processes they profile: the
+library that receives NVTX calls. Without it every NVTX call is a no-op, so the per-unit hooks
+would cost host time for nothing (the same test NVTX.jl uses to keep NVTX free)."""
+
+
+def nvtx_tool_attached() -> bool:
+    """Whether an NVTX tool listens in this process (see NVTX_TOOL_ENV)."""
+    return any(os.environ.get(name) for name in NVTX_TOOL_ENV)
+
+
 class UnitRanges:
     """NVTX ranges per FSDP unit (see the module docstring). Off: registers nothing."""
 
     def __init__(self, enabled: bool, report: Callable[[str], None]) -> None:
-        self.enabled = bool(enabled) and torch.cuda.is_available()
+        self.enabled = bool(enabled) and torch.cuda.is_available() and nvtx_tool_attached()
         self._report = report
         self._types = fsdp_unit_types() if self.enabled else ()
         self._units: list[_Unit] = []
