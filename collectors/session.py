@@ -96,6 +96,7 @@ class RankSession:
         self.trace_written = False
         self.timeline_written = False
         self.timeline_categorized: bool | None = None
+        self._timeline_pending: Any = None  # the closed window's profiler, timeline not written
         self.snapshot_written = False
         self.oom_record_written = False
         self._broken = False
@@ -159,6 +160,7 @@ class RankSession:
         self._guard("NVTX", self._unit_ranges.close)
         self._guard("NVTX", self._nvtx.end)
         self._guard("profiler", self._stop_profiler)
+        self._export_pending_timeline()
         if self._cuda_history:
             self._guard("CUDA memory history", memory.stop_cuda_history)
         self._guard("step log", self._step_log.close)
@@ -314,7 +316,10 @@ class RankSession:
             write_atomically(trace, prof.export_chrome_trace, suffix=".json.gz")
             self.trace_written = True
             if self.config.profile_memory:
-                self._export_memory(prof)
+                # The timeline export takes seconds (11 s for a 2-rank harness window): it waits
+                # for the end of the run (or an OOM) instead of stalling a training step.
+                self._timeline_pending = prof
+                self._dump_window_snapshot()
             self._write_part(exit_code=None, error=None)
         except Exception as exc:
             # Only the profiler's output is lost: steps are still detected and logged.
@@ -322,7 +327,10 @@ class RankSession:
         finally:
             self._window_done = True
 
-    def _export_memory(self, prof: Any) -> None:
+    def _export_pending_timeline(self) -> None:
+        prof, self._timeline_pending = self._timeline_pending, None
+        if prof is None:
+            return
         timeline = self.run_dir / rundir.memory_timeline_relpath(self.rank)
         device = memory.device_in_use()
         failure = self._guard(
@@ -338,6 +346,8 @@ class RankSession:
                     "pytorch/pytorch#167838); its memory timeline holds total bytes only "
                     "(docs/run.md)"
                 )
+
+    def _dump_window_snapshot(self) -> None:
         if self._cuda_history:
             snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
             self.snapshot_written = bool(
@@ -357,6 +367,7 @@ class RankSession:
         if self._prof is not None:
             # Closing the window exports the trace and, with --profile-memory, the memory timeline.
             self._guard("profiler", self._stop_profiler)
+        self._export_pending_timeline()
         if memory.cuda_in_use():  # replaces the window's snapshot: the state at the failure
             snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
             dumped = bool(self._guard("memory snapshot", memory.dump_cuda_snapshot, snap))
