@@ -36,7 +36,7 @@ from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
 from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
 from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
-from zdiag.analyzers.steps import find_steps
+from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
 from zdiag.analyzers.timeline import select_timelines, step_timeline
 from zdiag.errors import InputError
 
@@ -307,8 +307,16 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     )
     steps: dict[int, StepWindows] = {}
     breakdowns = {}
+    finished = _finished_steps(run.manifest)
     for t in run.ranks:
         windows = find_steps(t)
+        if t.rank in finished:
+            windows, dropped = drop_unfinished_tail(windows, finished[t.rank])
+            if dropped:
+                t.warnings.append(
+                    f"step {dropped[0]} left out: the run ended inside it (the profiler stopped "
+                    "during the script's teardown, after its last optimizer step)"
+                )
         steps[t.rank] = windows
         sets = ActivitySets(t)
         bds = breakdown_rank(t, windows, sets)
@@ -339,6 +347,20 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
     _run_later_stages(run, analysis)
     return analysis
+
+
+def _finished_steps(manifest: dict[str, Any] | None) -> dict[int, int]:
+    """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
+    OOM's or a crash's last step is the failing one, kept)."""
+    ranks = (manifest or {}).get("ranks")
+    out: dict[int, int] = {}
+    for entry in ranks if isinstance(ranks, list) else []:
+        if not isinstance(entry, dict) or entry.get("exit_code") != 0 or entry.get("oom"):
+            continue
+        rank, steps = entry.get("rank"), entry.get("steps")
+        if isinstance(rank, int) and isinstance(steps, int):
+            out[rank] = steps
+    return out
 
 
 def analyze_paths(

@@ -166,3 +166,33 @@ def device_windows(trace: RankTrace, cpu_s: Arr, cpu_e: Arr) -> tuple[Arr, Arr]:
     end[:-1] = start[1:]
     end[-1] = max(float(cpu_e[-1]), float(last_dev[-1]))
     return start, end
+
+
+def drop_unfinished_tail(windows: StepWindows, completed: int) -> tuple[StepWindows, list[int]]:
+    """Leave out the trailing `ProfilerStep` windows numbered `completed` or more.
+
+    `completed` is how many steps the rank finished (`zdiag run`'s manifest `steps`, which
+    numbers ProfilerStep#N as step N). When a run ends inside the profiler window, the profiler
+    stops inside a step that never reached its optimizer step: the script's teardown (a barrier,
+    destroying the process group), not training. Returns the kept windows and the dropped step
+    numbers; nothing is dropped unless at least one window stays.
+    """
+    if windows.source != "ProfilerStep" or completed <= 0:
+        return windows, []
+    keep = windows.step < completed
+    first_dropped = int(np.argmin(keep)) if not keep.all() else len(keep)
+    if first_dropped == 0 or keep[first_dropped:].any():  # all dropped, or not only a tail
+        return windows, []
+    dropped = windows.step[first_dropped:].tolist()
+    cut = slice(0, first_dropped)
+    return (
+        StepWindows(
+            windows.step[cut],
+            windows.start_us[cut],
+            windows.end_us[cut],
+            windows.cpu_start_us[cut],
+            windows.cpu_end_us[cut],
+            windows.source,
+        ),
+        dropped,
+    )
