@@ -17,8 +17,10 @@ match wins, in the category names torch's memory timeline uses where one fits:
    backward, allocated under a module's forward (`Module._call_impl`).
 5. `AUTOGRAD_DETAIL`: other allocations during backward (the autograd engine's frames), i.e.
    activation gradients and backward temporaries.
-6. `MODEL_STATE`: other FSDP frames (sharded parameters) and module construction.
-7. `UNKNOWN`: anything else, blocks without frames included.
+6. `MODEL_STATE`: other FSDP frames (sharded parameters) and module construction, when they
+   happen after the history started.
+7. `UNKNOWN`: anything else, blocks without frames included. `zdiag run` starts the history at
+   the first module forward, so the model built before it (its sharded parameters) is here.
 
 The pickle is read with an unpickler that accepts plain containers only (dict, list, str, int,
 float, bool, None): a file that names any class or function is refused, so a crafted pickle can
@@ -27,7 +29,6 @@ not run code. torch is never imported.
 
 from __future__ import annotations
 
-import io
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +94,8 @@ def read_snapshot(path: str | Path) -> dict[str, Any]:
     """The snapshot dict in `path`; InputError (one sentence) if it is not a plain snapshot."""
     p = Path(path)
     try:
-        data = _PlainUnpickler(io.BytesIO(p.read_bytes())).load()
+        with p.open("rb") as f:
+            data = _PlainUnpickler(f).load()
     except OSError as exc:
         raise InputError(f"{p}: cannot read the CUDA memory snapshot ({exc.strerror}).") from exc
     except Exception as exc:  # truncated, corrupt, or names a class: all the same to the user
@@ -109,46 +111,44 @@ def read_snapshot(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _frame_has(frames: list[Any], file_part: str, name_parts: tuple[str, ...]) -> bool:
+# The rules in precedence order: (category, filename part, name parts); "" matches anything.
+_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("OPTIMIZER_STATE", _OPTIMIZER, _ANY),
+    ("PARAMETER_UNSHARDED", _FSDP, _FSDP_GATHER),
+    ("GRADIENT", _FSDP, _FSDP_REDUCE),
+    ("ACTIVATION", _CHECKPOINT, _ANY),
+    ("AUTOGRAD_DETAIL", "", _BACKWARD_PY + _BACKWARD_CPP),
+    ("ACTIVATION", _MODULE, _MODULE_CALL),
+    ("MODEL_STATE", _FSDP, _ANY),
+    ("MODEL_STATE", "/torch/nn/", _CONSTRUCTION),
+)
+
+
+def categorize(frames: list[Any]) -> str:
+    """The category of a block allocated with stack `frames` (rules in the module docstring).
+
+    One pass over the frames (a snapshot can hold 100k blocks of dozens of frames each): the
+    best-ranked rule any frame matches wins.
+    """
+    best = len(_RULES)
     for f in frames:
         if not isinstance(f, dict):
             continue
         filename = str(f.get("filename", ""))
         name = str(f.get("name", ""))
-        if file_part in filename and any(part in name for part in name_parts):
-            return True
-    return False
-
-
-def _any_name(frames: list[Any], parts: tuple[str, ...]) -> bool:
-    return any(
-        isinstance(f, dict) and any(p in str(f.get("name", "")) for p in parts) for f in frames
-    )
-
-
-def categorize(frames: list[Any]) -> str:
-    """The category of a block allocated with stack `frames` (rules in the module docstring)."""
-    if not frames:
-        return "UNKNOWN"
-    if _frame_has(frames, _OPTIMIZER, _ANY):
-        return "OPTIMIZER_STATE"
-    if _frame_has(frames, _FSDP, _FSDP_GATHER):
-        return "PARAMETER_UNSHARDED"
-    if _frame_has(frames, _FSDP, _FSDP_REDUCE):
-        return "GRADIENT"
-    if _frame_has(frames, _CHECKPOINT, _ANY):
-        return "ACTIVATION"
-    if _any_name(frames, _BACKWARD_PY) or _any_name(frames, _BACKWARD_CPP):
-        return "AUTOGRAD_DETAIL"
-    if _frame_has(frames, _MODULE, _MODULE_CALL):
-        return "ACTIVATION"
-    if _frame_has(frames, _FSDP, _ANY) or _frame_has(frames, "/torch/nn/", _CONSTRUCTION):
-        return "MODEL_STATE"
-    return "UNKNOWN"
+        for i in range(best):
+            _, file_part, name_parts = _RULES[i]
+            if file_part in filename and any(part in name for part in name_parts):
+                best = i
+                break
+        if best == 0:
+            break
+    return _RULES[best][0] if best < len(_RULES) else "UNKNOWN"
 
 
 def summarize_snapshot(data: dict[str, Any], device: int | None = None) -> SnapshotMemory:
-    """Live bytes by category on `device` (default: the device with the most memory in use)."""
+    """Live bytes by category on `device` (when absent from the snapshot, or not given: the
+    device with the most memory in use)."""
     per_device: dict[int, SnapshotMemory] = {}
     for seg in data.get("segments") or []:
         if not isinstance(seg, dict):
@@ -176,8 +176,8 @@ def summarize_snapshot(data: dict[str, Any], device: int | None = None) -> Snaps
                 mem.oom_request_bytes = int(ooms[-1].get("size", 0) or 0)
                 free = ooms[-1].get("device_free")
                 mem.oom_device_free_bytes = int(free) if isinstance(free, int) else None
-    if device is not None:
-        return per_device.get(device, SnapshotMemory(device=device))
+    if device is not None and device in per_device:
+        return per_device[device]
     if not per_device:
         return SnapshotMemory(device=0)
     return max(per_device.values(), key=lambda m: (m.in_use_bytes, m.oom_request_bytes or 0))

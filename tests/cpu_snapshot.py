@@ -5,7 +5,9 @@ would record can still be reproduced from a real run: a TorchDispatchMode sees e
 creates, with the Python stack at that moment (the frames the allocator records with
 `_record_memory_history(stacks="python")`, innermost first). The run is the harness (FSDP2,
 world size 1 on gloo, AdamW): one full step, then a second step stopped inside the forward of
-block `--stop-layer`, as an out-of-memory error there would stop it. The live tensors at that
+block `--stop-layer`, as an out-of-memory error there would stop it. Stacks are recorded from the
+first forward on, where `zdiag run --profile-memory` starts the allocator history: the model built
+before is in the snapshot without frames, as on CUDA. The live tensors at that
 moment become `active_allocated` blocks in the documented snapshot layout
 (`torch.cuda.memory._snapshot` docstring), plus an `oom` trace entry.
 
@@ -72,6 +74,13 @@ class AllocationRecorder(TorchDispatchMode):
                     self.storages[key] = (StorageWeakRef(storage), storage.nbytes(), frames)
         return out
 
+    def adopt(self, t: torch.Tensor) -> None:
+        """Track a tensor made before recording started (a block without frames)."""
+        if isinstance(t, DTensor):
+            t = t._local_tensor
+        storage = t.untyped_storage()
+        self.storages[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes(), [])
+
     def live_blocks(self, with_frames: bool) -> list[dict[str, Any]]:
         """The storages still alive, as snapshot blocks."""
         blocks = []
@@ -99,12 +108,19 @@ def capture(stop_layer: int, ac: str, with_frames: bool) -> dict[str, Any]:
     recorder = AllocationRecorder()
     blocks: list[dict[str, Any]] = []
     try:
+        model, _units, optimizer = build(cfg, device)
+        generator = torch.Generator().manual_seed(0)
+        inputs, labels = synthetic_batch(cfg.batch, cfg.seq, cfg.vocab, generator, device)
+        # zdiag starts the allocator history at the first module forward: what exists before
+        # (the sharded parameters, the first batch) is in the snapshot without a stack.
+        for t in [*model.parameters(), inputs, labels]:
+            recorder.adopt(t)
         with recorder:
-            model, _units, optimizer = build(cfg, device)
-            generator = torch.Generator().manual_seed(0)
             for step in (1, 2):
-                inputs, labels = synthetic_batch(cfg.batch, cfg.seq, cfg.vocab, generator, device)
                 if step == 2:
+                    inputs, labels = synthetic_batch(
+                        cfg.batch, cfg.seq, cfg.vocab, generator, device
+                    )
                     layers = model.layers
                     target = layers[stop_layer]  # type: ignore[index]
                     target.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(_Stopped()))

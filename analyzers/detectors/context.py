@@ -172,8 +172,8 @@ def _memory_evidence(
     ctx: DetectorContext, run_dir: Path | None, report: Report | None
 ) -> list[MemoryEvidence]:
     """One MemoryEvidence per rank with memory data, merging the OOM record (what was in use at
-    the failure: preferred for categories) with the memory timeline (the peak by category), and
-    the manifest's per-rank `oom` flag."""
+    the failure: preferred for categories), else the CUDA snapshot taken at the failure, else the
+    memory timeline (the peak by category), and the manifest's per-rank `oom` flag."""
     by_rank: dict[int, MemoryEvidence] = {}
     ranks = (ctx.manifest or {}).get("ranks")
     entries = [e for e in ranks if isinstance(e, dict)] if isinstance(ranks, list) else []
@@ -191,10 +191,8 @@ def _memory_evidence(
             by_rank[rank] = ev
         elif entry.get("oom"):
             by_rank[rank] = parse_oom_message(rank, str(entry.get("error") or ""), "manifest")
-        ev_oom = by_rank.get(rank)
-        snap = entry.get("memory_snapshot")
-        if ev_oom is not None and not ev_oom.category_bytes and isinstance(snap, str) and run_dir:
-            _add_snapshot_categories(ctx, ev_oom, run_dir / snap)
+    if run_dir is not None:
+        _add_snapshot_categories(ctx, by_rank, entries, run_dir)
     timelines: list[MemoryTimeline] = list(report.memory) if report is not None else []
     for tl in timelines:
         known = by_rank.get(tl.rank)
@@ -218,23 +216,62 @@ def _memory_evidence(
     return [by_rank[r] for r in sorted(by_rank)]
 
 
-def _add_snapshot_categories(ctx: DetectorContext, ev: MemoryEvidence, path: Path) -> None:
-    """Fill an out-of-memory rank's categories from its CUDA snapshot (taken at the failure)."""
-    try:
-        mem = summarize_snapshot(read_snapshot(path))
-    except InputError as exc:
-        _warn(ctx, f"memory snapshot skipped: {exc.message}")
-        return
-    if not mem.has_stacks:
+# Snapshots with allocation history can be hundreds of MB each, and when one rank runs out of
+# memory its peers usually do too: a few ranks tell what filled the memory.
+MAX_SNAPSHOTS = 4
+
+
+def _add_snapshot_categories(
+    ctx: DetectorContext,
+    by_rank: dict[int, MemoryEvidence],
+    entries: list[dict[str, Any]],
+    run_dir: Path,
+) -> None:
+    """Fill out-of-memory ranks' categories from their CUDA snapshots (taken at the failure),
+    for the analyzed ranks (all of them in a run without traces), on the device each trained on."""
+    analyzed = set(ctx.traces)
+    todo = []
+    for entry in entries:
+        rank, snap = entry.get("rank"), entry.get("memory_snapshot")
+        ev = by_rank.get(rank) if isinstance(rank, int) else None
+        if ev is None or ev.category_bytes or not isinstance(snap, str):
+            continue
+        if not analyzed or rank in analyzed:
+            todo.append((ev, run_dir / snap, _cuda_index(entry.get("device"))))
+    if len(todo) > MAX_SNAPSHOTS:
         _warn(
             ctx,
-            f"rank {ev.rank} ran out of memory, but its CUDA snapshot has no allocation stacks, "
-            "so what filled the memory is unknown; re-run with `zdiag run --profile-memory`.",
+            f"{len(todo)} ranks ran out of memory; the CUDA snapshots of ranks "
+            f"{', '.join(str(ev.rank) for ev, _, _ in todo[:MAX_SNAPSHOTS])} were read "
+            "(pick others with --rank)",
         )
-        return
-    ev.category_bytes = dict(mem.category_bytes)
-    ev.peak_bytes = mem.in_use_bytes + (mem.oom_request_bytes or 0)
-    ev.source = f"{ev.source} + snapshot"
+    no_stacks = []
+    for ev, path, device in todo[:MAX_SNAPSHOTS]:
+        try:
+            mem = summarize_snapshot(read_snapshot(path), device)
+        except InputError as exc:
+            _warn(ctx, f"memory snapshot skipped: {exc.message}")
+            continue
+        if not mem.has_stacks:
+            no_stacks.append(ev.rank)
+            continue
+        ev.category_bytes = dict(mem.category_bytes)
+        ev.peak_bytes = mem.in_use_bytes + (mem.oom_request_bytes or 0)
+        ev.source = f"{ev.source} + snapshot"
+    if no_stacks:
+        _warn(
+            ctx,
+            f"rank(s) {', '.join(map(str, no_stacks))} ran out of memory, but their CUDA snapshots "
+            "have no allocation stacks, so what filled the memory is unknown; re-run with "
+            "`zdiag run --profile-memory`.",
+        )
+
+
+def _cuda_index(device: Any) -> int | None:
+    """3 for the manifest's "cuda:3"; None when unknown (the snapshot's busiest device is used)."""
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    return None
 
 
 def _warn(ctx: DetectorContext, message: str) -> None:
