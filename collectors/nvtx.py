@@ -10,7 +10,7 @@ is not spent when nothing would receive the ranges. The step range is always pus
 - `zdiag step N`: pushed and popped from the step hook (`range_push`/`range_pop`, training thread).
 - `zdiag forward <fqn>` / `zdiag recompute <fqn>` / `zdiag backward <fqn>`, one per FSDP unit
   (FSDP2 `fully_shard` modules, FSDP1 `FullyShardedDataParallel`; `<fqn>` is the unit's name in the
-  model, `root` for the outermost). They use `range_start`/`range_end`, which are not bound to a
+  model the script calls, `root` when that model is itself a unit). They use `range_start`/`range_end`, which are not bound to a
   thread: on CUDA autograd runs backward on its own device thread.
   - forward: opened by a forward pre-hook placed before FSDP's own (so FSDP's unshard wait is
     inside) and closed by a forward hook placed after FSDP's (so the reshard is inside; it runs
@@ -25,8 +25,10 @@ is not spent when nothing would receive the ranges. The step range is always pus
     are closed first: their backward is over (it also keeps sibling ranges from overlapping).
   - Nothing leaks: ranges still open when a backward pass ends (e.g. a checkpointed recompute that
     torch stopped early) are closed then, and everything still open is closed at each step end.
-  The units are found at the first forward of an FSDP module (the outermost one: its pre-hook
-  runs first) during step 0; a model without FSDP costs a global hook until step 0 ends.
+  The units are found at the first forward of an FSDP module during step 0, under the module the
+  script called (the outermost forward open then, tracked by a global forward pre- and post-hook),
+  so a model whose root is not itself wrapped (`fully_shard` on each block only) gets every unit,
+  named as in that model. A model without FSDP costs these two global hooks until step 0 ends.
 
 Every hook is contained: an exception is reported once, all hooks are removed, open ranges are
 closed and training goes on. Module hooks go through `eager_or_opaque`: a compiled model runs them
@@ -48,7 +50,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 
 from zdiag.collectors.compile_safe import eager_or_opaque
 
@@ -176,7 +181,10 @@ class UnitRanges:
         self._units: list[_Unit] = []
         self._open: list[_Open] = []
         self._handles: list[Any] = []
-        self._finder: Any = None
+        self._unit_index: dict[int, int] = {}  # id(unit module) -> its index in _units
+        self._finder: list[Any] = []  # the global hooks that look for the units (step 0)
+        self._depth = 0  # module forwards open while looking (the global pre/post hooks)
+        self._outer: Any = None  # the module called while none was open: the script's model
         self._tasks_with_callback: set[int] = set()
         self._broken = False
         self._start: Callable[[str], int] = torch.cuda.nvtx.range_start
@@ -188,9 +196,14 @@ class UnitRanges:
     def watch(self) -> None:
         """Look for the FSDP units at the first forward of an FSDP module (from now until step 0 ends)."""
         if self.enabled and self._types:
-            self._finder = register_module_forward_pre_hook(
-                eager_or_opaque(self._contained(self._on_any_forward))
-            )
+            self._finder = [
+                register_module_forward_pre_hook(
+                    eager_or_opaque(self._contained(self._on_any_forward))
+                ),
+                register_module_forward_hook(
+                    eager_or_opaque(self._contained(self._on_any_forward_end)), always_call=True
+                ),
+            ]
 
     def step_end(self) -> None:
         """Close every range still open; stop looking for units after step 0."""
@@ -213,19 +226,39 @@ class UnitRanges:
 
     # ------------------------------------------------------------ finding the units
     def _on_any_forward(self, module: Any, args: Any) -> None:
-        if isinstance(module, self._types) and isinstance(module, torch.nn.Module):
-            self._remove_finder()
-            self.attach(module)
-            if self._units:  # this call has already passed its own pre-hooks: open its range here
-                self._forward_begins(0, args, {})
+        """Global forward pre-hook (step 0): find the units at the first FSDP forward.
+
+        The root module need not be an FSDP unit (`fully_shard` on each block only): the units are
+        looked for under the module the script called (the one entered while no forward was
+        open), so every unit is found, with its name in that module.
+        """
+        if self._depth == 0:
+            self._outer = module
+        self._depth += 1
+        if not (isinstance(module, self._types) and isinstance(module, torch.nn.Module)):
+            return
+        outer = self._outer
+        self._remove_finder()
+        within = outer is not None and any(m is module for m in outer.modules())
+        self.attach(outer if within else module)
+        index = self._unit_index.get(id(module))
+        if index is not None:
+            # This call's own pre-hooks were read before the range hooks were registered: open
+            # its range here (its forward hooks are read after the forward, so they close it).
+            self._forward_begins(index, args, {})
+
+    def _on_any_forward_end(self, module: Any, args: Any, output: Any) -> None:
+        """Global forward hook (step 0, always called): one module forward less is open."""
+        self._depth = max(0, self._depth - 1)
 
     def _remove_finder(self) -> None:
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
+        for handle in self._finder:
+            handle.remove()
+        self._finder = []
+        self._outer = None
 
     def attach(self, root: torch.nn.Module) -> None:
-        """Register the range hooks on every FSDP unit under `root` (once)."""
+        """Register the range hooks on every FSDP unit under `root` (itself included), once."""
         if self._units or not self.enabled:
             return
         found = find_units(root, self._types)
@@ -235,6 +268,7 @@ class UnitRanges:
                 i for i, other in enumerate(names) if i != index and _contains(other, name)
             )
             self._units.append(_Unit(name, ancestors))
+            self._unit_index[id(module)] = index
             self._register(index, module)
 
     def _register(self, index: int, module: Any) -> None:

@@ -119,7 +119,8 @@ class Model(nn.Module):
         return self.head(h)
 
 
-def fsdp_model(layers: int = 3, ac: str = "none") -> Model:
+def fsdp_model(layers: int = 3, ac: str = "none", wrap_root: bool = True) -> Model:
+    """`fully_shard` on each block and, with `wrap_root`, on the whole model (else only blocks)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -127,14 +128,20 @@ def fsdp_model(layers: int = 3, ac: str = "none") -> Model:
     model = Model(layers, ac)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if wrap_root:
+        fully_shard(model, mesh=mesh)
     return model
 
 
-def train(model: Model, steps: int, ranges: UnitRanges | None = None) -> None:
+def train(
+    model: Model, steps: int, ranges: UnitRanges | None = None, before: nn.Module | None = None
+) -> None:
+    """`steps` SGD steps; `before` is a module the loop calls first each step (not the model)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     tokens = torch.randint(0, 64, (2, 8))
     for _ in range(steps):
+        if before is not None:
+            before(tokens)
         model(tokens).float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
@@ -142,9 +149,11 @@ def train(model: Model, steps: int, ranges: UnitRanges | None = None) -> None:
             ranges.step_end()
 
 
-def expected_step(layers: int, recompute: bool = False) -> list[str]:
-    fwd = ["zdiag forward root"] + [f"zdiag forward layers.{i}" for i in range(layers)]
-    bwd = ["zdiag backward root"]
+def expected_step(layers: int, recompute: bool = False, root: bool = True) -> list[str]:
+    """The range names of one step, in order (`root`: the whole model is a unit too)."""
+    fwd = ["zdiag forward root"] if root else []
+    fwd += [f"zdiag forward layers.{i}" for i in range(layers)]
+    bwd = ["zdiag backward root"] if root else []
     for i in reversed(range(layers)):
         bwd += [f"zdiag backward layers.{i}"]
         bwd += [f"zdiag recompute layers.{i}"] if recompute else []
@@ -226,13 +235,45 @@ def test_a_failing_range_is_reported_once_and_switches_them_off(
     assert len(nvtx.names()) == 4  # nothing after the failure
 
 
-def test_session_finds_the_units_at_the_first_fsdp_forward(
-    nvtx: NvtxRecorder, process_group: None, tmp_path: Path
+@pytest.mark.parametrize("ac", ["none", "outer"])
+def test_units_are_found_when_the_root_is_not_a_unit(
+    nvtx: NvtxRecorder, process_group: None, ac: str
 ) -> None:
-    model = fsdp_model(2)
+    # `fully_shard` on each block only: the first FSDP forward is layers.0's, but every block is
+    # a unit, named as in the model (a plain module called before the model changes nothing).
+    reports: list[str] = []
+    model = fsdp_model(3, ac, wrap_root=False)
+    ranges = UnitRanges(enabled=True, report=reports.append)
+    ranges.watch()
+    train(model, steps=2, ranges=ranges, before=nn.Identity())
+    assert reports == []
+    assert ranges.unit_names == ["layers.0", "layers.1", "layers.2"]
+    assert nvtx.names() == expected_step(3, recompute=ac == "outer", root=False) * 2
+    nvtx.check_balanced_and_nested()
+    ranges.close()
+
+
+def test_units_are_found_at_a_unit_called_directly(nvtx: NvtxRecorder, process_group: None) -> None:
+    # The script calls one FSDP block itself: its units are looked for under that block.
+    model = fsdp_model(2, wrap_root=False)
+    ranges = UnitRanges(enabled=True, report=lambda msg: None)
+    ranges.watch()
+    h = model.emb(torch.randint(0, 64, (2, 8)))
+    model.layers[1](h).sum().backward()
+    ranges.step_end()
+    assert ranges.unit_names == ["root"]
+    assert nvtx.names() == ["zdiag forward root", "zdiag backward root"]
+    nvtx.check_balanced_and_nested()
+
+
+@pytest.mark.parametrize("wrap_root", [True, False])
+def test_session_finds_the_units_at_the_first_fsdp_forward(
+    nvtx: NvtxRecorder, process_group: None, tmp_path: Path, wrap_root: bool
+) -> None:
+    model = fsdp_model(2, wrap_root=wrap_root)
     with zdiag.profile(out=tmp_path, enabled=False, auto_step=True):
         train(model, steps=3)
-    assert nvtx.names() == expected_step(2) * 3
+    assert nvtx.names() == expected_step(2, root=wrap_root) * 3
     nvtx.check_balanced_and_nested()
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["ranks"][0]["collector_errors"] == []
