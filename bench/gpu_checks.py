@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import Report
+from zdiag.collectors import rundir
 
 MISCONFIGS = ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
 GIB = 1024**3
@@ -154,7 +154,7 @@ def check_healthy(r: Runner) -> Check:
     overlapped = sum(s.overlapped_ms for s in steps)
     kernels = sum(s.kernel_count for s in steps)
     gathered = sum(u.all_gather_bytes for u in report.fsdp_units)
-    step_log = run_dir / "steps" / "rank-0.jsonl"
+    step_log = run_dir / rundir.step_log_relpath(0)
     lines = step_log.read_text().splitlines() if step_log.is_file() else []
     peak = json.loads(lines[-1]).get("mem_peak_bytes") if lines else None
     want_backend = "gloo" if r.device == "cpu" else "nccl"
@@ -237,12 +237,15 @@ def check_oom(r: Runner) -> Check:
     snap_detail = "no snapshot"
     snaps = sorted((run_dir / "memory").glob("rank-*.snapshot.pickle"))
     if snaps:
-        mem = summarize_snapshot(read_snapshot(snaps[0]))
+        data = read_snapshot(snaps[0])
+        mem = summarize_snapshot(data)
         cats = {k: f"{v / 2**20:.0f}" for k, v in sorted(mem.category_bytes.items())}
-        snap_detail = f"snapshot {snaps[0].stat().st_size / 2**20:.1f} MiB, MiB by category {cats}"
-        with open(snaps[0], "rb") as f:
-            raw = pickle.load(f)
-        snap_detail += f", {sum(len(t) for t in raw.get('device_traces', []))} trace entries"
+        entries = sum(len(t) for t in data.get("device_traces") or [])
+        snap_detail = (
+            f"snapshot {snaps[0].stat().st_size / 2**20:.1f} MiB, {entries} trace entries, "
+            f"{mem.blocks_with_frames} of {mem.blocks} live blocks with stacks, "
+            f"MiB by category {cats}"
+        )
     problems = [
         p
         for p, bad in (
@@ -323,6 +326,7 @@ def main() -> int:
     started = time.perf_counter()
     checks = [check_environment(r), check_healthy(r), *check_zoo(r), check_oom(r), check_nvtx(r)]
     write_summary(args.out, checks, r, time.perf_counter() - started)
+    r.log.close()
     with tarfile.open(args.out / "gpu_runs.tgz", "w:gz") as tar:
         for run_dir in sorted(p for p in r.runs.iterdir() if (p / "manifest.json").is_file()):
             tar.add(run_dir, arcname=run_dir.name, filter=_small_files)

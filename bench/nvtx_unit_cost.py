@@ -2,7 +2,7 @@
 
 The ranges' hooks run on the host, so their cost can be measured without a GPU: the harness's
 FSDP2 model (world size 1, gloo) trains with and without `UnitRanges` attached, the NVTX calls
-replaced by no-ops (as they are when no tool listens), alternating rounds, best step time of each.
+replaced by no-ops (as they are when no tool listens), alternating rounds, median of each.
 
     .venv/bin/python bench/nvtx_unit_cost.py [--layers 32] [--rounds 5]
 """
@@ -61,9 +61,6 @@ def main() -> int:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     cfg = HarnessConfig(layers=args.layers, dim=64, heads=4, seq=32, batch=2, vocab=256)
     model, units, opt = build(cfg, torch.device("cpu"))
-    ranges = UnitRanges(enabled=True, report=print)
-    ranges.attach(model)
-    ranges.close()  # attached once to count the units; re-attached per round below
     bare_times, hooked_times = [], []
     seconds_per_step(model, opt, cfg, None, 3)  # warm up
     for _ in range(args.rounds):
