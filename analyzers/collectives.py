@@ -122,18 +122,50 @@ def build_collectives(trace: RankTrace) -> Collectives:
     )
 
 
-def _largest_input(args: Mapping[str, Any]) -> tuple[int | None, str]:
-    """(element count, dtype) of the largest tensor in an op's "Input Dims" / "Input type"."""
+_NOT_DTYPES = frozenset({"", "TensorList", "Scalar", "ScalarList", "GenericList", "int", "bool"})
+
+
+def input_tensors(args: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(element count, dtype) of each tensor argument in an op's `Input Dims` / `Input type`
+    (recorded with `record_shapes` only; [] without).
+
+    A TensorList is one entry of its summed size (dtype ""). A 0-dim tensor (dims `[]`) is one
+    element: inside a TensorList always, at top level only when `Input type` names a dtype
+    there (non-tensor arguments record `[]` too). Empty tensors are left out.
+    """
     dims = args.get("Input Dims") or []
     types = args.get("Input type") or []
-    best: int | None = None
-    dtype = ""
+    out: list[tuple[int, str]] = []
     for k, d in enumerate(dims if isinstance(dims, list) else []):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            n = int(np.prod(d))
-            if best is None or n > best:
-                best, dtype = n, str(types[k]) if k < len(types) else ""
-    return best, dtype
+        if not isinstance(d, list):
+            continue
+        t = str(types[k]) if isinstance(types, list) and k < len(types) else ""
+        n = -1
+        if not d:
+            n = 1 if t not in _NOT_DTYPES else -1
+        elif all(isinstance(x, int | float) for x in d):
+            n = math.prod(int(x) for x in d)
+        elif all(isinstance(x, list) for x in d):
+            parts = [x for x in d if all(isinstance(y, int | float) for y in x)]
+            n = sum(math.prod(int(y) for y in x) for x in parts) if parts else -1
+        if n > 0:
+            out.append((n, "" if t in _NOT_DTYPES else t))
+    return out
+
+
+def input_dtype(args: Mapping[str, Any]) -> str:
+    """The first tensor dtype in an op's `Input type` ("" when none is recorded)."""
+    types = args.get("Input type") or []
+    return next((str(t) for t in types if str(t) not in _NOT_DTYPES), "")
+
+
+def _largest_input(args: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(element count, dtype) of the largest tensor in an op's "Input Dims" / "Input type"."""
+    tensors = input_tensors(args)
+    if not tensors:
+        return None, ""
+    n, dt = max(tensors, key=lambda x: x[0])
+    return n, dt or input_dtype(args)
 
 
 def host_comm_events(trace: RankTrace) -> np.ndarray:

@@ -15,7 +15,8 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
    `with_stack` traces). DeepSpeed ZeRO-3 records no range Kineto sees (its ranges are NVTX), so
    a thread that runs ZeRO-3's per-module autograd Functions (`PreBackwardFunctionForModule`,
    `PostBackwardFunctionModule`, `LinearFunctionForZeroStage3`) makes every collective it
-   issues ZeRO-3 traffic, except scalar all-reduces (overflow check, gradient norm); those are
+   issues ZeRO-3 traffic, except one-element reductions (overflow check, gradient norm) when
+   the trace records the element count (NCCL always, gloo only with `record_shapes`); those are
    named by position (`zero-gather-<k>` / `zero-reduce-<k>`, k-th of its step). Collectives
    with no such label are not FSDP traffic and are left out.
 3. Per gather: issued = host issue start; needed = start of the consuming
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from zdiag.analyzers import intervals
+from zdiag.analyzers.collectives import input_dtype, input_tensors
 from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
 from zdiag.analyzers.report import FsdpUnit
 
@@ -242,78 +244,51 @@ def _backward_starts(trace: RankTrace, lanes: set[int]) -> dict[int, np.ndarray]
     return {lane: np.sort(trace.ts_us[ops[trace.lane_id[ops] == lane]]) for lane in lanes}
 
 
-def _is_scalar_message(trace: RankTrace, i: int) -> bool:
-    """Whether a collective op's first input is a single element (`Input Dims` [] / [[]] /
-    [1]): an overflow flag or a norm, not parameters or gradients."""
-    dims = trace.args.get(int(i), {}).get("Input Dims") or []
-    if not dims or not isinstance(dims[0], list):
-        return False
-    d = dims[0]
-    if all(isinstance(x, int | float) for x in d):
-        return math.prod(int(x) for x in d) <= 1
-    if all(isinstance(x, list) for x in d):
-        return (
-            len(d) == 1
-            and all(isinstance(y, int | float) for y in d[0])
-            and (math.prod(int(y) for y in d[0]) <= 1)
-        )
-    return False
-
-
-_NOT_DTYPES = frozenset({"", "TensorList", "Scalar", "ScalarList", "GenericList", "int", "bool"})
-
-
 def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str, int]:
     """(largest tensor's element count, dtype, tensors with known shapes) from an op's
-    `Input Dims` / `Input type` args; a TensorList counts as one tensor of its summed size."""
+    `Input Dims` / `Input type` args (-1, "", 0 without `record_shapes`); see
+    `collectives.input_tensors` (a TensorList is one tensor, a 0-dim tensor one element)."""
     a = trace.args.get(int(i), {})
-    dims = a.get("Input Dims") or []
-    types = a.get("Input type") or []
-    best, tensors = -1, 0
-    for d in dims:
-        n = -1
-        if isinstance(d, list) and d and all(isinstance(x, int | float) for x in d):
-            n = math.prod(int(x) for x in d)
-        elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
-            parts = [x for x in d if x and all(isinstance(y, int | float) for y in x)]
-            n = sum(math.prod(int(y) for y in x) for x in parts) if parts else -1
-        if n > 0:
-            tensors += 1
-            best = max(best, n)
-    dt = next((str(t) for t in types if str(t) not in _NOT_DTYPES), "")
-    return best, dt, tensors
+    tensors = input_tensors(a)
+    best = max((n for n, _ in tensors), default=-1)
+    return best, input_dtype(a), len(tensors)
 
 
-def _message_bytes(
+def _message(
     trace: RankTrace, issue: int, execution: int, row: int | None, gather: bool
-) -> tuple[int, str]:
-    """(bytes, dtype) of one collective's full message: the gathered output of an all-gather,
-    the unreduced input of a reduction (the larger of input and output either way).
+) -> tuple[int, int, str]:
+    """(elements, bytes, dtype) of one collective's full message: the gathered output of an
+    all-gather, the unreduced input of a reduction (the larger of input and output either
+    way); -1 when unknown.
 
     Read in order: the issuing `c10d::` op's `Input Dims` (`_allgather_base_` lists output and
-    input); the execution's collective args (`In/Out msg nelems` x `dtype` on NCCL); the
-    execution's own `Input Dims`. When only one tensor of an all-gather is known (the list form
-    `c10d::allgather_`, or `gloo:all_gather`) it is the shard: times the group size.
+    input); the execution's collective row (`In/Out msg nelems` x `dtype`, recorded on NCCL
+    with or without `record_shapes`); the execution's own `Input Dims`. When only one tensor of
+    an all-gather is known (the list form `c10d::allgather_`, or `gloo:all_gather`) it is the
+    shard: times the group size. A gloo run without `record_shapes` records none of these.
     """
-    group = 0
-    if row is not None:
-        group = int(trace.collectives.group_size[row])
+    coll = trace.collectives
+    group = int(coll.group_size[row]) if row is not None else 0
     group = group if group > 0 else (trace.world_size or 1)
+    row_dt = coll.dtype[row] if row is not None else ""
+    row_n = max(int(coll.in_nelems[row]), int(coll.out_nelems[row])) if row is not None else -1
+    row_bytes = int(coll.bytes[row]) if row is not None else -1
     n, dt, tensors = _elems_and_dtype(trace, issue)
-    if row is not None:
-        dt = dt or trace.collectives.dtype[row]
+    if n > 0:
+        elems, dt = n * (group if gather and tensors < 2 else 1), dt or row_dt
+    elif row_n >= 0:
+        elems, dt = row_n, row_dt or dt
+    else:
+        elems = -1
+    if elems < 0 or not dt:
+        n, exec_dt, tensors = _elems_and_dtype(trace, execution)
+        if elems < 0 and n > 0:
+            elems = n * (group if gather and tensors < 2 else 1)
+        dt = dt or row_dt or exec_dt
     size = dtype_size(dt) if dt else None
-    if n > 0 and size is not None:
-        shard_only = gather and tensors < 2
-        return n * size * (group if shard_only else 1), dt
-    if row is not None and int(trace.collectives.bytes[row]) > 0:
-        return int(trace.collectives.bytes[row]), trace.collectives.dtype[row] or dt
-    n, dt2, tensors = _elems_and_dtype(trace, execution)
-    dt = dt or dt2
-    size = dtype_size(dt) if dt else None
-    if n <= 0 or size is None:
-        return -1, dt
-    return n * size * (group if gather and tensors < 2 else 1), dt
+    if elems >= 0 and size is not None:
+        return elems, elems * size, dt
+    return elems, (row_bytes if row_bytes > 0 else -1), dt
 
 
 def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSet:
@@ -488,6 +463,8 @@ def build_rank_ledger(
                 continue
             step, step_start = int(w_num[k]), float(w_s[k])
         prefetched = any(lab.phase.endswith("_prefetch") for lab in enclosing)
+        e = pairing.get(i, i)
+        elems, nbytes, dt = _message(trace, i, e, coll_row.get(e), fam == GATHER_FAMILY)
         if framework == "fsdp2":
             inner = enclosing[-1]
             unit = inner.fqn if inner.fqn is not None else ""
@@ -497,7 +474,7 @@ def build_rank_ledger(
             names = " ".join(lab.phase for lab in enclosing)
             phase = "backward" if "backward" in names else "forward"
         else:
-            if fam == REDUCE_FAMILY and _is_scalar_message(trace, i):
+            if fam == REDUCE_FAMILY and 0 <= elems <= 1:
                 continue  # overflow check / gradient norm, not gradient traffic
             unit = ""  # named by position below
             if backward_starts is None:
@@ -506,8 +483,6 @@ def build_rank_ledger(
             j = int(np.searchsorted(starts, t, side="right"))
             in_backward = j > 0 and float(starts[j - 1]) >= step_start
             phase = "backward" if fam == REDUCE_FAMILY or in_backward else "forward"
-        e = pairing.get(i, i)
-        nbytes, dt = _message_bytes(trace, i, e, coll_row.get(e), fam == GATHER_FAMILY)
         start = float(trace.ts_us[e])
         end = float(end_us[e])
         covered = intervals.total(intervals.clip(compute, start, end))

@@ -20,12 +20,24 @@ steps, numbered 2 and 3):
 
 from __future__ import annotations
 
+import gzip
+import json
+import math
+import shutil
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY, REDUCE_FAMILY, RankLedger, build_rank_ledger
+from zdiag.analyzers.fsdp_ledger import (
+    GATHER_FAMILY,
+    REDUCE_FAMILY,
+    CollectiveRecord,
+    RankLedger,
+    build_rank_ledger,
+)
 from zdiag.analyzers.pipeline import analyze_run, load_run
 from zdiag.analyzers.report import Report
 from zdiag.analyzers.run_data import Analysis, RunData
@@ -173,3 +185,81 @@ def test_zero2_has_no_zero3_ledger(zero2: tuple[RunData, Analysis, Report]) -> N
     for rank in (0, 1):
         assert counts[(rank, "all_gather")] == 1 * len(STEPS)
         assert counts[(rank, "all_reduce")] == (9 + 1) * len(STEPS)
+
+
+# What `record_shapes` adds to an op's args: without it (`zdiag run`'s default) none is there.
+SHAPE_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+GROUP = 2  # the fixtures' world size
+
+
+def _copy_run(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of the ZeRO-3 run directory with `edit` applied to every trace event."""
+    out = tmp_path / "run"
+    shutil.copytree(ZERO3, out)
+    for path in (out / "traces").glob("*.json.gz"):
+        with gzip.open(path, "rt") as f:
+            doc = json.load(f)
+        for ev in doc["traceEvents"]:
+            if isinstance(ev.get("args"), dict):
+                edit(ev)
+        with gzip.open(path, "wt") as f:
+            json.dump(doc, f)
+    return out
+
+
+def _strip_shapes(ev: dict[str, Any]) -> None:
+    for key in SHAPE_ARGS:
+        ev["args"].pop(key, None)
+
+
+def _nccl_style_counts(ev: dict[str, Any]) -> None:
+    """The element counts NCCL records on every collective, with or without shapes
+    (`In msg nelems`, ...), put on the gloo ops from their recorded shapes; then the shapes
+    go."""
+    args = ev["args"]
+    if str(ev.get("name", "")).startswith("gloo:"):
+        (dims,), (dtype,) = args["Input Dims"], args["Input type"]
+        n = math.prod(dims)  # [] (a 0-dim tensor): 1
+        kind = ev["name"][len("gloo:") :]
+        out = n * GROUP if kind == "all_gather" else n
+        args.update({"Collective name": kind, "In msg nelems": n, "Out msg nelems": out})
+        args.update({"dtype": dtype, "Group size": GROUP})
+    _strip_shapes(ev)
+
+
+def _reduces_per_step(run_dir: Path) -> dict[int, list[CollectiveRecord]]:
+    run, analysis, _ = _analyze(run_dir)
+    out: dict[int, list[CollectiveRecord]] = {}
+    for rank, lg in _ledgers(run, analysis).items():
+        assert lg.framework == "deepspeed" and lg.steps == STEPS
+        assert Counter(r.step for r in lg.gathers) == {s: 25 for s in STEPS}
+        out[rank] = lg.reduces
+    return out
+
+
+def test_zero3_scalar_all_reduce_left_out_by_element_count_without_shapes(
+    tmp_path: Path,
+) -> None:
+    """Without `record_shapes` the issuing op records no shape: the scalar all-reduce is told
+    apart by the element count of its execution (what NCCL records on every collective)."""
+    run, analysis, _ = _analyze(ZERO3)
+    with_shapes = _ledgers(run, analysis)
+    counts_only = _copy_run(tmp_path, _nccl_style_counts)
+    for rank, reduces in _reduces_per_step(counts_only).items():
+        assert Counter(r.step for r in reduces) == {s: 9 for s in STEPS}, rank
+        assert [r.bytes for r in reduces] == [r.bytes for r in with_shapes[rank].reduces]
+
+
+def test_zero3_without_shapes_on_gloo_keeps_the_scalar_all_reduce(tmp_path: Path) -> None:
+    """gloo without `record_shapes` records no size anywhere: the scalar all-reduce (overflow
+    check) cannot be told from a gradient bucket, so it stays, as one extra reduction per step
+    of unknown size; the 9 buckets are all there."""
+    run, analysis, _ = _analyze(ZERO3)
+    with_shapes = _ledgers(run, analysis)
+    for rank, reduces in _reduces_per_step(_copy_run(tmp_path, _strip_shapes)).items():
+        assert Counter(r.step for r in reduces) == {s: 9 + 1 for s in STEPS}, rank
+        assert all(r.bytes == -1 for r in reduces)
+        buckets = {r.issued_us for r in with_shapes[rank].reduces}
+        extra = [r for r in reduces if r.issued_us not in buckets]
+        assert buckets <= {r.issued_us for r in reduces}
+        assert [r.step for r in extra] == STEPS  # one per step: the scalar all-reduce
