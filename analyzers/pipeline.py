@@ -308,7 +308,9 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     steps: dict[int, StepWindows] = {}
     breakdowns = {}
     finished = _finished_steps(run.manifest)
+    collector_errors = _collector_errors(run.manifest)
     for t in run.ranks:
+        t.warnings.extend(f"zdiag run: {e}" for e in collector_errors.get(t.rank, []))
         windows = find_steps(t)
         if t.rank in finished:
             windows, dropped = drop_unfinished_tail(windows, finished[t.rank])
@@ -347,6 +349,21 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
     _run_later_stages(run, analysis)
     return analysis
+
+
+MAX_COLLECTOR_ERRORS_SHOWN = 5
+
+
+def _collector_errors(manifest: dict[str, Any] | None) -> dict[int, list[str]]:
+    """Rank -> what zdiag's collectors reported on it during the run (the manifest's
+    `collector_errors`: a lost trace, a memory timeline with totals only, ...), at most 5 each."""
+    ranks = (manifest or {}).get("ranks")
+    out: dict[int, list[str]] = {}
+    for entry in ranks if isinstance(ranks, list) else []:
+        errors = entry.get("collector_errors") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("rank"), int) and errors:
+            out[entry["rank"]] = [str(e) for e in errors[:MAX_COLLECTOR_ERRORS_SHOWN]]
+    return out
 
 
 def _finished_steps(manifest: dict[str, Any] | None) -> dict[int, int]:
