@@ -30,9 +30,11 @@ is not spent when nothing would receive the ranges. The step range is always pus
   so a model whose root is not itself wrapped (`fully_shard` on each block only) gets every unit,
   named as in that model. A model without FSDP costs these two global hooks until step 0 ends.
 
-Every hook is contained: an exception is reported once, all hooks are removed, open ranges are
-closed and training goes on. Module hooks go through `eager_or_opaque`: a compiled model runs them
-eagerly at the unit boundaries, where FSDP2's own hooks already sit.
+Every hook body runs holding one lock (autograd calls the backward hooks on its device thread
+while the training thread may be in a forward hook). Every hook is contained: an exception is
+reported once, all hooks are removed, open ranges are closed and training goes on. Module hooks
+go through `eager_or_opaque`: a compiled model runs them eagerly at the unit boundaries, where
+FSDP2's own hooks already sit.
 
 Verified here (CPU only, no GPU): the ranges' names, nesting and balance with the NVTX functions
 replaced by a recorder, on an FSDP2 model with and without activation checkpointing, and that
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,6 +190,10 @@ class UnitRanges:
         self._outer: Any = None  # the module called while none was open: the script's model
         self._tasks_with_callback: set[int] = set()
         self._broken = False
+        # Hooks run on the training thread and, in backward, on autograd's device thread: every
+        # hook body holds this lock, so the open ranges are never changed from both at once.
+        # Re-entrant: a hook body that reports a failure closes ranges under the same hold.
+        self._lock = threading.RLock()
         self._start: Callable[[str], int] = torch.cuda.nvtx.range_start
         self._end: Callable[[int], None] = torch.cuda.nvtx.range_end
         # Built once: wrapping a function for torch.compile costs more than the hook itself.
@@ -217,7 +224,8 @@ class UnitRanges:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._contained(self._close_all)()
+        if self._open:
+            self._contained(self._close_all)()
 
     @property
     def unit_names(self) -> list[str]:
@@ -374,15 +382,21 @@ class UnitRanges:
 
     # ------------------------------------------------------------ containment
     def _contained(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """`fn` that never raises: the first error is reported, every hook removed, ranges closed."""
+        """`fn` that never raises: the first error is reported, every hook removed, ranges closed.
+
+        It runs holding the lock (one hook body at a time, whichever thread calls it).
+        """
 
         def call(*args: Any) -> None:
             if self._broken:
                 return
-            try:
-                fn(*args)
-            except Exception as exc:
-                self._fail(exc)
+            with self._lock:
+                if self._broken:
+                    return
+                try:
+                    fn(*args)
+                except Exception as exc:
+                    self._fail(exc)
 
         return call
 

@@ -266,6 +266,33 @@ def test_units_are_found_at_a_unit_called_directly(nvtx: NvtxRecorder, process_g
     nvtx.check_balanced_and_nested()
 
 
+def test_ranges_open_and_close_holding_the_lock(nvtx: NvtxRecorder, process_group: None) -> None:
+    # Backward hooks run on autograd's thread, forward hooks on the training thread: every range
+    # call is made holding the lock (checkpointing puts forward hooks inside backward as well).
+    model = fsdp_model(2, ac="outer")
+    ranges = UnitRanges(enabled=True, report=lambda msg: None)
+    unlocked: list[str] = []
+
+    def check(call: str) -> None:
+        if not ranges._lock._is_owned():  # type: ignore[attr-defined]
+            unlocked.append(call)
+
+    def start(msg: str) -> int:
+        check(f"start {msg}")
+        return nvtx.range_start(msg)
+
+    def end(rid: int) -> None:
+        check(f"end {rid}")
+        nvtx.range_end(rid)
+
+    ranges._start, ranges._end = start, end
+    ranges.attach(model)
+    train(model, steps=2, ranges=ranges)
+    ranges.close()
+    assert unlocked == [] and len(nvtx.names()) == 2 * len(expected_step(2, recompute=True))
+    nvtx.check_balanced_and_nested()
+
+
 @pytest.mark.parametrize("wrap_root", [True, False])
 def test_session_finds_the_units_at_the_first_fsdp_forward(
     nvtx: NvtxRecorder, process_group: None, tmp_path: Path, wrap_root: bool
