@@ -196,8 +196,9 @@ class UnitRanges:
         self._lock = threading.RLock()
         self._start: Callable[[str], int] = torch.cuda.nvtx.range_start
         self._end: Callable[[int], None] = torch.cuda.nvtx.range_end
-        # Built once: wrapping a function for torch.compile costs more than the hook itself.
-        self._grad_hook = eager_or_opaque(self._contained(_Once.fire))
+        # Built once, in attach(): wrapping a function for torch.compile costs more than the hook
+        # itself, and nothing is built while the ranges are off (no tool listening: the usual case).
+        self._grad_hook: Callable[..., None] | None = None
 
     # ------------------------------------------------------------ lifecycle
     def watch(self) -> None:
@@ -269,6 +270,8 @@ class UnitRanges:
         """Register the range hooks on every FSDP unit under `root` (itself included), once."""
         if self._units or not self.enabled:
             return
+        if self._grad_hook is None:
+            self._grad_hook = eager_or_opaque(self._contained(_Once.fire))
         found = find_units(root, self._types)
         names = [name for name, _ in found]
         for index, (name, module) in enumerate(found):
@@ -340,12 +343,12 @@ class UnitRanges:
 
         The hooks live as long as the tensors (one step), so no handle is kept.
         """
+        assert self._grad_hook is not None  # built by attach(), which registered the caller
         once = _Once(fn)
-        if all_of and len(tensors) > 1:
-            multi = torch.autograd.graph.register_multi_grad_hook
-            multi(tensors, functools.partial(self._grad_hook, once), mode="all")
-            return
         hook = functools.partial(self._grad_hook, once)
+        if all_of and len(tensors) > 1:
+            torch.autograd.graph.register_multi_grad_hook(tensors, hook, mode="all")
+            return
         for t in tensors:
             t.register_hook(hook)
 

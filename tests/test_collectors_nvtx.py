@@ -336,6 +336,27 @@ def test_nothing_is_registered_without_cuda_or_with_nvtx_off(
     assert after == before
 
 
+def test_ranges_off_build_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Off (no CUDA, --no-nvtx, or no NVTX tool listening: the usual case) costs nothing: not even
+    # the torch.compile-safe wrapper of the gradient hook (torch.compiler.disable, dynamo import).
+    from zdiag.collectors import nvtx as nvtx_module
+
+    def no_wrapping(fn: object) -> None:
+        raise AssertionError("eager_or_opaque called while the ranges are off")
+
+    monkeypatch.setattr(nvtx_module, "eager_or_opaque", no_wrapping)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    monkeypatch.delenv("NVTX_INJECTION32_PATH", raising=False)
+    for enabled in (True, False):
+        ranges = UnitRanges(enabled=enabled, report=lambda msg: None)
+        ranges.watch()
+        ranges.attach(nn.Linear(2, 2))
+        ranges.step_end()
+        ranges.close()
+        assert not ranges.enabled and ranges._grad_hook is None
+
+
 def test_unit_names_drop_wrapper_parts() -> None:
     assert unit_name("") == "root"
     assert unit_name("_fsdp_wrapped_module.layers.0") == "layers.0"
