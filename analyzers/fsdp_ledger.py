@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import re
 import weakref
 from collections import defaultdict
@@ -56,7 +55,7 @@ _ZERO3_OP_RE = re.compile(
     r"^(PreBackwardFunctionForModule|PostBackwardFunctionModule|PreBackwardFunction"
     r"|PostBackwardFunction|LinearFunctionForZeroStage3)(Backward)?$"
 )
-# The autograd engine's per-node op: its first one in a step is where backward starts.
+# The autograd engine's per-node op: what runs inside one is backward work.
 _BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function: "
 # Host ops that issue a collective (the outermost comm op on the training thread).
 _ISSUE_RE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms$)")
@@ -233,15 +232,28 @@ def _zero3_lanes(trace: RankTrace) -> set[int]:
     return {int(x) for x in np.unique(trace.lane_id[hit])}
 
 
-def _backward_starts(trace: RankTrace, lanes: set[int]) -> dict[int, np.ndarray]:
-    """Per lane, the sorted start times of the autograd engine's node ops (backward work)."""
+def _backward_spans(trace: RankTrace, lanes: set[int]) -> dict[int, intervals.IntervalSet]:
+    """Per lane, where the autograd engine ran a node (`autograd::engine::evaluate_function:`
+    ops, union): a collective issued inside one was issued by backward work (a module's
+    backward pre-hook refetching its parameters, a gradient hook, recomputation)."""
     ids = np.array(
         [j for j, n in enumerate(trace.names) if n.startswith(_BACKWARD_OP_PREFIX)],
         dtype=np.int32,
     )
     ops = trace.of_kind(EventKind.CPU_OP)
     ops = ops[np.isin(trace.name_id[ops], ids)] if ids.size else ops[:0]
-    return {lane: np.sort(trace.ts_us[ops[trace.lane_id[ops] == lane]]) for lane in lanes}
+    end_us = trace.end_us
+    out = {}
+    for lane in lanes:
+        on = ops[trace.lane_id[ops] == lane]
+        out[lane] = intervals.union(trace.ts_us[on], end_us[on])
+    return out
+
+
+def _inside(spans: intervals.IntervalSet, t: float) -> bool:
+    """Whether t lies in one of the disjoint, sorted intervals [start, end)."""
+    k = int(np.searchsorted(spans[0], t, side="right")) - 1
+    return k >= 0 and t < float(spans[1][k])
 
 
 def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str, int]:
@@ -440,7 +452,7 @@ def build_rank_ledger(
         for i, enc in zip(idx, _enclosing_labels(labels.get(lane, []), times), strict=True):
             enclosing_of[i] = enc
 
-    backward_starts: dict[int, np.ndarray] | None = None
+    backward: dict[int, intervals.IntervalSet] | None = None
     records: list[CollectiveRecord] = []
     for i in issues:
         t = float(trace.ts_us[i])
@@ -456,12 +468,12 @@ def build_rank_ledger(
         fam = _family(kind_name)
         if fam is None:
             continue
-        step, step_start = -1, -math.inf
+        step = -1
         if windowed:
             k = int(np.searchsorted(w_s, t, side="right")) - 1
             if k < 0 or t >= w_e[k]:
                 continue
-            step, step_start = int(w_num[k]), float(w_s[k])
+            step = int(w_num[k])
         prefetched = any(lab.phase.endswith("_prefetch") for lab in enclosing)
         e = pairing.get(i, i)
         elems, nbytes, dt = _message(trace, i, e, coll_row.get(e), fam == GATHER_FAMILY)
@@ -477,11 +489,9 @@ def build_rank_ledger(
             if fam == REDUCE_FAMILY and 0 <= elems <= 1:
                 continue  # overflow check / gradient norm, not gradient traffic
             unit = ""  # named by position below
-            if backward_starts is None:
-                backward_starts = _backward_starts(trace, {int(trace.lane_id[x]) for x in issues})
-            starts = backward_starts.get(lane, np.zeros(0))
-            j = int(np.searchsorted(starts, t, side="right"))
-            in_backward = j > 0 and float(starts[j - 1]) >= step_start
+            if backward is None:
+                backward = _backward_spans(trace, {int(trace.lane_id[x]) for x in issues})
+            in_backward = lane in backward and _inside(backward[lane], t)
             phase = "backward" if fam == REDUCE_FAMILY or in_backward else "forward"
         start = float(trace.ts_us[e])
         end = float(end_us[e])

@@ -263,3 +263,15 @@ def test_zero3_without_shapes_on_gloo_keeps_the_scalar_all_reduce(tmp_path: Path
         extra = [r for r in reduces if r.issued_us not in buckets]
         assert buckets <= {r.issued_us for r in reduces}
         assert [r.step for r in extra] == STEPS  # one per step: the scalar all-reduce
+
+
+def test_zero3_phases_without_step_windows(zero3: tuple[RunData, Analysis, Report]) -> None:
+    """Read without ProfilerStep windows (a trace from another profiler loop), the second
+    step's gathers still come after the first backward: they are forward all the same."""
+    run, _, _ = zero3
+    for t in run.ranks:
+        lg = build_rank_ledger(t)
+        assert lg.framework == "deepspeed"
+        assert len(lg.gathers) == 25 * len(STEPS) and len(lg.reduces) == 9 * len(STEPS)
+        assert {r.phase for r in lg.gathers} == {"forward"}
+        assert {r.phase for r in lg.reduces} == {"backward"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from zdiag.analyzers.fsdp_ledger import build_ledger, build_rank_ledger
+from zdiag.analyzers.fsdp_ledger import RankLedger, build_ledger, build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
 
 MAIN, GLOO = 100, 200
@@ -191,6 +191,75 @@ def fsdp2_cpu_trace(
                 "args": {},
             }
         )
+        b.t += 10
+    return b.doc()
+
+
+ENGINE = "autograd::engine::evaluate_function: "
+
+
+def zero3_cpu_trace(
+    modules: list[int],
+    *,
+    steps: int = 2,
+    profiler_steps: bool = True,
+    refetch: bool = True,
+    persistent: int = 64,
+    shapes: bool = True,
+) -> dict[str, Any]:
+    """DeepSpeed ZeRO-3 on gloo as 0.19 records it (docs/fsdp-patterns.md): no DeepSpeed range,
+    its per-module autograd Functions as cpu_ops. Per step: the `persistent` (> 0) parameters
+    re-gathered first, before any ZeRO-3 op of the step (after the previous step's backward
+    nodes); a forward over `modules` (element counts), each fetched before its
+    `PostBackwardFunctionModule`; a backward in reverse, where (with `refetch`) each module's
+    `PreBackwardFunctionForModuleBackward` node fetches it again and an `AccumulateGrad` node
+    reduces its gradient bucket; then a scalar all-reduce (overflow check). `profiler_steps`:
+    one ProfilerStep range per step; `shapes`: `Input Dims` / `Input type` (`record_shapes`).
+    """
+    b = TraceBuilder()
+
+    def shaped(dims: list[Any], types: list[str]) -> dict[str, Any]:
+        return {"Input Dims": dims, "Input type": types} if shapes else {}
+
+    def gather(t: float, numel: int) -> None:
+        b.x("c10d::_allgather_base_", t, 10, **shaped([[numel], [numel // 2]], ["float"] * 2))
+        b.x("gloo:all_gather", t + 2, 50, tid=GLOO, cat="user_annotation",
+            **shaped([[numel // 2]], ["float"]))  # fmt: skip
+
+    for step in range(steps):
+        start = b.t
+        t = start
+        if persistent:
+            gather(t, persistent)
+            t += 60
+        for numel in modules:
+            gather(t, numel)
+            b.x("PostBackwardFunctionModule", t + 60, 5)
+            b.x("LinearFunctionForZeroStage3", t + 70, 100)
+            b.x("aten::mm", t + 75, 90)
+            b.x("PreBackwardFunctionForModule", t + 175, 5)
+            t += 200
+        for numel in reversed(modules):
+            b.x(ENGINE + "PreBackwardFunctionForModuleBackward", t, 80)
+            b.x("PreBackwardFunctionForModuleBackward", t + 1, 78)
+            if refetch:
+                gather(t + 5, numel)
+            b.x(ENGINE + "LinearFunctionForZeroStage3Backward", t + 100, 100)
+            b.x("aten::mm", t + 105, 90)
+            b.x(ENGINE + "torch::autograd::AccumulateGrad", t + 210, 80)
+            b.x("torch::autograd::AccumulateGrad", t + 211, 78)
+            b.x("c10d::_reduce_scatter_base_", t + 215, 10,
+                **shaped([[numel // 2], [numel]], ["float"] * 2))  # fmt: skip
+            b.x("gloo:all_reduce", t + 217, 50, tid=GLOO, cat="user_annotation",
+                **shaped([[numel]], ["float"]))  # fmt: skip
+            t += 300
+        b.x("c10d::allreduce_", t, 10, **shaped([[[]]], ["TensorList"]))
+        b.x("gloo:all_reduce", t + 2, 5, tid=GLOO, cat="user_annotation",
+            **shaped([[]], ["double"]))  # fmt: skip
+        b.x("Optimizer.step#AdamW.step", t + 20, 100, cat="user_annotation")
+        b.t = t + 130
+        if profiler_steps:
+            b.x(f"ProfilerStep#{step + 1}", start - 1, b.t - start + 2, cat="user_annotation")
         b.t += 10
     return b.doc()
 
@@ -419,3 +488,48 @@ def test_fsdp1_backward_collectives_match_forward_units_in_reverse(tmp_path: Pat
         ("reduce", "backward", "fsdp1-unit-1", 3200),
         ("reduce", "backward", "fsdp1-unit-0", 400),
     ]
+
+
+def _zero3_phases(ledger: RankLedger) -> list[tuple[int, str, str]]:
+    return [(r.step, r.family, r.phase) for r in ledger.records]
+
+
+ZERO3_STEP = (
+    [("all_gather", "forward")] * 3  # persistent re-gather, then 2 module fetches
+    + [("all_gather", "backward"), ("reduce", "backward")] * 2  # refetch, bucket per module
+)
+
+
+def test_zero3_ledger_phases_from_the_autograd_engine_with_and_without_step_windows(
+    tmp_path: Path,
+) -> None:
+    """A ZeRO-3 gather is backward when the autograd engine issued it (inside a node op), with
+    or without ProfilerStep windows: the persistent re-gather and the forward fetches of the
+    second step follow the first step's backward nodes and are still forward."""
+    bare = load_rank_trace(write(tmp_path, zero3_cpu_trace([4000, 8000], profiler_steps=False)))
+    ledger = build_rank_ledger(bare)
+    assert ledger.framework == "deepspeed"
+    assert [(f, p) for _, f, p in _zero3_phases(ledger)] == ZERO3_STEP * 2
+    assert {r.step for r in ledger.records} == {-1}
+    # the scalar all-reduce (a 0-dim tensor in a TensorList) is left out
+    assert all(r.bytes > 8 for r in ledger.records)
+
+    doc = zero3_cpu_trace([4000, 8000])
+    windowed = load_rank_trace(write(tmp_path, doc, "windowed-rank0.json.gz"))
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep")]
+    ledger = build_rank_ledger(
+        windowed,
+        [1, 2],
+        [e["ts"] for e in steps],
+        [e["ts"] + e["dur"] for e in steps],
+    )
+    assert _zero3_phases(ledger) == [(s, f, p) for s in (1, 2) for f, p in ZERO3_STEP]
+
+
+def test_zero3_scalar_all_reduce_without_shapes_on_gloo_is_not_known(tmp_path: Path) -> None:
+    """gloo without `record_shapes` records no size: the scalar all-reduce stays, of unknown
+    size, after the buckets (docs/fsdp-patterns.md)."""
+    doc = zero3_cpu_trace([4000, 8000], steps=1, shapes=False)
+    ledger = build_rank_ledger(load_rank_trace(write(tmp_path, doc)))
+    assert [(f, p) for _, f, p in _zero3_phases(ledger)] == [*ZERO3_STEP, ("reduce", "backward")]
+    assert all(r.bytes == -1 for r in ledger.records)
