@@ -386,3 +386,59 @@ def test_flat_sharding_across_nodes_recommends_hsdp_with_runnable_code() -> None
     assert f.expected_gain_ms == pytest.approx(1.0)  # 2 ms exposed per step, halved
     single_node = DetectorContext(ledgers={0: ledger}, manifest={"world_size": 8, "nnodes": 1})  # type: ignore[dict-item]
     assert flat_sharding.detect(single_node) == []
+
+
+def _comm_bound_ctx(framework: str) -> DetectorContext:
+    """Every step comm-bound (60 ms comm, 30 ms compute), fp32 gathers, one `framework` rank."""
+    from types import SimpleNamespace
+
+    from zdiag.analyzers.report import StepBreakdown
+
+    steps = [
+        StepBreakdown(step=n, duration_ms=100.0, compute_ms=30.0, comm_ms=60.0,
+                      overlapped_ms=20.0, exposed_comm_ms=40.0, idle_ms=30.0, verdict="comm-bound")
+        for n in (1, 2)
+    ]  # fmt: skip
+    gather = SimpleNamespace(dtype="float")
+    ledger = SimpleNamespace(rank=0, framework=framework, records=[gather], gathers=[gather])
+    return DetectorContext(ledgers={0: ledger}, breakdowns={0: steps})  # type: ignore[dict-item]
+
+
+# What each framework's bf16 advice must name, and what belongs to another framework.
+BF16_NAMES = {
+    "fsdp2": ("MixedPrecisionPolicy(param_dtype=torch.bfloat16", "mixed_precision="),
+    "fsdp1": ("mixed_precision=MixedPrecision(param_dtype=torch.bfloat16", "MixedPrecisionPolicy"),
+    "deepspeed": ('"bf16": {"enabled": true}', "MixedPrecision"),
+}
+
+
+@pytest.mark.parametrize("framework", sorted(BF16_NAMES))
+def test_comm_bound_bf16_advice_per_framework(framework: str) -> None:
+    from zdiag.analyzers.detectors import comm_bound
+
+    (f,) = comm_bound.detect(_comm_bound_ctx(framework))
+    must, must_not = BF16_NAMES[framework]
+    assert must in f.recommendation and must in (f.code or "")
+    assert must_not not in f.recommendation and must_not not in (f.code or "")
+    if framework != "fsdp2":
+        assert "fully_shard" not in f.recommendation + (f.code or "")
+
+
+@pytest.mark.parametrize("framework", sorted(BF16_NAMES))
+def test_fp32_collectives_bf16_advice_per_framework(framework: str) -> None:
+    from zdiag.analyzers.detectors import fp32_collectives
+    from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
+
+    gathers = [
+        CollectiveRecord(unit=f"u{k}", framework=framework, family="all_gather",
+                         kind="all_gather", phase="forward", step=1, issued_us=1000.0 * k,
+                         issue_end_us=1000.0 * k + 5, start_us=1000.0 * k + 10,
+                         end_us=1000.0 * k + 510, bytes=4 << 20, dtype="float", exposed_us=500.0)
+        for k in range(4)
+    ]  # fmt: skip
+    ledger = RankLedger(rank=0, framework=framework, device="cpu", records=gathers, steps=[1])
+    ledger.window_us = 4000.0
+    (f,) = fp32_collectives.detect(DetectorContext(ledgers={0: ledger}))
+    must, must_not = BF16_NAMES[framework]
+    assert must in f.recommendation and must in (f.code or "")
+    assert must_not not in f.recommendation and must_not not in (f.code or "")

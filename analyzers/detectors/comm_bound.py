@@ -8,7 +8,11 @@ more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi
 from __future__ import annotations
 
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.fp32_collectives import bf16_gather_code, is_fp32
+from zdiag.analyzers.detectors.fp32_collectives import (
+    bf16_gather_code,
+    bf16_gather_option,
+    is_fp32,
+)
 from zdiag.analyzers.report import Finding
 
 # Most steps must be comm-bound (per the pipeline's verdicts), not one outlier.
@@ -41,12 +45,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
     nnodes = ctx.nnodes or 1
     options = []
-    if fp32 and ledgers[0].framework == "deepspeed":
-        options.append('train in bf16 (DeepSpeed config "bf16": {"enabled": true})')
-    elif fp32:
-        options.append(
-            "gather parameters in bf16 (MixedPrecisionPolicy(param_dtype=torch.bfloat16))"
-        )
+    if fp32:
+        options.append(bf16_gather_option(ledgers[0].framework))
     options.append("a bigger batch per rank (more compute per gathered byte)")
     if nnodes > 1:
         options.append("HSDP (shard within a node, replicate across nodes)")

@@ -7,6 +7,8 @@ fp32 if asked): half the bytes on the wire and in the unsharded parameter memory
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.report import Finding
@@ -25,26 +27,63 @@ FP32_BYTES_SHARE = 0.5
 EXPOSED_STEP_SHARE = 0.1
 
 
-_CODE = {
-    "fsdp2": (
-        "import torch\n"
-        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
-        "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
-        "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+@dataclass(frozen=True)
+class Bf16Advice:
+    """How one framework gathers parameters in bf16: the option in words and the code."""
+
+    option: str  # a clause: "gather parameters in bf16 (...)"
+    code: str
+
+
+_BF16: dict[str, Bf16Advice] = {
+    "fsdp2": Bf16Advice(
+        option=(
+            "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
+            "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))"
+        ),
+        code=(
+            "import torch\n"
+            "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+            "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+            "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+        ),
     ),
-    "fsdp1": (
-        "import torch\n"
-        "from torch.distributed.fsdp import MixedPrecision\n"
-        "FSDP(model, ..., mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,\n"
-        "                                                reduce_dtype=torch.float32))"
+    "fsdp1": Bf16Advice(
+        option=(
+            "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
+            "(FSDP(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, "
+            "reduce_dtype=torch.float32)))"
+        ),
+        code=(
+            "import torch\n"
+            "from torch.distributed.fsdp import MixedPrecision\n"
+            "FSDP(model, ..., mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,\n"
+            "                                                reduce_dtype=torch.float32))"
+        ),
     ),
-    "deepspeed": '"bf16": {"enabled": true}  # DeepSpeed config',
+    "deepspeed": Bf16Advice(
+        option=(
+            'train in bf16 (DeepSpeed config "bf16": {"enabled": true}; ZeRO then gathers bf16 '
+            "parameters and the optimizer keeps fp32 master weights)"
+        ),
+        code='"bf16": {"enabled": true}  # DeepSpeed config',
+    ),
 }
 
 
+def _bf16(framework: str | None) -> Bf16Advice:
+    return _BF16.get(framework or "fsdp2", _BF16["fsdp2"])
+
+
+def bf16_gather_option(framework: str | None) -> str:
+    """The change that gathers parameters in bf16, in words, for the framework of the trace
+    (a lower-case clause, to go into a sentence)."""
+    return _bf16(framework).option
+
+
 def bf16_gather_code(framework: str | None) -> str:
-    """The change that gathers parameters in bf16, for the framework of the trace."""
-    return _CODE.get(framework or "fsdp2", _CODE["fsdp2"])
+    """The change that gathers parameters in bf16, as code, for the framework of the trace."""
+    return _bf16(framework).code
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -89,8 +128,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "window_ms": round(lg.window_us / 1e3, 3),
             },
             recommendation=(
-                "Gather parameters in bf16 (keep fp32 shards and fp32 gradient reduction): half "
-                "the all-gather bytes and half the unsharded parameter memory."
+                _sentence(bf16_gather_option(lg.framework))
+                + ": half the all-gather bytes and half the unsharded parameter memory."
             ),
             code=bf16_gather_code(lg.framework),
             expected_gain_ms=gain_ms,
@@ -98,3 +137,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             gain_method=method + "; bytes: half of the largest unit's unsharded parameters",
         )
     ]
+
+
+def _sentence(clause: str) -> str:
+    return clause[:1].upper() + clause[1:]
