@@ -38,6 +38,12 @@ from zdiag.collectors.fsio import write_atomically
 TIMELINE_COLUMNS = 9
 """Columns of a coalesced timeline row: an unused 0, seven categories, then "unknown" (torch's)."""
 
+KNOWN_TORCH_BUG = "pytorch/pytorch#167838"
+"""Upstream issue of torch's `AssertionError: version mismatch` (module docstring)."""
+
+MAX_REASON_CHARS = 200
+"""The longest exception message kept in a failure reason (torch's assertion dumps whole graphs)."""
+
 AllocationEvent = tuple[int, int, int, int]
 """(time_ns, address, bytes: > 0 allocated, < 0 freed, allocator's total allocated after it)."""
 
@@ -46,17 +52,40 @@ def export_timeline(prof: Any, path: str | Path, device: str) -> str | None:
     """Write `prof`'s memory timeline for `device` to `path` (.json.gz), atomically.
 
     None: torch's categorized timeline was written. Otherwise torch's export failed, the
-    totals-only timeline was written instead, and the answer says why torch failed (one line).
-    Raises only if neither could be written.
+    totals-only timeline was written instead, and the answer says why torch failed (one line,
+    `failure_reason`). Raises only if neither could be written.
     """
     try:
         write_atomically(path, lambda tmp: _torch_export(prof, tmp, device), ".timeline.json.gz")
         return None
     except Exception as exc:
-        reason = f"{type(exc).__name__}: {str(exc).partition(': ')[0][:80]}"
+        reason = failure_reason(exc)
     totals = totals_timeline(allocation_events(prof, device), use_allocator_total=_is_cuda(device))
     write_atomically(path, lambda tmp: _write_gzip_json(tmp, totals), ".timeline.json.gz")
     return reason
+
+
+def is_known_torch_bug(exc: BaseException) -> bool:
+    """Whether `exc` is torch's data-flow assertion on a free it did not record (#167838)."""
+    return isinstance(exc, AssertionError) and "version mismatch" in str(exc)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why torch's export failed, in one line: the exception as it is, cut short.
+
+    Only torch's `AssertionError: version mismatch` is explained as the known problem (frees on
+    other threads, such as gloo's, lost: pytorch/pytorch#167838); anything else (a disk error,
+    an API change, MemoryError) is reported plainly, with no guess at its cause.
+    """
+    if is_known_torch_bug(exc):
+        return (
+            "AssertionError: version mismatch; torch loses the frees done on other threads, "
+            f"such as gloo's: {KNOWN_TORCH_BUG}"
+        )
+    message = " ".join(str(exc).split())
+    if len(message) > MAX_REASON_CHARS:
+        message = message[: MAX_REASON_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _torch_export(prof: Any, tmp: str, device: str) -> None:

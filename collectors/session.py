@@ -342,9 +342,7 @@ class RankSession:
             if failure is not None:
                 self._report(
                     f"torch's memory profiler could not sort this rank's memory into categories "
-                    f"({failure}; torch loses the frees done on other threads, such as gloo's: "
-                    "pytorch/pytorch#167838); its memory timeline holds total bytes only "
-                    "(docs/run.md)"
+                    f"({failure}); its memory timeline holds total bytes only (docs/run.md)"
                 )
 
     def _dump_window_snapshot(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import zdiag
-from zdiag.collectors import manifest, memory, rundir, runinfo
+from zdiag.collectors import manifest, memory, memtimeline, rundir, runinfo
 from zdiag.collectors.api import default_out_dir
 from zdiag.collectors.config import CollectorConfig, config_from_env, parse_profile_steps
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
@@ -344,3 +344,61 @@ def test_manifest_device_on_a_gpu_machine_training_on_cpu(
         prof.step()
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["device"] == "cpu" and m["ranks"][0]["device"] == "cpu"
+
+
+def test_timeline_failure_cites_the_torch_issue_only_for_its_assertion() -> None:
+    # pytorch/pytorch#167838 explains torch's "version mismatch" assertion; any other failure of
+    # the export (a disk error, an API change, MemoryError) is reported as it is.
+    known = memtimeline.failure_reason(
+        AssertionError("version mismatch: {TensorKey(id=3): (1, 2)}, " + "edge " * 500)
+    )
+    assert known.startswith("AssertionError: version mismatch; ")
+    assert "pytorch/pytorch#167838" in known and "TensorKey" not in known
+    plain = {
+        OSError(28, "No space left on device"): "OSError: [Errno 28] No space left on device",
+        AttributeError("no attribute 'export_memory_timeline'"): (
+            "AttributeError: no attribute 'export_memory_timeline'"
+        ),
+        MemoryError(): "MemoryError",
+        AssertionError("another\ncheck failed"): "AssertionError: another check failed",
+    }
+    for exc, reason in plain.items():
+        assert memtimeline.failure_reason(exc) == reason
+    long = memtimeline.failure_reason(RuntimeError("x" * 1000))
+    assert len(long) == len("RuntimeError: ") + memtimeline.MAX_REASON_CHARS
+    assert long.endswith("...")
+
+
+@pytest.mark.parametrize(
+    ("error", "cites_issue"),
+    [
+        (OSError(28, "No space left on device"), False),
+        (AssertionError("version mismatch for input: expected 1, got 2"), True),
+    ],
+)
+def test_totals_only_timeline_says_why_torch_failed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    cites_issue: bool,
+) -> None:
+    def failing_export(prof: object, tmp: str, device: str) -> None:
+        raise error
+
+    monkeypatch.setattr(memtimeline, "_torch_export", failing_export)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with zdiag.profile(out=tmp_path, wait=0, warmup=0, active=1, profile_memory=True) as prof:
+        for _ in range(2):
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    rank = json.loads((tmp_path / "manifest.json").read_text())["ranks"][0]
+    assert rank["memory_timeline"] and rank["memory_timeline_categorized"] is False
+    [message] = rank["collector_errors"]
+    assert "could not sort this rank's memory" in message
+    assert f"{type(error).__name__}: " in message
+    assert ("pytorch/pytorch#167838" in message) is cites_issue
+    assert ("pytorch/pytorch#167838" in capsys.readouterr().err) is cites_issue
