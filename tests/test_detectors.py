@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_ledger import BLOCKS, fsdp2_cpu_trace, write
+from test_ledger import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
 
 from zdiag.analyzers.detectors import DETECTORS, FSDP_FINDING_IDS, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
@@ -442,3 +442,17 @@ def test_fp32_collectives_bf16_advice_per_framework(framework: str) -> None:
     must, must_not = BF16_NAMES[framework]
     assert must in f.recommendation and must in (f.code or "")
     assert must_not not in f.recommendation and must_not not in (f.code or "")
+
+
+def test_whole_model_wrap_does_not_apply_to_deepspeed_zero(tmp_path: Path) -> None:
+    """One ZeRO-3 fetch moving nearly every parameter is not a wrap choice (ZeRO has none): the
+    same ledger with the framework renamed to FSDP's would be a whole-model wrap."""
+    from zdiag.analyzers.detectors import whole_model_wrap
+
+    ctx = _ctx(tmp_path, zero3_cpu_trace([200_000, 100], steps=1, refetch=False, persistent=0))
+    ledger = ctx.ledgers[0]
+    assert ledger.framework == "deepspeed"
+    assert whole_model_wrap.detect(ctx) == []
+    ledger.framework = "fsdp1"  # the guard is what keeps it quiet
+    (f,) = whole_model_wrap.detect(ctx)
+    assert f.units == ["zero-gather-0"]
