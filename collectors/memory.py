@@ -26,7 +26,9 @@ def device_in_use() -> str:
     """`cuda:<current device>` once this process has initialized CUDA, else `cpu`.
 
     Asking never initializes CUDA. A rank on a GPU machine that trains on the CPU (`--device cpu`)
-    never initializes it, so it reads `cpu`.
+    never initializes it, so it reads `cpu`. The index is `torch.cuda.current_device()`: a script
+    that never calls `torch.cuda.set_device` (e.g. `model.to(f"cuda:{local_rank}")`) reads
+    `cuda:0` whichever GPU it trains on (docs/run-dir.md, `device`).
     """
     return f"cuda:{torch.cuda.current_device()}" if cuda_in_use() else "cpu"
 

@@ -3,15 +3,17 @@
 Active only when CUDA is available and NVTX is on (`--nvtx`, the default). Otherwise
 `StepRanges` returns at once from every call (no torch.cuda call) and `UnitRanges` registers
 nothing at all: no hook, no per-step work. The per-unit ranges also need an NVTX tool listening
-(Nsight sets `NVTX_INJECTION64_PATH` in the processes it profiles): their hooks cost about 50 µs
-per unit and step on the host (measured on CPU with a recorder, `bench/nvtx_unit_cost.py`), which
-is not spent when nothing would receive the ranges. The step range is always pushed (~2 µs).
+(Nsight sets `NVTX_INJECTION64_PATH` in the processes it profiles): their hooks cost 50–100 µs
+per unit and step on the host (measured on CPU with the NVTX calls replaced by no-ops:
+`bench/nvtx_unit_cost.py`, docs/benchmarks.md), which is not spent when nothing would receive the
+ranges. The step range is always pushed (~2 µs).
 
 - `zdiag step N`: pushed and popped from the step hook (`range_push`/`range_pop`, training thread).
 - `zdiag forward <fqn>` / `zdiag recompute <fqn>` / `zdiag backward <fqn>`, one per FSDP unit
   (FSDP2 `fully_shard` modules, FSDP1 `FullyShardedDataParallel`; `<fqn>` is the unit's name in the
-  model the script calls, `root` when that model is itself a unit). They use `range_start`/`range_end`, which are not bound to a
-  thread: on CUDA autograd runs backward on its own device thread.
+  model the script calls, `root` when that model is itself a unit). They use
+  `range_start`/`range_end`, which are not bound to a thread: on CUDA autograd runs backward on
+  its own device thread.
   - forward: opened by a forward pre-hook placed before FSDP's own (so FSDP's unshard wait is
     inside) and closed by a forward hook placed after FSDP's (so the reshard is inside; it runs
     even if the forward raises). A forward that runs inside backward is activation checkpointing

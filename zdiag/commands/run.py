@@ -109,7 +109,11 @@ class RunCommand:
             "--nvtx",
             action=argparse.BooleanOptionalAction,
             default=True,
-            help="NVTX range per step when CUDA is present (default: on; free on CPU)",
+            help=(
+                "NVTX ranges for Nsight Systems when CUDA is present (default: on; free on CPU): "
+                "one per step, plus forward/backward/recompute ranges per FSDP unit, added only "
+                "while an NVTX tool such as Nsight listens (NVTX_INJECTION64_PATH set)"
+            ),
         )
         prof.add_argument(
             "--monitor",
