@@ -250,12 +250,6 @@ def _backward_spans(trace: RankTrace, lanes: set[int]) -> dict[int, intervals.In
     return out
 
 
-def _inside(spans: intervals.IntervalSet, t: float) -> bool:
-    """Whether t lies in one of the disjoint, sorted intervals [start, end)."""
-    k = int(np.searchsorted(spans[0], t, side="right")) - 1
-    return k >= 0 and t < float(spans[1][k])
-
-
 def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str, int]:
     """(largest tensor's element count, dtype, tensors with known shapes) from an op's
     `Input Dims` / `Input type` args (-1, "", 0 without `record_shapes`); see
@@ -491,7 +485,9 @@ def build_rank_ledger(
             unit = ""  # named by position below
             if backward is None:
                 backward = _backward_spans(trace, {int(trace.lane_id[x]) for x in issues})
-            in_backward = lane in backward and _inside(backward[lane], t)
+            in_backward = lane in backward and bool(
+                intervals.covers(backward[lane], np.array([t]))[0]
+            )
             phase = "backward" if fam == REDUCE_FAMILY or in_backward else "forward"
         start = float(trace.ts_us[e])
         end = float(end_us[e])

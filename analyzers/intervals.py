@@ -59,7 +59,7 @@ def _combine(a: IntervalSet, b: IntervalSet, keep_b: bool) -> IntervalSet:
     pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
     lo, hi = pts[:-1], pts[1:]
     mid = (lo + hi) / 2
-    keep = _covers(a, mid) & (_covers(b, mid) == keep_b)
+    keep = covers(a, mid) & (covers(b, mid) == keep_b)
     return _merge_sorted(lo[keep], hi[keep])
 
 
@@ -98,7 +98,10 @@ def clipped_totals(a: IntervalSet, starts: Arr, ends: Arr) -> Arr:
     return covered_until(np.asarray(ends, float)) - covered_until(np.asarray(starts, float))
 
 
-def _covers(a: IntervalSet, t: Arr) -> npt.NDArray[np.bool_]:
+def covers(a: IntervalSet, t: Arr) -> npt.NDArray[np.bool_]:
+    """For each time in `t`, whether it lies in one of `a`'s intervals [start, end)."""
+    if not len(a[0]):
+        return np.zeros(np.shape(t), dtype=bool)
     k = np.searchsorted(a[0], t, side="right") - 1
     ok = k >= 0
     kk = np.maximum(k, 0)
