@@ -10,7 +10,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test lint typecheck unit venv clean sample-traces
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "zdiag: installing into $(VENV) ($(TORCH_SPEC) and the dev extras)..."
 	@$(PIP) install "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored: it is neither" || true
@@ -28,15 +28,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy sees the installed layout (collectors/ as zdiag/collectors, ...) through a symlink tree.
-TYPECHECK_TREE := build/typecheck
+# mypy follows zdiag.analyzers (a symlink to analyzers/) on the checkout itself.
 typecheck: $(STAMP)
-	@rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/zdiag
-	@for f in zdiag/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/zdiag/; done
-	@for d in collectors analyzers tui; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/zdiag/$$d; done
-	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p zdiag
-	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
-		$(CURDIR)/bench/*.py $(CURDIR)/examples/*.py
+	$(BIN)/mypy -p zdiag
+	$(BIN)/mypy bench/*.py examples/*.py
 
 unit: $(STAMP)
 	$(BIN)/pytest

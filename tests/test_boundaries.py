@@ -72,3 +72,81 @@ def test_boundary_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import pandas\nfrom torch import nn\n")
     assert [n for _, n in _imports(bad)] == ["pandas", "torch"]
+
+
+# --- layers inside zdiag: which zdiag modules each layer may import --------------------------
+
+LAYER_RULES: dict[str, tuple[str, ...]] = {
+    # analysis is a library: no presentation, no CLI, no training harness
+    "analyzers": (
+        "zdiag.render",
+        "zdiag.tui",
+        "zdiag.commands",
+        "zdiag.harness",
+        "zdiag.cli",
+    ),
+    # collectors run inside training ranks and never need the analysis
+    "collectors": (
+        "zdiag.analyzers",
+        "zdiag.render",
+        "zdiag.tui",
+        "zdiag.commands",
+        "zdiag.harness",
+        "zdiag.cli",
+    ),
+}
+"""Folder -> zdiag modules its files must not import (the folder's layer sits below them)."""
+
+TUI_ALLOWED = ("zdiag.tui", "zdiag.analyzers.report", "zdiag.render", "zdiag.errors")
+"""The Textual apps see the Report (a value), the view layer and their own modules only."""
+
+
+def layer_violations(path: Path, forbidden: tuple[str, ...]) -> list[tuple[int, str]]:
+    """The imports in `path` that name one of the `forbidden` modules (or a submodule)."""
+    return [
+        (line, name)
+        for line, name in _imports(path)
+        if any(name == f or name.startswith(f + ".") for f in forbidden)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("folder", "path"),
+    [(folder, p) for folder in LAYER_RULES for p in _sources(folder)],
+    ids=lambda x: x if isinstance(x, str) else x.name,
+)
+def test_layers(folder: str, path: Path) -> None:
+    bad = layer_violations(path, LAYER_RULES[folder])
+    assert not bad, f"{path} imports from a layer above {folder}/: {bad}"
+
+
+def tui_violations(path: Path) -> list[tuple[int, str]]:
+    """zdiag imports of a tui/ file outside the Report, the view layer and tui/ itself."""
+    return [
+        (line, name)
+        for line, name in _imports(path)
+        if name.split(".")[0] == "zdiag" and name != "zdiag" and not name.startswith(TUI_ALLOWED)
+    ]
+
+
+@pytest.mark.parametrize("path", _sources("tui"), ids=lambda p: p.name)
+def test_tui_sees_only_the_report_and_the_view_layer(path: Path) -> None:
+    bad = tui_violations(path)
+    assert not bad, f"{path} reaches past the Report and the view layer: {bad}"
+
+
+def test_layer_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
+    """The layer checks fail when a forbidden import is added (a planted file per rule)."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from zdiag.render.text import render_text\n"
+        "import zdiag.analyzers.pipeline\n"
+        "from zdiag.analyzers.report import Report\n"
+    )
+    assert layer_violations(planted, LAYER_RULES["analyzers"]) == [(1, "zdiag.render.text")]
+    assert [n for _, n in layer_violations(planted, LAYER_RULES["collectors"])] == [
+        "zdiag.render.text",
+        "zdiag.analyzers.pipeline",
+        "zdiag.analyzers.report",
+    ]
+    assert tui_violations(planted) == [(2, "zdiag.analyzers.pipeline")]
