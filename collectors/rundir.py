@@ -65,3 +65,8 @@ def make_run_dir(run_dir: str | Path) -> Path:
     for sub in ("traces", "memory", "steps", PARTS_DIR):
         (root / sub).mkdir(parents=True, exist_ok=True)
     return root
+
+
+def model_description_relpath(rank: int) -> str:
+    """The rank's model description (JSON, schema zdiag.model/1), relative to the run directory."""
+    return f"model/rank-{rank}.json"

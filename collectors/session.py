@@ -36,6 +36,7 @@ from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
+from zdiag.collectors.model_capture import ModelCapture
 from zdiag.collectors.nvtx import StepRanges, UnitRanges
 from zdiag.collectors.steplog import StepLog
 
@@ -109,6 +110,7 @@ class RankSession:
         self._profiler_pending = False
         self._window_done = False
         self._forward_hook: Any = None
+        self._model: ModelCapture | None = None  # the model description's one-shot hooks
         self._publisher: Any = None
         self._samples_per_step: float | None = None
         self._step_log = StepLog(
@@ -130,6 +132,9 @@ class RankSession:
         self._remove_listener = runinfo.add_listener(self._on_run_info)
         self._on_run_info(runinfo.current_run_info())
         self._guard("live publisher", self._start_publisher)
+        self._model = self._guard(
+            "model description", ModelCapture(self.run_dir, self.rank, self._report).arm
+        )
         if self.config.profile:
             # The profiler (and CUDA history) start at the first module forward, or at the first
             # step end if no module runs forward before it: after the script's own set-up
@@ -157,6 +162,8 @@ class RankSession:
         if self._remove_listener is not None:
             self._remove_listener()
         self._remove_forward_hook()
+        if self._model is not None:
+            self._model.disarm()
         self._guard("NVTX", self._unit_ranges.close)
         self._guard("NVTX", self._nvtx.end)
         self._guard("profiler", self._stop_profiler)
