@@ -2,11 +2,12 @@
 
 `ModelCapture.arm()` registers a global module forward pre-hook. The first forward of a module
 that holds parameters is the model's (nothing encloses the first forward of a run; a parameterless
-module, a data transform say, is passed over). The hook removes itself at once and writes
-`RUN_DIR/model/rank-<N>.json` (schema `zdiag.model/1`, types in `model_schema.py`), so from then on
-the forward path carries no zdiag hook at all. A global optimizer step post-hook records the
-optimizer class(es) over the first iteration (until an optimizer already seen steps again) and
-then removes itself too. Every failure is reported through the session's collector-error channel
+module, a data transform say, is passed over). It writes `RUN_DIR/model/rank-<N>.json` (schema
+`zdiag.model/1`, types in `model_schema.py`). A global optimizer step post-hook records the
+optimizer(s) that step before the next forward and rewrites the file once with them. At that next
+forward both hooks are removed (a step hook cannot remove itself: torch iterates them live), so
+after the first iteration neither the forward path nor the step carries a zdiag hook of this
+module; until then the forward pre-hook costs one flag test per module call. Every failure is reported through the session's collector-error channel
 and never reaches training.
 
 What is read, and where torch keeps it (torch 2.13; each private attribute is read with a fallback
@@ -292,20 +293,13 @@ def _class_key(cls: type) -> tuple[str, str]:
 
 
 def _repeated_sets(order: list[_Node]) -> list[RepeatedSet]:
-    """Containers of same-class children; a container inside a repeated block is reported for the
-    first block only (`encoder.stages.0` holding 2 Linear, not also `.1` ... `.5`)."""
     found: list[RepeatedSet] = []
-    shadowed: set[int] = set()
     for node in order:
         groups: dict[tuple[str, str], list[_Node]] = {}
         for kid in node.children:
             groups.setdefault(_class_key(kid.cls), []).append(kid)
         for (module_name, _), kids in groups.items():
             if len(kids) < 2:
-                continue
-            for later in kids[1:]:
-                shadowed.update(id(n) for n in _preorder(later))
-            if id(node) in shadowed:
                 continue
             sizes = [k.total[1] for k in kids]
             found.append(
@@ -315,6 +309,7 @@ def _repeated_sets(order: list[_Node]) -> list[RepeatedSet]:
                     child_module=module_name,
                     count=len(kids),
                     child_names=tuple(k.name for k in kids[:MAX_CHILD_NAMES]),
+                    child_modules=sum(1 for _ in _preorder(kids[0])),
                     bytes_per_child_min=min(sizes),
                     bytes_per_child_max=max(sizes),
                     params_per_child_max=max(k.total[0] for k in kids),
@@ -323,7 +318,7 @@ def _repeated_sets(order: list[_Node]) -> list[RepeatedSet]:
                     depth=kids[0].depth,
                 )
             )
-    found.sort(key=lambda r: -r.total_bytes)
+    found.sort(key=lambda r: -(r.total_bytes or 0))
     return found
 
 
@@ -694,26 +689,30 @@ class ModelCapture:
             self._step_hook = None
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
+        if self._description is not None:
+            if self._optimizers:  # the first forward after the first optimizer step: done
+                self.disarm()
+            return
         try:
             if next(module.parameters(), None) is None:
                 return  # a parameterless module (a transform): wait for the model
-            self._remove_forward_hook()
             self._description = describe_model(module, rank=self.rank)
             self._write()
         except Exception as exc:
-            self._remove_forward_hook()
+            self.disarm()
             self._report(f"model description failed: {type(exc).__name__}: {exc}")
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # torch iterates the step hooks while calling them: removing one here would break the
+        # step; the next forward pre-hook call removes both hooks instead.
+        if id(optimizer) in self._optimizers or len(self._optimizers) >= MAX_OPTIMIZERS:
+            return
         try:
-            if id(optimizer) in self._optimizers or len(self._optimizers) >= MAX_OPTIMIZERS:
-                self._remove_step_hook()  # one whole iteration seen
-                return
             self._optimizers[id(optimizer)] = describe_optimizer(optimizer)
             if self._description is not None:
                 self._write()
         except Exception as exc:
-            self._remove_step_hook()
+            self._optimizers[id(optimizer)] = OptimizerInfo(cls=type(optimizer).__name__)
             self._report(f"optimizer description failed: {type(exc).__name__}: {exc}")
 
     def _write(self) -> None:

@@ -29,7 +29,7 @@ _SCHEMA_PREFIX = "zdiag.model/1"
 # Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
 MAX_MODULES = 1000  # module tree entries kept
 KEEP_REPEATED_CHILDREN = 2  # of N same-class siblings, the first ones keep their subtree
-MAX_REPEATED_SETS = 200
+MAX_REPEATED_SETS = 400
 MAX_FSDP_UNITS = 1024
 MAX_PREFETCH_NAMES = 16
 
@@ -59,17 +59,20 @@ class ModuleNode:
 @dataclass(frozen=True)
 class RepeatedSet:
     """A container with at least two direct children of one class (e.g. `encoder.stages` holding 6
-    `ResidualMLP`). Computed on the whole tree, before any cap."""
+    `ResidualMLP`). Computed on the whole tree, before any cap; inside repeated blocks each block's
+    own sets are listed (`layers.0.experts`, `layers.1.experts`, ...). Byte fields are None when
+    unknown (an inferred description)."""
 
     path: str  # the container ("" when the model itself holds them)
-    child_class: str
+    child_class: str  # "" when unknown (inferred from trace labels)
     child_module: str = ""
     count: int = 0
     child_names: tuple[str, ...] = ()  # the first few child names (attribute or index)
-    bytes_per_child_min: int = 0
-    bytes_per_child_max: int = 0
-    params_per_child_max: int = 0
-    total_bytes: int = 0
+    child_modules: int | None = None  # modules in one child's subtree, itself included (1: leaf)
+    bytes_per_child_min: int | None = None
+    bytes_per_child_max: int | None = None
+    params_per_child_max: int | None = None
+    total_bytes: int | None = None
     container_class: str = ""
     depth: int = 0  # depth of the children
 
@@ -91,10 +94,10 @@ class Fsdp2Unit:
     """One `fully_shard` unit. None means torch did not expose the value (see `missing`)."""
 
     path: str
-    cls: str
-    param_count: int = 0
-    sharded_bytes: int = 0  # this rank's local shards
-    unsharded_bytes: int = 0
+    cls: str  # "" when unknown
+    param_count: int | None = None  # None: unknown (an inferred description)
+    sharded_bytes: int | None = None  # this rank's local shards
+    unsharded_bytes: int | None = None
     dtype: str | None = None  # storage dtype of the parameters
     reshard_after_forward: bool | int | None = None  # int: resharded to that group size
     reshard_after_forward_auto: bool | None = None  # the user passed None (torch's default)
