@@ -175,19 +175,21 @@ def facts_from_run_dir(run_dir: str | Path, rank: int | None = None) -> ModelFac
 def inferred_facts(
     labels: Iterable[str],
     *,
+    unit_fqns: Iterable[str] = (),
     unit_bytes: Mapping[str, int] | None = None,
     framework: str = "fsdp2",
 ) -> ModelFacts:
     """Facts inferred from trace labels: FSDP2 unit names (`FSDP::pre_forward (<fqn>)`, the root
-    unit as `FSDP::pre_forward`); `unit_bytes` (unit fqn -> unsharded bytes, e.g. from the gathered
-    collectives) fills in bytes where known. Plain fqns are accepted as well."""
+    unit as `FSDP::pre_forward`; other labels are ignored) plus `unit_fqns` a caller already has
+    (the FSDP ledger's units); `unit_bytes` (unit fqn -> unsharded bytes, e.g. from the gathered
+    collectives) fills in bytes where known, the rest stay None (unknown)."""
     fqns: dict[str, None] = {}
     for label in labels:
         m = _FSDP2_LABEL_RE.match(label)
         if m is not None:
             fqns[m.group("fqn") or ""] = None
-        elif not label.startswith("FSDP::") and " " not in label:
-            fqns[label] = None
+    for fqn in unit_fqns:
+        fqns[fqn] = None
     sizes = dict(unit_bytes or {})
     units = tuple(Fsdp2Unit(path=fqn, cls="", unsharded_bytes=sizes.get(fqn)) for fqn in fqns)
     groups: dict[str, list[str]] = {}

@@ -128,7 +128,7 @@ def _user_class(module: Any) -> type:
     cls = type(module)
     if _is_fsdp2(module):
         for base in cls.__bases__:
-            if not issubclass(base, _FSDPModule):  # type: ignore[arg-type]
+            if not issubclass(base, _FSDPModule):
                 return base
     return cls
 
@@ -136,10 +136,9 @@ def _user_class(module: Any) -> type:
 def _unwrap_step(module: nn.Module) -> nn.Module | None:
     """The module one wrapper inside `module` (DDP, DeepSpeed engine, FSDP1, checkpoint, compile),
     None when `module` wraps nothing."""
-    if _DDP is not None and isinstance(module, _DDP):
-        return module.module  # type: ignore[no-any-return]
-    if _is_deepspeed_engine(module):
-        return module.module  # type: ignore[no-any-return]
+    if (_DDP is not None and isinstance(module, _DDP)) or _is_deepspeed_engine(module):
+        inner = getattr(module, "module", None)
+        return inner if isinstance(inner, nn.Module) else None
     if _FSDP1 is not None and isinstance(module, _FSDP1):
         return module._fsdp_wrapped_module
     for name in ("_checkpoint_wrapped_module", "_orig_mod"):
