@@ -38,6 +38,7 @@ and listed in `missing` when absent, so torch 2.6+ degrades to fewer fields, nev
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,7 +51,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from zdiag.collectors import rundir
 from zdiag.collectors.compile_safe import eager_or_opaque
-from zdiag.collectors.fsio import write_json_atomically
+from zdiag.collectors.fsio import write_atomically
 from zdiag.collectors.model_schema import (
     KEEP_REPEATED_CHILDREN,
     MAX_FSDP_UNITS,
@@ -722,7 +723,13 @@ class ModelCapture:
         extra = tuple(o for o in self._optimizers.values() if (o.cls, o.param_count) not in known)
         if extra:
             desc = self._description = _replace_optimizers(desc, desc.optimizers + extra)
-        write_json_atomically(self.path, desc.to_json())
+        text = json.dumps(desc.to_json(), separators=(",", ":"))  # compact: ~40 % smaller
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+
+        write_atomically(self.path, write)
         self.written = True
 
 

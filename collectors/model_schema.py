@@ -29,7 +29,7 @@ _SCHEMA_PREFIX = "zdiag.model/1"
 # Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
 MAX_MODULES = 1000  # module tree entries kept
 KEEP_REPEATED_CHILDREN = 2  # of N same-class siblings, the first ones keep their subtree
-MAX_REPEATED_SETS = 400
+MAX_REPEATED_SETS = 256  # the largest (by bytes) are kept
 MAX_FSDP_UNITS = 1024
 MAX_PREFETCH_NAMES = 16
 
