@@ -7,7 +7,9 @@ module, a data transform say, is passed over). It writes `RUN_DIR/model/rank-<N>
 optimizer(s) that step before the next forward and rewrites the file once with them. At that next
 forward both hooks are removed (a step hook cannot remove itself: torch iterates them live), so
 after the first iteration neither the forward path nor the step carries a zdiag hook of this
-module; until then the forward pre-hook costs one flag test per module call. Every failure is reported through the session's collector-error channel
+module; until then the forward pre-hook costs one flag test per module call. A model that runs
+forward again before any optimizer step (gradient accumulation, no torch optimizer) stops the
+forward hook there; a later first step re-adds it once, to remove both at the next forward. Every failure is reported through the session's collector-error channel
 and never reaches training.
 
 What is read, and where torch keeps it (torch 2.13; each private attribute is read with a fallback
@@ -666,6 +668,7 @@ class ModelCapture:
         self._step_hook: Any = None
         self._description: ModelDescription | None = None
         self._optimizers: dict[int, OptimizerInfo] = {}
+        self._model_id: int | None = None
 
     def arm(self) -> ModelCapture:
         """Register the forward pre-hook and the optimizer hook (both remove themselves)."""
@@ -692,10 +695,16 @@ class ModelCapture:
         if self._description is not None:
             if self._optimizers:  # the first forward after the first optimizer step: done
                 self.disarm()
+            elif id(module) == self._model_id:
+                # The model runs again before any optimizer step (gradient accumulation, or a
+                # loop with no torch optimizer): stop watching forwards; a first step, if one
+                # comes, re-arms this hook once to remove the step hook.
+                self._remove_forward_hook()
             return
         try:
             if next(module.parameters(), None) is None:
                 return  # a parameterless module (a transform): wait for the model
+            self._model_id = id(module)
             self._description = describe_model(module, rank=self.rank)
             self._write()
         except Exception as exc:
@@ -714,6 +723,8 @@ class ModelCapture:
         except Exception as exc:
             self._optimizers[id(optimizer)] = OptimizerInfo(cls=type(optimizer).__name__)
             self._report(f"optimizer description failed: {type(exc).__name__}: {exc}")
+        if self._forward_hook is None:  # (the forward hook may add itself here: another dict)
+            self._forward_hook = register_module_forward_pre_hook(eager_or_opaque(self._on_forward))
 
     def _write(self) -> None:
         desc = self._description

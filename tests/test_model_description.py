@@ -205,6 +205,9 @@ class Cell(nn.Module):
         super().__init__()
         self.proj = nn.Linear(dim, dim)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)  # type: ignore[no-any-return]
+
 
 class Trunk(nn.Module):
     def __init__(self, dim: int = 8, n: int = 4) -> None:
@@ -377,3 +380,39 @@ def test_inferred_facts_from_fsdp2_labels() -> None:
     assert best.child_class == "" and best.total_bytes is None
     assert python_path("trunk.cells") == "model.trunk.cells"
     assert python_path("layers.0.mlp") == "model.layers[0].mlp"
+
+
+def test_hooks_leave_loops_without_an_optimizer_and_with_accumulation(tmp_path: Path) -> None:
+    from torch.nn.modules import module as module_mod
+    from torch.optim import optimizer as optimizer_mod
+
+    from zdiag.collectors.model_capture import ModelCapture
+
+    def hooks() -> tuple[int, int]:
+        return (
+            len(module_mod._global_forward_pre_hooks),
+            len(optimizer_mod._global_optimizer_post_hooks),
+        )
+
+    before = hooks()
+    model = Trunk()
+    x = torch.randn(2, 8)
+    errors: list[str] = []
+    # no torch optimizer: the forward hook goes at the model's second forward
+    capture = ModelCapture(tmp_path / "a", 0, errors.append).arm()
+    model.cells(x)
+    model.cells(x)
+    assert hooks()[0] == before[0] and capture.written
+    capture.disarm()
+    assert hooks() == before
+    # gradient accumulation: 2 forwards, a step, then a forward removes both hooks
+    capture = ModelCapture(tmp_path / "b", 0, errors.append).arm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model.cells(x).sum().backward()
+    opt.step()
+    assert hooks()[0] == before[0] + 1  # re-armed once, to remove the step hook
+    model.cells(x)
+    assert hooks() == before and not errors
+    desc = ModelDescription.from_json(json.loads(capture.path.read_text()))
+    assert [o.cls for o in desc.optimizers] == ["SGD"] and desc.model_class == "Sequential"
