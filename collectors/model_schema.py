@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 MODEL_SCHEMA = "zdiag.model/1"
-_SCHEMA_PREFIX = "zdiag.model/1"
 
 # Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
 MAX_MODULES = 1000  # module tree entries kept
@@ -211,7 +210,7 @@ class ModelDescription:
         if not isinstance(data, Mapping):
             raise ValueError("a model description must be a JSON object")
         schema = str(data.get("schema", ""))
-        if not schema.startswith(_SCHEMA_PREFIX):
+        if schema != MODEL_SCHEMA and not schema.startswith(MODEL_SCHEMA + "."):
             raise ValueError(f"model description schema {schema!r} is not {MODEL_SCHEMA!r}")
         return _from_json(cls, data)
 

@@ -281,6 +281,9 @@ def test_from_json_is_tolerant_and_checks_the_schema() -> None:
     assert back.param_bytes == 0 and back.modules == desc.modules and back.rank == 0
     with pytest.raises(ValueError, match="schema"):
         ModelDescription.from_json({**data, "schema": "zdiag.model/2"})
+    with pytest.raises(ValueError, match="schema"):
+        ModelDescription.from_json({**data, "schema": "zdiag.model/10"})
+    assert ModelDescription.from_json({**data, "schema": "zdiag.model/1.1"}).modules == desc.modules
     assert MODEL_SCHEMA == "zdiag.model/1"
 
 
