@@ -34,7 +34,7 @@ and listed in `missing` when absent, so torch 2.6+ degrades to fewer fields, nev
   `zero_max_live_parameters()`, `zero_overlap_comm()`, `zero_contiguous_gradients()`,
   `bfloat16_enabled()`, `fp16_enabled()`, ...); ZeRO-3 parameters count by `ds_numel`.
 - DDP: `bucket_bytes_cap`, `find_unused_parameters`, `gradient_as_bucket_view`, `static_graph`,
-  `broadcast_buffers`.
+  `broadcast_buffers`, and the communication hook's name (private `_comm_hooks`).
 """
 
 from __future__ import annotations
@@ -519,7 +519,17 @@ def _ddp_config(ddp: Any) -> DdpConfig:
         gradient_as_bucket_view=getattr(ddp, "gradient_as_bucket_view", None),
         static_graph=getattr(ddp, "static_graph", None),
         broadcast_buffers=getattr(ddp, "broadcast_buffers", None),
+        comm_hook=_comm_hook_name(ddp),
     )
+
+
+def _comm_hook_name(ddp: Any) -> str | None:
+    """The name of the hook given to `register_comm_hook` (`_comm_hooks`, torch 2.x), or None."""
+    hooks = getattr(ddp, "_comm_hooks", None) or []
+    if not hooks:
+        return None
+    hook = hooks[0][0] if isinstance(hooks[0], tuple) else hooks[0]
+    return str(getattr(hook, "__name__", type(hook).__name__))
 
 
 def _call(obj: Any, name: str) -> Any:

@@ -160,6 +160,7 @@ class DdpConfig:
     gradient_as_bucket_view: bool | None = None
     static_graph: bool | None = None
     broadcast_buffers: bool | None = None
+    comm_hook: str | None = None  # the registered communication hook's function name
 
 
 @dataclass(frozen=True)

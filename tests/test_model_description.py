@@ -153,6 +153,7 @@ def test_ddp_settings(tmp_path: Path) -> None:
     assert desc.ddp.gradient_as_bucket_view is True
     assert desc.ddp.find_unused_parameters is False
     assert desc.ddp.static_graph is False
+    assert desc.ddp.comm_hook == "allreduce_hook"
     assert desc.wrappers == ("DistributedDataParallel",)
 
 

@@ -82,6 +82,9 @@ def main() -> None:
         model = nn.parallel.DistributedDataParallel(
             model, bucket_cap_mb=1, gradient_as_bucket_view=True
         )
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
     elif mode == "broken":
         import zdiag.collectors.model_capture as capture
 
