@@ -1,6 +1,6 @@
 """Train the residual ConvNet with DistributedDataParallel and gradient accumulation.
 
-    torchrun --standalone --nproc-per-node 2 cnn_ddp.py [--accum 2] [--grad-ckpt] [--nan-check]
+torchrun --standalone --nproc-per-node 2 cnn_ddp.py [--accum 2] [--grad-ckpt] [--nan-check]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
         for micro in range(args.accum):
             images, labels = random_images(args.batch, args.image_size, gen)
             sync = micro == args.accum - 1
-            with budget.track(), (contextlib.nullcontext() if sync else model.no_sync()):
+            with budget.track(), contextlib.nullcontext() if sync else model.no_sync():
                 loss = F.cross_entropy(model(images.to(device())), labels.to(device()))
                 (loss / args.accum).backward()
             total += loss.detach()

@@ -1,7 +1,7 @@
 """Train the residual ConvNet with FSDP1 (`FullyShardedDataParallel` + an auto wrap policy).
 
-    torchrun --standalone --nproc-per-node 2 cnn_fsdp1.py [--policy unit|none|leaf]
-        [--no-backward-prefetch] [--no-forward-prefetch] [--act-ckpt]
+torchrun --standalone --nproc-per-node 2 cnn_fsdp1.py [--policy unit|none|leaf]
+    [--no-backward-prefetch] [--no-forward-prefetch] [--act-ckpt]
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", choices=("unit", "none", "leaf"), default="unit",
-                   help="auto wrap: each ConvUnit, nothing (one flat unit), or every conv/linear")
+    p.add_argument(
+        "--policy",
+        choices=("unit", "none", "leaf"),
+        default="unit",
+        help="auto wrap: each ConvUnit, nothing (one flat unit), or every conv/linear",
+    )
     p.add_argument("--no-backward-prefetch", action="store_true")
     p.add_argument("--no-forward-prefetch", action="store_true")
     p.add_argument("--act-ckpt", action="store_true", help="activation checkpointing per ConvUnit")

@@ -1,7 +1,7 @@
 """Train the residual ConvNet with FSDP2 (`fully_shard`) on synthetic images.
 
-    torchrun --standalone --nproc-per-node 2 cnn_fsdp2.py [--wrap stage|whole|leaf]
-        [--prefetch explicit|default|off] [--checkpointing] [--nan-check] [--slow-rank 1]
+torchrun --standalone --nproc-per-node 2 cnn_fsdp2.py [--wrap stage|whole|leaf]
+    [--prefetch explicit|default|off] [--checkpointing] [--nan-check] [--slow-rank 1]
 """
 
 from __future__ import annotations

@@ -66,7 +66,12 @@ class MoEModel(nn.Module):
     """Token embedding, MoE body, tied-free output head."""
 
     def __init__(
-        self, vocab: int = 1000, dim: int = 96, hidden: int = 256, n_experts: int = 4, depth: int = 3
+        self,
+        vocab: int = 1000,
+        dim: int = 96,
+        hidden: int = 256,
+        n_experts: int = 4,
+        depth: int = 3,
     ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)

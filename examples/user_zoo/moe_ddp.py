@@ -1,6 +1,6 @@
 """Train the mixture-of-experts model with DDP (unused experts allowed).
 
-    torchrun --standalone --nproc-per-node 2 moe_ddp.py [--log-balance] [--checkpoint-mixers]
+torchrun --standalone --nproc-per-node 2 moe_ddp.py [--log-balance] [--checkpoint-mixers]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main() -> None:
     add_common_args(p, batch=8)
     args = p.parse_args()
 
-    rank, world = init_distributed(timeout_s=args.pg_timeout_s)
+    rank, _world = init_distributed(timeout_s=args.pg_timeout_s)
     torch.manual_seed(args.seed)
     net = MoEModel(args.vocab, args.dim, 4 * args.dim, args.experts, args.depth).to(device())
     for mixer in net.body.mixers:

@@ -1,7 +1,7 @@
 """Train the mixture-of-experts model (`body.mixers[i]` with `experts[j]`) with FSDP2.
 
-    torchrun --standalone --nproc-per-node 2 moe_fsdp2.py [--granularity mixer|none|expert]
-        [--prefetch on|off] [--ckpt] [--log-balance]
+torchrun --standalone --nproc-per-node 2 moe_fsdp2.py [--granularity mixer|none|expert]
+    [--prefetch on|off] [--ckpt] [--log-balance]
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--granularity", choices=("mixer", "none", "expert"), default="mixer",
-                   help="FSDP units: each MoEMixer, only the root, or each Expert and router")
+    p.add_argument(
+        "--granularity",
+        choices=("mixer", "none", "expert"),
+        default="mixer",
+        help="FSDP units: each MoEMixer, only the root, or each Expert and router",
+    )
     p.add_argument("--prefetch", choices=("on", "off"), default="on")
     p.add_argument("--ckpt", action="store_true", help="checkpoint every mixer")
     p.add_argument("--log-balance", action="store_true", help="log router balance per mixer")

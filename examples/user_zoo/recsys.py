@@ -26,7 +26,9 @@ class CrossUnit(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
         self.cross = nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width)
+        )
         self.norm = nn.LayerNorm(width)
         self.validate = False
 

@@ -1,7 +1,7 @@
 """Train the recommender with FSDP1 (FULL_SHARD; the tables and each CrossUnit are units).
 
-    torchrun --standalone --nproc-per-node 2 recsys_fsdp1.py [--wrap cross|whole|every-linear]
-        [--strategy SHARD_GRAD_OP|FULL_SHARD] [--backward-prefetch pre|none] [--validate]
+torchrun --standalone --nproc-per-node 2 recsys_fsdp1.py [--wrap cross|whole|every-linear]
+    [--strategy SHARD_GRAD_OP|FULL_SHARD] [--backward-prefetch pre|none] [--validate]
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def main() -> None:
         model,
         auto_wrap_policy=policy,
         sharding_strategy=ShardingStrategy[args.strategy],
-        backward_prefetch=BackwardPrefetch.BACKWARD_PRE if args.backward_prefetch == "pre" else None,
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE
+        if args.backward_prefetch == "pre"
+        else None,
         device_id=device(),
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

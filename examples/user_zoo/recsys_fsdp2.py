@@ -1,7 +1,7 @@
 """Train the embedding-heavy recommender with FSDP2 (tables and cross towers as units).
 
-    torchrun --standalone --nproc-per-node 2 recsys_fsdp2.py [--units towers|root|leaf]
-        [--prefetch on|off] [--validate] [--ac]
+torchrun --standalone --nproc-per-node 2 recsys_fsdp2.py [--units towers|root|leaf]
+    [--prefetch on|off] [--validate] [--ac]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Train the encoder-decoder with DeepSpeed ZeRO-3 from a JSON-like config built in code.
 
-    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 seq2seq_deepspeed.py
-        [--no-prefetch] [--max-live-params N] [--nan-check]
+DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 seq2seq_deepspeed.py
+    [--no-prefetch] [--max-live-params N] [--nan-check]
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
         faults.before_step(step)
-        src, dec_in, tgt = (t.to(engine.device) for t in copy_task(args.batch, args.seq, args.vocab, gen))
+        src, dec_in, tgt = (
+            t.to(engine.device) for t in copy_task(args.batch, args.seq, args.vocab, gen)
+        )
         with budget.track():
             loss = F.cross_entropy(engine(src, dec_in).flatten(0, 1), tgt.flatten())
             engine.backward(loss)

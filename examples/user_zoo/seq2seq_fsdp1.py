@@ -1,8 +1,8 @@
 """Train the encoder-decoder with FSDP1 (one FSDP instance per tower class by default).
 
-    torchrun --standalone --nproc-per-node 2 seq2seq_fsdp1.py [--auto-wrap towers|off|linear]
-        [--backward-prefetch BACKWARD_PRE|BACKWARD_POST|NONE] [--no-limit-all-gathers]
-        [--checkpoint-towers] [--nan-check]
+torchrun --standalone --nproc-per-node 2 seq2seq_fsdp1.py [--auto-wrap towers|off|linear]
+    [--backward-prefetch BACKWARD_PRE|BACKWARD_POST|NONE] [--no-limit-all-gathers]
+    [--checkpoint-towers] [--nan-check]
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device,
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--auto-wrap", choices=("towers", "off", "linear"), default="towers")
-    p.add_argument("--backward-prefetch", default="BACKWARD_PRE",
-                   choices=("BACKWARD_PRE", "BACKWARD_POST", "NONE"))
+    p.add_argument(
+        "--backward-prefetch",
+        default="BACKWARD_PRE",
+        choices=("BACKWARD_PRE", "BACKWARD_POST", "NONE"),
+    )
     p.add_argument("--forward-prefetch", action="store_true", default=True)
     p.add_argument("--no-forward-prefetch", dest="forward_prefetch", action="store_false")
     p.add_argument("--no-limit-all-gathers", action="store_true")
@@ -72,7 +75,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
         faults.before_step(step)
-        src, dec_in, tgt = (t.to(device()) for t in copy_task(args.batch, args.seq, args.vocab, gen))
+        src, dec_in, tgt = (
+            t.to(device()) for t in copy_task(args.batch, args.seq, args.vocab, gen)
+        )
         with budget.track():
             loss = F.cross_entropy(model(src, dec_in).flatten(0, 1), tgt.flatten())
             loss.backward()

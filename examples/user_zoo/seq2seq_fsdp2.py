@@ -1,12 +1,13 @@
 """Train the encoder-decoder (`encoder.towers`, `decoder.towers`) with FSDP2 on a copy task.
 
-    torchrun --standalone --nproc-per-node 2 seq2seq_fsdp2.py [--fsdp-wrap towers|root|leaf]
-        [--prefetch chain|off] [--checkpoint] [--nan-check] [--seq 32]
+torchrun --standalone --nproc-per-node 2 seq2seq_fsdp2.py [--fsdp-wrap towers|root|leaf]
+    [--prefetch chain|off] [--checkpoint] [--nan-check] [--seq 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,7 @@ def main() -> None:
     fully_shard(model)
     units = [t for t in towers if isinstance(t, FSDPModule)]
     if args.prefetch == "chain":
-        for a, b in zip(units, units[1:]):
+        for a, b in itertools.pairwise(units):
             a.set_modules_to_forward_prefetch([b])
             b.set_modules_to_backward_prefetch([a])
     else:
@@ -67,7 +68,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
         faults.before_step(step)
-        src, dec_in, tgt = (t.to(device()) for t in copy_task(args.batch, args.seq, args.vocab, gen))
+        src, dec_in, tgt = (
+            t.to(device()) for t in copy_task(args.batch, args.seq, args.vocab, gen)
+        )
         with budget.track():
             logits = model(src, dec_in)
             loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), label_smoothing=0.1)

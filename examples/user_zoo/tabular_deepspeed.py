@@ -20,7 +20,9 @@ from trainkit import ActivationBudget, Faults, StepLog, add_common_args
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prefetch-bucket", type=int, default=500_000, help="stage3_prefetch_bucket_size")
+    p.add_argument(
+        "--prefetch-bucket", type=int, default=500_000, help="stage3_prefetch_bucket_size"
+    )
     p.add_argument("--no-overlap-comm", action="store_true")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--features", type=int, default=64)
@@ -37,7 +39,7 @@ def main() -> None:
     for stage in model.encoder.stages:
         stage.check_finite = args.nan_check
     if args.activation_checkpointing:
-        for i, stage in enumerate(model.encoder.stages):
+        for stage in model.encoder.stages:
             inner = stage.forward
             stage.forward = (  # type: ignore[method-assign]
                 lambda x, _f=inner: deepspeed.checkpointing.checkpoint(_f, x)

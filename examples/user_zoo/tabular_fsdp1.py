@@ -1,7 +1,7 @@
 """Train the tabular ResNet with FSDP1, wrapping by a policy chosen on the command line.
 
-    torchrun --standalone --nproc-per-node 2 tabular_fsdp1.py [--wrap-policy residual|root|linear]
-        [--backward-prefetch pre|post|none] [--forward-prefetch] [--checkpoint-stages]
+torchrun --standalone --nproc-per-node 2 tabular_fsdp1.py [--wrap-policy residual|root|linear]
+    [--backward-prefetch pre|post|none] [--forward-prefetch] [--checkpoint-stages]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def wrap_policy(name: str):  # type: ignore[no-untyped-def]
     if name == "residual":
         return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={ResidualMLP})
     if name == "linear":
-        return functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.Linear))
+        return functools.partial(
+            lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.Linear)
+        )
     if name == "size":
         return functools.partial(size_based_auto_wrap_policy, min_num_params=int(1e8))
     return None
@@ -45,7 +47,9 @@ def wrap_policy(name: str):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--wrap-policy", choices=("residual", "root", "linear", "size"), default="residual")
+    p.add_argument(
+        "--wrap-policy", choices=("residual", "root", "linear", "size"), default="residual"
+    )
     p.add_argument("--backward-prefetch", choices=tuple(PREFETCH), default="pre")
     p.add_argument("--forward-prefetch", action="store_true", default=True)
     p.add_argument("--no-forward-prefetch", dest="forward_prefetch", action="store_false")

@@ -1,12 +1,13 @@
 """Train a tabular ResNet (`encoder.stages[i]`, ResidualMLP) with FSDP2 and a warm-up schedule.
 
-    torchrun --standalone --nproc-per-node 2 tabular_fsdp2.py [--wrap block|whole|leaf]
-        [--prefetch explicit|off] [--ac] [--finite-checks] [--mem-budget-mib 40]
+torchrun --standalone --nproc-per-node 2 tabular_fsdp2.py [--wrap block|whole|leaf]
+    [--prefetch explicit|off] [--ac] [--finite-checks] [--mem-budget-mib 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ def apply_fsdp(model: TabularResNet, wrap: str, prefetch: str) -> None:
     fully_shard(model, mp_policy=mp)
     stages = [s for s in model.encoder.stages if isinstance(s, FSDPModule)]
     if prefetch == "explicit" and stages:
-        for prev, nxt in zip(stages, stages[1:]):
+        for prev, nxt in itertools.pairwise(stages):
             prev.set_modules_to_forward_prefetch([nxt])
             nxt.set_modules_to_backward_prefetch([prev])
     elif prefetch == "off":

@@ -1,6 +1,6 @@
 """Train the gated MLP trunk with DDP (static graph, gradients as bucket views).
 
-    torchrun --standalone --nproc-per-node 2 trunk_ddp.py [--checkpoint-cells] [--sanity-checks]
+torchrun --standalone --nproc-per-node 2 trunk_ddp.py [--checkpoint-cells] [--sanity-checks]
 """
 
 from __future__ import annotations

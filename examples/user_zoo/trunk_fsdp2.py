@@ -1,7 +1,7 @@
 """Train a gated MLP trunk (`trunk.cells[i]`, GatedCell) with FSDP2 on a regression target.
 
-    torchrun --standalone --nproc-per-node 2 trunk_fsdp2.py [--shard-granularity cell|model|linear]
-        [--no-prefetch] [--recompute] [--sanity-checks] [--grad-accum 1]
+torchrun --standalone --nproc-per-node 2 trunk_fsdp2.py [--shard-granularity cell|model|linear]
+    [--no-prefetch] [--recompute] [--sanity-checks] [--grad-accum 1]
 """
 
 from __future__ import annotations
