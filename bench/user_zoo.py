@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -358,16 +359,21 @@ def run_case(
     out = root / (case.name.replace(":", "__") + (f"__{tag}" if tag else ""))
     result.run_dir = str(out)
     start = time.perf_counter()
+    # own session, so that a timeout ends torchrun and every rank, not only `zdiag run`
+    proc = subprocess.Popen(
+        zdiag_command(python, out, case.script, run_args),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        proc = subprocess.run(
-            zdiag_command(python, out, case.script, run_args),
-            capture_output=True, text=True, timeout=timeout_s, env=env,
-        )  # fmt: skip
+        text, _ = proc.communicate(timeout=timeout_s)
         result.exit_code = proc.returncode
-        result.step_ms, result.peak_mib = parse_summaries(proc.stdout + proc.stderr)
+        result.step_ms, result.peak_mib = parse_summaries(text)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         result.exit_code = None
-        result.error = f"zdiag run timed out after {timeout_s:.0f} s"
+        result.error = f"zdiag run timed out after {timeout_s:.0f} s (killed)"
     logged = step_log_ms(out) if out.exists() else None
     if logged is not None:
         result.step_ms = logged
@@ -628,7 +634,7 @@ def main() -> int:
     p.add_argument("--ds-python", default=os.environ.get("ZDIAG_DS_PYTHON"),
                    help="a Python with deepspeed installed, for the DeepSpeed cases")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
-    p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--timeout-s", type=float, default=120.0, help="per zdiag run")
     p.add_argument("-o", "--output", type=Path, default=None, help="markdown file (else stdout)")
     args = p.parse_args()
     cases = select(CASES, args.only, args.faults)
