@@ -538,6 +538,7 @@ class FixRow:
     predicted_mib: float | None
     measured_ms: float | None
     measured_mib: float | None
+    finding_raised: bool  # the variant's run raised the expected finding at all
     finding_gone: bool
     runs: int
 
@@ -587,6 +588,7 @@ def fix_verify(
         pred_mib,
         None if b_ms is None or g_ms is None else b_ms - g_ms,
         None if b_mb is None or g_mb is None else b_mb - g_mb,
+        bool(found),
         all(fid not in r.fired for r in good),
         repeats,
     )
@@ -600,16 +602,21 @@ def markdown_fix(rows: list[FixRow]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        fix_flags = f"`{' '.join(r.case.fix)}`" if r.case.fix else "(the script's defaults)"
+        if not r.finding_raised:
+            gone = "not raised before the fix"
+        else:
+            gone = "yes" if r.finding_gone else "no"
         w_ms, w_mb = (
             within_factor(r.predicted_ms, r.measured_ms),
             within_factor(r.predicted_mib, r.measured_mib),
         )
         lines.append(
-            f"| `{r.case.name}` | `{' '.join(r.case.fix or ())}` | {_fmt(r.predicted_ms)} "
+            f"| `{r.case.name}` | {fix_flags} | {_fmt(r.predicted_ms)} "
             f"| {_fmt(r.measured_ms)} | {'-' if w_ms is None else ('yes' if w_ms else 'no')} "
             f"| {_fmt(r.predicted_mib)} | {_fmt(r.measured_mib)} "
             f"| {'-' if w_mb is None else ('yes' if w_mb else 'no')} "
-            f"| {'yes' if r.finding_gone else 'no'} |"
+            f"| {gone} |"
         )
     return "\n".join(lines)
 

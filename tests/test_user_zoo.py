@@ -169,6 +169,25 @@ def test_markdown_tables_hold_every_case_and_detector() -> None:
     assert "2 fully right" in text
 
 
+def test_fix_table_compares_prediction_and_measurement() -> None:
+    case = next(c for c in uz.CASES if c.name == "cnn_fsdp2:prefetch-off")
+    oom = next(c for c in uz.CASES if c.name == "trunk_ddp:act-oom")
+    rows = [
+        uz.FixRow(case, 10.0, None, 15.0, 0.0, True, True, 3),  # within 2x, finding gone
+        uz.FixRow(case, 10.0, None, 25.0, 0.0, True, False, 3),  # off by 2.5x, still there
+        uz.FixRow(oom, None, 30.0, None, 64.0, False, True, 3),  # never raised
+    ]
+    lines = uz.markdown_fix(rows).splitlines()[2:]
+    assert lines[0].startswith(
+        "| `cnn_fsdp2:prefetch-off` | (the script's defaults) | 10.0 | 15.0 | yes"
+    )
+    assert lines[0].endswith("| yes |")
+    assert "| 25.0 | no |" in lines[1] and lines[1].endswith("| no |")
+    assert "`--batch 1024 --mem-budget-mib 90 --checkpoint-cells`" in lines[2]
+    assert "| 30.0 | 64.0 | no |" in lines[2]
+    assert lines[2].endswith("| not raised before the fix |")
+
+
 # ---- real runs (dist) ----------------------------------------------------------------------------
 # A few cases, run once per session (about 40 s in all): FSDP2, FSDP1, a slow rank and an OOM (DDP).
 CI_CASES = (
