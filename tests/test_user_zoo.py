@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -274,3 +275,17 @@ def test_expected_outcome(ci_results: dict[str, Any], name: str, finding: str) -
         assert not scored, f"{name}: a healthy run got {sorted(scored)}"
     else:
         assert finding in scored, f"{name}: got {sorted(r.fired)} instead of {finding}"
+
+
+@pytest.mark.dist
+def test_deepspeed_script_runs_under_zdiag(tmp_path: Path) -> None:
+    """A ZeRO-3 zoo script on CPU, with the Python named by ZDIAG_DS_PYTHON (has deepspeed)."""
+    ds_python = os.environ.get("ZDIAG_DS_PYTHON")
+    if not ds_python:
+        pytest.skip("set ZDIAG_DS_PYTHON to a Python with deepspeed to run the DeepSpeed case")
+    case = next(c for c in uz.CASES if c.name == "tabular_deepspeed:healthy")
+    r = uz.run_case(case, tmp_path, ds_python=ds_python, timeout_s=120)
+    assert not r.error, r.error
+    assert r.exit_code == 0
+    report = json.loads((Path(r.run_dir) / "report.json").read_text())
+    assert len(report["ranks"]) == 2 and all(rank["steps"] for rank in report["ranks"])
