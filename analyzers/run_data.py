@@ -1,9 +1,10 @@
-"""The loaded run and its core analysis: what detectors, the FSDP ledger and cross-rank code read.
+"""The loaded run and its analysis.
 
 `RunData` is everything loaded from disk (one `RankTrace` per rank, the run manifest, memory
-timelines). `Analysis` is the per-rank step segmentation and breakdown computed from it, plus the
-`Report` being assembled. Both are plain containers; the functions that fill them live in
-`pipeline.py`, `steps.py` and `breakdown.py`.
+timelines). `Analysis` is what `pipeline.analyze_run` returns: the per-rank map's results
+(`RankAnalysis`, rank_analysis.py), their summaries (summary.py), and the reduce's results (the
+cross-rank matching and the finished `Report`, reduce.py). `StepWindows` is one rank's step
+segmentation (steps.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.report import Report, StepBreakdown
 
 if TYPE_CHECKING:
     from zdiag.analyzers.crossrank import CrossRankResult
+    from zdiag.analyzers.rank_analysis import RankAnalysis
+    from zdiag.analyzers.report import Report, StepBreakdown
+    from zdiag.analyzers.summary import RankSummary
 
 
 @dataclass
@@ -77,19 +80,27 @@ class RunData:
         raise KeyError(rank)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
-    """The core analysis of a RunData; `report` is the Report being assembled.
+    """The analysis of a RunData (every stage's result, none written into another's).
 
-    - `steps`: rank -> StepWindows
-    - `breakdowns`: rank -> list of StepBreakdown (the same objects as in report.ranks[*].steps)
-    - `report`: ranks, steps and thresholds are filled before detectors/ledger/cross-rank run;
-      they append findings, fsdp_units, collectives, stragglers to it.
-    - `crossrank`: the collectives matched across ranks, kept by the cross-rank stage so the
-      straggler detector does not match them a second time (None before that stage).
+    - `ranks`: the map's result per trace, in the run's rank order
+    - `summaries`: their `RankSummary`s, what the reduce read
+    - `crossrank`: the collectives matched across ranks
+    - `report`: the Report assembled from all of the above
     """
 
-    steps: dict[int, StepWindows]
-    breakdowns: dict[int, list[StepBreakdown]]
+    ranks: list[RankAnalysis]
+    summaries: list[RankSummary]
+    crossrank: CrossRankResult
     report: Report
-    crossrank: CrossRankResult | None = None
+
+    @property
+    def steps(self) -> dict[int, StepWindows]:
+        """rank -> its step windows."""
+        return {a.rank: a.windows for a in self.ranks}
+
+    @property
+    def breakdowns(self) -> dict[int, list[StepBreakdown]]:
+        """rank -> its step table (the Report's `ranks[*].steps`)."""
+        return {a.rank: list(a.breakdown) for a in self.ranks}

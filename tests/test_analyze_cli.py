@@ -267,7 +267,7 @@ def test_progress_bar_draws_and_clears() -> None:
 def test_text_for_many_ranks_and_for_an_empty_report() -> None:
     from zdiag.analyzers.report import (
         CollectiveKindStats,
-        RankSummary,
+        RankReport,
         StepBreakdown,
         StragglerStat,
     )
@@ -285,7 +285,7 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
             verdict="host-bound",
         )
 
-    ranks = [RankSummary(rank=r, device="cuda", steps=[step(100.0 + r)]) for r in range(12)]
+    ranks = [RankReport(rank=r, device="cuda", steps=[step(100.0 + r)]) for r in range(12)]
     for r in ranks:
         r.warnings.append("no step markers")
     collectives = [CollectiveKindStats(rank=r, kind="all_reduce", count=1) for r in range(12)]

@@ -22,7 +22,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from zdiag.analyzers.report import Finding, RankSummary, Report, StepTimeline
+from zdiag.analyzers.report import Finding, RankReport, Report, StepTimeline
 from zdiag.render import _details as details
 from zdiag.render._output import worst_first
 
@@ -55,7 +55,7 @@ class ReportApp(App[None]):
         self.timelines: dict[tuple[int, int], StepTimeline] = {
             (t.rank, t.step): t for t in report.timelines
         }
-        self.current_rank: RankSummary | None = None
+        self.current_rank: RankReport | None = None
         nranks, nfindings = len(self.ranks), len(self.findings)
         self.sub_title = (
             f"{nranks} rank{'' if nranks == 1 else 's'}"

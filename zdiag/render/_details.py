@@ -11,7 +11,7 @@ from collections import Counter
 
 from rich.text import Text
 
-from zdiag.analyzers.report import VERDICTS, Finding, RankSummary, Report, StepBreakdown
+from zdiag.analyzers.report import VERDICTS, Finding, RankReport, Report, StepBreakdown
 from zdiag.render._output import fmt_gain, fmt_ints, fmt_list, fmt_ms
 
 VERDICT_STYLES = {
@@ -37,7 +37,7 @@ def severity_text(severity: str) -> Text:
     return Text(f" {severity} ", style=SEVERITY_STYLES.get(severity, "reverse"))
 
 
-def dominant_verdict(rank: RankSummary) -> str:
+def dominant_verdict(rank: RankReport) -> str:
     """The verdict most of the rank's steps got ("" without steps)."""
     counts = Counter(s.verdict for s in rank.steps)
     return counts.most_common(1)[0][0] if counts else ""
@@ -53,7 +53,7 @@ def _line(text: Text, label: str, value: str | Text, style: str = "") -> None:
     text.append("\n")
 
 
-def step_detail(report: Report, rank: RankSummary, step: StepBreakdown) -> Text:
+def step_detail(report: Report, rank: RankReport, step: StepBreakdown) -> Text:
     """One step of one rank: its breakdown, verdict and the findings that concern it."""
     text = Text()
     text.append(f"Rank {rank.rank} · step {step.step}", style="bold")

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from zdiag.analyzers.report import (
     FsdpUnit,
     MemoryTimeline,
-    RankSummary,
+    RankReport,
     Report,
     StepBreakdown,
     StepTimeline,
@@ -76,11 +76,11 @@ def _layout(fig: go.Figure, title: str, height: int, top: int = 70) -> go.Figure
     return fig
 
 
-def _ranks(report: Report) -> list[RankSummary]:
+def _ranks(report: Report) -> list[RankReport]:
     return sorted(report.ranks, key=lambda r: r.rank)
 
 
-def _step_ids(ranks: Sequence[RankSummary]) -> list[int]:
+def _step_ids(ranks: Sequence[RankReport]) -> list[int]:
     return sorted({s.step for r in ranks for s in r.steps})
 
 
@@ -159,7 +159,7 @@ def _phases(s: StepBreakdown) -> dict[str, float]:
     }
 
 
-def _phase_series(rows: Sequence[RankSummary], steps: list[int], sb: int) -> dict[str, list[float]]:
+def _phase_series(rows: Sequence[RankReport], steps: list[int], sb: int) -> dict[str, list[float]]:
     """Mean per phase over the given ranks and each block of `sb` steps."""
     sums: dict[str, list[float]] = {p: [0.0] * math.ceil(len(steps) / sb) for p in PHASE_COLORS}
     counts = [0] * math.ceil(len(steps) / sb)
@@ -187,7 +187,7 @@ def breakdown(report: Report) -> tuple[go.Figure | None, Notes]:
         return None, []
     sb = _blocks(len(steps), MAX_HEATMAP_STEPS)
     x = [_span_label(steps, c * sb, sb) for c in range(math.ceil(len(steps) / sb))]
-    choices: list[tuple[str, Sequence[RankSummary]]] = [
+    choices: list[tuple[str, Sequence[RankReport]]] = [
         (f"mean of {len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0].rank}", ranks)
     ]
     if len(ranks) > 1:

@@ -11,7 +11,7 @@ there is one process, "zdiag · rank N", with:
   (at most MAX_MARKERS_PER_FINDING per rank), with evidence and recommendation in `args`.
   Findings that name no rank are global markers.
 
-Timestamps are the original trace's: `RankSummary.trace_start_us + StepBreakdown.start_ms * 1000`,
+Timestamps are the original trace's: `RankReport.trace_start_us + StepBreakdown.start_ms * 1000`,
 so the overlay lines up with the rank's Kineto trace when both are loaded together (see
 docs/reports.md). Process ids are OVERLAY_PID_BASE + rank so they never collide with real pids.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
+from zdiag.analyzers.report import Finding, RankReport, Report, StepBreakdown
 from zdiag.render._output import fmt_ints, write_atomically
 
 OVERLAY_PID_BASE = 1_000_000_000  # above any real pid (Linux pid_max <= 2**22)
@@ -49,7 +49,7 @@ def _us(value: float) -> float:
     return round(value, 3) if math.isfinite(value) else 0.0
 
 
-def _metadata(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
+def _metadata(pid: int, rank: RankReport) -> list[dict[str, Any]]:
     label = f"zdiag · rank {rank.rank}" + (f" ({rank.host})" if rank.host else "")
     return [
         {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": label}},
@@ -91,7 +91,7 @@ def _metadata(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
     ]
 
 
-def _step_events(pid: int, rank: RankSummary, detailed: bool) -> list[dict[str, Any]]:
+def _step_events(pid: int, rank: RankReport, detailed: bool) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     end_us = None
     ordered = sorted(rank.steps, key=lambda s: s.start_ms)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
+from zdiag.analyzers.report import Finding, RankReport, Report, StepBreakdown
 from zdiag.render._output import unit_label, worst_first
 
 MAX_STEP_ROWS = 40
@@ -59,7 +59,7 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
-def _rank_summary(rank: RankSummary) -> list[str]:
+def _rank_summary(rank: RankReport) -> list[str]:
     steps = rank.steps
     where = f" on {rank.host}" if rank.host else ""
     head = f"Rank {rank.rank} ({rank.device}{where}) - {rank.source}"
@@ -214,11 +214,11 @@ def _rank_list(ranks: list[int]) -> str:
     return "ranks " + ",".join(parts)
 
 
-def _median_ms(rank: RankSummary) -> float:
+def _median_ms(rank: RankReport) -> float:
     return statistics.median([s.duration_ms for s in rank.steps]) if rank.steps else 0.0
 
 
-def _rank_overview(ranks: list[RankSummary]) -> list[str]:
+def _rank_overview(ranks: list[RankReport]) -> list[str]:
     """One line per rank: median step, shares, the most common verdict."""
     rows = []
     for r in ranks:
@@ -240,7 +240,7 @@ def _rank_overview(ranks: list[RankSummary]) -> list[str]:
     return _table(header, rows, {2, 3, 4, 5, 6})
 
 
-def _detailed_ranks(ranks: list[RankSummary]) -> list[RankSummary]:
+def _detailed_ranks(ranks: list[RankReport]) -> list[RankReport]:
     """Rank 0 (or the first) and the slowest ranks by median step, in rank order."""
     first = ranks[0]
     slowest = sorted(ranks[1:], key=lambda r: -_median_ms(r))[: MAX_DETAILED_RANKS - 1]
