@@ -21,7 +21,10 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
    with no such label are not FSDP traffic and are left out.
 3. Per gather: issued = host issue start; needed = start of the consuming
    `FSDP::pre_forward (<fqn>)` / `FSDP::pre_backward (<fqn>)` (FSDP2 only); lead = needed - issued;
-   exposed = the part of the collective's execution not covered by compute on any lane.
+   exposed = the part of the collective's execution not covered by compute on any lane, where
+   "compute" is the breakdown's (`breakdown.ActivitySets.compute`: compute kernels on GPU runs,
+   the self time of computing host ops on host-only runs), so a unit's exposed time and the
+   step table's exposed communication use one definition.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers import intervals
+from zdiag.analyzers.breakdown import ActivitySets
 from zdiag.analyzers.collectives import input_dtype, input_tensors
 from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
 from zdiag.analyzers.report import FsdpUnit
@@ -299,30 +303,6 @@ def _message(
     return elems, (row_bytes if row_bytes > 0 else -1), dt
 
 
-def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSet:
-    """Where compute ran: compute kernels on device runs; on host-only runs, CPU ops on the
-    non-communication threads that enclose no framework label or comm op (an op wrapping a
-    blocking collective is waiting, not computing)."""
-    if trace.has_device_events:
-        k = trace.of_kind(EventKind.COMPUTE_KERNEL)
-        return intervals.union(trace.ts_us[k], trace.end_us[k])
-    ops = trace.of_kind(EventKind.CPU_OP)
-    end_us = trace.end_us
-    ops = ops[~np.isin(trace.lane_id[ops], np.fromiter(comm_lanes, np.int32, len(comm_lanes)))]
-    markers = trace.of_kind(EventKind.FSDP_ANNOTATION, EventKind.COMM_OP)
-    keep = np.ones(len(ops), dtype=bool)
-    for lane in np.unique(trace.lane_id[ops]):
-        on = trace.lane_id[ops] == lane
-        ms = np.sort(trace.ts_us[markers[trace.lane_id[markers] == lane]])
-        if not ms.size:
-            continue
-        s, e = trace.ts_us[ops[on]], end_us[ops[on]]
-        inside = np.searchsorted(ms, e, side="left") - np.searchsorted(ms, s, side="right")
-        keep[np.flatnonzero(on)] = inside <= 0
-    ops = ops[keep]
-    return intervals.union(trace.ts_us[ops], end_us[ops])
-
-
 def _family(kind: str) -> str | None:
     if kind == "all_gather":
         return GATHER_FAMILY
@@ -394,8 +374,7 @@ def build_rank_ledger(
     else:
         pairing = _pair_in_issue_order(trace, issues, execs, coll_row)
     if compute is None:
-        exec_lanes = set() if trace.has_device_events else {int(trace.lane_id[e]) for e in execs}
-        compute = _compute_set(trace, exec_lanes)
+        compute = ActivitySets(trace).compute
     windows = _Windows.of(step_numbers, step_starts_us, step_ends_us)
     records = _records(trace, issues, labels, zero3, pairing, coll_row, compute, windows)
     if not records:

@@ -108,6 +108,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         windows.step.tolist(),
         windows.start_us.tolist(),
         windows.end_us.tolist(),
+        compute=sets.compute,
         unit_param_bytes=context.unit_param_bytes,
     )
     info = trace.distributed_info or {}
