@@ -310,20 +310,25 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
         for t in run.ranks
     ]
     summaries = [summarize(a) for a in analyses]
-    memory, memory_warnings = _memory_timelines(run, summaries)
-    facts = RunFacts(
-        inputs=tuple(str(p) for p in run.inputs),
-        manifest=run.manifest,
-        run_dir=run.run_dir,
-        warnings=tuple(run.warnings + memory_warnings),
-        memory=tuple(memory),
-    )
-    reduction = reduce_run(summaries, facts)
+    reduction = reduce_run(summaries, run_facts(run, summaries))
     return Analysis(
         ranks=analyses,
         summaries=summaries,
         crossrank=reduction.crossrank,
         report=reduction.report,
+    )
+
+
+def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
+    """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
+    and the memory timelines of the summarized ranks (read from their files here)."""
+    memory, memory_warnings = _memory_timelines(run, summaries)
+    return RunFacts(
+        inputs=tuple(str(p) for p in run.inputs),
+        manifest=run.manifest,
+        run_dir=run.run_dir,
+        warnings=tuple(run.warnings + memory_warnings),
+        memory=tuple(memory),
     )
 
 
