@@ -4,15 +4,20 @@
 detectors, the Report) reads, and nothing that needs the trace again: the rank's identity and
 step table, its collectives with per-call timing (as packed columns), the per-kind totals, the
 representative-step timeline, the FSDP unit ledger and the detector facts. `encode_summary` /
-`decode_summary` write and read it as msgpack under the schema `zdiag.rank-summary/1`, so a
-summary computed inside a training job or on a worker can be cached and merged later.
+`decode_summary` write and read it as zlib-compressed msgpack under the schema
+`zdiag.rank-summary/1`, so a summary computed inside a training job or on a worker can be cached
+and merged later.
 
-Size: the per-call columns take 8 + 8 + 2 + 2 + 4 bytes per collective, ledger records about
-100 bytes per FSDP collective, the timeline at most MAX_TIMELINE_SPANS spans; nothing grows with
-the number of kernels or host ops (bench/summary_size.py measures it, docs/benchmarks.md).
+Size: what grows with the trace is the per-call columns (8 + 8 + 2 + 2 + 4 bytes per collective
+before compression), the ledger (one record per FSDP collective, ~120 bytes before compression)
+and the step table; the timeline is capped at MAX_TIMELINE_SPANS spans; nothing grows with the
+number of kernels or host ops. zlib (level 1, ~20 ms per MB) shrinks the whole 4x
+(bench/summary_size.py measures it; figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
+
+import zlib
 
 import msgspec
 import numpy as np
@@ -153,19 +158,21 @@ def summarize(analysis: RankAnalysis) -> RankSummary:
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(RankSummary)
+ZLIB_LEVEL = 1
+"""Level 1 compresses a summary about as well as level 6 (within 4%) three times faster."""
 
 
 def encode_summary(summary: RankSummary) -> bytes:
-    """The summary as msgpack bytes."""
-    return _ENCODER.encode(summary)
+    """The summary as bytes: msgpack, zlib-compressed."""
+    return zlib.compress(_ENCODER.encode(summary), ZLIB_LEVEL)
 
 
 def decode_summary(data: bytes) -> RankSummary:
     """A summary from `encode_summary`'s bytes; ValueError when they are not a
     `zdiag.rank-summary/1` summary."""
     try:
-        summary = _DECODER.decode(data)
-    except msgspec.DecodeError as exc:
+        summary = _DECODER.decode(zlib.decompress(data))
+    except (zlib.error, msgspec.DecodeError) as exc:
         raise ValueError(f"not a zdiag rank summary ({exc})") from exc
     if summary.schema != SUMMARY_SCHEMA:
         raise ValueError(

@@ -6,6 +6,7 @@ analyses, so summaries computed elsewhere (a training job, a worker) can be cach
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -123,6 +124,8 @@ def test_unit_bytes_are_filled_once_in_the_map(tmp_path: Path) -> None:
 def test_decode_rejects_other_data() -> None:
     with pytest.raises(ValueError, match="not a zdiag rank summary"):
         decode_summary(b"\x01\x02garbage")
-    other = msgspec.msgpack.encode(RankSummary(rank=0, schema="zdiag.rank-summary/99"))
+    with pytest.raises(ValueError, match="not a zdiag rank summary"):
+        decode_summary(zlib.compress(msgspec.msgpack.encode({"schema": 3})))
+    other = encode_summary(RankSummary(rank=0, schema="zdiag.rank-summary/99"))
     with pytest.raises(ValueError, match="unsupported rank-summary schema"):
         decode_summary(other)
