@@ -105,7 +105,7 @@ class Profile:
         else:
             session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}")
         try:
-            merge_manifest(session.run_dir, node_rank=session.node_rank)
+            merge_manifest(session.run_dir)
         except Exception:
             pass  # never hide the training's own outcome behind a manifest problem
         return None
