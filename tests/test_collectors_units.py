@@ -408,3 +408,12 @@ def test_totals_only_timeline_says_why_torch_failed(
     assert f"{type(error).__name__}: " in message
     assert ("pytorch/pytorch#167838" in message) is cites_issue
     assert ("pytorch/pytorch#167838" in capsys.readouterr().err) is cites_issue
+
+
+def test_profile_api_refuses_an_out_it_cannot_write(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    ran = False
+    with pytest.raises(ConfigError, match=r"cannot be written \(Not a directory\)"):
+        with zdiag.profile(out=tmp_path / "afile" / "run", enabled=False):
+            ran = True
+    assert not ran

@@ -397,9 +397,10 @@ class LaunchPlan:
         self._prepare_out(started)
         code, error = self._run_child()
         try:
-            code = self._finish_run_dir(started, code, error)
+            code = self._training_code(code)
+            self._finish_run_dir(started, code, error)
         except Exception as exc:  # the training's outcome is never replaced by zdiag's own
-            reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
+            reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
             print(
                 f"zdiag run: the run directory {self.out} could not be completed ({reason}); "
                 f"the training's exit code {code} is returned.",
@@ -408,21 +409,20 @@ class LaunchPlan:
             )
         return code
 
-    def _finish_run_dir(self, started: str, code: int, error: str | None) -> int:
-        """Merge the ranks' parts, write the launcher's final part and the manifest, print the
-        summary; the training's exit code (a failing rank's own code under torchrun)."""
+    def _training_code(self, code: int) -> int:
+        """The training's exit code: under torchrun, which exits 1 for any failed worker, the
+        first failing rank's own code from the ranks' manifest parts."""
         if code != 0 and self.torchrun is not None:
-            # torchrun exits 1 for any failed worker: report the training's own exit code.
-            rank_codes = [
-                r.exit_code for r in build_manifest(self.out).ranks if r.exit_code not in (None, 0)
-            ]
-            if rank_codes and rank_codes[0] is not None:
-                code = rank_codes[0]
+            for rank in build_manifest(self.out).ranks:
+                if rank.exit_code not in (None, 0):
+                    return int(rank.exit_code)
+        return code
+
+    def _finish_run_dir(self, started: str, code: int, error: str | None) -> None:
+        """Write the launcher's final part and the merged manifest, and print the summary."""
         part = launcher_part_path(self.out, self.node_rank)
         write_json_atomically(part, self._launcher_part(started, code, error).to_json())
-        manifest = merge_manifest(self.out)
-        self._summary(manifest, code)
-        return code
+        self._summary(merge_manifest(self.out), code)
 
     def _run_child(self) -> tuple[int, str | None]:
         try:
