@@ -433,7 +433,8 @@ class RankPart:
             f._bad("world_size", world_size, f"a world size up to {MAX_WORLD_SIZE}")
             world_size = None
         return cls(
-            entry=RankEntry.from_json(data, where, warnings, world_size),
+            # Checked against MAX_WORLD_SIZE only: the merge widens the world size to every part.
+            entry=RankEntry.from_json(data, where, warnings),
             world_size=world_size,
             command=f.strs("command"),
             cwd=f.str_or_none("cwd"),

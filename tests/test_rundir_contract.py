@@ -305,3 +305,14 @@ def test_manifest_warnings_reach_the_report(tmp_path: Path) -> None:
     (run_dir / rundir.MANIFEST).write_text(json.dumps(data))
     run = load_run([run_dir])
     assert any("ranks[0]: steps is 'many'" in w for w in run.warnings)
+
+
+def test_a_part_beyond_the_world_size_widens_the_merged_manifest(tmp_path: Path) -> None:
+    run_dir = rundir.make_run_dir(tmp_path / "run")
+    for rank in (0, 3):  # rank 3 left by an earlier, larger run in the same folder
+        part = RankPart(entry=rundir.RankEntry(rank=rank, exit_code=0), world_size=2)
+        rundir.rank_part_path(run_dir, rank).write_text(json.dumps(part.to_json()))
+    m = build_manifest(run_dir)
+    assert m.world_size == 4 and [r.rank for r in m.ranks] == [0, 1, 2, 3]
+    assert [r.missing for r in m.ranks] == [False, True, True, False]
+    assert Manifest.from_json(m.to_json()) == m  # and the analyzers accept every rank in it
