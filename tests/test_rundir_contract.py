@@ -316,3 +316,59 @@ def test_a_part_beyond_the_world_size_widens_the_merged_manifest(tmp_path: Path)
     assert m.world_size == 4 and [r.rank for r in m.ranks] == [0, 1, 2, 3]
     assert [r.missing for r in m.ranks] == [False, True, True, False]
     assert Manifest.from_json(m.to_json()) == m  # and the analyzers accept every rank in it
+
+
+ODD_VALUES: list[Any] = [
+    None,
+    "x",
+    "",
+    -1,
+    0,
+    2**70,
+    -(2**70),
+    1e308,
+    -0.5,
+    True,
+    [],
+    [1],
+    {},
+    {"a": 1},
+]
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def test_every_field_of_a_real_manifest_set_to_odd_values_loads_or_is_one_input_error() -> None:
+    """Seeded mutations: each field of a real manifest replaced by values of every odd type."""
+    import copy
+    import random
+
+    base = json.loads((REPO_ROOT / "sample_traces/activation-oom/manifest.json").read_text())
+    rng = random.Random(0)
+    paths = _paths(base)
+    outcomes = {"loaded": 0, "refused": 0}
+    for path in paths:
+        for value in rng.sample(ODD_VALUES, 5):
+            data = copy.deepcopy(base)
+            node = data
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            try:
+                m = Manifest.from_json(data)
+            except InputError as exc:
+                assert exc.message.count(".") >= 1 and "\n" not in exc.message
+                outcomes["refused"] += 1
+                continue
+            Manifest.from_json(json.loads(json.dumps(m.to_json())))  # what it writes reads back
+            outcomes["loaded"] += 1
+    assert outcomes["loaded"] > 10 * outcomes["refused"] > 0
