@@ -176,13 +176,15 @@ def check_rank(value: int, world_size: int | None, where: str) -> int:
 
 
 def _show_int(value: int) -> str:
-    """An integer for a message: as is, or its digit count when it is absurdly long."""
+    """An integer for a message: as is, or its digit count when it is absurdly long (never
+    converting a huge integer to text, which Python limits to 4300 digits)."""
+    if abs(value) < 10**12:
+        return str(value)
+    sign = "-" if value < 0 else ""
+    if value.bit_length() > 10_000:
+        return f"{sign}about 2^{value.bit_length()}"
     digits = str(abs(value))
-    return (
-        str(value)
-        if len(digits) <= 12
-        else f"{'-' if value < 0 else ''}{digits[:3]}... ({len(digits)} digits)"
-    )
+    return f"{sign}{digits[:3]}... ({len(digits)} digits)"
 
 
 def _short(exc: BaseException) -> str:
