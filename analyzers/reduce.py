@@ -8,7 +8,7 @@ same Report wherever they were computed (in this process, decoded from a cache, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from zdiag.analyzers.detectors import build_context, run_context
 from zdiag.analyzers.report import MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
+from zdiag.collectors.rundir import Manifest
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,16 @@ class RunFacts:
     - `manifest` / `run_dir`: the run manifest and directory (None for bare traces).
     - `warnings`: run-level warnings from loading (duplicate ranks, skipped memory timelines).
     - `memory`: the memory timelines loaded for the analyzed ranks.
+    - `manifest_summary`: what `Report.run` takes from the manifest (schema, world size,
+      versions; `pipeline.manifest_summary`).
     """
 
     inputs: tuple[str, ...] = ()
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     run_dir: Path | None = None
     warnings: tuple[str, ...] = ()
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
+    manifest_summary: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,5 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
         summary["backend"] = backend
     if run.run_dir is not None:
         summary["run_dir"] = str(run.run_dir)
-    if run.manifest:
-        for key in ("schema", "world_size", "config", "versions", "scenario"):
-            if key in run.manifest:
-                summary[key] = run.manifest[key]
+    summary.update(run.manifest_summary)
     return summary or None

@@ -8,7 +8,6 @@ the pipeline's objects, so detectors can be tested on hand-built contexts.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,14 @@ from typing import TYPE_CHECKING, Any
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.analyzers.report import MemoryTimeline, StepBreakdown
+from zdiag.collectors.rundir import (
+    FsdpUnitRecord,
+    Manifest,
+    OomRecord,
+    RankEntry,
+    read_run_json,
+    run_file,
+)
 from zdiag.errors import InputError
 
 if TYPE_CHECKING:
@@ -57,7 +64,7 @@ class DetectorContext:
     ledgers: dict[int, RankLedger]
     breakdowns: dict[int, list[StepBreakdown]] = field(default_factory=dict)
     facts: dict[int, RankFacts] = field(default_factory=dict)
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     crossrank: CrossRankResult | None = None
     warnings: list[str] = field(default_factory=list)
@@ -65,15 +72,13 @@ class DetectorContext:
     @property
     def harness(self) -> dict[str, Any]:
         """The harness options recorded in the manifest ({} for other scripts)."""
-        h = (self.manifest or {}).get("harness")
-        return h if isinstance(h, dict) else {}
+        return dict(self.manifest.harness or {}) if self.manifest else {}
 
     @property
     def world_size(self) -> int | None:
         """World size from the manifest or the traces."""
-        ws = (self.manifest or {}).get("world_size")
-        if isinstance(ws, int):
-            return ws
+        if self.manifest is not None:
+            return self.manifest.world_size
         for f in self.facts.values():
             if f.world_size:
                 return f.world_size
@@ -82,9 +87,8 @@ class DetectorContext:
     @property
     def nnodes(self) -> int | None:
         """Number of nodes (manifest `nnodes`, else distinct hosts), None when unknown."""
-        n = (self.manifest or {}).get("nnodes")
-        if isinstance(n, int):
-            return n
+        if self.manifest is not None:
+            return self.manifest.nnodes
         hosts = {f.host for f in self.facts.values() if f.host}
         return len(hosts) if hosts else None
 
@@ -107,22 +111,20 @@ class DetectorContext:
         """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
         return [lg for _, lg in sorted(self.ledgers.items()) if lg.framework and lg.records]
 
-    def manifest_units(self) -> list[dict[str, Any]]:
-        """The manifest's `fsdp_units` ([{name, param_count, param_bytes}]), [] when absent."""
-        units = (self.manifest or {}).get("fsdp_units")
-        return [u for u in units if isinstance(u, dict)] if isinstance(units, list) else []
+    def manifest_units(self) -> tuple[FsdpUnitRecord, ...]:
+        """The manifest's `fsdp_units` (name, param_count, param_bytes), () when absent."""
+        return self.manifest.fsdp_units if self.manifest is not None else ()
 
 
 def build_context(
     summaries: Sequence[RankSummary],
     *,
-    manifest: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
     run_dir: Path | None = None,
     memory: Sequence[MemoryTimeline] = (),
     crossrank: CrossRankResult | None = None,
 ) -> DetectorContext:
     """The DetectorContext of a run's rank summaries, its matching, manifest and memory data."""
-    manifest = manifest if isinstance(manifest, dict) else None
     warnings: list[str] = []
     evidence = _memory_evidence(
         manifest, {s.rank for s in summaries}, run_dir, list(memory), warnings
@@ -182,7 +184,7 @@ def parse_oom_message(rank: int, text: str, source: str = "oom record") -> Memor
 
 
 def _memory_evidence(
-    manifest: dict[str, Any] | None,
+    manifest: Manifest | None,
     analyzed: set[int],
     run_dir: Path | None,
     timelines: list[MemoryTimeline],
@@ -192,22 +194,19 @@ def _memory_evidence(
     the failure: preferred for categories), else the CUDA snapshot taken at the failure, else the
     memory timeline (the peak by category), and the manifest's per-rank `oom` flag."""
     by_rank: dict[int, MemoryEvidence] = {}
-    ranks = (manifest or {}).get("ranks")
-    entries = [e for e in ranks if isinstance(e, dict)] if isinstance(ranks, list) else []
+    entries = manifest.ranks if manifest is not None else ()
+    world_size = manifest.world_size if manifest is not None else None
     for entry in entries:
-        rank = entry.get("rank")
-        if not isinstance(rank, int):
-            continue
-        rel = entry.get("oom_record")
-        rec = _read_json(run_dir / rel) if run_dir is not None and isinstance(rel, str) else None
+        rec = (
+            _read_oom_record(run_dir, entry, world_size, warnings) if run_dir is not None else None
+        )
         if rec is not None:
-            ev = parse_oom_message(rank, str(rec.get("error", "")))
-            budget = rec.get("memory_budget_bytes")
-            if ev.capacity_bytes is None and isinstance(budget, int):
-                ev.capacity_bytes = budget
-            by_rank[rank] = ev
-        elif entry.get("oom"):
-            by_rank[rank] = parse_oom_message(rank, str(entry.get("error") or ""), "manifest")
+            ev = parse_oom_message(entry.rank, rec.error)
+            if ev.capacity_bytes is None and rec.memory_budget_bytes is not None:
+                ev.capacity_bytes = rec.memory_budget_bytes
+            by_rank[entry.rank] = ev
+        elif entry.oom:
+            by_rank[entry.rank] = parse_oom_message(entry.rank, entry.error or "", "manifest")
     if run_dir is not None:
         _add_snapshot_categories(analyzed, by_rank, entries, run_dir, warnings)
     for tl in timelines:
@@ -240,7 +239,7 @@ MAX_SNAPSHOTS = 4
 def _add_snapshot_categories(
     analyzed: set[int],
     by_rank: dict[int, MemoryEvidence],
-    entries: list[dict[str, Any]],
+    entries: tuple[RankEntry, ...],
     run_dir: Path,
     warnings: list[str],
 ) -> None:
@@ -248,12 +247,16 @@ def _add_snapshot_categories(
     for the analyzed ranks (all of them in a run without traces), on the device each trained on."""
     todo = []
     for entry in entries:
-        rank, snap = entry.get("rank"), entry.get("memory_snapshot")
-        ev = by_rank.get(rank) if isinstance(rank, int) else None
-        if ev is None or ev.category_bytes or not isinstance(snap, str):
+        ev = by_rank.get(entry.rank)
+        if ev is None or ev.category_bytes or entry.memory_snapshot is None:
             continue
-        if not analyzed or rank in analyzed:
-            todo.append((ev, run_dir / snap, _cuda_index(entry.get("device"))))
+        if not analyzed or entry.rank in analyzed:
+            try:
+                path = run_file(run_dir, entry.memory_snapshot)
+            except InputError as exc:
+                _warn(warnings, f"memory snapshot skipped: {exc.message}")
+                continue
+            todo.append((ev, path, _cuda_index(entry.device)))
     if len(todo) > MAX_SNAPSHOTS:
         _warn(
             warnings,
@@ -283,7 +286,7 @@ def _add_snapshot_categories(
         )
 
 
-def _cuda_index(device: Any) -> int | None:
+def _cuda_index(device: str | None) -> int | None:
     """3 for the manifest's "cuda:3"; None when unknown (the snapshot's busiest device is used)."""
     if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
         return int(device[5:])
@@ -295,9 +298,19 @@ def _warn(warnings: list[str], message: str) -> None:
         warnings.append(message)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+def _read_oom_record(
+    run_dir: Path, entry: RankEntry, world_size: int | None, warnings: list[str]
+) -> OomRecord | None:
+    """The rank's OOM record (None without one); a damaged or refused one is a warning."""
+    if entry.oom_record is None:
         return None
-    return data if isinstance(data, dict) else None
+    found: list[str] = []
+    try:
+        data = read_run_json(run_dir, entry.oom_record)
+        record = OomRecord.from_json(data, entry.oom_record, found, world_size)
+    except InputError as exc:
+        _warn(warnings, f"out-of-memory record skipped: {exc.message}")
+        return None
+    for w in found:
+        _warn(warnings, w)
+    return record

@@ -60,7 +60,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         return []  # blocks are already units: a huge root is embeddings/head, not the model
 
     block = harness_block_pattern(ctx.harness) or find_block_pattern(
-        u.get("name", "") for u in ctx.manifest_units()
+        u.name for u in ctx.manifest_units()
     )
     module_class = None if block else ctx.module_class(lg.rank)
     layers = block.count if block else (module_class[1] if module_class else None)
