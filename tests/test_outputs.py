@@ -155,7 +155,7 @@ def test_a_character_device_is_written_through_not_replaced(
     regression cannot replace the machine's /dev/null)."""
     null = tmp_path / "null"
     os.mknod(null, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
-    code, out, err = _zdiag(["analyze", str(run_dir), option, str(null)], capsys)
+    code, _, err = _zdiag(["analyze", str(run_dir), option, str(null)], capsys)
     assert code == 0, err
     st = os.lstat(null)
     assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat("/dev/null").st_rdev
