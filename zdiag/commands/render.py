@@ -52,7 +52,8 @@ def load_report(path: Path) -> Report:
         return decode_report(data)
     except (ValueError, RecursionError) as exc:
         # decode_report names the problem: bad JSON, no zdiag schema, a newer schema, a bad field
-        raise InputError(f"{path} cannot be rendered: {exc}; {hint}.") from exc
+        remedy = "upgrade zdiag to read it" if "newer" in str(exc) else hint
+        raise InputError(f"{path} cannot be rendered: {exc}; {remedy}.") from exc
 
 
 class RenderCommand:
