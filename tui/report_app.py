@@ -27,7 +27,7 @@ from zdiag.errors import ConfigError
 from zdiag.render import _details as details
 from zdiag.render.columns import STEP_COLUMNS, StepColumn
 from zdiag.render.format import fmt_ms
-from zdiag.render.renderer import Destination
+from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView, rank_stats, worst_first
 
 MAX_SPAN_ROWS = 2000
@@ -222,7 +222,7 @@ def browse(report: Report) -> None:
     ReportApp(report).run()
 
 
-class TuiRenderer:
+class TuiRenderer(Renderer):
     """The report browser as a renderer: it draws on the terminal (standard output only)."""
 
     name = "tui"

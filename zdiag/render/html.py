@@ -20,7 +20,7 @@ from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
 from zdiag.render._html_parts import e
 from zdiag.render.output import write_output
-from zdiag.render.renderer import Destination
+from zdiag.render.renderer import Destination, Renderer
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
@@ -177,7 +177,7 @@ def write_html(report: Report, path: Path) -> None:
     write_output(Path(path), render_html(report).encode("utf-8"))
 
 
-class HtmlRenderer:
+class HtmlRenderer(Renderer):
     """The self-contained interactive HTML page."""
 
     name = "html"

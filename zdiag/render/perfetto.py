@@ -28,7 +28,7 @@ from zdiag.analyzers.report import Finding, Report, StepBreakdown
 from zdiag.render.columns import step_values
 from zdiag.render.format import fmt_ints
 from zdiag.render.output import write_output
-from zdiag.render.renderer import Destination
+from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView
 
 OVERLAY_PID_BASE = 1_000_000_000  # above any real pid (Linux pid_max <= 2**22)
@@ -235,7 +235,7 @@ def write_overlay(report: Report, path: Path) -> None:
     write_output(Path(path), msgspec.json.encode(overlay_events(report)))
 
 
-class PerfettoRenderer:
+class PerfettoRenderer(Renderer):
     """The Perfetto/Chrome-trace overlay of step verdicts and findings."""
 
     name = "perfetto"

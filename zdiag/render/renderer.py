@@ -7,8 +7,9 @@ draws on the terminal and accepts only standard output as its destination.
 `get_renderer(name)` imports a renderer's module only when it is used, so `zdiag analyze` without
 `--html` never loads plotly and nothing but `--tui` loads Textual.
 
-Adding a renderer: a class with `name` and `render(report, destination)` in its own module, and
-one line in `RENDERERS`; tests/test_renderers.py then runs it on every test Report.
+Adding a renderer: a subclass of `Renderer` (so mypy checks it) with `name` and
+`render(report, destination)` in its own module, and one line in `RENDERERS`;
+tests/test_renderers.py then runs it on every test Report.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Renderer(Protocol):
         ...
 
 
-class JsonRenderer:
+class JsonRenderer(Renderer):
     """The versioned Report JSON (`zdiag.report/1`), one line."""
 
     name = "json"

@@ -22,7 +22,7 @@ from zdiag.render.format import (
     known_bytes,
     unit_label,
 )
-from zdiag.render.renderer import Destination
+from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankStats, RankView, detailed_ranks, rank_stats, worst_first
 
 MAX_STEP_ROWS = 40
@@ -312,7 +312,7 @@ def render_text(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-class TextRenderer:
+class TextRenderer(Renderer):
     """The plain-text report (`zdiag analyze`'s default output, `zdiag render --text`)."""
 
     name = "text"
