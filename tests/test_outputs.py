@@ -256,13 +256,23 @@ def _zdiag_process(args: list[str], stdout: int | None = None) -> subprocess.Com
     )
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
-def test_a_full_disk_on_stdout_is_one_sentence(run_dir: Path) -> None:
+def _full_device(tmp_path: Path) -> Path:
+    """A device that fails every write with ENOSPC: a private copy of /dev/full's node (as root),
+    so that a regression replacing the node cannot replace the machine's /dev/full."""
+    if not stat.S_ISCHR(os.stat("/dev/full").st_mode) or os.geteuid() != 0:
+        pytest.skip("needs root and a character device /dev/full")
+    full = tmp_path / "full"
+    os.mknod(full, stat.S_IFCHR | 0o666, os.stat("/dev/full").st_rdev)
+    return full
+
+
+def test_a_full_disk_on_stdout_is_one_sentence(run_dir: Path, tmp_path: Path) -> None:
     """`zdiag analyze X --json > /dev/full` and `zdiag render R > /dev/full`."""
-    saved = run_dir.parent / "report.json"
+    full = _full_device(tmp_path)
+    saved = tmp_path / "report.json"
     saved.write_bytes(encode_report(sample_report(ranks=2, steps=3)))
     for args in (["analyze", str(run_dir), "--json", "-q"], ["render", str(saved)]):
-        fd = os.open("/dev/full", os.O_WRONLY)
+        fd = os.open(full, os.O_WRONLY)
         try:
             res = _zdiag_process(args, stdout=fd)
         finally:
@@ -273,14 +283,15 @@ def test_a_full_disk_on_stdout_is_one_sentence(run_dir: Path) -> None:
         assert "standard output" in lines[0]
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("option", OUTPUT_OPTIONS)
 def test_a_full_disk_on_an_output_device_is_one_sentence(
-    run_dir: Path, capsys: pytest.CaptureFixture[str]
+    option: str, run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _zdiag(["analyze", str(run_dir), "-o", "/dev/full"], capsys)
-    assert code == 2 and out == ""
+    full = _full_device(tmp_path)
+    code, _, err = _zdiag(["analyze", str(run_dir), "-q", option, str(full)], capsys)
+    assert code == 2
     assert len(err.strip().splitlines()) == 1 and "no space left" in err.lower(), err
-    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+    assert stat.S_ISCHR(os.lstat(full).st_mode)  # still the device, not a file
 
 
 @pytest.mark.parametrize("option", OUTPUT_OPTIONS)
