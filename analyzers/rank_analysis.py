@@ -38,14 +38,18 @@ HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 class RankContext:
     """What the run (its manifest) says about one rank, given to the map with its trace.
 
-    - `finished_steps`: steps the rank finished when it exited cleanly (a trailing, unfinished
-      `ProfilerStep` window is left out), None when unknown.
+    - `finished_steps`: steps the rank finished before it ended (a trailing `ProfilerStep`
+      window it never finished is left out: the script's teardown after a clean exit, or the
+      step a crash, a signal or a hang interrupted), None when unknown.
+    - `failure`: how the rank ended when it did not exit cleanly ("raised RuntimeError: ...",
+      "ended by SIGTERM", "hung"), None for a clean exit.
     - `collector_errors`: what zdiag's collectors reported on the rank during the run.
     - `unit_param_bytes`: {unit fqn: unsharded parameter bytes}, for the collectives the trace
       recorded without shapes.
     """
 
     finished_steps: int | None = None
+    failure: str | None = None
     collector_errors: tuple[str, ...] = ()
     unit_param_bytes: Mapping[str, int] = field(default_factory=dict)
 
@@ -94,10 +98,15 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
     warnings += step_warnings
     if context.finished_steps is not None:
         windows, dropped = drop_unfinished_tail(windows, context.finished_steps)
-        if dropped:
+        if dropped and context.failure is None:
             warnings.append(
                 f"step {dropped[0]} left out: the run ended inside it (the profiler stopped "
                 "during the script's teardown, after its last optimizer step)"
+            )
+        elif dropped:
+            warnings.append(
+                f"step {dropped[0]} left out: the rank {context.failure} inside it, so it never "
+                "finished (its events are not a step)"
             )
     sets = ActivitySets(trace)
     breakdown = breakdown_rank(trace, windows, sets)
