@@ -367,7 +367,9 @@ def read_dump(path: str | Path, rank: int | None = None) -> RankDump:
         raw = _PlainUnpickler(io.BytesIO(data)).load()
     except EOFError:
         if name_rank is None:
-            raise InputError(f"{p}: cut-short dump, and its name ends with no rank number.")
+            raise InputError(
+                f"{p}: cut-short dump, and its name ends with no rank number."
+            ) from None
         return RankDump(name_rank, str(p), readable=False, problem="cut short")
     except Exception as exc:  # names a class, corrupt opcode: the same to the user
         raise InputError(
@@ -662,12 +664,12 @@ def _collective_analysis(
     statuses = []
     ref: Entry | None = None
     for r in g.ranks:
-        e = coll.get(r, {}).get(seq)
+        at: Entry | None = coll.get(r, {}).get(seq)
         if r not in readable:
             status = "no dump"
         elif kind == "mismatch" and blame.get(r) == "mismatched":
             status = "mismatched"
-        elif e is not None and not e.completed:
+        elif at is not None and not at.completed:
             status = (
                 "stuck" if first_pending.get(r) == seq and blame.get(r) == "stuck" else "waiting"
             )
@@ -675,11 +677,11 @@ def _collective_analysis(
             status = "completed"
         else:
             status = "missing"
-        if e is not None and ref is None:
-            ref = e
+        if at is not None and ref is None:
+            ref = at
         if e is None and g.entries.get(r):  # not at this op: its last op in the group
-            e = g.entries[r][-1]
-        statuses.append(_at(r, status, last.get(r), e))
+            at = g.entries[r][-1]
+        statuses.append(_at(r, status, last.get(r), at))
     return (
         Disagreement(
             g.name, g.desc, g.ranks, kind, seq, ref.profiling_name if ref else "", tuple(statuses)
