@@ -679,7 +679,7 @@ def _collective_analysis(
             status = "missing"
         if at is not None and ref is None:
             ref = at
-        if e is None and g.entries.get(r):  # not at this op: its last op in the group
+        if at is None and g.entries.get(r):  # not at this op: its last op in the group
             at = g.entries[r][-1]
         statuses.append(_at(r, status, last.get(r), at))
     return (
