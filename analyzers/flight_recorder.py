@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zdiag import __version__
 from zdiag.analyzers.memory_snapshot import _PlainUnpickler
-from zdiag.analyzers.report import Finding
+from zdiag.analyzers.report import Finding, Report
 from zdiag.errors import InputError
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
@@ -890,28 +891,42 @@ def hang_findings(analysis: HangAnalysis) -> list[Finding]:
         if any(a.rank in culprits and a.status != "waiting" for a in d.ranks)
     ]
     head = blocking[0] if blocking else None
-    if head is not None:
-        waiting = head.with_status("waiting", "completed")
-        title = (
-            f"hang: {_ranks_text(culprits)} did not arrive; first disagreement in "
-            f"{head.pg_desc or 'group'} (pg {head.pg_name}) at "
-            f"{'p2p' if head.kind == 'p2p' else 'collective'} #{head.seq} {head.profiling_name}"
-            + (f", where {_ranks_text(waiting)} wait" if waiting else "")
-        )
+    if head is None:
+        title = f"{_ranks_text(culprits)} never arrived (their peers wait for them)"
     else:
-        title = f"hang: {_ranks_text(culprits)} did not arrive"
+        where = (
+            f"{head.pg_desc or 'process group'} (pg {head.pg_name}) "
+            f"{'p2p op' if head.kind == 'p2p' else 'collective'} #{head.seq} {head.profiling_name}"
+        )
+        if head.kind == "stuck":
+            title = (
+                f"{_ranks_text(head.with_status('stuck'))} stuck in {where}, which "
+                f"{_ranks_text(head.with_status('completed'))} completed"
+            )
+        elif head.kind == "mismatch":
+            title = (
+                f"{_ranks_text(head.with_status('mismatched'))} issued a different op at {where}"
+            )
+        else:
+            title = (
+                f"{_ranks_text(head.with_status('missing', 'no dump'))} never arrived at {where}, "
+                f"where {_ranks_text(head.with_status('waiting'))} wait"
+            )
+        if set(culprits) - set(head.with_status("stuck", "missing", "no dump", "mismatched")):
+            title += f" (culprits: {_ranks_text(culprits)})"
     frames = {str(c.rank): str(c.frame) for c in analysis.culprits if c.frame is not None}
     evidence: dict[str, Any] = {
         "culprit_ranks": list(culprits),
         "reasons": {str(c.rank): c.reason for c in analysis.culprits},
         "waiting_ranks": list(analysis.waiting),
-        "groups": [_group_evidence(d) for d in blocking[:MAX_FINDING_GROUPS]],
-        "groups_disagreeing": len(analysis.disagreements),
+        "first_group": _group_evidence(head) if head else None,
+        "culprit_frames": frames,
+        "unreadable_dumps": list(analysis.unreadable),
         "dumps": len(analysis.ranks),
         "expected_ranks": len(analysis.expected_ranks),
-        "unreadable_dumps": list(analysis.unreadable),
-        "culprit_frames": frames,
+        "groups_disagreeing": len(analysis.disagreements),
         "fr_version": analysis.version,
+        "groups": [_group_evidence(d) for d in blocking[:MAX_FINDING_GROUPS]],
     }
     reasons = {c.reason for c in analysis.culprits}
     advice = []
@@ -943,6 +958,52 @@ def hang_findings(analysis: HangAnalysis) -> list[Finding]:
 
 
 def analyze_flight_recorder(paths: Iterable[Path]) -> tuple[HangAnalysis, list[Finding]]:
-    """Read dump files, analyze them and build the findings (what `zdiag analyze` calls)."""
+    """Read dump files, analyze them and build the findings."""
     analysis = analyze_dumps(read_dumps(paths))
     return analysis, hang_findings(analysis)
+
+
+def _warnings(analysis: HangAnalysis, findings: list[Finding]) -> list[str]:
+    out = [
+        f"rank {r}: its flight-recorder dump is empty or cut short (the process was frozen or "
+        "killed while dumping)"
+        for r in analysis.unreadable
+    ]
+    absent = sorted(set(analysis.expected_ranks) - set(analysis.ranks))
+    if absent:
+        out.append(
+            f"no flight-recorder dump for {_ranks_text(absent)} of the {len(analysis.expected_ranks)} "
+            "ranks its process groups name"
+        )
+    if not findings:
+        out.append(
+            f"flight-recorder dumps of {len(analysis.ranks)} rank(s): no collective where ranks "
+            "disagree (no rank is missing, stuck or mismatched)"
+        )
+    return out
+
+
+def add_to_report(report: Report, dumps: list[Path]) -> None:
+    """Add the dumps' `hang` finding and warnings to a Report built from profiler traces."""
+    analysis, findings = analyze_flight_recorder(dumps)
+    report.inputs.extend(str(p) for p in dumps)
+    report.findings.extend(findings)
+    report.warnings.extend(_warnings(analysis, findings))
+
+
+def flight_recorder_report(dumps: list[Path]) -> Report:
+    """The Report of `zdiag analyze` on flight-recorder dumps alone (no profiler trace)."""
+    analysis, findings = analyze_flight_recorder(dumps)
+    run: dict[str, Any] = {
+        "world_size": len(analysis.expected_ranks),
+        "flight_recorder_version": analysis.version,
+    }
+    if analysis.comm_lib_version:
+        run["comm_lib_version"] = analysis.comm_lib_version
+    return Report(
+        zdiag_version=__version__,
+        inputs=[str(p) for p in dumps],
+        findings=findings,
+        warnings=_warnings(analysis, findings),
+        run=run,
+    )

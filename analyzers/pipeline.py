@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zdiag import __version__
-from zdiag.analyzers import verdict
+from zdiag.analyzers import flight_recorder, verdict
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
 from zdiag.analyzers.crossrank import analyze_crossrank
 from zdiag.analyzers.decode_batches import auto_workers
@@ -383,9 +383,16 @@ def _finished_steps(manifest: dict[str, Any] | None) -> dict[int, int]:
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints."""
+    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
+    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
+    if dumps and not paths:
+        return flight_recorder.flight_recorder_report(dumps)
     run = load_run(paths, progress=progress)
-    return analyze_run(run, ranks=ranks).report
+    report = analyze_run(run, ranks=ranks).report
+    if dumps:
+        flight_recorder.add_to_report(report, dumps)
+    return report
 
 
 def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
