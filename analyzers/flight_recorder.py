@@ -366,13 +366,13 @@ def read_dump(path: str | Path, rank: int | None = None) -> RankDump:
         )
     try:
         raw = _PlainUnpickler(io.BytesIO(data)).load()
-    except EOFError:
-        if name_rank is None:
-            raise InputError(
-                f"{p}: cut-short dump, and its name ends with no rank number."
-            ) from None
-        return RankDump(name_rank, str(p), readable=False, problem="cut short")
     except Exception as exc:  # names a class, corrupt opcode: the same to the user
+        if isinstance(exc, EOFError) or "truncated" in str(exc):
+            if name_rank is None:
+                raise InputError(
+                    f"{p}: cut-short dump, and its name ends with no rank number."
+                ) from None
+            return RankDump(name_rank, str(p), readable=False, problem="cut short")
         raise InputError(
             f"{p}: not a plain flight-recorder dump ({exc}); zdiag reads only dumps made of "
             "plain containers."
@@ -870,10 +870,11 @@ def _group_evidence(d: Disagreement) -> dict[str, Any]:
         ranks = d.with_status(status)
         if ranks:
             out[status.replace(" ", "_")] = list(ranks)
+    ahead = max((a.last_seq for a in d.ranks if a.last_seq is not None), default=None)
     behind = {
-        str(a.rank): d.seq - a.last_seq
+        str(a.rank): ahead - a.last_seq
         for a in d.ranks
-        if a.status == "missing" and a.last_seq is not None
+        if a.status == "missing" and a.last_seq is not None and ahead is not None
     }
     if behind:
         out["behind_by"] = behind
