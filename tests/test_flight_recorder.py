@@ -437,3 +437,37 @@ def test_real_dumps_with_a_culprit_dump_absent(tmp_path: Path) -> None:
     paths = [p for p in fr.find_dumps([folder])[0] if p.name != "_dump_14"]
     a = _analyze(paths)
     assert a.culprit_ranks == (12, 14)
+
+
+def _torch_crosscheck(folder: Path) -> dict[str, list[int]]:
+    pytest.importorskip("torch.distributed.flight_recorder.components.builder")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "fr_crosscheck", Path(__file__).parents[1] / "bench" / "fr_crosscheck.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result: dict[str, list[int]] = module.torch_report(folder)["missing_ranks_by_group"]
+    return result
+
+
+def test_torch_analyzer_agrees_on_lock_gil() -> None:
+    """torch's fr_trace builder, fed the same (safely read) dumps, names the same missing ranks."""
+    missing = _torch_crosscheck(_real("lock_gil_1st"))
+    assert set().union(*map(set, missing.values())) == {9, 14}
+    assert missing["37:TENSOR_MODEL_PARALLEL_GROUP"] == [9]
+    assert missing["38:TENSOR_MODEL_PARALLEL_GROUP"] == [14]
+
+
+def test_torch_analyzer_on_gpu_error_sees_only_arrivals() -> None:
+    """torch matches arrivals only: it finds rank 12 missing where rank 13 went ahead, but rank
+    14 (which issued every op and then stopped completing them) is never missing to it; zdiag
+    names 14 as stuck. Its other "missing" ranks come from its record-id alignment, which drops
+    the entries of ranks 0-12 (docs/flight-recorder.md)."""
+    missing = _torch_crosscheck(_real("gpu_error_1st"))
+    for group in ("41:TENSOR_MODEL_PARALLEL_GROUP", "74:EXPERT_MODEL_PARALLEL_GROUP"):
+        assert missing[group] == [12]
+    assert 14 not in set().union(*map(set, missing.values()))
+    assert _analyze(fr.find_dumps([_real("gpu_error_1st")])[0]).culprit_ranks == (12, 14)
