@@ -624,8 +624,16 @@ def _collective_analysis(
     if not first_pending:
         return None, {}
 
+    # Everything up to the frontier was completed by some member; a collective completes on no
+    # member before every member issued it, so every member reached the frontier (this is what
+    # tells an absent dump or an evicted entry apart from a rank that never arrived).
+    frontier = max(
+        (first_pending[r] - 1 if r in first_pending else last[r] for r in last if r in readable),
+        default=-1,
+    )
+
     def reached(r: int, s: int) -> bool:
-        return r in readable and last.get(r, -1) >= s
+        return s <= frontier or (r in readable and last.get(r, -1) >= s)
 
     blame: dict[int, str] = {}
     points: list[tuple[int, str]] = []  # (seq, kind) where members disagree
@@ -633,11 +641,14 @@ def _collective_analysis(
         for m in g.ranks:
             if m == w:
                 continue
+            s_m = first_pending.get(m)
             if not reached(m, s_w):  # never enqueued the collective w waits in
                 edges[w].add(m)
                 points.append((s_w, "missing"))
-            s_m = first_pending.get(m)
-            if s_m is not None and s_m < s_w:  # w completed s_m; m still shows it pending
+            elif s_m is not None and s_m < s_w:
+                # m issued w's op too, but still shows s_m pending, which w completed. (Not
+                # said of a rank that never issued w's op: its last op may show pending only
+                # because the backend marks completion late, as gloo's `retired` does.)
                 edges[w].add(m)
                 points.append((s_m, "stuck"))
                 if _NEEDS_ALL_DATA.match(coll[m][s_m].op):
@@ -662,6 +673,10 @@ def _collective_analysis(
     if not points:
         return None, blame
     seq, kind = min(points)
+    # sequence numbers some member completed (listed as completed, or passed by: its first
+    # pending op is later)
+    done_by_someone = {s for by_seq in coll.values() for s, e in by_seq.items() if e.completed}
+    done_by_someone |= {s for s_r in first_pending.values() for s in range(seq, s_r)}
     statuses = []
     ref: Entry | None = None
     for r in g.ranks:
@@ -671,9 +686,7 @@ def _collective_analysis(
         elif kind == "mismatch" and blame.get(r) == "mismatched":
             status = "mismatched"
         elif at is not None and not at.completed:
-            status = (
-                "stuck" if first_pending.get(r) == seq and blame.get(r) == "stuck" else "waiting"
-            )
+            status = "stuck" if seq in done_by_someone else "waiting"
         elif reached(r, seq):
             status = "completed"
         else:
@@ -785,19 +798,26 @@ def analyze_dumps(dumps: list[RankDump]) -> HangAnalysis:
     """The first disagreement per process group and the culprit ranks (see the module doc)."""
     readable = {d.rank for d in dumps if d.readable}
     groups = _collect_groups([d for d in dumps if d.readable])
-    edges: dict[int, set[int]] = defaultdict(set)
+    edges: dict[int, set[int]] = defaultdict(set)  # waiting rank -> the ranks it waits for
+    p2p_edges: dict[int, set[int]] = defaultdict(set)
     blame: dict[int, str] = {}
     found: list[Disagreement] = []
     for g in groups.values():
         dis, group_blame = _collective_analysis(g, readable, edges)
         for r, why in group_blame.items():
             blame.setdefault(r, why)
-        p2p = _p2p_analysis(g, readable, edges)
+        p2p = _p2p_analysis(g, readable, p2p_edges)
         found.extend(x for x in (dis, p2p) if x is not None)
+    # A pending send/recv whose peer left no dump may be paired on the peer's side: that wait
+    # is a guess, so it does not make its owner a waiter (it still makes the peer a suspect).
+    sure = {w: set(bs) for w, bs in edges.items()}
+    for w, bs in p2p_edges.items():
+        sure.setdefault(w, set()).update(b for b in bs if b in readable)
+        edges[w] |= bs
     awaited = {b for bs in edges.values() for b in bs}
     nodes = set(edges) | awaited
     culprit_reason: dict[int, str] = dict(blame)
-    for comp in _terminal_components(nodes, edges):
+    for comp in _terminal_components(nodes, sure):
         roots = comp & awaited
         for r in roots:
             if r not in readable:

@@ -471,3 +471,83 @@ def test_torch_analyzer_on_gpu_error_sees_only_arrivals() -> None:
         assert missing[group] == [12]
     assert 14 not in set().union(*map(set, missing.values()))
     assert _analyze(fr.find_dumps([_real("gpu_error_1st")])[0]).culprit_ranks == (12, 14)
+
+
+# --- a real 2-rank gloo job (torch 2.13 records gloo collectives in the flight recorder) ------
+
+GLOO_HANG = """
+import datetime, os, sys, time
+import torch, torch.distributed as dist
+from torch._C._distributed_c10d import _dump_fr_trace
+
+rank, out, port = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group(
+    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    timeout=datetime.timedelta(seconds=4),
+)
+t = torch.ones(8)
+for _ in range(3):
+    dist.all_reduce(t)
+
+def train_step():  # rank 0 reaches the 4th all_reduce; rank 1 never does
+    return dist.all_reduce(t, async_op=True)
+
+if rank == 0:
+    work = train_step()
+    time.sleep(0.5)
+with open(os.path.join(out, f"fr_{rank}.tmp"), "wb") as f:
+    f.write(_dump_fr_trace())
+os.rename(os.path.join(out, f"fr_{rank}.tmp"), os.path.join(out, f"fr_{rank}"))
+if rank == 0:
+    try:
+        work.wait()
+    except Exception:
+        pass
+else:
+    time.sleep(6)
+os._exit(0)
+"""
+
+
+@pytest.mark.dist
+def test_real_gloo_hang_dump_names_the_absent_rank(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "gloo_hang.py"
+    script.write_text(GLOO_HANG)
+    out = tmp_path / "dumps"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "100", "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(out), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs
+    dumps = sorted(out.glob("fr_?"))
+    assert len(dumps) == 2 and all(fr.is_flight_recorder_dump(p) for p in dumps)
+    read = fr.read_dumps(dumps)
+    assert read[0].version.startswith("2.") and read[0].entries[0].profiling_name.startswith(
+        "gloo:"
+    )
+    a = fr.analyze_dumps(read)
+    assert a.culprit_ranks == (1,) and a.waiting == (0,)
+    (d,) = a.disagreements
+    assert (d.kind, d.seq, d.profiling_name) == ("missing", 4, "gloo:all_reduce")
+    waiting = next(x for x in d.ranks if x.rank == 0)
+    assert waiting.frame is not None and waiting.frame.name == "train_step"
+    report = analyze_paths([out])
+    assert [f.ranks for f in report.findings if f.id == "hang"] == [[1]]
