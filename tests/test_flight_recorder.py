@@ -422,21 +422,30 @@ def test_real_dumps_name_exactly_the_faulty_ranks(name: str) -> None:
     assert tuple(f.ranks) == GROUND_TRUTH[name]
 
 
-def test_real_dumps_with_a_frozen_rank_leaving_an_empty_dump(tmp_path: Path) -> None:
-    folder = _real("lock_gil_1st")
-    work = tmp_path / "fr"
-    shutil.copytree(folder, work)
-    (work / "_dump_9").chmod(0o644)
-    (work / "_dump_9").write_bytes(b"")
+@pytest.mark.parametrize(
+    ("name", "frozen"),
+    [(n, ks) for n, t in sorted(GROUND_TRUTH.items()) for ks in ((t[0],), (t[1],), t)],
+)
+def test_real_dumps_when_faulty_ranks_left_empty_dumps(
+    tmp_path: Path, name: str, frozen: tuple[int, ...]
+) -> None:
+    """A frozen process leaves an empty dump: the faulty ranks are still named, as suspects."""
+    work = tmp_path / name
+    shutil.copytree(_real(name), work)
+    for rank in frozen:
+        (work / f"_dump_{rank}").chmod(0o644)
+        (work / f"_dump_{rank}").write_bytes(b"")
     a = _analyze(fr.find_dumps([work])[0])
-    assert a.culprit_ranks == (9, 14) and a.unreadable == (9,)
+    assert a.culprit_ranks == GROUND_TRUTH[name]
+    assert a.unreadable == frozen
+    assert {c.rank for c in a.culprits if c.reason == "no dump"} == set(frozen)
 
 
-def test_real_dumps_with_a_culprit_dump_absent(tmp_path: Path) -> None:
-    folder = _real("gpu_error_1st")
-    paths = [p for p in fr.find_dumps([folder])[0] if p.name != "_dump_14"]
+def test_real_dumps_with_a_culprit_dump_absent() -> None:
+    paths = [p for p in fr.find_dumps([_real("gpu_error_1st")])[0] if p.name != "_dump_14"]
     a = _analyze(paths)
     assert a.culprit_ranks == (12, 14)
+    assert {c.rank: c.reason for c in a.culprits} == {12: "missing", 14: "no dump"}
 
 
 def _torch_crosscheck(folder: Path) -> dict[str, list[int]]:
