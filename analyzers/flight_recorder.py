@@ -416,40 +416,63 @@ def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:
     )
 
 
+def _with_empty_siblings(found: list[Path], candidates: list[Path]) -> list[Path]:
+    """`found` plus the candidates too short to be recognised that are named like the dumps
+    (same name up to the trailing rank number): a rank frozen or killed while dumping."""
+    prefixes = {_RANK_IN_NAME.sub("", x.name) for x in found}
+    extra = []
+    for x in candidates:
+        if x in found or not _RANK_IN_NAME.search(x.name):
+            continue
+        try:
+            short = x.stat().st_size < SNIFF_BYTES
+        except OSError:
+            continue
+        if short and _RANK_IN_NAME.sub("", x.name) in prefixes:
+            extra.append(x)
+    return sorted([*found, *extra])
+
+
+def _dumps_in(folder: Path) -> list[Path]:
+    """The dumps in a folder: its own files, else (none there) those below it. Files that
+    look like profiler traces (*.json, *.json.gz) are not opened."""
+    files = sorted(x for x in folder.iterdir() if x.is_file() and not x.name.startswith("."))
+    found = [x for x in files if is_flight_recorder_dump(x)]
+    if not found:
+        files = sorted(
+            x
+            for x in folder.rglob("*")
+            if x.is_file()
+            and not x.name.startswith(".")
+            and not x.name.endswith((".json", ".json.gz"))
+        )
+        found = [x for x in files if is_flight_recorder_dump(x)]
+    return _with_empty_siblings(found, files) if found else []
+
+
 def find_dumps(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
     """Split inputs into flight-recorder dumps and the rest.
 
-    Files are recognised by content (`is_flight_recorder_dump`), whatever their name. In a
-    folder, the dumps are its files that are dumps, plus the empty files named like them (same
-    name up to the trailing rank number: a rank frozen while dumping). A folder holding dumps
-    and no profiler trace (*.json, *.json.gz) or manifest is used up; others stay in the rest.
+    Files are recognised by content (`is_flight_recorder_dump`), whatever their name, plus the
+    empty or very short files named like them (a rank frozen while dumping). A folder is
+    searched like `zdiag analyze` searches for traces (its files, else the files below it); a
+    folder holding dumps and no profiler trace (*.json, *.json.gz), manifest or traces/ folder
+    is used up, others stay in the rest.
     """
-    dumps: list[Path] = []
+    paths = list(paths)
+    files = [p for p in paths if p.is_file()]
+    dumps = _with_empty_siblings([p for p in files if is_flight_recorder_dump(p)], files)
     rest: list[Path] = []
     for p in paths:
-        if p.is_file():
-            (dumps if is_flight_recorder_dump(p) else rest).append(p)
+        if p in dumps:
             continue
         if not p.is_dir():
             rest.append(p)
             continue
-        files = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
-        found = [x for x in files if is_flight_recorder_dump(x)]
-        if not found:
-            rest.append(p)
-            continue
-        prefixes = {_RANK_IN_NAME.sub("", x.name) for x in found}
-        found += [
-            x
-            for x in files
-            if x not in found
-            and _RANK_IN_NAME.search(x.name)
-            and _RANK_IN_NAME.sub("", x.name) in prefixes
-            and x.stat().st_size < SNIFF_BYTES
-        ]
-        dumps.extend(sorted(found))
-        traces = any(x.name.endswith((".json", ".json.gz")) for x in files)
-        if traces or (p / "manifest.json").exists() or (p / "traces").is_dir():
+        found = _dumps_in(p)
+        dumps.extend(found)
+        traces = any(x.name.endswith((".json", ".json.gz")) for x in p.rglob("*"))
+        if not found or traces or (p / "manifest.json").exists() or (p / "traces").is_dir():
             rest.append(p)
     return dumps, rest
 

@@ -361,6 +361,18 @@ def test_find_dumps_in_folders_and_beside_traces(tmp_path: Path) -> None:
     assert len(dumps) == 4 and rest == [tmp_path / "fr"]
     dumps, rest = fr.find_dumps([paths[0], tmp_path / "fr" / "notes.txt"])
     assert dumps == [paths[0]] and rest == [tmp_path / "fr" / "notes.txt"]
+    dumps, rest = fr.find_dumps(paths)  # `zdiag analyze fr/_dump_*`: the empty one too
+    assert dumps == sorted(paths) and rest == []
+
+
+def test_find_dumps_below_a_run_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    (run / "traces" / "rank-0.json.gz").write_bytes(b"")
+    paths = _four_ranks_hung_at_4().write(run / "hang" / "flight_recorder", prefix="fr_")
+    dumps, rest = fr.find_dumps([run])
+    assert dumps == sorted(paths) and rest == [run]
 
 
 def test_analyze_paths_on_a_folder_of_dumps(tmp_path: Path) -> None:
