@@ -38,6 +38,7 @@ result into the `hang` Finding.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import pickletools
 import re
@@ -45,7 +46,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from zdiag import __version__
 from zdiag.analyzers.memory_snapshot import _PlainUnpickler
@@ -91,9 +92,9 @@ class Frame:
         return f"{self.filename}:{self.line} in {self.name}"
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One op in a rank's flight-recorder buffer."""
+class Entry(NamedTuple):
+    """One op in a rank's flight-recorder buffer (a NamedTuple: built 4x faster than a frozen
+    dataclass, and a dump holds up to tens of thousands of them)."""
 
     record_id: int
     pg_id: int
@@ -220,21 +221,18 @@ def _rank_from_name(path: Path) -> int | None:
 
 
 def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int else None
 
 
 def _int(value: Any, default: int) -> int:
-    got = _opt_int(value)
-    return default if got is None else got
+    return value if type(value) is int else default
 
 
 def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
+    """Sizes as tuples (only compared for equality, so elements are not checked one by one)."""
     if not isinstance(value, list | tuple):
         return ()
-    return tuple(
-        tuple(int(x) for x in s if isinstance(x, int)) if isinstance(s, list | tuple) else ()
-        for s in value
-    )
+    return tuple(tuple(s) if isinstance(s, list | tuple) else () for s in value)
 
 
 def _frames(value: Any) -> tuple[Frame, ...]:
@@ -247,6 +245,7 @@ def _frames(value: Any) -> tuple[Frame, ...]:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse_op(profiling_name: str) -> tuple[str, int | None, int | None]:
     """("send", 0, 3) from "nccl:send 0->3", ("recv", 3, 0) from "nccl:recv 0<-3" (src, dst),
     ("all_reduce", None, None) from "nccl:all_reduce"."""
@@ -265,40 +264,41 @@ def _parse_op(profiling_name: str) -> tuple[str, int | None, int | None]:
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} is not a dict")
-    pg = raw.get("process_group")
+    get = raw.get
+    pg = get("process_group")
     if not isinstance(pg, list | tuple) or len(pg) != 2:
         raise ValueError(f"{where} has no process_group (name, desc) pair")
-    name = str(raw.get("profiling_name", ""))
+    name = str(get("profiling_name", ""))
     try:
         op, src, dst = _parse_op(name)
     except ValueError as exc:
         raise ValueError(f"{where} has an unreadable profiling_name {name!r}") from exc
-    is_p2p = bool(raw.get("is_p2p", op in ("send", "recv")))
+    frames = get("frames")
     return Entry(
-        record_id=_int(raw.get("record_id"), 0),
-        pg_id=_int(raw.get("pg_id"), -1),
+        record_id=_int(get("record_id"), 0),
+        pg_id=_int(get("pg_id"), -1),
         pg_name=str(pg[0]),
         pg_desc=str(pg[1]),
-        collective_seq_id=_int(raw.get("collective_seq_id"), 0),
-        p2p_seq_id=_int(raw.get("p2p_seq_id"), 0),
-        op_id=_int(raw.get("op_id"), 0),
+        collective_seq_id=_int(get("collective_seq_id"), 0),
+        p2p_seq_id=_int(get("p2p_seq_id"), 0),
+        op_id=_int(get("op_id"), 0),
         profiling_name=name,
         op=op,
-        is_p2p=is_p2p,
+        is_p2p=bool(get("is_p2p", op in ("send", "recv"))),
         src=src,
         dst=dst,
-        input_sizes=_sizes(raw.get("input_sizes")),
-        output_sizes=_sizes(raw.get("output_sizes")),
-        input_dtypes=tuple(str(x) for x in raw.get("input_dtypes") or ()),
-        output_dtypes=tuple(str(x) for x in raw.get("output_dtypes") or ()),
-        state=str(raw.get("state", "")),
-        retired=bool(raw.get("retired", False)),
-        time_created_ns=_opt_int(raw.get("time_created_ns")),
-        time_started_ns=_opt_int(raw.get("time_discovered_started_ns")),
-        time_completed_ns=_opt_int(raw.get("time_discovered_completed_ns")),
-        timeout_ms=_opt_int(raw.get("timeout_ms")),
-        thread_name=str(raw.get("thread_name", "")),
-        frames=_frames(raw.get("frames")),
+        input_sizes=_sizes(get("input_sizes")),
+        output_sizes=_sizes(get("output_sizes")),
+        input_dtypes=tuple(map(str, get("input_dtypes") or ())),
+        output_dtypes=tuple(map(str, get("output_dtypes") or ())),
+        state=str(get("state", "")),
+        retired=bool(get("retired", False)),
+        time_created_ns=_opt_int(get("time_created_ns")),
+        time_started_ns=_opt_int(get("time_discovered_started_ns")),
+        time_completed_ns=_opt_int(get("time_discovered_completed_ns")),
+        timeout_ms=_opt_int(get("timeout_ms")),
+        thread_name=str(get("thread_name", "")),
+        frames=_frames(frames) if frames else (),
     )
 
 
