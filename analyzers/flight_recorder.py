@@ -581,10 +581,6 @@ class _Group:
     entries: dict[int, list[Entry]]
 
 
-def _key(name: str, ranks: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
-    return name, ranks
-
-
 def _collect_groups(dumps: list[RankDump]) -> dict[tuple[str, tuple[int, ...]], _Group]:
     """Process groups by (name, members), with each member's entries in them. A group that no
     pg_config lists (gloo writes none) gets the ranks that have entries in it as members, or
@@ -593,7 +589,7 @@ def _collect_groups(dumps: list[RankDump]) -> dict[tuple[str, tuple[int, ...]], 
     by_rank_name: dict[tuple[int, str], tuple[str, tuple[int, ...]]] = {}
     for d in dumps:
         for g in d.groups:
-            key = _key(g.name, g.ranks)
+            key = (g.name, g.ranks)
             groups.setdefault(key, _Group(g.name, g.desc, g.ranks, {}))
             if d.rank in g.ranks:
                 by_rank_name[(d.rank, g.name)] = key
@@ -607,7 +603,7 @@ def _collect_groups(dumps: list[RankDump]) -> dict[tuple[str, tuple[int, ...]], 
     everyone = tuple(sorted(d.rank for d in dumps))
     for name, members in unlisted.items():
         ranks = everyone if descs[name] == "default_pg" else tuple(sorted(members))
-        key = _key(name, ranks)
+        key = (name, ranks)
         groups.setdefault(key, _Group(name, descs[name], ranks, {}))
         for r in ranks:
             by_rank_name.setdefault((r, name), key)
@@ -679,8 +675,8 @@ def _collective_analysis(
     # Mismatches: members holding the same sequence number with different ops, sizes or dtypes.
     for s in sorted({s for by_seq in coll.values() for s in by_seq}):
         held = {r: by_seq[s] for r, by_seq in coll.items() if s in by_seq}
-        if len(held) < 2:
-            continue
+        if len(held) < 2 or all(e.completed for e in held.values()):
+            continue  # what completed everywhere did not hang the job
         sigs: dict[tuple[Any, ...], list[int]] = defaultdict(list)
         for r, e in held.items():
             sigs[e.signature].append(r)
@@ -696,10 +692,11 @@ def _collective_analysis(
     if not points:
         return None, blame
     seq, kind = min(points)
-    # sequence numbers some member completed (listed as completed, or passed by: its first
-    # pending op is later)
-    done_by_someone = {s for by_seq in coll.values() for s, e in by_seq.items() if e.completed}
-    done_by_someone |= {s for s_r in first_pending.values() for s in range(seq, s_r)}
+    # whether some member completed `seq` (listed as completed, or passed: its first pending
+    # op is later)
+    seq_done = any(seq in by_seq and by_seq[seq].completed for by_seq in coll.values()) or any(
+        s_r > seq for s_r in first_pending.values()
+    )
     statuses = []
     ref: Entry | None = None
     for r in g.ranks:
@@ -709,7 +706,7 @@ def _collective_analysis(
         elif kind == "mismatch" and blame.get(r) == "mismatched":
             status = "mismatched"
         elif at is not None and not at.completed:
-            status = "stuck" if seq in done_by_someone else "waiting"
+            status = "stuck" if seq_done else "waiting"
         elif reached(r, seq):
             status = "completed"
         else:
