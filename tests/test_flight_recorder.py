@@ -384,6 +384,19 @@ def test_analyze_paths_on_a_folder_of_dumps(tmp_path: Path) -> None:
     assert any("rank 3" in w and "empty" in w for w in report.warnings)
 
 
+def test_dumps_below_a_run_directory_add_to_its_report(tmp_path: Path) -> None:
+    from conftest import REPO_ROOT
+
+    run = tmp_path / "run"
+    shutil.copytree(REPO_ROOT / "sample_traces" / "none", run)
+    _four_ranks_hung_at_4().write(run / "flight_recorder", prefix="fr_")
+    report = analyze_paths([run])
+    assert len(report.ranks) == 2  # the profiler traces are analyzed as before
+    hang = [f for f in report.findings if f.id == "hang"]
+    assert [f.ranks for f in hang] == [[2]]
+    assert sum("flight_recorder" in i for i in report.inputs) == 4
+
+
 def test_cli_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _four_ranks_hung_at_4().write(tmp_path)
     assert main(["analyze", str(tmp_path)]) == 0
