@@ -358,7 +358,8 @@ def read_dump(path: str | Path, rank: int | None = None) -> RankDump:
     if not data or (not _sniff(data[:SNIFF_BYTES]) and len(data) < SNIFF_BYTES):
         if name_rank is None:
             raise InputError(f"{p}: empty file, and its name ends with no rank number.")
-        return RankDump(name_rank, str(p), readable=False, problem="empty")
+        problem = "cut short" if data else "empty"
+        return RankDump(name_rank, str(p), readable=False, problem=problem)
     if not _sniff(data[:SNIFF_BYTES]):
         raise InputError(
             f"{p}: not a torch flight-recorder dump (a pickled dict starting with its "

@@ -517,7 +517,7 @@ from torch._C._distributed_c10d import _dump_fr_trace
 rank, out, port = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group(
     "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-    timeout=datetime.timedelta(seconds=4),
+    timeout=datetime.timedelta(seconds=2),
 )
 t = torch.ones(8)
 for _ in range(3):
@@ -538,7 +538,7 @@ if rank == 0:
     except Exception:
         pass
 else:
-    time.sleep(6)
+    time.sleep(3.5)
 os._exit(0)
 """
 
