@@ -1033,8 +1033,9 @@ def add_to_report(report: Report, dumps: list[Path]) -> None:
     report.warnings.extend(_warnings(analysis, findings))
 
 
-def flight_recorder_report(dumps: list[Path]) -> Report:
-    """The Report of `zdiag analyze` on flight-recorder dumps alone (no profiler trace)."""
+def flight_recorder_report(dumps: list[Path], *, ranks: list[int] | None = None) -> Report:
+    """The Report of `zdiag analyze` on flight-recorder dumps alone (no profiler trace).
+    `ranks` (--rank) is not applied: who waits for whom needs every rank's dump."""
     analysis, findings = analyze_flight_recorder(dumps)
     run: dict[str, Any] = {
         "world_size": len(analysis.expected_ranks),
@@ -1046,6 +1047,11 @@ def flight_recorder_report(dumps: list[Path]) -> Report:
         zdiag_version=__version__,
         inputs=[str(p) for p in dumps],
         findings=findings,
-        warnings=_warnings(analysis, findings),
+        warnings=_warnings(analysis, findings)
+        + (
+            ["--rank is not applied to flight-recorder dumps: every rank's dump is analyzed"]
+            if ranks
+            else []
+        ),
         run=run,
     )

@@ -387,7 +387,7 @@ def analyze_paths(
     the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
     dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
     if dumps and not paths:
-        return flight_recorder.flight_recorder_report(dumps)
+        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
     report = analyze_run(run, ranks=ranks).report
     if dumps:
