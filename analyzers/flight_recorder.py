@@ -657,21 +657,27 @@ def _collective_analysis(
 
     blame: dict[int, str] = {}
     points: list[tuple[int, str]] = []  # (seq, kind) where members disagree
+    newest = {r: es[-1].record_id for r, es in g.entries.items() if es}
     for w, s_w in first_pending.items():
         for m in g.ranks:
             if m == w:
                 continue
-            s_m = first_pending.get(m)
             if not reached(m, s_w):  # never enqueued the collective w waits in
                 edges[w].add(m)
                 points.append((s_w, "missing"))
-            elif s_m is not None and s_m < s_w:
-                # m issued w's op too, but still shows s_m pending, which w completed. (Not
-                # said of a rank that never issued w's op: its last op may show pending only
-                # because the backend marks completion late, as gloo's `retired` does.)
+            s_m = first_pending.get(m)
+            if s_m is None or s_m >= s_w:
+                continue
+            # w completed s_m, which m still shows pending. For an op that needs every
+            # member's data, m's part ran, so m's device or progress stopped: m is stuck, if it
+            # went on issuing ops after s_m (a rank's last op may show pending only because the
+            # backend marks completion late, as gloo's `retired` does).
+            stuck_at = coll[m][s_m]
+            went_on = reached(m, s_w) or newest[m] > stuck_at.record_id
+            if went_on:
                 edges[w].add(m)
                 points.append((s_m, "stuck"))
-                if _NEEDS_ALL_DATA.match(coll[m][s_m].op):
+                if _NEEDS_ALL_DATA.match(stuck_at.op):
                     blame[m] = "stuck"
     # Mismatches: members holding the same sequence number with different ops, sizes or dtypes.
     for s in sorted({s for by_seq in coll.values() for s in by_seq}):

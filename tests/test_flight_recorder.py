@@ -470,7 +470,7 @@ def test_real_dumps_with_a_culprit_dump_absent() -> None:
     paths = [p for p in fr.find_dumps([_real("gpu_error_1st")])[0] if p.name != "_dump_14"]
     a = _analyze(paths)
     assert a.culprit_ranks == (12, 14)
-    assert {c.rank: c.reason for c in a.culprits} == {12: "missing", 14: "no dump"}
+    assert {c.rank: c.reason for c in a.culprits} == {12: "stuck", 14: "no dump"}
 
 
 def _torch_crosscheck(folder: Path) -> dict[str, list[int]]:
