@@ -20,19 +20,20 @@ rank becomes a suspect (`RankDump.readable` is False).
 Analysis (`analyze_dumps`), per process group (matched across ranks by name and member ranks):
 
 - collectives: each rank's first not-completed collective is where it waits. A member that never
-  enqueued that sequence number (its last one is lower, or it has no entry in the group) is
-  *missing*; a member whose first pending collective is an earlier one that the waiting rank
-  completed is *stuck* (for ops that need every member's data, a peer cannot complete without
-  it, so a rank that shows it incomplete has a device or progress thread that stopped); members
-  with a different op, sizes or dtypes at the same sequence number are *mismatched*;
+  enqueued that sequence number (its last one is lower, or it has no entry in the group, and no
+  member completed it) is *missing*; a member that still shows pending an earlier collective the
+  waiting rank completed, and went on issuing ops after it, is *stuck* (for ops that need every
+  member's data, a peer cannot complete without it, so its device or progress thread stopped);
+  members with a different op, sizes or dtypes at the same sequence number are *mismatched*;
 - point-to-point: pending sends from A to B are paired with pending receives on B from A; an
   unpaired op means its peer never posted the other side.
 
 Waiting ranks point at the ranks they wait for. The culprits are the stuck and mismatched ranks
 plus the ranks that others wait for and that wait for nobody themselves (the terminal strongly
 connected components of that graph: a rank missing from one group because it waits in another is
-not a culprit; a cycle is a deadlock and all its ranks are named). `hang_findings` turns the
-result into the `hang` Finding.
+not a culprit; a cycle is a deadlock and all its ranks are named; a rank without a readable dump
+is named "no dump"). `hang_findings` turns the result into the `hang` Finding; docs/
+flight-recorder.md has the details and the checks on real dumps.
 """
 
 from __future__ import annotations
