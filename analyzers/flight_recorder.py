@@ -280,7 +280,8 @@ def _entry(raw: Any, where: str) -> Entry:
         pg_id=_int(get("pg_id"), -1),
         pg_name=str(pg[0]),
         pg_desc=str(pg[1]),
-        collective_seq_id=_int(get("collective_seq_id"), 0),
+        # early 2.x writers numbered ops with one `seq_id`
+        collective_seq_id=_int(get("collective_seq_id", get("seq_id")), 0),
         p2p_seq_id=_int(get("p2p_seq_id"), 0),
         op_id=_int(get("op_id"), 0),
         profiling_name=name,

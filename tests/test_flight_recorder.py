@@ -77,6 +77,30 @@ def test_gloo_style_version_2_10_reads(tmp_path: Path) -> None:
     assert d.entries[0].profiling_name == "gloo:all_reduce"
 
 
+def test_early_2x_entries_with_one_seq_id(tmp_path: Path) -> None:
+    """Early 2.x writers had `seq_id`, no `p2p_seq_id`, `is_p2p`, dtypes or pg_status."""
+    for rank, seqs in ((0, (1, 2)), (1, (1,))):
+        entries = [
+            {
+                "record_id": k,
+                "pg_id": 0,
+                "process_group": ("0", "default_pg"),
+                "seq_id": seq,
+                "profiling_name": "nccl:all_reduce",
+                "input_sizes": [[4]],
+                "output_sizes": [[4]],
+                "state": "completed" if seq == 1 else "scheduled",
+            }
+            for k, seq in enumerate(seqs)
+        ]
+        dump = {"version": "2.2", "pg_config": {"0": {"desc": "default_pg", "ranks": "[0, 1]"}}}
+        dump["entries"] = entries
+        (tmp_path / f"trace_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+    a = _analyze(sorted(tmp_path.iterdir()))
+    assert a.culprit_ranks == (1,)
+    assert a.disagreements[0].seq == 2
+
+
 def test_empty_and_cut_short_dumps_are_suspects_not_errors(tmp_path: Path) -> None:
     paths = FakeJob(3).write(tmp_path, empty=(1,), truncated=(2,))
     dumps = fr.read_dumps(paths)
