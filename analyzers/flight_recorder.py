@@ -68,8 +68,7 @@ SUPPORTED_MAJOR_VERSION = 2
 # Collectives that cannot complete on any member before every member contributed its data: a
 # peer that completed one proves the others ran it (a rank still showing it pending is stuck).
 _NEEDS_ALL_DATA = re.compile(
-    r"^(all_reduce|allreduce|all_gather|_all_gather|allgather|reduce_scatter|_reduce_scatter|"
-    r"all_to_all|alltoall|barrier|ALLGATHER|REDUCE_SCATTER)"
+    r"^_?(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|barrier)", re.IGNORECASE
 )
 # Ops whose input (output) sizes legitimately differ across members (torch's matcher agrees).
 _FREE_INPUT_SIZES = ("all_to_all", "alltoall", "scatter", "_v")

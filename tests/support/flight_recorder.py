@@ -108,9 +108,8 @@ class FakeJob:
             sz = sizes.get(r, [[1024]]) if isinstance(sizes, dict) else (sizes or [[1024]])
             name = (op_by_rank or {}).get(r, op)
             self._entry(
-                r, pg, name, p2p=False, state=s, sizes=sz, dtype=dtype,
-                frames=(frames or {}).get(r),
-            )  # fmt: skip
+                r, pg, name, p2p=False, state=s, sizes=sz, dtype=dtype, frames=(frames or {}).get(r)
+            )
 
     def p2p(
         self,
