@@ -926,6 +926,9 @@ def _group_evidence(d: Disagreement) -> dict[str, Any]:
     }
     if behind:
         out["behind_by"] = behind
+    frames = {str(a.rank): str(a.frame) for a in d.ranks if a.frame is not None}
+    if frames:  # where each rank issued its op there (its last op in the group when missing)
+        out["frames"] = frames
     return out
 
 

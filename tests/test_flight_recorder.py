@@ -360,6 +360,10 @@ def test_culprit_frame_is_the_innermost_user_frame(tmp_path: Path) -> None:
     assert str(a.culprits[0].frame) == "/home/me/train.py:42 in train_step"
     (finding,) = fr.hang_findings(a)
     assert finding.evidence["culprit_frames"] == {"1": "/home/me/train.py:42 in train_step"}
+    assert finding.evidence["first_group"]["frames"] == {
+        "0": "/home/me/train.py:42 in train_step",  # waiting there
+        "1": "/home/me/train.py:42 in train_step",  # its last op in the group
+    }
 
 
 def test_hang_finding_fields(tmp_path: Path) -> None:
