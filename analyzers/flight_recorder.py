@@ -74,7 +74,7 @@ _NEEDS_ALL_DATA = re.compile(
 _FREE_INPUT_SIZES = ("all_to_all", "alltoall", "scatter", "_v")
 _FREE_OUTPUT_SIZES = ("all_to_all", "alltoall", "gather", "_v")
 _TORCH_FRAME = re.compile(r"[/\\]torch[/\\]|^<frozen |^<string>|^\?\?$|^$")
-_RANK_IN_NAME = re.compile(r"(\d+)$")
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")  # "nccl_trace_rank_3", "fr_3.pkl"
 
 
 # --- the dump --------------------------------------------------------------------------------
@@ -438,16 +438,20 @@ def _with_empty_siblings(found: list[Path], candidates: list[Path]) -> list[Path
 def _dumps_in(folder: Path) -> list[Path]:
     """The dumps in a folder: its own files, else (none there) those below it. Files that
     look like profiler traces (*.json, *.json.gz) are not opened."""
-    files = sorted(x for x in folder.iterdir() if x.is_file() and not x.name.startswith("."))
-    found = [x for x in files if is_flight_recorder_dump(x)]
-    if not found:
-        files = sorted(
+
+    def candidates(xs: Iterable[Path]) -> list[Path]:
+        return sorted(
             x
-            for x in folder.rglob("*")
+            for x in xs
             if x.is_file()
             and not x.name.startswith(".")
             and not x.name.endswith((".json", ".json.gz"))
         )
+
+    files = candidates(folder.iterdir())
+    found = [x for x in files if is_flight_recorder_dump(x)]
+    if not found:
+        files = candidates(folder.rglob("*"))
         found = [x for x in files if is_flight_recorder_dump(x)]
     return _with_empty_siblings(found, files) if found else []
 

@@ -147,6 +147,12 @@ def test_oversized_dump_is_refused_before_reading(
         fr.read_dump(path)
 
 
+def test_rank_from_a_name_with_an_extension(tmp_path: Path) -> None:
+    p = tmp_path / "fr_dump_7.pkl"
+    p.write_bytes(pickle.dumps(FakeJob(8).dump_dict(7), protocol=2))
+    assert fr.read_dump(p).rank == 7
+
+
 def test_rank_from_pg_config_when_the_name_has_none(tmp_path: Path) -> None:
     job = FakeJob(4)
     job.group("7", "TP", [2, 3])
