@@ -225,7 +225,11 @@ def _opt_int(value: Any) -> int | None:
 
 
 def _int(value: Any, default: int) -> int:
-    return value if type(value) is int else default
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():  # pg_status in the JSON form
+        return int(value)
+    return default
 
 
 def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
@@ -380,6 +384,13 @@ def read_dump(path: str | Path, rank: int | None = None) -> RankDump:
             "plain containers."
         ) from exc
     return _parse_dump(raw, p, rank)
+
+
+def dump_from_dict(raw: Any, *, source: str | Path, rank: int | None = None) -> RankDump:
+    """A dump already decoded, e.g. the JSON form (`_dump_fr_trace_json()`, which zdiag run's
+    hang watchdog stores in hang/rank-N.json): lists for tuples, 0 for unknown times, numbers
+    as strings in `pg_status`. InputError as for `read_dump`."""
+    return _parse_dump(raw, Path(source), rank)
 
 
 def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:

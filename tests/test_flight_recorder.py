@@ -101,6 +101,22 @@ def test_early_2x_entries_with_one_seq_id(tmp_path: Path) -> None:
     assert a.disagreements[0].seq == 2
 
 
+def test_json_form_of_the_dump(tmp_path: Path) -> None:
+    """The JSON dump (`_dump_fr_trace_json`, kept by zdiag run's hang watchdog) reads the same."""
+    job = _four_ranks_hung_at_4()
+    dumps = []
+    for rank in range(4):
+        raw = json.loads(json.dumps(job.dump_dict(rank)))  # tuples become lists
+        for e in raw["entries"]:
+            e["time_discovered_completed_ns"] = e["time_discovered_completed_ns"] or 0
+        raw["pg_status"] = {
+            k: {n: str(v) for n, v in st.items()} for k, st in raw["pg_status"].items()
+        }
+        dumps.append(fr.dump_from_dict(raw, source=f"hang/rank-{rank}.json", rank=rank))
+    assert dumps[0].pg_status[0].last_enqueued == 4
+    assert fr.analyze_dumps(dumps).culprit_ranks == (2,)
+
+
 def test_empty_and_cut_short_dumps_are_suspects_not_errors(tmp_path: Path) -> None:
     paths = FakeJob(3).write(tmp_path, empty=(1,), truncated=(2,))
     dumps = fr.read_dumps(paths)
