@@ -532,6 +532,7 @@ class RankAtOp:
     input_sizes: tuple[tuple[int, ...], ...] = ()
     input_dtypes: tuple[str, ...] = ()
     frame: Frame | None = None  # innermost user frame of its entry, when the dump has stacks
+    state: str = ""  # its entry's state: "scheduled", "started" (with timing on), "completed"
 
 
 @dataclass(frozen=True)
@@ -641,6 +642,7 @@ def _at(rank: int, status: str, last: int | None, e: Entry | None) -> RankAtOp:
         e.input_sizes,
         e.input_dtypes,
         user_frame(e.frames),
+        e.state,
     )
 
 
