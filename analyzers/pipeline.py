@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
@@ -482,9 +483,16 @@ def _ended_steps(manifest: Manifest | None) -> dict[int, tuple[int, str | None]]
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints."""
+    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
+    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
+    if dumps and not paths:
+        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
-    return analyze_run(run, ranks=ranks).report
+    report = analyze_run(run, ranks=ranks).report
+    if dumps:
+        flight_recorder.add_to_report(report, dumps)
+    return report
 
 
 def _memory_timelines(

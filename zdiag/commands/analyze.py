@@ -55,7 +55,8 @@ class AnalyzeCommand:
             nargs="*",
             metavar="PATH",
             type=Path,
-            help="trace files (.json, .json.gz), a run directory, or a folder of per-rank traces",
+            help="trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
+            "or torch.distributed flight-recorder dumps (files or a folder of them)",
         )
         parser.add_argument(
             "--json", action="store_true", help="write the Report as JSON to stdout"
