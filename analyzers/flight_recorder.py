@@ -1032,7 +1032,8 @@ def analyze_flight_recorder(paths: Iterable[Path]) -> tuple[HangAnalysis, list[F
     return analysis, hang_findings(analysis)
 
 
-def _warnings(analysis: HangAnalysis, findings: list[Finding]) -> list[str]:
+def dump_warnings(analysis: HangAnalysis, findings: list[Finding]) -> list[str]:
+    """What the dumps could not tell (empty or absent dumps, no disagreement found)."""
     out = [
         f"rank {r}: its flight-recorder dump is empty or cut short (the process was frozen or "
         "killed while dumping)"
@@ -1052,14 +1053,6 @@ def _warnings(analysis: HangAnalysis, findings: list[Finding]) -> list[str]:
     return out
 
 
-def add_to_report(report: Report, dumps: list[Path]) -> None:
-    """Add the dumps' `hang` finding and warnings to a Report built from profiler traces."""
-    analysis, findings = analyze_flight_recorder(dumps)
-    report.inputs.extend(str(p) for p in dumps)
-    report.findings.extend(findings)
-    report.warnings.extend(_warnings(analysis, findings))
-
-
 def flight_recorder_report(dumps: list[Path], *, ranks: list[int] | None = None) -> Report:
     """The Report of `zdiag analyze` on flight-recorder dumps alone (no profiler trace).
     `ranks` (--rank) is not applied: who waits for whom needs every rank's dump."""
@@ -1074,7 +1067,7 @@ def flight_recorder_report(dumps: list[Path], *, ranks: list[int] | None = None)
         zdiag_version=__version__,
         inputs=[str(p) for p in dumps],
         findings=findings,
-        warnings=_warnings(analysis, findings)
+        warnings=dump_warnings(analysis, findings)
         + (
             ["--rank is not applied to flight-recorder dumps: every rank's dump is analyzed"]
             if ranks

@@ -410,6 +410,8 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
         warnings=tuple(run.warnings + memory_warnings),
         memory=tuple(memory),
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
+        flight_recorder=run.flight_recorder,
+        flight_recorder_inputs=tuple(run.flight_recorder_inputs),
     )
 
 
@@ -489,10 +491,12 @@ def analyze_paths(
     if dumps and not paths:
         return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
-    report = analyze_run(run, ranks=ranks).report
     if dumps:
-        flight_recorder.add_to_report(report, dumps)
-    return report
+        hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+        run.flight_recorder = hangs
+        run.flight_recorder_inputs = [str(p) for p in dumps]
+        run.warnings += flight_recorder.dump_warnings(hangs, findings)
+    return analyze_run(run, ranks=ranks).report
 
 
 def _memory_timelines(

@@ -17,6 +17,7 @@ from zdiag import __version__
 from zdiag.analyzers import crossrank, verdict
 from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
 from zdiag.analyzers.detectors import build_context, run_context
+from zdiag.analyzers.flight_recorder import HangAnalysis
 from zdiag.analyzers.report import MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
@@ -33,6 +34,8 @@ class RunFacts:
     - `memory`: the memory timelines loaded for the analyzed ranks.
     - `manifest_summary`: what `Report.run` takes from the manifest (schema, world size,
       versions; `pipeline.manifest_summary`).
+    - `flight_recorder` / `flight_recorder_inputs`: the analysis of torch.distributed
+      flight-recorder dumps given with the traces, and their paths (the `hang` detector reads it).
     """
 
     inputs: tuple[str, ...] = ()
@@ -41,6 +44,8 @@ class RunFacts:
     warnings: tuple[str, ...] = ()
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
     manifest_summary: Mapping[str, Any] = field(default_factory=dict)
+    flight_recorder: HangAnalysis | None = None
+    flight_recorder_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         run_dir=run.run_dir,
         memory=run.memory,
         crossrank=matching,
+        flight_recorder=run.flight_recorder,
     )
     detected = run_context(ctx)
 
@@ -77,7 +83,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
 
     report = Report(
         zdiag_version=__version__,
-        inputs=list(run.inputs),
+        inputs=list(run.inputs) + list(run.flight_recorder_inputs),
         thresholds=thresholds,
         run=run_summary(summaries, run),
         ranks=[s.rank_report() for s in summaries],

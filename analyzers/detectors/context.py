@@ -29,6 +29,7 @@ from zdiag.errors import InputError
 
 if TYPE_CHECKING:
     from zdiag.analyzers.crossrank import CrossRankResult
+    from zdiag.analyzers.flight_recorder import HangAnalysis
     from zdiag.analyzers.rank_analysis import RankFacts
     from zdiag.analyzers.summary import RankSummary
 
@@ -58,6 +59,7 @@ class DetectorContext:
     - `manifest`: the run manifest, when the input was a run directory
     - `memory`: per-rank memory evidence (OOM records, snapshots, memory timelines)
     - `crossrank`: the collectives matched across ranks (None for one rank)
+    - `flight_recorder`: the analysis of flight-recorder dumps given as input (None without)
     - `warnings`: what building the context found (unreadable snapshots, ...)
     """
 
@@ -67,6 +69,7 @@ class DetectorContext:
     manifest: Manifest | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     crossrank: CrossRankResult | None = None
+    flight_recorder: HangAnalysis | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -123,6 +126,7 @@ def build_context(
     run_dir: Path | None = None,
     memory: Sequence[MemoryTimeline] = (),
     crossrank: CrossRankResult | None = None,
+    flight_recorder: HangAnalysis | None = None,
 ) -> DetectorContext:
     """The DetectorContext of a run's rank summaries, its matching, manifest and memory data."""
     warnings: list[str] = []
@@ -136,6 +140,7 @@ def build_context(
         manifest=manifest,
         memory=evidence,
         crossrank=crossrank,
+        flight_recorder=flight_recorder,
         warnings=warnings,
     )
 

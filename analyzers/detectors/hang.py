@@ -1,5 +1,9 @@
 """`hang`: the ranks that never arrived at the collective the others wait in.
 
+Two sources, one finding: zdiag's own hang watchdog (below) when the run directory has its
+records, else torch.distributed flight-recorder dumps given as input
+(`analyzers/flight_recorder.py`, which also reads dumps of jobs zdiag did not launch).
+
 Read from the hang watchdog's records in the run manifest (`collectors/hang.py`: each rank that
 stopped finishing steps records the torch.distributed call its training thread was in, that
 call's process group, ranks and sequence number, and its innermost user frame). The waiting ranks
@@ -14,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.flight_recorder import hang_findings
 from zdiag.analyzers.report import Finding
 from zdiag.collectors.rundir import HangRecord
 
@@ -27,12 +32,12 @@ def _frame(h: HangRecord | None) -> str:
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
-    """One `hang` finding when the watchdog fired on ranks of a `zdiag run`."""
-    if ctx.manifest is None:
-        return []
-    records = {e.rank: e.hang for e in ctx.manifest.ranks if e.hang is not None}
+    """One `hang` finding when the watchdog fired on ranks of a `zdiag run`, else the
+    flight-recorder dumps' finding."""
+    entries = ctx.manifest.ranks if ctx.manifest is not None else ()
+    records = {e.rank: e.hang for e in entries if e.hang is not None}
     if not records:
-        return []
+        return hang_findings(ctx.flight_recorder) if ctx.flight_recorder is not None else []
     waiting = {r: h for r, h in records.items() if h.op is not None}
     evidence: dict[str, Any] = {}
     if waiting:
@@ -41,9 +46,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         )[0]
         at = {r: h for r, h in waiting.items() if (h.group_name, h.sequence_number) == key}
         sample = next(iter(at.values()))
-        members = list(sample.group_ranks) or sorted(
-            set(records) | {e.rank for e in ctx.manifest.ranks}
-        )
+        members = list(sample.group_ranks) or sorted(set(records) | {e.rank for e in entries})
         culprits = sorted(r for r in members if r not in at)
         op = sample.op or "a collective"
         seq = f" #{sample.sequence_number}" if sample.sequence_number is not None else ""
