@@ -13,6 +13,7 @@ from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import Report
 from zdiag.collectors.rundir import Manifest
@@ -37,9 +38,7 @@ def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContex
 
 
 def test_registry_lists_every_issue_detector() -> None:
-    assert {"whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom"} <= set(
-        DETECTORS
-    )
+    assert set(MISCONFIGS) <= set(DETECTORS)
     assert {"straggler", "fp32-collectives", "flat-sharding-multinode", "comm-bound"} <= set(
         DETECTORS
     )
