@@ -2,7 +2,8 @@
 
 Transformer-like models hold a list of identical blocks: `layers.0`, `layers.1`, ...
 (`model.layers[i]`), `transformer.h.3`, `blocks.7`. The repeated block is the longest prefix
-`<list>.<N>` shared by several indices; recommendations name it (`model.layers`).
+`<list>.<N>` shared by several indices; recommendations name it (`model.layers`) through
+`detectors/facts.py`'s `block_set` and the framework remedies (analyzers/frameworks/).
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ class BlockPattern:
     def pattern(self) -> str:
         """Display form: "layers.N"."""
         return f"{self.list_path}.N"
-
-    @property
-    def python(self) -> str:
-        """The attribute path on the model: "model.layers"."""
-        return "model." + self.list_path
 
     def block_of(self, name: str) -> str | None:
         """The block instance ("layers.3") a module name lies in, None outside every block."""

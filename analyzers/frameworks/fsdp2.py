@@ -108,16 +108,24 @@ def overlap(facts: RunFacts) -> Remedy | None:
 
 
 def bf16_comm(facts: RunFacts) -> Remedy | None:
-    """MixedPrecisionPolicy gathering bf16 parameters; None when the run already does."""
+    """MixedPrecisionPolicy gathering bf16 parameters, over the blocks when they are known;
+    None when the run already gathers bf16."""
     if str(facts.settings.get("param_dtype", "")).lower() in BF16_NAMES:
         return None
+    blocks = _blocks_expr(facts)
+    apply = (
+        f"for block in {blocks}:\n    fully_shard(block, mp_policy=mp)\n"
+        "fully_shard(model, mp_policy=mp)"
+        if blocks
+        else "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+    )
     return Remedy(
         "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
         "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
         "import torch\n"
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
         "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
-        "fully_shard(block, mp_policy=mp)  # for each block, then the root",
+        + apply,
     )
 
 
