@@ -390,3 +390,30 @@ def test_the_spelling_check_catches_a_copy(tmp_path: Path) -> None:
     copy = tmp_path / "copy.py"
     copy.write_text(f"CHOICES = {MISCONFIGS!r}\n")
     assert spelled_lists(copy) == [1]
+
+
+@pytest.mark.parametrize(
+    ("marker", "source"),
+    [
+        ("DistributedDataParallel.forward", "forward marker"),
+        ("FSDP::root_pre_forward", "forward marker"),
+        ("FSDP::pre_forward (layers.0)", "whole trace"),  # once per unit, not per step
+    ],
+)
+def test_steps_split_at_a_registered_framework_forward_marker(
+    marker: str, source: str, tmp_path: Path
+) -> None:
+    """Without ProfilerStep or optimizer markers, steps run from one forward label to the next:
+    the labels come from the registry (DDP's from ddp.py)."""
+    from zdiag.analyzers.loader import load_rank_trace
+    from zdiag.analyzers.steps import find_steps
+    from zdiag.analyzers.synthetic import TraceBuilder
+
+    b = TraceBuilder(gpu_name=None)
+    for k in range(3):
+        b.annotation(marker, 1000.0 * k, 400.0)
+        b.cpu_op("aten::mm", 1000.0 * k + 500, 100.0)
+    windows = find_steps(load_rank_trace(b.write(tmp_path / "rank-0.json.gz")))
+    assert windows.source == source
+    if source == "forward marker":
+        assert (windows.start_us - windows.start_us[0]).tolist() == [0.0, 1000.0, 2000.0]
