@@ -35,7 +35,7 @@ BY_PATH = BlockSet(container="encoder.stages", count=4)
 BY_CLASS = BlockSet(block_class="ResidualMLP", count=4)
 
 
-def facts(fw: str, blocks: BlockSet | None = STAGES, **settings: object) -> RunFacts:
+def facts(fw: str, blocks: BlockSet | None = STAGES, /, **settings: object) -> RunFacts:
     return RunFacts(framework=fw, blocks=blocks, blocks_are_units=False, settings=settings)
 
 
