@@ -497,7 +497,10 @@ def test_missing_overlap_proposes_no_prefetch_the_harness_run_already_sets(tmp_p
     assert "set_modules_to_forward_prefetch" in (f.code or "")
     on = _ctx(tmp_path, doc, manifest=Manifest.from_json({"harness": {"prefetch": "explicit"}}))
     (f,) = [f for f in run_context(on) if f.id == "missing-overlap"]
-    assert f.code is None and "already sets every prefetch option" in f.recommendation
+    assert (
+        f.code is None
+        and "already sets every FSDP2 (fully_shard) prefetch option" in f.recommendation
+    )
 
 
 def test_missing_overlap_on_sub_block_units_wraps_the_blocks_before_prefetching(

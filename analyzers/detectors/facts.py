@@ -37,10 +37,14 @@ def blocks_are_units(pattern: BlockPattern | None, units: Iterable[str]) -> bool
 
 
 def framework_of(ctx: DetectorContext, name: str | None = None) -> Framework:
-    """The run's framework: `name` (a ledger's), else the manifest's, else FSDP2."""
+    """The run's framework: `name` (a ledger's), else the manifest's, else the first whose labels
+    a trace holds, else FSDP2."""
     if name:
         return frameworks.get(name)
-    return frameworks.from_manifest(ctx.manifest) or frameworks.get(None)
+    found = frameworks.from_manifest(ctx.manifest)
+    for trace in ctx.traces.values():
+        found = found or frameworks.from_trace(trace.names)
+    return found or frameworks.get(None)
 
 
 def run_facts(

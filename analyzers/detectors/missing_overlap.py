@@ -143,8 +143,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         remedy.text
         if remedy
         else (
-            "The run already sets every prefetch option zdiag would propose: the gathers stay "
-            "exposed for another reason (see the causes below and the step verdicts)."
+            f"The run already sets every {fw.title} prefetch option zdiag would propose: the "
+            "gathers stay exposed for another reason (see the causes below and the step verdicts)."
         )
     )
     if host_bound:
