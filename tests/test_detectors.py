@@ -215,11 +215,17 @@ def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
     for k in range(3):
         events.append(
             {"ph": "X", "cat": "python_function", "name": f"nn.Module: DecoderLayer_{k}",
-             "pid": 1, "tid": 100, "ts": 50_000 + k, "dur": 1, "args": {}}
+             "pid": 1, "tid": 100, "ts": 50_000 + 100 * k, "dur": 90, "args": {}}
         )  # fmt: skip
+        for j in range(4):  # its Linears (the first starts with it): more, but inside its calls
+            events.append(
+                {"ph": "X", "cat": "python_function", "name": f"nn.Module: Linear_{4 * k + j}",
+                 "pid": 1, "tid": 100, "ts": 50_000 + 100 * k + 20 * j, "dur": 10, "args": {}}
+            )  # fmt: skip
     (f,) = [f for f in run_context(_ctx(tmp_path, doc)) if f.id == "whole-model-wrap"]
     assert "isinstance(module, DecoderLayer)" in (f.code or "")
     assert "DecoderLayer x3" in f.recommendation
+    assert "Linear" not in (f.code or "")  # the leaf layer is the tiny-layer anti-pattern
 
 
 def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:

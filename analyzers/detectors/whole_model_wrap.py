@@ -66,7 +66,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         u.name for u in ctx.manifest_units()
     )
     trace = ctx.traces.get(lg.rank)
-    module_class = None if block or trace is None else repeated_module_class(trace.names)
+    module_class = None if block or trace is None else repeated_module_class(trace)
     layers = block.count if block else (module_class[1] if module_class else None)
     block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
     whole_bytes = biggest.param_bytes or 0
