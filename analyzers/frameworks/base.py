@@ -8,6 +8,17 @@ them, and so can inference from trace labels or the harness's recorded options. 
 None when the run already has every setting it would propose (never a setting the run has), and a
 Remedy whose `code` is None when the facts are too thin to name the user's own modules (no code
 is better than code naming a module the model lacks).
+
+Filling the facts from a model description captured from the live model (issue 12): the
+repeated-children container chosen as the unit gives `BlockSet(container=<path>,
+block_class=<class>, count=<children>, param_bytes=<one child's bytes>, source="model")`;
+`blocks_are_units` is whether FSDP2 units / FSDP1 instances sit at those paths; `settings` takes
+the captured configuration under the framework's own option names (FSDP2 per-unit
+`reshard_after_forward`, non-empty prefetch lists as `forward_prefetch` / `backward_prefetch`,
+the MixedPrecisionPolicy's `param_dtype`, a 2-D mesh as `hsdp`; FSDP1 `forward_prefetch`,
+`backward_prefetch` as the enum member's name, `limit_all_gathers`, `sharding_strategy`,
+`param_dtype`; DeepSpeed's config keys as written, `bf16` as its `enabled` flag; DDP's
+constructor arguments and `comm_hook` as the hook's function name).
 """
 
 from __future__ import annotations
