@@ -405,9 +405,9 @@ def test_steps_split_at_a_registered_framework_forward_marker(
 ) -> None:
     """Without ProfilerStep or optimizer markers, steps run from one forward label to the next:
     the labels come from the registry (DDP's from ddp.py)."""
+    from support.traces import TraceBuilder
     from zdiag.analyzers.loader import load_rank_trace
     from zdiag.analyzers.steps import find_steps
-    from zdiag.analyzers.synthetic import TraceBuilder
 
     b = TraceBuilder(gpu_name=None)
     for k in range(3):
