@@ -1,6 +1,6 @@
 """Train the mixture-of-experts model (`body.mixers[i]` with `experts[j]`) with FSDP2.
 
-torchrun --standalone --nproc-per-node 2 moe_fsdp2.py [--granularity mixer|none|expert]
+torchrun --standalone --nproc-per-node 2 moe_fsdp2.py [--granularity mixer|none|linear]
     [--prefetch on|off] [--ckpt] [--log-balance]
 """
 
@@ -10,7 +10,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from moe import Expert, MoEModel, token_batch
+from moe import MoEModel, token_batch
+from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
 from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
@@ -20,9 +21,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--granularity",
-        choices=("mixer", "none", "expert"),
+        choices=("mixer", "none", "linear"),
         default="mixer",
-        help="FSDP units: each MoEMixer, only the root, or each Expert and router",
+        help="FSDP units: each MoEMixer, only the root, or every Linear of the mixers",
     )
     p.add_argument("--prefetch", choices=("on", "off"), default="on")
     p.add_argument("--ckpt", action="store_true", help="checkpoint every mixer")
@@ -47,12 +48,11 @@ def main() -> None:
     if args.granularity == "mixer":
         for mixer in mixers:
             fully_shard(mixer)
-    elif args.granularity == "expert":
+    elif args.granularity == "linear":
         for mixer in mixers:
-            for expert in mixer.experts:
-                assert isinstance(expert, Expert)
-                fully_shard(expert)
-            fully_shard(mixer.router)
+            for m in list(mixer.modules()):
+                if type(m) is nn.Linear:  # not attention's out_proj: MHA reads it directly
+                    fully_shard(m)
     fully_shard(model)
     units = [m for m in mixers if isinstance(m, FSDPModule)]
     for i, unit in enumerate(units):
