@@ -4,9 +4,9 @@ Public entry points:
 
 - `load_run(paths, *, progress=None) -> RunData`: find the traces (files, run directories, or
   folders of per-rank traces), decode each into a `RankTrace`, assign ranks.
-- `analyze_run(run, *, ranks=None) -> Analysis`: steps and per-step breakdown per rank, the
-  Report with ranks/steps/thresholds/collective totals filled, then the FSDP ledger, the
-  cross-rank analysis and the detectors.
+- `analyze_run(run, *, ranks=None) -> Analysis`: the map on each rank (`analyze_rank`:
+  steps, breakdown, collectives, FSDP ledger, timeline), then the reduce on their summaries
+  (`reduce_run`: cross-rank matching, detectors, the Report assembled once).
 - `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
 
 `progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
@@ -16,28 +16,38 @@ rank3, rank_3, _3_of_8), else 0 with a warning.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zdiag import __version__
-from zdiag.analyzers import verdict
-from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
-from zdiag.analyzers.crossrank import analyze_crossrank
+from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.decode_batches import auto_workers
-from zdiag.analyzers.detectors import run_detectors
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import build_ledger, manifest_unit_bytes
+from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
-from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
-from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
-from zdiag.analyzers.timeline import select_timelines, step_timeline
+from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.reduce import RunFacts, reduce_run
+from zdiag.analyzers.report import MemoryTimeline, Report
+from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.analyzers.summary import RankSummary, summarize
+from zdiag.collectors.rundir import (
+    MANIFEST,
+    MEMORY_DIR,
+    OOM_RECORD_GLOB,
+    TRACES_DIR,
+    Manifest,
+    check_rank,
+    is_run_dir,
+    memory_timeline_relpath,
+    oom_relpath,
+    read_manifest,
+    run_file,
+    step_log_relpath,
+)
 from zdiag.errors import InputError
 
 Progress = Callable[[int, int, str], None]
@@ -60,48 +70,34 @@ def _is_trace_name(path: Path) -> bool:
     return name.endswith(TRACE_SUFFIXES) and not any(x in name for x in _NOT_TRACES)
 
 
-def _read_manifest(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "manifest.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"{path}: the run manifest is not valid JSON ({exc}); fix or remove it."
-        ) from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: the run manifest is not a JSON object; fix or remove it.")
-    return data
+def _read_manifest(run_dir: Path) -> Manifest | None:
+    """RUN_DIR/manifest.json as a typed `Manifest` (None when absent); InputError when damaged."""
+    return read_manifest(run_dir)
 
 
-def manifest_ranks(manifest: dict[str, Any], run_dir: Path) -> dict[Path, int]:
-    """Trace path -> rank from a manifest: any object holding an int "rank" and a trace path."""
+def manifest_ranks(
+    manifest: Manifest, run_dir: Path, warnings: list[str] | None = None
+) -> dict[Path, int]:
+    """Trace path (resolved) -> rank from the manifest's rank entries.
+
+    A trace path that leads outside the run directory (through a link) is not used, with a
+    warning in `warnings`; one naming no file is skipped (the trace may have been moved).
+    """
     found: dict[Path, int] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            rank = node.get("rank")
-            if isinstance(rank, int) and not isinstance(rank, bool):
-                for value in _strings(node):
-                    if value.endswith(TRACE_SUFFIXES) and "timeline" not in value:
-                        found[(run_dir / value).resolve()] = rank
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(manifest)
+    root = run_dir.resolve()
+    for entry in manifest.ranks:
+        if entry.trace is None:
+            continue
+        path = (root / entry.trace).resolve()
+        if path != root and root not in path.parents:
+            if warnings is not None:
+                warnings.append(
+                    f"{run_dir / MANIFEST}: rank {entry.rank}'s trace {entry.trace!r} points "
+                    "outside the run directory; it is not used"
+                )
+            continue
+        found[path] = entry.rank
     return found
-
-
-def _strings(node: dict[str, Any]) -> Iterable[str]:
-    for v in node.values():
-        if isinstance(v, str):
-            yield v
-        elif isinstance(v, dict):
-            yield from (x for x in v.values() if isinstance(x, str))
 
 
 def is_memory_timeline_name(path: Path) -> bool:
@@ -112,17 +108,58 @@ def is_memory_timeline_name(path: Path) -> bool:
 
 @dataclass
 class Inputs:
-    """What `discover` found: traces, explicit memory timelines, the manifest and run dir."""
+    """What `discover` found: traces, explicit memory timelines, the manifest and run dir, and
+    warnings about what was left out (unreadable folders, files that are not regular files)."""
 
     traces: list[Path]
     memory: list[Path]
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     run_dir: Path | None
+    warnings: list[str] = field(default_factory=list)
 
 
 def _oom_records(run_dir: Path) -> list[Path]:
     """The per-rank out-of-memory records `zdiag run` leaves in a run directory."""
-    return sorted((run_dir / "memory").glob("rank-*.oom.json"))
+    return sorted((run_dir / MEMORY_DIR).glob(OOM_RECORD_GLOB))
+
+
+def _walk_traces(folder: Path, warnings: list[str]) -> list[Path]:
+    """Trace-named files anywhere under `folder`; an unreadable subfolder is a warning."""
+
+    def unreadable(exc: OSError) -> None:
+        where = exc.filename or folder
+        warnings.append(
+            f"{where}: folder not readable ({exc.strerror or exc}); its files are skipped"
+        )
+
+    found = []
+    for dirpath, _dirs, names in os.walk(folder, onerror=unreadable):
+        for name in names:
+            path = Path(dirpath) / name
+            if _is_trace_name(path) and path.is_file():
+                found.append(path)
+    return sorted(found)
+
+
+def _run_dir_traces(run_dir: Path, warnings: list[str]) -> list[Path]:
+    """The trace files in RUN_DIR/traces/: regular files inside the run directory only."""
+    traces = run_dir / TRACES_DIR
+    try:
+        names = sorted(x for x in traces.iterdir() if _is_trace_name(x))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warnings.append(f"{traces}: folder not readable ({exc.strerror or exc}); no trace read")
+        return []
+    found = []
+    for path in names:
+        try:
+            run_file(run_dir, path.relative_to(run_dir))
+        except InputError as exc:
+            warnings.append(f"{exc.message.rstrip('.')}; it is skipped")
+            continue
+        found.append(path)
+    return found
 
 
 def discover(paths: list[Path]) -> Inputs:
@@ -135,25 +172,32 @@ def discover(paths: list[Path]) -> Inputs:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
     files: list[Path] = []
     memory: list[Path] = []
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     run_dir: Path | None = None
+    warnings: list[str] = []
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: no such file or folder; check the path.")
-        if p.is_file() and p.name == "manifest.json":
+        if p.is_file() and p.name == MANIFEST:
             p = p.parent
         if p.is_dir():
-            is_run_dir = (p / "manifest.json").is_file() or (p / "traces").is_dir()
-            if is_run_dir:
+            run_like = is_run_dir(p)
+            if run_like:
                 run_dir = run_dir or p
                 m = _read_manifest(p)
                 manifest = manifest or m
-                found = sorted(x for x in (p / "traces").glob("*") if _is_trace_name(x))
+                found = _run_dir_traces(p, warnings)
             else:
-                found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
+                try:
+                    found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
+                except OSError as exc:
+                    raise InputError(
+                        f"{p}: the folder cannot be read ({exc.strerror or exc}); check its "
+                        "permissions."
+                    ) from None
                 if not found:
-                    found = sorted(x for x in p.rglob("*") if x.is_file() and _is_trace_name(x))
-            if not found and not (is_run_dir and _oom_records(p)):
+                    found = _walk_traces(p, warnings)
+            if not found and not (run_like and _oom_records(p)):
                 raise InputError(
                     f"{p}: the folder holds no trace files (*.json or *.json.gz); pass a run "
                     "directory written by 'zdiag run' or a folder of torch.profiler traces."
@@ -171,7 +215,9 @@ def discover(paths: list[Path]) -> Inputs:
     by_real: dict[Path, Path] = {}
     for f in files:
         by_real.setdefault(f.resolve(), f)
-    return Inputs(list(by_real.values()), memory, manifest, run_dir)
+    if manifest is not None:
+        warnings.extend(manifest.warnings)
+    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -192,7 +238,11 @@ def _json_bytes(path: Path) -> int:
         return 0
 
 
-def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
+def _assign_rank(
+    trace: RankTrace, manifest_map: dict[Path, int], world_size: int | None = None
+) -> None:
+    """The trace's rank: distributedInfo, else the manifest, else the file name (checked to be
+    within 0..world_size-1, InputError otherwise), else 0 with a warning."""
     if trace.rank_source == "distributedInfo":
         return
     path = trace.source.resolve()
@@ -201,6 +251,7 @@ def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
         return
     from_name = rank_from_file_name(path)
     if from_name is not None:
+        check_rank(from_name, world_size or trace.world_size, f"{trace.source} (file name)")
         trace.rank, trace.rank_source = from_name, "file name"
         trace.warnings.append(
             f"no distributedInfo in the trace: rank {from_name} taken from the file name"
@@ -240,11 +291,13 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
             traces.append(load_rank_trace(f))
             if progress:
                 progress(done, len(files), f.name)
-    manifest_map = manifest_ranks(manifest, run_dir) if manifest and run_dir else {}
+    warnings = list(found.warnings)
+    manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
     for t in traces:
-        _assign_rank(t, manifest_map)
+        _assign_rank(t, manifest_map, manifest.world_size if manifest else None)
     traces.sort(key=lambda t: (t.rank, str(t.source)))
     run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    run.warnings.extend(warnings)
     if not files and run_dir is not None:
         run.warnings.append(
             f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
@@ -254,6 +307,8 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     seen: dict[int, int] = {}
     for t in traces:
         seen[t.rank] = seen.get(t.rank, 0) + 1
+    if manifest is not None and traces:
+        run.warnings.extend(_missing_rank_warnings(manifest, {t.rank for t in traces}))
     dup = sorted(r for r, c in seen.items() if c > 1)
     if dup:
         run.warnings.append(
@@ -264,23 +319,43 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
         rank = rank_from_file_name(mem)
         if rank is None:
             rank = traces[0].rank if len(traces) == 1 else 0
-        run.memory_timelines[rank] = mem
+        run.memory_timelines[check_rank(rank, None, f"{mem} (file name)")] = mem
     if run_dir is not None:
         for t in traces:
-            mem = run_dir / "memory" / f"rank-{t.rank}.timeline.json.gz"
-            if mem.is_file():
-                run.memory_timelines.setdefault(t.rank, mem)
-            log = run_dir / "steps" / f"rank-{t.rank}.jsonl"
-            if log.is_file():
+            timeline = _run_dir_file(run_dir, memory_timeline_relpath(t.rank), run.warnings)
+            if timeline is not None:
+                run.memory_timelines.setdefault(t.rank, timeline)
+            log = _run_dir_file(run_dir, step_log_relpath(t.rank), run.warnings)
+            if log is not None:
                 run.step_logs[t.rank] = log
     return run
+
+
+def _run_dir_file(run_dir: Path, rel: str, warnings: list[str]) -> Path | None:
+    """RUN_DIR/rel checked by `run_file`: None when absent; a warning when refused."""
+    if not os.path.lexists(run_dir / rel):
+        return None
+    try:
+        return run_file(run_dir, rel)
+    except InputError as exc:
+        warnings.append(f"{exc.message.rstrip('.')}; it is skipped")
+        return None
+
+
+def manifest_summary(manifest: Manifest) -> dict[str, Any]:
+    """What the Report's `run` block takes from the manifest: schema, world size, versions."""
+    return {
+        "schema": manifest.schema,
+        "world_size": manifest.world_size,
+        "versions": dict(manifest.versions),
+    }
 
 
 # --- analysis -------------------------------------------------------------------------------
 
 
 def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
-    """Steps, per-step breakdown, collective totals, timelines, memory and the optional stages.
+    """The map on every rank (`analyze_rank`), then the reduce on their summaries (`reduce_run`).
 
     `ranks` keeps only those ranks (run.ranks is narrowed in place; InputError naming the ranks
     present when one is missing). InputError when no trace holds a timed event.
@@ -299,181 +374,152 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    report = Report(
-        zdiag_version=__version__,
-        inputs=[str(p) for p in run.inputs],
-        thresholds=verdict.thresholds(),
-        run=_run_summary(run),
-    )
-    steps: dict[int, StepWindows] = {}
-    breakdowns = {}
-    finished = _finished_steps(run.manifest)
+    finished = _ended_steps(run.manifest)
     collector_errors = _collector_errors(run.manifest)
-    for t in run.ranks:
-        t.warnings.extend(f"zdiag run: {e}" for e in collector_errors.get(t.rank, []))
-        windows = find_steps(t)
-        if t.rank in finished:
-            windows, dropped = drop_unfinished_tail(windows, finished[t.rank])
-            if dropped:
-                t.warnings.append(
-                    f"step {dropped[0]} left out: the run ended inside it (the profiler stopped "
-                    "during the script's teardown, after its last optimizer step)"
-                )
-        steps[t.rank] = windows
-        sets = ActivitySets(t)
-        bds = breakdown_rank(t, windows, sets)
-        breakdowns[t.rank] = bds
-        report.collectives.extend(collective_stats(t, windows, sets))
-        timeline = step_timeline(t, windows, bds, sets)
-        if timeline is not None:
-            report.timelines.append(timeline)
-        _thin_trace_warnings(t)
-        report.ranks.append(
-            RankSummary(
-                rank=t.rank,
-                source=str(t.source),
-                device=t.device,
-                host=t.host,
-                lanes=[lane.name for lane in t.lanes if lane.is_device]
-                or [lane.name for lane in t.lanes],
-                steps=bds,
-                warnings=list(t.warnings),
-                trace_start_us=t.trace_start_us,
-                rank_source=t.rank_source,
-                step_source=windows.source,
-            )
+    unit_bytes = manifest_unit_bytes(run.manifest)
+    analyses = [
+        analyze_rank(
+            t,
+            RankContext(
+                finished_steps=finished[t.rank][0] if t.rank in finished else None,
+                failure=finished[t.rank][1] if t.rank in finished else None,
+                collector_errors=tuple(collector_errors.get(t.rank, [])),
+                unit_param_bytes=unit_bytes,
+            ),
         )
-    report.timelines = select_timelines(report.timelines, breakdowns)
-    report.memory.extend(_memory_timelines(run))
-    report.warnings.extend(run.warnings)
-    analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
-    _run_later_stages(run, analysis)
-    return analysis
+        for t in run.ranks
+    ]
+    summaries = [summarize(a) for a in analyses]
+    reduction = reduce_run(summaries, run_facts(run, summaries))
+    return Analysis(
+        ranks=analyses,
+        summaries=summaries,
+        crossrank=reduction.crossrank,
+        report=reduction.report,
+    )
+
+
+def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
+    """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
+    and the memory timelines of the summarized ranks (read from their files here)."""
+    memory, memory_warnings = _memory_timelines(run, summaries)
+    return RunFacts(
+        inputs=tuple(str(p) for p in run.inputs),
+        manifest=run.manifest,
+        run_dir=run.run_dir,
+        warnings=tuple(run.warnings + memory_warnings),
+        memory=tuple(memory),
+        manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
+        flight_recorder=run.flight_recorder,
+        flight_recorder_inputs=tuple(run.flight_recorder_inputs),
+    )
 
 
 MAX_COLLECTOR_ERRORS_SHOWN = 5
 
 
-def _collector_errors(manifest: dict[str, Any] | None) -> dict[int, list[str]]:
+def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
     """Rank -> what zdiag's collectors reported on it during the run (the manifest's
     `collector_errors`: a lost trace, a memory timeline with totals only, ...), at most 5 each."""
-    ranks = (manifest or {}).get("ranks")
-    out: dict[int, list[str]] = {}
-    for entry in ranks if isinstance(ranks, list) else []:
-        errors = entry.get("collector_errors") if isinstance(entry, dict) else None
-        if isinstance(entry, dict) and isinstance(entry.get("rank"), int) and errors:
-            out[entry["rank"]] = [str(e) for e in errors[:MAX_COLLECTOR_ERRORS_SHOWN]]
-    return out
+    if manifest is None:
+        return {}
+    return {
+        e.rank: list(e.collector_errors[:MAX_COLLECTOR_ERRORS_SHOWN])
+        for e in manifest.ranks
+        if e.collector_errors
+    }
 
 
-def _finished_steps(manifest: dict[str, Any] | None) -> dict[int, int]:
-    """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
-    OOM's or a crash's last step is the failing one, kept)."""
-    ranks = (manifest or {}).get("ranks")
-    out: dict[int, int] = {}
-    for entry in ranks if isinstance(ranks, list) else []:
-        if not isinstance(entry, dict) or entry.get("exit_code") != 0 or entry.get("oom"):
-            continue
-        rank, steps = entry.get("rank"), entry.get("steps")
-        if isinstance(rank, int) and isinstance(steps, int):
-            out[rank] = steps
+def _missing_rank_warnings(manifest: Manifest, found: set[int]) -> list[str]:
+    """A warning when the run's world size exceeds the ranks whose traces were found, saying
+    what the manifest knows of each missing one."""
+    expected = manifest.world_size or 0
+    missing = [r for r in range(expected) if r not in found]
+    if not missing:
+        return []
+    entries = {e.rank: e for e in manifest.ranks}
+    reasons = []
+    for r in missing[:MAX_MISSING_RANKS_SHOWN]:
+        e = entries.get(r)
+        if e is None or e.missing:
+            why = "it never wrote its manifest part (killed or never started)"
+        elif e.error:
+            why = f"it raised {e.error.split(':')[0]} after {e.steps} step(s)"
+        elif e.hang is not None or e.ended_by:
+            why = f"it hung or was stopped after {e.steps} step(s)"
+        else:
+            why = f"it finished {e.steps} step(s), before or without the profiler window"
+        reasons.append(f"rank {r}: {why}")
+    more = len(missing) - len(reasons)
+    tail = f"; and {more} more" if more > 0 else ""
+    return [
+        f"world size {expected}, but traces of only {len(found)} rank(s) were found: "
+        f"{'; '.join(reasons)}{tail}. Cross-rank results cover the ranks found only."
+    ]
+
+
+MAX_MISSING_RANKS_SHOWN = 8
+
+
+def _ended_steps(manifest: Manifest | None) -> dict[int, tuple[int, str | None]]:
+    """Rank -> (steps finished, how it failed or None), for the ranks of a `zdiag run` manifest
+    whose end is known: a clean exit, an exception, a signal or a hang. A rank with no recorded
+    end (SIGKILLed) is left out: its step count may predate its last events."""
+    if manifest is None:
+        return {}
+    out: dict[int, tuple[int, str | None]] = {}
+    for e in manifest.ranks:
+        if e.exit_code == 0 and not e.oom:
+            out[e.rank] = (e.steps, None)
+        elif e.oom:
+            out[e.rank] = (e.steps, "ran out of memory")
+        elif e.exit_code is not None and e.error:
+            out[e.rank] = (e.steps, f"raised {e.error.split(':')[0]}")
+        elif e.hang is not None:
+            out[e.rank] = (e.steps, "hung")
+        elif e.ended_by is not None:
+            out[e.rank] = (e.steps, f"was ended by {e.ended_by.split(' ')[0]}")
     return out
 
 
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints."""
+    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
+    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
+    if dumps and not paths:
+        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
+    if dumps:
+        hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+        run.flight_recorder = hangs
+        run.flight_recorder_inputs = [str(p) for p in dumps]
+        run.warnings += flight_recorder.dump_warnings(hangs, findings)
     return analyze_run(run, ranks=ranks).report
 
 
-def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
-    """Report.memory from the memory timelines found; a bad one is a warning, not an error."""
+def _memory_timelines(
+    run: RunData, summaries: list[RankSummary]
+) -> tuple[list[MemoryTimeline], list[str]]:
+    """Report.memory from the memory timelines found, and warnings for those skipped (a bad one
+    is a warning, not an error)."""
     out = []
-    by_rank = {t.rank: t for t in run.ranks}
+    warnings = []
+    by_rank = {s.rank: s for s in summaries}
     for rank, path in sorted(run.memory_timelines.items()):
-        t = by_rank.get(rank)
-        if t is None:
+        s = by_rank.get(rank)
+        if s is None:
             continue
-        capacity = None
-        if t.device_properties:
-            mem = t.device_properties[0].get("totalGlobalMem")
-            capacity = int(mem) if isinstance(mem, int | float) and mem > 0 else None
         try:
-            origins = [t.trace_start_us]
-            if t.base_time_ns:
-                origins.append(t.trace_start_us + t.base_time_ns / 1000.0)
-            timeline = load_memory_timeline(path, rank, origins, capacity)
+            origins = [s.trace_start_us]
+            if s.base_time_ns:
+                origins.append(s.trace_start_us + s.base_time_ns / 1000.0)
+            timeline = load_memory_timeline(path, rank, origins, s.capacity_bytes)
         except InputError as exc:
-            run.warnings.append(f"memory timeline skipped: {exc.message}")
+            warnings.append(f"memory timeline skipped: {exc.message}")
             continue
-        if run.run_dir is not None and (run.run_dir / "memory" / f"rank-{rank}.oom.json").is_file():
+        if run.run_dir is not None and (run.run_dir / oom_relpath(rank)).is_file():
             timeline.oom = True
         out.append(timeline)
-    return out
-
-
-def _thin_trace_warnings(t: RankTrace) -> None:
-    """Warnings saying what a valid but thin (or unusual) trace lacks."""
-    if len(t) == 0:
-        return
-    gpus = {lane.pid for lane in t.lanes if lane.is_device}
-    if len(gpus) > 1:
-        t.warnings.append(
-            f"the trace holds activity of {len(gpus)} GPUs: they are analyzed together as this "
-            "rank's device time (one trace per rank and GPU gives per-GPU results)"
-        )
-    if not t.has_device_events:
-        if t.device_properties:
-            t.warnings.append(
-                "the trace lists a GPU but holds no GPU kernels or copies: the breakdown uses host "
-                "threads (record with ProfilerActivity.CUDA to see device time)"
-            )
-        else:
-            t.warnings.append(
-                "no GPU events (CPU-only run): lanes are host threads and communication is the "
-                "gloo/c10d ops on them"
-            )
-
-
-def _run_summary(run: RunData) -> dict[str, Any] | None:
-    summary: dict[str, Any] = {}
-    ws = next((t.world_size for t in run.ranks if t.world_size), None)
-    if ws:
-        summary["world_size"] = ws
-    backend = next(
-        (t.distributed_info.get("backend") for t in run.ranks if t.distributed_info), None
-    )
-    if backend:
-        summary["backend"] = backend
-    if run.run_dir is not None:
-        summary["run_dir"] = str(run.run_dir)
-    if run.manifest:
-        for key in ("schema", "world_size", "config", "versions", "scenario"):
-            if key in run.manifest:
-                summary[key] = run.manifest[key]
-    return summary or None
-
-
-# --- FSDP ledger, cross-rank, detectors -----------------------------------------------------
-
-
-def _run_later_stages(run: RunData, analysis: Analysis) -> None:
-    """FSDP ledger, cross-rank analysis, then detectors (they see the ledger and stragglers)."""
-    report = analysis.report
-    unit_bytes = manifest_unit_bytes(run.manifest)
-    for t in run.ranks:
-        w = analysis.steps[t.rank]
-        report.fsdp_units.extend(
-            build_ledger(
-                t,
-                w.step.tolist(),
-                w.start_us.tolist(),
-                w.end_us.tolist(),
-                unit_param_bytes=unit_bytes,
-            )
-        )
-    analyze_crossrank(run, analysis)
-    findings: list[Finding] = list(run_detectors(run, analysis))
-    report.findings.extend(findings)
+    return out, warnings

@@ -13,8 +13,10 @@ from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.pipeline import analyze_paths
-from zdiag.analyzers.report import Report
+from zdiag.analyzers.rank_analysis import rank_facts
+from zdiag.collectors.rundir import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
 OOM_TEXT = (
@@ -31,14 +33,12 @@ def _ids(path: Path) -> set[str]:
 
 def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContext:
     trace = load_rank_trace(write(tmp_path, doc))
-    ctx = DetectorContext(ledgers={0: build_rank_ledger(trace)}, traces={0: trace}, **kw)  # type: ignore[arg-type]
+    ctx = DetectorContext(ledgers={0: build_rank_ledger(trace)}, facts={0: rank_facts(trace)}, **kw)  # type: ignore[arg-type]
     return ctx
 
 
 def test_registry_lists_every_issue_detector() -> None:
-    assert {"whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom"} <= set(
-        DETECTORS
-    )
+    assert set(MISCONFIGS) <= set(DETECTORS)
     assert {"straggler", "fp32-collectives", "flat-sharding-multinode", "comm-bound"} <= set(
         DETECTORS
     )
@@ -64,9 +64,11 @@ def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> 
     ctx = _ctx(
         tmp_path,
         fsdp2_cpu_trace([("", 20000)], steps=2),
-        manifest={"harness": HARNESS, "fsdp_units": [{"name": "", "param_bytes": 80000}]},
+        manifest=Manifest.from_json(
+            {"harness": HARNESS, "fsdp_units": [{"name": "", "param_bytes": 80000}]}
+        ),
     )
-    (f,) = [f for f in run_context(ctx) if f.id == "whole-model-wrap"]
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
     assert f.evidence["largest_unit_share"] == 1.0
     assert "for block in model.layers" in (f.code or "")
     assert f.expected_gain_bytes is not None and 0 < f.expected_gain_bytes < 80000
@@ -75,7 +77,7 @@ def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> 
 
 def test_block_wrap_is_not_whole_model(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=1, prefetch=True))
-    assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}
+    assert "whole-model-wrap" not in {f.id for f in run_context(ctx).findings}
 
 
 LEAVES = [("", 64)] + [
@@ -89,7 +91,7 @@ def test_tiny_layer_wrap_fires_when_sub_block_units_are_latency_bound(tmp_path: 
     # alpha 200 us, beta 1000 B/us: n_1/2 = 200 kB, far above these <= 32 kB messages
     doc = fsdp2_cpu_trace(LEAVES, steps=2, gather_us=200, bytes_per_us=1000)
     ctx = _ctx(tmp_path, doc)
-    (f,) = [f for f in run_context(ctx) if f.id == "tiny-layer-wrap"]
+    (f,) = [f for f in run_context(ctx).findings if f.id == "tiny-layer-wrap"]
     assert f.evidence["units_per_block"] == 4
     assert f.evidence["alpha_us"] == pytest.approx(200, rel=0.05)
     assert "for block in model.layers" in (f.code or "")
@@ -99,12 +101,12 @@ def test_tiny_layer_wrap_fires_when_sub_block_units_are_latency_bound(tmp_path: 
 def test_tiny_layer_wrap_quiet_when_messages_are_bandwidth_bound(tmp_path: Path) -> None:
     big = [(name, n * 1000) for name, n in LEAVES]  # MB-sized messages: >> n_1/2 = 20 kB
     doc = fsdp2_cpu_trace(big, steps=1, gather_us=20, bytes_per_us=1000)
-    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc))}
+    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc)).findings}
 
 
 def test_tiny_layer_wrap_quiet_on_block_units(tmp_path: Path) -> None:
     doc = fsdp2_cpu_trace(BLOCKS, steps=1, gather_us=200, bytes_per_us=1000)
-    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc))}
+    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc)).findings}
 
 
 def test_alpha_beta_fit_uses_the_fastest_run_per_size(tmp_path: Path) -> None:
@@ -121,8 +123,10 @@ def test_alpha_beta_fit_uses_the_fastest_run_per_size(tmp_path: Path) -> None:
 def test_activation_oom_from_the_oom_record() -> None:
     ev = parse_oom_message(0, OOM_TEXT)
     assert ev.category_bytes["ACTIVATION"] == int(27.14 * 2**20)
-    ctx = DetectorContext(ledgers={}, memory=[ev], manifest={"harness": HARNESS})
-    (f,) = [f for f in run_context(ctx) if f.id == "activation-oom"]
+    ctx = DetectorContext(
+        ledgers={}, memory=[ev], manifest=Manifest.from_json({"harness": HARNESS})
+    )
+    (f,) = [f for f in run_context(ctx).findings if f.id == "activation-oom"]
     assert f.severity == "critical"
     assert f.evidence["activation_share"] > 0.9
     assert "apply_activation_checkpointing" in (f.code or "")
@@ -137,17 +141,17 @@ def test_activation_oom_quiet_when_parameters_dominate_or_no_oom() -> None:
     ok.capacity_bytes = 2**30  # peak well inside the capacity
     for ev in (params, ok):
         ctx = DetectorContext(ledgers={}, memory=[ev])
-        assert "activation-oom" not in {f.id for f in run_context(ctx)}
+        assert "activation-oom" not in {f.id for f in run_context(ctx).findings}
 
 
-def test_a_failing_detector_becomes_a_report_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_detector_becomes_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(ctx: DetectorContext) -> list[object]:
         raise ValueError("bad input")
 
     monkeypatch.setitem(DETECTORS, "comm-bound", boom)  # type: ignore[arg-type]
-    report = Report()
-    run_context(DetectorContext(ledgers={}, report=report))
-    assert any("comm-bound failed" in w for w in report.warnings)
+    results = run_context(DetectorContext(ledgers={}))
+    assert any("comm-bound failed" in w for w in results.warnings)
+    assert "comm-bound" not in {f.id for f in results.findings}
 
 
 def test_block_pattern() -> None:
@@ -168,18 +172,14 @@ def test_no_fsdp_findings_on_real_traces(real_traces: Path) -> None:
 
 
 def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> None:
-    from types import SimpleNamespace
-
-    from zdiag.analyzers.detectors import run_detectors
+    from zdiag.analyzers.detectors import build_context
     from zdiag.analyzers.report import MemoryTimeline
 
     cuda_oom = (
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB"
     )
-    run = SimpleNamespace(
-        ranks=[],
-        run_dir=None,
-        manifest={"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}},
+    manifest = Manifest.from_json(
+        {"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}}
     )
     timeline = MemoryTimeline(
         rank=0,
@@ -191,8 +191,8 @@ def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> 
             "GRADIENT": 12 * 2**30,
         },
     )
-    analysis = SimpleNamespace(steps={}, breakdowns={}, report=Report(memory=[timeline]))
-    (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
+    ctx = build_context([], manifest=manifest, memory=[timeline])
+    (f,) = [f for f in run_context(ctx).findings if f.id == "activation-oom"]
     assert f.evidence["oom"] is True
     assert f.evidence["capacity_bytes"] == int(79.1 * 2**30)
     assert f.evidence["activation_share"] == pytest.approx(50 / 70, abs=1e-3)
@@ -209,11 +209,17 @@ def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
     for k in range(3):
         events.append(
             {"ph": "X", "cat": "python_function", "name": f"nn.Module: DecoderLayer_{k}",
-             "pid": 1, "tid": 100, "ts": 50_000 + k, "dur": 1, "args": {}}
+             "pid": 1, "tid": 100, "ts": 50_000 + 100 * k, "dur": 90, "args": {}}
         )  # fmt: skip
-    (f,) = [f for f in run_context(_ctx(tmp_path, doc)) if f.id == "whole-model-wrap"]
+        for j in range(4):  # its Linears (the first starts with it): more, but inside its calls
+            events.append(
+                {"ph": "X", "cat": "python_function", "name": f"nn.Module: Linear_{4 * k + j}",
+                 "pid": 1, "tid": 100, "ts": 50_000 + 100 * k + 20 * j, "dur": 10, "args": {}}
+            )  # fmt: skip
+    (f,) = [f for f in run_context(_ctx(tmp_path, doc)).findings if f.id == "whole-model-wrap"]
     assert "isinstance(module, DecoderLayer)" in (f.code or "")
     assert "DecoderLayer x3" in f.recommendation
+    assert "Linear" not in (f.code or "")  # the leaf layer is the tiny-layer anti-pattern
 
 
 def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
@@ -273,9 +279,9 @@ def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
 
 def test_missing_overlap_judges_cuda_gathers_by_device_overlap(tmp_path: Path) -> None:
     run_ahead = _cuda_forward(tmp_path / "a", overlap=True)
-    assert "missing-overlap" not in {f.id for f in run_context(run_ahead)}
+    assert "missing-overlap" not in {f.id for f in run_context(run_ahead).findings}
     serial = _cuda_forward(tmp_path / "b", overlap=False)
-    (f,) = [f for f in run_context(serial) if f.id == "missing-overlap"]
+    (f,) = [f for f in run_context(serial).findings if f.id == "missing-overlap"]
     assert f.evidence["exposed_share"] == 1.0
     assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
 
@@ -286,7 +292,7 @@ def test_whole_model_wrap_quiet_when_blocks_are_units_beside_a_huge_embedding(
     # a 256k-vocabulary root outweighs small blocks 20:1, but the blocks are wrapped
     units = [("", 200_000), ("layers.0", 4000), ("layers.1", 4000)]
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(units, steps=1, prefetch=True))
-    assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}
+    assert "whole-model-wrap" not in {f.id for f in run_context(ctx).findings}
 
 
 def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
@@ -295,17 +301,16 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     import shutil
 
     from conftest import REPO_ROOT
-    from zdiag.analyzers.detectors import run_detectors
-    from zdiag.analyzers.run_data import Analysis, RunData
+    from zdiag.analyzers.pipeline import analyze_run
+    from zdiag.analyzers.run_data import RunData
 
     sample = REPO_ROOT / "sample_traces" / "activation-oom"
     if not (sample / "manifest.json").is_file():
         pytest.skip("sample_traces/activation-oom not recorded")
     shutil.copytree(sample / "memory", tmp_path / "memory")
-    manifest = json.loads((sample / "manifest.json").read_text())
+    manifest = Manifest.from_json(json.loads((sample / "manifest.json").read_text()))
     run = RunData(ranks=[], manifest=manifest, run_dir=tmp_path)
-    analysis = Analysis(steps={}, breakdowns={}, report=Report())
-    (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
+    (f,) = [f for f in analyze_run(run).report.findings if f.id == "activation-oom"]
     assert f.ranks == [0, 1]
     assert f.evidence["source"] == "oom record"
 
@@ -377,14 +382,16 @@ def test_flat_sharding_across_nodes_recommends_hsdp_with_runnable_code() -> None
 
     record = SimpleNamespace(exposed_us=4000.0)
     ledger = SimpleNamespace(rank=0, framework="fsdp2", records=[record], steps=[1, 2])
-    manifest = {"world_size": 16, "nnodes": 2}
+    manifest = Manifest.from_json({"world_size": 16, "nnodes": 2})
     ctx = DetectorContext(ledgers={0: ledger}, manifest=manifest)  # type: ignore[dict-item]
     (f,) = flat_sharding.detect(ctx)
     code = f.code or ""
     assert "init_device_mesh" in code and "from torch.distributed.fsdp import fully_shard" in code
     assert "(2, 8)" in code
     assert f.expected_gain_ms == pytest.approx(1.0)  # 2 ms exposed per step, halved
-    single_node = DetectorContext(ledgers={0: ledger}, manifest={"world_size": 8, "nnodes": 1})  # type: ignore[dict-item]
+    single_node = DetectorContext(
+        ledgers={0: ledger}, manifest=Manifest.from_json({"world_size": 8, "nnodes": 1})
+    )  # type: ignore[dict-item]
     assert flat_sharding.detect(single_node) == []
 
 
@@ -456,3 +463,50 @@ def test_whole_model_wrap_does_not_apply_to_deepspeed_zero(tmp_path: Path) -> No
     ledger.framework = "fsdp1"  # the guard is what keeps it quiet
     (f,) = whole_model_wrap.detect(ctx)
     assert f.units == ["zero-gather-0"]
+
+
+# --- remedies from analyzers/frameworks/: the run's framework, its modules, nothing it has ----
+
+
+def test_whole_model_wrap_on_fsdp1_gets_fsdp1_code_naming_the_user_container(
+    tmp_path: Path,
+) -> None:
+    """FSDP1 runs used to get `fully_shard` code; the block set comes from the manifest's units."""
+    doc = _as_fsdp1(fsdp2_cpu_trace([("", 20000)], steps=2))
+    units = [{"name": f"encoder.stages.{i}", "param_bytes": 20000} for i in range(3)]
+    ctx = _ctx(tmp_path, doc, manifest=Manifest.from_json({"fsdp_units": units}))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
+    code = f.code or ""
+    assert "blocks = set(model.encoder.stages)" in code and "auto_wrap_policy=" in code
+    assert "fully_shard" not in code
+
+
+def test_whole_model_wrap_without_a_known_block_set_prints_no_guessed_code(
+    tmp_path: Path,
+) -> None:
+    ctx = _ctx(tmp_path, fsdp2_cpu_trace([("", 20000)], steps=2))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
+    assert f.code is None  # was `for block in model.layers:`, an attribute the model may lack
+
+
+def test_missing_overlap_proposes_no_prefetch_the_harness_run_already_sets(tmp_path: Path) -> None:
+    doc = fsdp2_cpu_trace(BLOCKS, steps=2)
+    off = _ctx(tmp_path, doc, manifest=Manifest.from_json({"harness": {"prefetch": "off"}}))
+    (f,) = [f for f in run_context(off).findings if f.id == "missing-overlap"]
+    assert "set_modules_to_forward_prefetch" in (f.code or "")
+    on = _ctx(tmp_path, doc, manifest=Manifest.from_json({"harness": {"prefetch": "explicit"}}))
+    (f,) = [f for f in run_context(on).findings if f.id == "missing-overlap"]
+    assert (
+        f.code is None
+        and "already sets every FSDP2 (fully_shard) prefetch option" in f.recommendation
+    )
+
+
+def test_missing_overlap_on_sub_block_units_wraps_the_blocks_before_prefetching(
+    tmp_path: Path,
+) -> None:
+    """Prefetch calls on `model.layers[i]` raise AttributeError unless each block is a unit."""
+    ctx = _ctx(tmp_path, fsdp2_cpu_trace(LEAVES, steps=2))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "missing-overlap"]
+    code = f.code or ""
+    assert code.index("fully_shard(block)") < code.index("set_modules_to_forward_prefetch")

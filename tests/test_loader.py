@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.traces import TraceBuilder
 from zdiag.analyzers.events import EventKind, classify, collective_kind
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.pipeline import load_run
-from zdiag.analyzers.synthetic import TraceBuilder
 from zdiag.errors import InputError
 
 
@@ -77,7 +77,7 @@ def test_run_directory_with_manifest(tmp_path: Path) -> None:
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     run = load_run([run_dir])
     assert run.run_dir == run_dir
-    assert run.manifest is not None and run.manifest["world_size"] == 2
+    assert run.manifest is not None and run.manifest.world_size == 2
     assert [(t.rank, t.source.name, t.rank_source) for t in run.ranks] == [
         (0, "worker1.json.gz", "manifest"),
         (1, "worker0.json.gz", "manifest"),
