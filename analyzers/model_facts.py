@@ -34,7 +34,6 @@ by count (rule 1 cannot be checked).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from zdiag.collectors.model_schema import (
     ModelDescription,
     RepeatedSet,
 )
-from zdiag.collectors.rundir import model_description_relpath
+from zdiag.collectors.rundir import model_description_relpath, read_run_json
 from zdiag.errors import InputError
 
 MIN_BLOCK_SHARE = 0.002  # a block under 0.2 % of the model's parameter bytes is too fine
@@ -141,35 +140,36 @@ class ModelFacts:
 
 
 # ------------------------------------------------------------------------- loading
-def load_description(path: str | Path) -> ModelDescription:
-    """Read one `model/rank-<N>.json`; InputError when it is not a readable description."""
-    path = Path(path)
+def load_description(run_dir: str | Path, rel: str) -> ModelDescription:
+    """Read the run-dir file `rel` (a `model/rank-<N>.json`) through the run-dir contract's reader
+    (confined to the run directory, size-capped); InputError when it is not a description."""
+    data = read_run_json(run_dir, rel)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         return ModelDescription.from_json(data)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise InputError(
-            f"{path} is not a readable zdiag model description ({exc}); "
+            f"{Path(run_dir) / rel} is not a zdiag model description ({exc}); "
             "re-record the run or remove the file."
-        ) from exc
+        ) from None
 
 
 def facts_from_run_dir(run_dir: str | Path, rank: int | None = None) -> ModelFacts | None:
     """The captured facts of `rank` (default: the lowest rank that wrote one), None when absent."""
     root = Path(run_dir)
-    if rank is not None:
-        path = root / model_description_relpath(rank)
-        return ModelFacts(load_description(path), source=str(path)) if path.is_file() else None
-    folder = (root / model_description_relpath(0)).parent
-    ranks = []
-    for p in folder.glob("rank-*.json") if folder.is_dir() else ():
-        suffix = p.stem.removeprefix("rank-")
-        if suffix.isdigit():
-            ranks.append(int(suffix))
-    if not ranks:
+    if rank is None:
+        folder = (root / model_description_relpath(0)).parent
+        ranks = []
+        for p in folder.glob("rank-*.json") if folder.is_dir() else ():
+            suffix = p.stem.removeprefix("rank-")
+            if suffix.isdigit():
+                ranks.append(int(suffix))
+        if not ranks:
+            return None
+        rank = min(ranks)
+    rel = model_description_relpath(rank)
+    if not (root / rel).exists():
         return None
-    path = root / model_description_relpath(min(ranks))
-    return ModelFacts(load_description(path), source=str(path))
+    return ModelFacts(load_description(root, rel), source=str(root / rel))
 
 
 def inferred_facts(

@@ -291,8 +291,11 @@ def test_from_json_is_tolerant_and_checks_the_schema() -> None:
 def test_a_corrupt_file_is_an_input_error(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "rank-0.json").write_text("{not json")
-    with pytest.raises(InputError, match="model description"):
+    with pytest.raises(InputError, match="not valid JSON"):
         facts_from_run_dir(tmp_path)
+    (tmp_path / "model" / "rank-0.json").write_text('{"schema": "zdiag.manifest/1"}')
+    with pytest.raises(InputError, match="not a zdiag model description"):
+        facts_from_run_dir(tmp_path, rank=0)
     assert facts_from_run_dir(tmp_path / "elsewhere") is None
 
 
