@@ -394,8 +394,8 @@ def _fsdp2_unit(node: _Node, paths: dict[int, str]) -> Fsdp2Unit:
         state = module._get_fsdp_state()  # type: ignore[operator]
     except Exception:
         missing.append("_get_fsdp_state")
-    groups = read(state, "_fsdp_param_groups")
-    if groups is None:
+    groups = getattr(state, "_fsdp_param_groups", None)  # newer torch: a list of groups
+    if groups is None:  # older torch: one group
         group = read(state, "_fsdp_param_group")
         groups = [group] if group is not None else []
     params: list[Any] = []

@@ -423,3 +423,28 @@ def test_hooks_leave_loops_without_an_optimizer_and_with_accumulation(tmp_path: 
     assert hooks() == before and not errors
     desc = ModelDescription.from_json(json.loads(capture.path.read_text()))
     assert [o.cls for o in desc.optimizers] == ["SGD"] and desc.model_class == "Sequential"
+
+
+def test_fsdp2_unit_degrades_when_private_attributes_are_missing() -> None:
+    """An older torch whose FSDP state lacks the private attributes read on 2.13: fewer fields,
+    each listed in `missing`, never an error."""
+    from zdiag.collectors.model_capture import _fsdp2_unit, _Node
+
+    class OldState:
+        pass
+
+    class Unit(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def _get_fsdp_state(self) -> OldState:
+            return OldState()
+
+    unit = _fsdp2_unit(_Node("encoder.stages.0", "0", [Unit()], 3), {})
+    assert unit.path == "encoder.stages.0"
+    assert unit.unsharded_bytes == 20 * 4  # from the module's own parameters
+    assert unit.reshard_after_forward is None and unit.forward_prefetch is None
+    assert {"_fsdp_param_group", "_states_to_forward_prefetch", "post_forward_mesh_info"} <= set(
+        unit.missing
+    )
