@@ -43,6 +43,7 @@ TRACES_DIR = "traces"
 MEMORY_DIR = "memory"
 STEPS_DIR = "steps"
 HANG_DIR = "hang"
+MODEL_DIR = "model"
 SUBDIRS = (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR)
 OOM_RECORD_GLOB = "rank-*.oom.json"
 RANK_PART_GLOB = "rank-*.json"
@@ -81,7 +82,7 @@ def remove_unfinished_writes(run_dir: str | Path) -> int:
     """Delete the temporary files that ranks killed mid-write left (`.NAME.tmp-*`, see
     `fsio.temp_path_for`) in the run directory's folders; how many were removed."""
     removed = 0
-    for sub in (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR, HANG_DIR):
+    for sub in (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR, HANG_DIR, MODEL_DIR):
         folder = Path(run_dir) / sub
         if not folder.is_dir():
             continue
@@ -867,4 +868,4 @@ def read_manifest(run_dir: str | Path) -> Manifest | None:
 
 def model_description_relpath(rank: int) -> str:
     """The rank's model description (JSON, schema zdiag.model/1), relative to the run directory."""
-    return f"model/rank-{rank}.json"
+    return f"{MODEL_DIR}/rank-{rank}.json"
