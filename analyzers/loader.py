@@ -263,13 +263,18 @@ def _check_number_column(problems: list[_Problem | None], path: Path, field: str
 _INT_TYPES = frozenset({int, type(None)})
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass
 class _Ids:
     """An id column of one batch: numpy's conversion (None when it failed) and the careful
-    `as_int` conversion (None when both agree because every value is an int or None)."""
+    `as_int` conversion (None when both agree because every value is an int or None), and the
+    first id that no 64-bit integer holds (None when all fit)."""
 
     fast: np.ndarray | None
     careful: np.ndarray | None
+    out_of_range: Any = None
 
 
 def _id_values(values: list[Any]) -> _Ids:
@@ -284,8 +289,21 @@ def _id_values(values: list[Any]) -> _Ids:
         fast = None
     if fast is not None and set(map(type, values)) <= _INT_TYPES:
         return _Ids(fast, None)
-    careful = np.array([-1 if (x := as_int(v)) is None else x for v in values], dtype=np.int64)
-    return _Ids(fast, careful)
+    ints = [-1 if (x := as_int(v)) is None else x for v in values]
+    too_big = next((x for x in ints if not _INT64_MIN <= x <= _INT64_MAX), None)
+    if too_big is not None:
+        return _Ids(None, np.zeros(0, np.int64), too_big)
+    return _Ids(fast, np.array(ints, dtype=np.int64))
+
+
+def _check_ids(parts: list[_Ids], path: Path, field: str) -> None:
+    """InputError for an id no 64-bit integer holds (Kineto's ids are 64-bit)."""
+    bad = next((p.out_of_range for p in parts if p.out_of_range is not None), None)
+    if bad is not None:
+        raise InputError(
+            f"{path}: an event has an '{field}' of {bad}, beyond any 64-bit integer, so the "
+            "trace is damaged; re-export it or fix that event."
+        )
 
 
 def _join_ids(parts: list[_Ids]) -> np.ndarray:
@@ -314,8 +332,8 @@ def _args_dict(a: _Args) -> dict[str, Any]:
                 continue
             try:
                 value = _RAW_DECODER.decode(value)
-            except msgspec.DecodeError:
-                continue
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+                continue  # a damaged shape list: as if not recorded
         out[ARGS_KEYS[attr]] = value
     return out
 
@@ -429,6 +447,7 @@ class _Batch:
     correlation: _Ids
     kept: dict[int, _Args]
     thread_names: list[tuple[tuple[Any, Any], str]]
+    missing_time: int = 0  # complete events without a ts or dur (skipped)
 
 
 def _thread_name_events(events: list[_Event]) -> list[tuple[tuple[Any, Any], str]]:
@@ -452,12 +471,14 @@ def _columns_of_batch(events: list[_Event]) -> _Batch:
     phs = list(map(attrgetter("ph"), events))
     thread_names = _thread_name_events(events) if "M" in phs else []
     # Complete events only, minus the profiler's own span.
-    complete = [
-        e
-        for e, ph in zip(events, phs, strict=True)
-        if ph == "X" and e.dur is not None and e.ts is not None and e.cat not in _TRACE_CATS
-    ]
+    spans = [e for e, ph in zip(events, phs, strict=True) if ph == "X"]
     del phs
+    complete = [e for e in spans if e.dur is not None and e.ts is not None]
+    missing_time = sum(1 for e in spans if e.cat not in _TRACE_CATS) - sum(
+        1 for e in complete if e.cat not in _TRACE_CATS
+    )
+    complete = [e for e in complete if e.cat not in _TRACE_CATS]
+    del spans
     n = len(complete)
     ts, ts_problem = _number_values(list(map(attrgetter("ts"), complete)))
     dur, dur_problem = _number_values(list(map(attrgetter("dur"), complete)))
@@ -485,6 +506,7 @@ def _columns_of_batch(events: list[_Event]) -> _Batch:
         correlation=_id_values(_args_values(complete, "correlation")),
         kept=kept,
         thread_names=thread_names,
+        missing_time=missing_time,
     )
 
 
@@ -516,7 +538,9 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
     kept: dict[int, _Args] = {}
     thread_names: dict[tuple[Any, Any], str] = {}
     offset = 0
+    missing_time = 0
     for b in batches:
+        missing_time += b.missing_time
         remap = np.fromiter(
             (key_index.setdefault(k, len(key_index)) for k in b.keys), np.int32, len(b.keys)
         )
@@ -532,6 +556,14 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
         offset += b.n
     _check_number_column(parts["ts_p"], path, "ts")
     _check_number_column(parts["dur_p"], path, "dur")
+    _check_ids(parts["ext"], path, "External id")
+    _check_ids(parts["corr"], path, "correlation")
+    warnings = []
+    if missing_time:
+        warnings.append(
+            f"{missing_time} complete events without a 'ts' or 'dur' (null or missing) were "
+            "left out"
+        )
     return _Columns(
         ts=_concat(parts.pop("ts"), np.float64),
         dur=_concat(parts.pop("dur"), np.float64),
@@ -541,6 +573,53 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
         correlation=_join_ids(parts.pop("corr")),
         kept=kept,
         thread_names=thread_names,
+        warnings=warnings,
+    )
+
+
+MAX_ABS_TS_US = float(2**53)
+"""Beyond this `ts` (µs; year 2255 on the Unix clock) a double no longer holds microseconds."""
+OUTLIER_SPAN_FACTOR = 10.0
+"""An event is far outside the trace when it lies more than this many times the span of the
+central 98% of start times (and at least `OUTLIER_MIN_MARGIN_US`) beyond that span."""
+OUTLIER_MIN_MARGIN_US = 3600e6
+
+
+def _drop_time_outliers(cols: _Columns) -> _Columns:
+    """`cols` without the events whose start or end lies far outside the trace's time span.
+
+    One corrupt `ts` (1e300) would otherwise stretch every window the analysis computes until
+    the real events' durations round to zero; they are left out with a warning instead.
+    """
+    ts, dur = cols.ts, cols.dur
+    n = len(ts)
+    if not n:
+        return cols
+    end = ts + np.maximum(dur, 0.0)
+    keep = (np.abs(ts) <= MAX_ABS_TS_US) & (np.abs(end) <= MAX_ABS_TS_US)
+    if keep.any():
+        lo, hi = np.quantile(ts[keep], [0.01, 0.99], method="inverted_cdf")
+        margin = max(OUTLIER_SPAN_FACTOR * float(hi - lo), OUTLIER_MIN_MARGIN_US)
+        keep &= (ts >= lo - margin) & (end <= hi + margin)
+    if keep.all():
+        return cols
+    dropped = int(n - keep.sum())
+    first_bad = float(ts[np.flatnonzero(~keep)[0]])
+    new_pos = np.cumsum(keep) - 1
+    return _Columns(
+        ts=ts[keep],
+        dur=dur[keep],
+        key_id=cols.key_id[keep],
+        keys=cols.keys,
+        external_id=cols.external_id[keep],
+        correlation=cols.correlation[keep],
+        kept={int(new_pos[i]): a for i, a in cols.kept.items() if keep[i]},
+        thread_names=cols.thread_names,
+        warnings=[
+            *cols.warnings,
+            f"{dropped} events lie far outside the trace's time span (the first has ts "
+            f"{first_bad:g} us) and were left out as damaged",
+        ],
     )
 
 
@@ -550,6 +629,7 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
     The caller (`load_rank_trace`) fixes the rank from the manifest / file name when
     distributedInfo has none.
     """
+    cols = _drop_time_outliers(cols)
     warnings = cols.warnings
     n = len(cols.ts)
     ts, dur = cols.ts, cols.dur
@@ -614,7 +694,7 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
         kept_args = kept_args.reindexed(new_pos)
 
     info = header.distributedInfo if isinstance(header.distributedInfo, dict) else None
-    rank = as_int(info.get("rank")) if info else None
+    rank = _distributed_rank(info, path)
     props = [p for p in (header.deviceProperties or []) if isinstance(p, dict)]
     trace = RankTrace(
         rank=rank if rank is not None else 0,
@@ -641,6 +721,25 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
     trace.device = _device_kind(trace)
     trace.collectives = build_collectives(trace)
     return trace
+
+
+MAX_RANK = 2**31 - 1
+"""Ranks are 32-bit in torch.distributed."""
+
+
+def _distributed_rank(info: dict[str, Any] | None, path: Path) -> int | None:
+    """distributedInfo's rank, None when absent; InputError when it is no rank at all
+    (not an integer, negative, or beyond 32 bits)."""
+    if not info or info.get("rank") is None:
+        return None
+    value = info["rank"]
+    rank = as_int(value)
+    if rank is None or not 0 <= rank <= MAX_RANK:
+        raise InputError(
+            f"{path}: distributedInfo.rank is {str(value)[:40]}, not a rank (an integer from 0 "
+            f"to {MAX_RANK}), so the trace header is damaged; fix or remove distributedInfo.rank."
+        )
+    return rank
 
 
 def _device_kind(trace: RankTrace) -> str:
