@@ -20,16 +20,15 @@ naming the file, the problem and what to do.
 from __future__ import annotations
 
 import gc
-import gzip
 import mmap
+import os
 import re
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
@@ -50,6 +49,13 @@ from zdiag.analyzers.events import (
     as_int,
     classify,
     is_device_category,
+)
+from zdiag.analyzers.safe_read import (
+    GZIP_MAGIC,
+    current_limits,
+    gunzip_capped,
+    open_regular,
+    read_capped,
 )
 from zdiag.errors import InputError
 
@@ -119,85 +125,36 @@ _KEEP_ARGS_CODES = np.array(sorted(int(k) for k in _KEEP_ARGS_KINDS), np.uint8)
 # --- reading bytes --------------------------------------------------------------------------
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_GUNZIP_CHUNK = 1 << 20  # compressed bytes fed to zlib at a time
-
-
-def _gunzip(data: bytes | bytearray) -> bytearray:
-    """Every gzip member of `data`, decompressed into one growing buffer.
-
-    Unlike `gzip.decompress`, which joins the decompressed pieces at the end (2x the JSON size
-    at its peak: 2 GB for a 1 GB trace), the output grows in place. Raises what gzip does:
-    EOFError when truncated, zlib.error or gzip.BadGzipFile when corrupt.
-    """
-    out = bytearray()
-    view = memoryview(data)
-    pos = 0
-    while pos < len(view):
-        if view[pos : pos + 2] != _GZIP_MAGIC:
-            raise gzip.BadGzipFile(f"Not a gzipped file ({bytes(view[pos : pos + 2])!r})")
-        member = zlib.decompressobj(wbits=31)
-        while not member.eof and pos < len(view):
-            chunk = view[pos : pos + _GUNZIP_CHUNK]
-            out += member.decompress(chunk)
-            pos += len(chunk)
-        if not member.eof:
-            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-        pos -= len(member.unused_data)
-        while pos < len(view) and view[pos] == 0:  # zero padding after a member (as gzip)
-            pos += 1
-    return out
-
-
-def read_trace_bytes(path: Path) -> bytes | bytearray:
-    """The (decompressed) bytes of a trace file; InputError for missing, empty or bad gzip."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file or folder; check the path.")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, expected a trace file.")
-    try:
-        raw: bytes | bytearray = path.read_bytes()
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot be read ({exc.strerror or exc}); check its permissions."
-        ) from exc
-    if not raw:
-        raise InputError(
-            f"{path}: the file is empty; re-export the trace (the profiler may have been killed while writing)."
-        )
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = _gunzip(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise InputError(
-                f"{path}: the gzip data is truncated or corrupt ({exc}); copy the file again or re-export the trace."
-            ) from exc
-        if re.search(rb"\S", raw) is None:  # (bytearray.strip() would copy it all)
-            raise InputError(f"{path}: the compressed file holds no data; re-export the trace.")
-    return raw
+def read_trace_bytes(path: Path, what: str = "trace") -> bytes | bytearray:
+    """The (decompressed) bytes of a trace file (or another JSON input: `what` names it);
+    InputError for a missing, empty, special (FIFO, device), oversized or corrupt gzip file."""
+    with open_regular(path, what) as f:
+        return _bytes_of(f, path, what)
 
 
 @contextmanager
 def open_trace_buffer(path: Path) -> Iterator[Buffer]:
-    """The trace's JSON text: a read-only memory map of an uncompressed file (pages are read on
-    demand and can be dropped once decoded), else the decompressed bytes (`read_trace_bytes`)."""
-    if not path.is_file():
-        yield read_trace_bytes(path)  # raises the missing / folder / unreadable sentence
-        return
-    try:
-        f = path.open("rb")
-    except OSError:
-        yield read_trace_bytes(path)
-        return
-    with f:
+    """The trace's JSON text: a read-only memory map of an uncompressed regular file (pages are
+    read on demand and can be dropped once decoded), else the decompressed bytes.
+
+    Only regular files are opened (`safe_read.open_regular`: a FIFO or a device is refused,
+    never read); the size cap of `safe_read.current_limits` applies to both forms.
+    """
+    with open_regular(path, "trace") as f:
         head = f.read(2)
-        if not head or head == _GZIP_MAGIC:
-            yield read_trace_bytes(path)  # empty or gzip
+        size = os.fstat(f.fileno()).st_size
+        if not head or head == GZIP_MAGIC or size == 0:
+            f.seek(0)
+            yield _bytes_of(f, path, "trace")  # empty or gzip
             return
+        limit = current_limits().max_bytes
+        if size > limit:
+            read_capped(f, path, "trace", limit)  # raises the too-big sentence
         try:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # not mappable (a pipe, a special file): read it
-            yield read_trace_bytes(path)
+        except (OSError, ValueError):  # not mappable: read it
+            f.seek(0)
+            yield _bytes_of(f, path, "trace")
             return
         try:
             yield mm
@@ -206,6 +163,22 @@ def open_trace_buffer(path: Path) -> Iterator[Buffer]:
                 mm.close()
             except BufferError:  # a view is still alive (only on an error path): GC closes it
                 pass
+
+
+def _bytes_of(f: BinaryIO, path: Path, what: str) -> bytes | bytearray:
+    """The rest of open file `f`, gunzipped if gzip, within the size cap (as `read_trace_bytes`)."""
+    limit = current_limits().max_bytes
+    raw: bytes | bytearray = read_capped(f, path, what, limit)
+    if not raw:
+        raise InputError(
+            f"{path}: the file is empty; re-export the {what} (the profiler may have been "
+            "killed while writing)."
+        )
+    if raw[:2] == GZIP_MAGIC:
+        raw = gunzip_capped(raw, path, what, limit)
+        if re.search(rb"\S", raw) is None:  # (bytearray.strip() would copy it all)
+            raise InputError(f"{path}: the compressed file holds no data; re-export the {what}.")
+    return raw
 
 
 # --- rank inference -------------------------------------------------------------------------

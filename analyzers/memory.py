@@ -60,7 +60,7 @@ def load_memory_timeline(
     trace clock, and on the Unix-epoch clock that the memory profiler uses), the one closest to
     the timeline's first point is taken.
     """
-    raw = read_trace_bytes(path)
+    raw = read_trace_bytes(path, "memory timeline")
     try:
         data: Any = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:

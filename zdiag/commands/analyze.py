@@ -99,6 +99,14 @@ class AnalyzeCommand:
             metavar="FILE",
             help="also write a Perfetto/Chrome-trace overlay (step verdicts, findings)",
         )
+        parser.add_argument(
+            "--max-trace-gb",
+            type=float,
+            default=None,
+            metavar="N",
+            help="refuse an input file, or a .gz file's decompressed content, over N GiB "
+            "(default 16; guards against damaged or hostile files)",
+        )
         parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
         parser.add_argument(
             "--fail-on",
@@ -110,6 +118,7 @@ class AnalyzeCommand:
         """Analyze, then print / write the outputs; returns the exit code."""
         from zdiag.analyzers.pipeline import analyze_paths
         from zdiag.analyzers.report import encode_report
+        from zdiag.analyzers.safe_read import GIB, use_limits
         from zdiag.render._output import write_atomically
         from zdiag.render.text import render_text
 
@@ -119,6 +128,9 @@ class AnalyzeCommand:
             )
         if args.rank is not None and any(r < 0 for r in args.rank):
             raise ConfigError("--rank must be 0 or more.")
+        max_gb = args.max_trace_gb
+        if max_gb is not None and not 0 < max_gb < 1 << 20:
+            raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
         for option, target in (
             ("--output", args.output),
             ("--html", args.html),
@@ -128,8 +140,10 @@ class AnalyzeCommand:
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
+        max_bytes = None if max_gb is None else int(max_gb * GIB)
         try:
-            report = analyze_paths(list(args.paths), progress=progress, ranks=args.rank)
+            with use_limits(max_bytes=max_bytes):
+                report = analyze_paths(list(args.paths), progress=progress, ranks=args.rank)
         finally:
             if progress is not None:
                 progress.close()
