@@ -382,10 +382,8 @@ def snapshot_pickle(rng: random.Random) -> bytes:
     if choice == 6:  # a declared length far beyond the data
         return b"\x80\x04\x8e\xff\xff\xff\xff\xff\xff\x00\x00."
     if choice == 7:  # deep nesting
-        nested: Any = 0
-        for _ in range(rng.choice((100, 900))):
-            nested = [nested]
-        return pickle.dumps({"segments": [nested]})
+        n = rng.choice((100, 900, 100_000))  # {"segments": [[[...]]]}, written opcode by opcode
+        return b"\x80\x04}(\x8c\x08segments" + b"]" * n + b"a" * (n - 1) + b"u."
     return pickle.dumps(hostile(rng))
 
 
