@@ -8,11 +8,13 @@ anywhere but loopback requires a token.
 
 Bounded memory: a message is read frame by frame, without copying, and given up (counted
 "oversize") once its frames pass `MAX_MESSAGE_BYTES` in all or it has more than 3 frames; zmq
-refuses any single frame over that size (``MAXMSGSIZE``), and holds at most ``RCV_HWM`` complete
+disconnects a peer that sends one frame over `MAX_FRAME_BYTES` (``MAXMSGSIZE``; such a message
+never reaches the receiver, so it cannot be counted), and holds at most ``RCV_HWM`` complete
 messages. One limit is zmq's own: it delivers a multipart message only once all its frames have
 arrived and has no cap on their number, so a peer that can connect can make zmq hold one long
-message until it is complete (the receiver then discards it without copying it). Keep the port
-on loopback, or give it a token on a trusted network, as docs/monitor.md says.
+message until it is complete (the receiver then discards it without copying it). The token is
+checked only after that; keep the port on loopback, or on a trusted network, as
+docs/monitor.md says.
 
 `Relay` fans in one node's ranks: it listens on the node (loopback by default), and forwards
 every valid record, re-encoded from its decoded schema (so nothing it was sent beyond the schema,
@@ -35,6 +37,7 @@ import zmq
 from zdiag.collectors.live_wire import (
     ENV_MONITOR,
     ENV_TOKEN,
+    MAX_FRAME_BYTES,
     MAX_MESSAGE_BYTES,
     REJECT_REASONS,
     SCHEMA,
@@ -49,7 +52,8 @@ from zdiag.collectors.live_wire import (
 )
 from zdiag.errors import ConfigError
 
-RCV_HWM = 20_000  # complete messages zmq may buffer between two polls (bursts of 1000s of ranks)
+RCV_HWM = 10_000
+"""Complete messages zmq may buffer between two polls (10 s of 1000 ranks at 1 step/s)."""
 MAX_FRAMES = 3  # a zdiag.live/1 message has exactly 3 frames
 RELAY_SEND_HWM = 10_000
 RELAY_STATS_INTERVAL_S = 2.0
@@ -85,7 +89,7 @@ class LiveReceiver:
         self._sock: zmq.Socket[Any] = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, RCV_HWM)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         try:
             if endpoint.port == 0:
                 port = self._sock.bind_to_random_port(f"tcp://{endpoint.host}")

@@ -30,7 +30,12 @@ if TYPE_CHECKING:  # zmq is imported where a socket is made: `zdiag run` needs o
 
 SCHEMA = "zdiag.live/1"
 SCHEMA_FRAME = SCHEMA.encode()
-MAX_MESSAGE_BYTES = 64 * 1024  # a step record is ~400 bytes; larger messages are refused by zmq
+MAX_MESSAGE_BYTES = 64 * 1024
+"""A message's frames together (a step record is ~400 bytes): the receiver refuses and counts
+("oversize") any larger message."""
+MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
+"""zmq's own limit on one frame (``MAXMSGSIZE``): a peer sending a larger frame is disconnected
+by zmq before the receiver sees anything (so that message cannot be counted)."""
 DEFAULT_PORT = 5577
 ENV_MONITOR = "ZDIAG_MONITOR"
 ENV_TOKEN = "ZDIAG_MONITOR_TOKEN"
