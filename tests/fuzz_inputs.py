@@ -316,7 +316,7 @@ def memory_timeline(rng: random.Random) -> bytes:
         lambda: [[], []],
         lambda: raw,
         lambda: [[r[0], r[1], hostile(rng), r[3]] for r in raw],
-        lambda: [[2**63, 1, 1, 1]] + raw,
+        lambda: [[2**63, 1, 1, 1], *raw],
         lambda: [[1, 9, 1, 99]],
         lambda: [hostile(rng), hostile(rng)],
         lambda: hostile(rng),

@@ -239,8 +239,10 @@ def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> N
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(
-                ["monitor", "--headless", "--json", "--duration", "1.5"]
-                + ["--listen", f"127.0.0.1:{port}"]
+                [
+                    *("monitor", "--headless", "--json", "--duration", "1.5"),
+                    *("--listen", f"127.0.0.1:{port}"),
+                ]
             )
     finally:
         stop.set()
@@ -262,8 +264,9 @@ def test_header_shows_rejections_by_reason() -> None:
     state = MonitorState()
 
     class Source:
-        rejected = 4
-        rejections = {"oversize": 3, "token": 1, "json": 0}
+        def __init__(self) -> None:
+            self.rejected = 4
+            self.rejections = {"oversize": 3, "token": 1, "json": 0}
 
         def poll(self) -> list[dict[str, Any]]:
             return []
