@@ -1,7 +1,8 @@
 """Bounded reads of input files: regular files only, optionally confined to a folder, capped.
 
 Every file `zdiag analyze` reads (traces, memory timelines, snapshots, and the run directory's
-manifest and OOM records through the pipeline's reader) goes through `open_regular`:
+manifest and OOM records through the pipeline's reader: `read_json_input`) goes through
+`open_regular`:
 
 - **Regular files only.** The file is opened non-blocking and checked with `fstat` on the open
   descriptor (no race between the check and the read): a FIFO, a socket, a device such as
@@ -29,7 +30,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+import msgspec
 
 from zdiag.errors import InputError
 
@@ -209,3 +212,22 @@ def read_input_bytes(path: Path, what: str = "file", root: Path | None = None) -
     if raw[:2] == GZIP_MAGIC:
         raw = gunzip_capped(raw, path, what, limit)
     return raw
+
+
+def read_json_input(path: Path, what: str = "file", root: Path | None = None) -> Any:
+    """The JSON value in a regular input file (gzip or not) within the current limits.
+
+    InputError, one sentence naming `what`, for what `read_input_bytes` refuses and for text
+    that is not JSON, not UTF-8, nested deeper than the decoder's limit (~1000 levels), or holds
+    a number beyond a double. Never RecursionError.
+    """
+    raw = read_input_bytes(path, what, root)
+    try:
+        return msgspec.json.decode(raw)
+    except UnicodeDecodeError:
+        problem = "holds bytes that are not UTF-8 text"
+    except RecursionError:
+        problem = "is nested deeper than the decoder's limit"
+    except msgspec.DecodeError as exc:
+        problem = f"is not valid JSON ({exc})"
+    raise InputError(f"{path}: the {what} {problem}; fix or remove it.")

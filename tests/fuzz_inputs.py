@@ -396,3 +396,127 @@ def shared_reference_bomb(levels: int = 28) -> bytes:
         ops += b"(h" + bytes([i]) + b"h" + bytes([i]) + b"l\x94"
     ops += b"."
     return bytes(ops)
+
+
+# --- run directories (manifest, OOM records, timelines, snapshots through `zdiag analyze`) ----
+
+SAMPLE_RUN = ROOT / "sample_traces" / "activation-oom"
+
+
+def _json_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value in a JSON tree (keys and indices), the root excluded."""
+    out = []
+    stack = [(prefix, node)]
+    while stack:
+        path, value = stack.pop()
+        items: list[tuple[Any, Any]] = []
+        if isinstance(value, dict):
+            items = list(value.items())
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+        for k, v in items:
+            out.append((*path, k))
+            stack.append(((*path, k), v))
+    return out
+
+
+def mutate_json_doc(rng: random.Random, doc: Any, n: int = 2) -> Any:
+    """`n` mutations of a JSON document: a value anywhere replaced by a hostile one, or removed."""
+    for _ in range(n):
+        paths = _json_paths(doc)
+        if not paths:
+            return hostile(rng)
+        path = rng.choice(paths)
+        parent = doc
+        for k in path[:-1]:
+            parent = parent[k]
+        if rng.random() < 0.15 and isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = hostile(rng)
+    return doc
+
+
+def make_run_dir(dst: Path) -> Path:
+    """A small run directory shaped like `zdiag run`'s: two ranks' traces (small real slices),
+    the manifest, memory timelines, OOM records and a CUDA snapshot for rank 0."""
+    (dst / "traces").mkdir(parents=True)
+    (dst / "memory").mkdir()
+    manifest = json.loads((SAMPLE_RUN / "manifest.json").read_text())
+    for rank in (0, 1):
+        doc = base_trace(0)
+        doc["distributedInfo"]["rank"] = rank
+        (dst / "traces" / f"rank-{rank}.json.gz").write_bytes(gzip.compress(dumps(doc), 1))
+        for name in (f"rank-{rank}.timeline.json.gz", f"rank-{rank}.oom.json"):
+            (dst / "memory" / name).write_bytes((SAMPLE_RUN / "memory" / name).read_bytes())
+    (dst / "memory" / "rank-0.snapshot.pickle").write_bytes(pickle.dumps(snapshot_doc()))
+    # rank 0's OOM record names no categories, so `zdiag analyze` reads its snapshot
+    oom = json.loads((dst / "memory" / "rank-0.oom.json").read_text())
+    oom["error"] = "CUDA out of memory. Tried to allocate 2.00 MiB."
+    oom["memory_snapshot"] = "memory/rank-0.snapshot.pickle"
+    (dst / "memory" / "rank-0.oom.json").write_text(json.dumps(oom))
+    manifest["ranks"][0]["memory_snapshot"] = "memory/rank-0.snapshot.pickle"
+    manifest["ranks"][0]["device"] = "cuda:0"
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+RUN_DIR_TARGETS = ("manifest", "timeline", "oom", "snapshot", "trace")
+
+
+def mutate_run_dir(rng: random.Random, run_dir: Path, target: str) -> None:
+    """Damage one file of a `make_run_dir` folder: field mutations or byte flips."""
+    if target == "manifest":
+        path = run_dir / "manifest.json"
+        doc = mutate_json_doc(rng, json.loads(path.read_text()), rng.randint(1, 3))
+        data = dumps(doc)
+    elif target == "oom":
+        path = run_dir / "memory" / "rank-0.oom.json"
+        data = dumps(mutate_json_doc(rng, json.loads(path.read_text()), rng.randint(1, 3)))
+    elif target == "timeline":
+        path = run_dir / "memory" / "rank-0.timeline.json.gz"
+        data = memory_timeline(rng)
+    elif target == "snapshot":
+        path = run_dir / "memory" / "rank-0.snapshot.pickle"
+        data = snapshot_pickle(rng)
+    else:
+        path = run_dir / "traces" / "rank-1.json.gz"
+        data = gzip.compress(dumps(mutate_trace_fields(rng, base_trace(0), rng.randint(1, 3))), 1)
+    if rng.random() < 0.2 and target in ("manifest", "oom"):
+        data = flip_bytes(rng, data, rng.randint(1, 3))
+    path.write_bytes(data)
+
+
+# --- running a case ---------------------------------------------------------------------------
+
+
+def run_zdiag(argv: list[str]) -> tuple[int, str, float]:
+    """`zdiag.cli.main(argv)` in this process: (exit code, stderr, seconds). stdout is dropped."""
+    import contextlib
+    import io
+    import time
+
+    from zdiag.cli import main
+
+    err = io.StringIO()
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    start = time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # argparse
+            rc = int(exc.code or 0)
+    return rc, err.getvalue(), time.perf_counter() - start
+
+
+def verdict(rc: int, stderr: str) -> str | None:
+    """What is wrong with a case's outcome (None when fine): an exit code other than 0, 1 or 2
+    (70 is an internal error), a traceback, or an error that is not one line."""
+    if rc not in (0, 1, 2):
+        return f"exit {rc}: {stderr.strip()[-300:]}"
+    if "Traceback" in stderr:
+        return f"traceback on stderr: {stderr[-300:]}"
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    if rc == 2 and len(errors) != 1:
+        return f"exit 2 without exactly one error sentence: {stderr[-300:]!r}"
+    return None
