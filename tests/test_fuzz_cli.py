@@ -22,10 +22,9 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-import fuzz_inputs as fz  # noqa: E402
+import fuzz_inputs as fz
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 CASE_SECONDS = 10.0
 

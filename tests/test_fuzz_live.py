@@ -16,20 +16,20 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import fuzz_inputs as fz
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-import fuzz_inputs as fz  # noqa: E402
-from zdiag.collectors.live_receive import LiveReceiver  # noqa: E402
-from zdiag.collectors.live_wire import (  # noqa: E402
+from zdiag.collectors.live_receive import LiveReceiver
+from zdiag.collectors.live_wire import (
     RELAY_FIELDS,
     SCHEMA_FRAME,
     STEP_FIELDS,
     WireError,
     decode,
 )
-from zdiag.tui.monitor_state import MonitorState  # noqa: E402
-from zdiag.tui.monitor_text import render_summary, view_to_json  # noqa: E402
+from zdiag.tui.monitor_state import MonitorState
+from zdiag.tui.monitor_text import render_summary, view_to_json
 
 FIELDS = (*STEP_FIELDS, "junk", "recv_ts")
 
