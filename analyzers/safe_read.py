@@ -80,7 +80,7 @@ def use_limits(*, max_bytes: int | None = None) -> Iterator[ReadLimits]:
 
 def _too_big(path: Path, what: str, size_text: str, limit: int) -> InputError:
     return InputError(
-        f"{path}: an input may hold at most {limit / GIB:g} GiB and the {what} {size_text}; "
+        f"{path}: an input may hold at most {limit / GIB:.3g} GiB and the {what} {size_text}; "
         f"if it is genuine, raise the limit with {MAX_BYTES_FLAG} N."
     )
 
