@@ -175,7 +175,7 @@ def _bytes_of(f: BinaryIO, path: Path, what: str) -> bytes | bytearray:
             "killed while writing)."
         )
     if raw[:2] == GZIP_MAGIC:
-        raw = gunzip_capped(raw, path, what, limit)
+        raw = gunzip_capped(raw, path, what, limit, current_limits().max_gzip_ratio)
         if re.search(rb"\S", raw) is None:  # (bytearray.strip() would copy it all)
             raise InputError(f"{path}: the compressed file holds no data; re-export the {what}.")
     return raw

@@ -12,7 +12,10 @@ manifest and OOM records through the pipeline's reader: `read_json_input`) goes 
   `root`'s: a manifest cannot point the analysis at files outside its run directory.
 - **A size cap.** A file, and a gzip file's decompressed content, may hold at most
   `max_bytes` (`DEFAULT_MAX_BYTES`, 16 GiB; `zdiag analyze --max-trace-gb` raises or lowers it
-  for one command). A gzip bomb stops at the cap with a sentence naming the flag; the
+  for one command). A gzip file may also expand at most `DEFAULT_MAX_GZIP_RATIO` (100x) its own
+  size, with a floor of `GZIP_RATIO_FLOOR_BYTES` (256 MiB): real traces compress 5-20x, a gzip
+  bomb 1000x, so a 1 MB bomb stops at 256 MiB; giving `--max-trace-gb` lifts the ratio check
+  (the user vouches for the file). Either stop is one sentence naming the flag. The
   decompressed bytes grow in one buffer, so the peak is the data, not twice it.
 
 The cap in force is a context variable (`ReadLimits`, set with `use_limits`), so a command sets
@@ -41,6 +44,11 @@ DEFAULT_MAX_BYTES = 16 * GIB
 """Largest input file, and largest decompressed content of a .gz file (16 GiB: the largest
 traces seen in practice are a few GB of JSON; a gzip bomb stops here)."""
 
+DEFAULT_MAX_GZIP_RATIO = 100.0
+"""A .gz file may expand to at most this many times its size (above the floor below)."""
+GZIP_RATIO_FLOOR_BYTES = 256 << 20
+"""... but always to at least this much."""
+
 MAX_BYTES_FLAG = "--max-trace-gb"
 """The `zdiag analyze` option that sets `ReadLimits.max_bytes` (in GiB)."""
 
@@ -54,6 +62,7 @@ class ReadLimits:
     """The bounds every input read obeys (see the module docstring)."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
+    max_gzip_ratio: float | None = DEFAULT_MAX_GZIP_RATIO  # None: only max_bytes applies
 
 
 _DEFAULT_LIMITS = ReadLimits()
@@ -67,10 +76,11 @@ def current_limits() -> ReadLimits:
 
 @contextmanager
 def use_limits(*, max_bytes: int | None = None) -> Iterator[ReadLimits]:
-    """Reads inside the block obey these limits (unset ones keep their current value)."""
+    """Reads inside the block obey these limits (unset ones keep their current value). A
+    `max_bytes` given by the user also lifts the compression-ratio check."""
     limits = current_limits()
     if max_bytes is not None:
-        limits = replace(limits, max_bytes=max_bytes)
+        limits = replace(limits, max_bytes=max_bytes, max_gzip_ratio=None)
     token = _LIMITS.set(limits)
     try:
         yield limits
@@ -155,13 +165,29 @@ def read_capped(f: BinaryIO, path: Path, what: str, max_bytes: int) -> bytes:
     return data
 
 
-def gunzip_capped(data: bytes | bytearray, path: Path, what: str, max_bytes: int) -> bytearray:
-    """Every gzip member of `data`, decompressed into one growing buffer, at most `max_bytes`.
+def gunzip_capped(
+    data: bytes | bytearray,
+    path: Path,
+    what: str,
+    max_bytes: int,
+    max_ratio: float | None = None,
+) -> bytearray:
+    """Every gzip member of `data`, decompressed into one growing buffer, at most `max_bytes`
+    (and, with `max_ratio`, at most that many times `len(data)`, but never less than
+    `GZIP_RATIO_FLOOR_BYTES`).
 
     Unlike `gzip.decompress`, which joins the decompressed pieces at the end (2x the data at its
     peak), the output grows in place, and zlib is never asked for more than the cap allows.
-    InputError for truncated or corrupt data and beyond the cap.
+    InputError for truncated or corrupt data and beyond either cap.
     """
+    max_bytes_given = max_bytes
+    ratio_cap = None
+    if max_ratio is not None:
+        ratio_cap = max(int(max_ratio * len(data)), GZIP_RATIO_FLOOR_BYTES)
+        if ratio_cap < max_bytes:
+            max_bytes = ratio_cap
+        else:
+            ratio_cap = None
     out = bytearray()
     view = memoryview(data)
     pos = 0
@@ -181,6 +207,13 @@ def gunzip_capped(data: bytes | bytearray, path: Path, what: str, max_bytes: int
                 room = max_bytes - len(out)
                 out += member.decompress(chunk, min(room + 1, _GUNZIP_OUT_CHUNK))
                 if len(out) > max_bytes:
+                    if ratio_cap is not None:
+                        raise InputError(
+                            f"{path}: the {what} expands to more than {max_ratio:g} times its "
+                            f"{len(data) / 2**20:.1f} MiB (over {ratio_cap / 2**20:.0f} MiB), "
+                            "which real files do not; if it is genuine, allow it with "
+                            f"{MAX_BYTES_FLAG} {max(1, round(max_bytes_given / GIB))}."
+                        )
                     raise _too_big(path, what, "expands to more than that", max_bytes)
             if not member.eof:
                 raise EOFError("Compressed file ended before the end-of-stream marker was reached")
@@ -210,7 +243,7 @@ def read_input_bytes(path: Path, what: str = "file", root: Path | None = None) -
             "while writing)."
         )
     if raw[:2] == GZIP_MAGIC:
-        raw = gunzip_capped(raw, path, what, limit)
+        raw = gunzip_capped(raw, path, what, limit, current_limits().max_gzip_ratio)
     return raw
 
 

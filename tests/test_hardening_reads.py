@@ -181,6 +181,21 @@ def test_gunzip_capped_stops_at_the_cap() -> None:
     assert len(gunzip_capped(data, Path("x.gz"), "trace", 3 << 20)) == 3 << 20
 
 
+def test_a_gzip_bomb_stops_at_the_compression_ratio_unless_the_flag_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zdiag.analyzers.safe_read as safe_read
+
+    monkeypatch.setattr(safe_read, "GZIP_RATIO_FLOOR_BYTES", 1 << 20)
+    bomb = _gzip_bomb(tmp_path / "rank-0.json.gz", 8)  # ~8 KB expanding 1000x
+    with pytest.raises(InputError, match=r"more than 100 times .*--max-trace-gb"):
+        read_input_bytes(bomb, "trace")
+    with use_limits(max_bytes=GIB):  # the user vouches for the file
+        assert len(read_input_bytes(bomb, "trace")) > 8 << 20
+    real = ROOT / "sample_traces" / "activation-oom" / "traces" / "rank-0.json.gz"  # ~15x
+    assert len(read_input_bytes(real, "trace")) > 10 * real.stat().st_size
+
+
 def test_open_regular_refuses_folders_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="folder"):
         open_regular(tmp_path, "trace")
