@@ -154,15 +154,26 @@ def open_regular(path: Path, what: str = "file", root: Path | None = None) -> Bi
         raise
 
 
-def read_capped(f: BinaryIO, path: Path, what: str, max_bytes: int) -> bytes:
-    """All of `f` (at most `max_bytes`; InputError naming the flag beyond that)."""
+def read_capped(f: BinaryIO, path: Path, what: str, max_bytes: int) -> bytes | bytearray:
+    """All of `f` (at most `max_bytes`; InputError naming the flag beyond that).
+
+    One read of the size `fstat` reports (never a read sized by the cap, which would allocate
+    the cap), then to the end in chunks if the file grew meanwhile.
+    """
     size = os.fstat(f.fileno()).st_size
     if size > max_bytes:
         raise _too_big(path, what, f"is {size / GIB:.2f} GiB", max_bytes)
-    data = f.read(max_bytes + 1)  # a file that grew since fstat is still capped
-    if len(data) > max_bytes:
-        raise _too_big(path, what, "grew while being read", max_bytes)
-    return data
+    data = f.read(size)
+    more = f.read(_GUNZIP_CHUNK)
+    if not more:
+        return data
+    grown = bytearray(data)
+    while more:
+        grown += more
+        if len(grown) > max_bytes:
+            raise _too_big(path, what, "grew over that while being read", max_bytes)
+        more = f.read(_GUNZIP_CHUNK)
+    return grown
 
 
 def gunzip_capped(
