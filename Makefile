@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.zdiag-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck unit venv clean sample-traces
+.PHONY: demo test lint typecheck unit integration venv clean sample-traces
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,10 +33,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p zdiag
 	$(BIN)/mypy bench/*.py examples/*.py
 
+# Fast unit tests (no real processes, no browser): under a minute.
+UNIT_MARKERS := not dist and not browser and not slow
 unit: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -m "$(UNIT_MARKERS)"
 
-test: lint typecheck unit
+# Real multi-process torch.distributed runs, the browser and the slow tests.
+integration: $(STAMP)
+	$(BIN)/pytest -m "not ($(UNIT_MARKERS))"
+
+test: lint typecheck unit integration
 
 sample-traces: $(STAMP)
 	$(BIN)/python bench/make_sample_traces.py

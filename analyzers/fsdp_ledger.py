@@ -40,6 +40,7 @@ from zdiag.analyzers import intervals
 from zdiag.analyzers.collectives import input_dtype, input_tensors
 from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
 from zdiag.analyzers.report import FsdpUnit
+from zdiag.collectors.rundir import Manifest
 
 # FSDP2: "FSDP::all_gather (layers.0)", "FSDP::all_gather" (root), "FSDP::forward_prefetch for x".
 _FSDP2_RE = re.compile(r"^FSDP::(?P<phase>[a-z_]+)(?: \((?P<fqn>[^)]*)\)| for (?P<target>.+))?$")
@@ -662,16 +663,9 @@ def fill_missing_bytes(ledger: RankLedger, unit_param_bytes: dict[str, int]) -> 
             r.bytes = unit_param_bytes[r.unit]
 
 
-def manifest_unit_bytes(manifest: dict[str, Any] | None) -> dict[str, int]:
+def manifest_unit_bytes(manifest: Manifest | None) -> dict[str, int]:
     """{unit fqn: param_bytes} from a run manifest's `fsdp_units` ({} when absent)."""
-    units = (manifest or {}).get("fsdp_units")
-    if not isinstance(units, list):
-        return {}
-    return {
-        str(u.get("name", "")): int(u["param_bytes"])
-        for u in units
-        if isinstance(u, dict) and isinstance(u.get("param_bytes"), int) and u["param_bytes"] > 0
-    }
+    return manifest.unit_param_bytes() if manifest is not None else {}
 
 
 def build_ledger(

@@ -16,11 +16,10 @@ rank3, rank_3, _3_of_8), else 0 with a warning.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,20 @@ from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
 from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
 from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
 from zdiag.analyzers.timeline import select_timelines, step_timeline
+from zdiag.collectors.rundir import (
+    MANIFEST,
+    MEMORY_DIR,
+    OOM_RECORD_GLOB,
+    TRACES_DIR,
+    Manifest,
+    check_rank,
+    is_run_dir,
+    memory_timeline_relpath,
+    oom_relpath,
+    read_manifest,
+    run_file,
+    step_log_relpath,
+)
 from zdiag.errors import InputError
 
 Progress = Callable[[int, int, str], None]
@@ -60,48 +73,34 @@ def _is_trace_name(path: Path) -> bool:
     return name.endswith(TRACE_SUFFIXES) and not any(x in name for x in _NOT_TRACES)
 
 
-def _read_manifest(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "manifest.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"{path}: the run manifest is not valid JSON ({exc}); fix or remove it."
-        ) from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: the run manifest is not a JSON object; fix or remove it.")
-    return data
+def _read_manifest(run_dir: Path) -> Manifest | None:
+    """RUN_DIR/manifest.json as a typed `Manifest` (None when absent); InputError when damaged."""
+    return read_manifest(run_dir)
 
 
-def manifest_ranks(manifest: dict[str, Any], run_dir: Path) -> dict[Path, int]:
-    """Trace path -> rank from a manifest: any object holding an int "rank" and a trace path."""
+def manifest_ranks(
+    manifest: Manifest, run_dir: Path, warnings: list[str] | None = None
+) -> dict[Path, int]:
+    """Trace path (resolved) -> rank from the manifest's rank entries.
+
+    A trace path that leads outside the run directory (through a link) is not used, with a
+    warning in `warnings`; one naming no file is skipped (the trace may have been moved).
+    """
     found: dict[Path, int] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            rank = node.get("rank")
-            if isinstance(rank, int) and not isinstance(rank, bool):
-                for value in _strings(node):
-                    if value.endswith(TRACE_SUFFIXES) and "timeline" not in value:
-                        found[(run_dir / value).resolve()] = rank
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(manifest)
+    root = run_dir.resolve()
+    for entry in manifest.ranks:
+        if entry.trace is None:
+            continue
+        path = (root / entry.trace).resolve()
+        if path != root and root not in path.parents:
+            if warnings is not None:
+                warnings.append(
+                    f"{run_dir / MANIFEST}: rank {entry.rank}'s trace {entry.trace!r} points "
+                    "outside the run directory; it is not used"
+                )
+            continue
+        found[path] = entry.rank
     return found
-
-
-def _strings(node: dict[str, Any]) -> Iterable[str]:
-    for v in node.values():
-        if isinstance(v, str):
-            yield v
-        elif isinstance(v, dict):
-            yield from (x for x in v.values() if isinstance(x, str))
 
 
 def is_memory_timeline_name(path: Path) -> bool:
@@ -112,17 +111,58 @@ def is_memory_timeline_name(path: Path) -> bool:
 
 @dataclass
 class Inputs:
-    """What `discover` found: traces, explicit memory timelines, the manifest and run dir."""
+    """What `discover` found: traces, explicit memory timelines, the manifest and run dir, and
+    warnings about what was left out (unreadable folders, files that are not regular files)."""
 
     traces: list[Path]
     memory: list[Path]
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     run_dir: Path | None
+    warnings: list[str] = field(default_factory=list)
 
 
 def _oom_records(run_dir: Path) -> list[Path]:
     """The per-rank out-of-memory records `zdiag run` leaves in a run directory."""
-    return sorted((run_dir / "memory").glob("rank-*.oom.json"))
+    return sorted((run_dir / MEMORY_DIR).glob(OOM_RECORD_GLOB))
+
+
+def _walk_traces(folder: Path, warnings: list[str]) -> list[Path]:
+    """Trace-named files anywhere under `folder`; an unreadable subfolder is a warning."""
+
+    def unreadable(exc: OSError) -> None:
+        where = exc.filename or folder
+        warnings.append(
+            f"{where}: folder not readable ({exc.strerror or exc}); its files are skipped"
+        )
+
+    found = []
+    for dirpath, _dirs, names in os.walk(folder, onerror=unreadable):
+        for name in names:
+            path = Path(dirpath) / name
+            if _is_trace_name(path) and path.is_file():
+                found.append(path)
+    return sorted(found)
+
+
+def _run_dir_traces(run_dir: Path, warnings: list[str]) -> list[Path]:
+    """The trace files in RUN_DIR/traces/: regular files inside the run directory only."""
+    traces = run_dir / TRACES_DIR
+    try:
+        names = sorted(x for x in traces.iterdir() if _is_trace_name(x))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warnings.append(f"{traces}: folder not readable ({exc.strerror or exc}); no trace read")
+        return []
+    found = []
+    for path in names:
+        try:
+            run_file(run_dir, path.relative_to(run_dir))
+        except InputError as exc:
+            warnings.append(f"{exc.message.rstrip('.')}; it is skipped")
+            continue
+        found.append(path)
+    return found
 
 
 def discover(paths: list[Path]) -> Inputs:
@@ -135,25 +175,32 @@ def discover(paths: list[Path]) -> Inputs:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
     files: list[Path] = []
     memory: list[Path] = []
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     run_dir: Path | None = None
+    warnings: list[str] = []
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: no such file or folder; check the path.")
-        if p.is_file() and p.name == "manifest.json":
+        if p.is_file() and p.name == MANIFEST:
             p = p.parent
         if p.is_dir():
-            is_run_dir = (p / "manifest.json").is_file() or (p / "traces").is_dir()
-            if is_run_dir:
+            run_like = is_run_dir(p)
+            if run_like:
                 run_dir = run_dir or p
                 m = _read_manifest(p)
                 manifest = manifest or m
-                found = sorted(x for x in (p / "traces").glob("*") if _is_trace_name(x))
+                found = _run_dir_traces(p, warnings)
             else:
-                found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
+                try:
+                    found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
+                except OSError as exc:
+                    raise InputError(
+                        f"{p}: the folder cannot be read ({exc.strerror or exc}); check its "
+                        "permissions."
+                    ) from None
                 if not found:
-                    found = sorted(x for x in p.rglob("*") if x.is_file() and _is_trace_name(x))
-            if not found and not (is_run_dir and _oom_records(p)):
+                    found = _walk_traces(p, warnings)
+            if not found and not (run_like and _oom_records(p)):
                 raise InputError(
                     f"{p}: the folder holds no trace files (*.json or *.json.gz); pass a run "
                     "directory written by 'zdiag run' or a folder of torch.profiler traces."
@@ -171,7 +218,9 @@ def discover(paths: list[Path]) -> Inputs:
     by_real: dict[Path, Path] = {}
     for f in files:
         by_real.setdefault(f.resolve(), f)
-    return Inputs(list(by_real.values()), memory, manifest, run_dir)
+    if manifest is not None:
+        warnings.extend(manifest.warnings)
+    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -192,7 +241,11 @@ def _json_bytes(path: Path) -> int:
         return 0
 
 
-def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
+def _assign_rank(
+    trace: RankTrace, manifest_map: dict[Path, int], world_size: int | None = None
+) -> None:
+    """The trace's rank: distributedInfo, else the manifest, else the file name (checked to be
+    within 0..world_size-1, InputError otherwise), else 0 with a warning."""
     if trace.rank_source == "distributedInfo":
         return
     path = trace.source.resolve()
@@ -201,6 +254,7 @@ def _assign_rank(trace: RankTrace, manifest_map: dict[Path, int]) -> None:
         return
     from_name = rank_from_file_name(path)
     if from_name is not None:
+        check_rank(from_name, world_size or trace.world_size, f"{trace.source} (file name)")
         trace.rank, trace.rank_source = from_name, "file name"
         trace.warnings.append(
             f"no distributedInfo in the trace: rank {from_name} taken from the file name"
@@ -240,11 +294,13 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
             traces.append(load_rank_trace(f))
             if progress:
                 progress(done, len(files), f.name)
-    manifest_map = manifest_ranks(manifest, run_dir) if manifest and run_dir else {}
+    warnings = list(found.warnings)
+    manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
     for t in traces:
-        _assign_rank(t, manifest_map)
+        _assign_rank(t, manifest_map, manifest.world_size if manifest else None)
     traces.sort(key=lambda t: (t.rank, str(t.source)))
     run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    run.warnings.extend(warnings)
     if not files and run_dir is not None:
         run.warnings.append(
             f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
@@ -264,16 +320,36 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
         rank = rank_from_file_name(mem)
         if rank is None:
             rank = traces[0].rank if len(traces) == 1 else 0
-        run.memory_timelines[rank] = mem
+        run.memory_timelines[check_rank(rank, None, f"{mem} (file name)")] = mem
     if run_dir is not None:
         for t in traces:
-            mem = run_dir / "memory" / f"rank-{t.rank}.timeline.json.gz"
-            if mem.is_file():
-                run.memory_timelines.setdefault(t.rank, mem)
-            log = run_dir / "steps" / f"rank-{t.rank}.jsonl"
-            if log.is_file():
+            timeline = _run_dir_file(run_dir, memory_timeline_relpath(t.rank), run.warnings)
+            if timeline is not None:
+                run.memory_timelines.setdefault(t.rank, timeline)
+            log = _run_dir_file(run_dir, step_log_relpath(t.rank), run.warnings)
+            if log is not None:
                 run.step_logs[t.rank] = log
     return run
+
+
+def _run_dir_file(run_dir: Path, rel: str, warnings: list[str]) -> Path | None:
+    """RUN_DIR/rel checked by `run_file`: None when absent; a warning when refused."""
+    if not os.path.lexists(run_dir / rel):
+        return None
+    try:
+        return run_file(run_dir, rel)
+    except InputError as exc:
+        warnings.append(f"{exc.message.rstrip('.')}; it is skipped")
+        return None
+
+
+def manifest_summary(manifest: Manifest) -> dict[str, Any]:
+    """What the Report's `run` block takes from the manifest: schema, world size, versions."""
+    return {
+        "schema": manifest.schema,
+        "world_size": manifest.world_size,
+        "versions": dict(manifest.versions),
+    }
 
 
 # --- analysis -------------------------------------------------------------------------------
@@ -354,30 +430,24 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
 MAX_COLLECTOR_ERRORS_SHOWN = 5
 
 
-def _collector_errors(manifest: dict[str, Any] | None) -> dict[int, list[str]]:
+def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
     """Rank -> what zdiag's collectors reported on it during the run (the manifest's
     `collector_errors`: a lost trace, a memory timeline with totals only, ...), at most 5 each."""
-    ranks = (manifest or {}).get("ranks")
-    out: dict[int, list[str]] = {}
-    for entry in ranks if isinstance(ranks, list) else []:
-        errors = entry.get("collector_errors") if isinstance(entry, dict) else None
-        if isinstance(entry, dict) and isinstance(entry.get("rank"), int) and errors:
-            out[entry["rank"]] = [str(e) for e in errors[:MAX_COLLECTOR_ERRORS_SHOWN]]
-    return out
+    if manifest is None:
+        return {}
+    return {
+        e.rank: list(e.collector_errors[:MAX_COLLECTOR_ERRORS_SHOWN])
+        for e in manifest.ranks
+        if e.collector_errors
+    }
 
 
-def _finished_steps(manifest: dict[str, Any] | None) -> dict[int, int]:
+def _finished_steps(manifest: Manifest | None) -> dict[int, int]:
     """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
     OOM's or a crash's last step is the failing one, kept)."""
-    ranks = (manifest or {}).get("ranks")
-    out: dict[int, int] = {}
-    for entry in ranks if isinstance(ranks, list) else []:
-        if not isinstance(entry, dict) or entry.get("exit_code") != 0 or entry.get("oom"):
-            continue
-        rank, steps = entry.get("rank"), entry.get("steps")
-        if isinstance(rank, int) and isinstance(steps, int):
-            out[rank] = steps
-    return out
+    if manifest is None:
+        return {}
+    return {e.rank: e.steps for e in manifest.ranks if e.exit_code == 0 and not e.oom}
 
 
 def analyze_paths(
@@ -408,7 +478,7 @@ def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
         except InputError as exc:
             run.warnings.append(f"memory timeline skipped: {exc.message}")
             continue
-        if run.run_dir is not None and (run.run_dir / "memory" / f"rank-{rank}.oom.json").is_file():
+        if run.run_dir is not None and (run.run_dir / oom_relpath(rank)).is_file():
             timeline.oom = True
         out.append(timeline)
     return out
@@ -450,9 +520,7 @@ def _run_summary(run: RunData) -> dict[str, Any] | None:
     if run.run_dir is not None:
         summary["run_dir"] = str(run.run_dir)
     if run.manifest:
-        for key in ("schema", "world_size", "config", "versions", "scenario"):
-            if key in run.manifest:
-                summary[key] = run.manifest[key]
+        summary.update(manifest_summary(run.manifest))
     return summary or None
 
 

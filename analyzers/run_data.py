@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.report import Report, StepBreakdown
+from zdiag.collectors.rundir import Manifest
 
 if TYPE_CHECKING:
     from zdiag.analyzers.crossrank import CrossRankResult
@@ -54,7 +55,8 @@ class RunData:
     """Everything loaded for one `zdiag analyze` call.
 
     - `ranks`: one RankTrace per input trace, sorted by rank.
-    - `manifest`: RUN_DIR/manifest.json as a dict, when the input was a run directory.
+    - `manifest`: RUN_DIR/manifest.json (typed, `zdiag.collectors.rundir.Manifest`), when the
+      input was a run directory.
     - `run_dir`: that directory, else None.
     - `memory_timelines`: rank -> path of RUN_DIR/memory/rank-N.timeline.json.gz, if present.
     - `step_logs`: rank -> path of RUN_DIR/steps/rank-N.jsonl, if present.
@@ -62,7 +64,7 @@ class RunData:
     """
 
     ranks: list[RankTrace]
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     run_dir: Path | None = None
     inputs: list[Path] = field(default_factory=list)
     memory_timelines: dict[int, Path] = field(default_factory=dict)

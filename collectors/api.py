@@ -79,7 +79,13 @@ class Profile:
             raise ConfigError(
                 f"out {str(out)!r} already holds a finished run; choose a new folder."
             )
-        self._session = RankSession(out, self._config, auto_step=self._auto_step).start()
+        try:
+            self._session = RankSession(out, self._config, auto_step=self._auto_step).start()
+        except OSError as exc:
+            raise ConfigError(
+                f"out {str(out)!r} cannot be written ({exc.strerror or exc}); choose a folder "
+                "you can write to."
+            ) from None
         self._owned = True
         return self
 
@@ -105,7 +111,7 @@ class Profile:
         else:
             session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}")
         try:
-            merge_manifest(session.run_dir, node_rank=session.node_rank)
+            merge_manifest(session.run_dir)
         except Exception:
             pass  # never hide the training's own outcome behind a manifest problem
         return None
@@ -133,7 +139,7 @@ def profile(
     enabled=False: no profiler; steps are still logged. auto_step=True: count optimizer steps
     instead of (or in addition to, until the first) `.step()` calls.
     Raises zdiag.errors.ConfigError for bad schedule values, and on entering the block when
-    `out` already holds a finished run.
+    `out` already holds a finished run or cannot be written.
     """
     config = CollectorConfig(
         profile=enabled,

@@ -14,16 +14,31 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from zdiag import __version__
 from zdiag.collectors.fsio import write_json_atomically
-from zdiag.collectors.rundir import MANIFEST, MANIFEST_SCHEMA, PARTS_DIR
+from zdiag.collectors.rundir import (
+    LAUNCHER_PART_GLOB,
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    PARTS_DIR,
+    RANK_PART_GLOB,
+    ExitInfo,
+    FsdpUnitRecord,
+    LauncherPart,
+    Manifest,
+    RankEntry,
+    RankPart,
+)
 from zdiag.collectors.runinfo import memory_budget_bytes
+from zdiag.errors import InputError
 
-RANK_FILE_KEYS = ("trace", "memory_timeline", "memory_snapshot", "oom_record", "step_log")
+# run_info keys that the manifest lifts to fields of their own.
+_LIFTED_RUN_INFO = ("harness", "fsdp_units", "memory_budget_bytes")
 
 
 def utc_now_iso() -> str:
@@ -36,142 +51,119 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def _read_parts(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
-    ranks: dict[int, dict[str, Any]] = {}
-    launchers: dict[int, dict[str, Any]] = {}
+def _read_parts(run_dir: Path) -> tuple[dict[int, RankPart], dict[int, LauncherPart]]:
+    """The readable parts; a part being replaced right now, or damaged, is left out."""
+    ranks: dict[int, RankPart] = {}
+    launchers: dict[int, LauncherPart] = {}
     parts = run_dir / PARTS_DIR
     if not parts.is_dir():
         return ranks, launchers
-    for path in sorted(parts.glob("*.json")):
+    ignored: list[str] = []  # a part's fields of the wrong type: their defaults are merged
+    for path in sorted(parts.glob(RANK_PART_GLOB)):
+        try:
+            part = RankPart.from_json(
+                json.loads(path.read_text(encoding="utf-8")), path.name, ignored
+            )
+        except (OSError, ValueError, RecursionError, InputError):
+            continue
+        ranks[part.entry.rank] = part
+    for path in sorted(parts.glob(LAUNCHER_PART_GLOB)):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # a part being replaced right now, or damaged: merge what is readable
-        if not isinstance(data, dict):
+            launcher = LauncherPart.from_json(data, path.name, ignored)
+        except (OSError, ValueError, RecursionError, InputError):
             continue
-        if path.name.startswith("rank-") and isinstance(data.get("rank"), int):
-            ranks[data["rank"]] = data
-        elif path.name.startswith("launcher-node-") and isinstance(data.get("node_rank"), int):
-            launchers[data["node_rank"]] = data
+        launchers[launcher.node_rank] = launcher
     return ranks, launchers
 
 
-def _rank_entry(run_dir: Path, part: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "rank": part["rank"],
-        "local_rank": part.get("local_rank"),
-        "node_rank": part.get("node_rank"),
-        "host": part.get("host"),
-        "pid": part.get("pid"),
-        "device": part.get("device"),
-    }
-    for key in RANK_FILE_KEYS:
-        rel = part.get(key)
-        entry[key] = rel if isinstance(rel, str) and (run_dir / rel).is_file() else None
-    categorized = part.get("memory_timeline_categorized")
-    entry["memory_timeline_categorized"] = categorized if entry["memory_timeline"] else None
-    entry["steps"] = part.get("steps", 0)
-    entry["step_log_truncated"] = bool(part.get("step_log_truncated", False))
-    entry["exit_code"] = part.get("exit_code")
-    entry["oom"] = bool(part.get("oom", False))
-    entry["error"] = part.get("error")
-    entry["collector_errors"] = part.get("collector_errors", [])
-    entry["started_at"] = part.get("started_at")
-    entry["ended_at"] = part.get("ended_at")
-    return entry
+def _rank_entry(run_dir: Path, part: RankPart) -> RankEntry:
+    """The part's entry, with paths kept only for files that exist."""
+    e = part.entry
 
+    def present(rel: str | None) -> str | None:
+        return rel if rel is not None and (run_dir / rel).is_file() else None
 
-def _missing_entry(rank: int) -> dict[str, Any]:
-    entry: dict[str, Any] = {"rank": rank, "local_rank": None, "node_rank": None, "host": None}
-    entry.update(pid=None, device=None)
-    entry.update(dict.fromkeys(RANK_FILE_KEYS), memory_timeline_categorized=None)
-    entry.update(steps=0, step_log_truncated=False, exit_code=None, oom=False, error=None)
-    entry.update(collector_errors=[], started_at=None, ended_at=None, missing=True)
-    return entry
+    timeline = present(e.memory_timeline)
+    return replace(
+        e,
+        trace=present(e.trace),
+        memory_timeline=timeline,
+        memory_snapshot=present(e.memory_snapshot),
+        oom_record=present(e.oom_record),
+        step_log=present(e.step_log),
+        memory_timeline_categorized=e.memory_timeline_categorized if timeline else None,
+        missing=False,
+    )
 
 
 def _first(values: list[Any]) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def build_manifest(run_dir: str | Path, *, node_rank: int = 0) -> dict[str, Any]:
+def build_manifest(run_dir: str | Path) -> Manifest:
     """The merged manifest of `run_dir` from the parts present now (nothing is written)."""
     root = Path(run_dir)
     ranks, launchers = _read_parts(root)
     ordered = [ranks[r] for r in sorted(ranks)]
     launcher_list = [launchers[k] for k in sorted(launchers)]
-    head = launchers.get(0) or (launcher_list[0] if launcher_list else {})
-    lead = ranks.get(0) or (ordered[0] if ordered else {})
+    head = launchers.get(0) or (launcher_list[0] if launcher_list else None)
+    lead = ranks.get(0) or (ordered[0] if ordered else None)
 
-    world_size = _first([p.get("world_size") for p in ordered])
+    world_size = _first([p.world_size for p in ordered])
     if world_size is None:
-        world_size = _first([lnch.get("expected_world_size") for lnch in launcher_list])
-    world_size = int(world_size or len(ordered))
+        world_size = _first([lnch.expected_world_size for lnch in launcher_list])
+    # A part of a rank beyond the world size (a reused folder) widens it: every rank is listed.
+    world_size = max(world_size or 0, len(ordered), max(ranks, default=-1) + 1, 1)
     entries = [
-        _rank_entry(root, ranks[r]) if r in ranks else _missing_entry(r) for r in range(world_size)
+        _rank_entry(root, ranks[r]) if r in ranks else RankEntry(rank=r, missing=True)
+        for r in range(world_size)
     ]
-    entries += [_rank_entry(root, ranks[r]) for r in sorted(ranks) if r >= world_size]
 
-    run_info: dict[str, Any] = lead.get("run_info") or {}
-    starts = [
-        t
-        for t in [
-            *(p.get("started_at") for p in ordered),
-            *(lc.get("started_at") for lc in launcher_list),
-        ]
-        if t
-    ]
-    ends = [
-        t
-        for t in [
-            *(p.get("ended_at") for p in ordered),
-            *(lc.get("ended_at") for lc in launcher_list),
-        ]
-        if t
-    ]
-    launcher_codes = [
-        lc.get("exit_code") for lc in launcher_list if lc.get("exit_code") is not None
-    ]
-    rank_codes = [e["exit_code"] for e in entries if e["exit_code"] not in (None, 0)]
+    run_info: dict[str, Any] = dict(lead.run_info) if lead else {}
+    starts = [p.entry.started_at for p in ordered] + [lc.started_at for lc in launcher_list]
+    ends = [p.entry.ended_at for p in ordered] + [lc.ended_at for lc in launcher_list]
+    launcher_codes = [lc.exit_code for lc in launcher_list if lc.exit_code is not None]
+    rank_codes = [e.exit_code for e in entries if e.exit_code not in (None, 0)]
     if launcher_codes:
         code: int | None = next((c for c in launcher_codes if c != 0), 0)
     else:
-        code = rank_codes[0] if rank_codes else _first([e["exit_code"] for e in entries])
-    oom = any(e["oom"] for e in entries)
-    error = _first([e["error"] for e in entries]) or _first(
-        [lc.get("error") for lc in launcher_list]
-    )
-    memory_budget = memory_budget_bytes(run_info)
+        code = rank_codes[0] if rank_codes else _first([e.exit_code for e in entries])
+    error = _first([e.error for e in entries]) or _first([lc.error for lc in launcher_list])
     harness = run_info.get("harness")
+    units_warnings: list[str] = []
+    raw_units = run_info.get("fsdp_units")
+    units = [
+        FsdpUnitRecord.from_json(u, f"fsdp_units[{i}]", units_warnings)
+        for i, u in enumerate(raw_units if isinstance(raw_units, list) else [])
+    ]
+    return Manifest(
+        schema=MANIFEST_SCHEMA,
+        zdiag_version=__version__,
+        command=(head.command if head else ()) or (lead.command if lead else ()),
+        cwd=(head.cwd if head else None) or (lead.cwd if lead else None),
+        started_at=min((t for t in starts if t), default=None),
+        ended_at=max((t for t in ends if t), default=None),
+        world_size=world_size,
+        nnodes=head.nnodes if head else 1,
+        hosts=tuple(sorted({e.host for e in entries if e.host})),
+        device=lead.entry.device if lead else None,
+        backend=_first([p.backend for p in ordered]),
+        versions=dict(lead.versions) if lead else {},
+        harness=harness if isinstance(harness, dict) else None,
+        profile=(head.profile if head else None) or (lead.profile if lead else None),
+        fsdp_units=tuple(u for u in units if u is not None),
+        memory_budget_bytes=memory_budget_bytes(run_info),
+        run_info={k: v for k, v in run_info.items() if k not in _LIFTED_RUN_INFO},
+        ranks=tuple(entries),
+        exit=ExitInfo(code=code, oom=any(e.oom for e in entries), error=error),
+    )
 
-    return {
-        "schema": MANIFEST_SCHEMA,
-        "zdiag_version": __version__,
-        "command": head.get("command") or lead.get("command") or [],
-        "cwd": head.get("cwd") or lead.get("cwd"),
-        "started_at": min(starts) if starts else None,
-        "ended_at": max(ends) if ends else None,
-        "world_size": world_size,
-        "nnodes": int(head.get("nnodes") or lead.get("nnodes") or 1),
-        "node_rank": node_rank,
-        "hosts": sorted({e["host"] for e in entries if e["host"]}),
-        "device": lead.get("device"),
-        "backend": _first([p.get("backend") for p in ordered]),
-        "versions": lead.get("versions") or {},
-        "harness": harness,
-        "profile": head.get("profile") or lead.get("profile"),
-        "fsdp_units": list(run_info.get("fsdp_units") or []),
-        "memory_budget_bytes": memory_budget,
-        "run_info": {k: v for k, v in run_info.items() if k not in ("harness", "fsdp_units")},
-        "ranks": entries,
-        "exit": {"code": code, "oom": oom, "error": error},
-    }
 
-
-def merge_manifest(run_dir: str | Path, *, node_rank: int = 0) -> dict[str, Any]:
+def merge_manifest(run_dir: str | Path) -> Manifest:
     """Build the manifest from the parts in `run_dir` and write `manifest.json` atomically."""
-    manifest = build_manifest(run_dir, node_rank=node_rank)
-    write_json_atomically(Path(run_dir) / MANIFEST, manifest)
+    manifest = build_manifest(run_dir)
+    write_json_atomically(Path(run_dir) / MANIFEST, manifest.to_json())
     return manifest
 
 

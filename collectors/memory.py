@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from zdiag.collectors import runinfo
+from zdiag.collectors import rundir, runinfo
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 
 MemoryReading = tuple[int | None, int | None, int | None]
@@ -135,6 +135,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def write_oom_record(path: str | Path, record: dict[str, Any]) -> None:
+def write_oom_record(path: str | Path, record: rundir.OomRecord) -> None:
     """Write what was known when the rank ran out of memory (JSON, atomically)."""
-    write_json_atomically(path, record)
+    write_json_atomically(path, record.to_json())

@@ -370,20 +370,19 @@ class RankSession:
             snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
             dumped = bool(self._guard("memory snapshot", memory.dump_cuda_snapshot, snap))
             self.snapshot_written = dumped or self.snapshot_written
-        record = {
-            "rank": self.rank,
-            "host": self.host,
-            "step": self.step_index,
-            "time_unix": time.time(),
-            "error_type": type(exc).__name__,
-            "error": str(exc)[:4000],
-            "mem_allocated_bytes": allocated,
-            "mem_reserved_bytes": reserved,
-            "mem_peak_bytes": peak,
-            "memory_budget_bytes": runinfo.memory_budget_bytes(runinfo.current_run_info()),
-            "profiler_window_open": window_open,
-            **self._memory_files(),
-        }
+        record = rundir.OomRecord(
+            rank=self.rank,
+            host=self.host,
+            step=self.step_index,
+            time_unix=time.time(),
+            error_type=type(exc).__name__,
+            error=str(exc)[:4000],
+            mem_allocated_bytes=allocated,
+            mem_reserved_bytes=reserved,
+            mem_peak_bytes=peak,
+            memory_budget_bytes=runinfo.memory_budget_bytes(runinfo.current_run_info()),
+            profiler_window_open=window_open,
+        )
         path = self.run_dir / rundir.oom_relpath(self.rank)
         self._guard("OOM record", memory.write_oom_record, path, record)
         self.oom_record_written = path.is_file()
@@ -465,32 +464,37 @@ class RankSession:
 
     def _write_part(self, exit_code: int | None, error: str | None) -> None:
         ended = self._finished
-        part: dict[str, Any] = {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "node_rank": self.node_rank,
-            "world_size": self.world_size,
-            "host": self.host,
-            "pid": os.getpid(),
-            "command": self.command,
-            "cwd": os.getcwd(),
-            "device": self._device(),
-            "backend": self.backend,
-            "versions": torch_versions(),
-            "profile": self.config.manifest_profile(),
-            "run_info": runinfo.current_run_info(),
-            "trace": rundir.trace_relpath(self.rank) if self.trace_written else None,
-            **self._memory_files(),
-            "memory_timeline_categorized": self.timeline_categorized,
-            "oom_record": rundir.oom_relpath(self.rank) if self.oom_record_written else None,
-            "step_log": rundir.step_log_relpath(self.rank) if self._step_log.written else None,
-            "steps": self.step_index,
-            "step_log_truncated": self._step_log.truncated,
-            "exit_code": exit_code if ended else None,
-            "oom": self.oom,
-            "error": error,
-            "collector_errors": list(self.collector_errors),
-            "started_at": self.started_at,
-            "ended_at": utc_now_iso() if ended else None,
-        }
-        write_json_atomically(rundir.rank_part_path(self.run_dir, self.rank), part)
+        files = self._memory_files()
+        entry = rundir.RankEntry(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            node_rank=self.node_rank,
+            host=self.host,
+            pid=os.getpid(),
+            device=self._device(),
+            trace=rundir.trace_relpath(self.rank) if self.trace_written else None,
+            memory_timeline=files["memory_timeline"],
+            memory_snapshot=files["memory_snapshot"],
+            memory_timeline_categorized=self.timeline_categorized,
+            oom_record=rundir.oom_relpath(self.rank) if self.oom_record_written else None,
+            step_log=rundir.step_log_relpath(self.rank) if self._step_log.written else None,
+            steps=self.step_index,
+            step_log_truncated=self._step_log.truncated,
+            exit_code=exit_code if ended else None,
+            oom=self.oom,
+            error=error,
+            collector_errors=tuple(self.collector_errors),
+            started_at=self.started_at,
+            ended_at=utc_now_iso() if ended else None,
+        )
+        part = rundir.RankPart(
+            entry=entry,
+            world_size=self.world_size,
+            command=tuple(self.command),
+            cwd=os.getcwd(),
+            backend=self.backend,
+            versions=torch_versions(),
+            profile=self.config.manifest_profile(),
+            run_info=runinfo.current_run_info(),
+        )
+        write_json_atomically(rundir.rank_part_path(self.run_dir, self.rank), part.to_json())

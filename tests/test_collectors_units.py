@@ -122,16 +122,22 @@ def test_merge_marks_missing_ranks_and_reports_oom(tmp_path: Path) -> None:
         {"node_rank": 0, "nnodes": 1, "command": ["zdiag", "run"], "exit_code": 1},
     )
     m = manifest.merge_manifest(tmp_path)
-    assert json.loads((tmp_path / "manifest.json").read_text()) == m
-    assert m["schema"] == "zdiag.manifest/1"
-    assert [r["rank"] for r in m["ranks"]] == [0, 1, 2]
-    assert m["ranks"][1].get("missing") is True
-    assert m["ranks"][0]["trace"] == "traces/rank-0.json.gz"
-    assert m["ranks"][0]["step_log"] is None  # named in the part, but the file is absent
-    assert m["exit"] == {"code": 1, "oom": True, "error": "OutOfMemoryError: emulated"}
-    assert m["memory_budget_bytes"] == 2**28
-    assert m["fsdp_units"][0]["param_bytes"] == 4
-    assert m["hosts"] == ["h0", "h2"]
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written == m.to_json()
+    assert (
+        rundir.Manifest.from_json(written) == m
+    )  # what the analyzers read back is what was merged
+    assert m.schema == written["schema"] == "zdiag.manifest/1"
+    assert [r.rank for r in m.ranks] == [0, 1, 2]
+    assert m.ranks[1].missing and written["ranks"][1]["missing"] is True
+    assert "missing" not in written["ranks"][0]
+    assert m.ranks[0].trace == "traces/rank-0.json.gz"
+    assert m.ranks[0].step_log is None  # named in the part, but the file is absent
+    assert written["exit"] == {"code": 1, "oom": True, "error": "OutOfMemoryError: emulated"}
+    assert m.memory_budget_bytes == 2**28
+    assert m.fsdp_units[0].param_bytes == 4 and m.unit_param_bytes() == {"": 4}
+    assert m.hosts == ("h0", "h2")
+    assert "node_rank" not in written  # removed: it named whichever node merged last
 
 
 def test_profile_api_writes_a_run_directory(tmp_path: Path) -> None:
@@ -402,3 +408,12 @@ def test_totals_only_timeline_says_why_torch_failed(
     assert f"{type(error).__name__}: " in message
     assert ("pytorch/pytorch#167838" in message) is cites_issue
     assert ("pytorch/pytorch#167838" in capsys.readouterr().err) is cites_issue
+
+
+def test_profile_api_refuses_an_out_it_cannot_write(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    ran = False
+    with pytest.raises(ConfigError, match=r"cannot be written \(Not a directory\)"):
+        with zdiag.profile(out=tmp_path / "afile" / "run", enabled=False):
+            ran = True
+    assert not ran

@@ -15,6 +15,7 @@ from zdiag.analyzers.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
 from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import Report
+from zdiag.collectors.rundir import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
 OOM_TEXT = (
@@ -64,7 +65,9 @@ def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> 
     ctx = _ctx(
         tmp_path,
         fsdp2_cpu_trace([("", 20000)], steps=2),
-        manifest={"harness": HARNESS, "fsdp_units": [{"name": "", "param_bytes": 80000}]},
+        manifest=Manifest.from_json(
+            {"harness": HARNESS, "fsdp_units": [{"name": "", "param_bytes": 80000}]}
+        ),
     )
     (f,) = [f for f in run_context(ctx) if f.id == "whole-model-wrap"]
     assert f.evidence["largest_unit_share"] == 1.0
@@ -121,7 +124,9 @@ def test_alpha_beta_fit_uses_the_fastest_run_per_size(tmp_path: Path) -> None:
 def test_activation_oom_from_the_oom_record() -> None:
     ev = parse_oom_message(0, OOM_TEXT)
     assert ev.category_bytes["ACTIVATION"] == int(27.14 * 2**20)
-    ctx = DetectorContext(ledgers={}, memory=[ev], manifest={"harness": HARNESS})
+    ctx = DetectorContext(
+        ledgers={}, memory=[ev], manifest=Manifest.from_json({"harness": HARNESS})
+    )
     (f,) = [f for f in run_context(ctx) if f.id == "activation-oom"]
     assert f.severity == "critical"
     assert f.evidence["activation_share"] > 0.9
@@ -179,7 +184,9 @@ def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> 
     run = SimpleNamespace(
         ranks=[],
         run_dir=None,
-        manifest={"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}},
+        manifest=Manifest.from_json(
+            {"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}}
+        ),
     )
     timeline = MemoryTimeline(
         rank=0,
@@ -302,7 +309,7 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     if not (sample / "manifest.json").is_file():
         pytest.skip("sample_traces/activation-oom not recorded")
     shutil.copytree(sample / "memory", tmp_path / "memory")
-    manifest = json.loads((sample / "manifest.json").read_text())
+    manifest = Manifest.from_json(json.loads((sample / "manifest.json").read_text()))
     run = RunData(ranks=[], manifest=manifest, run_dir=tmp_path)
     analysis = Analysis(steps={}, breakdowns={}, report=Report())
     (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
@@ -377,14 +384,16 @@ def test_flat_sharding_across_nodes_recommends_hsdp_with_runnable_code() -> None
 
     record = SimpleNamespace(exposed_us=4000.0)
     ledger = SimpleNamespace(rank=0, framework="fsdp2", records=[record], steps=[1, 2])
-    manifest = {"world_size": 16, "nnodes": 2}
+    manifest = Manifest.from_json({"world_size": 16, "nnodes": 2})
     ctx = DetectorContext(ledgers={0: ledger}, manifest=manifest)  # type: ignore[dict-item]
     (f,) = flat_sharding.detect(ctx)
     code = f.code or ""
     assert "init_device_mesh" in code and "from torch.distributed.fsdp import fully_shard" in code
     assert "(2, 8)" in code
     assert f.expected_gain_ms == pytest.approx(1.0)  # 2 ms exposed per step, halved
-    single_node = DetectorContext(ledgers={0: ledger}, manifest={"world_size": 8, "nnodes": 1})  # type: ignore[dict-item]
+    single_node = DetectorContext(
+        ledgers={0: ledger}, manifest=Manifest.from_json({"world_size": 8, "nnodes": 1})
+    )  # type: ignore[dict-item]
     assert flat_sharding.detect(single_node) == []
 
 

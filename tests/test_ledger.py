@@ -423,9 +423,11 @@ def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Pat
     for ev in doc["traceEvents"]:
         ev.get("args", {}).pop("Input Dims", None)
     trace = load_rank_trace(write(tmp_path, doc))
-    manifest = {
-        "fsdp_units": [{"name": n, "param_count": k, "param_bytes": 4 * k} for n, k in BLOCKS]
-    }
+    from zdiag.collectors.rundir import Manifest
+
+    manifest = Manifest.from_json(
+        {"fsdp_units": [{"name": n, "param_count": k, "param_bytes": 4 * k} for n, k in BLOCKS]}
+    )
     units = {u.name: u for u in build_ledger(trace, unit_param_bytes=manifest_unit_bytes(manifest))}
     assert units["layers.2"].param_bytes == 16000
     assert units[""].all_gather_bytes == 2 * 4000

@@ -77,7 +77,7 @@ def test_run_directory_with_manifest(tmp_path: Path) -> None:
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     run = load_run([run_dir])
     assert run.run_dir == run_dir
-    assert run.manifest is not None and run.manifest["world_size"] == 2
+    assert run.manifest is not None and run.manifest.world_size == 2
     assert [(t.rank, t.source.name, t.rank_source) for t in run.ranks] == [
         (0, "worker1.json.gz", "manifest"),
         (1, "worker0.json.gz", "manifest"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +99,60 @@ def test_bad_harness_option_is_refused_before_launch(
     assert len(lines) == 1 and lines[0].startswith("zdiag run --harness: error: ")
     assert "--wrap" in lines[0]
     assert not out.exists()
+
+
+def _read_only_mount(path: Path) -> bool:
+    """Mount a read-only tmpfs at `path` (root only); False where that is not possible."""
+    path.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("case", ["file in the path", "/proc", "no permission"])
+def test_unusable_out_is_a_user_error_before_training(
+    case: str, script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "ran"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    mounted: Path | None = None
+    if case == "file in the path":
+        (tmp_path / "afile").write_text("x")
+        out = tmp_path / "afile" / "run"
+    elif case == "/proc":
+        out = Path("/proc") / f"zdiag-run-{os.getpid()}"
+    elif os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        out = locked / "run"
+    else:  # root ignores permission bits: a read-only filesystem refuses it too
+        mounted = tmp_path / "ro"
+        if not _read_only_mount(mounted):
+            pytest.skip("root without a way to mount a read-only tmpfs")
+        out = mounted / "run"
+    try:
+        assert main(["run", "--no-profile", "--out", str(out), str(script)]) == 2
+    finally:
+        if mounted is not None:
+            subprocess.run(["umount", str(mounted)], check=False)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("zdiag run: error: --out ") and "cannot be written" in lines[0]
+    assert not marker.exists()  # the training never started
+    assert not out.exists()
+
+
+def test_unusable_out_from_the_real_command_line(script: Path, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    proc = subprocess.run(
+        [sys.executable, "-m", "zdiag", "run", "--out", str(tmp_path / "afile" / "r"), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and "should not run" not in proc.stdout

@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,67 @@ def test_torch_compile_with_hooks_still_counts_steps(tmp_path: Path) -> None:
     m = load_manifest(out)
     assert m["ranks"][0]["steps"] == 4 and m["ranks"][0]["collector_errors"] == []
     assert profiler_steps(load_trace(out, m["ranks"][0]["trace"])) == [2]
+
+
+FILL_DISK = """
+import os, sys
+from pathlib import Path
+run_dir = Path(os.environ["ZDIAG_RUN_DIR"])
+try:
+    with open(run_dir.parent / "filler", "wb") as f:
+        while True:
+            f.write(bytes(65536))
+except OSError:
+    pass
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (root only): the training fills it, as a full disk would."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def _one_failure_line(stderr: str, code: int) -> None:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("zdiag run: ")]
+    assert len(lines) == 1, stderr
+    assert "could not be completed" in lines[0] and f"exit code {code} is returned" in lines[0]
+    assert "Traceback" not in stderr and "internal error" not in stderr
+
+
+@pytest.mark.parametrize("code", [0, 1, 3])
+def test_full_disk_keeps_the_training_exit_code(
+    code: int, small_tmpfs: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "fill.py"
+    script.write_text(FILL_DISK)
+    proc = zdiag_run("--no-profile", "--out", str(small_tmpfs / "run"), str(script), str(code))
+    assert proc.returncode == code, proc.stderr
+    _one_failure_line(proc.stderr, code)
+    assert "No space left on device" in proc.stderr
+
+
+def test_lost_run_directory_keeps_the_training_exit_code(tmp_path: Path) -> None:
+    """Without root: the run directory is replaced by a file while the training runs."""
+    script = tmp_path / "lose.py"
+    script.write_text(
+        "import os, shutil, sys\n"
+        "run_dir = os.environ['ZDIAG_RUN_DIR']\n"
+        "shutil.rmtree(run_dir)\n"
+        "open(run_dir, 'w').close()\n"
+        "sys.exit(3)\n"
+    )
+    out = tmp_path / "run"
+    proc = zdiag_run("--no-profile", "--out", str(out), str(script))
+    assert proc.returncode == 3, proc.stderr
+    _one_failure_line(proc.stderr, 3)
+    assert out.is_file()  # zdiag wrote nothing over what the script left

@@ -48,7 +48,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     in_use = sum(worst.category_bytes.values())
     h = ctx.harness
     block = harness_block_pattern(h) or find_block_pattern(
-        [u.get("name", "") for u in ctx.manifest_units()]
+        [u.name for u in ctx.manifest_units()]
         + [n for lg in ctx.fsdp_ledgers() for n in lg.unit_order]
     )
     layers = block.count if block else None

@@ -7,7 +7,6 @@ records), so detectors can be tested on hand-built contexts.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,14 @@ from zdiag.analyzers.fsdp_ledger import (
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.analyzers.report import MemoryTimeline, Report, StepBreakdown
 from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.collectors.rundir import (
+    FsdpUnitRecord,
+    Manifest,
+    OomRecord,
+    RankEntry,
+    read_run_json,
+    run_file,
+)
 from zdiag.errors import InputError
 
 MIB = 1024**2
@@ -48,7 +55,7 @@ class DetectorContext:
     ledgers: dict[int, RankLedger]  # rank -> ledger (empty ledgers for non-FSDP traces)
     breakdowns: dict[int, list[StepBreakdown]] = field(default_factory=dict)
     traces: dict[int, RankTrace] = field(default_factory=dict)
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     report: Report | None = None
     run: RunData | None = None  # the pipeline's (for detectors that delegate, e.g. straggler)
@@ -57,15 +64,13 @@ class DetectorContext:
     @property
     def harness(self) -> dict[str, Any]:
         """The harness options recorded in the manifest ({} for other scripts)."""
-        h = (self.manifest or {}).get("harness")
-        return h if isinstance(h, dict) else {}
+        return dict(self.manifest.harness or {}) if self.manifest else {}
 
     @property
     def world_size(self) -> int | None:
         """World size from the manifest or the traces."""
-        ws = (self.manifest or {}).get("world_size")
-        if isinstance(ws, int):
-            return ws
+        if self.manifest is not None:
+            return self.manifest.world_size
         for t in self.traces.values():
             if t.world_size:
                 return t.world_size
@@ -74,9 +79,8 @@ class DetectorContext:
     @property
     def nnodes(self) -> int | None:
         """Number of nodes (manifest `nnodes`, else distinct hosts), None when unknown."""
-        n = (self.manifest or {}).get("nnodes")
-        if isinstance(n, int):
-            return n
+        if self.manifest is not None:
+            return self.manifest.nnodes
         hosts = {t.host for t in self.traces.values() if t.host}
         return len(hosts) if hosts else None
 
@@ -84,10 +88,9 @@ class DetectorContext:
         """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
         return [lg for _, lg in sorted(self.ledgers.items()) if lg.framework and lg.records]
 
-    def manifest_units(self) -> list[dict[str, Any]]:
-        """The manifest's `fsdp_units` ([{name, param_count, param_bytes}]), [] when absent."""
-        units = (self.manifest or {}).get("fsdp_units")
-        return [u for u in units if isinstance(u, dict)] if isinstance(units, list) else []
+    def manifest_units(self) -> tuple[FsdpUnitRecord, ...]:
+        """The manifest's `fsdp_units` (name, param_count, param_bytes), () when absent."""
+        return self.manifest.fsdp_units if self.manifest is not None else ()
 
 
 def build_context(run: RunData, analysis: Analysis) -> DetectorContext:
@@ -107,7 +110,7 @@ def build_context(run: RunData, analysis: Analysis) -> DetectorContext:
         ledgers=ledgers,
         breakdowns=dict(analysis.breakdowns),
         traces=traces,
-        manifest=run.manifest if isinstance(run.manifest, dict) else None,
+        manifest=run.manifest,
         report=report,
         run=run,
         analysis=analysis,
@@ -175,22 +178,16 @@ def _memory_evidence(
     the failure: preferred for categories), else the CUDA snapshot taken at the failure, else the
     memory timeline (the peak by category), and the manifest's per-rank `oom` flag."""
     by_rank: dict[int, MemoryEvidence] = {}
-    ranks = (ctx.manifest or {}).get("ranks")
-    entries = [e for e in ranks if isinstance(e, dict)] if isinstance(ranks, list) else []
+    entries = ctx.manifest.ranks if ctx.manifest is not None else ()
     for entry in entries:
-        rank = entry.get("rank")
-        if not isinstance(rank, int):
-            continue
-        rel = entry.get("oom_record")
-        rec = _read_json(run_dir / rel) if run_dir is not None and isinstance(rel, str) else None
+        rec = _read_oom_record(ctx, run_dir, entry) if run_dir is not None else None
         if rec is not None:
-            ev = parse_oom_message(rank, str(rec.get("error", "")))
-            budget = rec.get("memory_budget_bytes")
-            if ev.capacity_bytes is None and isinstance(budget, int):
-                ev.capacity_bytes = budget
-            by_rank[rank] = ev
-        elif entry.get("oom"):
-            by_rank[rank] = parse_oom_message(rank, str(entry.get("error") or ""), "manifest")
+            ev = parse_oom_message(entry.rank, rec.error)
+            if ev.capacity_bytes is None and rec.memory_budget_bytes is not None:
+                ev.capacity_bytes = rec.memory_budget_bytes
+            by_rank[entry.rank] = ev
+        elif entry.oom:
+            by_rank[entry.rank] = parse_oom_message(entry.rank, entry.error or "", "manifest")
     if run_dir is not None:
         _add_snapshot_categories(ctx, by_rank, entries, run_dir)
     timelines: list[MemoryTimeline] = list(report.memory) if report is not None else []
@@ -224,7 +221,7 @@ MAX_SNAPSHOTS = 4
 def _add_snapshot_categories(
     ctx: DetectorContext,
     by_rank: dict[int, MemoryEvidence],
-    entries: list[dict[str, Any]],
+    entries: tuple[RankEntry, ...],
     run_dir: Path,
 ) -> None:
     """Fill out-of-memory ranks' categories from their CUDA snapshots (taken at the failure),
@@ -232,12 +229,16 @@ def _add_snapshot_categories(
     analyzed = set(ctx.traces)
     todo = []
     for entry in entries:
-        rank, snap = entry.get("rank"), entry.get("memory_snapshot")
-        ev = by_rank.get(rank) if isinstance(rank, int) else None
-        if ev is None or ev.category_bytes or not isinstance(snap, str):
+        ev = by_rank.get(entry.rank)
+        if ev is None or ev.category_bytes or entry.memory_snapshot is None:
             continue
-        if not analyzed or rank in analyzed:
-            todo.append((ev, run_dir / snap, _cuda_index(entry.get("device"))))
+        if not analyzed or entry.rank in analyzed:
+            try:
+                path = run_file(run_dir, entry.memory_snapshot)
+            except InputError as exc:
+                _warn(ctx, f"memory snapshot skipped: {exc.message}")
+                continue
+            todo.append((ev, path, _cuda_index(entry.device)))
     if len(todo) > MAX_SNAPSHOTS:
         _warn(
             ctx,
@@ -267,7 +268,7 @@ def _add_snapshot_categories(
         )
 
 
-def _cuda_index(device: Any) -> int | None:
+def _cuda_index(device: str | None) -> int | None:
     """3 for the manifest's "cuda:3"; None when unknown (the snapshot's busiest device is used)."""
     if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
         return int(device[5:])
@@ -279,9 +280,19 @@ def _warn(ctx: DetectorContext, message: str) -> None:
         ctx.report.warnings.append(message)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+def _read_oom_record(ctx: DetectorContext, run_dir: Path, entry: RankEntry) -> OomRecord | None:
+    """The rank's OOM record (None without one); a damaged or refused one is a warning."""
+    if entry.oom_record is None:
         return None
-    return data if isinstance(data, dict) else None
+    warnings: list[str] = []
+    try:
+        data = read_run_json(run_dir, entry.oom_record)
+        record = OomRecord.from_json(
+            data, entry.oom_record, warnings, ctx.manifest.world_size if ctx.manifest else None
+        )
+    except InputError as exc:
+        _warn(ctx, f"out-of-memory record skipped: {exc.message}")
+        return None
+    for w in warnings:
+        _warn(ctx, w)
+    return record

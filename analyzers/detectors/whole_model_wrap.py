@@ -61,7 +61,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         return []  # blocks are already units: a huge root is embeddings/head, not the model
 
     block = harness_block_pattern(ctx.harness) or find_block_pattern(
-        u.get("name", "") for u in ctx.manifest_units()
+        u.name for u in ctx.manifest_units()
     )
     trace = ctx.traces.get(lg.rank)
     module_class = None if block or trace is None else repeated_module_class(trace.names)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from zdiag.collectors.config import (
     DEFAULT_PROFILE_STEPS,
@@ -32,8 +32,14 @@ from zdiag.collectors.config import (
 )
 from zdiag.collectors.fsio import write_json_atomically
 from zdiag.collectors.live_wire import ENV_JOB, ENV_MONITOR
-from zdiag.collectors.manifest import hostname, merge_manifest, utc_now_iso
-from zdiag.collectors.rundir import MANIFEST, launcher_part_path, make_run_dir
+from zdiag.collectors.manifest import build_manifest, merge_manifest, utc_now_iso
+from zdiag.collectors.rundir import (
+    MANIFEST,
+    LauncherPart,
+    Manifest,
+    launcher_part_path,
+    make_run_dir,
+)
 from zdiag.errors import ConfigError, InputError
 
 BOOTSTRAP_MODULE = "zdiag.collectors.bootstrap"
@@ -347,41 +353,76 @@ class LaunchPlan:
 
     def _launcher_part(
         self, started_at: str, exit_code: int | None, error: str | None
-    ) -> dict[str, Any]:
-        return {
-            "node_rank": self.node_rank,
-            "nnodes": self.nnodes,
-            "host": hostname(),
-            "command": self.argv,
-            "launched": self.command(),
-            "cwd": os.getcwd(),
-            "expected_world_size": self.expected_world_size,
-            "profile": self.config.manifest_profile(),
-            "started_at": started_at,
-            "ended_at": utc_now_iso() if exit_code is not None else None,
-            "exit_code": exit_code,
-            "error": error,
-        }
+    ) -> LauncherPart:
+        return LauncherPart(
+            node_rank=self.node_rank,
+            nnodes=self.nnodes,
+            command=tuple(self.argv),
+            cwd=os.getcwd(),
+            expected_world_size=self.expected_world_size,
+            profile=self.config.manifest_profile(),
+            started_at=started_at,
+            ended_at=utc_now_iso() if exit_code is not None else None,
+            exit_code=exit_code,
+            error=error,
+        )
+
+    def _prepare_out(self, started_at: str) -> None:
+        """Create the run directory and write the launcher's first part, before any training;
+        InputError (exit 2) when `--out` cannot be written."""
+        created = not os.path.lexists(self.out)
+        try:
+            make_run_dir(self.out)
+            write_json_atomically(
+                launcher_part_path(self.out, self.node_rank),
+                self._launcher_part(started_at, None, None).to_json(),
+            )
+        except OSError as exc:
+            if created:  # nothing half-written: the folders made here go again
+                shutil.rmtree(self.out, ignore_errors=True)
+            reason = exc.strerror or type(exc).__name__
+            raise InputError(
+                f"--out {str(self.out)!r} cannot be written ({reason}); choose a folder you can "
+                "write to."
+            ) from None
 
     def execute(self) -> int:
-        """Start the ranks, wait for them, merge the manifest; the training's exit code."""
-        make_run_dir(self.out)
+        """Start the ranks, wait for them, merge the manifest; the training's exit code.
+
+        Once the training has run, its exit code is what this returns, whatever happens to the
+        run directory: a failure to write it (a full disk, a lost permission) is one line on
+        stderr.
+        """
         started = utc_now_iso()
-        part = launcher_part_path(self.out, self.node_rank)
-        write_json_atomically(part, self._launcher_part(started, None, None))
+        self._prepare_out(started)
         code, error = self._run_child()
-        manifest = merge_manifest(self.out, node_rank=self.node_rank)
-        if code != 0 and self.torchrun is not None:
-            # torchrun exits 1 for any failed worker: report the training's own exit code.
-            rank_codes = [
-                r["exit_code"] for r in manifest["ranks"] if r.get("exit_code") not in (None, 0)
-            ]
-            if rank_codes:
-                code = int(rank_codes[0])
-        write_json_atomically(part, self._launcher_part(started, code, error))
-        manifest = merge_manifest(self.out, node_rank=self.node_rank)
-        self._summary(manifest, code)
+        try:
+            code = self._training_code(code)
+            self._finish_run_dir(started, code, error)
+        except Exception as exc:  # the training's outcome is never replaced by zdiag's own
+            reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+            print(
+                f"zdiag run: the run directory {self.out} could not be completed ({reason}); "
+                f"the training's exit code {code} is returned.",
+                file=sys.stderr,
+                flush=True,
+            )
         return code
+
+    def _training_code(self, code: int) -> int:
+        """The training's exit code: under torchrun, which exits 1 for any failed worker, the
+        first failing rank's own code from the ranks' manifest parts."""
+        if code != 0 and self.torchrun is not None:
+            for rank in build_manifest(self.out).ranks:
+                if rank.exit_code not in (None, 0):
+                    return int(rank.exit_code)
+        return code
+
+    def _finish_run_dir(self, started: str, code: int, error: str | None) -> None:
+        """Write the launcher's final part and the merged manifest, and print the summary."""
+        part = launcher_part_path(self.out, self.node_rank)
+        write_json_atomically(part, self._launcher_part(started, code, error).to_json())
+        self._summary(merge_manifest(self.out), code)
 
     def _run_child(self) -> tuple[int, str | None]:
         try:
@@ -407,14 +448,14 @@ class LaunchPlan:
             return 128 - rc, f"training ended by signal {-rc}"
         return rc, None if rc == 0 else f"training exited with code {rc}"
 
-    def _summary(self, manifest: dict[str, Any], code: int) -> None:
-        ranks = manifest["ranks"]
-        traces = sum(1 for r in ranks if r.get("trace"))
+    def _summary(self, manifest: Manifest, code: int) -> None:
+        ranks = manifest.ranks
+        traces = sum(1 for r in ranks if r.trace)
         notes = []
-        if manifest["exit"]["oom"]:
+        if manifest.exit.oom:
             notes.append("out of memory (memory data written)")
-        if self.config.profile and traces < len(ranks) and not manifest["exit"]["oom"]:
-            steps = min((r.get("steps") or 0) for r in ranks) if ranks else 0
+        if self.config.profile and traces < len(ranks) and not manifest.exit.oom:
+            steps = min(r.steps for r in ranks) if ranks else 0
             notes.append(
                 f"{len(ranks) - traces} rank(s) without a trace: {steps} step(s) detected, and the "
                 f"profiler records steps {self.config.wait + self.config.warmup} to "

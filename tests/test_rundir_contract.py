@@ -1,0 +1,374 @@
+"""The typed run-directory contract (zdiag.collectors.rundir): old run directories keep loading,
+damaged manifests are warnings or one clear InputError, and the analyzers read run-dir files only
+through the confined, capped reader."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO_ROOT
+from zdiag.analyzers.pipeline import discover, load_run, manifest_ranks
+from zdiag.cli import main
+from zdiag.collectors import rundir
+from zdiag.collectors.manifest import build_manifest
+from zdiag.collectors.rundir import (
+    LauncherPart,
+    Manifest,
+    OomRecord,
+    RankPart,
+    read_run_file,
+    run_file,
+)
+from zdiag.errors import InputError
+
+OLD_RUN_DIRS = sorted(
+    p.parent
+    for p in [
+        *REPO_ROOT.glob("sample_traces/*/manifest.json"),
+        *REPO_ROOT.glob("tests/data/*/manifest.json"),
+    ]
+)
+REMOVED_TOP_LEVEL = {"node_rank"}  # dead fields no longer written (docs/run-dir.md)
+TINY_TRACE = {
+    "traceEvents": [
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
+    ]
+}
+
+
+def _manifest(**top: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {"schema": rundir.MANIFEST_SCHEMA, "world_size": 2}
+    data["ranks"] = [{"rank": 0, "trace": "traces/rank-0.json.gz"}, {"rank": 1}]
+    data.update(top)
+    return data
+
+
+# --- layering ---------------------------------------------------------------------------------
+
+
+def test_importing_the_contract_does_not_import_torch() -> None:
+    code = (
+        "import sys, zdiag.collectors.rundir, zdiag.collectors.manifest\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'zmq'))\n"
+        "assert not bad, bad\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_analyzers_take_only_the_contract_from_the_collectors() -> None:
+    found = []
+    for path in sorted((REPO_ROOT / "analyzers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "zdiag.collectors"
+            ):
+                found.append((path.name, node.module))
+    assert found and {m for _, m in found} == {"zdiag.collectors.rundir"}
+
+
+# --- old run directories --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_dir", OLD_RUN_DIRS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_old_manifests_load_unchanged(run_dir: Path) -> None:
+    raw = json.loads((run_dir / "manifest.json").read_text())
+    m = Manifest.from_json(raw)
+    assert m.warnings == ()
+    assert Manifest.from_json(m.to_json()) == m  # the written form reads back the same
+    new = m.to_json()
+    for key, value in raw.items():
+        if key == "ranks":
+            continue
+        assert key in REMOVED_TOP_LEVEL or new[key] == value, key
+    assert len(new["ranks"]) == len(raw["ranks"])
+    for old_entry, new_entry in zip(raw["ranks"], new["ranks"], strict=True):
+        assert {k: new_entry[k] for k in old_entry} == old_entry
+
+
+@pytest.mark.parametrize(
+    "run_dir",
+    [p for p in OLD_RUN_DIRS if (p / rundir.PARTS_DIR).is_dir()],
+    ids=lambda p: p.name,
+)
+def test_old_parts_merge_into_the_stored_manifest(run_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    warnings: list[str] = []
+    for part in sorted((copy / rundir.PARTS_DIR).glob(rundir.RANK_PART_GLOB)):
+        RankPart.from_json(json.loads(part.read_text()), part.name, warnings)
+    for part in sorted((copy / rundir.PARTS_DIR).glob(rundir.LAUNCHER_PART_GLOB)):
+        LauncherPart.from_json(json.loads(part.read_text()), part.name, warnings)
+    assert warnings == []
+    merged = build_manifest(copy).to_json()
+    stored = json.loads((run_dir / "manifest.json").read_text())
+    for key in stored.keys() - REMOVED_TOP_LEVEL - {"zdiag_version", "ranks", "run_info"}:
+        assert merged[key] == stored[key], key
+    # memory_budget_bytes is no longer repeated in run_info: it has its own field
+    assert merged["run_info"] == {
+        k: v for k, v in stored["run_info"].items() if k != "memory_budget_bytes"
+    }
+    for old_entry, new_entry in zip(stored["ranks"], merged["ranks"], strict=True):
+        assert {k: new_entry[k] for k in old_entry} == old_entry
+
+
+def test_old_oom_records_load() -> None:
+    run_dir = REPO_ROOT / "sample_traces" / "activation-oom"
+    for rank in (0, 1):
+        warnings: list[str] = []
+        raw = json.loads(read_run_file(run_dir, rundir.oom_relpath(rank)))
+        record = OomRecord.from_json(raw, "oom", warnings, world_size=2)
+        assert warnings == [] and record.rank == rank
+        assert record.error == raw["error"] and record.memory_budget_bytes == 64424509
+        assert {k: v for k, v in raw.items() if k in record.to_json()} == record.to_json()
+
+
+# --- tolerant reading ---------------------------------------------------------------------------
+
+
+def test_unknown_fields_are_ignored_and_wrong_types_take_defaults() -> None:
+    data = _manifest(from_the_future={"x": 1}, nnodes="two", fsdp_units=[{"name": "a"}, 7])
+    data["ranks"][0].update(steps="abc", oom="yes", collector_errors="one", new_field=[1])
+    m = Manifest.from_json(data)
+    assert m.nnodes == 1 and m.ranks[0].steps == 0 and m.ranks[0].oom is False
+    assert m.ranks[0].collector_errors == ()
+    assert [u.name for u in m.fsdp_units] == ["a"]
+    text = "\n".join(m.warnings)
+    for named in ("nnodes", "ranks[0]: steps", "ranks[0]: oom", "fsdp_units[1]"):
+        assert named in text
+    assert "from_the_future" not in text and "new_field" not in text
+
+
+def test_a_newer_schema_loads_with_a_warning_and_a_foreign_one_is_refused() -> None:
+    m = Manifest.from_json(_manifest(schema="zdiag.manifest/2"))
+    assert any("newer" in w for w in m.warnings)
+    with pytest.raises(InputError, match="not a zdiag run manifest"):
+        Manifest.from_json(_manifest(schema="something/1"))
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ([1, 2], "not a JSON object"),
+        (_manifest(ranks={"0": {}}), "ranks is not a list"),
+        (_manifest(ranks=["x"]), "ranks[0]: not a JSON object"),
+        (_manifest(ranks=[{"rank": -3}]), "rank -3 is not a valid rank (the world size is 2)"),
+        (_manifest(ranks=[{"rank": 2}]), "rank 2 is not a valid rank"),
+        (_manifest(ranks=[{"rank": 1e30}]), "rank 100... (31 digits) is not a valid rank"),
+        (_manifest(ranks=[{"rank": "0"}]), "rank is '0', not a whole number"),
+        (_manifest(world_size=10**30), "world_size 100... (31 digits)"),
+    ],
+)
+def test_damage_that_leaves_nothing_to_analyze_is_one_input_error(data: Any, expected: str) -> None:
+    with pytest.raises(InputError) as err:
+        Manifest.from_json(data)
+    assert expected in err.value.message and "\n" not in err.value.message
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.json.gz", "traces/../../x"])
+def test_manifest_paths_outside_the_run_directory_are_refused_with_a_warning(path: str) -> None:
+    m = Manifest.from_json(_manifest(ranks=[{"rank": 0, "trace": path, "oom_record": path}]))
+    assert m.ranks[0].trace is None and m.ranks[0].oom_record is None
+    assert sum("points outside the run directory" in w for w in m.warnings) == 2
+
+
+# --- the confined reader ---------------------------------------------------------------------
+
+
+def test_run_file_accepts_regular_files_inside_only(tmp_path: Path) -> None:
+    run_dir = rundir.make_run_dir(tmp_path / "run")
+    inside = run_dir / rundir.oom_relpath(0)
+    inside.write_text("{}")
+    assert run_file(run_dir, rundir.oom_relpath(0)) == inside.resolve()
+    (tmp_path / "secret.json").write_text("{}")
+    (run_dir / "memory" / "link.json").symlink_to(tmp_path / "secret.json")
+    os.mkfifo(run_dir / "memory" / "fifo.json")
+    with pytest.raises(InputError, match="outside the run directory"):
+        run_file(run_dir, "memory/link.json")
+    with pytest.raises(InputError, match="not a regular file"):
+        run_file(run_dir, "memory/fifo.json")  # never opened: a FIFO would block the read
+    with pytest.raises(InputError, match="not a regular file"):
+        run_file(run_dir, "memory")
+    inside.write_bytes(b"x" * 100)
+    assert len(read_run_file(run_dir, rundir.oom_relpath(0), max_bytes=100)) == 100
+    with pytest.raises(InputError, match="larger than 99 bytes"):
+        read_run_file(run_dir, rundir.oom_relpath(0), max_bytes=99)
+
+
+def _run_dir_with_tiny_traces(root: Path, ranks: int = 2) -> Path:
+    run_dir = rundir.make_run_dir(root)
+    for r in range(ranks):
+        (run_dir / f"traces/rank-{r}.json").write_text(json.dumps(TINY_TRACE))
+    data = _manifest(world_size=ranks)
+    data["ranks"] = [{"rank": r, "trace": f"traces/rank-{r}.json"} for r in range(ranks)]
+    (run_dir / rundir.MANIFEST).write_text(json.dumps(data))
+    return run_dir
+
+
+def test_fifos_and_escaping_links_among_the_traces_are_skipped_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    run_dir = _run_dir_with_tiny_traces(tmp_path / "run")
+    os.mkfifo(run_dir / "traces" / "rank-7.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(TINY_TRACE))
+    (run_dir / "traces" / "rank-8.json").symlink_to(tmp_path / "elsewhere.json")
+    found = discover([run_dir])
+    assert [p.name for p in found.traces] == ["rank-0.json", "rank-1.json"]
+    assert any("rank-7.json" in w and "not a regular file" in w for w in found.warnings)
+    assert any("rank-8.json" in w and "outside the run directory" in w for w in found.warnings)
+
+
+def test_a_manifest_trace_linked_outside_is_not_used(tmp_path: Path) -> None:
+    run_dir = _run_dir_with_tiny_traces(tmp_path / "run")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(TINY_TRACE))
+    (run_dir / "traces" / "escape.json").symlink_to(tmp_path / "elsewhere.json")
+    m = Manifest.from_json(_manifest(ranks=[{"rank": 1, "trace": "traces/escape.json"}]))
+    warnings: list[str] = []
+    assert manifest_ranks(m, run_dir, warnings) == {}
+    assert warnings and "outside the run directory" in warnings[0]
+
+
+def test_an_oom_record_that_is_a_fifo_is_a_warning_not_a_hang(tmp_path: Path) -> None:
+    run_dir = REPO_ROOT / "sample_traces" / "activation-oom"
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / rundir.oom_relpath(1)).unlink()
+    os.mkfifo(copy / rundir.oom_relpath(1))
+    done = subprocess.run(
+        [sys.executable, "-m", "zdiag", "analyze", str(copy), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert any("oom.json" in w and "not a regular file" in w for w in report["warnings"])
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+def test_an_unreadable_subfolder_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "rank-0.json").write_text(json.dumps(TINY_TRACE))
+    locked = tmp_path / "b"
+    locked.mkdir()
+    (locked / "rank-1.json").write_text(json.dumps(TINY_TRACE))
+    if os.geteuid() != 0:
+        locked.chmod(0o000)
+    else:  # root reads any folder: make scandir refuse this one as it would for a user
+        real = os.scandir
+
+        def scandir(path: Any = ".") -> Any:
+            if Path(path) == locked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+    try:
+        found = discover([tmp_path])
+    finally:
+        locked.chmod(0o755)
+    assert [p.name for p in found.traces] == ["rank-0.json"]
+    assert any(str(locked) in w and "not readable" in w for w in found.warnings)
+
+
+@pytest.mark.parametrize("name", ["rank-99999999999999999999.json", "rank-5.json"])
+def test_a_rank_from_a_file_name_outside_the_job_is_refused(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _run_dir_with_tiny_traces(tmp_path / "run")
+    data = json.loads((run_dir / rundir.MANIFEST).read_text())
+    data["ranks"][1]["trace"] = None  # rank 1's trace is known by its file name only
+    (run_dir / rundir.MANIFEST).write_text(json.dumps(data))
+    (run_dir / "traces" / "rank-1.json").rename(run_dir / "traces" / name)
+    assert main(["analyze", str(run_dir), "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(file name): rank " in err[0] and "is not a valid rank" in err[0]
+
+
+def test_manifest_warnings_reach_the_report(tmp_path: Path) -> None:
+    run_dir = _run_dir_with_tiny_traces(tmp_path / "run")
+    data = json.loads((run_dir / rundir.MANIFEST).read_text())
+    data["ranks"][0]["steps"] = "many"
+    (run_dir / rundir.MANIFEST).write_text(json.dumps(data))
+    run = load_run([run_dir])
+    assert any("ranks[0]: steps is 'many'" in w for w in run.warnings)
+
+
+def test_a_part_beyond_the_world_size_widens_the_merged_manifest(tmp_path: Path) -> None:
+    run_dir = rundir.make_run_dir(tmp_path / "run")
+    for rank in (0, 3):  # rank 3 left by an earlier, larger run in the same folder
+        part = RankPart(entry=rundir.RankEntry(rank=rank, exit_code=0), world_size=2)
+        rundir.rank_part_path(run_dir, rank).write_text(json.dumps(part.to_json()))
+    m = build_manifest(run_dir)
+    assert m.world_size == 4 and [r.rank for r in m.ranks] == [0, 1, 2, 3]
+    assert [r.missing for r in m.ranks] == [False, True, True, False]
+    assert Manifest.from_json(m.to_json()) == m  # and the analyzers accept every rank in it
+
+
+ODD_VALUES: list[Any] = [
+    None,
+    "x",
+    "",
+    -1,
+    0,
+    2**70,
+    -(2**70),
+    1e308,
+    -0.5,
+    True,
+    [],
+    [1],
+    {},
+    {"a": 1},
+]
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def test_every_field_of_a_real_manifest_set_to_odd_values_loads_or_is_one_input_error() -> None:
+    """Seeded mutations: each field of a real manifest replaced by values of every odd type."""
+    import copy
+    import random
+
+    base = json.loads((REPO_ROOT / "sample_traces/activation-oom/manifest.json").read_text())
+    rng = random.Random(0)
+    paths = _paths(base)
+    outcomes = {"loaded": 0, "refused": 0}
+    for path in paths:
+        for value in rng.sample(ODD_VALUES, 5):
+            data = copy.deepcopy(base)
+            node = data
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            try:
+                m = Manifest.from_json(data)
+            except InputError as exc:
+                assert exc.message.count(".") >= 1 and "\n" not in exc.message
+                outcomes["refused"] += 1
+                continue
+            Manifest.from_json(json.loads(json.dumps(m.to_json())))  # what it writes reads back
+            outcomes["loaded"] += 1
+    assert outcomes["loaded"] > 10 * outcomes["refused"] > 0
