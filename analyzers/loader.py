@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -53,9 +53,9 @@ from zdiag.analyzers.events import (
 from zdiag.analyzers.safe_read import (
     GZIP_MAGIC,
     current_limits,
-    gunzip_capped,
     open_regular,
     read_capped,
+    read_open,
 )
 from zdiag.errors import InputError
 
@@ -129,7 +129,7 @@ def read_trace_bytes(path: Path, what: str = "trace") -> bytes | bytearray:
     """The (decompressed) bytes of a trace file (or another JSON input: `what` names it);
     InputError for a missing, empty, special (FIFO, device), oversized or corrupt gzip file."""
     with open_regular(path, what) as f:
-        return _bytes_of(f, path, what)
+        return read_open(f, path, what)
 
 
 @contextmanager
@@ -145,7 +145,7 @@ def open_trace_buffer(path: Path) -> Iterator[Buffer]:
         size = os.fstat(f.fileno()).st_size
         if not head or head == GZIP_MAGIC or size == 0:
             f.seek(0)
-            yield _bytes_of(f, path, "trace")  # empty or gzip
+            yield read_open(f, path, "trace")  # empty or gzip
             return
         limit = current_limits().max_bytes
         if size > limit:
@@ -154,7 +154,7 @@ def open_trace_buffer(path: Path) -> Iterator[Buffer]:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):  # not mappable: read it
             f.seek(0)
-            yield _bytes_of(f, path, "trace")
+            yield read_open(f, path, "trace")
             return
         try:
             yield mm
@@ -163,22 +163,6 @@ def open_trace_buffer(path: Path) -> Iterator[Buffer]:
                 mm.close()
             except BufferError:  # a view is still alive (only on an error path): GC closes it
                 pass
-
-
-def _bytes_of(f: BinaryIO, path: Path, what: str) -> bytes | bytearray:
-    """The rest of open file `f`, gunzipped if gzip, within the size cap (as `read_trace_bytes`)."""
-    limit = current_limits().max_bytes
-    raw: bytes | bytearray = read_capped(f, path, what, limit)
-    if not raw:
-        raise InputError(
-            f"{path}: the file is empty; re-export the {what} (the profiler may have been "
-            "killed while writing)."
-        )
-    if raw[:2] == GZIP_MAGIC:
-        raw = gunzip_capped(raw, path, what, limit, current_limits().max_gzip_ratio)
-        if re.search(rb"\S", raw) is None:  # (bytearray.strip() would copy it all)
-            raise InputError(f"{path}: the compressed file holds no data; re-export the {what}.")
-    return raw
 
 
 # --- rank inference -------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Bounded reads of input files: regular files only, optionally confined to a folder, capped.
 
-Every file `zdiag analyze` reads (traces, memory timelines, snapshots, and the run directory's
-manifest and OOM records through the pipeline's reader: `read_json_input`) goes through
-`open_regular`:
+Every input file `zdiag analyze` reads whole (traces, memory timelines, CUDA snapshots) goes
+through `open_regular` (the run directory's small JSON records, the manifest and OOM records,
+are read by `collectors.rundir.read_run_file`, which applies the same rules with a small cap):
 
 - **Regular files only.** The file is opened non-blocking and checked with `fstat` on the open
   descriptor (no race between the check and the read): a FIFO, a socket, a device such as
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -33,9 +34,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import msgspec
+from typing import BinaryIO
 
 from zdiag.errors import InputError
 
@@ -239,39 +238,28 @@ def gunzip_capped(
     return out
 
 
-def read_input_bytes(path: Path, what: str = "file", root: Path | None = None) -> bytes | bytearray:
-    """The bytes of a regular input file, gunzipped when it is gzip, within the current limits.
+def read_open(f: BinaryIO, path: Path, what: str = "file") -> bytes | bytearray:
+    """The rest of open file `f`, gunzipped when it is gzip, within the current limits.
 
-    InputError (one sentence) for anything `open_regular`, `read_capped` or `gunzip_capped`
-    refuses, and for an empty file.
+    InputError (one sentence) for anything `read_capped` or `gunzip_capped` refuses, for an
+    empty file, and for a gzip file that holds only white space.
     """
-    limit = current_limits().max_bytes
-    with open_regular(path, what, root) as f:
-        raw: bytes | bytearray = read_capped(f, path, what, limit)
+    limits = current_limits()
+    raw: bytes | bytearray = read_capped(f, path, what, limits.max_bytes)
     if not raw:
         raise InputError(
             f"{path}: the file is empty; re-export the {what} (the writer may have been killed "
             "while writing)."
         )
     if raw[:2] == GZIP_MAGIC:
-        raw = gunzip_capped(raw, path, what, limit, current_limits().max_gzip_ratio)
+        raw = gunzip_capped(raw, path, what, limits.max_bytes, limits.max_gzip_ratio)
+        if re.search(rb"\S", raw) is None:  # (bytearray.strip() would copy it all)
+            raise InputError(f"{path}: the compressed file holds no data; re-export the {what}.")
     return raw
 
 
-def read_json_input(path: Path, what: str = "file", root: Path | None = None) -> Any:
-    """The JSON value in a regular input file (gzip or not) within the current limits.
-
-    InputError, one sentence naming `what`, for what `read_input_bytes` refuses and for text
-    that is not JSON, not UTF-8, nested deeper than the decoder's limit (~1000 levels), or holds
-    a number beyond a double. Never RecursionError.
-    """
-    raw = read_input_bytes(path, what, root)
-    try:
-        return msgspec.json.decode(raw)
-    except UnicodeDecodeError:
-        problem = "holds bytes that are not UTF-8 text"
-    except RecursionError:
-        problem = "is nested deeper than the decoder's limit"
-    except msgspec.DecodeError as exc:
-        problem = f"is not valid JSON ({exc})"
-    raise InputError(f"{path}: the {what} {problem}; fix or remove it.")
+def read_input_bytes(path: Path, what: str = "file", root: Path | None = None) -> bytes | bytearray:
+    """The bytes of a regular input file (inside `root`, when given), gunzipped when it is gzip,
+    within the current limits (`open_regular`, then `read_open`)."""
+    with open_regular(path, what, root) as f:
+        return read_open(f, path, what)

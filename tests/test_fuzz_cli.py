@@ -163,32 +163,12 @@ def base_run(workdir: Path) -> Path:
     return run
 
 
-def _fuzz_run_dir(base_run: Path, workdir: Path, seed: int, target: str) -> None:
+@fuzz(40)
+@given(seed=SEEDS)
+@pytest.mark.parametrize("target", fz.RUN_DIR_TARGETS)
+def test_run_dir_files(base_run: Path, workdir: Path, target: str, seed: int) -> None:
     run = workdir / f"run-{target}"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(base_run, run)
     fz.mutate_run_dir(random.Random(seed), run, target)
     check(["analyze", "-q", str(run)])
-
-
-_PIPELINE_JSON = pytest.mark.xfail(
-    strict=True,
-    reason="analyzers/pipeline.py and detectors/context.py read the manifest and OOM records "
-    "with json.loads (RecursionError on deep nesting) until they read through "
-    "safe_read.read_json_input (the lead's merge step); strict: remove this marker then",
-)
-
-
-@fuzz(40)
-@given(seed=SEEDS)
-@pytest.mark.parametrize("target", ["timeline", "snapshot", "trace"])
-def test_run_dir_files(base_run: Path, workdir: Path, target: str, seed: int) -> None:
-    _fuzz_run_dir(base_run, workdir, seed, target)
-
-
-@_PIPELINE_JSON
-@fuzz(40)
-@given(seed=SEEDS)
-@pytest.mark.parametrize("target", ["manifest", "oom"])
-def test_run_dir_json_records(base_run: Path, workdir: Path, target: str, seed: int) -> None:
-    _fuzz_run_dir(base_run, workdir, seed, target)
