@@ -190,8 +190,8 @@ _HEADER_FIELDS = (
 def hostile(rng: random.Random) -> Any:
     """One hostile value: a fixed one, a deep nest, or a random number at the edges."""
     r = rng.random()
-    if r < 0.7:
-        return rng.choice(HOSTILE_VALUES)
+    if r < 0.7:  # a copy: a mutation inside it must not change the table (or make a cycle)
+        return copy.deepcopy(rng.choice(HOSTILE_VALUES))
     if r < 0.8:
         return deep(rng.choice((5, 200, 2000)))
     if r < 0.9:
