@@ -105,7 +105,7 @@ class AnalyzeCommand:
             default=None,
             metavar="N",
             help="refuse an input file, or a .gz file's decompressed content, over N GiB "
-            "(default 16; guards against damaged or hostile files)",
+            "(default 16, and a .gz file may expand at most 100x; giving N lifts that check)",
         )
         parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
         parser.add_argument(
