@@ -21,10 +21,10 @@ kernels (or gloo ops) start early and sit idle until it arrives. This module
 4. ranks them into `StragglerStat`s (Report.stragglers) and, past the thresholds below, a
    `straggler` Finding.
 
-Entry points: `analyze_crossrank(run, analysis)` (the pipeline: fills `report.stragglers`),
-`detect_stragglers(run, analysis)` (the detector registry), and the pure cores
-`match_collectives(ranks)`, `straggler_stats(result)`, `find_stragglers(result, ...)` that tests
-drive with synthetic inputs.
+Everything here is a pure function of values: `rank_collectives(trace, windows)` is the map's
+per-rank input (kept in the rank's summary), `match_collectives(ranks)` returns the matching,
+`straggler_stats(result)` the Report's per-rank table, and `find_stragglers(result, breakdowns)`
+the `straggler` finding (called by the straggler detector on the reduce's matching).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from zdiag.analyzers.report import Finding, StepBreakdown, StragglerStat
 
 if TYPE_CHECKING:
     from zdiag.analyzers.events import RankTrace
-    from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
+    from zdiag.analyzers.run_data import StepWindows
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -700,39 +700,3 @@ def find_stragglers(
             ),
         )
     ]
-
-
-# --- pipeline / registry entry points -------------------------------------------------------
-
-
-def crossrank_result(run: RunData, analysis: Analysis | None = None) -> CrossRankResult:
-    """Match the collectives of a loaded run, using the analysis' step windows when given."""
-    inputs = []
-    for t in run.ranks:
-        windows = analysis.steps.get(t.rank) if analysis is not None else None
-        inputs.append(rank_collectives(t, windows))
-    return match_collectives(inputs)
-
-
-def analyze_crossrank(run: RunData, analysis: Analysis) -> CrossRankResult:
-    """The pipeline stage: fills `analysis.report.stragglers` (and thresholds, warnings) for
-    runs with two or more ranks; returns the matching for callers that want more."""
-    result = crossrank_result(run, analysis)
-    analysis.crossrank = result
-    if len(result.ranks) >= 2:
-        analysis.report.stragglers = straggler_stats(result)
-        analysis.report.thresholds.update(thresholds())
-        analysis.report.warnings.extend(f"cross-rank: {w}" for w in result.warnings)
-    return result
-
-
-def detect_stragglers(
-    run: RunData, analysis: Analysis, result: CrossRankResult | None = None
-) -> list[Finding]:
-    """The `straggler` detector: zero or one Finding naming the ranks that arrive last.
-
-    Uses `result`, else the matching the pipeline's cross-rank stage kept on `analysis`, else
-    matches the collectives itself."""
-    if result is None:
-        result = analysis.crossrank or crossrank_result(run, analysis)
-    return find_stragglers(result, analysis.breakdowns)

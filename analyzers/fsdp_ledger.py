@@ -21,7 +21,10 @@ docs/fsdp-patterns.md. Behaviour first, labels as hints:
    with no such label are not FSDP traffic and are left out.
 3. Per gather: issued = host issue start; needed = start of the consuming
    `FSDP::pre_forward (<fqn>)` / `FSDP::pre_backward (<fqn>)` (FSDP2 only); lead = needed - issued;
-   exposed = the part of the collective's execution not covered by compute on any lane.
+   exposed = the part of the collective's execution not covered by compute on any lane, where
+   "compute" is the breakdown's (`breakdown.ActivitySets.compute`: compute kernels on GPU runs,
+   the self time of computing host ops on host-only runs), so a unit's exposed time and the
+   step table's exposed communication use one definition.
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from zdiag.analyzers import intervals
+from zdiag.analyzers.breakdown import ActivitySets
 from zdiag.analyzers.collectives import input_dtype, input_tensors
 from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
 from zdiag.analyzers.report import FsdpUnit
@@ -67,9 +72,10 @@ GATHER_FAMILY = "all_gather"
 REDUCE_FAMILY = "reduce"
 
 
-@dataclass
-class CollectiveRecord:
-    """One FSDP collective on one rank: who issued it, when it ran, and what it cost."""
+class CollectiveRecord(msgspec.Struct, kw_only=True, array_like=True):
+    """One FSDP collective on one rank: who issued it, when it ran, and what it cost.
+
+    A msgspec Struct (encoded as an array) so a rank's ledger travels in its `RankSummary`."""
 
     unit: str  # module fqn ("" = root), "fsdp1-unit-<k>", "zero-gather-<k>" / "zero-reduce-<k>"
     framework: str  # "fsdp2", "fsdp1", "deepspeed"
@@ -101,16 +107,15 @@ class CollectiveRecord:
         return None if self.needed_us is None else self.needed_us - self.issued_us
 
 
-@dataclass
-class RankLedger:
+class RankLedger(msgspec.Struct, kw_only=True):
     """The ledger of one rank: its FSDP collectives in issue order and per-unit totals."""
 
     rank: int
     framework: str | None  # None when the trace holds no FSDP/ZeRO traffic
     device: str
-    records: list[CollectiveRecord] = field(default_factory=list)
-    unit_order: list[str] = field(default_factory=list)  # units in first-issue order
-    steps: list[int] = field(default_factory=list)  # step numbers covered
+    records: list[CollectiveRecord] = msgspec.field(default_factory=list)
+    unit_order: list[str] = msgspec.field(default_factory=list)  # units in first-issue order
+    steps: list[int] = msgspec.field(default_factory=list)  # step numbers covered
     compute_us: float = 0.0  # compute union inside the analyzed windows
     window_us: float = 0.0  # summed length of the analyzed windows
 
@@ -298,30 +303,6 @@ def _message(
     return elems, (row_bytes if row_bytes > 0 else -1), dt
 
 
-def _compute_set(trace: RankTrace, comm_lanes: set[int]) -> intervals.IntervalSet:
-    """Where compute ran: compute kernels on device runs; on host-only runs, CPU ops on the
-    non-communication threads that enclose no framework label or comm op (an op wrapping a
-    blocking collective is waiting, not computing)."""
-    if trace.has_device_events:
-        k = trace.of_kind(EventKind.COMPUTE_KERNEL)
-        return intervals.union(trace.ts_us[k], trace.end_us[k])
-    ops = trace.of_kind(EventKind.CPU_OP)
-    end_us = trace.end_us
-    ops = ops[~np.isin(trace.lane_id[ops], np.fromiter(comm_lanes, np.int32, len(comm_lanes)))]
-    markers = trace.of_kind(EventKind.FSDP_ANNOTATION, EventKind.COMM_OP)
-    keep = np.ones(len(ops), dtype=bool)
-    for lane in np.unique(trace.lane_id[ops]):
-        on = trace.lane_id[ops] == lane
-        ms = np.sort(trace.ts_us[markers[trace.lane_id[markers] == lane]])
-        if not ms.size:
-            continue
-        s, e = trace.ts_us[ops[on]], end_us[ops[on]]
-        inside = np.searchsorted(ms, e, side="left") - np.searchsorted(ms, s, side="right")
-        keep[np.flatnonzero(on)] = inside <= 0
-    ops = ops[keep]
-    return intervals.union(trace.ts_us[ops], end_us[ops])
-
-
 def _family(kind: str) -> str | None:
     if kind == "all_gather":
         return GATHER_FAMILY
@@ -330,16 +311,52 @@ def _family(kind: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Windows:
+    """Step windows as arrays (number, [start, end) on the trace clock); empty = no windows."""
+
+    number: npt.NDArray[np.int64]
+    start: npt.NDArray[np.float64]
+    end: npt.NDArray[np.float64]
+
+    @staticmethod
+    def of(
+        numbers: list[int] | None, starts: list[float] | None, ends: list[float] | None
+    ) -> _Windows:
+        if numbers is None or starts is None or ends is None:
+            return _Windows(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        return _Windows(
+            np.asarray(numbers, dtype=np.int64),
+            np.asarray(starts, dtype=np.float64),
+            np.asarray(ends, dtype=np.float64),
+        )
+
+    def step_at(self, t: float) -> int | None:
+        """The step number holding time t; -1 when there are no windows, None outside them."""
+        if not len(self.number):
+            return -1
+        k = int(np.searchsorted(self.start, t, side="right")) - 1
+        if k < 0 or t >= self.end[k]:
+            return None
+        return int(self.number[k])
+
+
 def build_rank_ledger(
     trace: RankTrace,
     step_numbers: list[int] | None = None,
     step_starts_us: list[float] | None = None,
     step_ends_us: list[float] | None = None,
+    *,
+    compute: intervals.IntervalSet | None = None,
+    unit_param_bytes: Mapping[str, int] | None = None,
 ) -> RankLedger:
     """The FSDP ledger of one rank, limited to the given step windows (all events when None).
 
     Steps are given as parallel lists (number, start, end on the trace clock), e.g. from the
-    pipeline's `StepWindows` (`.step`, `.start_us`, `.end_us`).
+    pipeline's `StepWindows` (`.step`, `.start_us`, `.end_us`). `compute` is where compute ran
+    (the breakdown's `ActivitySets.compute`, so a unit's exposed time agrees with the step
+    table; built from the trace when not given). `unit_param_bytes` (e.g. the manifest's
+    `fsdp_units`) sizes the collectives the trace recorded without shapes (`fill_missing_bytes`).
     """
     ledger = RankLedger(rank=trace.rank, framework=None, device=trace.device)
     labels = _labels_by_lane(trace)
@@ -347,12 +364,38 @@ def build_rank_ledger(
     zero3 = set() if fsdp_labelled else _zero3_lanes(trace)
     if not labels and not zero3:
         return ledger
-    end_us = trace.end_us  # a computed column: take it once
+    issues = _issue_ops(trace, labels, zero3)
+    if not issues:
+        return ledger
+    execs = _executions(trace, issues)
+    coll_row = {int(e): j for j, e in enumerate(trace.collectives.event)}
+    if trace.has_device_events:
+        pairing = _pair_by_correlation(trace, issues, execs)
+    else:
+        pairing = _pair_in_issue_order(trace, issues, execs, coll_row)
+    if compute is None:
+        compute = ActivitySets(trace).compute
+    windows = _Windows.of(step_numbers, step_starts_us, step_ends_us)
+    records = _records(trace, issues, labels, zero3, pairing, coll_row, compute, windows)
+    if not records:
+        return ledger
+    _name_fsdp1_units([r for r in records if r.framework == "fsdp1"])
+    _name_zero_units([r for r in records if r.framework == "deepspeed"])
+    _attach_needs(records, labels)
+    _attach_compute_before(records, compute)
+    ledger.records = records
+    if unit_param_bytes:
+        fill_missing_bytes(ledger, unit_param_bytes)
+    _set_totals(ledger, compute, windows)
+    return ledger
 
-    comm_ops = trace.of_kind(EventKind.COMM_OP)
+
+def _issue_ops(trace: RankTrace, labels: dict[int, list[_Label]], zero3: set[int]) -> list[int]:
+    """The outermost collective-issuing host ops on labelled (or ZeRO-3) threads, time-ordered."""
+    end_us = trace.end_us  # a computed column: take it once
     issues: list[int] = []
     open_end: dict[int, float] = {}
-    for i in comm_ops:
+    for i in trace.of_kind(EventKind.COMM_OP):
         name = trace.name(int(i))
         lane = int(trace.lane_id[i])
         if not _ISSUE_RE.match(name) or (lane not in labels and lane not in zero3):
@@ -361,83 +404,87 @@ def build_rank_ledger(
             continue  # nested inside an issuing op
         open_end[lane] = float(end_us[i])
         issues.append(int(i))
-    if not issues:
-        return ledger
+    return issues
 
-    # Executions: device comm kernels, else backend ops on worker threads.
-    device = trace.has_device_events
-    if device:
-        execs = [int(i) for i in trace.of_kind(EventKind.COMM_KERNEL)]
-    else:
-        issue_lanes = {int(trace.lane_id[i]) for i in issues}
-        execs = [
-            int(i)
-            for i in comm_ops
-            if _EXEC_RE.match(trace.name(int(i))) and int(trace.lane_id[i]) not in issue_lanes
-        ]
-    comm_lanes = {int(trace.lane_id[i]) for i in execs} if not device else set()
-    coll_row = {int(e): j for j, e in enumerate(trace.collectives.event)}
 
-    def exec_kind(e: int) -> str:
-        j = coll_row.get(e)
-        if j is not None and trace.collectives.kind_name(j) != "unknown":
-            return trace.collectives.kind_name(j)
-        return collective_kind(trace.name(e))
+def _executions(trace: RankTrace, issues: list[int]) -> list[int]:
+    """The events that execute collectives: device comm kernels, else backend ops (`gloo:*`,
+    ...) on threads other than the issuing ones."""
+    if trace.has_device_events:
+        return [int(i) for i in trace.of_kind(EventKind.COMM_KERNEL)]
+    issue_lanes = {int(trace.lane_id[i]) for i in issues}
+    return [
+        int(i)
+        for i in trace.of_kind(EventKind.COMM_OP)
+        if _EXEC_RE.match(trace.name(int(i))) and int(trace.lane_id[i]) not in issue_lanes
+    ]
 
-    # Pair issue -> execution.
+
+def _exec_kind(trace: RankTrace, coll_row: dict[int, int], e: int) -> str:
+    """The collective kind of an execution (its collectives-table row, else its name)."""
+    j = coll_row.get(e)
+    if j is not None and trace.collectives.kind_name(j) != "unknown":
+        return trace.collectives.kind_name(j)
+    return collective_kind(trace.name(e))
+
+
+def _pair_by_correlation(trace: RankTrace, issues: list[int], execs: list[int]) -> dict[int, int]:
+    """Issue -> execution on device runs: the kernel's launch (same correlation id) lies inside
+    the issuing op on the same thread."""
+    end_us = trace.end_us
+    launch_of_corr: dict[int, int] = {}
+    for i in trace.of_kind(EventKind.RUNTIME_LAUNCH):
+        c = int(trace.correlation[i])
+        if c >= 0:
+            launch_of_corr[c] = int(i)
+    issue_arr = np.asarray(issues)
     pairing: dict[int, int] = {}
-    if device:
-        launch_of_corr: dict[int, int] = {}
-        for i in trace.of_kind(EventKind.RUNTIME_LAUNCH):
-            c = int(trace.correlation[i])
-            if c >= 0:
-                launch_of_corr[c] = int(i)
-        issue_arr = np.asarray(issues)
-        for e in execs:
-            launch = launch_of_corr.get(int(trace.correlation[e]))
-            if launch is None:
-                continue
-            t = float(trace.ts_us[launch])
-            lane = trace.lane_id[launch]
-            hit = issue_arr[
-                (trace.lane_id[issue_arr] == lane)
-                & (trace.ts_us[issue_arr] <= t)
-                & (end_us[issue_arr] >= t)
-            ]
-            if len(hit) and int(hit[-1]) not in pairing:
-                pairing[int(hit[-1])] = e
-    else:
-        # FIFO per family: backends run one process group's collectives in issue order.
-        queues: dict[str, list[int]] = defaultdict(list)
-        for e in sorted(execs, key=lambda e: float(trace.ts_us[e])):
-            fam = _family(exec_kind(e))
-            if fam:
-                queues[fam].append(e)
-        pos: dict[str, int] = defaultdict(int)
-        for i in issues:
-            fam = _family(collective_kind(trace.name(i)))
-            if fam is None:
-                continue
-            q = queues[fam]
-            k = pos[fam]
-            while k < len(q) and float(trace.ts_us[q[k]]) < float(trace.ts_us[i]):
-                k += 1  # an execution that started before this issue belongs to no FSDP issue
-            if k < len(q):
-                pairing[i] = q[k]
-                pos[fam] = k + 1
+    for e in execs:
+        launch = launch_of_corr.get(int(trace.correlation[e]))
+        if launch is None:
+            continue
+        t = float(trace.ts_us[launch])
+        lane = trace.lane_id[launch]
+        hit = issue_arr[
+            (trace.lane_id[issue_arr] == lane)
+            & (trace.ts_us[issue_arr] <= t)
+            & (end_us[issue_arr] >= t)
+        ]
+        if len(hit) and int(hit[-1]) not in pairing:
+            pairing[int(hit[-1])] = e
+    return pairing
 
-    compute = _compute_set(trace, comm_lanes)
 
-    # Step windows.
-    if step_numbers is not None and step_starts_us is not None and step_ends_us is not None:
-        w_num = np.asarray(step_numbers, dtype=np.int64)
-        w_s = np.asarray(step_starts_us, dtype=np.float64)
-        w_e = np.asarray(step_ends_us, dtype=np.float64)
-    else:
-        w_num = np.zeros(0, np.int64)
-        w_s = w_e = np.zeros(0)
-    windowed = len(w_num) > 0
+def _pair_in_issue_order(
+    trace: RankTrace, issues: list[int], execs: list[int], coll_row: dict[int, int]
+) -> dict[int, int]:
+    """Issue -> execution on host-only runs: FIFO per collective family (backends run one
+    process group's collectives in issue order)."""
+    queues: dict[str, list[int]] = defaultdict(list)
+    for e in sorted(execs, key=lambda e: float(trace.ts_us[e])):
+        fam = _family(_exec_kind(trace, coll_row, e))
+        if fam:
+            queues[fam].append(e)
+    pos: dict[str, int] = defaultdict(int)
+    pairing: dict[int, int] = {}
+    for i in issues:
+        fam = _family(collective_kind(trace.name(i)))
+        if fam is None:
+            continue
+        q = queues[fam]
+        k = pos[fam]
+        while k < len(q) and float(trace.ts_us[q[k]]) < float(trace.ts_us[i]):
+            k += 1  # an execution that started before this issue belongs to no FSDP issue
+        if k < len(q):
+            pairing[i] = q[k]
+            pos[fam] = k + 1
+    return pairing
 
+
+def _enclosing_by_issue(
+    trace: RankTrace, issues: list[int], labels: dict[int, list[_Label]]
+) -> dict[int, list[_Label]]:
+    """For each issue, the framework labels enclosing it on its thread, outermost first."""
     enclosing_of: dict[int, list[_Label]] = {}
     by_lane: dict[int, list[int]] = defaultdict(list)
     for i in issues:  # time-ordered
@@ -446,8 +493,42 @@ def build_rank_ledger(
         times = [float(trace.ts_us[i]) for i in idx]
         for i, enc in zip(idx, _enclosing_labels(labels.get(lane, []), times), strict=True):
             enclosing_of[i] = enc
+    return enclosing_of
 
-    backward: dict[int, intervals.IntervalSet] | None = None
+
+class _PhaseOfZero:
+    """DeepSpeed's pass of an issue: reductions are backward; a gather is backward when issued
+    inside an autograd node (spans built on first use: most traces are not DeepSpeed)."""
+
+    def __init__(self, trace: RankTrace, issues: list[int]) -> None:
+        self._trace = trace
+        self._issues = issues
+        self._spans: dict[int, intervals.IntervalSet] | None = None
+
+    def __call__(self, lane: int, t: float, family: str) -> str:
+        if self._spans is None:
+            lanes = {int(self._trace.lane_id[x]) for x in self._issues}
+            self._spans = _backward_spans(self._trace, lanes)
+        in_backward = lane in self._spans and bool(
+            intervals.covers(self._spans[lane], np.array([t]))[0]
+        )
+        return "backward" if family == REDUCE_FAMILY or in_backward else "forward"
+
+
+def _records(
+    trace: RankTrace,
+    issues: list[int],
+    labels: dict[int, list[_Label]],
+    zero3: set[int],
+    pairing: dict[int, int],
+    coll_row: dict[int, int],
+    compute: intervals.IntervalSet,
+    windows: _Windows,
+) -> list[CollectiveRecord]:
+    """One CollectiveRecord per FSDP/ZeRO issue inside the windows (units named later)."""
+    end_us = trace.end_us
+    enclosing_of = _enclosing_by_issue(trace, issues, labels)
+    zero_phase = _PhaseOfZero(trace, issues)
     records: list[CollectiveRecord] = []
     for i in issues:
         t = float(trace.ts_us[i])
@@ -463,33 +544,23 @@ def build_rank_ledger(
         fam = _family(kind_name)
         if fam is None:
             continue
-        step = -1
-        if windowed:
-            k = int(np.searchsorted(w_s, t, side="right")) - 1
-            if k < 0 or t >= w_e[k]:
-                continue
-            step = int(w_num[k])
-        prefetched = any(lab.phase.endswith("_prefetch") for lab in enclosing)
+        step = windows.step_at(t)
+        if step is None:
+            continue
         e = pairing.get(i, i)
         elems, nbytes, dt = _message(trace, i, e, coll_row.get(e), fam == GATHER_FAMILY)
+        unit = ""  # FSDP1 and ZeRO units are named by position afterwards
         if framework == "fsdp2":
             inner = enclosing[-1]
             unit = inner.fqn if inner.fqn is not None else ""
             phase = ""
         elif framework == "fsdp1":
-            unit = ""  # named by position below
             names = " ".join(lab.phase for lab in enclosing)
             phase = "backward" if "backward" in names else "forward"
         else:
             if fam == REDUCE_FAMILY and 0 <= elems <= 1:
                 continue  # overflow check / gradient norm, not gradient traffic
-            unit = ""  # named by position below
-            if backward is None:
-                backward = _backward_spans(trace, {int(trace.lane_id[x]) for x in issues})
-            in_backward = lane in backward and bool(
-                intervals.covers(backward[lane], np.array([t]))[0]
-            )
-            phase = "backward" if fam == REDUCE_FAMILY or in_backward else "forward"
+            phase = zero_phase(lane, t, fam)
         start = float(trace.ts_us[e])
         end = float(end_us[e])
         covered = intervals.total(intervals.clip(compute, start, end))
@@ -498,7 +569,7 @@ def build_rank_ledger(
                 unit=unit,
                 framework=framework,
                 family=fam,
-                kind=exec_kind(e) if e != i else kind_name,
+                kind=_exec_kind(trace, coll_row, e) if e != i else kind_name,
                 phase=phase,
                 step=step,
                 issued_us=t,
@@ -508,35 +579,30 @@ def build_rank_ledger(
                 bytes=nbytes,
                 dtype=dt,
                 exposed_us=max(0.0, (end - start) - covered),
-                prefetched=prefetched,
+                prefetched=any(lab.phase.endswith("_prefetch") for lab in enclosing),
             )
         )
-    if not records:
-        return ledger
+    return records
 
-    _name_fsdp1_units([r for r in records if r.framework == "fsdp1"])
-    _name_zero_units([r for r in records if r.framework == "deepspeed"])
-    _attach_needs(records, labels)
-    _attach_compute_before(records, compute)
-    ledger.records = records
+
+def _set_totals(ledger: RankLedger, compute: intervals.IntervalSet, windows: _Windows) -> None:
+    """The ledger's framework, unit order, covered steps, window length and compute inside it."""
+    records = ledger.records
     frameworks = {r.framework for r in records}
     ledger.framework = "fsdp2" if "fsdp2" in frameworks else sorted(frameworks)[0]
-    seen: dict[str, None] = {}
-    for r in records:
-        seen.setdefault(r.unit, None)
-    ledger.unit_order = list(seen)
-    if windowed:
+    ledger.unit_order = list(dict.fromkeys(r.unit for r in records))
+    if len(windows.number):
         covered_steps = sorted({r.step for r in records})
         ledger.steps = covered_steps
-        mask = np.isin(w_num, covered_steps)
-        ledger.window_us = float((w_e[mask] - w_s[mask]).sum())
-        ledger.compute_us = float(intervals.clipped_totals(compute, w_s[mask], w_e[mask]).sum())
+        mask = np.isin(windows.number, covered_steps)
+        w_s, w_e = windows.start[mask], windows.end[mask]
+        ledger.window_us = float((w_e - w_s).sum())
+        ledger.compute_us = float(intervals.clipped_totals(compute, w_s, w_e).sum())
     else:
         lo = min(r.issued_us for r in records)
         hi = max(r.end_us for r in records)
         ledger.window_us = hi - lo
         ledger.compute_us = intervals.total(intervals.clip(compute, lo, hi))
-    return ledger
 
 
 def _name_fsdp1_units(records: list[CollectiveRecord]) -> None:
@@ -620,37 +686,7 @@ def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label
             r.phase = "forward" if labs[k].phase == "pre_forward" else "backward"
 
 
-_CACHE: dict[int, tuple[weakref.ref[RankTrace], tuple[Any, ...], RankLedger]] = {}
-"""The last ledger per trace object: the pipeline's `build_ledger` and the detectors' context
-ask for the same one; records are shared, so callers must not rely on mutating them apart."""
-
-
-def cached_rank_ledger(
-    trace: RankTrace,
-    step_numbers: list[int] | None = None,
-    step_starts_us: list[float] | None = None,
-    step_ends_us: list[float] | None = None,
-) -> RankLedger:
-    """`build_rank_ledger`, computed once per trace object and step windows."""
-    key = (
-        tuple(step_numbers or ()),
-        tuple(step_starts_us or ()),
-        tuple(step_ends_us or ()),
-    )
-    trace_id = id(trace)
-    hit = _CACHE.get(trace_id)
-    if hit is not None and hit[0]() is trace and hit[1] == key:
-        return hit[2]
-    ledger = build_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us)
-
-    def forget(_: object, trace_id: int = trace_id) -> None:  # holds no reference to the trace
-        _CACHE.pop(trace_id, None)
-
-    _CACHE[trace_id] = (weakref.ref(trace, forget), key, ledger)
-    return ledger
-
-
-def fill_missing_bytes(ledger: RankLedger, unit_param_bytes: dict[str, int]) -> None:
+def fill_missing_bytes(ledger: RankLedger, unit_param_bytes: Mapping[str, int]) -> None:
     """Collectives whose size the trace does not record (gloo without `record_shapes`) take
     their unit's unsharded parameter bytes (e.g. the run manifest's `fsdp_units`).
 
@@ -666,22 +702,3 @@ def fill_missing_bytes(ledger: RankLedger, unit_param_bytes: dict[str, int]) -> 
 def manifest_unit_bytes(manifest: Manifest | None) -> dict[str, int]:
     """{unit fqn: param_bytes} from a run manifest's `fsdp_units` ({} when absent)."""
     return manifest.unit_param_bytes() if manifest is not None else {}
-
-
-def build_ledger(
-    trace: RankTrace,
-    step_numbers: list[int] | None = None,
-    step_starts_us: list[float] | None = None,
-    step_ends_us: list[float] | None = None,
-    *,
-    unit_param_bytes: dict[str, int] | None = None,
-) -> list[FsdpUnit]:
-    """`Report.fsdp_units` for one rank: one FsdpUnit per FSDP/ZeRO unit seen in the windows.
-
-    `unit_param_bytes` (e.g. `manifest_unit_bytes(run.manifest)`) sizes the collectives a trace
-    recorded without shapes. An empty list when the trace holds no FSDP or ZeRO traffic.
-    """
-    ledger = cached_rank_ledger(trace, step_numbers, step_starts_us, step_ends_us)
-    if unit_param_bytes:
-        fill_missing_bytes(ledger, unit_param_bytes)
-    return ledger.units()

@@ -82,6 +82,7 @@ def hta_breakdown(
     ranks: Sequence[int] | None = None,
     include_last_profiler_step: bool = False,
     ns_rounding: bool = True,
+    parallel: bool = False,
 ) -> list[HtaBreakdown]:
     """Run HTA's temporal breakdown and comm/comp overlap on per-rank trace files.
 
@@ -91,10 +92,14 @@ def hta_breakdown(
     `ns_rounding=False` turns off HTA's default rounding of nanosecond-resolution events inward
     to whole microseconds (start rounded up, end down), which shortens every such event by up to
     2 us (restored afterwards; HTA keeps it as process-wide state).
+    `parallel=True` lets HTA parse ranks in its forked process pool (its own default, for timing
+    comparisons); the default parses them in this process, because a fork from a process whose
+    threads hold locks (torch's, a test runner's) can deadlock or crash the children.
     Raises HtaUnavailable when HTA is not installed and HtaFailed (naming the traces and HTA's
     error) when HTA cannot analyze them. Results are sorted by rank.
     """
     import_hta()
+    from hta.common.trace import Trace
     from hta.trace_analysis import TraceAnalysis
 
     if isinstance(paths, Path):
@@ -126,11 +131,17 @@ def hta_breakdown(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # HTA's divide-by-zero warnings on comm-free traces
-            analysis = TraceAnalysis(
-                trace_files=trace_files,
-                trace_dir=trace_dir,
-                include_last_profiler_step=include_last_profiler_step,
-            )
+            if parallel:
+                analysis = TraceAnalysis(
+                    trace_files=trace_files,
+                    trace_dir=trace_dir,
+                    include_last_profiler_step=include_last_profiler_step,
+                )
+            else:  # TraceAnalysis.__init__ without its process pool (same two calls)
+                trace = Trace(trace_files, trace_dir)
+                trace.load_traces(include_last_profiler_step, use_multiprocessing=False)
+                analysis = TraceAnalysis.__new__(TraceAnalysis)
+                analysis.t = trace
             breakdown = analysis.get_temporal_breakdown(visualize=False)
             overlap = analysis.get_comm_comp_overlap(visualize=False)
     except (HtaUnavailable, InputError):

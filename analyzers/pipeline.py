@@ -4,9 +4,9 @@ Public entry points:
 
 - `load_run(paths, *, progress=None) -> RunData`: find the traces (files, run directories, or
   folders of per-rank traces), decode each into a `RankTrace`, assign ranks.
-- `analyze_run(run, *, ranks=None) -> Analysis`: steps and per-step breakdown per rank, the
-  Report with ranks/steps/thresholds/collective totals filled, then the FSDP ledger, the
-  cross-rank analysis and the detectors.
+- `analyze_run(run, *, ranks=None) -> Analysis`: the map on each rank (`analyze_rank`:
+  steps, breakdown, collectives, FSDP ledger, timeline), then the reduce on their summaries
+  (`reduce_run`: cross-rank matching, detectors, the Report assembled once).
 - `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
 
 `progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
@@ -23,20 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zdiag import __version__
-from zdiag.analyzers import verdict
-from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
-from zdiag.analyzers.crossrank import analyze_crossrank
+from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.decode_batches import auto_workers
-from zdiag.analyzers.detectors import run_detectors
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import build_ledger, manifest_unit_bytes
+from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.report import Finding, MemoryTimeline, RankSummary, Report
-from zdiag.analyzers.run_data import Analysis, RunData, StepWindows
-from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
-from zdiag.analyzers.timeline import select_timelines, step_timeline
+from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.reduce import RunFacts, reduce_run
+from zdiag.analyzers.report import MemoryTimeline, Report
+from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.analyzers.summary import RankSummary, summarize
 from zdiag.collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
@@ -310,6 +307,8 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     seen: dict[int, int] = {}
     for t in traces:
         seen[t.rank] = seen.get(t.rank, 0) + 1
+    if manifest is not None and traces:
+        run.warnings.extend(_missing_rank_warnings(manifest, {t.rank for t in traces}))
     dup = sorted(r for r, c in seen.items() if c > 1)
     if dup:
         run.warnings.append(
@@ -356,7 +355,7 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
 
 
 def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
-    """Steps, per-step breakdown, collective totals, timelines, memory and the optional stages.
+    """The map on every rank (`analyze_rank`), then the reduce on their summaries (`reduce_run`).
 
     `ranks` keeps only those ranks (run.ranks is narrowed in place; InputError naming the ranks
     present when one is missing). InputError when no trace holds a timed event.
@@ -375,56 +374,45 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    report = Report(
-        zdiag_version=__version__,
-        inputs=[str(p) for p in run.inputs],
-        thresholds=verdict.thresholds(),
-        run=_run_summary(run),
-    )
-    steps: dict[int, StepWindows] = {}
-    breakdowns = {}
-    finished = _finished_steps(run.manifest)
+    finished = _ended_steps(run.manifest)
     collector_errors = _collector_errors(run.manifest)
-    for t in run.ranks:
-        t.warnings.extend(f"zdiag run: {e}" for e in collector_errors.get(t.rank, []))
-        windows = find_steps(t)
-        if t.rank in finished:
-            windows, dropped = drop_unfinished_tail(windows, finished[t.rank])
-            if dropped:
-                t.warnings.append(
-                    f"step {dropped[0]} left out: the run ended inside it (the profiler stopped "
-                    "during the script's teardown, after its last optimizer step)"
-                )
-        steps[t.rank] = windows
-        sets = ActivitySets(t)
-        bds = breakdown_rank(t, windows, sets)
-        breakdowns[t.rank] = bds
-        report.collectives.extend(collective_stats(t, windows, sets))
-        timeline = step_timeline(t, windows, bds, sets)
-        if timeline is not None:
-            report.timelines.append(timeline)
-        _thin_trace_warnings(t)
-        report.ranks.append(
-            RankSummary(
-                rank=t.rank,
-                source=str(t.source),
-                device=t.device,
-                host=t.host,
-                lanes=[lane.name for lane in t.lanes if lane.is_device]
-                or [lane.name for lane in t.lanes],
-                steps=bds,
-                warnings=list(t.warnings),
-                trace_start_us=t.trace_start_us,
-                rank_source=t.rank_source,
-                step_source=windows.source,
-            )
+    unit_bytes = manifest_unit_bytes(run.manifest)
+    analyses = [
+        analyze_rank(
+            t,
+            RankContext(
+                finished_steps=finished[t.rank][0] if t.rank in finished else None,
+                failure=finished[t.rank][1] if t.rank in finished else None,
+                collector_errors=tuple(collector_errors.get(t.rank, [])),
+                unit_param_bytes=unit_bytes,
+            ),
         )
-    report.timelines = select_timelines(report.timelines, breakdowns)
-    report.memory.extend(_memory_timelines(run))
-    report.warnings.extend(run.warnings)
-    analysis = Analysis(steps=steps, breakdowns=breakdowns, report=report)
-    _run_later_stages(run, analysis)
-    return analysis
+        for t in run.ranks
+    ]
+    summaries = [summarize(a) for a in analyses]
+    reduction = reduce_run(summaries, run_facts(run, summaries))
+    return Analysis(
+        ranks=analyses,
+        summaries=summaries,
+        crossrank=reduction.crossrank,
+        report=reduction.report,
+    )
+
+
+def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
+    """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
+    and the memory timelines of the summarized ranks (read from their files here)."""
+    memory, memory_warnings = _memory_timelines(run, summaries)
+    return RunFacts(
+        inputs=tuple(str(p) for p in run.inputs),
+        manifest=run.manifest,
+        run_dir=run.run_dir,
+        warnings=tuple(run.warnings + memory_warnings),
+        memory=tuple(memory),
+        manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
+        flight_recorder=run.flight_recorder,
+        flight_recorder_inputs=tuple(run.flight_recorder_inputs),
+    )
 
 
 MAX_COLLECTOR_ERRORS_SHOWN = 5
@@ -442,106 +430,96 @@ def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
     }
 
 
-def _finished_steps(manifest: Manifest | None) -> dict[int, int]:
-    """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
-    OOM's or a crash's last step is the failing one, kept)."""
+def _missing_rank_warnings(manifest: Manifest, found: set[int]) -> list[str]:
+    """A warning when the run's world size exceeds the ranks whose traces were found, saying
+    what the manifest knows of each missing one."""
+    expected = manifest.world_size or 0
+    missing = [r for r in range(expected) if r not in found]
+    if not missing:
+        return []
+    entries = {e.rank: e for e in manifest.ranks}
+    reasons = []
+    for r in missing[:MAX_MISSING_RANKS_SHOWN]:
+        e = entries.get(r)
+        if e is None or e.missing:
+            why = "it never wrote its manifest part (killed or never started)"
+        elif e.error:
+            why = f"it raised {e.error.split(':')[0]} after {e.steps} step(s)"
+        elif e.hang is not None or e.ended_by:
+            why = f"it hung or was stopped after {e.steps} step(s)"
+        else:
+            why = f"it finished {e.steps} step(s), before or without the profiler window"
+        reasons.append(f"rank {r}: {why}")
+    more = len(missing) - len(reasons)
+    tail = f"; and {more} more" if more > 0 else ""
+    return [
+        f"world size {expected}, but traces of only {len(found)} rank(s) were found: "
+        f"{'; '.join(reasons)}{tail}. Cross-rank results cover the ranks found only."
+    ]
+
+
+MAX_MISSING_RANKS_SHOWN = 8
+
+
+def _ended_steps(manifest: Manifest | None) -> dict[int, tuple[int, str | None]]:
+    """Rank -> (steps finished, how it failed or None), for the ranks of a `zdiag run` manifest
+    whose end is known: a clean exit, an exception, a signal or a hang. A rank with no recorded
+    end (SIGKILLed) is left out: its step count may predate its last events."""
     if manifest is None:
         return {}
-    return {e.rank: e.steps for e in manifest.ranks if e.exit_code == 0 and not e.oom}
+    out: dict[int, tuple[int, str | None]] = {}
+    for e in manifest.ranks:
+        if e.exit_code == 0 and not e.oom:
+            out[e.rank] = (e.steps, None)
+        elif e.oom:
+            out[e.rank] = (e.steps, "ran out of memory")
+        elif e.exit_code is not None and e.error:
+            out[e.rank] = (e.steps, f"raised {e.error.split(':')[0]}")
+        elif e.hang is not None:
+            out[e.rank] = (e.steps, "hung")
+        elif e.ended_by is not None:
+            out[e.rank] = (e.steps, f"was ended by {e.ended_by.split(' ')[0]}")
+    return out
 
 
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints."""
+    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
+    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
+    if dumps and not paths:
+        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
+    if dumps:
+        hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+        run.flight_recorder = hangs
+        run.flight_recorder_inputs = [str(p) for p in dumps]
+        run.warnings += flight_recorder.dump_warnings(hangs, findings)
     return analyze_run(run, ranks=ranks).report
 
 
-def _memory_timelines(run: RunData) -> list[MemoryTimeline]:
-    """Report.memory from the memory timelines found; a bad one is a warning, not an error."""
+def _memory_timelines(
+    run: RunData, summaries: list[RankSummary]
+) -> tuple[list[MemoryTimeline], list[str]]:
+    """Report.memory from the memory timelines found, and warnings for those skipped (a bad one
+    is a warning, not an error)."""
     out = []
-    by_rank = {t.rank: t for t in run.ranks}
+    warnings = []
+    by_rank = {s.rank: s for s in summaries}
     for rank, path in sorted(run.memory_timelines.items()):
-        t = by_rank.get(rank)
-        if t is None:
+        s = by_rank.get(rank)
+        if s is None:
             continue
-        capacity = None
-        if t.device_properties:
-            mem = t.device_properties[0].get("totalGlobalMem")
-            capacity = int(mem) if isinstance(mem, int | float) and mem > 0 else None
         try:
-            origins = [t.trace_start_us]
-            if t.base_time_ns:
-                origins.append(t.trace_start_us + t.base_time_ns / 1000.0)
-            timeline = load_memory_timeline(path, rank, origins, capacity)
+            origins = [s.trace_start_us]
+            if s.base_time_ns:
+                origins.append(s.trace_start_us + s.base_time_ns / 1000.0)
+            timeline = load_memory_timeline(path, rank, origins, s.capacity_bytes)
         except InputError as exc:
-            run.warnings.append(f"memory timeline skipped: {exc.message}")
+            warnings.append(f"memory timeline skipped: {exc.message}")
             continue
         if run.run_dir is not None and (run.run_dir / oom_relpath(rank)).is_file():
             timeline.oom = True
         out.append(timeline)
-    return out
-
-
-def _thin_trace_warnings(t: RankTrace) -> None:
-    """Warnings saying what a valid but thin (or unusual) trace lacks."""
-    if len(t) == 0:
-        return
-    gpus = {lane.pid for lane in t.lanes if lane.is_device}
-    if len(gpus) > 1:
-        t.warnings.append(
-            f"the trace holds activity of {len(gpus)} GPUs: they are analyzed together as this "
-            "rank's device time (one trace per rank and GPU gives per-GPU results)"
-        )
-    if not t.has_device_events:
-        if t.device_properties:
-            t.warnings.append(
-                "the trace lists a GPU but holds no GPU kernels or copies: the breakdown uses host "
-                "threads (record with ProfilerActivity.CUDA to see device time)"
-            )
-        else:
-            t.warnings.append(
-                "no GPU events (CPU-only run): lanes are host threads and communication is the "
-                "gloo/c10d ops on them"
-            )
-
-
-def _run_summary(run: RunData) -> dict[str, Any] | None:
-    summary: dict[str, Any] = {}
-    ws = next((t.world_size for t in run.ranks if t.world_size), None)
-    if ws:
-        summary["world_size"] = ws
-    backend = next(
-        (t.distributed_info.get("backend") for t in run.ranks if t.distributed_info), None
-    )
-    if backend:
-        summary["backend"] = backend
-    if run.run_dir is not None:
-        summary["run_dir"] = str(run.run_dir)
-    if run.manifest:
-        summary.update(manifest_summary(run.manifest))
-    return summary or None
-
-
-# --- FSDP ledger, cross-rank, detectors -----------------------------------------------------
-
-
-def _run_later_stages(run: RunData, analysis: Analysis) -> None:
-    """FSDP ledger, cross-rank analysis, then detectors (they see the ledger and stragglers)."""
-    report = analysis.report
-    unit_bytes = manifest_unit_bytes(run.manifest)
-    for t in run.ranks:
-        w = analysis.steps[t.rank]
-        report.fsdp_units.extend(
-            build_ledger(
-                t,
-                w.step.tolist(),
-                w.start_us.tolist(),
-                w.end_us.tolist(),
-                unit_param_bytes=unit_bytes,
-            )
-        )
-    analyze_crossrank(run, analysis)
-    findings: list[Finding] = list(run_detectors(run, analysis))
-    report.findings.extend(findings)
+    return out, warnings

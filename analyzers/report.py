@@ -39,7 +39,7 @@ class StepBreakdown(msgspec.Struct, kw_only=True):
     verdict_reason: str = ""  # the numbers and thresholds that decided it
 
 
-class RankSummary(msgspec.Struct, kw_only=True):
+class RankReport(msgspec.Struct, kw_only=True):
     """One rank: its source file, its device kind, and its steps."""
 
     rank: int
@@ -151,7 +151,7 @@ class Report(msgspec.Struct, kw_only=True):
     schema: str = SCHEMA
     zdiag_version: str = ""
     inputs: list[str] = msgspec.field(default_factory=list)
-    ranks: list[RankSummary] = msgspec.field(default_factory=list)
+    ranks: list[RankReport] = msgspec.field(default_factory=list)
     findings: list[Finding] = msgspec.field(default_factory=list)
     fsdp_units: list[FsdpUnit] = msgspec.field(default_factory=list)
     collectives: list[CollectiveKindStats] = msgspec.field(default_factory=list)

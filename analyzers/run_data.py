@@ -1,9 +1,10 @@
-"""The loaded run and its core analysis: what detectors, the FSDP ledger and cross-rank code read.
+"""The loaded run and its analysis.
 
 `RunData` is everything loaded from disk (one `RankTrace` per rank, the run manifest, memory
-timelines). `Analysis` is the per-rank step segmentation and breakdown computed from it, plus the
-`Report` being assembled. Both are plain containers; the functions that fill them live in
-`pipeline.py`, `steps.py` and `breakdown.py`.
+timelines). `Analysis` is what `pipeline.analyze_run` returns: the per-rank map's results
+(`RankAnalysis`, rank_analysis.py), their summaries (summary.py), and the reduce's results (the
+cross-rank matching and the finished `Report`, reduce.py). `StepWindows` is one rank's step
+segmentation (steps.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.report import Report, StepBreakdown
+from zdiag.analyzers.flight_recorder import HangAnalysis
 from zdiag.collectors.rundir import Manifest
 
 if TYPE_CHECKING:
     from zdiag.analyzers.crossrank import CrossRankResult
+    from zdiag.analyzers.rank_analysis import RankAnalysis
+    from zdiag.analyzers.report import Report, StepBreakdown
+    from zdiag.analyzers.summary import RankSummary
 
 
 @dataclass
@@ -61,6 +65,8 @@ class RunData:
     - `memory_timelines`: rank -> path of RUN_DIR/memory/rank-N.timeline.json.gz, if present.
     - `step_logs`: rank -> path of RUN_DIR/steps/rank-N.jsonl, if present.
     - `warnings`: run-level warnings (per-rank ones are on each RankTrace).
+    - `flight_recorder` / `flight_recorder_inputs`: flight-recorder dumps given with the traces:
+      their analysis and paths.
     """
 
     ranks: list[RankTrace]
@@ -70,6 +76,8 @@ class RunData:
     memory_timelines: dict[int, Path] = field(default_factory=dict)
     step_logs: dict[int, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    flight_recorder: HangAnalysis | None = None
+    flight_recorder_inputs: list[str] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankTrace:
         """The trace of one rank (KeyError when absent)."""
@@ -79,19 +87,27 @@ class RunData:
         raise KeyError(rank)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
-    """The core analysis of a RunData; `report` is the Report being assembled.
+    """The analysis of a RunData (every stage's result, none written into another's).
 
-    - `steps`: rank -> StepWindows
-    - `breakdowns`: rank -> list of StepBreakdown (the same objects as in report.ranks[*].steps)
-    - `report`: ranks, steps and thresholds are filled before detectors/ledger/cross-rank run;
-      they append findings, fsdp_units, collectives, stragglers to it.
-    - `crossrank`: the collectives matched across ranks, kept by the cross-rank stage so the
-      straggler detector does not match them a second time (None before that stage).
+    - `ranks`: the map's result per trace, in the run's rank order
+    - `summaries`: their `RankSummary`s, what the reduce read
+    - `crossrank`: the collectives matched across ranks
+    - `report`: the Report assembled from all of the above
     """
 
-    steps: dict[int, StepWindows]
-    breakdowns: dict[int, list[StepBreakdown]]
+    ranks: list[RankAnalysis]
+    summaries: list[RankSummary]
+    crossrank: CrossRankResult
     report: Report
-    crossrank: CrossRankResult | None = None
+
+    @property
+    def steps(self) -> dict[int, StepWindows]:
+        """rank -> its step windows."""
+        return {a.rank: a.windows for a in self.ranks}
+
+    @property
+    def breakdowns(self) -> dict[int, list[StepBreakdown]]:
+        """rank -> its step table (the Report's `ranks[*].steps`)."""
+        return {a.rank: list(a.breakdown) for a in self.ranks}

@@ -44,13 +44,15 @@ _FORWARD_MARKERS = (
 Arr = npt.NDArray[np.float64]
 
 
-def find_steps(trace: RankTrace) -> StepWindows:
-    """The step windows of one rank (see the module docstring); appends warnings to the trace."""
+def find_steps(trace: RankTrace) -> tuple[StepWindows, list[str]]:
+    """The step windows of one rank (see the module docstring) and the warnings saying how they
+    were found when not from `ProfilerStep` markers."""
+    warnings: list[str] = []
     n = len(trace)
     if n == 0:
-        trace.warnings.append("the trace holds no complete events: nothing to analyze")
+        warnings.append("the trace holds no complete events: nothing to analyze")
         z = np.zeros(0)
-        return StepWindows(np.zeros(0, np.int64), z, z, z, z, "none")
+        return StepWindows(np.zeros(0, np.int64), z, z, z, z, "none"), warnings
     first = float(trace.ts_us.min())
     last = float(trace.end_us.max())
 
@@ -60,7 +62,7 @@ def find_steps(trace: RankTrace) -> StepWindows:
     if not len(numbers):
         numbers, cpu_s, cpu_e, source = _forward_steps(trace, last)
     if not len(numbers):
-        trace.warnings.append(
+        warnings.append(
             "no step markers (ProfilerStep#N, Optimizer.step#..., forward markers): the whole trace "
             "is analyzed as one window; record with torch.profiler's schedule and call prof.step() "
             "each iteration to get per-step results"
@@ -68,12 +70,12 @@ def find_steps(trace: RankTrace) -> StepWindows:
         numbers = np.zeros(1, np.int64)
         cpu_s, cpu_e, source = np.array([first]), np.array([last]), "whole trace"
     if source == "optimizer step":
-        trace.warnings.append(
+        warnings.append(
             "no ProfilerStep markers: steps are delimited by optimizer-step annotations "
             "(the first window starts at the first event)"
         )
     elif source == "forward marker":
-        trace.warnings.append(
+        warnings.append(
             "no ProfilerStep or optimizer-step markers: steps run from one forward start to the next"
         )
     if source == "whole trace":
@@ -85,7 +87,7 @@ def find_steps(trace: RankTrace) -> StepWindows:
             start, end = np.array([first]), np.array([last])
     else:
         start, end = device_windows(trace, cpu_s, cpu_e)
-    return StepWindows(numbers, start, end, cpu_s, cpu_e, source)
+    return StepWindows(numbers, start, end, cpu_s, cpu_e, source), warnings
 
 
 def _profiler_steps(trace: RankTrace) -> tuple[npt.NDArray[np.int64], Arr, Arr, str]:

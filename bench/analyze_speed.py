@@ -464,7 +464,7 @@ def _child_hta(paths: list[str]) -> None:
     files = [Path(p) for p in paths]
     if len(files) == 1 and files[0].is_dir():
         files = sorted(files[0].glob("*.json"), key=lambda f: (len(f.name), f.name))
-    rows = hta_breakdown(files, ranks=list(range(len(files))))
+    rows = hta_breakdown(files, ranks=list(range(len(files))), parallel=True)
     if len(rows) != len(files):
         raise SystemExit(f"HTA analyzed {len(rows)} of {len(files)} traces")
     print(json.dumps({"ranks": len(rows), "s": time.perf_counter() - t0}))

@@ -50,6 +50,7 @@ class CollectorConfig:
     nvtx: bool = True
     max_step_log_lines: int = DEFAULT_MAX_STEP_LOG_LINES
     max_snapshot_entries: int = DEFAULT_MAX_SNAPSHOT_ENTRIES
+    hang_timeout_s: float | None = None  # None: the watchdog's default (collectors/hang.py); 0: off
 
     def __post_init__(self) -> None:
         for name in ("wait", "warmup"):
@@ -57,6 +58,8 @@ class CollectorConfig:
                 raise ConfigError(f"profile {name} must be >= 0, not {getattr(self, name)}.")
         if self.active < 1:
             raise ConfigError(f"profile active must be at least 1 step, not {self.active}.")
+        if self.hang_timeout_s is not None and not 0 <= self.hang_timeout_s < 1e9:
+            raise ConfigError(f"hang timeout must be >= 0 seconds, not {self.hang_timeout_s}.")
         if self.max_step_log_lines < 0 or self.max_snapshot_entries < 1:
             raise ConfigError("max_step_log_lines must be >= 0 and max_snapshot_entries >= 1.")
 

@@ -9,6 +9,7 @@ RUN_DIR/memory/rank-<N>.timeline.json.gz torch.profiler memory timeline (CPU or 
 RUN_DIR/memory/rank-<N>.snapshot.pickle  CUDA memory snapshot with stacks
 RUN_DIR/memory/rank-<N>.oom.json         what was known when the rank ran out of memory: `OomRecord`
 RUN_DIR/steps/rank-<N>.jsonl             one JSON line per training step
+RUN_DIR/hang/rank-<N>.json               what the rank was doing when the hang watchdog fired
 ```
 
 Paths stored in the manifest are relative to RUN_DIR (POSIX separators). docs/run-dir.md is the
@@ -41,6 +42,7 @@ PARTS_DIR = "manifest.d"
 TRACES_DIR = "traces"
 MEMORY_DIR = "memory"
 STEPS_DIR = "steps"
+HANG_DIR = "hang"
 SUBDIRS = (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR)
 OOM_RECORD_GLOB = "rank-*.oom.json"
 RANK_PART_GLOB = "rank-*.json"
@@ -73,6 +75,29 @@ def memory_snapshot_relpath(rank: int) -> str:
 def oom_relpath(rank: int) -> str:
     """The rank's out-of-memory record (JSON), relative to the run directory."""
     return f"{MEMORY_DIR}/rank-{rank}.oom.json"
+
+
+def remove_unfinished_writes(run_dir: str | Path) -> int:
+    """Delete the temporary files that ranks killed mid-write left (`.NAME.tmp-*`, see
+    `fsio.temp_path_for`) in the run directory's folders; how many were removed."""
+    removed = 0
+    for sub in (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR, HANG_DIR):
+        folder = Path(run_dir) / sub
+        if not folder.is_dir():
+            continue
+        for path in folder.glob(".*.tmp-*"):
+            try:
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+                    removed += 1
+            except OSError:
+                continue
+    return removed
+
+
+def hang_relpath(rank: int) -> str:
+    """The rank's hang dump (stacks, collective, flight recorder), relative to the run directory."""
+    return f"{HANG_DIR}/rank-{rank}.json"
 
 
 def step_log_relpath(rank: int) -> str:
@@ -327,6 +352,111 @@ class FsdpUnitRecord:
 
 
 @dataclass(frozen=True)
+class SourceLine:
+    """A line of the user's code: where a rank raised (`ranks[i].error_source`)."""
+
+    file: str
+    line: int
+    function: str | None = None
+    code: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, warnings: list[str]) -> SourceLine | None:
+        """The line, or None (with a warning) when it is not an object with a file and line."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            warnings.append(f"{where}: not an object; ignored")
+            return None
+        f = _Fields(data, where, warnings)
+        file, line = f.str_or_none("file"), f.int_or_none("line", minimum=0)
+        if file is None or line is None:
+            warnings.append(f"{where}: no file and line; ignored")
+            return None
+        return cls(file, line, f.str_or_none("function"), f.str_or_none("code"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this line."""
+        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+
+
+@dataclass(frozen=True)
+class HangRecord:
+    """What the hang watchdog saw on a rank that stopped finishing steps (`ranks[i].hang`).
+
+    `op` is the innermost torch.distributed function the training thread was in (None: not in a
+    collective: the rank itself is stuck), with its process group's name, ranks and sequence
+    number and the FSDP unit when known; `user_*` is the innermost frame of the user's code;
+    `dump` the run-dir path of the full dump (every thread's stack, the flight recorder).
+    """
+
+    step: int
+    stalled_s: float
+    timeout_s: float
+    time_unix: float | None = None
+    op: str | None = None
+    group_name: str | None = None
+    group_ranks: tuple[int, ...] = ()
+    sequence_number: int | None = None
+    fsdp_unit: str | None = None
+    user_file: str | None = None
+    user_line: int | None = None
+    user_function: str | None = None
+    user_code: str | None = None
+    dump: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, warnings: list[str]) -> HangRecord | None:
+        """The record, or None (with a warning) when it is not an object."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            warnings.append(f"{where}: not an object; ignored")
+            return None
+        f = _Fields(data, where, warnings)
+        ranks = data.get("group_ranks")
+        return cls(
+            step=f.int_("step", 0, minimum=0),
+            stalled_s=f.float_or_none("stalled_s") or 0.0,
+            timeout_s=f.float_or_none("timeout_s") or 0.0,
+            time_unix=f.float_or_none("time_unix"),
+            op=f.str_or_none("op"),
+            group_name=f.str_or_none("group_name"),
+            group_ranks=tuple(
+                r
+                for r in (ranks if isinstance(ranks, list) else [])
+                if type(r) is int and 0 <= r < MAX_WORLD_SIZE
+            ),
+            sequence_number=f.int_or_none("sequence_number"),
+            fsdp_unit=f.str_or_none("fsdp_unit"),
+            user_file=f.str_or_none("user_file"),
+            user_line=f.int_or_none("user_line"),
+            user_function=f.str_or_none("user_function"),
+            user_code=f.str_or_none("user_code"),
+            dump=f.relpath("dump"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this record."""
+        return {
+            "step": self.step,
+            "stalled_s": self.stalled_s,
+            "timeout_s": self.timeout_s,
+            "time_unix": self.time_unix,
+            "op": self.op,
+            "group_name": self.group_name,
+            "group_ranks": list(self.group_ranks),
+            "sequence_number": self.sequence_number,
+            "fsdp_unit": self.fsdp_unit,
+            "user_file": self.user_file,
+            "user_line": self.user_line,
+            "user_function": self.user_function,
+            "user_code": self.user_code,
+            "dump": self.dump,
+        }
+
+
+@dataclass(frozen=True)
 class RankEntry:
     """One rank in the merged manifest (`ranks[i]`). Paths are relative to RUN_DIR, or None."""
 
@@ -347,9 +477,12 @@ class RankEntry:
     exit_code: int | None = None  # None: the rank did not finish (killed), or still running
     oom: bool = False
     error: str | None = None
+    error_source: SourceLine | None = None  # the user's line the exception came from
     collector_errors: tuple[str, ...] = ()
     started_at: str | None = None
     ended_at: str | None = None
+    ended_by: str | None = None  # "SIGTERM", "SIGINT (...)": a signal ended the rank
+    hang: HangRecord | None = None  # the hang watchdog fired on this rank
     missing: bool = False  # the rank never wrote a part
 
     @classmethod
@@ -377,9 +510,14 @@ class RankEntry:
             exit_code=f.int_or_none("exit_code"),
             oom=f.bool_("oom"),
             error=f.str_or_none("error"),
+            error_source=SourceLine.from_json(
+                data.get("error_source"), f"{where}.error_source", warnings
+            ),
             collector_errors=f.strs("collector_errors"),
             started_at=f.str_or_none("started_at"),
             ended_at=f.str_or_none("ended_at"),
+            ended_by=f.str_or_none("ended_by"),
+            hang=HangRecord.from_json(data.get("hang"), f"{where}.hang", warnings),
             missing=f.bool_("missing"),
         )
 
@@ -407,6 +545,12 @@ class RankEntry:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }
+        if self.error_source is not None:
+            out["error_source"] = self.error_source.to_json()
+        if self.ended_by is not None:
+            out["ended_by"] = self.ended_by
+        if self.hang is not None:
+            out["hang"] = self.hang.to_json()
         if self.missing:
             out["missing"] = True
         return out

@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -34,9 +35,11 @@ from zdiag.collectors import memory, memtimeline, rundir, runinfo
 from zdiag.collectors.compile_safe import eager_or_opaque
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
+from zdiag.collectors.hang import HangWatchdog, describe_hang, hang_record, raised_at
 from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
 from zdiag.collectors.nvtx import StepRanges, UnitRanges
+from zdiag.collectors.signals import SignalFlush
 from zdiag.collectors.steplog import StepLog
 
 MAX_COLLECTOR_ERRORS = 10
@@ -119,6 +122,16 @@ class RankSession:
         self._cuda = torch.cuda.is_available()
         self._dist = dist.is_available()
         self._step_start = time.perf_counter()
+        # Failure paths (signals, the hang watchdog) may write from another thread: one lock
+        # around the profiler's state; the step hook takes it uncontended (~0.1 µs).
+        self._lock = threading.RLock()
+        self._main_thread = threading.get_ident()
+        self._prof_all_threads = False  # whether another thread may stop the profiler
+        self.ended_by: str | None = None
+        self.hang: rundir.HangRecord | None = None
+        self.error_source: rundir.SourceLine | None = None
+        self._signals = SignalFlush(self._flush_on_signal)
+        self._watchdog: HangWatchdog | None = None
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> RankSession:
@@ -142,15 +155,25 @@ class RankSession:
             self._hook = register_optimizer_step_post_hook(eager_or_opaque(self._on_optimizer_step))
         self._unit_ranges.watch()
         self._nvtx.begin(0)
+        self._guard("signal handler", self._signals.install)
+        if self.config.hang_timeout_s != 0:
+            self._watchdog = HangWatchdog(self._on_hang, self.config.hang_timeout_s).start()
         self._step_start = time.perf_counter()
         return self
 
-    def finish(self, exit_code: int | None, error: str | None = None) -> None:
-        """Close everything, write the last profiler window if open, and the final manifest part."""
+    def finish(
+        self, exit_code: int | None, error: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        """Close everything, write the last profiler window if open, and the final manifest part.
+
+        `exc`, the exception the script raised, gives the user's line it came from."""
         global _ACTIVE
         if self._finished:
             return
         self._finished = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        self._signals.defer()  # a SIGTERM now waits for this method's writes, then ends the rank
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -159,7 +182,8 @@ class RankSession:
         self._remove_forward_hook()
         self._guard("NVTX", self._unit_ranges.close)
         self._guard("NVTX", self._nvtx.end)
-        self._guard("profiler", self._stop_profiler)
+        with self._lock:
+            self._guard("profiler", self._close_window)
         self._export_pending_timeline()
         if self._cuda_history:
             self._guard("CUDA memory history", memory.stop_cuda_history)
@@ -167,10 +191,13 @@ class RankSession:
         if self._publisher is not None:
             self._guard("live publisher", self._publisher.close)
             self._publisher = None
+        if exc is not None:
+            self.error_source = self._guard("traceback", raised_at, exc)
         # Never let zdiag's own output (a full disk, say) replace the training's outcome.
         self._guard("manifest part", self._write_part, exit_code, error)
         if _ACTIVE is self:
             _ACTIVE = None
+        self._signals.end_deferral()
 
     # ----------------------------------------------------------------- steps
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -195,6 +222,8 @@ class RankSession:
             self._step_start = now
             step = self.step_index
             self.step_index += 1
+            if self._watchdog is not None:
+                self._watchdog.beat(duration_ms / 1000.0)
             self._unit_ranges.step_end()
             self._nvtx.end()
             allocated, reserved, peak = (
@@ -208,12 +237,13 @@ class RankSession:
                 self.backend = str(dist.get_backend())
                 if self._prof is not None:
                     self._prof.preset_metadata.pop("distributedInfo", None)
-            if self._prof is not None:
-                self._prof.step()
-                if self._window_done:
-                    self._stop_profiler()
-            elif self._profiler_pending:
-                self._arm_profiler(self.step_index)
+            with self._lock:
+                if self._prof is not None:
+                    self._prof.step()
+                    if self._window_done:
+                        self._stop_profiler()
+                elif self._profiler_pending:
+                    self._arm_profiler(self.step_index)
             self._nvtx.begin(self.step_index)
         except Exception as exc:
             self._fail("step hook", exc)
@@ -287,6 +317,7 @@ class RankSession:
             record_shapes=cfg.record_shapes or need_mem,
             profile_memory=need_mem,
             with_stack=cfg.with_stack or need_mem,
+            **self._all_threads_option(),
         )
         # Until torch.distributed is initialized, say which rank this is (torch adds the real
         # distributedInfo, with process groups, when the trace starts after init_process_group).
@@ -303,12 +334,42 @@ class RankSession:
                 self._prof._prev_schedule_action = action
         self._prof.start()
 
+    def _all_threads_option(self) -> dict[str, Any]:
+        """`profile_all_threads` (torch >= 2.7): the profiler's state is then process-wide, so the
+        hang watchdog and the signal watcher can stop it and export the window from their own
+        thread while the training thread is blocked in a collective (with the default,
+        thread-local state, stopping it from another thread finds no session and can crash)."""
+        try:
+            from torch._C._profiler import _ExperimentalConfig
+
+            config = _ExperimentalConfig(profile_all_threads=True)
+        except (ImportError, TypeError):
+            self._prof_all_threads = False
+            return {}
+        self._prof_all_threads = True
+        return {"experimental_config": config}
+
     def _stop_profiler(self) -> None:
         prof, self._prof = self._prof, None
         if prof is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 prof.stop()
+
+    def _close_window(self) -> None:
+        """Stop the profiler keeping what it recorded: an active window is exported by the
+        profiler's own callback; a window stopped in warmup (a crash, a signal, a hang before the
+        active steps) is exported here, so the steps recorded so far are not lost."""
+        prof = self._prof
+        if prof is None:
+            return
+        recording = prof.current_action != ProfilerAction.NONE
+        self._stop_profiler()
+        if recording and not self.trace_written:
+            self._on_trace_ready(prof)
+
+    def _can_stop_profiler_here(self) -> bool:
+        return threading.get_ident() == self._main_thread or self._prof_all_threads
 
     def _on_trace_ready(self, prof: Any) -> None:
         try:
@@ -388,6 +449,43 @@ class RankSession:
         self.oom_record_written = path.is_file()
         error = f"{type(exc).__name__}: {str(exc)[:500]}"
         self._guard("manifest part", self._write_part, None, error)
+
+    # ----------------------------------------------------------------- signals and hangs
+    def _flush_on_signal(self, reason: str) -> None:
+        """SIGTERM/SIGINT (from any thread): write the partial window, the step log and the
+        manifest part now, before torchrun's SIGKILL (docs/run.md gives the time budget)."""
+        self.ended_by = reason
+        self._write_what_was_recorded(f"ended by {reason}")
+
+    def _on_hang(self, stalled_s: float, timeout_s: float) -> None:
+        """The watchdog's callback (its own thread): dump the stacks, the collective and the
+        flight recorder, then write the partial window, the step log and the manifest part."""
+        dump = describe_hang(self._main_thread)
+        path = self.run_dir / rundir.hang_relpath(self.rank)
+        self.hang = hang_record(
+            dump, self.step_index, stalled_s, timeout_s, rundir.hang_relpath(self.rank)
+        )
+        self._guard("hang dump", write_json_atomically, path, {**self.hang.to_json(), **dump})
+        print(
+            f"zdiag (rank {self.rank}): no step finished for {stalled_s:.0f} s (hang timeout "
+            f"{timeout_s:.0f} s); stacks written to {path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._write_what_was_recorded("hang")
+
+    def _write_what_was_recorded(self, why: str) -> None:
+        with self._lock:
+            if self._prof is not None:
+                if self._can_stop_profiler_here():
+                    self._guard("profiler", self._close_window)
+                else:
+                    self._report(
+                        f"{why}: the profiler window could not be written from another thread "
+                        "(this torch has no profile_all_threads)"
+                    )
+        self._guard("step log", self._step_log.flush)
+        self._guard("manifest part", self._write_part, None, None)
 
     # ----------------------------------------------------------------- helpers
     def _start_publisher(self) -> None:
@@ -483,9 +581,12 @@ class RankSession:
             exit_code=exit_code if ended else None,
             oom=self.oom,
             error=error,
+            error_source=self.error_source,
             collector_errors=tuple(self.collector_errors),
             started_at=self.started_at,
             ended_at=utc_now_iso() if ended else None,
+            ended_by=self.ended_by,
+            hang=self.hang,
         )
         part = rundir.RankPart(
             entry=entry,

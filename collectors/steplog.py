@@ -65,6 +65,11 @@ class StepLog:
         """Whether the file exists (at least one line was written)."""
         return self.lines > 0
 
+    def flush(self) -> None:
+        """Write the buffered lines to the file now (a failure path: a signal, a hang)."""
+        if self._file is not None:
+            self._file.flush()
+
     def close(self) -> None:
         """Flush and close the file (idempotent)."""
         if self._file is not None:

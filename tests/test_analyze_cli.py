@@ -267,7 +267,7 @@ def test_progress_bar_draws_and_clears() -> None:
 def test_text_for_many_ranks_and_for_an_empty_report() -> None:
     from zdiag.analyzers.report import (
         CollectiveKindStats,
-        RankSummary,
+        RankReport,
         StepBreakdown,
         StragglerStat,
     )
@@ -285,7 +285,7 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
             verdict="host-bound",
         )
 
-    ranks = [RankSummary(rank=r, device="cuda", steps=[step(100.0 + r)]) for r in range(12)]
+    ranks = [RankReport(rank=r, device="cuda", steps=[step(100.0 + r)]) for r in range(12)]
     for r in ranks:
         r.warnings.append("no step markers")
     collectives = [CollectiveKindStats(rank=r, kind="all_reduce", count=1) for r in range(12)]
@@ -303,7 +303,7 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
     assert "Ranks" in text and f"Per-step detail for {MAX_DETAILED_RANKS} of 12 ranks" in text
     assert text.count("\nRank ") == MAX_DETAILED_RANKS
     assert "Rank 0 (cuda)" in text and "Rank 11 (cuda)" in text and "Rank 1 (cuda)" not in text
-    assert "ranks 0-11: no step markers" in text
+    assert "ranks 0–11: no step markers" in text
     empty = render_text(Report())
     assert "0 rank(s)" in empty and "Findings (0)" in empty
 

@@ -17,14 +17,13 @@ import pytest
 from zdiag.analyzers import crossrank
 from zdiag.analyzers.crossrank import (
     RankCollectives,
-    analyze_crossrank,
-    detect_stragglers,
     find_stragglers,
     match_collectives,
     straggler_stats,
 )
 from zdiag.analyzers.pipeline import analyze_paths, analyze_run, load_run
-from zdiag.analyzers.report import StepBreakdown
+from zdiag.analyzers.report import Finding, StepBreakdown
+from zdiag.analyzers.run_data import Analysis
 
 STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
 LAYERS = 4  # collectives per step
@@ -209,6 +208,13 @@ def test_single_rank_has_nothing_to_compare() -> None:
 # --- synthetic runs through the pipeline -----------------------------------------------------
 
 
+def _stragglers(analysis: Analysis) -> list[Finding]:
+    """The pipeline's straggler findings (the detector's output in the Report)."""
+    found = find_stragglers(analysis.crossrank, analysis.breakdowns)
+    assert found == [f for f in analysis.report.findings if f.id == "straggler"]
+    return found
+
+
 def test_delayed_rank_is_named_with_its_cost(tmp_path: Path) -> None:
     write_run(tmp_path, 4, delay_us={2: 1_500.0}, jitter_us=20.0)
     run = load_run([tmp_path])
@@ -220,7 +226,7 @@ def test_delayed_rank_is_named_with_its_cost(tmp_path: Path) -> None:
     assert s2.last_arrivals == 5 * LAYERS
     # each of the 3 others waits ~1.5 ms at each of the 20 collectives
     assert s2.wait_caused_ms == pytest.approx(3 * 1.5 * 20, rel=0.05)
-    findings = detect_stragglers(run, analysis)
+    findings = _stragglers(analysis)
     assert [f.id for f in findings] == ["straggler"]
     f = findings[0]
     assert f.ranks == [2]
@@ -241,7 +247,7 @@ def test_balanced_ranks_with_jitter_have_no_straggler(tmp_path: Path) -> None:
     analysis = analyze_run(run)
     assert len(analysis.report.stragglers) == 4
     assert max(s.last_arrivals for s in analysis.report.stragglers) < 0.5 * 5 * LAYERS
-    assert detect_stragglers(run, analysis) == []
+    assert _stragglers(analysis) == []
 
 
 def test_small_delay_is_below_the_gain_threshold(tmp_path: Path) -> None:
@@ -251,17 +257,17 @@ def test_small_delay_is_below_the_gain_threshold(tmp_path: Path) -> None:
     analysis = analyze_run(run)
     assert analysis.report.stragglers[0].rank == 1
     assert analysis.report.stragglers[0].last_arrivals == 5 * LAYERS
-    assert detect_stragglers(run, analysis) == []
+    assert _stragglers(analysis) == []
 
 
 def test_clock_offset_between_hosts_is_not_a_straggler(tmp_path: Path) -> None:
     write_run(tmp_path, 3, clock_offset_us={1: 7_000.0, 2: -3_000.0}, jitter_us=10.0)
     run = load_run([tmp_path])
     analysis = analyze_run(run)
-    result = crossrank.crossrank_result(run, analysis)
+    result = analysis.crossrank
     assert result.clock_offset_us[1] == pytest.approx(-7_000, abs=50)
     assert result.clock_offset_us[2] == pytest.approx(3_000, abs=50)
-    assert detect_stragglers(run, analysis) == []
+    assert _stragglers(analysis) == []
 
 
 def test_straggler_found_despite_clock_offset_and_dropped_events(tmp_path: Path) -> None:
@@ -274,10 +280,10 @@ def test_straggler_found_despite_clock_offset_and_dropped_events(tmp_path: Path)
     )
     run = load_run([tmp_path])
     analysis = analyze_run(run)
-    result = crossrank.crossrank_result(run, analysis)
+    result = analysis.crossrank
     assert len(result.matched) == 5 * LAYERS - 3
     assert all(m.last_rank == 0 for m in result.matched)
-    findings = detect_stragglers(run, analysis, result)
+    findings = find_stragglers(result, analysis.breakdowns)
     assert findings and findings[0].ranks == [0]
 
 
@@ -286,14 +292,14 @@ def test_process_groups_are_matched_separately(tmp_path: Path) -> None:
     write_run(tmp_path, 4, groups=[[0, 1], [2, 3]], delay_us={3: 1_500.0})
     run = load_run([tmp_path])
     analysis = analyze_run(run)
-    result = analyze_crossrank(run, analysis)
+    result = analysis.crossrank
     assert {tuple(m.ranks) for m in result.matched} == {(0, 1), (2, 3)}
     assert {m.process_group for m in result.matched if m.ranks == [2, 3]} == {"1"}
     stats = {s.rank: s for s in analysis.report.stragglers}
     assert stats[3].last_arrivals == 5 * LAYERS
     assert stats[3].matched_collectives == 5 * LAYERS
     assert stats[2].last_arrivals == 0
-    findings = detect_stragglers(run, analysis, result)
+    findings = find_stragglers(result, analysis.breakdowns)
     assert findings and findings[0].ranks == [3]
 
 
@@ -302,7 +308,7 @@ def test_two_stragglers_are_both_named(tmp_path: Path) -> None:
     run = load_run([tmp_path])
     analysis = analyze_run(run)
     # rank 3 is last everywhere; rank 1 is never last, so only rank 3 is named
-    findings = detect_stragglers(run, analysis)
+    findings = _stragglers(analysis)
     assert findings[0].ranks == [3]
     # lead over the next arrival (rank 1), not over the first
     assert findings[0].expected_gain_ms == pytest.approx(1.5 * LAYERS, rel=0.02)
@@ -324,7 +330,7 @@ def test_sampled_128_pair(real_traces: Path) -> None:
     end together, and its skew is what the stats report."""
     run = load_run([real_traces / "hta" / "sampled_128"])
     analysis = analyze_run(run)
-    result = crossrank.crossrank_result(run, analysis)
+    result = analysis.crossrank
     assert result.ranks == [0, 1]
     assert result.matched, result.warnings
     for m in result.matched:
@@ -341,7 +347,7 @@ def test_sampled_128_pair(real_traces: Path) -> None:
     assert stats[0].last_arrivals + stats[1].last_arrivals <= len(result.matched)
     # in these traces rank 1 starts every matched send/recv after rank 0 (by 0.08-22 ms)
     assert stats[1].last_arrivals >= stats[0].last_arrivals
-    for f in detect_stragglers(run, analysis, result):
+    for f in find_stragglers(result, analysis.breakdowns):
         assert f.id == "straggler" and f.ranks == [1]
         assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
 

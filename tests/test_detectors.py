@@ -14,7 +14,7 @@ from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
 from zdiag.analyzers.pipeline import analyze_paths
-from zdiag.analyzers.report import Report
+from zdiag.analyzers.rank_analysis import rank_facts
 from zdiag.collectors.rundir import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
@@ -32,7 +32,7 @@ def _ids(path: Path) -> set[str]:
 
 def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContext:
     trace = load_rank_trace(write(tmp_path, doc))
-    ctx = DetectorContext(ledgers={0: build_rank_ledger(trace)}, traces={0: trace}, **kw)  # type: ignore[arg-type]
+    ctx = DetectorContext(ledgers={0: build_rank_ledger(trace)}, facts={0: rank_facts(trace)}, **kw)  # type: ignore[arg-type]
     return ctx
 
 
@@ -69,7 +69,7 @@ def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> 
             {"harness": HARNESS, "fsdp_units": [{"name": "", "param_bytes": 80000}]}
         ),
     )
-    (f,) = [f for f in run_context(ctx) if f.id == "whole-model-wrap"]
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
     assert f.evidence["largest_unit_share"] == 1.0
     assert "for block in model.layers" in (f.code or "")
     assert f.expected_gain_bytes is not None and 0 < f.expected_gain_bytes < 80000
@@ -78,7 +78,7 @@ def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> 
 
 def test_block_wrap_is_not_whole_model(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=1, prefetch=True))
-    assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}
+    assert "whole-model-wrap" not in {f.id for f in run_context(ctx).findings}
 
 
 LEAVES = [("", 64)] + [
@@ -92,7 +92,7 @@ def test_tiny_layer_wrap_fires_when_sub_block_units_are_latency_bound(tmp_path: 
     # alpha 200 us, beta 1000 B/us: n_1/2 = 200 kB, far above these <= 32 kB messages
     doc = fsdp2_cpu_trace(LEAVES, steps=2, gather_us=200, bytes_per_us=1000)
     ctx = _ctx(tmp_path, doc)
-    (f,) = [f for f in run_context(ctx) if f.id == "tiny-layer-wrap"]
+    (f,) = [f for f in run_context(ctx).findings if f.id == "tiny-layer-wrap"]
     assert f.evidence["units_per_block"] == 4
     assert f.evidence["alpha_us"] == pytest.approx(200, rel=0.05)
     assert "for block in model.layers" in (f.code or "")
@@ -102,12 +102,12 @@ def test_tiny_layer_wrap_fires_when_sub_block_units_are_latency_bound(tmp_path: 
 def test_tiny_layer_wrap_quiet_when_messages_are_bandwidth_bound(tmp_path: Path) -> None:
     big = [(name, n * 1000) for name, n in LEAVES]  # MB-sized messages: >> n_1/2 = 20 kB
     doc = fsdp2_cpu_trace(big, steps=1, gather_us=20, bytes_per_us=1000)
-    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc))}
+    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc)).findings}
 
 
 def test_tiny_layer_wrap_quiet_on_block_units(tmp_path: Path) -> None:
     doc = fsdp2_cpu_trace(BLOCKS, steps=1, gather_us=200, bytes_per_us=1000)
-    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc))}
+    assert "tiny-layer-wrap" not in {f.id for f in run_context(_ctx(tmp_path, doc)).findings}
 
 
 def test_alpha_beta_fit_uses_the_fastest_run_per_size(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_activation_oom_from_the_oom_record() -> None:
     ctx = DetectorContext(
         ledgers={}, memory=[ev], manifest=Manifest.from_json({"harness": HARNESS})
     )
-    (f,) = [f for f in run_context(ctx) if f.id == "activation-oom"]
+    (f,) = [f for f in run_context(ctx).findings if f.id == "activation-oom"]
     assert f.severity == "critical"
     assert f.evidence["activation_share"] > 0.9
     assert "apply_activation_checkpointing" in (f.code or "")
@@ -142,17 +142,17 @@ def test_activation_oom_quiet_when_parameters_dominate_or_no_oom() -> None:
     ok.capacity_bytes = 2**30  # peak well inside the capacity
     for ev in (params, ok):
         ctx = DetectorContext(ledgers={}, memory=[ev])
-        assert "activation-oom" not in {f.id for f in run_context(ctx)}
+        assert "activation-oom" not in {f.id for f in run_context(ctx).findings}
 
 
-def test_a_failing_detector_becomes_a_report_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_detector_becomes_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(ctx: DetectorContext) -> list[object]:
         raise ValueError("bad input")
 
     monkeypatch.setitem(DETECTORS, "comm-bound", boom)  # type: ignore[arg-type]
-    report = Report()
-    run_context(DetectorContext(ledgers={}, report=report))
-    assert any("comm-bound failed" in w for w in report.warnings)
+    results = run_context(DetectorContext(ledgers={}))
+    assert any("comm-bound failed" in w for w in results.warnings)
+    assert "comm-bound" not in {f.id for f in results.findings}
 
 
 def test_block_pattern() -> None:
@@ -173,20 +173,14 @@ def test_no_fsdp_findings_on_real_traces(real_traces: Path) -> None:
 
 
 def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> None:
-    from types import SimpleNamespace
-
-    from zdiag.analyzers.detectors import run_detectors
+    from zdiag.analyzers.detectors import build_context
     from zdiag.analyzers.report import MemoryTimeline
 
     cuda_oom = (
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB"
     )
-    run = SimpleNamespace(
-        ranks=[],
-        run_dir=None,
-        manifest=Manifest.from_json(
-            {"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}}
-        ),
+    manifest = Manifest.from_json(
+        {"ranks": [{"rank": 0, "oom": True, "error": cuda_oom}], "exit": {"oom": True}}
     )
     timeline = MemoryTimeline(
         rank=0,
@@ -198,8 +192,8 @@ def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> 
             "GRADIENT": 12 * 2**30,
         },
     )
-    analysis = SimpleNamespace(steps={}, breakdowns={}, report=Report(memory=[timeline]))
-    (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
+    ctx = build_context([], manifest=manifest, memory=[timeline])
+    (f,) = [f for f in run_context(ctx).findings if f.id == "activation-oom"]
     assert f.evidence["oom"] is True
     assert f.evidence["capacity_bytes"] == int(79.1 * 2**30)
     assert f.evidence["activation_share"] == pytest.approx(50 / 70, abs=1e-3)
@@ -218,7 +212,7 @@ def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
             {"ph": "X", "cat": "python_function", "name": f"nn.Module: DecoderLayer_{k}",
              "pid": 1, "tid": 100, "ts": 50_000 + k, "dur": 1, "args": {}}
         )  # fmt: skip
-    (f,) = [f for f in run_context(_ctx(tmp_path, doc)) if f.id == "whole-model-wrap"]
+    (f,) = [f for f in run_context(_ctx(tmp_path, doc)).findings if f.id == "whole-model-wrap"]
     assert "isinstance(module, DecoderLayer)" in (f.code or "")
     assert "DecoderLayer x3" in f.recommendation
 
@@ -280,9 +274,9 @@ def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
 
 def test_missing_overlap_judges_cuda_gathers_by_device_overlap(tmp_path: Path) -> None:
     run_ahead = _cuda_forward(tmp_path / "a", overlap=True)
-    assert "missing-overlap" not in {f.id for f in run_context(run_ahead)}
+    assert "missing-overlap" not in {f.id for f in run_context(run_ahead).findings}
     serial = _cuda_forward(tmp_path / "b", overlap=False)
-    (f,) = [f for f in run_context(serial) if f.id == "missing-overlap"]
+    (f,) = [f for f in run_context(serial).findings if f.id == "missing-overlap"]
     assert f.evidence["exposed_share"] == 1.0
     assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
 
@@ -293,7 +287,7 @@ def test_whole_model_wrap_quiet_when_blocks_are_units_beside_a_huge_embedding(
     # a 256k-vocabulary root outweighs small blocks 20:1, but the blocks are wrapped
     units = [("", 200_000), ("layers.0", 4000), ("layers.1", 4000)]
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(units, steps=1, prefetch=True))
-    assert "whole-model-wrap" not in {f.id for f in run_context(ctx)}
+    assert "whole-model-wrap" not in {f.id for f in run_context(ctx).findings}
 
 
 def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
@@ -302,8 +296,8 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     import shutil
 
     from conftest import REPO_ROOT
-    from zdiag.analyzers.detectors import run_detectors
-    from zdiag.analyzers.run_data import Analysis, RunData
+    from zdiag.analyzers.pipeline import analyze_run
+    from zdiag.analyzers.run_data import RunData
 
     sample = REPO_ROOT / "sample_traces" / "activation-oom"
     if not (sample / "manifest.json").is_file():
@@ -311,8 +305,7 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     shutil.copytree(sample / "memory", tmp_path / "memory")
     manifest = Manifest.from_json(json.loads((sample / "manifest.json").read_text()))
     run = RunData(ranks=[], manifest=manifest, run_dir=tmp_path)
-    analysis = Analysis(steps={}, breakdowns={}, report=Report())
-    (f,) = [f for f in run_detectors(run, analysis) if f.id == "activation-oom"]
+    (f,) = [f for f in analyze_run(run).report.findings if f.id == "activation-oom"]
     assert f.ranks == [0, 1]
     assert f.evidence["source"] == "oom record"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import plotly
 import pytest
 
-from zdiag.errors import InputError
-from zdiag.render import _output as output_mod
+from zdiag.collectors import fsio
+from zdiag.errors import UserError
 from zdiag.render import html as html_mod
 from zdiag.render._sample import HOSTILE, empty_report, sample_report
 from zdiag.render.html import render_html, write_html
@@ -129,13 +129,13 @@ def test_failed_rename_leaves_the_old_file_and_no_temporary(
     def refuse(src: str, dst: str) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(output_mod.os, "replace", refuse)
-    with pytest.raises(InputError, match="cannot write"):
+    monkeypatch.setattr(fsio.os, "replace", refuse)
+    with pytest.raises(UserError, match="cannot write"):
         write_html(sample_report(ranks=1, steps=1), target)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 
 
 def test_missing_folder_is_one_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         write_html(empty_report(), tmp_path / "nope" / "report.html")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from zdiag.analyzers.fsdp_ledger import RankLedger, build_ledger, build_rank_ledger
+from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
 
 MAIN, GLOO = 100, 200
@@ -277,7 +277,7 @@ BLOCKS = [("", 1000), ("layers.0", 4000), ("layers.1", 4000), ("layers.2", 4000)
 
 def test_units_bytes_and_counts_per_block(tmp_path: Path) -> None:
     trace = load_rank_trace(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
-    units = {u.name: u for u in build_ledger(trace)}
+    units = {u.name: u for u in build_rank_ledger(trace).units()}
     assert set(units) == {"", "layers.0", "layers.1", "layers.2"}
     u = units["layers.1"]
     assert u.framework == "fsdp2"
@@ -334,7 +334,7 @@ def test_no_fsdp_labels_no_units(tmp_path: Path) -> None:
     )
     b.x("aten::mm", 200, 100)
     trace = load_rank_trace(write(tmp_path, b.doc()))
-    assert build_ledger(trace) == []
+    assert build_rank_ledger(trace).units() == []
 
 
 def test_fsdp1_units_are_numbered_in_issue_order(tmp_path: Path) -> None:
@@ -400,20 +400,22 @@ def test_cuda_kernels_pair_by_correlation_and_overlap_compute_kernels(tmp_path: 
     assert g.exposed_us == pytest.approx(60.0)  # 200-240 under the gemm, 240-300 exposed
 
 
-def test_ledger_is_computed_once_per_trace_and_not_kept_alive(tmp_path: Path) -> None:
+def test_ledger_is_a_value_that_keeps_no_trace_alive(tmp_path: Path) -> None:
     import gc
     import weakref
 
-    from zdiag.analyzers import fsdp_ledger
+    import msgspec
 
     trace = load_rank_trace(write(tmp_path, fsdp2_cpu_trace(BLOCKS)))
-    first = fsdp_ledger.cached_rank_ledger(trace)
-    assert fsdp_ledger.cached_rank_ledger(trace) is first
-    assert fsdp_ledger.cached_rank_ledger(trace, [1], [0.0], [1e12]) is not first
+    ledger = build_rank_ledger(trace)
+    assert ledger.records
     ref = weakref.ref(trace)
     del trace
     gc.collect()
     assert ref() is None
+    again = msgspec.msgpack.decode(msgspec.msgpack.encode(ledger), type=RankLedger)
+    assert again == ledger
+    assert again.units() == ledger.units()
 
 
 def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Path) -> None:
@@ -428,7 +430,8 @@ def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Pat
     manifest = Manifest.from_json(
         {"fsdp_units": [{"name": n, "param_count": k, "param_bytes": 4 * k} for n, k in BLOCKS]}
     )
-    units = {u.name: u for u in build_ledger(trace, unit_param_bytes=manifest_unit_bytes(manifest))}
+    ledger = build_rank_ledger(trace, unit_param_bytes=manifest_unit_bytes(manifest))
+    units = {u.name: u for u in ledger.units()}
     assert units["layers.2"].param_bytes == 16000
     assert units[""].all_gather_bytes == 2 * 4000
 

@@ -1,14 +1,13 @@
 """One renderer contract: every renderer runs on the same Reports, the empty one included.
 
-Renderers: text (`zdiag.render.text.render`), JSON (`encode_report`), HTML (`write_html`),
-Perfetto overlay (`write_overlay`) and the TUI (`ReportApp` under a pilot).
+Renderers: every entry of `zdiag.render.renderer.RENDERERS` (text, JSON, HTML, Perfetto overlay,
+TUI), each through the `Renderer` protocol, plus `zdiag render` re-rendering the same Report from
+its saved JSON. The shared step-column spec is checked in every view: text, TUI, HTML, Perfetto.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,10 @@ import pytest
 
 from zdiag.analyzers.report import Report, decode_report, encode_report
 from zdiag.render._sample import empty_report, sample_report
+from zdiag.render.columns import STEP_COLUMNS
+from zdiag.render.renderer import RENDERERS, STDOUT, Destination, Renderer, get_renderer
+
+DURATION = next(c for c in STEP_COLUMNS if c.key == "duration_ms")
 
 REPORTS: dict[str, Callable[[], Report]] = {
     "empty": empty_report,
@@ -43,43 +46,35 @@ def _strip(report: Report) -> Report:
     return report
 
 
+def _to_file(name: str, report: Report, tmp: Path, file_name: str) -> str:
+    """Run renderer `name` through the protocol into a file; its text."""
+    path = tmp / file_name
+    get_renderer(name).render(report, Destination(path))
+    return path.read_text(encoding="utf-8")
+
+
 def render_text(report: Report, tmp: Path) -> str:
-    """The text renderer, when the analysis side has landed it."""
-    try:
-        text = importlib.import_module("zdiag.render.text")
-    except ModuleNotFoundError:
-        pytest.skip("zdiag.render.text is not in this build yet")
-    # B1's renderer is `render_text`; `render` is accepted too
-    render = getattr(text, "render", None) or text.render_text
-    out = render(report)
-    assert isinstance(out, str)
+    out = _to_file("text", report, tmp, "report.txt")
+    assert out.endswith("\n")
     return out
 
 
 def render_json(report: Report, tmp: Path) -> str:
-    data = encode_report(report)
-    assert decode_report(data) == report  # round-trips
-    return data.decode()
+    out = _to_file("json", report, tmp, "report.json")
+    assert decode_report(out.encode()) == report  # round-trips
+    return out
 
 
 def render_html(report: Report, tmp: Path) -> str:
-    from zdiag.render.html import write_html
-
-    path = tmp / "report.html"
-    write_html(report, path)
-    page = path.read_text(encoding="utf-8")
+    page = _to_file("html", report, tmp, "report.html")
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     return page
 
 
 def render_perfetto(report: Report, tmp: Path) -> str:
-    from zdiag.render.perfetto import write_overlay
-
-    path = tmp / "overlay.json"
-    write_overlay(report, path)
-    trace = json.loads(path.read_text())
-    assert isinstance(trace["traceEvents"], list)
-    return path.read_text()
+    out = _to_file("perfetto", report, tmp, "overlay.json")
+    assert isinstance(json.loads(out)["traceEvents"], list)
+    return out
 
 
 def render_tui(report: Report, tmp: Path) -> str:
@@ -93,6 +88,14 @@ def render_tui(report: Report, tmp: Path) -> str:
             await pilot.pause()
             first_screen = app.export_screenshot()  # rank 0 and its steps
             assert app.query_one("#ranks", DataTable).row_count == len(report.ranks)
+            steps = app.query_one("#steps-table", DataTable)
+            assert [str(c.label) for c in steps.columns.values()] == [
+                c.header for c in STEP_COLUMNS
+            ]
+            if report.ranks and report.ranks[0].steps:  # the cells of rank 0's first step
+                cells = [str(getattr(c, "plain", c)) for c in steps.get_row_at(0)]
+                first_step = sorted(report.ranks, key=lambda r: r.rank)[0].steps[0]
+                assert cells == [c.cell(first_step) for c in STEP_COLUMNS]
             await pilot.press("down", "enter", "down", "enter", "f", "down", "m", "s")
             await pilot.pause()
             return first_screen
@@ -100,7 +103,7 @@ def render_tui(report: Report, tmp: Path) -> str:
     return asyncio.run(drive())
 
 
-RENDERERS: dict[str, Callable[[Report, Path], str]] = {
+RENDERERS_UNDER_TEST: dict[str, Callable[[Report, Path], str]] = {
     "text": render_text,
     "json": render_json,
     "html": render_html,
@@ -109,18 +112,82 @@ RENDERERS: dict[str, Callable[[Report, Path], str]] = {
 }
 
 
+def test_every_registered_renderer_is_tested_and_implements_the_protocol() -> None:
+    assert set(RENDERERS) == set(RENDERERS_UNDER_TEST)
+    for name in RENDERERS:
+        renderer = get_renderer(name)
+        assert isinstance(renderer, Renderer) and renderer.name == name
+
+
 @pytest.mark.parametrize("report_name", list(REPORTS))
-@pytest.mark.parametrize("renderer", list(RENDERERS))
+@pytest.mark.parametrize("renderer", list(RENDERERS_UNDER_TEST))
 def test_every_renderer_renders_every_report(
     renderer: str, report_name: str, tmp_path: Path
 ) -> None:
     report = REPORTS[report_name]()
-    out = RENDERERS[renderer](report, tmp_path)
+    out = RENDERERS_UNDER_TEST[renderer](report, tmp_path)
     assert out  # something was produced, even for the empty report
-    if report.ranks and renderer in ("html", "tui"):
+    if report.ranks and renderer in ("html", "text", "tui"):
         # the numbers come from the Report: the first step's duration is shown
         first = report.ranks[0].steps[0].duration_ms
-        assert (repr(first) if renderer == "html" else f"{first:,.2f}") in out
+        assert (
+            repr(first) if renderer == "html" else DURATION.cell(report.ranks[0].steps[0])
+        ) in out
+    if report.ranks and renderer in ("html", "text"):
+        for column in STEP_COLUMNS:  # every step column has its header
+            assert column.header in out, column.key
+    if report.ranks and renderer == "perfetto":
+        slices = [e for e in json.loads(out)["traceEvents"] if e.get("cat") == "zdiag.step"]
+        assert slices and all(set(e["args"]) >= {c.key for c in STEP_COLUMNS} for e in slices)
+
+
+@pytest.mark.parametrize("report_name", list(REPORTS))
+@pytest.mark.parametrize("fmt", ["text", "html", "perfetto"])
+def test_zdiag_render_matches_the_renderer_on_the_saved_report(
+    fmt: str, report_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`zdiag render saved.json --FORMAT` gives the bytes the renderer gives on the Report."""
+    from zdiag.cli import main
+
+    # through JSON once: the sample builders put ints in some float fields, as JSON keeps them
+    report = decode_report(encode_report(REPORTS[report_name]()))
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(encode_report(report))
+    direct = tmp_path / "direct"
+    direct.mkdir()
+    expected = RENDERERS_UNDER_TEST[fmt](report, direct)
+    out = tmp_path / "out"
+    if fmt == "text":
+        assert main(["render", str(saved)]) == 0
+        assert capsys.readouterr().out == expected
+        assert main(["render", str(saved), "--text", "-o", str(out)]) == 0
+    else:
+        assert main(["render", str(saved), f"--{fmt}", str(out)]) == 0, capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == expected
+
+
+def test_zdiag_render_tui_browses_the_saved_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zdiag.cli import main
+    from zdiag.tui import report_app
+
+    browsed: list[Report] = []
+    monkeypatch.setattr(report_app, "browse", browsed.append)
+    report = sample_report(ranks=2, steps=3)
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(encode_report(report))
+    assert main(["render", str(saved), "--tui"]) == 0
+    assert browsed == [report]
+
+
+def test_the_tui_renderer_refuses_a_file(tmp_path: Path) -> None:
+    from zdiag.errors import UserError
+
+    with pytest.raises(UserError, match="terminal"):
+        get_renderer("tui").render(empty_report(), Destination(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+    assert STDOUT.is_stdout
 
 
 def test_renderers_leave_no_temporary_files(tmp_path: Path) -> None:
@@ -136,9 +203,7 @@ def test_every_renderer_renders_a_real_report(real_traces: Path, tmp_path: Path)
 
     report = analyze_paths([real_traces / "hta" / "sampled_128"])
     assert report.ranks and all(r.steps for r in report.ranks)
-    for name, renderer in RENDERERS.items():
-        if name == "text" and importlib.util.find_spec("zdiag.render.text") is None:
-            continue
+    for name, renderer in RENDERERS_UNDER_TEST.items():
         assert renderer(report, tmp_path), name
 
 

@@ -1,6 +1,7 @@
 """Plain-text and JSON renderers of a `MonitorView` (headless mode, ssh without a TTY, tests).
 
-No Textual here; the Textual app reuses the cell formatters.
+No Textual here; the Textual app reuses the cell formatters. Durations and sizes are formatted
+by the view layer's one formatting module (zdiag.render.format), like the report.
 """
 
 from __future__ import annotations
@@ -11,27 +12,11 @@ from typing import Any
 
 import msgspec
 
+from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.tui.monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}  # worst first
-
-
-def fmt_ms(value: float | None) -> str:
-    """Milliseconds for a table cell ("-" when unknown)."""
-    if value is None:
-        return "-"
-    return f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms"
-
-
-def fmt_bytes(value: float | None) -> str:
-    """Bytes in binary units ("-" when unknown)."""
-    if value is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
 
 
 def fmt_age(seconds: float) -> str:

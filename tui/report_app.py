@@ -22,15 +22,27 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from zdiag.analyzers.report import Finding, RankSummary, Report, StepTimeline
+from zdiag.analyzers.report import Finding, Report, StepBreakdown, StepTimeline
+from zdiag.errors import ConfigError
 from zdiag.render import _details as details
-from zdiag.render._output import worst_first
+from zdiag.render.columns import STEP_COLUMNS, StepColumn
+from zdiag.render.format import fmt_ms
+from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.stats import RankView, rank_stats, worst_first
 
 MAX_SPAN_ROWS = 2000
 
 
-def _ms(value: float) -> Text:
-    return Text(f"{value:,.2f}", justify="right")
+def _ms(value: float | None) -> Text:
+    """A right-aligned ms cell ("—" when there is no value)."""
+    return Text(fmt_ms(value, unit=False), justify="right")
+
+
+def _step_cell(column: StepColumn, step: StepBreakdown) -> Text:
+    """One cell of the step table, from the shared step-column spec."""
+    if column.kind == "verdict":
+        return details.verdict_text(step.verdict)
+    return Text(column.cell(step), justify="right")
 
 
 class ReportApp(App[None]):
@@ -50,12 +62,12 @@ class ReportApp(App[None]):
         """Browse `report` (ranks by rank, findings worst first)."""
         super().__init__()
         self.report = report
-        self.ranks = sorted(report.ranks, key=lambda r: r.rank)
+        self.ranks: list[RankView] = sorted(report.ranks, key=lambda r: r.rank)
         self.findings: list[Finding] = sorted(report.findings, key=worst_first)
         self.timelines: dict[tuple[int, int], StepTimeline] = {
             (t.rank, t.step): t for t in report.timelines
         }
-        self.current_rank: RankSummary | None = None
+        self.current_rank: RankView | None = None
         nranks, nfindings = len(self.ranks), len(self.findings)
         self.sub_title = (
             f"{nranks} rank{'' if nranks == 1 else 's'}"
@@ -88,19 +100,18 @@ class ReportApp(App[None]):
     def on_mount(self) -> None:
         """Fill the tables; the first rank and finding are shown."""
         ranks = self.query_one("#ranks", DataTable)
-        ranks.add_columns("rank", "steps", "mean ms", "max ms", "mostly")
+        ranks.add_columns("rank", "steps", "median ms", "mostly")
         for r in self.ranks:
-            durations = [s.duration_ms for s in r.steps]
+            stats = rank_stats(r)
             ranks.add_row(
                 Text(str(r.rank), justify="right"),
-                Text(str(len(r.steps)), justify="right"),
-                _ms(sum(durations) / len(durations)) if durations else Text("—"),
-                _ms(max(durations)) if durations else Text("—"),
-                details.verdict_text(details.dominant_verdict(r)),
+                Text(str(stats.step_count), justify="right"),
+                _ms(stats.median_ms),
+                details.verdict_text(stats.dominant_verdict),
                 # no row keys: rank and step numbers may repeat in odd inputs
             )
         steps = self.query_one("#steps-table", DataTable)
-        steps.add_columns("step", "ms", "compute", "overlap", "exposed", "idle", "verdict")
+        steps.add_columns(*(c.header for c in STEP_COLUMNS))
         spans = self.query_one("#spans", DataTable)
         spans.add_columns("start ms", "ms", "lane", "name")
         findings = self.query_one("#findings-table", DataTable)
@@ -140,15 +151,7 @@ class ReportApp(App[None]):
         table = self.query_one("#steps-table", DataTable)
         table.clear()
         for s in rank.steps:
-            table.add_row(
-                Text(str(s.step), justify="right"),
-                _ms(s.duration_ms),
-                _ms(s.compute_ms),
-                _ms(s.overlapped_ms),
-                _ms(s.exposed_comm_ms),
-                _ms(s.idle_ms),
-                details.verdict_text(s.verdict),
-            )
+            table.add_row(*(_step_cell(c, s) for c in STEP_COLUMNS))
         if not rank.steps:
             self.query_one("#step-detail", Static).update(
                 Text(f"Rank {rank.rank} has no steps.", style="italic")
@@ -217,3 +220,17 @@ class ReportApp(App[None]):
 def browse(report: Report) -> None:
     """Run the report browser in the terminal until the user quits."""
     ReportApp(report).run()
+
+
+class TuiRenderer(Renderer):
+    """The report browser as a renderer: it draws on the terminal (standard output only)."""
+
+    name = "tui"
+
+    def render(self, report: Report, destination: Destination) -> None:
+        """Browse `report` until the user quits; a file destination is refused."""
+        if not destination.is_stdout:
+            raise ConfigError(
+                f"the terminal UI draws on the terminal; it cannot be written to {destination.path}."
+            )
+        browse(report)

@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "launch a training script (or the built-in harness) under the profiler",
     ),
     "analyze": ("zdiag.commands.analyze", "analyze profiler traces or a run directory"),
+    "render": (
+        "zdiag.commands.render",
+        "re-render a saved --json report as text, HTML, a Perfetto overlay or in the terminal",
+    ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
     "demo": ("zdiag.commands.demo", "run the built-in FSDP2 harness on 2 CPU ranks and analyze it"),
 }

@@ -1,21 +1,25 @@
 """Misconfiguration detectors: pure functions of the analyzed run, returning Findings.
 
-`run_detectors(run, analysis)` is what the pipeline calls (`zdiag analyze`): it builds one
-`DetectorContext` (FSDP ledgers per rank, manifest facts, memory evidence) and runs every
-detector in `DETECTORS`. Each detector lives in its own module with its thresholds as named
-constants next to the reasoning behind them. A detector that fails on unexpected input is
-reported as a warning on the Report instead of failing the analysis.
+The reduce (analyzers/reduce.py) builds one `DetectorContext` from values (FSDP ledgers per
+rank, step tables, detector facts, manifest facts, memory evidence, the cross-rank matching)
+and `run_context(ctx)` runs every detector in `DETECTORS`, returning their findings and
+warnings. Each detector lives in its own module with its thresholds as named constants next to
+the reasoning behind them. A detector that fails on unexpected input becomes a warning instead
+of failing the analysis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from zdiag.analyzers.detectors import (
     activation_oom,
     comm_bound,
+    crash,
     flat_sharding,
     fp32_collectives,
+    hang,
     missing_overlap,
     straggler,
     tiny_layer_wrap,
@@ -23,11 +27,12 @@ from zdiag.analyzers.detectors import (
 )
 from zdiag.analyzers.detectors.context import DetectorContext, build_context
 from zdiag.analyzers.report import Finding
-from zdiag.analyzers.run_data import Analysis, RunData
 
 Detector = Callable[[DetectorContext], list[Finding]]
 
 DETECTORS: dict[str, Detector] = {
+    "crash": crash.detect,
+    "hang": hang.detect,
     "whole-model-wrap": whole_model_wrap.detect,
     "tiny-layer-wrap": tiny_layer_wrap.detect,
     "missing-overlap": missing_overlap.detect,
@@ -52,23 +57,33 @@ FSDP_FINDING_IDS = frozenset(
 """Findings that only FSDP/ZeRO traffic can raise."""
 
 
-def run_context(ctx: DetectorContext) -> list[Finding]:
+@dataclass(frozen=True)
+class DetectorResults:
+    """What the detectors returned: findings in registry order, and warnings (a detector that
+    crashed, named with its error)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def run_context(ctx: DetectorContext) -> DetectorResults:
     """Every detector on one context; a detector's crash becomes a warning, not a failure."""
-    findings: list[Finding] = []
+    results = DetectorResults()
     for name, detect in DETECTORS.items():
         try:
-            findings.extend(detect(ctx))
+            results.findings.extend(detect(ctx))
         except Exception as exc:  # one broken detector must not sink the analysis
-            if ctx.report is not None:
-                ctx.report.warnings.append(
-                    f"detector {name} failed ({type(exc).__name__}: {exc}); its finding is missing"
-                )
-    return findings
+            results.warnings.append(
+                f"detector {name} failed ({type(exc).__name__}: {exc}); its finding is missing"
+            )
+    return results
 
 
-def run_detectors(run: RunData, analysis: Analysis) -> list[Finding]:
-    """All findings for a pipeline `RunData` and `Analysis` (analyzers/run_data.py)."""
-    return run_context(build_context(run, analysis))
-
-
-__all__ = ["DETECTORS", "FSDP_FINDING_IDS", "DetectorContext", "build_context", "run_detectors"]
+__all__ = [
+    "DETECTORS",
+    "FSDP_FINDING_IDS",
+    "DetectorContext",
+    "DetectorResults",
+    "build_context",
+    "run_context",
+]

@@ -1,27 +1,22 @@
 """What every detector reads, computed once per analysis: FSDP ledgers, manifest facts, memory.
 
-Detectors are pure functions of a `DetectorContext`. `build_context` is the only place that
-reads the pipeline's `RunData` / `Analysis` (and the small run-dir files they point to: OOM
-records), so detectors can be tested on hand-built contexts.
+Detectors are pure functions of a `DetectorContext`, a value built by `build_context` from the
+ranks' summaries (analyzers/summary.py), the cross-rank matching, the run manifest and the small
+run-dir files it points to (OOM records, CUDA snapshots); it holds no trace and no reference to
+the pipeline's objects, so detectors can be tested on hand-built contexts.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import (
-    RankLedger,
-    cached_rank_ledger,
-    fill_missing_bytes,
-    manifest_unit_bytes,
-)
+from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
-from zdiag.analyzers.report import MemoryTimeline, Report, StepBreakdown
-from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.analyzers.report import MemoryTimeline, StepBreakdown
 from zdiag.collectors.rundir import (
     FsdpUnitRecord,
     Manifest,
@@ -31,6 +26,12 @@ from zdiag.collectors.rundir import (
     run_file,
 )
 from zdiag.errors import InputError
+
+if TYPE_CHECKING:
+    from zdiag.analyzers.crossrank import CrossRankResult
+    from zdiag.analyzers.flight_recorder import HangAnalysis
+    from zdiag.analyzers.rank_analysis import RankFacts
+    from zdiag.analyzers.summary import RankSummary
 
 MIB = 1024**2
 
@@ -48,18 +49,28 @@ class MemoryEvidence:
     message: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DetectorContext:
-    """The analyzed run as the detectors see it."""
+    """The analyzed run as the detectors see it (values only).
 
-    ledgers: dict[int, RankLedger]  # rank -> ledger (empty ledgers for non-FSDP traces)
+    - `ledgers`: rank -> FSDP ledger (empty ledgers for non-FSDP traces)
+    - `breakdowns`: rank -> its step table
+    - `facts`: rank -> what detectors read from its events (host syncs, module class, groups)
+    - `manifest`: the run manifest, when the input was a run directory
+    - `memory`: per-rank memory evidence (OOM records, snapshots, memory timelines)
+    - `crossrank`: the collectives matched across ranks (None for one rank)
+    - `flight_recorder`: the analysis of flight-recorder dumps given as input (None without)
+    - `warnings`: what building the context found (unreadable snapshots, ...)
+    """
+
+    ledgers: dict[int, RankLedger]
     breakdowns: dict[int, list[StepBreakdown]] = field(default_factory=dict)
-    traces: dict[int, RankTrace] = field(default_factory=dict)
+    facts: dict[int, RankFacts] = field(default_factory=dict)
     manifest: Manifest | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
-    report: Report | None = None
-    run: RunData | None = None  # the pipeline's (for detectors that delegate, e.g. straggler)
-    analysis: Analysis | None = None
+    crossrank: CrossRankResult | None = None
+    flight_recorder: HangAnalysis | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def harness(self) -> dict[str, Any]:
@@ -71,9 +82,9 @@ class DetectorContext:
         """World size from the manifest or the traces."""
         if self.manifest is not None:
             return self.manifest.world_size
-        for t in self.traces.values():
-            if t.world_size:
-                return t.world_size
+        for f in self.facts.values():
+            if f.world_size:
+                return f.world_size
         return None
 
     @property
@@ -81,8 +92,23 @@ class DetectorContext:
         """Number of nodes (manifest `nnodes`, else distinct hosts), None when unknown."""
         if self.manifest is not None:
             return self.manifest.nnodes
-        hosts = {t.host for t in self.traces.values() if t.host}
+        hosts = {f.host for f in self.facts.values() if f.host}
         return len(hosts) if hosts else None
+
+    def module_class(self, rank: int) -> tuple[str, int] | None:
+        """(class, instances) of the rank's most repeated module class (`with_stack` traces)."""
+        f = self.facts.get(rank)
+        return f.module_class if f is not None else None
+
+    def host_syncs(self, rank: int) -> int:
+        """Host syncs (`.item()`, synchronize) in the rank's trace (0 when unknown)."""
+        f = self.facts.get(rank)
+        return f.host_syncs if f is not None else 0
+
+    def group_sizes(self, rank: int) -> list[int]:
+        """Distinct process-group sizes of the rank's collectives ([] when unrecorded)."""
+        f = self.facts.get(rank)
+        return list(f.group_sizes) if f is not None else []
 
     def fsdp_ledgers(self) -> list[RankLedger]:
         """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
@@ -93,39 +119,30 @@ class DetectorContext:
         return self.manifest.fsdp_units if self.manifest is not None else ()
 
 
-def build_context(run: RunData, analysis: Analysis) -> DetectorContext:
-    """The DetectorContext of a pipeline `RunData` and `Analysis` (see analyzers/run_data.py)."""
-    traces: dict[int, RankTrace] = {t.rank: t for t in run.ranks}
-    ledgers: dict[int, RankLedger] = {}
-    for rank, t in traces.items():
-        w = analysis.steps.get(rank)
-        if w is not None and len(w):
-            ledgers[rank] = cached_rank_ledger(
-                t, w.step.tolist(), w.start_us.tolist(), w.end_us.tolist()
-            )
-        else:
-            ledgers[rank] = cached_rank_ledger(t)
-    report = analysis.report
-    ctx = DetectorContext(
-        ledgers=ledgers,
-        breakdowns=dict(analysis.breakdowns),
-        traces=traces,
-        manifest=run.manifest,
-        report=report,
-        run=run,
-        analysis=analysis,
+def build_context(
+    summaries: Sequence[RankSummary],
+    *,
+    manifest: Manifest | None = None,
+    run_dir: Path | None = None,
+    memory: Sequence[MemoryTimeline] = (),
+    crossrank: CrossRankResult | None = None,
+    flight_recorder: HangAnalysis | None = None,
+) -> DetectorContext:
+    """The DetectorContext of a run's rank summaries, its matching, manifest and memory data."""
+    warnings: list[str] = []
+    evidence = _memory_evidence(
+        manifest, {s.rank for s in summaries}, run_dir, list(memory), warnings
     )
-    ctx.memory = _memory_evidence(ctx, run.run_dir, report)
-    fill_unit_bytes_from_manifest(ctx)
-    return ctx
-
-
-def fill_unit_bytes_from_manifest(ctx: DetectorContext) -> None:
-    """Size the collectives the trace recorded without shapes from the manifest's units."""
-    sizes = manifest_unit_bytes(ctx.manifest)
-    if sizes:
-        for lg in ctx.ledgers.values():
-            fill_missing_bytes(lg, sizes)
+    return DetectorContext(
+        ledgers={s.rank: s.rank_ledger() for s in summaries},
+        breakdowns={s.rank: list(s.steps) for s in summaries},
+        facts={s.rank: s.facts for s in summaries},
+        manifest=manifest,
+        memory=evidence,
+        crossrank=crossrank,
+        flight_recorder=flight_recorder,
+        warnings=warnings,
+    )
 
 
 # --- memory evidence ------------------------------------------------------------------------
@@ -172,15 +189,22 @@ def parse_oom_message(rank: int, text: str, source: str = "oom record") -> Memor
 
 
 def _memory_evidence(
-    ctx: DetectorContext, run_dir: Path | None, report: Report | None
+    manifest: Manifest | None,
+    analyzed: set[int],
+    run_dir: Path | None,
+    timelines: list[MemoryTimeline],
+    warnings: list[str],
 ) -> list[MemoryEvidence]:
     """One MemoryEvidence per rank with memory data, merging the OOM record (what was in use at
     the failure: preferred for categories), else the CUDA snapshot taken at the failure, else the
     memory timeline (the peak by category), and the manifest's per-rank `oom` flag."""
     by_rank: dict[int, MemoryEvidence] = {}
-    entries = ctx.manifest.ranks if ctx.manifest is not None else ()
+    entries = manifest.ranks if manifest is not None else ()
+    world_size = manifest.world_size if manifest is not None else None
     for entry in entries:
-        rec = _read_oom_record(ctx, run_dir, entry) if run_dir is not None else None
+        rec = (
+            _read_oom_record(run_dir, entry, world_size, warnings) if run_dir is not None else None
+        )
         if rec is not None:
             ev = parse_oom_message(entry.rank, rec.error)
             if ev.capacity_bytes is None and rec.memory_budget_bytes is not None:
@@ -189,8 +213,7 @@ def _memory_evidence(
         elif entry.oom:
             by_rank[entry.rank] = parse_oom_message(entry.rank, entry.error or "", "manifest")
     if run_dir is not None:
-        _add_snapshot_categories(ctx, by_rank, entries, run_dir)
-    timelines: list[MemoryTimeline] = list(report.memory) if report is not None else []
+        _add_snapshot_categories(analyzed, by_rank, entries, run_dir, warnings)
     for tl in timelines:
         known = by_rank.get(tl.rank)
         if known is None:
@@ -219,14 +242,14 @@ MAX_SNAPSHOTS = 4
 
 
 def _add_snapshot_categories(
-    ctx: DetectorContext,
+    analyzed: set[int],
     by_rank: dict[int, MemoryEvidence],
     entries: tuple[RankEntry, ...],
     run_dir: Path,
+    warnings: list[str],
 ) -> None:
     """Fill out-of-memory ranks' categories from their CUDA snapshots (taken at the failure),
     for the analyzed ranks (all of them in a run without traces), on the device each trained on."""
-    analyzed = set(ctx.traces)
     todo = []
     for entry in entries:
         ev = by_rank.get(entry.rank)
@@ -236,12 +259,12 @@ def _add_snapshot_categories(
             try:
                 path = run_file(run_dir, entry.memory_snapshot)
             except InputError as exc:
-                _warn(ctx, f"memory snapshot skipped: {exc.message}")
+                _warn(warnings, f"memory snapshot skipped: {exc.message}")
                 continue
             todo.append((ev, path, _cuda_index(entry.device)))
     if len(todo) > MAX_SNAPSHOTS:
         _warn(
-            ctx,
+            warnings,
             f"{len(todo)} ranks ran out of memory; the CUDA snapshots of ranks "
             f"{', '.join(str(ev.rank) for ev, _, _ in todo[:MAX_SNAPSHOTS])} were read "
             "(pick others with --rank)",
@@ -251,7 +274,7 @@ def _add_snapshot_categories(
         try:
             mem = summarize_snapshot(read_snapshot(path), device)
         except InputError as exc:
-            _warn(ctx, f"memory snapshot skipped: {exc.message}")
+            _warn(warnings, f"memory snapshot skipped: {exc.message}")
             continue
         if not mem.has_stacks:
             no_stacks.append(ev.rank)
@@ -261,7 +284,7 @@ def _add_snapshot_categories(
         ev.source = f"{ev.source} + snapshot"
     if no_stacks:
         _warn(
-            ctx,
+            warnings,
             f"rank(s) {', '.join(map(str, no_stacks))} ran out of memory, but their CUDA snapshots "
             "have no allocation stacks, so what filled the memory is unknown; re-run with "
             "`zdiag run --profile-memory`.",
@@ -275,24 +298,24 @@ def _cuda_index(device: str | None) -> int | None:
     return None
 
 
-def _warn(ctx: DetectorContext, message: str) -> None:
-    if ctx.report is not None and message not in ctx.report.warnings:
-        ctx.report.warnings.append(message)
+def _warn(warnings: list[str], message: str) -> None:
+    if message not in warnings:
+        warnings.append(message)
 
 
-def _read_oom_record(ctx: DetectorContext, run_dir: Path, entry: RankEntry) -> OomRecord | None:
+def _read_oom_record(
+    run_dir: Path, entry: RankEntry, world_size: int | None, warnings: list[str]
+) -> OomRecord | None:
     """The rank's OOM record (None without one); a damaged or refused one is a warning."""
     if entry.oom_record is None:
         return None
-    warnings: list[str] = []
+    found: list[str] = []
     try:
         data = read_run_json(run_dir, entry.oom_record)
-        record = OomRecord.from_json(
-            data, entry.oom_record, warnings, ctx.manifest.world_size if ctx.manifest else None
-        )
+        record = OomRecord.from_json(data, entry.oom_record, found, world_size)
     except InputError as exc:
-        _warn(ctx, f"out-of-memory record skipped: {exc.message}")
+        _warn(warnings, f"out-of-memory record skipped: {exc.message}")
         return None
-    for w in warnings:
-        _warn(ctx, w)
+    for w in found:
+        _warn(warnings, w)
     return record

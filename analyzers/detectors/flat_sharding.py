@@ -23,11 +23,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not ledgers or not nnodes or nnodes < 2 or not world or world % nnodes:
         return []
     lg = ledgers[0]
-    trace = ctx.traces.get(lg.rank)
-    groups = set()
-    if trace is not None:
-        c = trace.collectives
-        groups = {int(g) for g in c.group_size if int(g) > 0}
+    groups = ctx.group_sizes(lg.rank)
     if groups and max(groups) < world:
         return []  # FSDP already runs in sub-groups (HSDP or 2-D sharding)
     per_node = world // nnodes

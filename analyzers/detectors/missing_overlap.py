@@ -12,11 +12,8 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
-import numpy as np
-
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.events import EventKind, RankTrace
 from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
 from zdiag.analyzers.report import Finding
 
@@ -39,7 +36,6 @@ CRITICAL_SHARE = 0.8
 HOST_SYNCS_PER_UNIT = 1.0
 # Launch-bound: most steps carry the pipeline's host-bound verdict (device idle dominates).
 HOST_BOUND_STEP_SHARE = 0.5
-_HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 
 
 def _serialized(gathers: list[CollectiveRecord]) -> tuple[int, int]:
@@ -78,18 +74,6 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
                 compute = max(0.0, cur.issued_us - prev.end_us)
             gain += cur.exposed_us - max(0.0, cur.exposed_us - compute)
     return gain
-
-
-def _host_syncs(trace: RankTrace | None) -> int:
-    if trace is None:
-        return 0
-    n = len(trace.of_kind(EventKind.CPU_SYNC))
-    ids = [i for i, name in enumerate(trace.names) if name in _HOST_SYNC_NAMES]
-    if ids:
-        # aten::item wraps aten::_local_scalar_dense: count the inner op only when both exist
-        inner = [i for i in ids if trace.names[i] == "aten::_local_scalar_dense"]
-        n += int(np.isin(trace.name_id, np.asarray(inner or ids, dtype=np.int32)).sum())
-    return n
 
 
 def _code(lg: RankLedger) -> str:
@@ -143,7 +127,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
     gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps
     units = [u for u in lg.unit_order if u]
-    syncs = _host_syncs(ctx.traces.get(lg.rank))
+    syncs = ctx.host_syncs(lg.rank)
     syncs_per_step = syncs / n_steps
     host_bound = bool(units) and syncs_per_step >= HOST_SYNCS_PER_UNIT * len(units)
     recommendation = (

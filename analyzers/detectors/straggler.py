@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from zdiag.analyzers.crossrank import find_stragglers
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.report import Finding
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
-    """B2's cross-rank straggler detector, run on the pipeline's RunData and Analysis."""
-    if ctx.run is None or ctx.analysis is None or len(ctx.traces) < 2:
+    """The cross-rank straggler finding, from the reduce's matching and the step tables."""
+    if ctx.crossrank is None or len(ctx.crossrank.ranks) < 2:
         return []
-    from zdiag.analyzers.crossrank import detect_stragglers
-
-    return list(detect_stragglers(ctx.run, ctx.analysis))
+    return find_stragglers(ctx.crossrank, ctx.breakdowns)

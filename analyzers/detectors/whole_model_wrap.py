@@ -11,7 +11,6 @@ from zdiag.analyzers.detectors.blocks import (
     BlockPattern,
     find_block_pattern,
     harness_block_pattern,
-    repeated_module_class,
 )
 from zdiag.analyzers.detectors.context import MIB, DetectorContext
 from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
@@ -63,8 +62,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     block = harness_block_pattern(ctx.harness) or find_block_pattern(
         u.name for u in ctx.manifest_units()
     )
-    trace = ctx.traces.get(lg.rank)
-    module_class = None if block or trace is None else repeated_module_class(trace.names)
+    module_class = None if block else ctx.module_class(lg.rank)
     layers = block.count if block else (module_class[1] if module_class else None)
     block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
     whole_bytes = biggest.param_bytes or 0

@@ -1,15 +1,15 @@
 """`zdiag analyze PATH...`: where each rank's step time went, and what to change.
 
 Text by default; `--json` writes the versioned Report to stdout. `--html`, `--perfetto` and
-`--tui` hand the same Report to the renderers. Files are written only after the analysis
-succeeded, each through a temporary file and a rename. `--fail-on` turns findings into an exit
-code for CI: 1 when a finding at that severity or worse exists.
+`--tui` hand the same Report to the renderers. Output paths are checked before the analysis
+(an output never overwrites an input: zdiag.render.output); files are written only after the
+analysis succeeded. `--fail-on` turns findings into an exit code for CI: 1 when a finding at
+that severity or worse exists.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,23 +45,6 @@ class _ProgressBar:
             self.stream.flush()
 
 
-def _check_writable(option: str, target: Path | None) -> None:
-    """Fail before the analysis (not after it) when an output file cannot be written there."""
-    if target is None:
-        return
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ConfigError(f"{option} {target}: is a folder; give a file name.")
-    if not folder.is_dir():
-        raise ConfigError(
-            f"{option} {target}: the folder {folder} does not exist; create it first."
-        )
-    if not os.access(folder, os.W_OK):
-        raise ConfigError(
-            f"{option} {target}: the folder {folder} is not writable; choose another."
-        )
-
-
 class AnalyzeCommand:
     """`zdiag analyze`."""
 
@@ -72,7 +55,8 @@ class AnalyzeCommand:
             nargs="*",
             metavar="PATH",
             type=Path,
-            help="trace files (.json, .json.gz), a run directory, or a folder of per-rank traces",
+            help="trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
+            "or torch.distributed flight-recorder dumps (files or a folder of them)",
         )
         parser.add_argument(
             "--json", action="store_true", help="write the Report as JSON to stdout"
@@ -117,10 +101,9 @@ class AnalyzeCommand:
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
         from zdiag.analyzers.pipeline import analyze_paths
-        from zdiag.analyzers.report import encode_report
         from zdiag.analyzers.safe_read import GIB, use_limits
-        from zdiag.render._output import write_atomically
-        from zdiag.render.text import render_text
+        from zdiag.render.output import OutputTarget, check_outputs
+        from zdiag.render.renderer import STDOUT, Destination, get_renderer
 
         if not args.paths:
             raise ConfigError(
@@ -131,12 +114,18 @@ class AnalyzeCommand:
         max_gb = args.max_trace_gb
         if max_gb is not None and not 0 < max_gb < 1 << 20:
             raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
-        for option, target in (
-            ("--output", args.output),
-            ("--html", args.html),
-            ("--perfetto", args.perfetto),
-        ):
-            _check_writable(option, target)
+        check_outputs(
+            [
+                OutputTarget(option, target)
+                for option, target in (
+                    ("--output", args.output),
+                    ("--html", args.html),
+                    ("--perfetto", args.perfetto),
+                )
+                if target is not None
+            ],
+            inputs=list(args.paths),
+        )
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
@@ -148,25 +137,17 @@ class AnalyzeCommand:
             if progress is not None:
                 progress.close()
 
-        # Outputs only after the analysis succeeded; files atomically.
-        main = encode_report(report) + b"\n" if args.json else render_text(report).encode()
+        # Outputs only after the analysis succeeded.
+        main = get_renderer("json" if args.json else "text")
         if args.output is not None:
-            write_atomically(args.output, main)
+            main.render(report, Destination(args.output))
         elif not args.tui or args.json:
-            sys.stdout.buffer.write(main)
-            sys.stdout.flush()
-        if args.html is not None:
-            from zdiag.render.html import write_html
-
-            write_html(report, args.html)
-        if args.perfetto is not None:
-            from zdiag.render.perfetto import write_overlay
-
-            write_overlay(report, args.perfetto)
+            main.render(report, STDOUT)
+        for name, target in (("html", args.html), ("perfetto", args.perfetto)):
+            if target is not None:
+                get_renderer(name).render(report, Destination(target))
         if args.tui:
-            from zdiag.tui.report_app import browse
-
-            browse(report)
+            get_renderer("tui").render(report, STDOUT)
         if args.fail_on and report.findings_at_least(args.fail_on):
             return EXIT_FINDINGS
         return 0

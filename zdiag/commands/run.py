@@ -39,6 +39,7 @@ from zdiag.collectors.rundir import (
     Manifest,
     launcher_part_path,
     make_run_dir,
+    remove_unfinished_writes,
 )
 from zdiag.errors import ConfigError, InputError
 
@@ -47,6 +48,9 @@ HARNESS_MODULE = "zdiag.harness"
 # A CPU node runs at most this many ranks per core it may use: beyond that gloo collectives
 # starve and time out instead of training. (GPU ranks are bound by the script's device choice.)
 MAX_RANKS_PER_CPU = 4
+FLIGHT_RECORDER_ENTRIES = 2000
+"""TORCH_FR_BUFFER_SIZE set for the ranks (unless the user set it): the last 2000 collectives, a
+few hundred KB per rank, recorded by torch at the cost of a ring-buffer write per collective."""
 
 
 def usable_cpus() -> int:
@@ -119,6 +123,17 @@ class RunCommand:
                 "NVTX ranges for Nsight Systems when CUDA is present (default: on; free on CPU): "
                 "one per step, plus forward/backward/recompute ranges per FSDP unit, added only "
                 "while an NVTX tool such as Nsight listens (NVTX_INJECTION64_PATH set)"
+            ),
+        )
+        prof.add_argument(
+            "--hang-timeout",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help=(
+                "dump every rank's stacks, collective, flight recorder and partial trace when no "
+                "step finishes for this long (default: 300 s until 3 steps are timed, then "
+                "max(60 s, 20 x the median step); 0 turns the watchdog off)"
             ),
         )
         prof.add_argument(
@@ -210,6 +225,7 @@ class LaunchPlan:
             profile_memory=args.profile_memory,
             with_stack=args.with_stack,
             nvtx=args.nvtx,
+            hang_timeout_s=args.hang_timeout,
         )
         if args.no_profile and (args.record_shapes or args.profile_memory or args.with_stack):
             raise ConfigError(
@@ -344,6 +360,10 @@ class LaunchPlan:
         env[ENV_RUN_DIR] = str(self.out)
         env[ENV_CONFIG] = self.config.to_json()
         env["ZDIAG_NODE_RANK"] = str(self.node_rank)
+        if self.config.hang_timeout_s != 0:
+            # torch's flight recorder (NCCL, and gloo since torch 2.7) keeps the last collectives
+            # for the hang dump; the user's own setting wins.
+            env.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
         if self.monitor:
             env[ENV_MONITOR] = self.monitor
             env.setdefault(ENV_JOB, self.out.name)  # the monitor's header names the run
@@ -420,6 +440,14 @@ class LaunchPlan:
 
     def _finish_run_dir(self, started: str, code: int, error: str | None) -> None:
         """Write the launcher's final part and the merged manifest, and print the summary."""
+        removed = remove_unfinished_writes(self.out)
+        if removed:
+            print(
+                f"zdiag run: removed {removed} unfinished file(s) of rank(s) killed while writing "
+                "(SIGKILL before the rename); what they had finished writing is kept.",
+                file=sys.stderr,
+                flush=True,
+            )
         part = launcher_part_path(self.out, self.node_rank)
         write_json_atomically(part, self._launcher_part(started, code, error).to_json())
         self._summary(merge_manifest(self.out), code)

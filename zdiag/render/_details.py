@@ -7,12 +7,20 @@ literally.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from rich.text import Text
 
-from zdiag.analyzers.report import VERDICTS, Finding, RankSummary, Report, StepBreakdown
-from zdiag.render._output import fmt_gain, fmt_ints, fmt_list, fmt_ms
+from zdiag.analyzers.report import Finding, Report, StepBreakdown
+from zdiag.render.columns import STEP_COLUMNS
+from zdiag.render.format import (
+    fmt_gain,
+    fmt_ints,
+    fmt_list,
+    fmt_ms,
+    fmt_share,
+    fmt_value,
+    unit_label,
+)
+from zdiag.render.stats import RankView, related_findings, run_stats
 
 VERDICT_STYLES = {
     "compute-bound": "bold green",
@@ -37,12 +45,6 @@ def severity_text(severity: str) -> Text:
     return Text(f" {severity} ", style=SEVERITY_STYLES.get(severity, "reverse"))
 
 
-def dominant_verdict(rank: RankSummary) -> str:
-    """The verdict most of the rank's steps got ("" without steps)."""
-    counts = Counter(s.verdict for s in rank.steps)
-    return counts.most_common(1)[0][0] if counts else ""
-
-
 def _line(text: Text, label: str, value: str | Text, style: str = "") -> None:
     # A label as long as the column still gets one space before its value.
     text.append(f"{label:<21} ", style="dim")
@@ -53,7 +55,7 @@ def _line(text: Text, label: str, value: str | Text, style: str = "") -> None:
     text.append("\n")
 
 
-def step_detail(report: Report, rank: RankSummary, step: StepBreakdown) -> Text:
+def step_detail(report: Report, rank: RankView, step: StepBreakdown) -> Text:
     """One step of one rank: its breakdown, verdict and the findings that concern it."""
     text = Text()
     text.append(f"Rank {rank.rank} · step {step.step}", style="bold")
@@ -62,20 +64,14 @@ def step_detail(report: Report, rank: RankSummary, step: StepBreakdown) -> Text:
     text.append("\n")
     if step.verdict_reason:
         text.append(step.verdict_reason + "\n", style="italic")
-    _line(text, "duration", fmt_ms(step.duration_ms))
-    _line(text, "compute", fmt_ms(step.compute_ms))
-    _line(text, "communication", fmt_ms(step.comm_ms))
-    _line(text, "  overlapped", fmt_ms(step.overlapped_ms))
-    _line(text, "  exposed", fmt_ms(step.exposed_comm_ms), "bold" if step.exposed_comm_ms else "")
-    _line(text, "memcpy (uncovered)", fmt_ms(step.memcpy_ms))
-    _line(text, "idle", fmt_ms(step.idle_ms))
-    _line(text, "host launch", fmt_ms(step.host_launch_ms))
-    _line(text, "kernels", str(step.kernel_count))
-    related = [
-        f
-        for f in report.findings
-        if (not f.ranks or rank.rank in f.ranks) and (not f.steps or step.step in f.steps)
-    ]
+    for column in STEP_COLUMNS:
+        if column.kind == "ms":
+            value = float(column.value(step))
+            bold = column.key == "exposed_comm_ms" and value > 0
+            _line(text, column.label, fmt_ms(value), "bold" if bold else "")
+        elif column.kind == "count":
+            _line(text, column.label, column.cell(step))
+    related = related_findings(report, rank.rank, step.step)
     if related:
         text.append("Findings here: ", style="dim")
         text.append(", ".join(f.id for f in related) + "\n")
@@ -95,12 +91,11 @@ def finding_detail(finding: Finding) -> Text:
     if finding.steps:
         _line(text, "steps", fmt_ints(finding.steps))
     if finding.units:
-        _line(text, "units", fmt_list([u or "(root)" for u in finding.units], 8))
+        _line(text, "units", fmt_list([unit_label(u) for u in finding.units], 8))
     if finding.evidence:
         text.append("\nEvidence\n", style="bold underline")
         for key, value in list(finding.evidence.items())[:40]:
-            shown = f"{value:,.4g}" if isinstance(value, float) else str(value)
-            _line(text, str(key), shown[:300])
+            _line(text, str(key), fmt_value(value)[:300])
     if finding.recommendation:
         text.append("\nWhat to change\n", style="bold underline")
         text.append(finding.recommendation + "\n")
@@ -120,27 +115,26 @@ def finding_detail(finding: Finding) -> Text:
 def summary(report: Report) -> Text:
     """Verdict counts, findings by severity, warnings, run facts and inputs."""
     text = Text()
-    steps = [s for r in report.ranks for s in r.steps]
+    stats = run_stats(report)
     text.append("zdiag report", style="bold")
     if report.zdiag_version:
         text.append(f"  (zdiag {report.zdiag_version}, {report.schema})", style="dim")
     text.append("\n\n")
-    _line(text, "ranks", str(len(report.ranks)))
-    _line(text, "rank × step rows", str(len(steps)))
-    if steps:
-        _line(text, "mean step time", fmt_ms(sum(s.duration_ms for s in steps) / len(steps)))
+    _line(text, "ranks", str(stats.rank_count))
+    _line(text, "rank × step rows", str(stats.row_count))
+    if stats.row_count:
+        _line(text, "mean step time", fmt_ms(stats.mean_step_ms))
+        _line(text, "slowest step", fmt_ms(stats.slowest_step_ms))
     _line(text, "findings", str(len(report.findings)))
-    if steps:
+    if stats.row_count:
         text.append("\nStep verdicts\n", style="bold underline")
-        counts = Counter(s.verdict for s in steps)
-        for v in list(VERDICTS) + sorted(set(counts) - set(VERDICTS)):
-            if counts[v]:
-                _line(
-                    text,
-                    v,
-                    f"{counts[v]} ({counts[v] / len(steps):.0%})",
-                    VERDICT_STYLES.get(v, ""),
-                )
+        for v, count in stats.verdicts:
+            _line(
+                text,
+                v,
+                f"{count} ({fmt_share(count, stats.row_count)})",
+                VERDICT_STYLES.get(v, ""),
+            )
     else:
         text.append("\nNo steps were found in the inputs.\n", style="italic")
     if report.warnings:
@@ -154,7 +148,7 @@ def summary(report: Report) -> Text:
     if report.thresholds:
         text.append("\nThresholds\n", style="bold underline")
         for key, value in report.thresholds.items():
-            _line(text, str(key), f"{value:g}")
+            _line(text, str(key), fmt_value(value))
     if report.inputs:
         text.append("\nInputs\n", style="bold underline")
         for path in report.inputs[:20]:

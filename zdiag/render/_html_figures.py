@@ -20,12 +20,12 @@ from plotly.subplots import make_subplots
 from zdiag.analyzers.report import (
     FsdpUnit,
     MemoryTimeline,
-    RankSummary,
     Report,
     StepBreakdown,
     StepTimeline,
 )
-from zdiag.render._output import unit_label
+from zdiag.render.format import known_bytes, unit_label
+from zdiag.render.stats import RankView
 
 # Limits that keep the page responsive; beyond them the page aggregates and says so.
 MAX_HEATMAP_RANKS = 256
@@ -76,11 +76,11 @@ def _layout(fig: go.Figure, title: str, height: int, top: int = 70) -> go.Figure
     return fig
 
 
-def _ranks(report: Report) -> list[RankSummary]:
+def _ranks(report: Report) -> list[RankView]:
     return sorted(report.ranks, key=lambda r: r.rank)
 
 
-def _step_ids(ranks: Sequence[RankSummary]) -> list[int]:
+def _step_ids(ranks: Sequence[RankView]) -> list[int]:
     return sorted({s.step for r in ranks for s in r.steps})
 
 
@@ -159,7 +159,7 @@ def _phases(s: StepBreakdown) -> dict[str, float]:
     }
 
 
-def _phase_series(rows: Sequence[RankSummary], steps: list[int], sb: int) -> dict[str, list[float]]:
+def _phase_series(rows: Sequence[RankView], steps: list[int], sb: int) -> dict[str, list[float]]:
     """Mean per phase over the given ranks and each block of `sb` steps."""
     sums: dict[str, list[float]] = {p: [0.0] * math.ceil(len(steps) / sb) for p in PHASE_COLORS}
     counts = [0] * math.ceil(len(steps) / sb)
@@ -187,7 +187,7 @@ def breakdown(report: Report) -> tuple[go.Figure | None, Notes]:
         return None, []
     sb = _blocks(len(steps), MAX_HEATMAP_STEPS)
     x = [_span_label(steps, c * sb, sb) for c in range(math.ceil(len(steps) / sb))]
-    choices: list[tuple[str, Sequence[RankSummary]]] = [
+    choices: list[tuple[str, Sequence[RankView]]] = [
         (f"mean of {len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0].rank}", ranks)
     ]
     if len(ranks) > 1:
@@ -343,16 +343,33 @@ def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
         )
         names = [n for n in names if n in keep]
 
-    def mean(n: str, get: Callable[[FsdpUnit], float]) -> float:
-        return sum(get(u) for u in grouped[n]) / len(grouped[n])
+    def mean(n: str, get: Callable[[FsdpUnit], float | None]) -> float | None:
+        known = [v for v in (get(u) for u in grouped[n]) if v is not None]
+        return sum(known) / len(known) if known else None  # None: a gap, not a 0 bar
+
+    def mib(total: int, count: int) -> float | None:
+        known = known_bytes(total, count)
+        return None if known is None else known / MIB
 
     labels = [esc(unit_label(n)) for n in names]
     nranks = len({u.rank for u in report.fsdp_units})
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    bars: list[tuple[str, Callable[[FsdpUnit], float], str, str, int]] = [
+    bars: list[tuple[str, Callable[[FsdpUnit], float | None], str, str, int]] = [
         # name, value per unit (MiB or ms), color, hover text, subplot row
-        ("all-gather (MiB)", lambda u: u.all_gather_bytes / MIB, "#4c78a8", "MiB gathered", 1),
-        ("reduce (MiB)", lambda u: u.reduce_bytes / MIB, "#72b7b2", "MiB reduced", 1),
+        (
+            "all-gather (MiB)",
+            lambda u: mib(u.all_gather_bytes, u.all_gather_count),
+            "#4c78a8",
+            "MiB gathered",
+            1,
+        ),
+        (
+            "reduce (MiB)",
+            lambda u: mib(u.reduce_bytes, u.reduce_count),
+            "#72b7b2",
+            "MiB reduced",
+            1,
+        ),
         (
             "exposed wait (ms, mean over ranks)",
             lambda u: u.exposed_wait_ms,
@@ -361,6 +378,21 @@ def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
             2,
         ),
     ]
+    unknown = [
+        unit_label(n)
+        for n in names
+        if any(
+            known_bytes(u.all_gather_bytes, u.all_gather_count) is None
+            or known_bytes(u.reduce_bytes, u.reduce_count) is None
+            for u in grouped[n]
+        )
+    ]
+    if unknown:
+        notes.append(
+            f"FSDP units: the traces did not record the size of some collectives of "
+            f"{len(unknown)} unit(s) ({', '.join(unknown[:5])}{', …' if len(unknown) > 5 else ''}); "
+            "their bytes are unknown and left out of the byte bars."
+        )
     for name, get, color, hover, row in bars:
         fig.add_trace(
             go.Bar(

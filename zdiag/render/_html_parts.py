@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import html
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any
 
-import msgspec
-
-from zdiag.analyzers.report import VERDICTS, Finding, Report
+from zdiag.analyzers.report import Finding, Report
 from zdiag.render._html_figures import VERDICT_COLORS
-from zdiag.render._output import fmt_bytes, fmt_gain, fmt_ints, fmt_list, fmt_ms, worst_first
+from zdiag.render.columns import STEP_COLUMNS
+from zdiag.render.format import (
+    fmt_bytes,
+    fmt_gain,
+    fmt_ints,
+    fmt_list,
+    fmt_ms,
+    fmt_share,
+    fmt_value,
+    known_bytes,
+    unit_label,
+)
+from zdiag.render.stats import detailed_ranks, rank_stats, run_stats, worst_first
 
 MAX_EVIDENCE_ITEMS = 40
 MAX_VALUE_CHARS = 400
 MAX_TABLE_ROWS = 64
 TOP_FINDINGS = 5
+MAX_STEP_TABLE_RANKS = 8
+"""Ranks with a per-step table on the page: the first and the slowest (as in the text report)."""
+MAX_STEP_TABLE_ROWS = 200
+"""Rows of one rank's step table; longer runs show the first and last rows and say so."""
 
 
 def e(value: object) -> str:
@@ -52,17 +66,16 @@ def ordered_findings(report: Report) -> list[tuple[int, Finding]]:
 
 def summary(report: Report) -> str:
     """Run facts, verdict counts, top findings, warnings."""
-    steps = [s for r in report.ranks for s in r.steps]
+    stats = run_stats(report)
     parts = ['<section id="summary"><h2>Summary</h2>']
     facts: list[tuple[str, str]] = [
-        ("ranks", str(len(report.ranks))),
-        ("rank × step rows", str(len(steps))),
+        ("ranks", str(stats.rank_count)),
+        ("rank × step rows", str(stats.row_count)),
         ("findings", str(len(report.findings))),
     ]
-    if steps:
-        durations = [s.duration_ms for s in steps]
-        facts.append(("mean step time", fmt_ms(sum(durations) / len(durations))))
-        facts.append(("slowest step", fmt_ms(max(durations))))
+    if stats.row_count:
+        facts.append(("mean step time", fmt_ms(stats.mean_step_ms)))
+        facts.append(("slowest step", fmt_ms(stats.slowest_step_ms)))
     if report.zdiag_version:
         facts.append(("zdiag", report.zdiag_version))
     parts.append(
@@ -70,13 +83,10 @@ def summary(report: Report) -> str:
         + "".join(f"<div><dt>{e(k)}</dt><dd>{e(v)}</dd></div>" for k, v in facts)
         + "</dl>"
     )
-    if steps:
-        counts = Counter(s.verdict for s in steps)
-        names = list(VERDICTS) + sorted(set(counts) - set(VERDICTS))
+    if stats.row_count:
         rows = [
-            [verdict_chip(v), e(counts[v]), e(f"{counts[v] / len(steps):.0%}")]
-            for v in names
-            if counts[v]
+            [verdict_chip(v), e(count), e(fmt_share(count, stats.row_count))]
+            for v, count in stats.verdicts
         ]
         parts.append("<h3>Step verdicts (rank × step)</h3>")
         parts.append(_table(["verdict", "steps", "share"], rows))
@@ -110,15 +120,8 @@ def summary(report: Report) -> str:
 
 
 def _value(value: Any) -> str:
-    if isinstance(value, float):
-        text = f"{value:,.4g}"
-    elif isinstance(value, str):
-        text = value
-    else:
-        try:
-            text = msgspec.json.encode(value).decode()
-        except (TypeError, msgspec.EncodeError):
-            text = repr(value)
+    """An evidence or run value, formatted as every view formats it, shortened and escaped."""
+    text = fmt_value(value, limit=MAX_EVIDENCE_ITEMS)
     if len(text) > MAX_VALUE_CHARS:
         text = text[:MAX_VALUE_CHARS] + "…"
     return e(text)
@@ -139,7 +142,7 @@ def findings(report: Report) -> str:
         if f.steps:
             where.append(f"steps {fmt_ints(f.steps)}")
         if f.units:
-            where.append("units " + fmt_list([u or "(root)" for u in f.units], 8))
+            where.append("units " + fmt_list([unit_label(u) for u in f.units], 8))
         if where:
             parts.append(f'<p class="where">{e("; ".join(where))}</p>')
         if f.evidence:
@@ -170,21 +173,31 @@ def collectives(report: Report) -> str:
     """Collective totals per kind over all ranks, and the straggler table."""
     parts = ['<section id="collectives"><h2>Collectives and stragglers</h2>']
     if report.collectives:
-        agg: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
+        agg: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0, 0])
         ranks_of: dict[str, set[int]] = defaultdict(set)
         for c in report.collectives:
             a = agg[c.kind]
             a[0] += c.count
-            a[1] += c.total_bytes
             a[2] += c.total_ms
             a[3] += c.exposed_ms
+            size = known_bytes(c.total_bytes, c.count)
+            if size is None:
+                a[4] += 1  # rows whose size the trace did not record
+            else:
+                a[1] += size
             ranks_of[c.kind].add(c.rank)
+
+        def size_cell(a: list[float]) -> str:
+            if not a[4]:
+                return fmt_bytes(int(a[1]))
+            return f"at least {fmt_bytes(int(a[1]))}" if a[1] else fmt_bytes(None)
+
         rows = [
             [
                 e(kind),
                 e(len(ranks_of[kind])),
                 e(int(a[0])),
-                e(fmt_bytes(a[1]) if a[1] else "—"),
+                e(size_cell(a)),
                 e(fmt_ms(a[2])),
                 e(fmt_ms(a[3])),
             ]
@@ -259,3 +272,55 @@ def run_facts(report: Report) -> str:
         parts.append("</ul>")
     parts.append(f'<p class="note">Report schema {e(report.schema)}.</p></section>')
     return "".join(parts)
+
+
+def step_tables(report: Report) -> list[str]:
+    """Per-step tables (the shared step columns) for the first rank and the slowest ones, each
+    folded in a <details> with the rank's summary line."""
+    ranks = sorted(report.ranks, key=lambda r: r.rank)
+    shown = detailed_ranks(ranks, MAX_STEP_TABLE_RANKS)
+    if not any(r.steps for r in shown):
+        return []
+    titles = "".join(f'<th title="{e(c.description)}">{e(c.header)}</th>' for c in STEP_COLUMNS)
+    parts = ["<h3>Per-step breakdown (ms)</h3>"]
+    if len(shown) < len(ranks):
+        parts.append(
+            f'<p class="note">Rank {shown[0].rank} and the slowest ranks by median step time: '
+            f"{len(shown)} of {len(ranks)}; every rank is in the JSON report.</p>"
+        )
+    for rank in shown:
+        if not rank.steps:
+            continue
+        stats = rank_stats(rank)
+        steps = rank.steps
+        hidden = 0
+        if len(steps) > MAX_STEP_TABLE_ROWS:
+            half = MAX_STEP_TABLE_ROWS // 2
+            hidden = len(steps) - 2 * half
+            steps = steps[:half] + steps[-half:]
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{verdict_chip(s.verdict)}</td>"
+                if c.kind == "verdict"
+                else f'<td class="num">{e(c.cell(s))}</td>'
+                for c in STEP_COLUMNS
+            )
+            + "</tr>"
+            for s in steps
+        )
+        note = (
+            f'<p class="note">{hidden} middle steps are not shown; they are in the JSON report.</p>'
+            if hidden
+            else ""
+        )
+        summary_line = (
+            f"rank {rank.rank}: {stats.step_count} step(s), median {fmt_ms(stats.median_ms)}, "
+            f"max {fmt_ms(stats.max_ms)}, mostly {stats.dominant_verdict}"
+        )
+        parts.append(
+            f"<details><summary>{e(summary_line)}</summary>"
+            f"<table><thead><tr>{titles}</tr></thead><tbody>{body}</tbody></table>{note}"
+            "</details>"
+        )
+    return parts

@@ -15,7 +15,7 @@ from zdiag.analyzers.report import (
     Finding,
     FsdpUnit,
     MemoryTimeline,
-    RankSummary,
+    RankReport,
     Report,
     StepBreakdown,
     StepTimeline,
@@ -93,7 +93,7 @@ def sample_report(
             )
             start += dur + 0.5
         rank_summaries.append(
-            RankSummary(
+            RankReport(
                 rank=r,
                 source=f"rank-{r}{tag}.json.gz",
                 device="cuda",

@@ -19,7 +19,8 @@ from zdiag.analyzers.report import Report
 from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
 from zdiag.render._html_parts import e
-from zdiag.render._output import write_atomically
+from zdiag.render.output import write_output
+from zdiag.render.renderer import Destination, Renderer
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
@@ -52,6 +53,7 @@ th { background: var(--soft); } td { font-variant-numeric: tabular-nums; overflo
 pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 10px;
   overflow-x: auto; font-size: 13px; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; overflow-wrap: anywhere; }
+td.num { text-align: right; }
 .empty { color: var(--muted); font-style: italic; }
 .figure { border: 1px solid var(--line); border-radius: 6px; margin: 12px 0; padding: 4px; }
 .notes li { color: #8a4b00; }
@@ -110,6 +112,7 @@ def render_html(report: Report) -> str:
         "fig-exposed-comm",
     )
     steps_body += add(figs.breakdown(report), "fig-breakdown")
+    steps_body += parts.step_tables(report)
     timeline_body: list[str] = []
     timeline_groups, timeline_notes = figs.timelines_by_step(report)
     notes.extend(timeline_notes)
@@ -170,5 +173,15 @@ def render_html(report: Report) -> str:
 
 
 def write_html(report: Report, path: Path) -> None:
-    """Write the self-contained HTML report to `path` atomically (temp file + rename)."""
-    write_atomically(Path(path), render_html(report).encode("utf-8"))
+    """Write the self-contained HTML report to `path` (see zdiag.render.output for how)."""
+    write_output(Path(path), render_html(report).encode("utf-8"))
+
+
+class HtmlRenderer(Renderer):
+    """The self-contained interactive HTML page."""
+
+    name = "html"
+
+    def render(self, report: Report, destination: Destination) -> None:
+        """Write the page as UTF-8."""
+        destination.write(render_html(report).encode("utf-8"))

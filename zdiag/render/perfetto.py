@@ -11,7 +11,7 @@ there is one process, "zdiag · rank N", with:
   (at most MAX_MARKERS_PER_FINDING per rank), with evidence and recommendation in `args`.
   Findings that name no rank are global markers.
 
-Timestamps are the original trace's: `RankSummary.trace_start_us + StepBreakdown.start_ms * 1000`,
+Timestamps are the original trace's: `trace_start_us` of the rank + StepBreakdown.start_ms * 1000`,
 so the overlay lines up with the rank's Kineto trace when both are loaded together (see
 docs/reports.md). Process ids are OVERLAY_PID_BASE + rank so they never collide with real pids.
 """
@@ -24,8 +24,12 @@ from typing import Any
 
 import msgspec
 
-from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
-from zdiag.render._output import fmt_ints, write_atomically
+from zdiag.analyzers.report import Finding, Report, StepBreakdown
+from zdiag.render.columns import step_values
+from zdiag.render.format import fmt_ints
+from zdiag.render.output import write_output
+from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.stats import RankView
 
 OVERLAY_PID_BASE = 1_000_000_000  # above any real pid (Linux pid_max <= 2**22)
 STEP_TID = 1
@@ -49,7 +53,7 @@ def _us(value: float) -> float:
     return round(value, 3) if math.isfinite(value) else 0.0
 
 
-def _metadata(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
+def _metadata(pid: int, rank: RankView) -> list[dict[str, Any]]:
     label = f"zdiag · rank {rank.rank}" + (f" ({rank.host})" if rank.host else "")
     return [
         {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": label}},
@@ -91,7 +95,7 @@ def _metadata(pid: int, rank: RankSummary) -> list[dict[str, Any]]:
     ]
 
 
-def _step_events(pid: int, rank: RankSummary, detailed: bool) -> list[dict[str, Any]]:
+def _step_events(pid: int, rank: RankView, detailed: bool) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     end_us = None
     ordered = sorted(rank.steps, key=lambda s: s.start_ms)
@@ -132,20 +136,8 @@ def _step_events(pid: int, rank: RankSummary, detailed: bool) -> list[dict[str, 
 
 
 def _step_args(s: StepBreakdown) -> dict[str, Any]:
-    """The step's breakdown, shown when a slice is selected."""
-    return {
-        "step": s.step,
-        "verdict": s.verdict,
-        "verdict_reason": s.verdict_reason,
-        "duration_ms": s.duration_ms,
-        "compute_ms": s.compute_ms,
-        "comm_ms": s.comm_ms,
-        "overlapped_ms": s.overlapped_ms,
-        "exposed_comm_ms": s.exposed_comm_ms,
-        "memcpy_ms": s.memcpy_ms,
-        "idle_ms": s.idle_ms,
-        "kernel_count": s.kernel_count,
-    }
+    """The step's breakdown, shown when a slice is selected: every step column, and the reason."""
+    return {**step_values(s), "verdict_reason": s.verdict_reason}
 
 
 def _finding_args(f: Finding) -> dict[str, Any]:
@@ -239,5 +231,15 @@ def overlay_events(report: Report) -> dict[str, Any]:
 
 
 def write_overlay(report: Report, path: Path) -> None:
-    """Write the overlay trace JSON to `path` atomically (temp file + rename)."""
-    write_atomically(Path(path), msgspec.json.encode(overlay_events(report)))
+    """Write the overlay trace JSON to `path` (see zdiag.render.output for how files are written)."""
+    write_output(Path(path), msgspec.json.encode(overlay_events(report)))
+
+
+class PerfettoRenderer(Renderer):
+    """The Perfetto/Chrome-trace overlay of step verdicts and findings."""
+
+    name = "perfetto"
+
+    def render(self, report: Report, destination: Destination) -> None:
+        """Write the overlay's JSON."""
+        destination.write(msgspec.json.encode(overlay_events(report)))

@@ -7,11 +7,23 @@ string; the command prints it.
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter
+from collections.abc import Sequence
 
-from zdiag.analyzers.report import Finding, RankSummary, Report, StepBreakdown
-from zdiag.render._output import unit_label, worst_first
+from zdiag.analyzers.report import Finding, Report, StepBreakdown
+from zdiag.render.columns import STEP_COLUMNS, step_cells, step_headers
+from zdiag.render.format import (
+    fmt_bytes,
+    fmt_ints,
+    fmt_list,
+    fmt_ms,
+    fmt_ranks,
+    fmt_share,
+    fmt_value,
+    known_bytes,
+    unit_label,
+)
+from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.stats import RankStats, RankView, detailed_ranks, rank_stats, worst_first
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -25,25 +37,8 @@ MAX_STRAGGLER_ROWS = 8
 """Straggler table rows: the ranks causing the most waiting (all of them are in --json)."""
 
 
-def _ms(v: float) -> str:
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
-def _pct(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:.0f}%" if whole > 0 else "-"
-
-
-def _bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+def _pct(share: float | None) -> str:
+    return fmt_share(share, 1.0) if share is not None else "-"
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -59,34 +54,34 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
-def _rank_summary(rank: RankSummary) -> list[str]:
-    steps = rank.steps
+def _rank_head(rank: RankView) -> str:
     where = f" on {rank.host}" if rank.host else ""
-    head = f"Rank {rank.rank} ({rank.device}{where}) - {rank.source}"
-    if not steps:
+    return f"Rank {rank.rank} ({rank.device}{where}) - {rank.source}"
+
+
+def _rank_summary(rank: RankView) -> list[str]:
+    stats = rank_stats(rank)
+    head = _rank_head(rank)
+    if not stats.step_count:
         return [head, "  no steps analyzed"]
-    dur = [s.duration_ms for s in steps]
-    total = sum(dur)
-    verdicts = Counter(s.verdict for s in steps)
-    main_verdict, count = verdicts.most_common(1)[0]
-
-    def share(attr: str) -> str:
-        return _pct(sum(getattr(s, attr) for s in steps), total)
-
+    step_source = rank.step_source
+    verdicts = stats.verdicts
+    main_verdict, count = verdicts[0]
     return [
         head,
-        f"  {len(steps)} step(s)"
-        + (f" from {rank.step_source}" if rank.step_source else "")
-        + f", median {_ms(statistics.median(dur))} ms, "
-        f"min {_ms(min(dur))} ms, max {_ms(max(dur))} ms",
-        f"  time: compute {share('compute_ms')}, exposed comm {share('exposed_comm_ms')}, "
-        f"memcpy {share('memcpy_ms')}, idle {share('idle_ms')} "
-        f"(comm {share('comm_ms')}, of which overlapped {_pct(sum(s.overlapped_ms for s in steps), sum(s.comm_ms for s in steps))})",
-        f"  verdict: {main_verdict} in {count} of {len(steps)} step(s)"
+        f"  {stats.step_count} step(s)"
+        + (f" from {step_source}" if step_source else "")
+        + f", median {fmt_ms(stats.median_ms)}, "
+        f"min {fmt_ms(stats.min_ms)}, max {fmt_ms(stats.max_ms)}",
+        f"  time: compute {_pct(stats.compute_share)}, "
+        f"exposed comm {_pct(stats.exposed_comm_share)}, "
+        f"memcpy {_pct(stats.memcpy_share)}, idle {_pct(stats.idle_share)} "
+        f"(comm {_pct(stats.comm_share)}, of which overlapped {_pct(stats.overlapped_of_comm)})",
+        f"  verdict: {main_verdict} in {count} of {stats.step_count} step(s)"
         + (
             ""
             if len(verdicts) == 1
-            else " (" + ", ".join(f"{v} {c}" for v, c in verdicts.most_common()[1:]) + ")"
+            else " (" + ", ".join(f"{v} {c}" for v, c in verdicts[1:]) + ")"
         ),
     ]
 
@@ -98,59 +93,29 @@ def _step_rows(steps: list[StepBreakdown]) -> tuple[list[list[str]], int]:
         half = MAX_STEP_ROWS // 2
         shown = steps[:half] + steps[-half:]
         hidden = len(steps) - len(shown)
-    rows = [
-        [
-            str(s.step),
-            _ms(s.duration_ms),
-            _ms(s.compute_ms),
-            _ms(s.comm_ms),
-            _ms(s.overlapped_ms),
-            _ms(s.exposed_comm_ms),
-            _ms(s.memcpy_ms),
-            _ms(s.idle_ms),
-            _ms(s.host_launch_ms),
-            str(s.kernel_count),
-            s.verdict,
-        ]
-        for s in shown
-    ]
-    return rows, hidden
+    return [step_cells(s) for s in shown], hidden
 
 
-STEP_HEADER = [
-    "step",
-    "dur ms",
-    "compute",
-    "comm",
-    "overlap",
-    "exposed",
-    "memcpy",
-    "idle",
-    "launch",
-    "kernels",
-    "verdict",
-]
+STEP_NUMERIC = {i for i, c in enumerate(STEP_COLUMNS) if c.numeric}
 
 
 def _finding_lines(f: Finding) -> list[str]:
     where = []
     if f.ranks:
-        where.append(
-            "rank " + ",".join(map(str, f.ranks[:16])) + ("..." if len(f.ranks) > 16 else "")
-        )
+        where.append(fmt_ranks(f.ranks))
     if f.steps:
-        where.append(
-            "step " + ",".join(map(str, f.steps[:16])) + ("..." if len(f.steps) > 16 else "")
-        )
+        where.append(("step " if len(set(f.steps)) == 1 else "steps ") + fmt_ints(f.steps, 16))
     if f.units:
-        names = [unit_label(u) for u in f.units[:8]]
-        where.append("unit " + ", ".join(names) + ("..." if len(f.units) > 8 else ""))
+        where.append(
+            ("unit " if len(f.units) == 1 else "units ")
+            + fmt_list([unit_label(u) for u in f.units], 8)
+        )
     lines = [
         f"[{f.severity.upper()}] {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
     ]
     if f.evidence:
         shown = [(k, v) for k, v in f.evidence.items() if v not in (None, {}, [])][:8]
-        ev = ", ".join(f"{k}={_fmt_value(v)}" for k, v in shown)
+        ev = ", ".join(f"{k}={fmt_value(v)}" for k, v in shown)
         lines.append(f"    evidence: {ev}")
     if f.recommendation:
         lines.append(f"    do: {f.recommendation}")
@@ -158,9 +123,9 @@ def _finding_lines(f: Finding) -> list[str]:
         lines.extend(f"      {line}" for line in f.code.splitlines())
     if f.expected_gain_ms is not None:
         how = f" ({f.gain_method})" if f.gain_method else ""
-        lines.append(f"    expected gain: {_ms(f.expected_gain_ms)} ms per step{how}")
+        lines.append(f"    expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}")
     if f.expected_gain_bytes is not None:
-        lines.append(f"    expected saving: {_bytes(f.expected_gain_bytes)} peak memory")
+        lines.append(f"    expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory")
     return lines
 
 
@@ -186,65 +151,25 @@ def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
     return ["", *lines] if lines else []
 
 
-def _fmt_value(v: object) -> str:
-    """An evidence value, also inside nested dicts (per rank): floats like table cells, tiny
-    ones (probabilities) with two significant digits instead of 0.00."""
-    if isinstance(v, float):
-        return f"{v:.2g}" if 0 < abs(v) < 0.01 else _ms(v)
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_fmt_value(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list | tuple) and len(v) > 6:
-        return "[" + ", ".join(map(str, v[:6])) + ", ...]"
-    return str(v)
-
-
-def _rank_list(ranks: list[int]) -> str:
-    """ "rank 3", "ranks 0-7", "ranks 0,2,5" (runs of consecutive ranks collapsed)."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        if r is not None:
-            start = prev = r
-    return "ranks " + ",".join(parts)
-
-
-def _median_ms(rank: RankSummary) -> float:
-    return statistics.median([s.duration_ms for s in rank.steps]) if rank.steps else 0.0
-
-
-def _rank_overview(ranks: list[RankSummary]) -> list[str]:
+def _rank_overview(ranks: Sequence[RankView]) -> list[str]:
     """One line per rank: median step, shares, the most common verdict."""
     rows = []
     for r in ranks:
-        total = sum(s.duration_ms for s in r.steps)
-        verdict = Counter(s.verdict for s in r.steps).most_common(1)
+        stats: RankStats = rank_stats(r)
         rows.append(
             [
                 str(r.rank),
                 r.device,
-                str(len(r.steps)),
-                _ms(_median_ms(r)),
-                _pct(sum(s.compute_ms for s in r.steps), total),
-                _pct(sum(s.exposed_comm_ms for s in r.steps), total),
-                _pct(sum(s.idle_ms for s in r.steps), total),
-                verdict[0][0] if verdict else "-",
+                str(stats.step_count),
+                fmt_ms(stats.median_ms, unit=False),
+                _pct(stats.compute_share),
+                _pct(stats.exposed_comm_share),
+                _pct(stats.idle_share),
+                stats.dominant_verdict or "-",
             ]
         )
     header = ["rank", "device", "steps", "median ms", "compute", "exposed", "idle", "verdict"]
     return _table(header, rows, {2, 3, 4, 5, 6})
-
-
-def _detailed_ranks(ranks: list[RankSummary]) -> list[RankSummary]:
-    """Rank 0 (or the first) and the slowest ranks by median step, in rank order."""
-    first = ranks[0]
-    slowest = sorted(ranks[1:], key=lambda r: -_median_ms(r))[: MAX_DETAILED_RANKS - 1]
-    return sorted([first, *slowest], key=lambda r: r.rank)
 
 
 def render_text(report: Report) -> str:
@@ -259,7 +184,7 @@ def render_text(report: Report) -> str:
     if len(report.ranks) > MAX_DETAILED_RANKS:
         out += ["", "Ranks"]
         out.extend("  " + line for line in _rank_overview(report.ranks))
-        detailed = _detailed_ranks(report.ranks)
+        detailed = detailed_ranks(report.ranks, MAX_DETAILED_RANKS)
         out += [
             "",
             f"Per-step detail for {len(detailed)} of {len(report.ranks)} ranks (rank 0 and the "
@@ -271,7 +196,7 @@ def render_text(report: Report) -> str:
         if rank.steps:
             rows, hidden = _step_rows(rank.steps)
             out.append("")
-            out.extend("  " + line for line in _table(STEP_HEADER, rows, set(range(1, 10))))
+            out.extend("  " + line for line in _table(step_headers(), rows, STEP_NUMERIC))
             if hidden:
                 out.append(f"  ({hidden} middle steps not shown; use --json for all)")
     if report.collectives:
@@ -285,9 +210,9 @@ def render_text(report: Report) -> str:
                 str(c.rank),
                 c.kind,
                 str(c.count),
-                _bytes(c.total_bytes) if c.total_bytes else "-",
-                _ms(c.total_ms),
-                _ms(c.exposed_ms),
+                fmt_bytes(known_bytes(c.total_bytes, c.count)),
+                fmt_ms(c.total_ms, unit=False),
+                fmt_ms(c.exposed_ms, unit=False),
                 ",".join(c.dtypes) or "-",
             ]
             for c in collectives
@@ -313,11 +238,11 @@ def render_text(report: Report) -> str:
                 str(u.rank),
                 unit_label(u.name),
                 u.framework,
-                _bytes(u.all_gather_bytes),
-                _bytes(u.reduce_bytes),
-                _ms(u.all_gather_ms),
-                _ms(u.reduce_ms),
-                _ms(u.exposed_wait_ms),
+                fmt_bytes(known_bytes(u.all_gather_bytes, u.all_gather_count)),
+                fmt_bytes(known_bytes(u.reduce_bytes, u.reduce_count)),
+                fmt_ms(u.all_gather_ms, unit=False),
+                fmt_ms(u.reduce_ms, unit=False),
+                fmt_ms(u.exposed_wait_ms, unit=False),
             ]
             for u in units
         ]
@@ -350,8 +275,8 @@ def render_text(report: Report) -> str:
                 str(s.rank),
                 str(s.last_arrivals),
                 str(s.matched_collectives),
-                _ms(s.wait_caused_ms),
-                _ms(s.mean_skew_ms),
+                fmt_ms(s.wait_caused_ms, unit=False),
+                fmt_ms(s.mean_skew_ms, unit=False),
             ]
             for s in sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)[:MAX_STRAGGLER_ROWS]
         ]
@@ -378,10 +303,20 @@ def render_text(report: Report) -> str:
         for w in rank.warnings:
             ranks_by_warning.setdefault(w, []).append(rank.rank)
     for w, ranks in ranks_by_warning.items():
-        who = _rank_list(ranks) if len(report.ranks) > 1 else f"rank {ranks[0]}"
+        who = fmt_ranks(ranks)
         warnings.append(f"{who}: {w}")
     if warnings:
         out += ["", "Warnings"]
         out.extend(f"  - {w}" for w in warnings)
     out.extend(_threshold_lines(report.thresholds))
     return "\n".join(out) + "\n"
+
+
+class TextRenderer(Renderer):
+    """The plain-text report (`zdiag analyze`'s default output, `zdiag render --text`)."""
+
+    name = "text"
+
+    def render(self, report: Report, destination: Destination) -> None:
+        """Write `render_text(report)` as UTF-8."""
+        destination.write(render_text(report).encode("utf-8"))

@@ -1,0 +1,118 @@
+"""The reduce: rank summaries (and what the run recorded) in, one Report out.
+
+`reduce_run(summaries, run)` never touches a trace: it matches collectives across ranks from the
+summaries' per-call columns, builds the detectors' context from values, runs the detectors, and
+assembles the Report once at the end from what each stage returned. The same summaries give the
+same Report wherever they were computed (in this process, decoded from a cache, from workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zdiag import __version__
+from zdiag.analyzers import crossrank, verdict
+from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
+from zdiag.analyzers.detectors import build_context, run_context
+from zdiag.analyzers.flight_recorder import HangAnalysis
+from zdiag.analyzers.report import MemoryTimeline, Report, StepTimeline
+from zdiag.analyzers.summary import RankSummary
+from zdiag.analyzers.timeline import select_timelines
+from zdiag.collectors.rundir import Manifest
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the reduce knows about the run besides its ranks.
+
+    - `inputs`: the trace files, as given.
+    - `manifest` / `run_dir`: the run manifest and directory (None for bare traces).
+    - `warnings`: run-level warnings from loading (duplicate ranks, skipped memory timelines).
+    - `memory`: the memory timelines loaded for the analyzed ranks.
+    - `manifest_summary`: what `Report.run` takes from the manifest (schema, world size,
+      versions; `pipeline.manifest_summary`).
+    - `flight_recorder` / `flight_recorder_inputs`: the analysis of torch.distributed
+      flight-recorder dumps given with the traces, and their paths (the `hang` detector reads it).
+    """
+
+    inputs: tuple[str, ...] = ()
+    manifest: Manifest | None = None
+    run_dir: Path | None = None
+    warnings: tuple[str, ...] = ()
+    memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
+    manifest_summary: Mapping[str, Any] = field(default_factory=dict)
+    flight_recorder: HangAnalysis | None = None
+    flight_recorder_inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """The reduce's result: the Report and the cross-rank matching it was built from."""
+
+    report: Report
+    crossrank: CrossRankResult
+
+
+def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
+    """Cross-rank matching, detectors and the Report, from rank summaries alone (rank order)."""
+    matching = match_collectives([s.rank_collectives() for s in summaries])
+    multi_rank = len(matching.ranks) >= 2
+    ctx = build_context(
+        summaries,
+        manifest=run.manifest,
+        run_dir=run.run_dir,
+        memory=run.memory,
+        crossrank=matching,
+        flight_recorder=run.flight_recorder,
+    )
+    detected = run_context(ctx)
+
+    thresholds = verdict.thresholds()
+    if multi_rank:
+        thresholds.update(crossrank.thresholds())
+    warnings = list(run.warnings)
+    if multi_rank:
+        warnings += [f"cross-rank: {w}" for w in matching.warnings]
+    for w in ctx.warnings:
+        if w not in warnings:
+            warnings.append(w)
+    warnings += detected.warnings
+
+    report = Report(
+        zdiag_version=__version__,
+        inputs=list(run.inputs) + list(run.flight_recorder_inputs),
+        thresholds=thresholds,
+        run=run_summary(summaries, run),
+        ranks=[s.rank_report() for s in summaries],
+        collectives=[c for s in summaries for c in s.collective_stats],
+        timelines=_timelines(summaries),
+        memory=list(run.memory),
+        fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
+        stragglers=crossrank.straggler_stats(matching) if multi_rank else [],
+        findings=detected.findings,
+        warnings=warnings,
+    )
+    return Reduction(report=report, crossrank=matching)
+
+
+def _timelines(summaries: Sequence[RankSummary]) -> list[StepTimeline]:
+    timelines = [s.timeline for s in summaries if s.timeline is not None]
+    return select_timelines(timelines, {s.rank: list(s.steps) for s in summaries})
+
+
+def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, Any] | None:
+    """`Report.run`: world size and backend from the ranks, then the manifest's own keys."""
+    summary: dict[str, Any] = {}
+    ws = next((s.world_size for s in summaries if s.world_size), None)
+    if ws:
+        summary["world_size"] = ws
+    backend = next((s.backend for s in summaries if s.backend), None)
+    if backend:
+        summary["backend"] = backend
+    if run.run_dir is not None:
+        summary["run_dir"] = str(run.run_dir)
+    summary.update(run.manifest_summary)
+    return summary or None

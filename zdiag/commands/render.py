@@ -1,0 +1,126 @@
+"""`zdiag render REPORT.json`: re-render a saved `zdiag analyze --json` report, without the traces.
+
+The report is the versioned Report JSON (`zdiag.report/1`), decoded with msgspec into the same
+`Report` that `zdiag analyze` hands its renderers, so every format looks exactly as it would have
+from the analysis. A missing, unreadable, corrupt or other-schema file is one sentence, exit 2.
+Output paths follow zdiag.render.output: never the report itself, devices and FIFOs written
+through, files atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from zdiag.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from zdiag.analyzers.report import Report
+
+EXAMPLES = """\
+examples:
+  zdiag analyze run_dir/ --json -o report.json      # once, where the traces are
+  zdiag render report.json                          # the text report (same as --text)
+  zdiag render report.json --html report.html       # the interactive page
+  zdiag render report.json --perfetto overlay.json  # verdict/finding tracks for ui.perfetto.dev
+  zdiag render report.json --tui                    # browse it in the terminal
+  zdiag render report.json --text -o report.txt     # the text report into a file
+"""
+
+
+def load_report(path: Path) -> Report:
+    """Read and decode a saved Report; InputError (one sentence) when it cannot be used."""
+    from zdiag.analyzers.report import decode_report
+
+    hint = "give a file written by 'zdiag analyze ... --json -o FILE'"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as exc:
+        raise InputError(f"{path} does not exist; {hint}.") from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {path} ({exc.strerror}); {hint}.") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path} is not a regular file; {hint}.")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path} ({exc.strerror}); {hint}.") from exc
+    try:
+        return decode_report(data)
+    except (ValueError, RecursionError) as exc:
+        # decode_report names the problem: bad JSON, no zdiag schema, a newer schema, a bad field
+        remedy = "upgrade zdiag to read it" if "newer" in str(exc) else hint
+        raise InputError(f"{path} cannot be rendered: {exc}; {remedy}.") from exc
+
+
+class RenderCommand:
+    """`zdiag render`."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Options of `zdiag render`."""
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = EXAMPLES
+        parser.add_argument(
+            "report",
+            nargs="?",
+            type=Path,
+            metavar="REPORT.json",
+            help="a report saved with 'zdiag analyze ... --json -o REPORT.json' (zdiag.report/1)",
+        )
+        parser.add_argument(
+            "--text",
+            action="store_true",
+            help="the text report, to stdout or -o FILE (the default when nothing else is asked)",
+        )
+        parser.add_argument(
+            "--output", "-o", type=Path, metavar="FILE", help="write the text report to FILE"
+        )
+        parser.add_argument("--html", type=Path, metavar="FILE", help="write the HTML report")
+        parser.add_argument(
+            "--perfetto",
+            type=Path,
+            metavar="FILE",
+            help="write the Perfetto/Chrome-trace overlay (step verdicts, findings)",
+        )
+        parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Load the report, then write each asked-for format; returns the exit code."""
+        from zdiag.render.output import OutputTarget, check_outputs
+        from zdiag.render.renderer import STDOUT, Destination, get_renderer
+
+        if args.report is None:
+            raise ConfigError(
+                "no report given; pass a file saved with 'zdiag analyze ... --json -o FILE'."
+            )
+        if args.tui and args.output is not None:
+            raise ConfigError("--tui draws on the terminal; drop -o or --tui.")
+        files = [
+            OutputTarget(option, target)
+            for option, target in (
+                ("--output", args.output),
+                ("--html", args.html),
+                ("--perfetto", args.perfetto),
+            )
+            if target is not None
+        ]
+        check_outputs(files, inputs=[args.report])
+        report = load_report(args.report)
+        text_wanted = (
+            args.text or args.output is not None or not (args.html or args.perfetto or args.tui)
+        )
+        if text_wanted:
+            destination = STDOUT if args.output is None else Destination(args.output)
+            get_renderer("text").render(report, destination)
+        for name, target in (("html", args.html), ("perfetto", args.perfetto)):
+            if target is not None:
+                get_renderer(name).render(report, Destination(target))
+        if args.tui:
+            get_renderer("tui").render(report, STDOUT)
+        return 0
+
+
+COMMAND = RenderCommand()

@@ -1,0 +1,152 @@
+"""The statistics every view shows, defined once: per rank, over the run, and the orderings.
+
+`rank_stats` is the only place that summarizes a rank's steps (median/mean/min/max step time,
+where the time went as shares of the step time, verdict counts); the text report, the TUI's
+rank table and the HTML page all read it. `run_stats` does the same over every rank × step row.
+Values, not strings: the renderers format them with `zdiag.render.format`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from zdiag.analyzers.report import SEVERITY_ORDER, VERDICTS, Finding, Report, StepBreakdown
+
+
+class RankView(Protocol):
+    """What the view layer reads of one rank of a Report (the Report's per-rank class; the
+    views name this protocol, not the class)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def trace_start_us(self) -> float: ...
+    @property
+    def steps(self) -> list[StepBreakdown]: ...
+    @property
+    def warnings(self) -> list[str]: ...
+    @property
+    def step_source(self) -> str: ...
+
+
+R = TypeVar("R", bound=RankView)
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's steps summarized. Times in ms; shares are fractions of the summed step time."""
+
+    rank: int
+    step_count: int
+    total_ms: float
+    median_ms: float | None  # None: no steps
+    mean_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    compute_share: float | None  # None: no step time to share
+    comm_share: float | None
+    exposed_comm_share: float | None
+    memcpy_share: float | None
+    idle_share: float | None
+    overlapped_of_comm: float | None  # overlapped / comm; None without communication
+    verdicts: tuple[tuple[str, int], ...]  # most common first
+
+    @property
+    def dominant_verdict(self) -> str:
+        """The verdict most steps got ("" without steps)."""
+        return self.verdicts[0][0] if self.verdicts else ""
+
+
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
+def rank_stats(rank: RankView) -> RankStats:
+    """Summarize one rank's steps (see `RankStats`)."""
+    steps = rank.steps
+    durations = [s.duration_ms for s in steps]
+    total = sum(durations)
+    comm = sum(s.comm_ms for s in steps)
+
+    def share(attr: str) -> float | None:
+        return _share(sum(getattr(s, attr) for s in steps), total)
+
+    return RankStats(
+        rank=rank.rank,
+        step_count=len(steps),
+        total_ms=total,
+        median_ms=statistics.median(durations) if durations else None,
+        mean_ms=total / len(durations) if durations else None,
+        min_ms=min(durations) if durations else None,
+        max_ms=max(durations) if durations else None,
+        compute_share=share("compute_ms"),
+        comm_share=share("comm_ms"),
+        exposed_comm_share=share("exposed_comm_ms"),
+        memcpy_share=share("memcpy_ms"),
+        idle_share=share("idle_ms"),
+        overlapped_of_comm=_share(sum(s.overlapped_ms for s in steps), comm),
+        verdicts=tuple(Counter(s.verdict for s in steps).most_common()),
+    )
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Every rank × step row of a Report summarized."""
+
+    rank_count: int
+    row_count: int  # rank × step rows
+    mean_step_ms: float | None
+    slowest_step_ms: float | None
+    verdicts: tuple[tuple[str, int], ...]  # known verdicts in VERDICTS order, then others
+
+
+def run_stats(report: Report) -> RunStats:
+    """Summarize the whole Report's steps (see `RunStats`)."""
+    durations = [s.duration_ms for r in report.ranks for s in r.steps]
+    counts = Counter(s.verdict for r in report.ranks for s in r.steps)
+    order = list(VERDICTS) + sorted(set(counts) - set(VERDICTS))
+    return RunStats(
+        rank_count=len(report.ranks),
+        row_count=len(durations),
+        mean_step_ms=sum(durations) / len(durations) if durations else None,
+        slowest_step_ms=max(durations) if durations else None,
+        verdicts=tuple((v, counts[v]) for v in order if counts[v]),
+    )
+
+
+def detailed_ranks(ranks: Sequence[R], limit: int) -> list[R]:
+    """At most `limit` ranks worth showing in detail: the first one and the slowest by median
+    step time, in rank order (all of them when there are at most `limit`)."""
+    if len(ranks) <= limit:
+        return list(ranks)
+    first, rest = ranks[0], ranks[1:]
+
+    def median(r: R) -> float:
+        return rank_stats(r).median_ms or 0.0
+
+    slowest = sorted(rest, key=lambda r: -median(r))[: limit - 1]
+    return sorted([first, *slowest], key=lambda r: r.rank)
+
+
+def worst_first(finding: Finding) -> tuple[int, float]:
+    """Sort key for findings, worst first: severity, then expected gain (ms per step)."""
+    return (-SEVERITY_ORDER.get(finding.severity, 0), -(finding.expected_gain_ms or 0.0))
+
+
+def related_findings(report: Report, rank: int, step: int) -> list[Finding]:
+    """The findings that concern one rank and step (a finding naming no ranks/steps concerns all)."""
+    return [
+        f
+        for f in report.findings
+        if (not f.ranks or rank in f.ranks) and (not f.steps or step in f.steps)
+    ]
