@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from zdiag.analyzers.safe_read import current_limits, open_regular, read_capped
 from zdiag.errors import InputError
@@ -106,10 +106,46 @@ class SnapshotMemory:
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Refuses every global: only the pickle protocol's own containers and scalars load."""
+    """Refuses every global: only the pickle protocol's own containers and scalars load.
+
+    `load` runs under a memory budget of PICKLE_MEMORY_BASE_BYTES + PICKLE_MEMORY_PER_BYTE x the
+    input's size (a memo bomb raises MemoryError instead of taking gigabytes), for an in-memory
+    `io.BytesIO` input or a real file; the flight-recorder reader uses this class too.
+    """
+
+    def __init__(self, file: BinaryIO) -> None:
+        super().__init__(file)
+        self._input_bytes = _input_size(file)
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+    def load(self) -> Any:
+        """The unpickled object (`PickleMemoryError` beyond the budget)."""
+        try:
+            with _memory_budget(
+                PICKLE_MEMORY_BASE_BYTES + PICKLE_MEMORY_PER_BYTE * self._input_bytes
+            ):
+                return super().load()
+        except MemoryError:
+            raise PickleMemoryError(
+                f"it asks for far more memory than its {self._input_bytes} bytes can hold "
+                "(a damaged or hostile pickle)"
+            ) from None
+
+
+class PickleMemoryError(pickle.UnpicklingError):
+    """A pickle that asks for more memory than its size allows (a memo bomb)."""
+
+
+def _input_size(file: BinaryIO) -> int:
+    """Bytes in an unpickler's input: a BytesIO's buffer, else the file's size (0 if unknown)."""
+    if isinstance(file, io.BytesIO):
+        return file.getbuffer().nbytes
+    try:
+        return os.fstat(file.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        return 0
 
 
 @contextmanager
@@ -148,13 +184,9 @@ def load_plain_pickle(path: str | Path, what: str, root: Path | None = None) -> 
     with open_regular(p, what, root) as f:
         data = read_capped(f, p, what, current_limits().max_bytes)
     try:
-        with _memory_budget(PICKLE_MEMORY_BASE_BYTES + PICKLE_MEMORY_PER_BYTE * len(data)):
-            return _PlainUnpickler(io.BytesIO(data)).load()
-    except MemoryError:
-        raise InputError(
-            f"{p}: the {what} asks for far more memory than its {len(data)} bytes can hold "
-            "(a damaged or hostile pickle); it was not loaded."
-        ) from None
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except PickleMemoryError as exc:
+        raise InputError(f"{p}: the {what} was not loaded: {exc}.") from None
     except RecursionError:
         raise InputError(
             f"{p}: the {what} is nested too deep to read; it was not loaded."

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # fuzz_inputs, and support/ for the dumps
 
 import fuzz_inputs as fz  # noqa: E402
 
@@ -98,6 +98,18 @@ def _run_dir_case(target: str) -> Callable[..., list[str]]:
     return make
 
 
+_BASE_DUMPS: Path | None = None
+
+
+def _dump_case(rng: random.Random, work: Path) -> list[str]:
+    """One rank's dump of a hung 4-rank job damaged (shared references 5000 x 500 deep)."""
+    assert _BASE_DUMPS is not None
+    dumps = work / "dumps"
+    shutil.copytree(_BASE_DUMPS, dumps)
+    fz.mutate_dump(rng, dumps / f"nccl_trace_rank_{rng.randrange(4)}", shared=(5000, 500))
+    return ["analyze", "-q", str(dumps)]
+
+
 def _flips(rng: random.Random) -> bytes:
     import gzip
 
@@ -119,6 +131,7 @@ FAMILIES = (
     Family("trace: junk bytes", _trace_case(fz.raw_junk)),
     Family("trace: gzip bombs", _trace_case(_gzip_bomb)),
     *(Family(f"run dir: {t}", _run_dir_case(t)) for t in fz.RUN_DIR_TARGETS),
+    Family("flight-recorder dumps", lambda rng, work: _dump_case(rng, work)),
     Family("live records", lambda rng, work: None),
 )
 
@@ -210,7 +223,7 @@ class Stats:
 
 def main() -> int:
     """Run the families round-robin for --minutes; print (and optionally write) the section."""
-    global _BASE_RUN
+    global _BASE_RUN, _BASE_DUMPS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=14, help="first seed (cases use seed + i)")
@@ -218,6 +231,7 @@ def main() -> int:
     args = parser.parse_args()
     top = Path(tempfile.mkdtemp(prefix="zdiag-fuzz-long-"))
     _BASE_RUN = fz.make_run_dir(top / "base-run")
+    _BASE_DUMPS = fz.make_dump_dir(top / "base-dumps")
     fz.base_trace(0), fz.base_trace(1)  # cached before forking
     for mib in (64, 300, 1200):
         _BOMBS[mib] = _make_bomb(mib)

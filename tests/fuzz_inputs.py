@@ -520,3 +520,51 @@ def verdict(rc: int, stderr: str) -> str | None:
     if rc == 2 and len(errors) != 1:
         return f"exit 2 without exactly one error sentence: {stderr[-300:]!r}"
     return None
+
+
+# --- flight-recorder dumps ------------------------------------------------------------------
+
+
+def make_dump_dir(dst: Path) -> Path:
+    """Four ranks' flight-recorder dumps of a job hung at its 4th all-reduce (rank 2 missing),
+    as `tests/support/flight_recorder.FakeJob` writes them (torch 2.13's format)."""
+    from support.flight_recorder import FakeJob
+
+    job = FakeJob(4)
+    frames = [{"filename": "/x/train.py", "line": 3, "name": "step"}]
+    for _ in range(3):
+        job.collective(frames={r: frames for r in range(4)})
+    job.collective(ranks=[0, 1, 3], state="scheduled")
+    dst.mkdir(parents=True)
+    job.write(dst)
+    return dst
+
+
+def mutate_dump(rng: random.Random, path: Path, shared: tuple[int, int] = (1000, 100)) -> None:
+    """Damage one rank's dump: field mutations, wrong types, shared references (`shared`: one
+    entry referenced that many times, with a stack that deep), memo tricks, byte flips or
+    truncation (the pickle is rewritten in place)."""
+    data = path.read_bytes()
+    doc = pickle.loads(data)
+    choice = rng.randrange(6)
+    if choice == 0:
+        out = pickle.dumps(mutate_json_doc(rng, doc, rng.randint(1, 4)), protocol=2)
+    elif choice == 1:  # one entry referenced many times, with a long shared stack
+        entry = doc["entries"][-1]
+        stack = [{"filename": f"/x/{i}.py", "line": i, "name": "f"} for i in range(shared[1])]
+        entry["frames"] = stack
+        doc["entries"] = [entry] * shared[0]
+        out = pickle.dumps(doc, protocol=2)
+    elif choice == 2:  # a memo index far out, inside a dump that sniffs as one
+        out = (
+            b"\x80\x02}q\x00(X\x07\x00\x00\x00versionq\x01X\x03\x00\x00\x002.9q\x02"
+            b"X\x07\x00\x00\x00entriesq\x03]r\xff\xff\xff\x07u."
+        )
+    elif choice == 3:
+        out = flip_bytes(rng, data, rng.randint(1, 4))
+    elif choice == 4:
+        out = data[: rng.randrange(1, len(data))]
+    else:
+        doc["entries"] = [hostile(rng) for _ in range(rng.randint(1, 4))]
+        out = pickle.dumps(doc, protocol=2)
+    path.write_bytes(out)

@@ -1,7 +1,7 @@
 """Fuzzing `zdiag analyze` through its CLI entry, in this process: damaged traces (field
 mutations and byte flips of small real traces, structured malformed documents, junk bytes,
-generated event lists) and damaged run directories (manifest, OOM record, memory timeline, CUDA
-snapshot, trace). Every case must end in exit 0, 1 or 2 (never 70), with no traceback and, for
+generated event lists), damaged run directories (manifest, OOM record, memory timeline, CUDA
+snapshot, trace) and damaged flight-recorder dumps. Every case must end in exit 0, 1 or 2 (never 70), with no traceback and, for
 exit 2, one error sentence, within `CASE_SECONDS`.
 
 Fixed budget for CI: derandomized hypothesis runs with fixed example counts (about 30 s in all
@@ -172,3 +172,21 @@ def test_run_dir_files(base_run: Path, workdir: Path, target: str, seed: int) ->
     shutil.copytree(base_run, run)
     fz.mutate_run_dir(random.Random(seed), run, target)
     check(["analyze", "-q", str(run)])
+
+
+@pytest.fixture(scope="module")
+def base_dumps(workdir: Path) -> Path:
+    dumps = fz.make_dump_dir(workdir / "base-dumps")
+    assert check(["analyze", "-q", str(dumps)]) in (0, 1)
+    return dumps
+
+
+@fuzz(40)
+@given(seed=SEEDS)
+def test_flight_recorder_dumps(base_dumps: Path, workdir: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    dumps = workdir / "dumps"
+    shutil.rmtree(dumps, ignore_errors=True)
+    shutil.copytree(base_dumps, dumps)
+    fz.mutate_dump(rng, dumps / f"nccl_trace_rank_{rng.randrange(4)}")
+    check(["analyze", "-q", str(dumps)])
