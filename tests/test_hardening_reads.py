@@ -231,6 +231,29 @@ def test_a_ten_byte_memo_bomb_is_refused_without_taking_memory(tmp_path: Path) -
     assert grown < 300 << 20, f"grew {grown >> 20} MiB"
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the memory budget is an RLIMIT_AS (Linux)")
+def test_a_memo_bomb_as_a_flight_recorder_dump_is_refused_without_taking_memory(
+    tmp_path: Path,
+) -> None:
+    bomb = tmp_path / "nccl_trace_rank_2"  # sniffs as a dump: {"version": "2.9", "entries": ...
+    bomb.write_bytes(
+        b"\x80\x02}q\x00(X\x07\x00\x00\x00versionq\x01X\x03\x00\x00\x002.9q\x02"
+        b"X\x07\x00\x00\x00entriesq\x03]r\xff\xff\xff\x07u."
+    )
+    out, grown = _child_peak(
+        f"""
+        from zdiag.analyzers.flight_recorder import read_dump
+        from zdiag.errors import InputError
+        try:
+            read_dump({str(bomb)!r})
+        except InputError as exc:
+            print(exc.message)
+        """
+    )
+    assert "far more memory" in out
+    assert grown < 300 << 20, f"grew {grown >> 20} MiB"
+
+
 def test_shared_references_are_walked_once(tmp_path: Path) -> None:
     frames = [{"filename": f"/x/f{i}.py", "name": f"f{i}", "line": i} for i in range(1000)]
     block = {"size": 1 << 20, "state": "active_allocated", "frames": frames}
