@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
+from zdiag.analyzers import frameworks
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
 from zdiag.analyzers.crossrank import RankCollectives, rank_collectives
 from zdiag.analyzers.detectors.blocks import repeated_module_class
@@ -62,6 +63,7 @@ class RankFacts(msgspec.Struct, kw_only=True):
     host_syncs: int = 0  # CPU sync events + `.item()` ops in the trace
     module_class: tuple[str, int] | None = None  # most repeated `nn.Module: <Class>_<k>` class
     group_sizes: list[int] = msgspec.field(default_factory=list)  # distinct process-group sizes
+    framework: str | None = None  # the first registered framework whose labels the trace holds
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,9 @@ def rank_facts(trace: RankTrace) -> RankFacts:
         world_size=trace.world_size,
         host=trace.host,
         host_syncs=count_host_syncs(trace),
-        module_class=repeated_module_class(trace.names),
+        module_class=repeated_module_class(trace),
         group_sizes=sorted({int(g) for g in trace.collectives.group_size if int(g) > 0}),
+        framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
     )
 
 

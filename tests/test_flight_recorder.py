@@ -9,9 +9,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
-from support.flight_recorder import TORCH_PY, FakeJob, frame
 
 from conftest import REAL_TRACES
+from support.flight_recorder import TORCH_PY, FakeJob, frame
 from zdiag.analyzers import flight_recorder as fr
 from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.cli import main
