@@ -111,7 +111,7 @@ class MonitorApp(App[None]):
         try:
             records = self.source.poll()
             self.state.ingest(records, self.clock())
-            self.state.rejected = self.source.rejected
+            self.state.sync_rejections(self.source)
         except Exception as exc:  # a broken source must not take the display down
             if self.source_error is None:
                 self.source_error = f"{type(exc).__name__}: {exc}"

@@ -57,7 +57,7 @@ def find_block_pattern(names: Iterable[str]) -> BlockPattern | None:
 def harness_block_pattern(harness: dict[str, object]) -> BlockPattern | None:
     """zdiag's harness names its blocks `layers.N` (torchtitan's Llama): from its options."""
     layers = harness.get("layers")
-    if isinstance(layers, int) and layers >= 2:
+    if isinstance(layers, int) and 2 <= layers <= 100_000:  # a damaged manifest's 2**51 is none
         return BlockPattern("layers", layers)
     return None
 

@@ -83,6 +83,14 @@ class AnalyzeCommand:
             metavar="FILE",
             help="also write a Perfetto/Chrome-trace overlay (step verdicts, findings)",
         )
+        parser.add_argument(
+            "--max-trace-gb",
+            type=float,
+            default=None,
+            metavar="N",
+            help="refuse an input file, or a .gz file's decompressed content, over N GiB "
+            "(default 16, and a .gz file may expand at most 100x; giving N lifts that check)",
+        )
         parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
         parser.add_argument(
             "--fail-on",
@@ -93,6 +101,7 @@ class AnalyzeCommand:
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
         from zdiag.analyzers.pipeline import analyze_paths
+        from zdiag.analyzers.safe_read import GIB, use_limits
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer
 
@@ -102,6 +111,9 @@ class AnalyzeCommand:
             )
         if args.rank is not None and any(r < 0 for r in args.rank):
             raise ConfigError("--rank must be 0 or more.")
+        max_gb = args.max_trace_gb
+        if max_gb is not None and not 0 < max_gb < 1 << 20:
+            raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
         check_outputs(
             [
                 OutputTarget(option, target)
@@ -117,8 +129,10 @@ class AnalyzeCommand:
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
+        max_bytes = None if max_gb is None else int(max_gb * GIB)
         try:
-            report = analyze_paths(list(args.paths), progress=progress, ranks=args.rank)
+            with use_limits(max_bytes=max_bytes):
+                report = analyze_paths(list(args.paths), progress=progress, ranks=args.rank)
         finally:
             if progress is not None:
                 progress.close()
