@@ -239,12 +239,17 @@ def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(s) if isinstance(s, list | tuple) else () for s in value)
 
 
+MAX_FRAMES_PER_ENTRY = 256
+"""Stack frames kept per entry (innermost first as torch writes them): enough to reach the user's
+code, and a bound on what a dump with long stacks shared by every entry costs."""
+
+
 def _frames(value: Any) -> tuple[Frame, ...]:
     if not isinstance(value, list | tuple):
         return ()
     return tuple(
         Frame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line"), 0))
-        for f in value
+        for f in value[:MAX_FRAMES_PER_ENTRY]
         if isinstance(f, dict)
     )
 
@@ -414,7 +419,12 @@ def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:
             )
         rank = common.pop()
     try:
-        entries = tuple(_entry(e, f"entry {i}") for i, e in enumerate(raw.get("entries") or []))
+        # A pickle may reference one entry dict many times: parse each object once.
+        parsed: dict[int, Entry] = {}
+        entries = tuple(
+            parsed[id(e)] if id(e) in parsed else parsed.setdefault(id(e), _entry(e, f"entry {i}"))
+            for i, e in enumerate(raw.get("entries") or [])
+        )
     except ValueError as exc:
         raise InputError(f"{p}: malformed flight-recorder dump ({exc}).") from exc
     return RankDump(
