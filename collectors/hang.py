@@ -330,3 +330,17 @@ def raised_at(exc: BaseException) -> SourceLine | None:
             code = (fs.line or "").strip()[:200] or None
             return SourceLine(fs.filename, fs.lineno or 0, fs.name, code)
     return None
+
+
+def hang_line(hang: HangRecord) -> str:
+    """Where a hung rank is, in one line: the collective (group, sequence number, FSDP unit) and
+    the user's frame, e.g. `all_gather_single #34 (group 0) at train.py:67`."""
+    parts = []
+    if hang.op is not None:
+        seq = f" #{hang.sequence_number}" if hang.sequence_number is not None else ""
+        group = f" (group {hang.group_name})" if hang.group_name is not None else ""
+        unit = f" for {hang.fsdp_unit or '(root)'}" if hang.fsdp_unit is not None else ""
+        parts.append(f"{hang.op}{seq}{group}{unit}")
+    if hang.user_file is not None:
+        parts.append(f"at {os.path.basename(hang.user_file)}:{hang.user_line}")
+    return " ".join(parts) or "an unknown place (no stack)"

@@ -170,9 +170,11 @@ STEP_FIELDS = (
     "seq",
     "pid",
     "dropped",
+    "hung_in",
     *_NUMBER_FIELDS,
 )
-"""The fields a decoded step record holds (every other field is dropped)."""
+"""The fields a decoded step record holds (every other field is dropped). `hung_in` is set only
+on the record a rank's hang watchdog sends: where the rank is stuck, one line."""
 RELAY_FIELDS = ("kind", "schema", "host", "ts", "forwarded", "dropped", "rejected")
 """The fields a decoded relay record holds."""
 
@@ -247,6 +249,8 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
         pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_RANK else None
     )
     out["dropped"] = _count(obj.get("dropped"))
+    hung_in = obj.get("hung_in")
+    out["hung_in"] = _text(hung_in) if isinstance(hung_in, str) else None
     for name, limit in _NUMBER_RANGES.items():
         out[name] = _number(obj, name, limit)
     return out

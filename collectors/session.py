@@ -35,7 +35,13 @@ from zdiag.collectors import memory, memtimeline, rundir, runinfo
 from zdiag.collectors.compile_safe import eager_or_opaque
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
-from zdiag.collectors.hang import HangWatchdog, describe_hang, hang_record, raised_at
+from zdiag.collectors.hang import (
+    HangWatchdog,
+    describe_hang,
+    hang_line,
+    hang_record,
+    raised_at,
+)
 from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
 from zdiag.collectors.model_capture import ModelCapture
@@ -473,6 +479,8 @@ class RankSession:
             dump, self.step_index, stalled_s, timeout_s, rundir.hang_relpath(self.rank)
         )
         self._guard("hang dump", write_json_atomically, path, {**self.hang.to_json(), **dump})
+        if self._publisher is not None:
+            self._guard("live publisher", self._publish_hang, self.hang)
         print(
             f"zdiag (rank {self.rank}): no step finished for {stalled_s:.0f} s (hang timeout "
             f"{timeout_s:.0f} s); stacks written to {path}",
@@ -480,6 +488,12 @@ class RankSession:
             flush=True,
         )
         self._write_what_was_recorded("hang")
+
+    def _publish_hang(self, hang: rundir.HangRecord) -> None:
+        """One live record saying where the rank is stuck (the monitor shows "hung in ...")."""
+        self._publisher.publish(
+            {"rank": self.rank, "host": self.host, "step": hang.step, "hung_in": hang_line(hang)}
+        )
 
     def _write_what_was_recorded(self, why: str) -> None:
         with self._lock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_ledger import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
 
+from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
 from zdiag.analyzers.detectors import DETECTORS, FSDP_FINDING_IDS, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
@@ -226,7 +226,7 @@ def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
     """FSDP2 on CUDA, forward of 4 blocks; every gather is issued on the host inside its own
     pre_forward (implicit prefetch: lead <= 0). With `overlap` the host runs ahead and each gather
     kernel runs under the previous block's gemm; without, gathers and gemms alternate."""
-    from test_ledger import TraceBuilder
+    from support.ledger_traces import TraceBuilder
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     b = TraceBuilder()

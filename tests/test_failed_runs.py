@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
+from support.live import finish, free_port, reap, start_monitor
 
 pytestmark = pytest.mark.dist
 
@@ -178,3 +179,26 @@ def test_sigterm_mid_window_keeps_the_steps_so_far(tmp_path: Path) -> None:
         assert len(lines) >= steps[-1]  # the step log was flushed up to the signal
     no_leftovers(run)
     analyzes(run)
+
+
+def test_the_monitor_shows_the_hung_rank_within_seconds_of_the_dump(tmp_path: Path) -> None:
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    monitor = start_monitor(target, duration_s=45)
+    run = tmp_path / "run"
+    try:
+        zdiag(
+            "run", "--nproc-per-node", "2", "--out", str(run), "--monitor", target,
+            "--hang-timeout", "4", SCRIPT, "--steps", "12", "--hang-at-step", "3",
+            kill_after_s=35,
+        )  # fmt: skip
+        summary = finish(monitor, timeout_s=60)
+    finally:
+        reap(monitor)
+    rows = {r["rank"]: r for r in summary["rows"]}
+    for rank in (0, 1):  # both ranks stopped finishing steps: both show where they are
+        assert rows[rank]["status"] == "hung", rows[rank]
+    assert "gather" in rows[0]["hung_in"] and "fail_train.py" in rows[0]["hung_in"]
+    assert rows[1]["hung_in"] == "at fail_train.py:66"
+    # every record, the hang records included (sent right after the dump), arrived within 5 s
+    assert summary["lag_max_ms"] is not None and summary["lag_max_ms"] < 5000

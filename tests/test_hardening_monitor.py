@@ -276,3 +276,13 @@ def test_header_shows_rejections_by_reason() -> None:
 
     state.sync_rejections(Source())
     assert "rejected 4 (3 oversize, 1 token)" in header_line(state.view(time.time()))
+
+
+def test_hung_in_is_a_bounded_string_or_none() -> None:
+    from zdiag.collectors.live_wire import SCHEMA_FRAME, decode
+
+    base = {"kind": "step", "rank": 0, "step": 3, "ts": 1.0}
+    frames = lambda obj: [SCHEMA_FRAME, b"", json.dumps(obj).encode()]  # noqa: E731
+    assert decode(frames({**base, "hung_in": "x" * 500}))["hung_in"] == "x" * 128
+    assert decode(frames({**base, "hung_in": 7}))["hung_in"] is None
+    assert decode(frames(base))["hung_in"] is None

@@ -28,7 +28,13 @@ from zdiag.tui.monitor_text import (
     spark_scale,
 )
 
-STATUS_STYLE = {"ok": "", "straggler": "bold dark_orange", "stale": "yellow", "gone": "bold red"}
+STATUS_STYLE = {
+    "ok": "",
+    "straggler": "bold dark_orange",
+    "stale": "yellow",
+    "gone": "bold red",
+    "hung": "bold white on red",
+}
 SEVERITY_STYLE = {"critical": "bold red", "warning": "dark_orange", "info": "cyan"}
 
 

@@ -68,6 +68,7 @@ LAST_FIELDS = (
     "mem_allocated_bytes",
     "mem_peak_bytes",
     "dropped",
+    "hung_in",
 )
 """What the monitor keeps of each rank's last record (the table's cells); nothing else."""
 
@@ -126,10 +127,11 @@ class RankRow:
     exposed_comm_ms: float | None
     mem_allocated_bytes: float | None
     mem_peak_bytes: float | None
-    status: str  # "ok", "straggler", "stale", "gone"
+    status: str  # "ok", "straggler", "hung", "stale", "gone"
     age_s: float  # since the last record
     recent_step_ms: tuple[float, ...]
     dropped: int
+    hung_in: str | None = None  # where the rank's hang watchdog found it stuck
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,10 @@ class MonitorState:
     # -- view ----------------------------------------------------------------------------------
 
     def status(self, state: RankState, now: float) -> str:
-        """ "gone", "stale" or "ok" from the time since the rank's last record."""
+        """ "hung" when the rank's last record is its hang watchdog's, else "gone", "stale" or
+        "ok" from the time since the rank's last record."""
+        if state.last.get("hung_in"):
+            return "hung"
         typical_s = (_median(state.recent("step_time_ms")) or 0.0) / 1000.0
         age = now - state.last_recv
         if age > max(GONE_AFTER_S, GONE_STEPS * typical_s):
@@ -308,6 +313,7 @@ class MonitorState:
                     age_s=max(0.0, now - s.last_recv),
                     recent_step_ms=tuple(s.recent("step_time_ms", 16)),
                     dropped=int(last.get("dropped", 0) or 0),
+                    hung_in=last.get("hung_in"),
                 )
             )
         rates = [r for r in (_steps_per_s(s) for s in live.values()) if r is not None]

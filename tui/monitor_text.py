@@ -16,7 +16,7 @@ from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.tui.monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
-STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}  # worst first
+STATUS_ORDER = {"hung": 0, "gone": 1, "stale": 2, "straggler": 3, "ok": 4}  # worst first
 
 
 def fmt_age(seconds: float) -> str:
@@ -98,8 +98,16 @@ def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[s
         fmt_bytes(row.mem_allocated_bytes),
         fmt_bytes(row.mem_peak_bytes),
         spark(row.recent_step_ms, scale),
-        row.status if row.status in ("ok", "straggler") else f"{row.status} {fmt_age(row.age_s)}",
+        _status_cell(row),
     )
+
+
+def _status_cell(row: RankRow) -> str:
+    if row.status == "hung":
+        return f"hung in {row.hung_in}"
+    if row.status in ("ok", "straggler"):
+        return row.status
+    return f"{row.status} {fmt_age(row.age_s)}"
 
 
 COLUMNS = (
