@@ -578,7 +578,7 @@ def train_step():  # rank 0 reaches the 4th all_reduce; rank 1 never does
 
 if rank == 0:
     work = train_step()
-    time.sleep(0.5)
+time.sleep(1.0)  # both ranks: gloo marks an entry retired shortly after the op returns
 with open(os.path.join(out, f"fr_{rank}.tmp"), "wb") as f:
     f.write(_dump_fr_trace())
 os.rename(os.path.join(out, f"fr_{rank}.tmp"), os.path.join(out, f"fr_{rank}"))
