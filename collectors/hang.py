@@ -261,8 +261,9 @@ def describe_hang(main_thread_id: int | None = None) -> dict[str, Any]:
     threads = []
     main_frames: list[FrameType] = []
     for ident, frame in list(sys._current_frames().items())[:MAX_THREADS]:
-        if ident == threading.get_ident():
-            continue  # the watchdog itself
+        if ident == threading.get_ident() and ident != main_thread_id:
+            continue  # the watchdog or signal watcher itself (a signal handler on the training
+            # thread keeps it: its outer frames are where the signal found the training)
         frames = _frames(frame)
         if ident == main_thread_id:
             main_frames = frames

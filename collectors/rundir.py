@@ -484,6 +484,7 @@ class RankEntry:
     ended_at: str | None = None
     ended_by: str | None = None  # "SIGTERM", "SIGINT (...)": a signal ended the rank
     hang: HangRecord | None = None  # the hang watchdog fired on this rank
+    stopped_in: HangRecord | None = None  # where the training thread was when a signal ended it
     missing: bool = False  # the rank never wrote a part
 
     @classmethod
@@ -519,6 +520,9 @@ class RankEntry:
             ended_at=f.str_or_none("ended_at"),
             ended_by=f.str_or_none("ended_by"),
             hang=HangRecord.from_json(data.get("hang"), f"{where}.hang", warnings),
+            stopped_in=HangRecord.from_json(
+                data.get("stopped_in"), f"{where}.stopped_in", warnings
+            ),
             missing=f.bool_("missing"),
         )
 
@@ -552,6 +556,8 @@ class RankEntry:
             out["ended_by"] = self.ended_by
         if self.hang is not None:
             out["hang"] = self.hang.to_json()
+        if self.stopped_in is not None:
+            out["stopped_in"] = self.stopped_in.to_json()
         if self.missing:
             out["missing"] = True
         return out

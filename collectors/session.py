@@ -137,6 +137,7 @@ class RankSession:
         self._prof_all_threads = False  # whether another thread may stop the profiler
         self.ended_by: str | None = None
         self.hang: rundir.HangRecord | None = None
+        self.stopped_in: rundir.HangRecord | None = None
         self.error_source: rundir.SourceLine | None = None
         self._signals = SignalFlush(self._flush_on_signal)
         self._watchdog: HangWatchdog | None = None
@@ -465,10 +466,21 @@ class RankSession:
 
     # ----------------------------------------------------------------- signals and hangs
     def _flush_on_signal(self, reason: str) -> None:
-        """SIGTERM/SIGINT (from any thread): write the partial window, the step log and the
-        manifest part now, before torchrun's SIGKILL (docs/run.md gives the time budget)."""
+        """SIGTERM/SIGINT (from any thread): note where the training thread was (a rank torn down
+        while stuck outside any collective is how a hang ends when a collective timeout fires
+        first), then write the partial window, the step log and the manifest part now, before
+        torchrun's SIGKILL (docs/run.md gives the time budget)."""
         self.ended_by = reason
+        self._guard("stack at the signal", self._note_where_stopped)
         self._write_what_was_recorded(f"ended by {reason}")
+
+    def _note_where_stopped(self) -> None:
+        dump = describe_hang(self._main_thread)
+        rel = rundir.hang_relpath(self.rank)
+        since_step = time.perf_counter() - self._step_start
+        self.stopped_in = hang_record(dump, self.step_index, since_step, 0.0, rel)
+        if self.hang is None:  # keep the watchdog's dump when there is one
+            write_json_atomically(self.run_dir / rel, {**self.stopped_in.to_json(), **dump})
 
     def _on_hang(self, stalled_s: float, timeout_s: float) -> None:
         """The watchdog's callback (its own thread): dump the stacks, the collective and the
@@ -608,6 +620,7 @@ class RankSession:
             ended_at=utc_now_iso() if ended else None,
             ended_by=self.ended_by,
             hang=self.hang,
+            stopped_in=self.stopped_in,
         )
         part = rundir.RankPart(
             entry=entry,

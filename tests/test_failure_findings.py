@@ -105,3 +105,29 @@ def test_world_size_beyond_the_ranks_found_is_a_warning(tmp_path: Path) -> None:
     assert [r.rank for r in report.ranks] == [0]
     (warning,) = [w for w in report.warnings if w.startswith("world size 2")]
     assert "traces of only 1 rank(s)" in warning and "rank 1:" in warning
+
+
+def test_a_hang_ended_by_a_collective_timeout_names_the_rank_stopped_outside_it() -> None:
+    """The collective timeout fired before zdiag's hang watchdog: the waiting rank raised a
+    timeout, torchrun SIGTERMed the stuck one, whose stack at the signal is outside any
+    collective. That is a hang (culprit: the stuck rank), not a crash of the waiting rank."""
+    timeout = (
+        "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 20000ms"
+    )
+    stuck = {"step": 3, "stalled_s": 20.7, "timeout_s": 0.0, "user_file": "/a/kit.py",
+             "user_line": 91, "user_code": "time.sleep(10**6)", "dump": "hang/rank-1.json"}  # fmt: skip
+    c = ctx(
+        {"rank": 0, "exit_code": 1, "steps": 3, "error": timeout},
+        {"rank": 1, "exit_code": None, "steps": 3, "ended_by": "SIGTERM", "stopped_in": stuck},
+    )
+    (f,) = hang.detect(c)
+    assert f.ranks == [1] and f.evidence["waiting_ranks"] == [0]
+    assert "kit.py:91 `time.sleep(10**6)`" in f.title
+    assert crash.detect(c) == []  # the timeout is the hang's consequence
+    # the same timeout with the other rank torn down inside a collective stays a crash
+    inside = {**stuck, "op": "all_reduce"}
+    c2 = ctx(
+        {"rank": 0, "exit_code": 1, "steps": 3, "error": timeout},
+        {"rank": 1, "exit_code": None, "steps": 3, "ended_by": "SIGTERM", "stopped_in": inside},
+    )
+    assert hang.detect(c2) == [] and [f.ranks for f in crash.detect(c2)] == [[0]]

@@ -11,20 +11,12 @@ timeout everywhere, say), the rank that ended first is named. Out-of-memory fail
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.failures import COLLATERAL_ERRORS, timeout_hang
 from zdiag.analyzers.report import Finding
 from zdiag.collectors.rundir import RankEntry
-
-COLLATERAL_ERRORS = re.compile(
-    r"connection closed by peer|connection reset by peer|remote worker crash|broken pipe|"
-    r"econnreset|communicator was aborted|ncclRemoteError|DistBackendError|"
-    r"timed out|timeout|watchdog caught collective operation",
-    re.IGNORECASE,
-)
-"""Exceptions a rank gets because a peer failed (gloo and NCCL wording)."""
 
 MAX_ERROR_CHARS = 300
 
@@ -44,6 +36,10 @@ def _torn_down(entry: RankEntry) -> bool:
     return _failed(entry) and bool(COLLATERAL_ERRORS.search(entry.error or ""))
 
 
+def _ended_a_hang(entries: list[RankEntry]) -> bool:
+    return bool(timeout_hang(entries)[1])
+
+
 def _where(entry: RankEntry) -> str:
     src = entry.error_source
     if src is None:
@@ -59,8 +55,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         return []
     entries = sorted(ctx.manifest.ranks, key=lambda e: e.rank)
     failed = [e for e in entries if _failed(e) and e.error]
-    if not failed:
-        return []
+    if not failed or _ended_a_hang(entries):
+        return []  # nothing raised, or the errors are a hang's timeouts (the `hang` finding)
     culprits = [e for e in failed if not COLLATERAL_ERRORS.search(e.error or "")]
     if not culprits:  # only consequences: name the rank that ended first
         culprits = sorted(failed, key=lambda e: (e.ended_at or "~", e.rank))[:1]

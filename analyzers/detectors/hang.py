@@ -1,8 +1,11 @@
 """`hang`: the ranks that never arrived at the collective the others wait in.
 
-Two sources, one finding: zdiag's own hang watchdog (below) when the run directory has its
-records, else torch.distributed flight-recorder dumps given as input
-(`analyzers/flight_recorder.py`, which also reads dumps of jobs zdiag did not launch).
+Three sources, one finding, in this order: zdiag's own hang watchdog (below) when the run
+directory has its records; torch.distributed flight-recorder dumps given as input
+(`analyzers/flight_recorder.py`, which also reads dumps of jobs zdiag did not launch); else a hang
+that a collective timeout ended before the watchdog fired (`timeout_hang`): ranks whose
+collective timed out (or that a signal stopped inside one) waited, and ranks that a signal
+stopped outside any collective (`stopped_in`, recorded at SIGTERM) never arrived.
 
 Read from the hang watchdog's records in the run manifest (`collectors/hang.py`: each rank that
 stopped finishing steps records the torch.distributed call its training thread was in, that
@@ -15,12 +18,14 @@ record. The finding's `ranks` are the culprits, never the waiting ranks.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.failures import timeout_hang
 from zdiag.analyzers.flight_recorder import hang_findings
 from zdiag.analyzers.report import Finding
-from zdiag.collectors.rundir import HangRecord
+from zdiag.collectors.rundir import HangRecord, RankEntry
 
 
 def _frame(h: HangRecord | None) -> str:
@@ -31,13 +36,64 @@ def _frame(h: HangRecord | None) -> str:
     return f"{name}:{h.user_line}{code}"
 
 
+def _timeout_finding(entries: Sequence[RankEntry]) -> list[Finding]:
+    waiting, stuck = timeout_hang(entries)
+    if not stuck:
+        return []
+    culprits = [
+        {"rank": e.rank, "at": _frame(e.stopped_in), "step": e.steps, "dump": _dump(e)}
+        for e in stuck
+    ]
+    first = culprits[0]
+    who = "rank" if len(stuck) == 1 else "ranks"
+    names = ", ".join(str(e.rank) for e in stuck)
+    waited = ", ".join(str(e.rank) for e in waiting)
+    errors = {
+        e.rank: (e.error or f"stopped in {e.stopped_in.op if e.stopped_in else '?'}")[:200]
+        for e in waiting
+    }
+    return [
+        Finding(
+            id="hang",
+            severity="critical",
+            title=(
+                f"{who} {names} never arrived at the collective rank(s) {waited} waited in until "
+                f"it timed out; stuck at {first['at']}"
+            ),
+            ranks=[e.rank for e in stuck],
+            steps=sorted({e.steps for e in stuck}),
+            evidence={
+                "waiting_ranks": [e.rank for e in waiting],
+                "waiting_errors": errors,
+                "culprits": culprits,
+                "source": "collective timeout + stacks at SIGTERM",
+            },
+            recommendation=(
+                f"Rank {first['rank']} was stuck at {first['at']} outside any collective when the "
+                f"job was torn down (its stack: {first['dump'] or 'none'}); the collective "
+                "timeout on the other ranks is a consequence. Look there first: a data loader, a "
+                "lock, a rank-dependent branch that skips a collective, or a slow I/O call. A "
+                "longer collective timeout than zdiag's hang timeout (--hang-timeout) gives a "
+                "full hang dump next time."
+            ),
+            gain_method="not a performance finding: the run stopped making progress",
+        )
+    ]
+
+
+def _dump(e: RankEntry) -> str | None:
+    return e.stopped_in.dump if e.stopped_in is not None else None
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """One `hang` finding when the watchdog fired on ranks of a `zdiag run`, else the
     flight-recorder dumps' finding."""
     entries = ctx.manifest.ranks if ctx.manifest is not None else ()
     records = {e.rank: e.hang for e in entries if e.hang is not None}
     if not records:
-        return hang_findings(ctx.flight_recorder) if ctx.flight_recorder is not None else []
+        if ctx.flight_recorder is not None:
+            return hang_findings(ctx.flight_recorder)
+        return _timeout_finding(entries)
     waiting = {r: h for r, h in records.items() if h.op is not None}
     evidence: dict[str, Any] = {}
     if waiting:
