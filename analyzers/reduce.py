@@ -17,7 +17,7 @@ from zdiag import __version__
 from zdiag.analyzers import crossrank, verdict
 from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
 from zdiag.analyzers.detectors import build_context, run_context
-from zdiag.analyzers.report import MemoryTimeline, Report, StepTimeline
+from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
 from zdiag.collectors.rundir import Manifest
@@ -31,6 +31,7 @@ class RunFacts:
     - `manifest` / `run_dir`: the run manifest and directory (None for bare traces).
     - `warnings`: run-level warnings from loading (duplicate ranks, skipped memory timelines).
     - `memory`: the memory timelines loaded for the analyzed ranks.
+    - `memory_breakdowns`: the CUDA snapshots' (and Kineto memory events') breakdowns.
     - `manifest_summary`: what `Report.run` takes from the manifest (schema, world size,
       versions; `pipeline.manifest_summary`).
     """
@@ -40,6 +41,7 @@ class RunFacts:
     run_dir: Path | None = None
     warnings: tuple[str, ...] = ()
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
+    memory_breakdowns: tuple[MemoryBreakdown, ...] = field(default_factory=tuple)
     manifest_summary: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -60,6 +62,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         manifest=run.manifest,
         run_dir=run.run_dir,
         memory=run.memory,
+        memory_breakdowns=run.memory_breakdowns,
         crossrank=matching,
     )
     detected = run_context(ctx)
@@ -84,6 +87,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         collectives=[c for s in summaries for c in s.collective_stats],
         timelines=_timelines(summaries),
         memory=list(run.memory),
+        memory_breakdowns=list(run.memory_breakdowns),
         fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
         stragglers=crossrank.straggler_stats(matching) if multi_rank else [],
         findings=detected.findings,

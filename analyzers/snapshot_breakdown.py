@@ -1,0 +1,527 @@
+"""Where a CUDA memory snapshot's memory went: by category now and at the peak, reserved versus
+allocated, top allocation sites, and the peak replayed from the allocator's event history.
+
+Input: the dict `torch.cuda.memory._snapshot()` returns (what `_dump_snapshot()` pickles; read
+with `memory_snapshot.read_snapshot`, never torch). Tolerant of torch-version differences:
+
+- `segments[*].blocks[*]`: `state` is `active_allocated`, `active_pending_free` or `inactive`;
+  the allocation stack is `frames` (torch >= 2.1) or the last `history` entry's `frames` (older);
+  a frame is a dict with `filename`, `line`, `name`. Missing fields count as absent, not errors.
+- `device_traces[d]`: the allocator's ring buffer of events, oldest first. `alloc` adds a block
+  (with its stack), `free_completed` removes it (`free_requested` is used when a trace has no
+  `free_completed`, as older torch wrote `free`); `segment_alloc`/`segment_free` (and
+  `segment_map`/`segment_unmap` for expandable segments) change the reserved bytes; `oom` marks
+  the failure. Other actions (`snapshot`, ...) are ignored.
+
+Categories (first match wins; `memory_snapshot.categorize`'s rules, extended):
+`OPTIMIZER_STATE`, `PARAMETER_UNSHARDED` (FSDP gathers), `GRADIENT` (FSDP reduce),
+`COMM_BUFFER` (c10d collectives' own allocations, DDP's gradient buckets), `ACTIVATION`,
+`AUTOGRAD_DETAIL` (backward temporaries, activation gradients), `MODEL_STATE` (sharded
+parameters made after the history started), `UNKNOWN` (stack that matches no rule), and
+`PREEXISTING`: blocks with no stack, i.e. allocated before the history started (`zdiag run`
+starts it at the first forward, so the sharded model is here).
+
+The peak: allocated bytes at the end of the history are what the segments hold; walking the
+events backwards gives the bytes before each event, so the peak of the recorded window and the
+blocks live at it are exact for the window the ring buffer kept (what happened before the first
+kept event is unknown, and said so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zdiag.analyzers.memory import _peak_preserving
+from zdiag.analyzers.memory_snapshot import _RULES
+from zdiag.analyzers.report import AllocationSite, MemoryBreakdown, MemoryTimeline
+from zdiag.analyzers.snapshot_whatif import predict
+
+MAX_TIMELINE_POINTS = 2000
+MAX_SITES = 10
+
+PREEXISTING = "PREEXISTING"
+COMM_BUFFER = "COMM_BUFFER"
+CATEGORIES = (
+    "OPTIMIZER_STATE",
+    "PARAMETER_UNSHARDED",
+    "GRADIENT",
+    COMM_BUFFER,
+    "ACTIVATION",
+    "AUTOGRAD_DETAIL",
+    "MODEL_STATE",
+    "UNKNOWN",
+    PREEXISTING,
+)
+"""Every category a snapshot block can fall in, in display order."""
+
+CATEGORY_LABELS = {
+    "OPTIMIZER_STATE": "optimizer state",
+    "PARAMETER_UNSHARDED": "unsharded parameters",
+    "GRADIENT": "gradients",
+    COMM_BUFFER: "communication buffers",
+    "ACTIVATION": "activations",
+    "AUTOGRAD_DETAIL": "autograd temporaries",
+    "MODEL_STATE": "parameters",
+    "PARAMETER": "parameters",
+    "UNKNOWN": "unknown",
+    PREEXISTING: "before recording",
+    "INPUT": "inputs",
+    "TEMPORARY": "temporaries",
+}
+"""Human names of the categories (snapshot, memory-timeline and Kineto ones)."""
+
+# The collectives' own frames (c10d's Python API, functional collectives) and DDP's buckets.
+_COMM_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (COMM_BUFFER, "/torch/distributed/distributed_c10d.py", ("",)),
+    (COMM_BUFFER, "/torch/distributed/_functional_collectives.py", ("",)),
+    (COMM_BUFFER, "/torch/nn/parallel/distributed.py", ("__init__", "_ddp_init_helper")),
+    (COMM_BUFFER, "/deepspeed/runtime/comm/", ("",)),
+)
+RULES = _RULES[:3] + _COMM_RULES + _RULES[3:]
+"""The categorizer's rules with the communication rules after FSDP's own (an FSDP gather's
+output stays an unsharded parameter even though it passes through c10d)."""
+
+_NOT_USER = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/python3")
+_CPP_SUFFIXES = (".cpp", ".h", ".cc", ".cu", ".hpp")
+
+
+def _is_user(filename: str) -> bool:
+    return (
+        bool(filename)
+        and filename != "??"
+        and not filename.endswith(_CPP_SUFFIXES)
+        and not any(p in filename for p in _NOT_USER)
+    )
+
+
+class Categorizer:
+    """Categories and sites of allocation stacks, memoized per (filename, name) of each frame
+    (a snapshot repeats the same few hundred frames across 100k blocks)."""
+
+    def __init__(self) -> None:
+        self._rank: dict[tuple[str, str], int] = {}
+
+    def _frame_rank(self, filename: str, name: str) -> int:
+        key = (filename, name)
+        r = self._rank.get(key)
+        if r is None:
+            r = len(RULES)
+            for i, (_, file_part, name_parts) in enumerate(RULES):
+                if file_part in filename and any(p in name for p in name_parts):
+                    r = i
+                    break
+            self._rank[key] = r
+        return r
+
+    def category(self, frames: list[Any]) -> str:
+        """The block's category (PREEXISTING without frames)."""
+        if not frames:
+            return PREEXISTING
+        best = len(RULES)
+        for f in frames:
+            if isinstance(f, dict):
+                r = self._frame_rank(str(f.get("filename", "")), str(f.get("name", "")))
+                if r < best:
+                    best = r
+                    if r == 0:
+                        break
+        return RULES[best][0] if best < len(RULES) else "UNKNOWN"
+
+    @staticmethod
+    def site(frames: list[Any]) -> str:
+        """The innermost user frame, `file:line in name` (the stack's innermost frame when no
+        frame is user code; "" without frames)."""
+        first = ""
+        for f in frames:
+            if not isinstance(f, dict):
+                continue
+            filename = str(f.get("filename", ""))
+            label = f"{_short(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
+            if _is_user(filename):
+                return label
+            first = first or label
+        return first
+
+    @staticmethod
+    def module_path(frames: list[Any]) -> str:
+        """The chain of user `forward` call lines, outermost first (`model.py:120 >
+        model.py:88`): the module call an activation was made under ("" when none)."""
+        chain = [
+            f"{_short(str(f.get('filename', '')))}:{f.get('line', 0)}"
+            for f in frames
+            if isinstance(f, dict)
+            and f.get("name") == "forward"
+            and _is_user(str(f.get("filename", "")))
+        ]
+        return " > ".join(reversed(chain))
+
+
+def _short(filename: str) -> str:
+    parts = filename.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 1 else filename
+
+
+def block_frames(block: dict[str, Any]) -> list[Any]:
+    """A block's allocation stack: `frames`, else the last `history` entry's (older torch)."""
+    frames = block.get("frames")
+    if isinstance(frames, list) and frames:
+        return frames
+    history = block.get("history")
+    if isinstance(history, list) and history and isinstance(history[-1], dict):
+        old = history[-1].get("frames")
+        if isinstance(old, list):
+            return old
+    return []
+
+
+def _int(v: Any) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
+@dataclass
+class _Live:
+    """One live block: size, category, site, module path."""
+
+    size: int
+    category: str
+    site: str
+    module: str
+
+
+@dataclass
+class _DeviceState:
+    device: int
+    reserved: int = 0
+    allocated: int = 0
+    pending_free: int = 0
+    largest_free: int = 0
+    segments: int = 0
+    live: dict[int, _Live] = field(default_factory=dict)
+    frames_seen: int = 0
+    blocks: int = 0
+
+
+def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
+    out: dict[int, _DeviceState] = {}
+    for seg in data.get("segments") or []:
+        if not isinstance(seg, dict):
+            continue
+        dev = _int(seg.get("device"))
+        st = out.setdefault(dev, _DeviceState(device=dev))
+        st.reserved += _int(seg.get("total_size"))
+        st.segments += 1
+        addr = _int(seg.get("address"))
+        for block in seg.get("blocks") or []:
+            if not isinstance(block, dict):
+                continue
+            size = _int(block.get("size"))
+            state = block.get("state")
+            baddr = _int(block.get("address")) if "address" in block else addr
+            addr = baddr + size
+            if state == "inactive":
+                st.largest_free = max(st.largest_free, size)
+                continue
+            if state == "active_pending_free":
+                st.pending_free += size
+                continue
+            if state != "active_allocated":
+                continue
+            frames = block_frames(block)
+            st.blocks += 1
+            st.frames_seen += 1 if frames else 0
+            st.allocated += size
+            key = baddr if baddr not in st.live else -(len(st.live) + 1)
+            st.live[key] = _Live(
+                size, cat.category(frames), cat.site(frames), cat.module_path(frames)
+            )
+    return out
+
+
+def _sum_by(items: Iterable[_Live], key: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in items:
+        k = getattr(b, key)
+        out[k] = out.get(k, 0) + b.size
+    return out
+
+
+def _sites(items: Iterable[_Live]) -> list[AllocationSite]:
+    by: dict[str, list[int]] = {}
+    cats: dict[str, dict[str, int]] = {}
+    for b in items:
+        if not b.site:
+            continue
+        e = by.setdefault(b.site, [0, 0])
+        e[0] += b.size
+        e[1] += 1
+        c = cats.setdefault(b.site, {})
+        c[b.category] = c.get(b.category, 0) + b.size
+    top = sorted(by.items(), key=lambda kv: -kv[1][0])[:MAX_SITES]
+    return [
+        AllocationSite(
+            site=s, bytes=v[0], blocks=v[1], category=max(cats[s].items(), key=lambda kv: kv[1])[0]
+        )
+        for s, v in top
+    ]
+
+
+def _free_action(entries: list[dict[str, Any]]) -> str:
+    actions = {e.get("action") for e in entries}
+    for a in ("free_completed", "free_requested", "free"):
+        if a in actions:
+            return a
+    return "free_completed"
+
+
+@dataclass
+class Replay:
+    """The allocator history replayed: per event, allocated bytes and the category changed."""
+
+    time_us: np.ndarray  # float64 per event (event index when the trace has no times)
+    delta: np.ndarray  # int64 allocated-bytes change per event
+    category: np.ndarray  # int16 into CATEGORIES
+    reserved: np.ndarray  # int64 reserved bytes after each event
+    start_bytes: int  # allocated before the first kept event
+    peak_index: int  # -1: the peak is the end state (the snapshot itself)
+    peak_live: list[_Live]
+    has_times: bool
+    oom: bool
+
+
+def replay(
+    entries: list[Any], end: _DeviceState, cat: Categorizer, end_by_category: dict[str, int]
+) -> Replay | None:
+    """Replay one device's trace backwards from the end state `end` (None without events)."""
+    events = [e for e in entries if isinstance(e, dict)]
+    free_action = _free_action(events)
+    n = len(events)
+    if n == 0:
+        return None
+    delta = np.zeros(n, np.int64)
+    cats = np.full(n, CATEGORIES.index("UNKNOWN"), np.int16)
+    seg = np.zeros(n, np.int64)
+    times = np.zeros(n, np.float64)
+    has_times = True
+    oom = False
+    by_addr: dict[int, tuple[int, str, str, str]] = {}  # addr -> size, category, site, module
+    first_free_of: dict[int, int] = {}
+    pre_idx = CATEGORIES.index(PREEXISTING)
+    for i, e in enumerate(events):
+        action = e.get("action")
+        t = e.get("time_us")
+        if isinstance(t, int | float):
+            times[i] = float(t)
+        else:
+            has_times = False
+        addr = _int(e.get("addr"))
+        size = _int(e.get("size"))
+        if action == "alloc":
+            frames = e.get("frames")
+            frames = frames if isinstance(frames, list) else []
+            c = cat.category(frames)
+            by_addr[addr] = (size, c, cat.site(frames), cat.module_path(frames))
+            delta[i] = size
+            cats[i] = CATEGORIES.index(c)
+        elif action == free_action:
+            known = by_addr.pop(addr, None)
+            delta[i] = -size
+            if known is None:
+                first_free_of.setdefault(addr, i)
+                cats[i] = pre_idx
+            else:
+                cats[i] = CATEGORIES.index(known[1])
+        elif action in ("segment_alloc", "segment_map"):
+            seg[i] = size
+        elif action in ("segment_free", "segment_unmap"):
+            seg[i] = -size
+        elif action == "oom":
+            oom = True
+    if not has_times:
+        times = np.arange(n, dtype=np.float64)
+    total_delta = int(delta.sum())
+    start = end.allocated - total_delta
+    after = start + np.cumsum(delta)
+    # Reserved bytes: same backward walk from the end state.
+    reserved = end.reserved - int(seg.sum()) + np.cumsum(seg)
+    peak_i = int(np.argmax(after))
+    peak_index = peak_i if int(after[peak_i]) > end.allocated else -1
+    live = _live_at(events, peak_index, end, cat, free_action) if peak_index >= 0 else []
+    return Replay(
+        time_us=times,
+        delta=delta,
+        category=cats,
+        reserved=reserved,
+        start_bytes=start,
+        peak_index=peak_index,
+        peak_live=live,
+        has_times=has_times,
+        oom=oom,
+    )
+
+
+def _live_at(
+    events: list[dict[str, Any]], index: int, end: _DeviceState, cat: Categorizer, free: str
+) -> list[_Live]:
+    """The blocks live right after event `index`: those alive at the end that were allocated
+    at or before it, plus those freed after it (each with its allocation stack when the trace
+    kept its `alloc`, else PREEXISTING)."""
+    live: dict[int, _Live] = {}
+    allocated_after: set[int] = set()
+    # Forward to `index`: blocks allocated in the window and still live at `index`.
+    for e in events[: index + 1]:
+        a = e.get("action")
+        addr = _int(e.get("addr"))
+        if a == "alloc":
+            frames = e.get("frames")
+            frames = frames if isinstance(frames, list) else []
+            live[addr] = _Live(
+                _int(e.get("size")), cat.category(frames), cat.site(frames), cat.module_path(frames)
+            )
+        elif a == free:
+            if live.pop(addr, None) is None:
+                pass  # allocated before the window, freed before the peak: not live at it
+    preexisting_freed_after: dict[int, int] = {}
+    for e in events[index + 1 :]:
+        a = e.get("action")
+        addr = _int(e.get("addr"))
+        if a == "alloc":
+            allocated_after.add(addr)
+        elif a == free and addr not in live and addr not in allocated_after:
+            preexisting_freed_after[addr] = _int(e.get("size"))
+    for addr, size in preexisting_freed_after.items():
+        live[addr] = _Live(size, PREEXISTING, "", "")
+    # Blocks alive at the end that no event after `index` allocated were alive at it too
+    # (already in `live` when the window allocated them).
+    for addr, b in end.live.items():
+        if addr not in live and addr not in allocated_after:
+            live[addr] = b
+    return list(live.values())
+
+
+def _timeline(rp: Replay, rank: int, capacity: int | None, oom: bool) -> MemoryTimeline:
+    after = rp.start_bytes + np.cumsum(rp.delta)
+    keep = _peak_preserving(after, MAX_TIMELINE_POINTS)
+    t0 = float(rp.time_us[0]) if len(rp.time_us) else 0.0
+    by_cat: dict[str, list[int]] = {}
+    peak_cat: dict[str, int] = {}
+    peak_at = int(np.argmax(after))
+    for j, name in enumerate(CATEGORIES):
+        mask = rp.category == j
+        if not mask.any() and name != PREEXISTING:
+            continue
+        cum = np.cumsum(np.where(mask, rp.delta, 0))
+        if name == PREEXISTING:
+            # Bytes from before the window: the start state less what the window freed of it.
+            cum = cum + rp.start_bytes
+        series = cum[keep]
+        if series.any():
+            by_cat[name] = [int(v) for v in series]
+            if cum[peak_at]:
+                peak_cat[name] = int(cum[peak_at])
+    scale = 1000.0 if rp.has_times else 1.0
+    return MemoryTimeline(
+        rank=rank,
+        source="snapshot" if rp.has_times else "snapshot (event order)",
+        times_ms=[round((float(rp.time_us[k]) - t0) / scale, 6) for k in keep],
+        bytes_by_category=by_cat,
+        peak_bytes=int(after[peak_at]),
+        peak_category_bytes=peak_cat,
+        capacity_bytes=capacity,
+        oom=oom,
+    )
+
+
+def analyze_snapshot(
+    data: dict[str, Any],
+    rank: int,
+    *,
+    device: int | None = None,
+    capacity_bytes: int | None = None,
+    world_size: int | None = None,
+    source: str = "",
+) -> tuple[MemoryBreakdown, MemoryTimeline | None]:
+    """One rank's snapshot -> its breakdown (now and at the peak) and, when the snapshot holds
+    an allocator history, its memory timeline. `device`: the CUDA index the rank used (default:
+    the device with the most memory in use)."""
+    cat = Categorizer()
+    devices = _devices(data, cat)
+    traces = data.get("device_traces")
+    traces = traces if isinstance(traces, list) else []
+    if device is None or device not in devices:
+        candidates = devices or {
+            i: _DeviceState(device=i) for i, t in enumerate(traces) if isinstance(t, list) and t
+        }
+        device = max(candidates.values(), key=lambda s: s.allocated).device if candidates else 0
+    end = devices.get(device) or _DeviceState(device=device)
+    entries = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
+    now = _sum_by(end.live.values(), "category")
+    rp = replay(entries, end, cat, now)
+    oom_request = None
+    for e in reversed(entries):
+        if isinstance(e, dict) and e.get("action") == "oom":
+            oom_request = _int(e.get("size"))
+            break
+    peak_live = rp.peak_live if rp is not None and rp.peak_index >= 0 else list(end.live.values())
+    peak_bytes = sum(b.size for b in peak_live)
+    peak_cats = _sum_by(peak_live, "category")
+    unsharded_by_module = _top(
+        _sum_by((b for b in peak_live if b.category == "PARAMETER_UNSHARDED"), "module")
+    )
+    breakdown = MemoryBreakdown(
+        rank=rank,
+        source=source or "snapshot",
+        device=device,
+        allocated_bytes=end.allocated,
+        reserved_bytes=end.reserved,
+        pending_free_bytes=end.pending_free,
+        largest_free_block_bytes=end.largest_free,
+        segments=end.segments,
+        blocks=end.blocks,
+        blocks_with_stacks=end.frames_seen,
+        category_bytes=now,
+        peak_bytes=peak_bytes,
+        peak_category_bytes=peak_cats,
+        peak_at="end of history" if rp is None or rp.peak_index < 0 else "replayed",
+        peak_time_ms=(
+            round((float(rp.time_us[rp.peak_index]) - float(rp.time_us[0])) / 1000.0, 3)
+            if rp is not None and rp.peak_index >= 0 and rp.has_times
+            else None
+        ),
+        history_events=len(entries),
+        top_sites=_sites(peak_live),
+        peak_activation_by_module=_top(
+            _sum_by((b for b in peak_live if b.category == "ACTIVATION"), "module")
+        ),
+        peak_unsharded_by_module=unsharded_by_module,
+        oom=oom_request is not None or bool(rp and rp.oom),
+        oom_request_bytes=oom_request,
+        capacity_bytes=capacity_bytes,
+        what_if=predict(
+            peak_live,
+            peak_bytes,
+            peak_cats,
+            unsharded_by_module,
+            capacity_bytes=capacity_bytes,
+            world_size=world_size,
+        )
+        if end.frames_seen
+        else [],
+    )
+    timeline = (
+        _timeline(rp, rank, capacity_bytes, breakdown.oom)
+        if rp is not None and rp.delta.any()
+        else None
+    )
+    return breakdown, timeline
+
+
+def _top(by: dict[str, int]) -> dict[str, int]:
+    return dict(
+        sorted(((k or "(outside any module)", v) for k, v in by.items()), key=lambda kv: -kv[1])[
+            :MAX_SITES
+        ]
+    )
