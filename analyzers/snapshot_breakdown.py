@@ -98,12 +98,46 @@ def _is_user(filename: str) -> bool:
     )
 
 
+Described = tuple[str, str, str]
+"""(category, site, module path) of one stack."""
+
+MAX_STACK_CACHE = 500_000
+"""Stacks remembered by frame identity (torch shares frame dicts between stacks)."""
+
+
 class Categorizer:
-    """Categories and sites of allocation stacks, memoized per (filename, name) of each frame
-    (a snapshot repeats the same few hundred frames across 100k blocks)."""
+    """Categories, sites and module paths of allocation stacks.
+
+    Memoized twice: per stack by the identities of its frame dicts (torch builds every stack
+    from one shared table of frames, so a pickle's stacks reuse the same dict objects and a
+    stack seen before costs one tuple hash), and per frame by (filename, name) for the rules.
+    """
 
     def __init__(self) -> None:
         self._rank: dict[tuple[str, str], int] = {}
+        self._stacks: dict[tuple[int, ...], Described] = {}
+        self._lists: dict[int, Described] = {}  # by the stack list's own identity
+        self._keep: list[list[Any]] = []  # the frames behind cached ids stay alive
+
+    def describe(self, frames: list[Any]) -> Described:
+        """(category, site, module path) of a stack; PREEXISTING without frames."""
+        if not frames:
+            return (PREEXISTING, "", "")
+        got = self._lists.get(id(frames))
+        if got is not None:
+            return got
+        key = tuple(map(id, frames))
+        got = self._stacks.get(key)
+        if got is None:
+            got = (self.category(frames), self.site(frames), self.module_path(frames))
+            if len(self._stacks) >= MAX_STACK_CACHE:
+                self._stacks.clear()
+                self._lists.clear()
+                self._keep.clear()
+            self._stacks[key] = got
+        self._lists[id(frames)] = got
+        self._keep.append(frames)
+        return got
 
     def _frame_rank(self, filename: str, name: str) -> int:
         key = (filename, name)
@@ -182,7 +216,7 @@ def _int(v: Any) -> int:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Live:
     """One live block: size, category, site, module path."""
 
@@ -207,17 +241,21 @@ class _DeviceState:
 
 def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
     out: dict[int, _DeviceState] = {}
+    seen: set[int] = set()  # a segment or block the pickle references twice counts once
     for seg in data.get("segments") or []:
-        if not isinstance(seg, dict):
+        if not isinstance(seg, dict) or id(seg) in seen:
             continue
+        seen.add(id(seg))
         dev = _int(seg.get("device"))
         st = out.setdefault(dev, _DeviceState(device=dev))
         st.reserved += _int(seg.get("total_size"))
         st.segments += 1
         addr = _int(seg.get("address"))
-        for block in seg.get("blocks") or []:
-            if not isinstance(block, dict):
+        blocks = seg.get("blocks")
+        for block in blocks if isinstance(blocks, list) else []:
+            if not isinstance(block, dict) or id(block) in seen:
                 continue
+            seen.add(id(block))
             size = _int(block.get("size"))
             state = block.get("state")
             baddr = _int(block.get("address")) if "address" in block else addr
@@ -235,9 +273,7 @@ def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
             st.frames_seen += 1 if frames else 0
             st.allocated += size
             key = baddr if baddr not in st.live else -(len(st.live) + 1)
-            st.live[key] = _Live(
-                size, cat.category(frames), cat.site(frames), cat.module_path(frames)
-            )
+            st.live[key] = _Live(size, *cat.describe(frames))
     return out
 
 
@@ -284,7 +320,6 @@ class Replay:
     time_us: np.ndarray  # float64 per event (event index when the trace has no times)
     delta: np.ndarray  # int64 allocated-bytes change per event
     category: np.ndarray  # int16 into CATEGORIES
-    reserved: np.ndarray  # int64 reserved bytes after each event
     start_bytes: int  # allocated before the first kept event
     peak_index: int  # -1: the peak is the end state (the snapshot itself)
     peak_live: list[_Live]
@@ -292,114 +327,85 @@ class Replay:
     oom: bool
 
 
-def replay(
-    entries: list[Any], end: _DeviceState, cat: Categorizer, end_by_category: dict[str, int]
-) -> Replay | None:
-    """Replay one device's trace backwards from the end state `end` (None without events)."""
+_CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | None:
+    """Replay one device's trace from the end state `end` backwards (None without events).
+
+    One pass: each `alloc` is described (category, site, module) and remembered by address;
+    each free is matched to its alloc (a free with none freed a block from before the window:
+    PREEXISTING). The allocated bytes before the first event are the end state's minus the
+    window's net change; the blocks live at the peak are the window's allocs not yet freed then,
+    the earlier blocks freed after it, and the end state's blocks the window never allocated.
+    """
     events = [e for e in entries if isinstance(e, dict)]
-    free_action = _free_action(events)
     n = len(events)
     if n == 0:
         return None
+    free_action = _free_action(events)
     delta = np.zeros(n, np.int64)
-    cats = np.full(n, CATEGORIES.index("UNKNOWN"), np.int16)
-    seg = np.zeros(n, np.int64)
+    cats = np.full(n, _CAT_INDEX["UNKNOWN"], np.int16)
     times = np.zeros(n, np.float64)
     has_times = True
     oom = False
-    by_addr: dict[int, tuple[int, str, str, str]] = {}  # addr -> size, category, site, module
-    first_free_of: dict[int, int] = {}
-    pre_idx = CATEGORIES.index(PREEXISTING)
+    open_alloc: dict[int, int] = {}  # addr -> index of its alloc event
+    described: dict[int, Described] = {}  # alloc index -> its stack's description
+    freed_at: dict[int, int] = {}  # alloc index -> index of its free
+    early_free: list[int] = []  # frees of blocks allocated before the window
+    pre = _CAT_INDEX[PREEXISTING]
+    describe = cat.describe
     for i, e in enumerate(events):
-        action = e.get("action")
         t = e.get("time_us")
-        if isinstance(t, int | float):
-            times[i] = float(t)
+        if t.__class__ is int or t.__class__ is float:
+            times[i] = t
         else:
             has_times = False
-        addr = _int(e.get("addr"))
-        size = _int(e.get("size"))
+        action = e.get("action")
         if action == "alloc":
             frames = e.get("frames")
-            frames = frames if isinstance(frames, list) else []
-            c = cat.category(frames)
-            by_addr[addr] = (size, c, cat.site(frames), cat.module_path(frames))
-            delta[i] = size
-            cats[i] = CATEGORIES.index(c)
+            d = describe(frames if isinstance(frames, list) else [])
+            addr = _int(e.get("addr"))
+            open_alloc[addr] = i
+            described[i] = d
+            delta[i] = _int(e.get("size"))
+            cats[i] = _CAT_INDEX[d[0]]
         elif action == free_action:
-            known = by_addr.pop(addr, None)
-            delta[i] = -size
-            if known is None:
-                first_free_of.setdefault(addr, i)
-                cats[i] = pre_idx
+            j = open_alloc.pop(_int(e.get("addr")), -1)
+            delta[i] = -_int(e.get("size"))
+            if j < 0:
+                early_free.append(i)
+                cats[i] = pre
             else:
-                cats[i] = CATEGORIES.index(known[1])
-        elif action in ("segment_alloc", "segment_map"):
-            seg[i] = size
-        elif action in ("segment_free", "segment_unmap"):
-            seg[i] = -size
+                freed_at[j] = i
+                cats[i] = cats[j]
         elif action == "oom":
             oom = True
     if not has_times:
         times = np.arange(n, dtype=np.float64)
-    total_delta = int(delta.sum())
-    start = end.allocated - total_delta
+    start = end.allocated - int(delta.sum())
     after = start + np.cumsum(delta)
-    # Reserved bytes: same backward walk from the end state.
-    reserved = end.reserved - int(seg.sum()) + np.cumsum(seg)
     peak_i = int(np.argmax(after))
-    peak_index = peak_i if int(after[peak_i]) > end.allocated else -1
-    live = _live_at(events, peak_index, end, cat, free_action) if peak_index >= 0 else []
+    live: list[_Live] = []
+    peak_index = -1
+    if int(after[peak_i]) > end.allocated:
+        peak_index = peak_i
+        for j, d in described.items():
+            if j <= peak_i and freed_at.get(j, n) > peak_i:
+                live.append(_Live(int(delta[j]), *d))
+        live += [_Live(-int(delta[i]), PREEXISTING, "", "") for i in early_free if i > peak_i]
+        window = set(open_alloc)
+        live += [b for a, b in end.live.items() if a not in window]
     return Replay(
         time_us=times,
         delta=delta,
         category=cats,
-        reserved=reserved,
         start_bytes=start,
         peak_index=peak_index,
         peak_live=live,
         has_times=has_times,
         oom=oom,
     )
-
-
-def _live_at(
-    events: list[dict[str, Any]], index: int, end: _DeviceState, cat: Categorizer, free: str
-) -> list[_Live]:
-    """The blocks live right after event `index`: those alive at the end that were allocated
-    at or before it, plus those freed after it (each with its allocation stack when the trace
-    kept its `alloc`, else PREEXISTING)."""
-    live: dict[int, _Live] = {}
-    allocated_after: set[int] = set()
-    # Forward to `index`: blocks allocated in the window and still live at `index`.
-    for e in events[: index + 1]:
-        a = e.get("action")
-        addr = _int(e.get("addr"))
-        if a == "alloc":
-            frames = e.get("frames")
-            frames = frames if isinstance(frames, list) else []
-            live[addr] = _Live(
-                _int(e.get("size")), cat.category(frames), cat.site(frames), cat.module_path(frames)
-            )
-        elif a == free:
-            if live.pop(addr, None) is None:
-                pass  # allocated before the window, freed before the peak: not live at it
-    preexisting_freed_after: dict[int, int] = {}
-    for e in events[index + 1 :]:
-        a = e.get("action")
-        addr = _int(e.get("addr"))
-        if a == "alloc":
-            allocated_after.add(addr)
-        elif a == free and addr not in live and addr not in allocated_after:
-            preexisting_freed_after[addr] = _int(e.get("size"))
-    for addr, size in preexisting_freed_after.items():
-        live[addr] = _Live(size, PREEXISTING, "", "")
-    # Blocks alive at the end that no event after `index` allocated were alive at it too
-    # (already in `live` when the window allocated them).
-    for addr, b in end.live.items():
-        if addr not in live and addr not in allocated_after:
-            live[addr] = b
-    return list(live.values())
 
 
 def _timeline(rp: Replay, rank: int, capacity: int | None, oom: bool) -> MemoryTimeline:
@@ -459,7 +465,7 @@ def analyze_snapshot(
     end = devices.get(device) or _DeviceState(device=device)
     entries = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
     now = _sum_by(end.live.values(), "category")
-    rp = replay(entries, end, cat, now)
+    rp = replay(entries, end, cat)
     oom_request = None
     for e in reversed(entries):
         if isinstance(e, dict) and e.get("action") == "oom":

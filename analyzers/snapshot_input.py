@@ -3,19 +3,25 @@
 A snapshot is the pickle `torch.cuda.memory._dump_snapshot(path)` writes (or `zdiag run`'s
 `memory/rank-N.snapshot.pickle`). `is_snapshot_file` recognizes one from its first bytes (a
 pickle of protocol 2 or later whose first keys include `segments` or `device_traces`), never
-from its name alone, and never unpickles to decide. `load_breakdowns` reads each with the
-restricted unpickler (`memory_snapshot.read_snapshot`) and breaks it down
-(`snapshot_breakdown.analyze_snapshot`); an unreadable one is a warning, as a bad memory
-timeline is.
+from its name alone, and never unpickles to decide. `load_snapshot_data` reads the whole plain
+pickle with memory_snapshot's restricted unpickler (its bounded `load_plain_pickle` where the
+module has it), with Python's cyclic garbage collector paused: a 100 MB snapshot is ~1M event
+dicts and the collector's passes over them cost 5x the load itself. The breakdown needs the
+allocator history and frame lines that `read_snapshot`'s summary copy leaves out.
+`load_breakdowns` breaks each down (`snapshot_breakdown.analyze_snapshot`); an unreadable one is
+a warning, as a bad memory timeline is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import gc
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from zdiag.analyzers.memory_snapshot import read_snapshot
+from zdiag.analyzers import memory_snapshot
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline
 from zdiag.analyzers.snapshot_breakdown import analyze_snapshot
 from zdiag.errors import InputError
@@ -34,6 +40,46 @@ def is_snapshot_file(path: Path) -> bool:
     except OSError:
         return False
     return len(head) > 2 and head[0] == 0x80 and head[1] >= 2 and any(k in head for k in _KEYS)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (the loaded data holds no cycles worth collecting)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def load_snapshot_data(path: Path) -> dict[str, Any]:
+    """The snapshot pickled in `path` as plain data (no class or function can load);
+    InputError, one sentence, when it is unreadable or not a snapshot."""
+    with gc_paused():
+        bounded = getattr(memory_snapshot, "load_plain_pickle", None)
+        if bounded is not None:
+            data = bounded(path, "CUDA memory snapshot")
+        else:
+            try:
+                with path.open("rb") as f:
+                    data = memory_snapshot._PlainUnpickler(f).load()
+            except OSError as exc:
+                raise InputError(
+                    f"{path}: cannot read the CUDA memory snapshot ({exc.strerror})."
+                ) from None
+            except Exception as exc:  # truncated, corrupt, or names a class
+                raise InputError(
+                    f"{path}: not a readable CUDA memory snapshot ({type(exc).__name__}: "
+                    f"{str(exc)[:100]}); re-create it or remove the file."
+                ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+        raise InputError(
+            f"{path}: not a CUDA memory snapshot (no 'segments' list, as "
+            "torch.cuda.memory._snapshot() writes)."
+        )
+    return data
 
 
 @dataclass(frozen=True)
@@ -60,18 +106,20 @@ def load_breakdowns(
     warnings: list[str] = []
     for rank, path in sorted(snapshots.items()):
         try:
-            data = read_snapshot(path)
+            data = load_snapshot_data(path)
         except InputError as exc:
             warnings.append(f"memory snapshot skipped: {exc.message}")
             continue
-        breakdown, timeline = analyze_snapshot(
-            data,
-            rank,
-            device=(devices or {}).get(rank),
-            capacity_bytes=(capacity or {}).get(rank),
-            world_size=world_size,
-            source=f"snapshot {path.name}",
-        )
+        with gc_paused():
+            breakdown, timeline = analyze_snapshot(
+                data,
+                rank,
+                device=(devices or {}).get(rank),
+                capacity_bytes=(capacity or {}).get(rank),
+                world_size=world_size,
+                source=f"snapshot {path.name}",
+            )
+        del data
         if rank in oom_ranks:
             breakdown.oom = True
             if timeline is not None:
