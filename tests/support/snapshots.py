@@ -205,7 +205,7 @@ def generate_snapshot(
     # The sharded parameters and the first batch, made before the history started: live at
     # the end without frames, and not in the event history.
     pre: list[int] = []
-    for frames, s in lib["model_state"]:
+    for _frames, s in lib["model_state"]:
         for _ in range(max(1, layers // 4)):
             pre.append(a.alloc(sz(s), []))
     opt: list[int] = []
@@ -233,7 +233,7 @@ def generate_snapshot(
         for x in outs:
             a.free(x)
         grads = []
-        for layer in reversed(range(layers)):
+        for _layer in range(layers):
             g = held.pop() if held else a.alloc(sz(gathered[1]), _cpp(gathered[0], cpp_frames))
             tmp = [a.alloc(sz(s, True), _cpp(f, cpp_frames)) for f, s in temps]
             for x in acts.pop():
