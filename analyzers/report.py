@@ -158,6 +158,8 @@ class MemoryBreakdown(msgspec.Struct, kw_only=True):
     reserved_bytes: int | None = None
     pending_free_bytes: int = 0
     largest_free_block_bytes: int | None = None
+    # free bytes in segments that also hold live blocks: the cache cannot release them
+    fragmented_bytes: int | None = None
     segments: int = 0
     blocks: int = 0
     blocks_with_stacks: int = 0

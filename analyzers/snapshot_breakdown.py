@@ -233,6 +233,7 @@ class _DeviceState:
     allocated: int = 0
     pending_free: int = 0
     largest_free: int = 0
+    fragmented: int = 0
     segments: int = 0
     live: dict[int, _Live] = field(default_factory=dict)
     frames_seen: int = 0
@@ -251,6 +252,8 @@ def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
         st.reserved += _int(seg.get("total_size"))
         st.segments += 1
         addr = _int(seg.get("address"))
+        seg_free = 0
+        seg_active = False
         blocks = seg.get("blocks")
         for block in blocks if isinstance(blocks, list) else []:
             if not isinstance(block, dict) or id(block) in seen:
@@ -262,7 +265,9 @@ def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
             addr = baddr + size
             if state == "inactive":
                 st.largest_free = max(st.largest_free, size)
+                seg_free += size
                 continue
+            seg_active = True
             if state == "active_pending_free":
                 st.pending_free += size
                 continue
@@ -274,6 +279,8 @@ def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
             st.allocated += size
             key = baddr if baddr not in st.live else -(len(st.live) + 1)
             st.live[key] = _Live(size, *cat.describe(frames))
+        if seg_active:
+            st.fragmented += seg_free
     return out
 
 
@@ -485,6 +492,7 @@ def analyze_snapshot(
         reserved_bytes=end.reserved,
         pending_free_bytes=end.pending_free,
         largest_free_block_bytes=end.largest_free,
+        fragmented_bytes=end.fragmented if end.segments else None,
         segments=end.segments,
         blocks=end.blocks,
         blocks_with_stacks=end.frames_seen,
