@@ -58,21 +58,6 @@ CATEGORIES = (
 )
 """Every category a snapshot block can fall in, in display order."""
 
-CATEGORY_LABELS = {
-    "OPTIMIZER_STATE": "optimizer state",
-    "PARAMETER_UNSHARDED": "unsharded parameters",
-    "GRADIENT": "gradients",
-    COMM_BUFFER: "communication buffers",
-    "ACTIVATION": "activations",
-    "AUTOGRAD_DETAIL": "autograd temporaries",
-    "MODEL_STATE": "parameters",
-    "PARAMETER": "parameters",
-    "UNKNOWN": "unknown",
-    PREEXISTING: "before recording",
-    "INPUT": "inputs",
-    "TEMPORARY": "temporaries",
-}
-"""Human names of the categories (snapshot, memory-timeline and Kineto ones)."""
 
 # The collectives' own frames (c10d's Python API, functional collectives) and DDP's buckets.
 _COMM_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (

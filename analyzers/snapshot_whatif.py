@@ -44,7 +44,8 @@ class LiveBlock(Protocol):
 
 
 def _mib(v: float) -> str:
-    return f"{v / MIB:.1f} MiB"
+    """Bytes in MiB, or GiB from 1 GiB on (the evidence is read by people)."""
+    return f"{v / MIB / 1024:.2f} GiB" if abs(v) >= 1024 * MIB else f"{v / MIB:.1f} MiB"
 
 
 def _fits(peak: int | None, capacity: int | None) -> bool | None:
