@@ -275,3 +275,28 @@ def test_report_with_breakdowns_round_trips_through_json(tmp_path: Path) -> None
     report = analyze_paths([path])
     again = decode_report(encode_report(report))
     assert again.memory_breakdowns == report.memory_breakdowns
+
+
+def test_memory_views_in_tui_and_html(tmp_path: Path) -> None:
+    import asyncio
+
+    from zdiag.render.html import render_html
+    from zdiag.tui.report_app import ReportApp
+
+    path = write_snapshot(
+        tmp_path / "rank-0.pickle", generate_snapshot(layers=4, stop_in_forward=3)
+    )
+    report = analyze_paths([path])
+
+    async def drive() -> str:
+        app = ReportApp(report)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await pilot.press("y")
+            await pilot.pause()
+            assert app.query_one("TabbedContent").active == "memory"  # type: ignore[attr-defined]
+            return str(app.query_one("#memory-text").render())
+
+    shown = asyncio.run(drive())
+    assert "peak:" in shown and "^ peak" in shown and "activation checkpointing" in shown
+    html = render_html(report)
+    assert 'class="memory-breakdown"' in html and "triangle-down" in html
