@@ -57,12 +57,13 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
     """Cross-rank matching, detectors and the Report, from rank summaries alone (rank order)."""
     matching = match_collectives([s.rank_collectives() for s in summaries])
     multi_rank = len(matching.ranks) >= 2
+    memory, breakdowns = merged_memory(summaries, run)
     ctx = build_context(
         summaries,
         manifest=run.manifest,
         run_dir=run.run_dir,
-        memory=run.memory,
-        memory_breakdowns=run.memory_breakdowns,
+        memory=memory,
+        memory_breakdowns=breakdowns,
         crossrank=matching,
     )
     detected = run_context(ctx)
@@ -86,14 +87,31 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         ranks=[s.rank_report() for s in summaries],
         collectives=[c for s in summaries for c in s.collective_stats],
         timelines=_timelines(summaries),
-        memory=list(run.memory),
-        memory_breakdowns=list(run.memory_breakdowns),
+        memory=memory,
+        memory_breakdowns=breakdowns,
         fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
         stragglers=crossrank.straggler_stats(matching) if multi_rank else [],
         findings=detected.findings,
         warnings=warnings,
     )
     return Reduction(report=report, crossrank=matching)
+
+
+def merged_memory(
+    summaries: Sequence[RankSummary], run: RunFacts
+) -> tuple[list[MemoryTimeline], list[MemoryBreakdown]]:
+    """Memory timelines and breakdowns by rank: the run's files (memory timeline exports,
+    CUDA snapshots) first, then the ranks' Kineto memory events where no file covers them."""
+    memory = list(run.memory)
+    breakdowns = list(run.memory_breakdowns)
+    have_tl = {m.rank for m in memory}
+    have_b = {b.rank for b in breakdowns}
+    for s in summaries:
+        if s.memory_timeline is not None and s.rank not in have_tl:
+            memory.append(s.memory_timeline)
+        if s.memory_breakdown is not None and s.rank not in have_b:
+            breakdowns.append(s.memory_breakdown)
+    return sorted(memory, key=lambda m: m.rank), sorted(breakdowns, key=lambda b: b.rank)
 
 
 def _timelines(summaries: Sequence[RankSummary]) -> list[StepTimeline]:

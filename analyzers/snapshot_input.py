@@ -117,7 +117,7 @@ def load_breakdowns(
                 device=(devices or {}).get(rank),
                 capacity_bytes=(capacity or {}).get(rank),
                 world_size=world_size,
-                source=f"snapshot {path.name}",
+                source="snapshot",
             )
         del data
         if rank in oom_ranks:

@@ -26,7 +26,14 @@ import numpy.typing as npt
 from zdiag.analyzers.crossrank import RankCollectives
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.rank_analysis import RankAnalysis, RankFacts
-from zdiag.analyzers.report import CollectiveKindStats, RankReport, StepBreakdown, StepTimeline
+from zdiag.analyzers.report import (
+    CollectiveKindStats,
+    MemoryBreakdown,
+    MemoryTimeline,
+    RankReport,
+    StepBreakdown,
+    StepTimeline,
+)
 
 SUMMARY_SCHEMA = "zdiag.rank-summary/1"
 
@@ -106,6 +113,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     ledger: RankLedger | None = None
     facts: RankFacts = msgspec.field(default_factory=RankFacts)
     warnings: list[str] = msgspec.field(default_factory=list)
+    # from Kineto `[memory]` events (profile_memory=True); timeline capped at 2000 points
+    memory_breakdown: MemoryBreakdown | None = None
+    memory_timeline: MemoryTimeline | None = None
 
     def rank_collectives(self) -> RankCollectives:
         """The rank's collectives for the cross-rank matching."""
@@ -153,6 +163,8 @@ def summarize(analysis: RankAnalysis) -> RankSummary:
         ledger=analysis.ledger if analysis.ledger.records else None,
         facts=analysis.facts,
         warnings=list(analysis.warnings),
+        memory_breakdown=analysis.memory_breakdown,
+        memory_timeline=analysis.memory_timeline,
     )
 
 
