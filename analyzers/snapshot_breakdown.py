@@ -197,8 +197,16 @@ def block_frames(block: dict[str, Any]) -> list[Any]:
     return []
 
 
+_LIMIT = 2**62
+
+
 def _int(v: Any) -> int:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+    """A non-negative byte count or address (anything else, or beyond 2**62, is 0)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v if 0 <= v < _LIMIT else 0
+    if isinstance(v, float) and 0 <= v < _LIMIT:  # NaN fails both comparisons
+        return int(v)
+    return 0
 
 
 @dataclass(slots=True)
@@ -228,7 +236,8 @@ class _DeviceState:
 def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
     out: dict[int, _DeviceState] = {}
     seen: set[int] = set()  # a segment or block the pickle references twice counts once
-    for seg in data.get("segments") or []:
+    segments = data.get("segments")
+    for seg in segments if isinstance(segments, list) else []:
         if not isinstance(seg, dict) or id(seg) in seen:
             continue
         seen.add(id(seg))
@@ -298,7 +307,7 @@ def _sites(items: Iterable[_Live]) -> list[AllocationSite]:
 
 
 def _free_action(entries: list[dict[str, Any]]) -> str:
-    actions = {e.get("action") for e in entries}
+    actions = {a for e in entries if isinstance(a := e.get("action"), str)}
     for a in ("free_completed", "free_requested", "free"):
         if a in actions:
             return a
@@ -349,7 +358,7 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
     describe = cat.describe
     for i, e in enumerate(events):
         t = e.get("time_us")
-        if t.__class__ is int or t.__class__ is float:
+        if (t.__class__ is int and -_LIMIT < t < _LIMIT) or t.__class__ is float:
             times[i] = t
         else:
             has_times = False
