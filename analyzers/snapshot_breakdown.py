@@ -307,9 +307,10 @@ def _sites(items: Iterable[_Live]) -> list[AllocationSite]:
 
 
 def _free_action(entries: list[dict[str, Any]]) -> str:
-    actions = {a for e in entries if isinstance(a := e.get("action"), str)}
+    """The action that frees a block in this history (the first kind present, in torch's
+    order of preference; the scan stops at the first match, usually within the first step)."""
     for a in ("free_completed", "free_requested", "free"):
-        if a in actions:
+        if any(e.get("action") == a for e in entries):
             return a
     return "free_completed"
 
@@ -356,6 +357,7 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
     early_free: list[int] = []  # frees of blocks allocated before the window
     pre = _CAT_INDEX[PREEXISTING]
     describe = cat.describe
+    cat_index = _CAT_INDEX
     for i, e in enumerate(events):
         t = e.get("time_us")
         if (t.__class__ is int and -_LIMIT < t < _LIMIT) or t.__class__ is float:
@@ -365,15 +367,19 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
         action = e.get("action")
         if action == "alloc":
             frames = e.get("frames")
-            d = describe(frames if isinstance(frames, list) else [])
-            addr = _int(e.get("addr"))
+            d = describe(frames if frames.__class__ is list else [])
+            a = e.get("addr")
+            addr = a if a.__class__ is int and 0 <= a < _LIMIT else _int(a)
             open_alloc[addr] = i
             described[i] = d
-            delta[i] = _int(e.get("size"))
-            cats[i] = _CAT_INDEX[d[0]]
+            z = e.get("size")
+            delta[i] = z if z.__class__ is int and 0 <= z < _LIMIT else _int(z)
+            cats[i] = cat_index[d[0]]
         elif action == free_action:
-            j = open_alloc.pop(_int(e.get("addr")), -1)
-            delta[i] = -_int(e.get("size"))
+            a = e.get("addr")
+            j = open_alloc.pop(a if a.__class__ is int and 0 <= a < _LIMIT else _int(a), -1)
+            z = e.get("size")
+            delta[i] = -(z if z.__class__ is int and 0 <= z < _LIMIT else _int(z))
             if j < 0:
                 early_free.append(i)
                 cats[i] = pre

@@ -57,7 +57,7 @@ def gc_paused() -> Iterator[None]:
 def load_snapshot_data(path: Path) -> dict[str, Any]:
     """The snapshot pickled in `path` as plain data (no class or function can load);
     InputError, one sentence, when it is unreadable or not a snapshot."""
-    with gc_paused():
+    with gc_paused():  # (callers keep it paused until the data is dropped: see load_breakdowns)
         bounded = getattr(memory_snapshot, "load_plain_pickle", None)
         if bounded is not None:
             data = bounded(path, "CUDA memory snapshot")
@@ -105,12 +105,14 @@ def load_breakdowns(
     timelines: list[MemoryTimeline] = []
     warnings: list[str] = []
     for rank, path in sorted(snapshots.items()):
-        try:
-            data = load_snapshot_data(path)
-        except InputError as exc:
-            warnings.append(f"memory snapshot skipped: {exc.message}")
-            continue
+        # The collector stays paused until the loaded data is dropped: re-enabled while ~1M
+        # fresh containers are alive, its next young-generation pass would walk them all.
         with gc_paused():
+            try:
+                data = load_snapshot_data(path)
+            except InputError as exc:
+                warnings.append(f"memory snapshot skipped: {exc.message}")
+                continue
             breakdown, timeline = analyze_snapshot(
                 data,
                 rank,
@@ -119,7 +121,7 @@ def load_breakdowns(
                 world_size=world_size,
                 source="snapshot",
             )
-        del data
+            del data
         if rank in oom_ranks:
             breakdown.oom = True
             if timeline is not None:
