@@ -55,7 +55,10 @@ class AnalyzeCommand:
             nargs="*",
             metavar="PATH",
             type=Path,
-            help="trace files (.json, .json.gz), a run directory, or a folder of per-rank traces",
+            help=(
+                "trace files (.json, .json.gz), CUDA memory snapshots (.pickle), a run "
+                "directory, or a folder of per-rank traces or snapshots"
+            ),
         )
         parser.add_argument(
             "--json", action="store_true", help="write the Report as JSON to stdout"
