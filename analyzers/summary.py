@@ -3,7 +3,9 @@
 `summarize(analysis)` keeps from a `RankAnalysis` what the reduce (cross-rank matching, the
 detectors, the Report) reads, and nothing that needs the trace again: the rank's identity and
 step table, its collectives with per-call timing (as packed columns), the per-kind totals, the
-representative-step timeline, the FSDP unit ledger and the detector facts. `encode_summary` /
+representative-step timeline, the FSDP unit ledger, the detector facts and, for traces recorded
+with `profile_memory=True`, the memory breakdown and timeline from their Kineto `[memory]`
+events (kineto_memory.py; at most 2000 timeline points). `encode_summary` /
 `decode_summary` write and read it as zlib-compressed msgpack under the schema
 `zdiag.rank-summary/1`, so a summary computed inside a training job or on a worker can be cached
 and merged later.
