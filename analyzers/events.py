@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zdiag.analyzers import frameworks
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -346,7 +348,8 @@ _COMM_OP_RE = re.compile(
     r"^(nccl:|gloo:|rccl:|ucc:|mpi:|c10d::|c10d_functional::|_c10d_functional::|record_param_comms"
     r"|torch\.distributed\.|ProcessGroup)"
 )
-_FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.|DeepSpeedZeRO|ZeRO|deepspeed)")
+# Every framework's own record_function labels (analyzers/frameworks/: FSDP2, FSDP1, ZeRO).
+_FSDP_RE = frameworks.annotation_re()
 
 _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 

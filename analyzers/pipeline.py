@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
@@ -332,6 +333,8 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     seen: dict[int, int] = {}
     for t in traces:
         seen[t.rank] = seen.get(t.rank, 0) + 1
+    if manifest is not None and traces:
+        run.warnings.extend(_missing_rank_warnings(manifest, {t.rank for t in traces}))
     dup = sorted(r for r, c in seen.items() if c > 1)
     if dup:
         run.warnings.append(
@@ -419,14 +422,15 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    finished = _finished_steps(run.manifest)
+    finished = _ended_steps(run.manifest)
     collector_errors = _collector_errors(run.manifest)
     unit_bytes = manifest_unit_bytes(run.manifest)
     analyses = [
         analyze_rank(
             t,
             RankContext(
-                finished_steps=finished.get(t.rank),
+                finished_steps=finished[t.rank][0] if t.rank in finished else None,
+                failure=finished[t.rank][1] if t.rank in finished else None,
                 collector_errors=tuple(collector_errors.get(t.rank, [])),
                 unit_param_bytes=unit_bytes,
             ),
@@ -459,6 +463,8 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
         memory=tuple(memory),
         memory_breakdowns=snap.breakdowns,
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
+        flight_recorder=run.flight_recorder,
+        flight_recorder_inputs=tuple(run.flight_recorder_inputs),
     )
 
 
@@ -499,19 +505,72 @@ def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
     }
 
 
-def _finished_steps(manifest: Manifest | None) -> dict[int, int]:
-    """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
-    OOM's or a crash's last step is the failing one, kept)."""
+def _missing_rank_warnings(manifest: Manifest, found: set[int]) -> list[str]:
+    """A warning when the run's world size exceeds the ranks whose traces were found, saying
+    what the manifest knows of each missing one."""
+    expected = manifest.world_size or 0
+    missing = [r for r in range(expected) if r not in found]
+    if not missing:
+        return []
+    entries = {e.rank: e for e in manifest.ranks}
+    reasons = []
+    for r in missing[:MAX_MISSING_RANKS_SHOWN]:
+        e = entries.get(r)
+        if e is None or e.missing:
+            why = "it never wrote its manifest part (killed or never started)"
+        elif e.error:
+            why = f"it raised {e.error.split(':')[0]} after {e.steps} step(s)"
+        elif e.hang is not None or e.ended_by:
+            why = f"it hung or was stopped after {e.steps} step(s)"
+        else:
+            why = f"it finished {e.steps} step(s), before or without the profiler window"
+        reasons.append(f"rank {r}: {why}")
+    more = len(missing) - len(reasons)
+    tail = f"; and {more} more" if more > 0 else ""
+    return [
+        f"world size {expected}, but traces of only {len(found)} rank(s) were found: "
+        f"{'; '.join(reasons)}{tail}. Cross-rank results cover the ranks found only."
+    ]
+
+
+MAX_MISSING_RANKS_SHOWN = 8
+
+
+def _ended_steps(manifest: Manifest | None) -> dict[int, tuple[int, str | None]]:
+    """Rank -> (steps finished, how it failed or None), for the ranks of a `zdiag run` manifest
+    whose end is known: a clean exit, an exception, a signal or a hang. A rank with no recorded
+    end (SIGKILLed) is left out: its step count may predate its last events."""
     if manifest is None:
         return {}
-    return {e.rank: e.steps for e in manifest.ranks if e.exit_code == 0 and not e.oom}
+    out: dict[int, tuple[int, str | None]] = {}
+    for e in manifest.ranks:
+        if e.exit_code == 0 and not e.oom:
+            out[e.rank] = (e.steps, None)
+        elif e.oom:
+            out[e.rank] = (e.steps, "ran out of memory")
+        elif e.exit_code is not None and e.error:
+            out[e.rank] = (e.steps, f"raised {e.error.split(':')[0]}")
+        elif e.hang is not None:
+            out[e.rank] = (e.steps, "hung")
+        elif e.ended_by is not None:
+            out[e.rank] = (e.steps, f"was ended by {e.ended_by.split(' ')[0]}")
+    return out
 
 
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints."""
+    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
+    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
+    if dumps and not paths:
+        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
+    if dumps:
+        hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+        run.flight_recorder = hangs
+        run.flight_recorder_inputs = [str(p) for p in dumps]
+        run.warnings += flight_recorder.dump_warnings(hangs, findings)
     return analyze_run(run, ranks=ranks).report
 
 

@@ -17,6 +17,7 @@ from zdiag import __version__
 from zdiag.analyzers import crossrank, verdict
 from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
 from zdiag.analyzers.detectors import build_context, run_context
+from zdiag.analyzers.flight_recorder import HangAnalysis
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
@@ -34,6 +35,8 @@ class RunFacts:
     - `memory_breakdowns`: the CUDA snapshots' (and Kineto memory events') breakdowns.
     - `manifest_summary`: what `Report.run` takes from the manifest (schema, world size,
       versions; `pipeline.manifest_summary`).
+    - `flight_recorder` / `flight_recorder_inputs`: the analysis of torch.distributed
+      flight-recorder dumps given with the traces, and their paths (the `hang` detector reads it).
     """
 
     inputs: tuple[str, ...] = ()
@@ -43,6 +46,8 @@ class RunFacts:
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
     memory_breakdowns: tuple[MemoryBreakdown, ...] = field(default_factory=tuple)
     manifest_summary: Mapping[str, Any] = field(default_factory=dict)
+    flight_recorder: HangAnalysis | None = None
+    flight_recorder_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         memory=memory,
         memory_breakdowns=breakdowns,
         crossrank=matching,
+        flight_recorder=run.flight_recorder,
     )
     detected = run_context(ctx)
 
@@ -81,7 +87,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
 
     report = Report(
         zdiag_version=__version__,
-        inputs=list(run.inputs),
+        inputs=list(run.inputs) + list(run.flight_recorder_inputs),
         thresholds=thresholds,
         run=run_summary(summaries, run),
         ranks=[s.rank_report() for s in summaries],

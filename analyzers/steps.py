@@ -29,16 +29,15 @@ import re
 import numpy as np
 import numpy.typing as npt
 
+from zdiag.analyzers import frameworks
 from zdiag.analyzers.events import DEVICE_KINDS, EventKind, RankTrace
 from zdiag.analyzers.run_data import StepWindows
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RE = r"^Optimizer\.step#"
-_FORWARD_MARKERS = (
-    r"^FSDP::root_pre_forward$",
-    r"^DistributedDataParallel\.forward$",
-    r"^## forward ##$",
-)
+# One label per forward pass: each framework's own (analyzers/frameworks/), then the plain
+# record_function("## forward ##") a script may write.
+_FORWARD_MARKERS = (*frameworks.forward_markers(), r"^## forward ##$")
 
 Arr = npt.NDArray[np.float64]
 

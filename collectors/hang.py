@@ -25,12 +25,13 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from zdiag.collectors.rundir import HangRecord
+from zdiag.collectors.rundir import HangRecord, SourceLine
 
 HANG_FIRST_STEP_S = 300.0
 """Timeout before `HANG_MIN_STEPS` steps have finished: start-up can take minutes (compilation,
@@ -315,3 +316,17 @@ def hang_record(
         user_code=user.get("code"),
         dump=dump_relpath,
     )
+
+
+def raised_at(exc: BaseException) -> SourceLine | None:
+    """The innermost line of the user's code in an exception's traceback (None when the
+    traceback never passes through it: an error inside zdiag or a library only)."""
+    try:
+        frames = traceback.extract_tb(exc.__traceback__, limit=MAX_FRAMES_PER_THREAD * 4)
+    except Exception:
+        return None
+    for fs in reversed(frames):
+        if is_user_file(fs.filename):
+            code = (fs.line or "").strip()[:200] or None
+            return SourceLine(fs.filename, fs.lineno or 0, fs.name, code)
+    return None

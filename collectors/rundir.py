@@ -352,6 +352,35 @@ class FsdpUnitRecord:
 
 
 @dataclass(frozen=True)
+class SourceLine:
+    """A line of the user's code: where a rank raised (`ranks[i].error_source`)."""
+
+    file: str
+    line: int
+    function: str | None = None
+    code: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, warnings: list[str]) -> SourceLine | None:
+        """The line, or None (with a warning) when it is not an object with a file and line."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            warnings.append(f"{where}: not an object; ignored")
+            return None
+        f = _Fields(data, where, warnings)
+        file, line = f.str_or_none("file"), f.int_or_none("line", minimum=0)
+        if file is None or line is None:
+            warnings.append(f"{where}: no file and line; ignored")
+            return None
+        return cls(file, line, f.str_or_none("function"), f.str_or_none("code"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this line."""
+        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+
+
+@dataclass(frozen=True)
 class HangRecord:
     """What the hang watchdog saw on a rank that stopped finishing steps (`ranks[i].hang`).
 
@@ -448,6 +477,7 @@ class RankEntry:
     exit_code: int | None = None  # None: the rank did not finish (killed), or still running
     oom: bool = False
     error: str | None = None
+    error_source: SourceLine | None = None  # the user's line the exception came from
     collector_errors: tuple[str, ...] = ()
     started_at: str | None = None
     ended_at: str | None = None
@@ -480,6 +510,9 @@ class RankEntry:
             exit_code=f.int_or_none("exit_code"),
             oom=f.bool_("oom"),
             error=f.str_or_none("error"),
+            error_source=SourceLine.from_json(
+                data.get("error_source"), f"{where}.error_source", warnings
+            ),
             collector_errors=f.strs("collector_errors"),
             started_at=f.str_or_none("started_at"),
             ended_at=f.str_or_none("ended_at"),
@@ -512,6 +545,8 @@ class RankEntry:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }
+        if self.error_source is not None:
+            out["error_source"] = self.error_source.to_json()
         if self.ended_by is not None:
             out["ended_by"] = self.ended_by
         if self.hang is not None:

@@ -35,7 +35,7 @@ from zdiag.collectors import memory, memtimeline, rundir, runinfo
 from zdiag.collectors.compile_safe import eager_or_opaque
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
-from zdiag.collectors.hang import HangWatchdog, describe_hang, hang_record
+from zdiag.collectors.hang import HangWatchdog, describe_hang, hang_record, raised_at
 from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
 from zdiag.collectors.nvtx import StepRanges, UnitRanges
@@ -129,6 +129,7 @@ class RankSession:
         self._prof_all_threads = False  # whether another thread may stop the profiler
         self.ended_by: str | None = None
         self.hang: rundir.HangRecord | None = None
+        self.error_source: rundir.SourceLine | None = None
         self._signals = SignalFlush(self._flush_on_signal)
         self._watchdog: HangWatchdog | None = None
 
@@ -160,8 +161,12 @@ class RankSession:
         self._step_start = time.perf_counter()
         return self
 
-    def finish(self, exit_code: int | None, error: str | None = None) -> None:
-        """Close everything, write the last profiler window if open, and the final manifest part."""
+    def finish(
+        self, exit_code: int | None, error: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        """Close everything, write the last profiler window if open, and the final manifest part.
+
+        `exc`, the exception the script raised, gives the user's line it came from."""
         global _ACTIVE
         if self._finished:
             return
@@ -186,6 +191,8 @@ class RankSession:
         if self._publisher is not None:
             self._guard("live publisher", self._publisher.close)
             self._publisher = None
+        if exc is not None:
+            self.error_source = self._guard("traceback", raised_at, exc)
         # Never let zdiag's own output (a full disk, say) replace the training's outcome.
         self._guard("manifest part", self._write_part, exit_code, error)
         if _ACTIVE is self:
@@ -574,6 +581,7 @@ class RankSession:
             exit_code=exit_code if ended else None,
             oom=self.oom,
             error=error,
+            error_source=self.error_source,
             collector_errors=tuple(self.collector_errors),
             started_at=self.started_at,
             ended_at=utc_now_iso() if ended else None,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from support.traces import TraceBuilder
 from zdiag.analyzers import pipeline
 from zdiag.analyzers.report import Finding, Report, decode_report
-from zdiag.analyzers.synthetic import TraceBuilder
 from zdiag.cli import main
 
 

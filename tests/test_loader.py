@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.traces import TraceBuilder
 from zdiag.analyzers.events import EventKind, classify, collective_kind
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.pipeline import load_run
-from zdiag.analyzers.synthetic import TraceBuilder
 from zdiag.errors import InputError
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.snapshots import generate_snapshot, write_snapshot
 
+from support.snapshots import generate_snapshot, write_snapshot
 from zdiag.analyzers.detectors import run_context
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.pipeline import analyze_paths

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from zdiag.analyzers.detectors import (
     activation_oom,
     comm_bound,
+    crash,
     flat_sharding,
     fp32_collectives,
     fragmentation,
+    hang,
     memory_imbalance,
     missing_overlap,
     optimizer_state_dominant,
@@ -32,6 +34,8 @@ from zdiag.analyzers.report import Finding
 Detector = Callable[[DetectorContext], list[Finding]]
 
 DETECTORS: dict[str, Detector] = {
+    "crash": crash.detect,
+    "hang": hang.detect,
     "whole-model-wrap": whole_model_wrap.detect,
     "tiny-layer-wrap": tiny_layer_wrap.detect,
     "missing-overlap": missing_overlap.detect,

@@ -2,9 +2,9 @@
 
 Evidence comes from the memory timeline's categories at the peak, a CUDA snapshot's breakdown
 (whose checkpointing what-if gives the gain when the harness shape is unknown), or from the
-out-of-memory record (zdiag's harness names activations, unsharded parameters and model state in it). The fix
-for activation memory is activation checkpointing of the repeated block (only each block's
-input is kept) or a smaller micro-batch with gradient accumulation.
+out-of-memory record (zdiag's harness names activations, unsharded parameters and model state
+in it). The fix for activation memory is activation checkpointing of the repeated block (only
+each block's input is kept) or a smaller micro-batch with gradient accumulation.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import math
 
 from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_pattern
 from zdiag.analyzers.detectors.context import MIB, DetectorContext, MemoryEvidence
+from zdiag.analyzers.detectors.facts import block_set, framework_of
+from zdiag.analyzers.frameworks import checkpoint_blocks
 from zdiag.analyzers.report import Finding, WhatIf
 
 # "Dominated": activations are at least half of the memory in use at the peak / the failure,
@@ -87,14 +89,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     accum = None
     if over_by is not None and act > over_by:
         accum = max(2, math.ceil(act / (act - over_by)))
-    where = block.python if block else "model.layers"
-    code = (
-        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
-        "    apply_activation_checkpointing, checkpoint_wrapper)\n"
-        f"blocks = set({where})\n"
-        "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,\n"
-        "                               check_fn=lambda m: m in blocks)  # before fully_shard"
-    )
+    ledgers = ctx.fsdp_ledgers()
+    fw = framework_of(ctx, ledgers[0].framework if ledgers else None)
+    remedy = checkpoint_blocks(block_set(block), fw.checkpoint_note)
     alt = (
         f" Or split each batch into {accum} micro-batches with gradient accumulation "
         f"(batch {h['batch']} -> {max(1, int(h['batch']) // accum)})."
@@ -131,7 +128,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 f"Checkpoint the activations of each {block.pattern if block else 'transformer block'}"
                 f" (recompute in backward): frees about {saved / MIB:.1f} MiB." + alt
             ),
-            code=code,
+            code=remedy.code if remedy else None,
             expected_gain_bytes=saved,
             gain_method=method,
         )

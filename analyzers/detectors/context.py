@@ -29,6 +29,7 @@ from zdiag.errors import InputError
 
 if TYPE_CHECKING:
     from zdiag.analyzers.crossrank import CrossRankResult
+    from zdiag.analyzers.flight_recorder import HangAnalysis
     from zdiag.analyzers.rank_analysis import RankFacts
     from zdiag.analyzers.summary import RankSummary
 
@@ -58,6 +59,7 @@ class DetectorContext:
     - `manifest`: the run manifest, when the input was a run directory
     - `memory`: per-rank memory evidence (OOM records, snapshots, memory timelines)
     - `crossrank`: the collectives matched across ranks (None for one rank)
+    - `flight_recorder`: the analysis of flight-recorder dumps given as input (None without)
     - `warnings`: what building the context found (unreadable snapshots, ...)
     - `memory_breakdowns`: per-rank memory breakdowns (CUDA snapshots, Kineto memory events)
     """
@@ -68,6 +70,7 @@ class DetectorContext:
     manifest: Manifest | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     crossrank: CrossRankResult | None = None
+    flight_recorder: HangAnalysis | None = None
     warnings: list[str] = field(default_factory=list)
     memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
 
@@ -126,6 +129,7 @@ def build_context(
     memory: Sequence[MemoryTimeline] = (),
     memory_breakdowns: Sequence[MemoryBreakdown] = (),
     crossrank: CrossRankResult | None = None,
+    flight_recorder: HangAnalysis | None = None,
 ) -> DetectorContext:
     """The DetectorContext of a run's rank summaries, its matching, manifest and memory data."""
     warnings: list[str] = []
@@ -139,6 +143,7 @@ def build_context(
         manifest=manifest,
         memory=evidence,
         crossrank=crossrank,
+        flight_recorder=flight_recorder,
         warnings=warnings,
         memory_breakdowns=list(memory_breakdowns),
     )

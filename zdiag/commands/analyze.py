@@ -56,8 +56,9 @@ class AnalyzeCommand:
             metavar="PATH",
             type=Path,
             help=(
-                "trace files (.json, .json.gz), CUDA memory snapshots (.pickle), a run "
-                "directory, or a folder of per-rank traces or snapshots"
+                "trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
+                "CUDA memory snapshots (.pickle; files or a folder of them), or "
+                "torch.distributed flight-recorder dumps (files or a folder of them)"
             ),
         )
         parser.add_argument(
