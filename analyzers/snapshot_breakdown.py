@@ -327,6 +327,7 @@ class Replay:
     peak_live: list[_Live]
     has_times: bool
     oom: bool
+    gather_bytes: int = 0  # the largest run of consecutive unsharded-parameter allocations
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
@@ -358,6 +359,8 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
     pre = _CAT_INDEX[PREEXISTING]
     describe = cat.describe
     cat_index = _CAT_INDEX
+    gathered = _CAT_INDEX["PARAMETER_UNSHARDED"]
+    burst = largest_burst = 0
     for i, e in enumerate(events):
         t = e.get("time_us")
         if (t.__class__ is int and -_LIMIT < t < _LIMIT) or t.__class__ is float:
@@ -374,7 +377,10 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
             described[i] = d
             z = e.get("size")
             delta[i] = z if z.__class__ is int and 0 <= z < _LIMIT else _int(z)
-            cats[i] = cat_index[d[0]]
+            c = cats[i] = cat_index[d[0]]
+            # one unit's gather: its allocations come one after the other
+            burst = burst + int(delta[i]) if c == gathered else 0
+            largest_burst = max(largest_burst, burst)
         elif action == free_action:
             a = e.get("addr")
             j = open_alloc.pop(a if a.__class__ is int and 0 <= a < _LIMIT else _int(a), -1)
@@ -412,6 +418,7 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
         peak_live=live,
         has_times=has_times,
         oom=oom,
+        gather_bytes=largest_burst,
     )
 
 
@@ -518,7 +525,7 @@ def analyze_snapshot(
             peak_live,
             peak_bytes,
             peak_cats,
-            unsharded_by_module,
+            rp.gather_bytes if rp is not None and rp.gather_bytes else None,
             capacity_bytes=capacity_bytes,
             world_size=world_size,
         )

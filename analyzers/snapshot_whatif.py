@@ -15,7 +15,9 @@ Each prediction is `peak - freed + added`, with its arithmetic in `WhatIf.arithm
 - **Micro-batch halved** (with 2x gradient accumulation): activations and autograd temporaries
   scale with the batch: `peak - (A + T) / 2`.
 - **reshard_after_forward=True**: only the unit being computed stays gathered:
-  `peak - (U - largest unit's U)`; U per unit is grouped by the module call it was gathered under.
+  `peak - (U - one unit's U)`; one unit's U is the largest run of consecutive gather
+  allocations in the history (a unit's all-gather allocates its buffers back to back), unknown
+  without a history.
 - **Optimizer state sharded over W ranks** (ZeRO-1/FSDP): `peak - O x (1 - 1/W)`, unknown
   without the world size or when FSDP already shards it (FSDP gathers seen); **offloaded to the
   CPU**: `peak - O`.
@@ -78,7 +80,7 @@ def predict(
     live: Sequence[LiveBlock],
     peak_bytes: int,
     peak_category_bytes: dict[str, int],
-    unsharded_by_module: dict[str, int],
+    unit_gather_bytes: int | None,
     *,
     capacity_bytes: int | None = None,
     world_size: int | None = None,
@@ -134,20 +136,30 @@ def predict(
         )
     unsharded = cats.get("PARAMETER_UNSHARDED", 0)
     if unsharded:
-        largest = max(unsharded_by_module.values(), default=unsharded)
-        pred = peak_bytes - (unsharded - largest)
-        out.append(
-            WhatIf(
-                change="reshard_after_forward=True",
-                predicted_peak_bytes=pred,
-                saved_bytes=peak_bytes - pred,
-                arithmetic=(
-                    f"{_mib(peak_bytes)} - ({_mib(unsharded)} gathered - {_mib(largest)} of the "
-                    f"largest unit) = {_mib(pred)}"
-                ),
-                fits=_fits(pred, capacity_bytes),
+        if unit_gather_bytes:
+            one = min(unit_gather_bytes, unsharded)
+            pred = peak_bytes - (unsharded - one)
+            out.append(
+                WhatIf(
+                    change="reshard_after_forward=True",
+                    predicted_peak_bytes=pred,
+                    saved_bytes=peak_bytes - pred,
+                    arithmetic=(
+                        f"{_mib(peak_bytes)} - ({_mib(unsharded)} gathered - {_mib(one)} of one "
+                        f"unit) = {_mib(pred)}"
+                    ),
+                    fits=_fits(pred, capacity_bytes),
+                )
             )
-        )
+        else:
+            out.append(
+                WhatIf(
+                    change="reshard_after_forward=True",
+                    predicted_peak_bytes=None,
+                    saved_bytes=None,
+                    arithmetic="unknown: one unit's gathered size needs the allocator history",
+                )
+            )
     opt = cats.get("OPTIMIZER_STATE", 0)
     if opt:
         if unsharded:

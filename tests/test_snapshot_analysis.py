@@ -331,3 +331,15 @@ def test_damaged_fields_never_crash_the_breakdown() -> None:
             mutate(snap)
         b, _ = analyze_snapshot(snap, 0, capacity_bytes=rng.choice([None, 10**9]))
         assert b.peak_bytes is None or b.peak_bytes >= 0
+
+
+def test_reshard_after_forward_prediction_equals_the_resharded_runs_peak() -> None:
+    held, _ = analyze_snapshot(generate_snapshot(layers=6, reshard_after_forward=False), 0)
+    resharded, _ = analyze_snapshot(generate_snapshot(layers=6, reshard_after_forward=True), 0)
+    w = next(w for w in held.what_if if w.change == "reshard_after_forward=True")
+    assert held.peak_bytes is not None and resharded.peak_bytes is not None
+    assert held.peak_bytes > resharded.peak_bytes
+    assert w.predicted_peak_bytes == resharded.peak_bytes
+    # a run that already reshards is promised nothing
+    again = next(w for w in resharded.what_if if w.change == "reshard_after_forward=True")
+    assert again.saved_bytes == 0
