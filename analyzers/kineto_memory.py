@@ -19,7 +19,8 @@ snapshot categorizer's precedence (first match wins):
 A free takes the category of its allocation (matched by address); a free of a block allocated
 before the recording started is `PREEXISTING`, as are the bytes allocated before the first
 event (`Total Allocated` before it). The total is the allocator's own `Total Allocated`; the
-replayed sum of `Bytes` is checked against it and a disagreement is a warning.
+replayed sum of `Bytes` is checked against it and a disagreement is a warning. The what-ifs
+that need only categories (micro-batch, optimizer state, bf16) are predicted as for snapshots.
 
 HTA (the anchor for memory analysis) reads the memory profiler's timeline export, not these
 events (`hta/memory_analysis.py`); docs/memory.md compares both on the same categories.
@@ -35,6 +36,7 @@ import numpy.typing as npt
 from zdiag.analyzers.events import EventKind, MemoryEvents, RankTrace
 from zdiag.analyzers.memory import _peak_preserving
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline
+from zdiag.analyzers.snapshot_whatif import predict
 
 MAX_TIMELINE_POINTS = 2000
 REPLAY_TOLERANCE = 0.01
@@ -205,5 +207,18 @@ def kineto_memory(
         peak_time_ms=round((float(ts[peak_at]) - float(ts[0])) / 1000.0, 3),
         history_events=len(rows),
         capacity_bytes=capacity_bytes if dev is not None else None,
+        # by category only: no stacks, so no checkpointing or per-unit prediction
+        what_if=[
+            w
+            for w in predict(
+                [],
+                int(series[peak_at]),
+                peak_cat,
+                None,
+                capacity_bytes=capacity_bytes if dev is not None else None,
+                world_size=trace.world_size,
+            )
+            if w.predicted_peak_bytes is not None
+        ],
     )
     return breakdown, timeline, warnings

@@ -218,7 +218,7 @@ def predict(
                 arithmetic=(
                     f"{_mib(peak_bytes)} - ({_mib(unsharded)} gathered + {_mib(params)} "
                     f"parameters + {_mib(act)} activations) / 2 = {_mib(pred)} (at most: a "
-                    "snapshot records no dtypes)"
+                    "memory record has no dtypes)"
                 ),
                 fits=_fits(pred, capacity_bytes),
             )
