@@ -328,9 +328,11 @@ class Replay:
     has_times: bool
     oom: bool
     gather_bytes: int = 0  # the largest run of consecutive unsharded-parameter allocations
+    peak_reserved: int | None = None  # reserved bytes at the peak (segment events replayed)
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+_SEGMENT_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
 
 def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | None:
@@ -348,6 +350,7 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
         return None
     free_action = _free_action(events)
     delta = np.zeros(n, np.int64)
+    seg = np.zeros(n, np.int64)
     cats = np.full(n, _CAT_INDEX["UNKNOWN"], np.int16)
     times = np.zeros(n, np.float64)
     has_times = True
@@ -392,6 +395,11 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
             else:
                 freed_at[j] = i
                 cats[i] = cats[j]
+        elif action.__class__ is str and action in _SEGMENT_SIGN:
+            z = e.get("size")
+            seg[i] = _SEGMENT_SIGN[action] * (
+                z if z.__class__ is int and 0 <= z < _LIMIT else _int(z)
+            )
         elif action == "oom":
             oom = True
     if not has_times:
@@ -419,6 +427,12 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
         has_times=has_times,
         oom=oom,
         gather_bytes=largest_burst,
+        # reserved after event i = the end's reserved less the segment changes after it
+        peak_reserved=(
+            end.reserved - int(seg[peak_index + 1 :].sum()) if peak_index >= 0 else end.reserved
+        )
+        if end.segments
+        else None,
     )
 
 
@@ -506,6 +520,7 @@ def analyze_snapshot(
         category_bytes=now,
         peak_bytes=peak_bytes,
         peak_category_bytes=peak_cats,
+        peak_reserved_bytes=rp.peak_reserved if rp is not None else end.reserved or None,
         peak_at="end of history" if rp is None or rp.peak_index < 0 else "replayed",
         peak_time_ms=(
             round((float(rp.time_us[rp.peak_index]) - float(rp.time_us[0])) / 1000.0, 3)
