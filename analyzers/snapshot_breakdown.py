@@ -520,7 +520,7 @@ def analyze_snapshot(
         category_bytes=now,
         peak_bytes=peak_bytes,
         peak_category_bytes=peak_cats,
-        peak_reserved_bytes=rp.peak_reserved if rp is not None else end.reserved or None,
+        peak_reserved_bytes=_reserved_at_peak(rp, end, peak_bytes),
         peak_at="end of history" if rp is None or rp.peak_index < 0 else "replayed",
         peak_time_ms=(
             round((float(rp.time_us[rp.peak_index]) - float(rp.time_us[0])) / 1000.0, 3)
@@ -553,6 +553,13 @@ def analyze_snapshot(
         else None
     )
     return breakdown, timeline
+
+
+def _reserved_at_peak(rp: Replay | None, end: _DeviceState, peak_bytes: int) -> int | None:
+    """Reserved bytes at the peak; None when the history lacks the segment events that would
+    tell (a replayed reserve below what was allocated then)."""
+    reserved = rp.peak_reserved if rp is not None else (end.reserved if end.segments else None)
+    return reserved if reserved is not None and reserved >= peak_bytes else None
 
 
 def _top(by: dict[str, int]) -> dict[str, int]:

@@ -119,7 +119,14 @@ def breakdown_lines(b: MemoryBreakdown) -> list[str]:
         if b.peak_time_ms is not None
         else ("replayed from the history" if b.peak_at == "replayed" else "the end state")
     )
-    out.append(f"    peak: {fmt_bytes(b.peak_bytes)} ({where}; {b.history_events} events)")
+    reserved = (
+        f", {fmt_bytes(b.peak_reserved_bytes)} reserved"
+        if b.peak_reserved_bytes is not None
+        else ""
+    )
+    out.append(
+        f"    peak: {fmt_bytes(b.peak_bytes)}{reserved} ({where}; {b.history_events} events)"
+    )
     out += stacked_bar(b.peak_category_bytes, b.peak_bytes or 0)
     if b.blocks and not b.blocks_with_stacks and b.source.startswith("snapshot"):
         out.append("    (no allocation stacks: categories unknown)")
