@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     print(
-        f"snapshot speed: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
+        f"snapshot speed: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.node()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
         f"load {os.getloadavg()[0]:.1f}"
     )
