@@ -345,3 +345,17 @@ def test_reshard_after_forward_prediction_equals_the_resharded_runs_peak() -> No
     # a run that already reshards is promised nothing
     again = next(w for w in resharded.what_if if w.change == "reshard_after_forward=True")
     assert again.saved_bytes == 0
+
+
+def test_generator_reaches_a_target_size_with_shared_frames() -> None:
+    from support.snapshots import snapshot_of_size
+
+    snap = snapshot_of_size(2 * MIB, layers=4, scale=1.0)
+    size = len(pickle.dumps(snap))
+    assert 1.5 * MIB < size < 2.5 * MIB
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["frames"]]
+    # as torch writes them: a new list per stack, over frame dicts shared between stacks
+    assert allocs[0]["frames"] is not allocs[1]["frames"]
+    shared = {id(f) for e in allocs for f in e["frames"]}
+    assert len(shared) < sum(len(e["frames"]) for e in allocs) / 10
+    assert all(seg["total_size"] % (2 * MIB) == 0 for seg in snap["segments"])
