@@ -85,17 +85,32 @@ def timeline_lines(tl: MemoryTimeline, width: int = TIMELINE_WIDTH) -> list[str]
     ]
 
 
-def stacked_bar(categories: dict[str, int], whole: int, width: int = BAR_WIDTH) -> list[str]:
-    """The categories as one bar of letters (largest first) and its legend."""
+def stacked_bar(
+    categories: dict[str, int],
+    whole: int,
+    width: int = BAR_WIDTH,
+    now: dict[str, int] | None = None,
+) -> list[str]:
+    """The categories as one bar of letters (largest first) and its legend; with `now`, each
+    category's bytes at the end of the recording beside its bytes in the bar."""
     items = sorted(((c, v) for c, v in categories.items() if v > 0), key=lambda kv: -kv[1])
     if not items or whole <= 0:
         return []
+    if now is not None:
+        items += [
+            (c, 0)
+            for c, v in sorted(now.items(), key=lambda kv: -kv[1])
+            if v > 0 and c not in categories
+        ]
     bar = ""
     legend = []
     for c, v in items:
         letter = LETTERS.get(c, ".")
         bar += letter * round(v / whole * width)
-        legend.append(f"{letter} {category_name(c)} {fmt_bytes(v)} ({fmt_share(v, whole)})")
+        line = f"{letter} {category_name(c):<22} {fmt_bytes(v):>10} ({fmt_share(v, whole):>4})"
+        if now is not None:
+            line += f"   now {fmt_bytes(now.get(c, 0)):>10}"
+        legend.append(line)
     return [f"    [{bar[:width].ljust(width)}]", *("      " + x for x in legend)]
 
 
@@ -127,7 +142,9 @@ def breakdown_lines(b: MemoryBreakdown) -> list[str]:
     out.append(
         f"    peak: {fmt_bytes(b.peak_bytes)}{reserved} ({where}; {b.history_events} events)"
     )
-    out += stacked_bar(b.peak_category_bytes, b.peak_bytes or 0)
+    if b.peak_category_bytes:
+        out.append("    by category at the peak (and now):")
+    out += stacked_bar(b.peak_category_bytes, b.peak_bytes or 0, now=b.category_bytes)
     if b.blocks and not b.blocks_with_stacks and b.source.startswith("snapshot"):
         out.append("    (no allocation stacks: categories unknown)")
     if b.top_sites:
