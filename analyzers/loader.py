@@ -45,6 +45,7 @@ from zdiag.analyzers.decode_batches import (
 from zdiag.analyzers.events import (
     EventKind,
     Lane,
+    MemoryEvents,
     RankTrace,
     as_int,
     classify,
@@ -85,6 +86,13 @@ class _Args(msgspec.Struct, gc=False):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     input_dims: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input type")
+    # `[memory]` instant events (profile_memory=True)
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    addr: Any = msgspec.field(default=None, name="Addr")
 
 
 ARGS_KEYS: dict[str, str] = {
@@ -405,6 +413,27 @@ class _Batch:
     kept: dict[int, _Args]
     thread_names: list[tuple[tuple[Any, Any], str]]
     missing_time: int = 0  # complete events without a ts or dur (skipped)
+    memory: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def memory_rows(events: list[_Event], phs: list[str]) -> list[tuple[Any, ...]]:
+    """(ts, pid, tid, Bytes, Total Allocated, Total Reserved, Device Type, Device Id, Addr) of
+    the `[memory]` instant events (profile_memory=True), in file order."""
+    return [
+        (
+            e.ts,
+            e.pid,
+            e.tid,
+            a.mem_bytes,
+            a.total_allocated,
+            a.total_reserved,
+            a.device_type,
+            a.device_id,
+            a.addr,
+        )
+        for e, ph in zip(events, phs, strict=True)
+        if ph == "i" and e.name == "[memory]" and (a := e.args) is not None
+    ]
 
 
 def _thread_name_events(events: list[_Event]) -> list[tuple[tuple[Any, Any], str]]:
@@ -427,6 +456,7 @@ def _columns_of_batch(events: list[_Event]) -> _Batch:
     """
     phs = list(map(attrgetter("ph"), events))
     thread_names = _thread_name_events(events) if "M" in phs else []
+    memory = memory_rows(events, phs) if "i" in phs else []
     # Complete events only, minus the profiler's own span.
     spans = [e for e, ph in zip(events, phs, strict=True) if ph == "X"]
     del phs
@@ -464,6 +494,7 @@ def _columns_of_batch(events: list[_Event]) -> _Batch:
         kept=kept,
         thread_names=thread_names,
         missing_time=missing_time,
+        memory=memory,
     )
 
 
@@ -480,6 +511,7 @@ class _Columns:
     kept: dict[int, _Args]
     thread_names: dict[tuple[Any, Any], str]
     warnings: list[str] = field(default_factory=list)
+    memory: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
@@ -494,6 +526,7 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
     }
     kept: dict[int, _Args] = {}
     thread_names: dict[tuple[Any, Any], str] = {}
+    memory: list[tuple[Any, ...]] = []
     offset = 0
     missing_time = 0
     for b in batches:
@@ -510,6 +543,7 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
         parts["corr"].append(b.correlation)
         kept.update((offset + i, a) for i, a in b.kept.items())
         thread_names.update(b.thread_names)
+        memory += b.memory
         offset += b.n
     _check_number_column(parts["ts_p"], path, "ts")
     _check_number_column(parts["dur_p"], path, "dur")
@@ -531,6 +565,7 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
         kept=kept,
         thread_names=thread_names,
         warnings=warnings,
+        memory=memory,
     )
 
 
@@ -577,6 +612,7 @@ def _drop_time_outliers(cols: _Columns) -> _Columns:
             f"{dropped} events lie far outside the trace's time span (the first has ts "
             f"{first_bad:g} us) and were left out as damaged",
         ],
+        memory=cols.memory,
     )
 
 
@@ -674,6 +710,7 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
         base_time_ns=as_int(header.baseTimeNanoseconds),
         trace_start_us=float(ts[0]) if n else 0.0,
         warnings=warnings,
+        memory_events=MemoryEvents.of_rows(cols.memory) if cols.memory else None,
     )
     trace.device = _device_kind(trace)
     trace.collectives = build_collectives(trace)

@@ -33,6 +33,7 @@ from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
 from zdiag.analyzers.report import MemoryTimeline, Report
 from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.analyzers.snapshot_input import SnapshotResult, is_snapshot_file, load_breakdowns
 from zdiag.analyzers.summary import RankSummary, summarize
 from zdiag.collectors.rundir import (
     MANIFEST,
@@ -42,6 +43,7 @@ from zdiag.collectors.rundir import (
     Manifest,
     check_rank,
     is_run_dir,
+    memory_snapshot_relpath,
     memory_timeline_relpath,
     oom_relpath,
     read_manifest,
@@ -116,6 +118,7 @@ class Inputs:
     manifest: Manifest | None
     run_dir: Path | None
     warnings: list[str] = field(default_factory=list)
+    snapshots: list[Path] = field(default_factory=list)
 
 
 def _oom_records(run_dir: Path) -> list[Path]:
@@ -172,6 +175,7 @@ def discover(paths: list[Path]) -> Inputs:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
     files: list[Path] = []
     memory: list[Path] = []
+    snapshots: list[Path] = []
     manifest: Manifest | None = None
     run_dir: Path | None = None
     warnings: list[str] = []
@@ -197,17 +201,21 @@ def discover(paths: list[Path]) -> Inputs:
                     ) from None
                 if not found:
                     found = _walk_traces(p, warnings)
-            if not found and not (run_like and _oom_records(p)):
+                snapshots.extend(_folder_snapshots(p))
+            if not found and not (run_like and _oom_records(p)) and not snapshots:
                 raise InputError(
-                    f"{p}: the folder holds no trace files (*.json or *.json.gz); pass a run "
-                    "directory written by 'zdiag run' or a folder of torch.profiler traces."
+                    f"{p}: the folder holds no trace files (*.json or *.json.gz) and no memory "
+                    "snapshots; pass a run directory written by 'zdiag run', a folder of "
+                    "torch.profiler traces or of torch.cuda.memory snapshots."
                 )
             files.extend(found)
         elif is_memory_timeline_name(p):
             memory.append(p)
+        elif is_snapshot_file(p):
+            snapshots.append(p)
         else:
             files.append(p)
-    if not files and memory:
+    if not files and memory and not snapshots:
         raise InputError(
             f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "
             "rank's trace (or the run directory)."
@@ -217,7 +225,24 @@ def discover(paths: list[Path]) -> Inputs:
         by_real.setdefault(f.resolve(), f)
     if manifest is not None:
         warnings.extend(manifest.warnings)
-    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings)
+    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings, snapshots)
+
+
+def _folder_snapshots(folder: Path) -> list[Path]:
+    """The CUDA memory snapshots directly in `folder` (recognized by content; traces and
+    hidden files are not opened)."""
+    try:
+        names = sorted(folder.iterdir())
+    except OSError:
+        return []
+    return [
+        x
+        for x in names
+        if not x.name.startswith(".")
+        and not x.name.lower().endswith(TRACE_SUFFIXES)
+        and x.is_file()
+        and is_snapshot_file(x)
+    ]
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -296,9 +321,10 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     for t in traces:
         _assign_rank(t, manifest_map, manifest.world_size if manifest else None)
     traces.sort(key=lambda t: (t.rank, str(t.source)))
-    run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files + found.snapshots)
     run.warnings.extend(warnings)
-    if not files and run_dir is not None:
+    _add_snapshots(run, found.snapshots, traces)
+    if not files and run_dir is not None and not run.snapshots:
         run.warnings.append(
             f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
             "active steps); only its memory records are analyzed. Profile from the first step "
@@ -329,6 +355,28 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
             if log is not None:
                 run.step_logs[t.rank] = log
     return run
+
+
+def _add_snapshots(run: RunData, given: list[Path], traces: list[RankTrace]) -> None:
+    """RunData.snapshots: the snapshots given (rank from the file name, else the only trace's
+    rank, else their order) and, in a run directory, memory/rank-N.snapshot.pickle."""
+    for i, path in enumerate(given):
+        rank = rank_from_file_name(path)
+        if rank is None:
+            rank = traces[0].rank if len(traces) == 1 and len(given) == 1 else i
+        if rank in run.snapshots:
+            run.warnings.append(f"{path}: a second memory snapshot for rank {rank}; it is not used")
+            continue
+        run.snapshots[check_rank(rank, None, f"{path} (file name)")] = path
+    if run.run_dir is None:
+        return
+    ranks = {t.rank for t in traces} or (
+        {e.rank for e in run.manifest.ranks} if run.manifest else set()
+    )
+    for rank in sorted(ranks):
+        found = _run_dir_file(run.run_dir, memory_snapshot_relpath(rank), run.warnings)
+        if found is not None:
+            run.snapshots.setdefault(rank, found)
 
 
 def _run_dir_file(run_dir: Path, rel: str, warnings: list[str]) -> Path | None:
@@ -403,15 +451,42 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
     """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
     and the memory timelines of the summarized ranks (read from their files here)."""
     memory, memory_warnings = _memory_timelines(run, summaries)
+    snap = _snapshot_breakdowns(run, summaries)
+    have = {m.rank for m in memory}
+    memory += [t for t in snap.timelines if t.rank not in have]
+    memory.sort(key=lambda m: m.rank)
     return RunFacts(
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
-        warnings=tuple(run.warnings + memory_warnings),
+        warnings=tuple(run.warnings + memory_warnings + list(snap.warnings)),
         memory=tuple(memory),
+        memory_breakdowns=snap.breakdowns,
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
         flight_recorder=run.flight_recorder,
         flight_recorder_inputs=tuple(run.flight_recorder_inputs),
+    )
+
+
+def _snapshot_breakdowns(run: RunData, summaries: list[RankSummary]) -> SnapshotResult:
+    """The snapshots of the analyzed ranks (all of them when no trace was given) broken down,
+    on the device each rank used and against its capacity, when known."""
+    by_rank = {s.rank: s for s in summaries}
+    todo = {r: p for r, p in run.snapshots.items() if not by_rank or r in by_rank}
+    entries = {e.rank: e for e in run.manifest.ranks} if run.manifest else {}
+    devices = {}
+    for r in todo:
+        dev = entries[r].device if r in entries else None
+        if isinstance(dev, str) and dev.startswith("cuda:") and dev[5:].isdigit():
+            devices[r] = int(dev[5:])
+    world = run.manifest.world_size if run.manifest else None
+    world = world or next((s.world_size for s in summaries if s.world_size), None)
+    return load_breakdowns(
+        todo,
+        devices=devices,
+        capacity={r: s.capacity_bytes for r, s in by_rank.items()},
+        world_size=world,
+        oom_ranks=frozenset(r for r, e in entries.items() if e.oom),
     )
 
 

@@ -26,7 +26,14 @@ from zdiag.analyzers.crossrank import RankCollectives, rank_collectives
 from zdiag.analyzers.detectors.blocks import repeated_module_class
 from zdiag.analyzers.events import EventKind, RankTrace
 from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
-from zdiag.analyzers.report import CollectiveKindStats, StepBreakdown, StepTimeline
+from zdiag.analyzers.kineto_memory import kineto_memory
+from zdiag.analyzers.report import (
+    CollectiveKindStats,
+    MemoryBreakdown,
+    MemoryTimeline,
+    StepBreakdown,
+    StepTimeline,
+)
 from zdiag.analyzers.run_data import StepWindows
 from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
 from zdiag.analyzers.timeline import step_timeline
@@ -89,6 +96,8 @@ class RankAnalysis:
     timeline: StepTimeline | None
     facts: RankFacts
     warnings: tuple[str, ...]
+    memory_breakdown: MemoryBreakdown | None = None  # from Kineto `[memory]` events
+    memory_timeline: MemoryTimeline | None = None
 
 
 def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAnalysis:
@@ -122,6 +131,9 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         compute=sets.compute,
         unit_param_bytes=context.unit_param_bytes,
     )
+    capacity = device_capacity(trace)
+    memory_breakdown, memory_timeline, memory_warnings = kineto_memory(trace, capacity)
+    warnings += memory_warnings
     info = trace.distributed_info or {}
     backend = info.get("backend")
     return RankAnalysis(
@@ -135,7 +147,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         ),
         trace_start_us=trace.trace_start_us,
         base_time_ns=trace.base_time_ns,
-        capacity_bytes=device_capacity(trace),
+        capacity_bytes=capacity,
         world_size=trace.world_size,
         backend=str(backend) if backend else None,
         rank_source=trace.rank_source,
@@ -147,6 +159,8 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         timeline=timeline,
         facts=rank_facts(trace),
         warnings=tuple(warnings),
+        memory_breakdown=memory_breakdown,
+        memory_timeline=memory_timeline,
     )
 
 

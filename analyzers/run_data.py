@@ -63,6 +63,7 @@ class RunData:
       input was a run directory.
     - `run_dir`: that directory, else None.
     - `memory_timelines`: rank -> path of RUN_DIR/memory/rank-N.timeline.json.gz, if present.
+    - `snapshots`: rank -> path of its CUDA memory snapshot (given, or RUN_DIR/memory/).
     - `step_logs`: rank -> path of RUN_DIR/steps/rank-N.jsonl, if present.
     - `warnings`: run-level warnings (per-rank ones are on each RankTrace).
     - `flight_recorder` / `flight_recorder_inputs`: flight-recorder dumps given with the traces:
@@ -74,6 +75,7 @@ class RunData:
     run_dir: Path | None = None
     inputs: list[Path] = field(default_factory=list)
     memory_timelines: dict[int, Path] = field(default_factory=dict)
+    snapshots: dict[int, Path] = field(default_factory=dict)
     step_logs: dict[int, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     flight_recorder: HangAnalysis | None = None

@@ -3,7 +3,9 @@
 `summarize(analysis)` keeps from a `RankAnalysis` what the reduce (cross-rank matching, the
 detectors, the Report) reads, and nothing that needs the trace again: the rank's identity and
 step table, its collectives with per-call timing (as packed columns), the per-kind totals, the
-representative-step timeline, the FSDP unit ledger and the detector facts. `encode_summary` /
+representative-step timeline, the FSDP unit ledger, the detector facts and, for traces recorded
+with `profile_memory=True`, the memory breakdown and timeline from their Kineto `[memory]`
+events (kineto_memory.py; at most 2000 timeline points). `encode_summary` /
 `decode_summary` write and read it as zlib-compressed msgpack under the schema
 `zdiag.rank-summary/1`, so a summary computed inside a training job or on a worker can be cached
 and merged later.
@@ -26,7 +28,14 @@ import numpy.typing as npt
 from zdiag.analyzers.crossrank import RankCollectives
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.rank_analysis import RankAnalysis, RankFacts
-from zdiag.analyzers.report import CollectiveKindStats, RankReport, StepBreakdown, StepTimeline
+from zdiag.analyzers.report import (
+    CollectiveKindStats,
+    MemoryBreakdown,
+    MemoryTimeline,
+    RankReport,
+    StepBreakdown,
+    StepTimeline,
+)
 
 SUMMARY_SCHEMA = "zdiag.rank-summary/1"
 
@@ -106,6 +115,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     ledger: RankLedger | None = None
     facts: RankFacts = msgspec.field(default_factory=RankFacts)
     warnings: list[str] = msgspec.field(default_factory=list)
+    # from Kineto `[memory]` events (profile_memory=True); timeline capped at 2000 points
+    memory_breakdown: MemoryBreakdown | None = None
+    memory_timeline: MemoryTimeline | None = None
 
     def rank_collectives(self) -> RankCollectives:
         """The rank's collectives for the cross-rank matching."""
@@ -153,6 +165,8 @@ def summarize(analysis: RankAnalysis) -> RankSummary:
         ledger=analysis.ledger if analysis.ledger.records else None,
         facts=analysis.facts,
         warnings=list(analysis.warnings),
+        memory_breakdown=analysis.memory_breakdown,
+        memory_timeline=analysis.memory_timeline,
     )
 
 

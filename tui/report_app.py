@@ -7,6 +7,9 @@
   timeline for that rank and step). Enter moves right (rank -> steps -> spans), Escape moves back.
 - Findings: worst first; the highlighted finding's evidence, recommendation, code and gain.
 - Summary: verdict counts, warnings, run facts, thresholds and inputs.
+- Memory (only when the Report has memory data, key `y`): per rank the peak by category, top
+  allocation sites, what-if predictions and the timeline with the peak marked
+  (render/memory_view.py, the text report's section).
 
 Cells and texts built from trace names are Rich `Text` objects (never parsed as markup).
 """
@@ -27,6 +30,7 @@ from zdiag.errors import ConfigError
 from zdiag.render import _details as details
 from zdiag.render.columns import STEP_COLUMNS, StepColumn
 from zdiag.render.format import fmt_ms
+from zdiag.render.memory_view import memory_lines
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView, rank_stats, worst_first
 
@@ -55,6 +59,7 @@ class ReportApp(App[None]):
         Binding("s", "show_tab('steps')", "Steps"),
         Binding("f", "show_tab('findings')", "Findings"),
         Binding("m", "show_tab('summary')", "Summary"),
+        Binding("y", "show_tab('memory')", "Memory"),
         Binding("escape", "drill_out", "Back"),
     ]
 
@@ -68,6 +73,7 @@ class ReportApp(App[None]):
             (t.rank, t.step): t for t in report.timelines
         }
         self.current_rank: RankView | None = None
+        self.memory_text = memory_lines(report, max_ranks=16)[2:]  # without the heading
         nranks, nfindings = len(self.ranks), len(self.findings)
         self.sub_title = (
             f"{nranks} rank{'' if nranks == 1 else 's'}"
@@ -95,6 +101,9 @@ class ReportApp(App[None]):
             with TabPane("Summary", id="summary"):
                 with VerticalScroll(id="summary-box"):
                     yield Static(details.summary(self.report), id="summary-text")
+            if self.memory_text:
+                with TabPane("Memory", id="memory"), VerticalScroll(id="memory-box"):
+                    yield Static(Text("\n".join(self.memory_text)), id="memory-text")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -206,8 +215,21 @@ class ReportApp(App[None]):
         """Switch to a tab and focus its main table."""
         self.query_one(TabbedContent).active = tab
         # focus a widget of the new tab, else focus falls back into the old tab and reopens it
-        target = {"steps": "#ranks", "findings": "#findings-table", "summary": "#summary-box"}[tab]
+        if tab == "memory" and not self.memory_text:
+            return
+        target = {
+            "steps": "#ranks",
+            "findings": "#findings-table",
+            "summary": "#summary-box",
+            "memory": "#memory-box",
+        }[tab]
         self.query_one(target).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide the Memory key when the report has no memory data."""
+        if action == "show_tab" and parameters == ("memory",) and not self.memory_text:
+            return False
+        return True
 
     def action_drill_out(self) -> None:
         """Move focus one level back (spans -> steps -> ranks)."""

@@ -1,9 +1,10 @@
 """`activation-oom`: out of memory (or over budget) with the peak dominated by activations.
 
-Evidence comes from the memory timeline's categories at the peak, or from the out-of-memory
-record (zdiag's harness names activations, unsharded parameters and model state in it). The fix
-for activation memory is activation checkpointing of the repeated block (only each block's
-input is kept) or a smaller micro-batch with gradient accumulation.
+Evidence comes from the memory timeline's categories at the peak, a CUDA snapshot's breakdown
+(whose checkpointing what-if gives the gain when the harness shape is unknown), or from the
+out-of-memory record (zdiag's harness names activations, unsharded parameters and model state
+in it). The fix for activation memory is activation checkpointing of the repeated block (only
+each block's input is kept) or a smaller micro-batch with gradient accumulation.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_p
 from zdiag.analyzers.detectors.context import MIB, DetectorContext, MemoryEvidence
 from zdiag.analyzers.detectors.facts import block_set, framework_of
 from zdiag.analyzers.frameworks import checkpoint_blocks
-from zdiag.analyzers.report import Finding
+from zdiag.analyzers.report import Finding, WhatIf
 
 # "Dominated": activations are at least half of the memory in use at the peak / the failure,
 # so no other category (parameters, gradients, optimizer state) could be the bigger lever.
@@ -72,6 +73,16 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             f">= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps one)"
         )
     saved = max(0, act - kept)
+    predicted = (
+        _checkpointing_what_if(ctx, worst.rank)
+        if not method.startswith("activation checkpointing of every")
+        else None
+    )
+    if predicted is not None and predicted.saved_bytes is not None:
+        saved, method = (
+            predicted.saved_bytes,
+            f"from the snapshot at the peak: {predicted.arithmetic}",
+        )
     over_by = None
     if worst.capacity_bytes is not None and worst.peak_bytes is not None:
         over_by = max(0, worst.peak_bytes - worst.capacity_bytes)
@@ -122,3 +133,13 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             gain_method=method,
         )
     ]
+
+
+def _checkpointing_what_if(ctx: DetectorContext, rank: int) -> WhatIf | None:
+    """The snapshot breakdown's checkpointing prediction for `rank` (snapshot_whatif.py)."""
+    for b in ctx.memory_breakdowns:
+        if b.rank == rank:
+            return next(
+                (w for w in b.what_if if w.change.startswith("activation checkpointing")), None
+            )
+    return None

@@ -55,8 +55,11 @@ class AnalyzeCommand:
             nargs="*",
             metavar="PATH",
             type=Path,
-            help="trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
-            "or torch.distributed flight-recorder dumps (files or a folder of them)",
+            help=(
+                "trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
+                "CUDA memory snapshots (.pickle; files or a folder of them), or "
+                "torch.distributed flight-recorder dumps (files or a folder of them)"
+            ),
         )
         parser.add_argument(
             "--json", action="store_true", help="write the Report as JSON to stdout"

@@ -126,6 +126,7 @@ def render_html(report: Report) -> str:
         notes.append(
             f"Memory: the first {figs.MAX_MEMORY_RANKS} of {len(report.memory)} ranks are shown."
         )
+    memory_body += parts.memory_breakdowns(report)
 
     sections = [
         parts.summary(report),

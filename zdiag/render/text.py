@@ -22,6 +22,7 @@ from zdiag.render.format import (
     known_bytes,
     unit_label,
 )
+from zdiag.render.memory_view import memory_lines
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankStats, RankView, detailed_ranks, rank_stats, worst_first
 
@@ -291,6 +292,7 @@ def render_text(report: Report) -> str:
                 f"  ({len(report.stragglers) - MAX_STRAGGLER_ROWS} ranks causing less wait; "
                 "use --json)"
             )
+    out += memory_lines(report)
     out += ["", f"Findings ({len(report.findings)})"]
     if report.findings:
         for f in sorted(report.findings, key=worst_first):
