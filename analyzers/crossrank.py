@@ -94,6 +94,17 @@ STRAGGLER_MIN_GAIN_MS = 0.1
 """...and when its lateness costs every rank at least 2% of the median step time (and 0.1 ms)
 per step: below that, chasing it is not worth an engineer's afternoon."""
 
+STRAGGLER_PERSISTENT_STEP_SHARE = 0.6
+STRAGGLER_DOMINANCE = 3.0
+"""The second way to be a straggler, for a rank late once per step by a lot (a rank that sleeps
+before each step is last at one collective per step, well under the share rule): in at least 60%
+of the covered steps the waiting it causes (its lead over the next arrival, summed over the step's
+collectives where it is last) is at least the minimum gain, and over the window it causes at
+least 3x the waiting any other rank causes. Ordinary jitter spreads the waiting caused over all
+ranks (each causes about the same), so a 3x dominance that persists over most steps is a cause,
+not chance. Both are judged from the arrivals of all ranks, never from one waiting rank's
+exposed time."""
+
 STRAGGLER_CRITICAL_GAIN_SHARE = 0.10
 """A straggler costing >= 10% of the step time is critical; below, a warning."""
 
@@ -110,6 +121,8 @@ def thresholds() -> dict[str, float]:
         "straggler_end_match_min_tol_us": END_MATCH_MIN_TOL_US,
         "straggler_end_match_rel_tol": END_MATCH_REL_TOL,
         "straggler_min_last_share": STRAGGLER_MIN_LAST_SHARE,
+        "straggler_persistent_step_share": STRAGGLER_PERSISTENT_STEP_SHARE,
+        "straggler_dominance": STRAGGLER_DOMINANCE,
         "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
         "straggler_max_chance_p": STRAGGLER_MAX_CHANCE_P,
         "straggler_min_gain_share": STRAGGLER_MIN_GAIN_SHARE,
@@ -522,7 +535,10 @@ def _per_step_mean(steps: Sequence[StepBreakdown], attr: str) -> float | None:
 
 
 def _diagnosis(
-    rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]], median_step_ms: float | None
+    rank: int,
+    breakdowns: Mapping[int, Sequence[StepBreakdown]],
+    median_step_ms: float | None,
+    gpu: bool = True,
 ) -> tuple[str, dict[str, float]]:
     """What the straggler's own breakdown suggests, with the numbers behind it."""
     mine = breakdowns.get(rank) or []
@@ -547,8 +563,13 @@ def _diagnosis(
         hint = (
             f"Its device computes {own_c - med_c:.2f} ms per step more than the others' median: "
             "suspect uneven work (longer sequences or padding, MoE routing imbalance, rank-0-only "
-            "work) or a slower GPU (thermal or power throttling: `nvidia-smi -q -d "
-            "PERFORMANCE,CLOCK` on its host)."
+            "work) or "
+            + (
+                "a slower GPU (thermal or power throttling: `nvidia-smi -q -d "
+                "PERFORMANCE,CLOCK` on its host)."
+                if gpu
+                else "a slower or busier host (other processes on its cores: `top` on its host)."
+            )
         )
     elif (
         own_i is not None
@@ -578,12 +599,37 @@ def _round_or_none(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+def _persistent_cause(
+    rank: int,
+    step_lead_us: Mapping[int, Mapping[int, float]],
+    lead_us: Mapping[int, float],
+    steps: Sequence[int],
+    min_gain_ms: float,
+) -> bool:
+    """Whether `rank` makes the others wait by at least `min_gain_ms` in most covered steps and
+    causes STRAGGLER_DOMINANCE x the waiting of any other rank (the wait a rank causes, over steps,
+    not its share of last arrivals)."""
+    if not steps:
+        return False
+    mine = step_lead_us.get(rank, {})
+    hit = sum(mine.get(s, 0.0) / 1000.0 >= min_gain_ms for s in steps)
+    others = max((v for r, v in lead_us.items() if r != rank), default=0.0)
+    return (
+        hit >= STRAGGLER_PERSISTENT_STEP_SHARE * len(steps)
+        and lead_us.get(rank, 0.0) >= STRAGGLER_DOMINANCE * others
+    )
+
+
 def find_stragglers(
     result: CrossRankResult,
     breakdowns: Mapping[int, Sequence[StepBreakdown]] | None = None,
+    gpu: bool = True,
 ) -> list[Finding]:
     """The `straggler` finding (zero or one) from matched collectives and, when given, the
-    per-rank step breakdowns (for the step time and the diagnosis)."""
+    per-rank step breakdowns (for the step time and the diagnosis). A rank is a straggler by
+    its share of last arrivals (often last, beyond chance) or by the waiting it causes (late by a
+    lot in most steps, and far more than any other rank: STRAGGLER_PERSISTENT_STEP_SHARE,
+    STRAGGLER_DOMINANCE). `gpu=False` (a CPU-only run) keeps GPU advice out."""
     breakdowns = breakdowns or {}
     n_ranks = len(result.ranks)
     if n_ranks < 2 or not result.matched:
@@ -599,11 +645,13 @@ def find_stragglers(
     stats = {s.rank: s for s in straggler_stats(result)}
     lead_us: dict[int, float] = defaultdict(float)
     late_steps: dict[int, set[int]] = defaultdict(set)
+    step_lead_us: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for m in result.matched:
         if m.skew_us >= SKEW_NOISE_US:
             lead_us[m.last_rank] += m.lead_us
             if m.step >= 0:
                 late_steps[m.last_rank].add(m.step)
+                step_lead_us[m.last_rank][m.step] += m.lead_us
 
     culprits = []
     for r, s in stats.items():
@@ -616,7 +664,10 @@ def find_stragglers(
             # the others' wait costs step time only where it is exposed (not hidden by compute)
             gain_ms = min(gain_ms, exposed)
         p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
-        if share >= min_share and gain_ms >= min_gain and p < STRAGGLER_MAX_CHANCE_P:
+        by_share = share >= min_share and p < STRAGGLER_MAX_CHANCE_P
+        if gain_ms >= min_gain and (
+            by_share or _persistent_cause(r, step_lead_us, lead_us, steps, min_gain)
+        ):
             culprits.append((gain_ms, r, share, exposed))
     if not culprits:
         return []
@@ -629,7 +680,7 @@ def find_stragglers(
     hints = []
     for _gain, r, share, exposed in culprits:
         s = stats[r]
-        hint, diag = _diagnosis(r, breakdowns, median_step)
+        hint, diag = _diagnosis(r, breakdowns, median_step, gpu)
         if hint:
             hints.append(f"Rank {r}: {hint}")
         per_rank[str(r)] = {
@@ -639,6 +690,9 @@ def find_stragglers(
             "chance_p": round(chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks), 5),
             "wait_caused_ms_per_step": round(s.wait_caused_ms / n_steps, 3),
             "lead_over_next_ms_per_step": round(lead_us[r] / 1000.0 / n_steps, 3),
+            "steps_causing_wait": sum(
+                v / 1000.0 >= min_gain for v in step_lead_us.get(r, {}).values()
+            ),
             "others_exposed_comm_ms_per_step": _round_or_none(exposed),
             "mean_lateness_ms": s.mean_skew_ms,
             **diag,
@@ -647,8 +701,10 @@ def find_stragglers(
     names = ", ".join(str(r) for r in ranks)
     plural = "s" if len(ranks) > 1 else ""
     first = culprits[0]
+    n_late = sum(v / 1000.0 >= min_gain for v in step_lead_us.get(first[1], {}).values())
     title = (
-        f"Straggler rank{plural} {names}: last to arrive at {first[2]:.0%} of collectives, "
+        f"Straggler rank{plural} {names}: others wait for {'them' if plural else 'it'} in "
+        f"{n_late} of {n_steps} steps (last at {first[2]:.0%} of collectives), "
         f"costing every rank {gain_total:.2f} ms per step"
     )
     recommendation = (
@@ -660,10 +716,11 @@ def find_stragglers(
         )
         + (" ".join(hints) + " " if hints else "")
         + "Look at, in order: data loading (input pipeline stalls or uneven batch sizes on that "
-        "rank), host jitter (CPU contention, garbage collection, logging/eval/checkpointing done "
-        "only on that rank), thermal or clock throttling of its GPU/host, and uneven work "
-        "(sequence lengths, padding, MoE routing). Re-profile after the fix: this finding's skew "
-        "should shrink below the noise."
+        "rank), host jitter (CPU contention, garbage collection, sleeps, logging/eval/"
+        "checkpointing done only on that rank), "
+        + ("thermal or clock throttling of its GPU/host, " if gpu else "a slower or busier host, ")
+        + "and uneven work (sequence lengths, padding, MoE routing). Re-profile after the fix: "
+        "this finding's skew should shrink below the noise."
     )
     evidence: dict[str, object] = {
         "ranks_compared": n_ranks,

@@ -451,3 +451,63 @@ def test_straggler_gain_is_capped_by_the_waiting_ranks_exposed_communication() -
     assert capped.evidence["per_rank"]["1"]["lead_over_next_ms_per_step"] == pytest.approx(36.0)
     # fully hidden waits (1 ms exposed, under 2% of the 100 ms step) cost nothing worth a finding
     assert find_stragglers(result, {0: _steps(1.0), 1: _steps(1.0)}) == []
+
+
+def _step_collectives(
+    slow_rank: int | None, n_steps: int = 4, per_step: int = 12
+) -> crossrank.CrossRankResult:
+    """Two ranks, `per_step` collectives per step; jitter alternates who is last by 0.2 ms; when
+    `slow_rank` is set, it arrives 400 ms late at the first collective of each step only."""
+    rng = random.Random(7)
+    matched = []
+    t = 0.0
+    for step in range(n_steps):
+        for i in range(per_step):
+            late = [0.0, 0.0]
+            late[rng.randrange(2)] = 200.0
+            if slow_rank is not None and i == 0:
+                late[slow_rank] += 400_000.0
+            starts = [t + late[0], t + late[1]]
+            ends = [max(starts) + 1000.0] * 2
+            matched.append(
+                crossrank.MatchedCollective("pg0", "all_gather", step, i, [0, 1], starts, ends)
+            )
+            t = ends[0] + 5000.0
+        t += 10_000.0
+    return crossrank.CrossRankResult(ranks=[0, 1], matched=matched)
+
+
+def _even_steps(ms: float, n_steps: int = 4) -> dict[int, list[StepBreakdown]]:
+    return {
+        r: [
+            StepBreakdown(
+                step=s,
+                duration_ms=ms,
+                compute_ms=ms / 2,
+                comm_ms=ms / 2,
+                overlapped_ms=0.0,
+                exposed_comm_ms=ms / 2,
+                idle_ms=0.0,
+                verdict="comm-bound",
+            )
+            for s in range(n_steps)
+        ]
+        for r in (0, 1)
+    }
+
+
+def test_rank_late_once_per_step_is_a_straggler_by_the_wait_it_causes() -> None:
+    """One late arrival per step (1 of 12 collectives: far under the share rule) that makes the
+    other rank wait 400 ms in every step is named, with the wait as the gain; no GPU advice when
+    the run trained on CPUs."""
+    found = find_stragglers(_step_collectives(slow_rank=1), _even_steps(500.0), gpu=False)
+    assert [f.ranks for f in found] == [[1]]
+    f = found[0]
+    assert f.expected_gain_ms == pytest.approx(250.0, rel=0.01)  # capped by exposed comm
+    assert f.evidence["per_rank"]["1"]["steps_causing_wait"] == 4
+    assert "nvidia-smi" not in f.recommendation and "GPU" not in f.recommendation
+
+
+def test_jitter_alone_makes_no_straggler() -> None:
+    """Random 0.2 ms lateness spread over both ranks: no rank dominates the wait it causes."""
+    assert find_stragglers(_step_collectives(slow_rank=None), _even_steps(500.0)) == []

@@ -11,4 +11,16 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     """The cross-rank straggler finding, from the reduce's matching and the step tables."""
     if ctx.crossrank is None or len(ctx.crossrank.ranks) < 2:
         return []
-    return find_stragglers(ctx.crossrank, ctx.breakdowns)
+    return find_stragglers(ctx.crossrank, ctx.breakdowns, gpu=_uses_gpu(ctx))
+
+
+def _uses_gpu(ctx: DetectorContext) -> bool:
+    """False when the manifest says every rank trained on a CPU (no GPU advice then); True when
+    unknown (traces recorded elsewhere)."""
+    m = ctx.manifest
+    if m is None or not m.ranks:
+        return True
+    devices = [e.device for e in m.ranks]
+    if any(d is None for d in devices):
+        return True
+    return any(str(d).startswith("cuda") for d in devices)
