@@ -510,3 +510,22 @@ def test_missing_overlap_on_sub_block_units_wraps_the_blocks_before_prefetching(
     (f,) = [f for f in run_context(ctx).findings if f.id == "missing-overlap"]
     code = f.code or ""
     assert code.index("fully_shard(block)") < code.index("set_modules_to_forward_prefetch")
+
+
+def test_activation_oom_from_a_memory_budget_hooks_wording() -> None:
+    """An OOM before the profiler window (no trace): the record's own wording names the
+    activations held and the budget; the rest of the budget counts as other memory, so the
+    share is the activations' part of the budget, and a hook naming few activations is quiet."""
+    text = (
+        "CUDA out of memory (emulated). Tried to allocate 1.00 MiB; budget 48.0 MiB, "
+        "29.27 MiB held by saved activations."
+    )
+    ev = parse_oom_message(1, text)
+    assert ev.capacity_bytes == 48 * 2**20
+    assert ev.category_bytes["ACTIVATION"] == int(29.27 * 2**20)
+    assert ev.category_bytes["OTHER"] == pytest.approx((48 - 1 - 29.27) * 2**20, rel=1e-6)
+    (f,) = [f for f in run_context(DetectorContext(ledgers={}, memory=[ev])).findings]
+    assert f.id == "activation-oom" and f.ranks == [1]
+    assert f.evidence["activation_share"] == pytest.approx(29.27 / 47.0, abs=0.01)
+    few = parse_oom_message(1, text.replace("29.27 MiB held", "5.00 MiB held"))
+    assert run_context(DetectorContext(ledgers={}, memory=[few])).findings == []

@@ -152,7 +152,10 @@ def build_context(
 # --- memory evidence ------------------------------------------------------------------------
 
 # The harness's emulated OOM message and torch's wording are parsed for their numbers.
-_OOM_ACT_RE = re.compile(r"([\d.]+) MiB activations")
+# A memory-budget hook's own wording ("29.27 MiB held by saved activations", "budget 48.0 MiB")
+# names the same numbers: the activations held and the budget that counts as the capacity.
+_OOM_ACT_RE = re.compile(r"([\d.]+) MiB (?:held by )?(?:saved )?activations")
+_OOM_BUDGET_RE = re.compile(r"budget (?:of )?([\d.]+) (GiB|MiB|KiB)")
 _OOM_UNSHARDED_RE = re.compile(r"([\d.]+) MiB unsharded parameters")
 _OOM_STATE_RE = re.compile(r"([\d.]+) MiB sharded parameters, gradients and optimizer state")
 _OOM_CAPACITY_RE = re.compile(r"total capacity of ([\d.]+) GiB")
@@ -178,17 +181,22 @@ def parse_oom_message(rank: int, text: str, source: str = "oom record") -> Memor
         v = _mib(rx, text)
         if v is not None:
             ev.category_bytes[cat] = v
-    allowed = _OOM_ALLOWED_RE.search(text)
+    allowed = _OOM_ALLOWED_RE.search(text) or _OOM_BUDGET_RE.search(text)
     m = _OOM_CAPACITY_RE.search(text)
     if allowed:
         ev.capacity_bytes = int(float(allowed.group(1)) * _UNIT[allowed.group(2)])
     elif m:
         ev.capacity_bytes = int(float(m.group(1)) * 1024**3)
     m = _OOM_ALLOC_RE.search(text)
+    request = int(float(m.group(1)) * _UNIT[m.group(2)]) if m else 0
+    if set(ev.category_bytes) == {"ACTIVATION"} and ev.capacity_bytes is not None:
+        # only the activations are named: the rest of what was in use (capacity minus the
+        # request that failed) is counted as OTHER, so the activations' share is not 100%
+        rest = ev.capacity_bytes - request - ev.category_bytes["ACTIVATION"]
+        if rest > 0:
+            ev.category_bytes["OTHER"] = rest
     if ev.category_bytes:
-        ev.peak_bytes = sum(ev.category_bytes.values())
-        if m:
-            ev.peak_bytes += int(float(m.group(1)) * _UNIT[m.group(2)])
+        ev.peak_bytes = sum(ev.category_bytes.values()) + request
     return ev
 
 
