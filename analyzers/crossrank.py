@@ -95,12 +95,14 @@ STRAGGLER_MIN_GAIN_MS = 0.1
 per step: below that, chasing it is not worth an engineer's afternoon."""
 
 STRAGGLER_PERSISTENT_STEP_SHARE = 0.6
+STRAGGLER_PERSISTENT_WAIT_SHARE = 0.10
 STRAGGLER_DOMINANCE = 3.0
 """The second way to be a straggler, for a rank late once per step by a lot (a rank that sleeps
 before each step is last at one collective per step, well under the share rule): in at least 60%
 of the covered steps the waiting it causes (its lead over the next arrival, summed over the step's
-collectives where it is last) is at least the minimum gain, and over the window it causes at
-least 3x the waiting any other rank causes. Ordinary jitter spreads the waiting caused over all
+collectives where it is last) is at least 10% of the median step (and the minimum gain), and over
+the window it causes at least 3x the waiting any other rank causes. A profiler window covers few
+steps (3 by default), too few for a chance test per step, hence the 10% magnitude. Ordinary jitter spreads the waiting caused over all
 ranks (each causes about the same), so a 3x dominance that persists over most steps is a cause,
 not chance. Both are judged from the arrivals of all ranks, never from one waiting rank's
 exposed time."""
@@ -122,6 +124,7 @@ def thresholds() -> dict[str, float]:
         "straggler_end_match_rel_tol": END_MATCH_REL_TOL,
         "straggler_min_last_share": STRAGGLER_MIN_LAST_SHARE,
         "straggler_persistent_step_share": STRAGGLER_PERSISTENT_STEP_SHARE,
+        "straggler_persistent_wait_share": STRAGGLER_PERSISTENT_WAIT_SHARE,
         "straggler_dominance": STRAGGLER_DOMINANCE,
         "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
         "straggler_max_chance_p": STRAGGLER_MAX_CHANCE_P,
@@ -642,6 +645,7 @@ def find_stragglers(
         STRAGGLER_MIN_GAIN_MS, STRAGGLER_MIN_GAIN_SHARE * median_step if median_step else 0.0
     )
 
+    min_wait = max(min_gain, STRAGGLER_PERSISTENT_WAIT_SHARE * (median_step or 0.0))
     stats = {s.rank: s for s in straggler_stats(result)}
     lead_us: dict[int, float] = defaultdict(float)
     late_steps: dict[int, set[int]] = defaultdict(set)
@@ -666,7 +670,7 @@ def find_stragglers(
         p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
         by_share = share >= min_share and p < STRAGGLER_MAX_CHANCE_P
         if gain_ms >= min_gain and (
-            by_share or _persistent_cause(r, step_lead_us, lead_us, steps, min_gain)
+            by_share or _persistent_cause(r, step_lead_us, lead_us, steps, min_wait)
         ):
             culprits.append((gain_ms, r, share, exposed))
     if not culprits:
@@ -691,7 +695,7 @@ def find_stragglers(
             "wait_caused_ms_per_step": round(s.wait_caused_ms / n_steps, 3),
             "lead_over_next_ms_per_step": round(lead_us[r] / 1000.0 / n_steps, 3),
             "steps_causing_wait": sum(
-                v / 1000.0 >= min_gain for v in step_lead_us.get(r, {}).values()
+                v / 1000.0 >= min_wait for v in step_lead_us.get(r, {}).values()
             ),
             "others_exposed_comm_ms_per_step": _round_or_none(exposed),
             "mean_lateness_ms": s.mean_skew_ms,
@@ -701,7 +705,7 @@ def find_stragglers(
     names = ", ".join(str(r) for r in ranks)
     plural = "s" if len(ranks) > 1 else ""
     first = culprits[0]
-    n_late = sum(v / 1000.0 >= min_gain for v in step_lead_us.get(first[1], {}).values())
+    n_late = sum(v / 1000.0 >= min_wait for v in step_lead_us.get(first[1], {}).values())
     title = (
         f"Straggler rank{plural} {names}: others wait for {'them' if plural else 'it'} in "
         f"{n_late} of {n_steps} steps (last at {first[2]:.0%} of collectives), "
@@ -736,6 +740,7 @@ def find_stragglers(
         "end_time_matched": sum(m.method == "end-time" for m in result.matched),
         "min_last_share": round(min_share, 3),
         "min_gain_ms_per_step": round(min_gain, 4),
+        "min_persistent_wait_ms_per_step": round(min_wait, 4),
         "skew_noise_us": SKEW_NOISE_US,
     }
     return [

@@ -529,3 +529,20 @@ def test_activation_oom_from_a_memory_budget_hooks_wording() -> None:
     assert f.evidence["activation_share"] == pytest.approx(29.27 / 47.0, abs=0.01)
     few = parse_oom_message(1, text.replace("29.27 MiB held", "5.00 MiB held"))
     assert run_context(DetectorContext(ledgers={}, memory=[few])).findings == []
+
+
+def test_missing_overlap_quiet_when_every_gather_is_already_prefetched(tmp_path: Path) -> None:
+    """A correct FSDP1 run (forward_prefetch / BACKWARD_PRE: every gather under a prefetch label)
+    whose gathers are still 100% exposed (CPU/gloo blocks on them) has nothing prefetch could
+    hide: no finding. The same trace with the gathers issued when needed fires."""
+    doc = _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2))
+    (tmp_path / "late").mkdir()
+    (tmp_path / "prefetched").mkdir()
+    late = _ctx(tmp_path / "late", doc)
+    (f,) = [f for f in run_context(late).findings if f.id == "missing-overlap"]
+    assert f.evidence["exposed_share"] == 1.0 and (f.expected_gain_ms or 0) > 0
+    ctx = _ctx(tmp_path / "prefetched", doc)
+    for lg in ctx.fsdp_ledgers():
+        for r in lg.gathers:
+            r.prefetched = True
+    assert "missing-overlap" not in {f.id for f in run_context(ctx).findings}
