@@ -29,6 +29,7 @@ from zdiag.analyzers.detectors import (
     whole_model_wrap,
 )
 from zdiag.analyzers.detectors.context import DetectorContext, build_context
+from zdiag.analyzers.detectors.reconcile import reconcile
 from zdiag.analyzers.report import Finding
 
 Detector = Callable[[DetectorContext], list[Finding]]
@@ -73,16 +74,18 @@ class DetectorResults:
 
 
 def run_context(ctx: DetectorContext) -> DetectorResults:
-    """Every detector on one context; a detector's crash becomes a warning, not a failure."""
-    results = DetectorResults()
+    """Every detector on one context, then the findings reconciled (detectors/reconcile.py: two
+    findings never claim the same time); a detector's crash becomes a warning, not a failure."""
+    findings: list[Finding] = []
+    warnings: list[str] = []
     for name, detect in DETECTORS.items():
         try:
-            results.findings.extend(detect(ctx))
+            findings.extend(detect(ctx))
         except Exception as exc:  # one broken detector must not sink the analysis
-            results.warnings.append(
+            warnings.append(
                 f"detector {name} failed ({type(exc).__name__}: {exc}); its finding is missing"
             )
-    return results
+    return DetectorResults(findings=reconcile(findings), warnings=warnings)
 
 
 __all__ = [

@@ -11,6 +11,13 @@ from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.detectors.fp32_collectives import bf16_remedy, is_fp32
 from zdiag.analyzers.report import Finding
 
+NO_OVERLAP_FIX = (
+    "No prefetch or overlap setting can fix this: communication is longer than the compute it "
+    "could hide under."
+)
+"""The recommendation's first sentence; the reconcile step rewrites it when `missing-overlap`
+claims part of the same time (detectors/reconcile.py)."""
+
 # Most steps must be comm-bound (per the pipeline's verdicts), not one outlier.
 COMM_BOUND_STEP_SHARE = 0.5
 
@@ -64,10 +71,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "compute_ms_per_step": round(compute / n, 3),
                 "threshold_step_share": COMM_BOUND_STEP_SHARE,
             },
-            recommendation=(
-                "No prefetch or overlap setting can fix this: communication is longer than the "
-                "compute it could hide under. What would: " + "; ".join(options) + "."
-            ),
+            recommendation=(NO_OVERLAP_FIX + " What would: " + "; ".join(options) + "."),
             code=bf16.code if bf16 is not None else None,
             expected_gain_ms=round(max(0.0, comm - compute) / n, 3),
             gain_method=(

@@ -1,0 +1,71 @@
+"""One claim per millisecond: findings that explain the same step time are reconciled.
+
+Three detectors can point at the same exposed communication: `straggler` (the others wait for a
+late rank: the wait shows up on their timelines as exposed communication), `missing-overlap`
+(gathers issued only when needed: prefetch would hide part of that exposed time) and `comm-bound`
+(communication longer than compute: the excess cannot be hidden). The rule, applied once after
+every detector ran, most specific cause first:
+
+1. `straggler` keeps its gain. The wait it causes is not overlap the others could gain:
+   `missing-overlap` and `comm-bound` lose the straggler's gain per step from theirs.
+2. `missing-overlap` keeps what is left. `comm-bound`'s excess loses the `missing-overlap` gain
+   (prefetch recovers that part first), and its "no prefetch setting can fix this" becomes
+   "beyond what prefetch recovers": the two never advise opposite things for the same time.
+3. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
+   records one as `min_gain_ms_per_step`) is dropped; the finding that took its time lists it
+   in `evidence["explains"]`. Every reduced finding keeps its measured gain as
+   `evidence["gain_before_reconcile_ms"]` and says why in its `gain_method`.
+"""
+
+from __future__ import annotations
+
+from zdiag.analyzers.detectors.comm_bound import NO_OVERLAP_FIX
+from zdiag.analyzers.report import Finding
+
+# The order in which findings claim exposed communication time: earlier claims first.
+CLAIM_ORDER = ("straggler", "missing-overlap", "comm-bound")
+
+
+def _reduce(f: Finding, by: Finding) -> bool:
+    """Take `by`'s gain out of `f`'s; False when nothing is left of `f` (drop it)."""
+    if f.expected_gain_ms is None or not by.expected_gain_ms:
+        return True  # nothing claimed by `by`: no overlap of claims
+    left = f.expected_gain_ms - by.expected_gain_ms
+    floor = f.evidence.get("min_gain_ms_per_step")
+    floor_ms = float(floor) if isinstance(floor, int | float) else 0.0
+    if left <= 0.0 or left < floor_ms:
+        by.evidence.setdefault("explains", []).append(f.id)
+        return False
+    f.evidence.setdefault("gain_before_reconcile_ms", f.expected_gain_ms)
+    f.expected_gain_ms = round(left, 3)
+    f.gain_method += (
+        f"; minus the {by.expected_gain_ms:.2f} ms per step that `{by.id}` claims for the same "
+        "exposed communication (detectors/reconcile.py)"
+    )
+    if f.id == "comm-bound" and by.id == "missing-overlap":
+        f.recommendation = f.recommendation.replace(
+            NO_OVERLAP_FIX,
+            f"Beyond the {by.expected_gain_ms:.2f} ms per step that prefetch recovers "
+            "(`missing-overlap`), communication stays longer than the compute it could hide "
+            "under; no prefetch setting removes the rest.",
+        )
+    return True
+
+
+def reconcile(findings: list[Finding]) -> list[Finding]:
+    """The findings with overlapping claims on exposed communication reconciled (module doc);
+    the others unchanged, order kept."""
+    by_id = {f.id: f for f in findings}
+    dropped: set[str] = set()
+    for i, later in enumerate(CLAIM_ORDER):
+        f = by_id.get(later)
+        if f is None:
+            continue
+        for earlier in CLAIM_ORDER[:i]:
+            by = by_id.get(earlier)
+            if by is None or earlier in dropped:
+                continue
+            if not _reduce(f, by):
+                dropped.add(later)
+                break
+    return [f for f in findings if f.id not in dropped]
