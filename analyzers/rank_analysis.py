@@ -18,14 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
-import numpy as np
 
 from zdiag.analyzers import frameworks
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
 from zdiag.analyzers.crossrank import RankCollectives, rank_collectives
 from zdiag.analyzers.detectors.blocks import repeated_module_class
-from zdiag.analyzers.events import EventKind, RankTrace
+from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
+from zdiag.analyzers.host_syncs import HostSyncSites, host_sync_sites
 from zdiag.analyzers.kineto_memory import kineto_memory
 from zdiag.analyzers.report import (
     CollectiveKindStats,
@@ -37,9 +37,6 @@ from zdiag.analyzers.report import (
 from zdiag.analyzers.run_data import StepWindows
 from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
 from zdiag.analyzers.timeline import step_timeline
-
-HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
-"""Host ops that block the CPU on a device value (`.item()`); counted with CPU_SYNC events."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +65,7 @@ class RankFacts(msgspec.Struct, kw_only=True):
     world_size: int | None = None  # from distributedInfo
     host: str | None = None
     host_syncs: int = 0  # CPU sync events + `.item()` ops in the trace
+    host_sync_sites: HostSyncSites = msgspec.field(default_factory=HostSyncSites)  # by caller
     module_class: tuple[str, int] | None = None  # most repeated `nn.Module: <Class>_<k>` class
     group_sizes: list[int] = msgspec.field(default_factory=list)  # distinct process-group sizes
     framework: str | None = None  # the first registered framework whose labels the trace holds
@@ -166,25 +164,16 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
 
 def rank_facts(trace: RankTrace) -> RankFacts:
     """The detector facts of a trace (see RankFacts)."""
+    sites = host_sync_sites(trace)
     return RankFacts(
         world_size=trace.world_size,
         host=trace.host,
-        host_syncs=count_host_syncs(trace),
+        host_syncs=sites.total,
+        host_sync_sites=sites,
         module_class=repeated_module_class(trace),
         group_sizes=sorted({int(g) for g in trace.collectives.group_size if int(g) > 0}),
         framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
     )
-
-
-def count_host_syncs(trace: RankTrace) -> int:
-    """CPU sync events plus `.item()` ops (`aten::item` wraps `aten::_local_scalar_dense`: the
-    inner op only is counted when both exist)."""
-    n = len(trace.of_kind(EventKind.CPU_SYNC))
-    ids = [i for i, name in enumerate(trace.names) if name in HOST_SYNC_NAMES]
-    if ids:
-        inner = [i for i in ids if trace.names[i] == "aten::_local_scalar_dense"]
-        n += int(np.isin(trace.name_id, np.asarray(inner or ids, dtype=np.int32)).sum())
-    return n
 
 
 def device_capacity(trace: RankTrace) -> int | None:

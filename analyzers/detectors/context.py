@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zdiag.analyzers.fsdp_ledger import RankLedger
+from zdiag.analyzers.host_syncs import HostSyncSites
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from zdiag.collectors.rundir import (
@@ -103,9 +104,15 @@ class DetectorContext:
         return f.module_class if f is not None else None
 
     def host_syncs(self, rank: int) -> int:
-        """Host syncs (`.item()`, synchronize) in the rank's trace (0 when unknown)."""
+        """Host syncs (`.item()`, synchronize) in the rank's model code (FSDP units, the
+        wrapper's forward): not the optimizer's own, not the loop's (0 when unknown)."""
         f = self.facts.get(rank)
-        return f.host_syncs if f is not None else 0
+        return f.host_sync_sites.in_model if f is not None else 0
+
+    def host_sync_sites(self, rank: int) -> HostSyncSites:
+        """The rank's host syncs by caller (analyzers/host_syncs.py); empty when unknown."""
+        f = self.facts.get(rank)
+        return f.host_sync_sites if f is not None else HostSyncSites()
 
     def group_sizes(self, rank: int) -> list[int]:
         """Distinct process-group sizes of the rank's collectives ([] when unrecorded)."""

@@ -1,0 +1,118 @@
+"""`host-sync`: the user's model code blocks the host on device values every step.
+
+The map attributes every host sync to its caller (analyzers/host_syncs.py): the optimizer's own
+internals (AdamW's step-counter `.item()` inside `Optimizer.step#AdamW.step`: not the user's to
+remove, never counted here), the model's code (inside an FSDP unit's forward/backward, named by
+the unit, or inside a DDP / FSDP1 forward range) and the training loop (loss logging outside the
+model: once per step is the usual, harmless pattern). The finding fires when the model's code
+syncs at least once per step on a rank: a `.item()`, `bool(tensor)` or NaN check inside a
+block. On GPUs each one drains the launch queue (the host waits for every queued kernel, then
+the device waits for the host's next launches, and a prefetched all-gather cannot be issued
+ahead); on CPU it only costs what the check itself computes.
+"""
+
+from __future__ import annotations
+
+from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.report import Finding, Severity
+
+# At least one sync per step inside the model (the loop's own logging sync is outside it).
+MIN_MODEL_SYNCS_PER_STEP = 1.0
+# Severity follows the gain: below 2% of the median step an info, from 10% critical.
+WARNING_GAIN_SHARE = 0.02
+CRITICAL_GAIN_SHARE = 0.10
+
+_CODE = """\
+# instead of a host check inside each block:
+#     if not torch.isfinite(x).all().item(): raise ...      # or loss.item() / float(t) per block
+# keep the check on the device and look at it once per N steps, outside the model:
+bad = torch.zeros((), dtype=torch.bool, device=x.device)    # once per step
+bad |= ~torch.isfinite(x).all()                              # in each block: no host sync
+...
+if step % 100 == 0 and bad.item():                           # one sync every 100 steps
+    raise FloatingPointError("non-finite activation")"""
+
+
+def _steps(ctx: DetectorContext, rank: int) -> int:
+    bds = ctx.breakdowns.get(rank) or []
+    if bds:
+        return len(bds)
+    lg = ctx.ledgers.get(rank)
+    return max(1, len(lg.steps)) if lg is not None else 1
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The host-sync finding, or none."""
+    hits = []
+    for rank in sorted(ctx.facts):
+        sites = ctx.host_sync_sites(rank)
+        n = _steps(ctx, rank)
+        if sites.in_model / n >= MIN_MODEL_SYNCS_PER_STEP:
+            hits.append((rank, sites, n))
+    if not hits:
+        return []
+    rank, sites, n = max(hits, key=lambda h: h[1].model_blocked_ms / h[2])
+    gain = sites.model_blocked_ms / n
+    durs = sorted(b.duration_ms for b in ctx.breakdowns.get(rank, []) if b.duration_ms > 0)
+    median = durs[len(durs) // 2] if durs else None
+    severity: Severity = "warning"
+    if median:
+        if gain >= CRITICAL_GAIN_SHARE * median:
+            severity = "critical"
+        elif gain < WARNING_GAIN_SHARE * median:
+            severity = "info"
+    units = sorted(sites.units, key=lambda u: (-sites.units[u], u))
+    where = (
+        f"in {len(units)} FSDP unit{'s' if len(units) != 1 else ''} ({', '.join(units[:6])}"
+        f"{', ...' if len(units) > 6 else ''})"
+        if units
+        else "inside the model's forward"
+    )
+    lines = sorted(sites.source_lines, key=lambda k: -sites.source_lines[k])
+    optimizer = sum(sites.optimizer.values())
+    recommendation = (
+        f"The model's own code blocks the host {sites.in_model / n:.1f} times per step {where}"
+        + (f", at {'; '.join(lines[:3])}" if lines else "")
+        + ": a `.item()`, `float(t)`, `bool(t)` or NaN check inside a block. Keep such checks on "
+        "the device and read them once every N steps outside the model (code below)."
+        + ("" if lines else " Re-run with `zdiag run --with-stack` to get the source lines.")
+        + (
+            f" Not counted: {optimizer} syncs inside the optimizer's own step "
+            f"({', '.join(sorted(sites.optimizer))}), which are its internals, and {sites.loop} "
+            "in the training loop outside the model."
+            if optimizer or sites.loop
+            else ""
+        )
+    )
+    return [
+        Finding(
+            id="host-sync",
+            severity=severity,
+            title=(f"Host syncs in the model's code: {sites.in_model / n:.1f} per step {where}"),
+            ranks=[h[0] for h in hits],
+            units=units,
+            evidence={
+                "rank": rank,
+                "steps": n,
+                "syncs_in_model": sites.in_model,
+                "syncs_by_unit": dict(sites.units),
+                "syncs_in_wrapper_forward": sites.model_forward,
+                "syncs_in_optimizer": dict(sites.optimizer),
+                "syncs_in_loop": sites.loop,
+                "syncs_total": sites.total,
+                "source_lines": dict(sites.source_lines),
+                "model_sync_host_ms_per_step": round(gain, 3),
+                "median_step_ms": median,
+                "threshold_syncs_per_step": MIN_MODEL_SYNCS_PER_STEP,
+            },
+            recommendation=recommendation,
+            code=_CODE,
+            expected_gain_ms=round(gain, 3),
+            gain_method=(
+                "the host time of the model's syncs per step (each sync's own duration: on GPUs "
+                "the wait for the device to drain its queue). A lower bound: it leaves out the "
+                "device idling while the host relaunches after each sync and, on CPU, the "
+                "compute of the checks themselves"
+            ),
+        )
+    ]

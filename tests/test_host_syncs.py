@@ -1,0 +1,79 @@
+"""Host syncs attributed to their caller (analyzers/host_syncs.py) and the `host-sync` finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zdiag.analyzers.detectors import DETECTORS, run_context
+from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.host_syncs import host_sync_sites
+from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.rank_analysis import rank_facts
+
+
+def _x(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict[str, object]:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+def _sync(ts: float) -> list[dict[str, object]]:
+    return [_x("aten::item", ts, 3.0), _x("aten::_local_scalar_dense", ts + 0.5, 2.0)]
+
+
+def _trace(tmp_path: Path, per_block_checks: bool, with_stack: bool = False) -> Path:
+    """Two steps of a 2-unit FSDP2 model: AdamW's step-counter syncs inside
+    `Optimizer.step#AdamW.step`, a loss `.item()` in the loop, and (optionally) one NaN-check
+    sync inside each unit's forward."""
+    ev: list[dict[str, object]] = []
+    for step in range(2):
+        t0 = step * 10_000.0
+        ev.append(_x(f"ProfilerStep#{step}", t0, 9_000.0, "user_annotation"))
+        for k, unit in enumerate(("encoder.stages.0", "encoder.stages.1")):
+            s = t0 + 100 + k * 1000
+            ev.append(_x(f"FSDP::pre_forward ({unit})", s, 50.0, "user_annotation"))
+            if per_block_checks:
+                ev.extend(_sync(s + 300))
+                if with_stack:
+                    ev.append(_x("examples/net.py(28): forward", s + 200, 300.0, "python_function"))
+                    ev.append(
+                        _x("torch/nn/module.py(1): _call_impl", s + 250, 100.0, "python_function")
+                    )
+            ev.append(_x(f"FSDP::post_forward ({unit})", s + 800, 50.0, "user_annotation"))
+        ev.append(_x("Optimizer.step#AdamW.step", t0 + 5000, 2000.0, "user_annotation"))
+        for j in range(4):
+            ev.extend(_sync(t0 + 5100 + j * 100))
+        ev.extend(_sync(t0 + 8000))  # loss.item() for logging
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return path
+
+
+def test_syncs_go_to_the_optimizer_the_units_and_the_loop(tmp_path: Path) -> None:
+    sites = host_sync_sites(load_rank_trace(_trace(tmp_path, per_block_checks=True)))
+    assert sites.total == 2 * (4 + 1 + 2)  # the inner op only, not aten::item as well
+    assert sites.optimizer == {"Optimizer.step#AdamW.step": 8}
+    assert sites.units == {"encoder.stages.0": 2, "encoder.stages.1": 2}
+    assert sites.loop == 2 and sites.in_model == 4
+    assert sites.source_lines == {}
+
+
+def test_source_lines_skip_torch_frames(tmp_path: Path) -> None:
+    sites = host_sync_sites(load_rank_trace(_trace(tmp_path, True, with_stack=True)))
+    assert sites.source_lines == {"examples/net.py:28 forward": 4}
+
+
+def test_host_sync_finding_names_units_and_never_blames_the_optimizer(tmp_path: Path) -> None:
+    assert "host-sync" in DETECTORS
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    bad = DetectorContext(
+        ledgers={}, facts={0: rank_facts(load_rank_trace(_trace(tmp_path / "a", True)))}
+    )
+    (f,) = [f for f in run_context(bad).findings if f.id == "host-sync"]
+    assert f.units == ["encoder.stages.0", "encoder.stages.1"]
+    assert f.evidence["syncs_in_optimizer"] == {"Optimizer.step#AdamW.step": 8}
+    assert "--with-stack" in f.recommendation and f.code
+    clean = DetectorContext(
+        ledgers={}, facts={0: rank_facts(load_rank_trace(_trace(tmp_path / "b", False)))}
+    )
+    assert "host-sync" not in {f.id for f in run_context(clean).findings}
