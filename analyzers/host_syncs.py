@@ -52,6 +52,7 @@ class HostSyncSites(msgspec.Struct, kw_only=True):
     model_forward: int = 0  # inside a DDP / FSDP1 forward range (no unit names)
     loop: int = 0  # elsewhere: the training loop
     model_blocked_ms: float = 0.0  # host time of the syncs inside the model (units, forward)
+    blocked_ms: float = 0.0  # host time of every sync (optimizer and loop included)
     source_lines: dict[str, int] = msgspec.field(default_factory=dict)  # "file.py:28 func" -> n
 
     @property
@@ -160,6 +161,7 @@ def host_sync_sites(trace: RankTrace) -> HostSyncSites:
     lines: Counter[str] = Counter()
     blocked_us = 0.0
     for i in idx:
+        sites.blocked_ms += float(trace.dur_us[i]) / 1000.0
         lane, t = int(trace.lane_id[i]), float(trace.ts_us[i])
         name = _innermost(optim, lane, t)
         if name is not None:
@@ -181,5 +183,6 @@ def host_sync_sites(trace: RankTrace) -> HostSyncSites:
     sites.optimizer = dict(opt)
     sites.units = dict(unit)
     sites.model_blocked_ms = round(blocked_us / 1000.0, 4)
+    sites.blocked_ms = round(sites.blocked_ms, 4)
     sites.source_lines = dict(lines.most_common(MAX_SOURCE_LINES))
     return sites

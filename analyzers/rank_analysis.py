@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 
 from zdiag.analyzers import frameworks
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
@@ -69,6 +70,7 @@ class RankFacts(msgspec.Struct, kw_only=True):
     module_class: tuple[str, int] | None = None  # most repeated `nn.Module: <Class>_<k>` class
     group_sizes: list[int] = msgspec.field(default_factory=list)  # distinct process-group sizes
     framework: str | None = None  # the first registered framework whose labels the trace holds
+    data_loading_ms: float = 0.0  # the trace's `enumerate(DataLoader)#...` ranges, summed
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,21 @@ def rank_facts(trace: RankTrace) -> RankFacts:
         module_class=repeated_module_class(trace),
         group_sizes=sorted({int(g) for g in trace.collectives.group_size if int(g) > 0}),
         framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
+        data_loading_ms=data_loading_ms(trace),
     )
+
+
+DATALOADER_PREFIX = "enumerate(DataLoader)"
+"""torch.profiler's range around each `next()` on a DataLoader iterator."""
+
+
+def data_loading_ms(trace: RankTrace) -> float:
+    """Host time in the trace's DataLoader `next()` ranges (the input pipeline's wait)."""
+    nids = [n for n, name in enumerate(trace.names) if name.startswith(DATALOADER_PREFIX)]
+    if not nids:
+        return 0.0
+    sel = np.isin(trace.name_id, np.asarray(nids, dtype=np.int32))
+    return round(float(trace.dur_us[sel].sum()) / 1000.0, 4)
 
 
 def device_capacity(trace: RankTrace) -> int | None:

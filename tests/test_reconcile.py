@@ -52,3 +52,38 @@ def test_unrelated_findings_and_zero_claims_are_untouched() -> None:
     out = reconcile([other, mo, cb])
     assert out == [other, mo, cb]
     assert cb.expected_gain_ms == 50.0 and cb.recommendation.startswith(NO_OVERLAP_FIX)
+
+
+def test_bad_verdicts_on_most_steps_come_with_a_finding() -> None:
+    """Most steps host-bound: a host-bound finding with the idle split by cause (data loading,
+    host syncs, the rest); most steps exposed-comm: an exposed-comm finding, dropped by the
+    reconcile step when a more specific finding (here comm-bound) explains the time."""
+    from zdiag.analyzers.detectors import run_context
+    from zdiag.analyzers.detectors.context import DetectorContext
+    from zdiag.analyzers.host_syncs import HostSyncSites
+    from zdiag.analyzers.rank_analysis import RankFacts
+    from zdiag.analyzers.report import StepBreakdown
+
+    def step(i: int, verdict: str, idle: float, exposed: float) -> StepBreakdown:
+        return StepBreakdown(
+            step=i, duration_ms=100.0, compute_ms=100.0 - idle - exposed, comm_ms=exposed,
+            overlapped_ms=0.0, exposed_comm_ms=exposed, idle_ms=idle, verdict=verdict,
+        )  # fmt: skip
+
+    facts = RankFacts(data_loading_ms=120.0, host_sync_sites=HostSyncSites(blocked_ms=30.0))
+    host = DetectorContext(
+        ledgers={},
+        facts={0: facts},
+        breakdowns={0: [step(i, "host-bound", 60.0, 0.0) for i in range(3)]},
+    )
+    (f,) = [f for f in run_context(host).findings if f.id == "host-bound"]
+    assert f.evidence["data_loading_ms_per_step"] == 40.0
+    assert f.evidence["host_sync_ms_per_step"] == 10.0
+    assert f.evidence["launch_overhead_ms_per_step"] == 10.0
+    assert "num_workers" in f.recommendation and f.expected_gain_ms == 40.0
+    comm = DetectorContext(
+        ledgers={}, breakdowns={0: [step(i, "exposed-comm", 0.0, 30.0) for i in range(3)]}
+    )
+    (e,) = [f for f in run_context(comm).findings if f.id == "exposed-comm"]
+    assert e.evidence["exposed_comm_ms_per_step"] == 30.0
+    assert [f.id for f in reconcile([e, _f("comm-bound", 5.0)])] == ["comm-bound"]

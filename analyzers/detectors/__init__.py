@@ -25,6 +25,7 @@ from zdiag.analyzers.detectors import (
     memory_imbalance,
     missing_overlap,
     optimizer_state_dominant,
+    step_verdicts,
     straggler,
     tiny_layer_wrap,
     whole_model_wrap,
@@ -50,6 +51,8 @@ DETECTORS: dict[str, Detector] = {
     "fp32-collectives": fp32_collectives.detect,
     "flat-sharding-multinode": flat_sharding.detect,
     "comm-bound": comm_bound.detect,
+    "host-bound": step_verdicts.detect_host_bound,
+    "exposed-comm": step_verdicts.detect_exposed_comm,
 }
 """Finding id -> detector, in report order."""
 

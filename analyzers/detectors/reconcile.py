@@ -11,7 +11,9 @@ every detector ran, most specific cause first:
 2. `missing-overlap` keeps what is left. `comm-bound`'s excess loses the `missing-overlap` gain
    (prefetch recovers that part first), and its "no prefetch setting can fix this" becomes
    "beyond what prefetch recovers": the two never advise opposite things for the same time.
-3. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
+3. The generic `exposed-comm` (steps with exposed communication, detectors/step_verdicts.py)
+   is dropped when any of the three above fired: they say why the communication is exposed.
+4. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
    records one as `min_gain_ms_per_step`) is dropped; the finding that took its time lists it
    in `evidence["explains"]`. Every reduced finding keeps its measured gain as
    `evidence["gain_before_reconcile_ms"]` and says why in its `gain_method`.
@@ -57,6 +59,10 @@ def reconcile(findings: list[Finding]) -> list[Finding]:
     the others unchanged, order kept."""
     by_id = {f.id: f for f in findings}
     dropped: set[str] = set()
+    explainer = next((by_id[i] for i in CLAIM_ORDER if i in by_id), None)
+    if "exposed-comm" in by_id and explainer is not None:
+        explainer.evidence.setdefault("explains", []).append("exposed-comm")
+        dropped.add("exposed-comm")
     for i, later in enumerate(CLAIM_ORDER):
         f = by_id.get(later)
         if f is None:

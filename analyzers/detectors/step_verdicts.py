@@ -1,0 +1,155 @@
+"""`host-bound` and `exposed-comm`: most steps carry a bad verdict that no other finding explains.
+
+The step verdicts (analyzers/verdict.py) say what limited each step; a run whose steps are
+mostly host-bound or exposed-comm must not end without a finding that says why and what to do.
+
+- `host-bound` (>= HOST_BOUND_STEP_SHARE of all ranks' steps): the device idles waiting for the
+  host. The idle time per step is split by cause from what the map measured: data loading (the
+  DataLoader `next()` ranges), host syncs (the syncs' own host time, optimizer's included) and,
+  for the rest, launch and Python overhead (kernels too small or too many to keep the device
+  busy). The recommendation follows the largest part.
+- `exposed-comm` (>= EXPOSED_COMM_STEP_SHARE of the steps): communication is exposed although
+  compute could hide it. Fires only when neither `straggler`, `missing-overlap` nor `comm-bound`
+  explains that time (the reconcile step drops it otherwise).
+
+`comm-bound` steps have their own detector (comm_bound.py).
+"""
+
+from __future__ import annotations
+
+from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.report import Finding
+
+HOST_BOUND_STEP_SHARE = 0.5
+EXPOSED_COMM_STEP_SHARE = 0.5
+"""Most steps (over all ranks), not one outlier, carry the verdict."""
+
+
+def _steps_with(ctx: DetectorContext, verdict: str) -> tuple[int, int, list[int], set[int]]:
+    n = hit = 0
+    ranks: list[int] = []
+    steps: set[int] = set()
+    for rank, bds in sorted(ctx.breakdowns.items()):
+        bad = [b for b in bds if b.verdict == verdict]
+        n += len(bds)
+        hit += len(bad)
+        if bad:
+            ranks.append(rank)
+            steps.update(b.step for b in bad)
+    return n, hit, ranks, steps
+
+
+def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
+    """The host-bound finding, or none."""
+    n, hit, ranks, steps = _steps_with(ctx, "host-bound")
+    if not n or hit / n < HOST_BOUND_STEP_SHARE:
+        return []
+    idle = sum(b.idle_ms for bds in ctx.breakdowns.values() for b in bds) / n
+    step_ms = sum(b.duration_ms for bds in ctx.breakdowns.values() for b in bds) / n
+    per_rank_steps = {r: max(1, len(b)) for r, b in ctx.breakdowns.items()}
+    data = syncs = 0.0
+    for r, k in per_rank_steps.items():
+        f = ctx.facts.get(r)
+        if f is None:
+            continue
+        data += f.data_loading_ms / k
+        syncs += f.host_sync_sites.blocked_ms / k
+    m = max(1, len(per_rank_steps))
+    data, syncs = min(idle, data / m), syncs / m
+    syncs = min(syncs, idle - data)
+    launch = max(0.0, idle - data - syncs)
+    parts = {
+        "data loading": data,
+        "host syncs": syncs,
+        "launch, Python and other host work": launch,
+    }
+    top = max(parts, key=lambda k: parts[k])
+    advice = {
+        "data loading": (
+            "the input pipeline: more DataLoader workers (num_workers), pin_memory=True, "
+            "prefetch_factor, faster storage or pre-processed data"
+        ),
+        "host syncs": (
+            "the host syncs (`.item()`, `float(t)`, synchronize): read values every N steps, "
+            "keep checks on the device (see `host-sync` when the model's code has them)"
+        ),
+        "launch, Python and other host work": (
+            "fewer, larger kernels: torch.compile of each block, CUDA graphs, a larger "
+            "micro-batch per rank, fused optimizers (`foreach=True` / `fused=True`)"
+        ),
+    }[top]
+    split = ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items())
+    return [
+        Finding(
+            id="host-bound",
+            severity="critical" if idle >= 0.5 * step_ms else "warning",
+            title=(
+                f"{hit} of {n} steps are host-bound: the device idles {idle:.1f} ms of "
+                f"{step_ms:.1f} ms per step ({split})"
+            ),
+            ranks=ranks,
+            steps=sorted(steps),
+            evidence={
+                "host_bound_steps": hit,
+                "steps": n,
+                "idle_ms_per_step": round(idle, 3),
+                "step_ms": round(step_ms, 3),
+                "data_loading_ms_per_step": round(data, 3),
+                "host_sync_ms_per_step": round(syncs, 3),
+                "launch_overhead_ms_per_step": round(launch, 3),
+                "threshold_step_share": HOST_BOUND_STEP_SHARE,
+            },
+            recommendation=(
+                f"The largest part of the idle time is {top} ({parts[top]:.2f} ms per step): "
+                f"look at {advice}."
+            ),
+            expected_gain_ms=round(parts[top], 3),
+            gain_method=(
+                "the largest cause's share of the device idle time per step; data loading from "
+                "the DataLoader ranges, host syncs from their own host time, launch overhead "
+                "as the rest of the idle time"
+            ),
+        )
+    ]
+
+
+def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
+    """The exposed-comm finding, or none."""
+    n, hit, ranks, steps = _steps_with(ctx, "exposed-comm")
+    if not n or hit / n < EXPOSED_COMM_STEP_SHARE:
+        return []
+    bds = [b for v in ctx.breakdowns.values() for b in v]
+    exposed = sum(b.exposed_comm_ms for b in bds) / n
+    comm = sum(b.comm_ms for b in bds) / n
+    compute = sum(b.compute_ms for b in bds) / n
+    return [
+        Finding(
+            id="exposed-comm",
+            severity="warning",
+            title=(
+                f"{hit} of {n} steps have exposed communication: {exposed:.1f} ms per step of "
+                f"{comm:.1f} ms communication is not hidden behind {compute:.1f} ms compute"
+            ),
+            ranks=ranks,
+            steps=sorted(steps),
+            evidence={
+                "exposed_comm_steps": hit,
+                "steps": n,
+                "exposed_comm_ms_per_step": round(exposed, 3),
+                "comm_ms_per_step": round(comm, 3),
+                "compute_ms_per_step": round(compute, 3),
+                "threshold_step_share": EXPOSED_COMM_STEP_SHARE,
+            },
+            recommendation=(
+                "Compute could hide this communication: issue the collectives earlier and "
+                "asynchronously (DDP: smaller `bucket_cap_mb` so gradient buckets start during "
+                "backward; FSDP: explicit prefetch; your own collectives: `async_op=True` and "
+                "wait just before the result is needed)."
+            ),
+            expected_gain_ms=round(min(exposed, max(0.0, compute - (comm - exposed))), 3),
+            gain_method=(
+                "the exposed communication per step, up to the compute not already overlapping "
+                "communication (what perfect overlap could hide)"
+            ),
+        )
+    ]
