@@ -627,6 +627,7 @@ def find_stragglers(
     result: CrossRankResult,
     breakdowns: Mapping[int, Sequence[StepBreakdown]] | None = None,
     gpu: bool = True,
+    shared_cpu_host: bool = False,
 ) -> list[Finding]:
     """The `straggler` finding (zero or one) from matched collectives and, when given, the
     per-rank step breakdowns (for the step time and the diagnosis). A rank is a straggler by
@@ -678,7 +679,11 @@ def find_stragglers(
     culprits.sort(key=lambda c: (-c[0], c[1]))
     ranks = [c[1] for c in culprits]
     gain_total = sum(c[0] for c in culprits)
-    critical = median_step is not None and gain_total >= STRAGGLER_CRITICAL_GAIN_SHARE * median_step
+    critical = (
+        median_step is not None
+        and gain_total >= STRAGGLER_CRITICAL_GAIN_SHARE * median_step
+        and not shared_cpu_host
+    )
 
     per_rank: dict[str, dict[str, float | None]] = {}
     hints = []
@@ -723,8 +728,14 @@ def find_stragglers(
         "rank), host jitter (CPU contention, garbage collection, sleeps, logging/eval/"
         "checkpointing done only on that rank), "
         + ("thermal or clock throttling of its GPU/host, " if gpu else "a slower or busier host, ")
-        + "and uneven work (sequence lengths, padding, MoE routing). Re-profile after the fix: "
-        "this finding's skew should shrink below the noise."
+        + "and uneven work (sequence lengths, padding, MoE routing). "
+        + (
+            "All ranks ran on the CPUs of one host: other processes competing for its cores "
+            "slow ranks unevenly, so confirm on a quiet host (this is at most a warning here). "
+            if shared_cpu_host
+            else ""
+        )
+        + "Re-profile after the fix: this finding's skew should shrink below the noise."
     )
     evidence: dict[str, object] = {
         "ranks_compared": n_ranks,

@@ -511,3 +511,13 @@ def test_rank_late_once_per_step_is_a_straggler_by_the_wait_it_causes() -> None:
 def test_jitter_alone_makes_no_straggler() -> None:
     """Random 0.2 ms lateness spread over both ranks: no rank dominates the wait it causes."""
     assert find_stragglers(_step_collectives(slow_rank=None), _even_steps(500.0)) == []
+
+
+def test_ranks_sharing_one_cpu_host_get_at_most_a_warning() -> None:
+    """On one host's CPUs a late rank may be contention from other processes: the finding
+    stays, at most a warning, and says to confirm on a quiet host."""
+    result = _step_collectives(slow_rank=1)
+    (crit,) = find_stragglers(result, _even_steps(500.0), gpu=False)
+    assert crit.severity == "critical"
+    (warn,) = find_stragglers(result, _even_steps(500.0), gpu=False, shared_cpu_host=True)
+    assert warn.severity == "warning" and "quiet host" in warn.recommendation

@@ -87,3 +87,15 @@ def test_bad_verdicts_on_most_steps_come_with_a_finding() -> None:
     (e,) = [f for f in run_context(comm).findings if f.id == "exposed-comm"]
     assert e.evidence["exposed_comm_ms_per_step"] == 30.0
     assert [f.id for f in reconcile([e, _f("comm-bound", 5.0)])] == ["comm-bound"]
+
+
+def test_host_bound_only_on_the_straggler_is_the_stragglers_idle() -> None:
+    st = _f("straggler", 300.0)
+    st.ranks = [1]
+    hb = _f("host-bound", 180.0)
+    hb.ranks = [1]
+    assert [f.id for f in reconcile([st, hb])] == ["straggler"]
+    assert st.evidence["explains"] == ["host-bound"]
+    hb2 = _f("host-bound", 180.0)
+    hb2.ranks = [0, 1]  # idle on a rank that is not late: its own finding
+    assert [f.id for f in reconcile([_f("straggler", 300.0), hb2])] == ["straggler", "host-bound"]

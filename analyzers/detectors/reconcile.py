@@ -11,7 +11,9 @@ every detector ran, most specific cause first:
 2. `missing-overlap` keeps what is left. `comm-bound`'s excess loses the `missing-overlap` gain
    (prefetch recovers that part first), and its "no prefetch setting can fix this" becomes
    "beyond what prefetch recovers": the two never advise opposite things for the same time.
-3. The generic `exposed-comm` (steps with exposed communication, detectors/step_verdicts.py)
+3. `host-bound` steps found only on straggler ranks are the straggler's own idle time (its
+   diagnosis already names the host side): `host-bound` is dropped, listed under the straggler.
+   The generic `exposed-comm` (steps with exposed communication, detectors/step_verdicts.py)
    is dropped when any of the three above fired: they say why the communication is exposed.
 4. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
    records one as `min_gain_ms_per_step`) is dropped; the finding that took its time lists it
@@ -59,6 +61,11 @@ def reconcile(findings: list[Finding]) -> list[Finding]:
     the others unchanged, order kept."""
     by_id = {f.id: f for f in findings}
     dropped: set[str] = set()
+    st = by_id.get("straggler")
+    hb = by_id.get("host-bound")
+    if st is not None and hb is not None and hb.ranks and set(hb.ranks) <= set(st.ranks):
+        st.evidence.setdefault("explains", []).append("host-bound")
+        dropped.add("host-bound")
     explainer = next((by_id[i] for i in CLAIM_ORDER if i in by_id), None)
     if "exposed-comm" in by_id and explainer is not None:
         explainer.evidence.setdefault("explains", []).append("exposed-comm")

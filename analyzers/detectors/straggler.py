@@ -11,7 +11,12 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     """The cross-rank straggler finding, from the reduce's matching and the step tables."""
     if ctx.crossrank is None or len(ctx.crossrank.ranks) < 2:
         return []
-    return find_stragglers(ctx.crossrank, ctx.breakdowns, gpu=_uses_gpu(ctx))
+    gpu = _uses_gpu(ctx)
+    m = ctx.manifest
+    one_host = m is not None and len({e.host for e in m.ranks}) == 1 and m.ranks[0].host is not None
+    return find_stragglers(
+        ctx.crossrank, ctx.breakdowns, gpu=gpu, shared_cpu_host=not gpu and one_host
+    )
 
 
 def _uses_gpu(ctx: DetectorContext) -> bool:
