@@ -25,14 +25,15 @@ from typing import Any
 
 from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.rank_analysis import analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
 from zdiag.analyzers.report import MemoryTimeline, Report
 from zdiag.analyzers.run_data import Analysis, RunData
 from zdiag.analyzers.summary import RankSummary, summarize
+from zdiag.analyzers.summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
+from zdiag.analyzers.summary_map import RunContexts, assign_rank
 from zdiag.collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
@@ -237,31 +238,6 @@ def _json_bytes(path: Path) -> int:
         return 0
 
 
-def _assign_rank(
-    trace: RankTrace, manifest_map: dict[Path, int], world_size: int | None = None
-) -> None:
-    """The trace's rank: distributedInfo, else the manifest, else the file name (checked to be
-    within 0..world_size-1, InputError otherwise), else 0 with a warning."""
-    if trace.rank_source == "distributedInfo":
-        return
-    path = trace.source.resolve()
-    if path in manifest_map:
-        trace.rank, trace.rank_source = manifest_map[path], "manifest"
-        return
-    from_name = rank_from_file_name(path)
-    if from_name is not None:
-        check_rank(from_name, world_size or trace.world_size, f"{trace.source} (file name)")
-        trace.rank, trace.rank_source = from_name, "file name"
-        trace.warnings.append(
-            f"no distributedInfo in the trace: rank {from_name} taken from the file name"
-        )
-        return
-    trace.rank, trace.rank_source = 0, "default"
-    trace.warnings.append(
-        "no distributedInfo in the trace and no rank in the file name: assumed rank 0"
-    )
-
-
 def _load_file(path: Path, workers: int) -> RankTrace:
     """`load_rank_trace` with a given number of decode processes (for the per-file pool)."""
     return load_rank_trace(path, workers=workers)
@@ -293,9 +269,21 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     warnings = list(found.warnings)
     manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
     for t in traces:
-        _assign_rank(t, manifest_map, manifest.world_size if manifest else None)
+        assign_rank(
+            t, manifest_map.get(t.source.resolve()), manifest.world_size if manifest else None
+        )
     traces.sort(key=lambda t: (t.rank, str(t.source)))
-    run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    run = run_level_data(found, [t.rank for t in traces], warnings)
+    run.ranks = traces
+    return run
+
+
+def run_level_data(found: Inputs, ranks: list[int], warnings: list[str]) -> RunData:
+    """A RunData without traces for the discovered inputs whose traces hold `ranks` (in file
+    order, duplicates kept): the run-level warnings (`warnings` first), the memory timelines and
+    the step logs of those ranks."""
+    files, manifest, run_dir = found.traces, found.manifest, found.run_dir
+    run = RunData(ranks=[], manifest=manifest, run_dir=run_dir, inputs=files)
     run.warnings.extend(warnings)
     if not files and run_dir is not None:
         run.warnings.append(
@@ -304,8 +292,8 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
             "with 'zdiag run --profile-steps 0:0:N' to see the steps before the failure."
         )
     seen: dict[int, int] = {}
-    for t in traces:
-        seen[t.rank] = seen.get(t.rank, 0) + 1
+    for r in ranks:
+        seen[r] = seen.get(r, 0) + 1
     dup = sorted(r for r, c in seen.items() if c > 1)
     if dup:
         run.warnings.append(
@@ -315,16 +303,16 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     for mem in found.memory:
         rank = rank_from_file_name(mem)
         if rank is None:
-            rank = traces[0].rank if len(traces) == 1 else 0
+            rank = ranks[0] if len(ranks) == 1 else 0
         run.memory_timelines[check_rank(rank, None, f"{mem} (file name)")] = mem
     if run_dir is not None:
-        for t in traces:
-            timeline = _run_dir_file(run_dir, memory_timeline_relpath(t.rank), run.warnings)
+        for r in ranks:
+            timeline = _run_dir_file(run_dir, memory_timeline_relpath(r), run.warnings)
             if timeline is not None:
-                run.memory_timelines.setdefault(t.rank, timeline)
-            log = _run_dir_file(run_dir, step_log_relpath(t.rank), run.warnings)
+                run.memory_timelines.setdefault(r, timeline)
+            log = _run_dir_file(run_dir, step_log_relpath(r), run.warnings)
             if log is not None:
-                run.step_logs[t.rank] = log
+                run.step_logs[r] = log
     return run
 
 
@@ -371,20 +359,8 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    finished = _finished_steps(run.manifest)
-    collector_errors = _collector_errors(run.manifest)
-    unit_bytes = manifest_unit_bytes(run.manifest)
-    analyses = [
-        analyze_rank(
-            t,
-            RankContext(
-                finished_steps=finished.get(t.rank),
-                collector_errors=tuple(collector_errors.get(t.rank, [])),
-                unit_param_bytes=unit_bytes,
-            ),
-        )
-        for t in run.ranks
-    ]
+    contexts = RunContexts.of(run.manifest)
+    analyses = [analyze_rank(t, contexts.for_rank(t.rank)) for t in run.ranks]
     summaries = [summarize(a) for a in analyses]
     reduction = reduce_run(summaries, run_facts(run, summaries))
     return Analysis(
@@ -407,29 +383,6 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
         memory=tuple(memory),
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
     )
-
-
-MAX_COLLECTOR_ERRORS_SHOWN = 5
-
-
-def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
-    """Rank -> what zdiag's collectors reported on it during the run (the manifest's
-    `collector_errors`: a lost trace, a memory timeline with totals only, ...), at most 5 each."""
-    if manifest is None:
-        return {}
-    return {
-        e.rank: list(e.collector_errors[:MAX_COLLECTOR_ERRORS_SHOWN])
-        for e in manifest.ranks
-        if e.collector_errors
-    }
-
-
-def _finished_steps(manifest: Manifest | None) -> dict[int, int]:
-    """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
-    OOM's or a crash's last step is the failing one, kept)."""
-    if manifest is None:
-        return {}
-    return {e.rank: e.steps for e in manifest.ranks if e.exit_code == 0 and not e.oom}
 
 
 def analyze_paths(

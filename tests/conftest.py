@@ -18,3 +18,13 @@ def real_traces() -> Path:
             f"real traces not found at {REAL_TRACES} (they live in ../shared next to the checkout)"
         )
     return REAL_TRACES
+
+
+@pytest.fixture(autouse=True)
+def _no_summary_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`zdiag analyze` writes a summary cache beside the traces it reads: off in tests (the
+    repository's sample traces stay as they are); tests of the cache turn it back on."""
+    monkeypatch.setenv("ZDIAG_CACHE", "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

@@ -1,0 +1,129 @@
+"""The map as a task: one trace path in, its encoded `RankSummary` out (picklable both ways).
+
+`map_trace(task)` decodes one trace, gives it its rank (`assign_rank`: distributedInfo, else the
+run manifest, else the file name), runs `analyze_rank` with what the run says about that rank
+(`RunContexts.for_rank`) and returns the summary as `encode_summary` bytes with the trace's
+fingerprint and the context key: small values, so a process pool or a Ray worker next to the
+files returns kilobytes per rank, never the trace. Engines (summary_engines.py) run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zdiag.analyzers.events import RankTrace
+from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
+from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.summary import encode_summary, summarize
+from zdiag.analyzers.summary_store import TraceFingerprint, context_key, fingerprint
+from zdiag.collectors.rundir import Manifest, check_rank
+
+MAX_COLLECTOR_ERRORS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class RunContexts:
+    """What a run manifest says about each rank, for `RankContext`s (see rank_analysis.py)."""
+
+    finished_steps: dict[int, int] = field(default_factory=dict)
+    collector_errors: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    unit_param_bytes: dict[str, int] = field(default_factory=dict)
+    world_size: int | None = None
+
+    @staticmethod
+    def of(manifest: Manifest | None) -> RunContexts:
+        """The contexts of a run manifest (empty ones without a manifest).
+
+        finished steps: ranks that exited cleanly (an OOM's or a crash's last step is the failing
+        one, kept); collector errors: at most MAX_COLLECTOR_ERRORS_SHOWN per rank.
+        """
+        if manifest is None:
+            return RunContexts()
+        return RunContexts(
+            finished_steps={
+                e.rank: e.steps for e in manifest.ranks if e.exit_code == 0 and not e.oom
+            },
+            collector_errors={
+                e.rank: tuple(e.collector_errors[:MAX_COLLECTOR_ERRORS_SHOWN])
+                for e in manifest.ranks
+                if e.collector_errors
+            },
+            unit_param_bytes=dict(manifest.unit_param_bytes()),
+            world_size=manifest.world_size,
+        )
+
+    def for_rank(self, rank: int) -> RankContext:
+        """The RankContext of one rank."""
+        return RankContext(
+            finished_steps=self.finished_steps.get(rank),
+            collector_errors=self.collector_errors.get(rank, ()),
+            unit_param_bytes=self.unit_param_bytes,
+        )
+
+    def key(self, rank: int, manifest_rank: int | None) -> str:
+        """The context key (summary_store.context_key) of a rank read from a given file."""
+        return context_key(self.for_rank(rank), manifest_rank, self.world_size)
+
+
+@dataclass(frozen=True)
+class MapTask:
+    """One trace to summarize: its path, its rank in the manifest (None: not listed), the run's
+    contexts, and how many processes may decode it (1: in the task's own process)."""
+
+    path: str
+    manifest_rank: int | None
+    contexts: RunContexts
+    decode_workers: int | None = 1
+
+
+@dataclass(frozen=True)
+class MapOutput:
+    """A task's result: the encoded summary, what it was computed from, and the event count
+    (0: the trace held no timed event)."""
+
+    path: str
+    rank: int
+    summary: bytes
+    trace: TraceFingerprint
+    context_key: str
+    events: int
+
+
+def assign_rank(trace: RankTrace, manifest_rank: int | None, world_size: int | None = None) -> None:
+    """The trace's rank: distributedInfo, else the manifest, else the file name (checked to be
+    within 0..world_size-1, InputError otherwise), else 0 with a warning."""
+    if trace.rank_source == "distributedInfo":
+        return
+    if manifest_rank is not None:
+        trace.rank, trace.rank_source = manifest_rank, "manifest"
+        return
+    from_name = rank_from_file_name(trace.source.resolve())
+    if from_name is not None:
+        check_rank(from_name, world_size or trace.world_size, f"{trace.source} (file name)")
+        trace.rank, trace.rank_source = from_name, "file name"
+        trace.warnings.append(
+            f"no distributedInfo in the trace: rank {from_name} taken from the file name"
+        )
+        return
+    trace.rank, trace.rank_source = 0, "default"
+    trace.warnings.append(
+        "no distributedInfo in the trace and no rank in the file name: assumed rank 0"
+    )
+
+
+def map_trace(task: MapTask) -> MapOutput:
+    """The map on one trace file (see the module docstring); InputError for a bad trace."""
+    path = Path(task.path)
+    before = fingerprint(path)
+    trace = load_rank_trace(path, workers=task.decode_workers)
+    assign_rank(trace, task.manifest_rank, task.contexts.world_size)
+    summary = summarize(analyze_rank(trace, task.contexts.for_rank(trace.rank)))
+    return MapOutput(
+        path=task.path,
+        rank=trace.rank,
+        summary=encode_summary(summary),
+        trace=before,
+        context_key=task.contexts.key(trace.rank, task.manifest_rank),
+        events=len(trace),
+    )

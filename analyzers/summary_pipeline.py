@@ -1,0 +1,196 @@
+"""From paths to a Report through rank summaries: stored ones first, the map for the rest.
+
+`analyze_via_summaries(paths, options)` is what `zdiag analyze` runs:
+
+1. discover the inputs (pipeline.discover) and what the manifest says about each rank;
+2. for each trace, a stored summary when one matches it (summary_store.py): the in-job summary
+   beside it, else the summary cache entry; with `use_stored=False` (`--no-cache`) none is read;
+3. the map (`summary_map.map_trace`) on the traces left, on an engine (summary_engines.py: this
+   machine's processes, or Ray); their summaries are written to the cache (`write_cache`);
+4. the reduce (`reduce.reduce_run`) on all summaries, in rank order.
+
+It gives the Report that `pipeline.analyze_paths` gives (tests/test_summary_cache.py compares
+them); only the traces that have no matching stored summary are decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from zdiag import __version__
+from zdiag.analyzers.pipeline import (
+    Progress,
+    _json_bytes,
+    discover,
+    manifest_ranks,
+    run_facts,
+    run_level_data,
+)
+from zdiag.analyzers.reduce import reduce_run
+from zdiag.analyzers.report import Report
+from zdiag.analyzers.summary import RankSummary, decode_summary
+from zdiag.analyzers.summary_engines import Engine, LocalEngine
+from zdiag.analyzers.summary_map import MapOutput, MapTask, RunContexts
+from zdiag.analyzers.summary_store import (
+    EMPTY_CONTEXT_KEY,
+    StoredSummary,
+    TraceFingerprint,
+    apply_context,
+    cache_path_for,
+    fingerprint,
+    read_stored,
+    summary_path_for,
+    write_stored,
+)
+from zdiag.errors import InputError
+
+
+@dataclass(frozen=True)
+class SummaryOptions:
+    """How to get summaries: read stored ones (`use_stored`), write the cache (`write_cache`),
+    keep only some ranks (`ranks`), and the engine of the map."""
+
+    use_stored: bool = True
+    write_cache: bool = True
+    ranks: list[int] | None = None
+    engine: Engine = field(default_factory=LocalEngine)
+
+
+@dataclass
+class SummarySources:
+    """How many ranks came from in-job summaries, the cache, and the map."""
+
+    in_job: int = 0
+    cache: int = 0
+    mapped: int = 0
+
+
+@dataclass(frozen=True)
+class SummaryRun:
+    """The Report and where its summaries came from."""
+
+    report: Report
+    summaries: list[RankSummary]
+    sources: SummarySources
+
+
+def _stored_for(
+    trace: Path, fp: TraceFingerprint, manifest_rank: int | None, contexts: RunContexts
+) -> tuple[RankSummary, str] | None:
+    """The stored summary matching `trace` (in-job, else cache) and its origin; None: a miss."""
+    stored = read_stored(summary_path_for(trace))
+    if stored is not None and stored.trace.same_content(fp):
+        summary = _decoded(stored)
+        if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
+            ctx = contexts.for_rank(summary.rank)
+            summary = (
+                apply_context(summary, ctx) if stored.context_key == EMPTY_CONTEXT_KEY else None
+            )
+        if summary is not None:
+            return msgspec.structs.replace(summary, source=str(trace)), "in-job"
+    for place in cache_path_for(trace):
+        stored = read_stored(place)
+        if (
+            stored is None
+            or stored.trace != fp
+            or stored.zdiag_version != __version__
+            or stored.context_key != contexts.key(stored.rank, manifest_rank)
+        ):
+            continue
+        summary = _decoded(stored)
+        if summary is not None:
+            return msgspec.structs.replace(summary, source=str(trace)), "cache"
+    return None
+
+
+def _decoded(stored: StoredSummary) -> RankSummary | None:
+    try:
+        return stored.decoded()
+    except ValueError:
+        return None
+
+
+def _write_cache(out: MapOutput) -> None:
+    """Write one map output to the cache (beside the trace, else the user cache); silent when
+    neither place can be written (the cache only saves time)."""
+    for place in cache_path_for(Path(out.path), for_writing=True):
+        write_stored(
+            place,
+            StoredSummary(
+                rank=out.rank, trace=out.trace, context_key=out.context_key, summary=out.summary
+            ),
+        )
+
+
+def analyze_via_summaries(
+    paths: list[Path], options: SummaryOptions | None = None, *, progress: Progress | None = None
+) -> SummaryRun:
+    """The Report of the traces under `paths`, from stored summaries where they match and the
+    map elsewhere (see the module docstring)."""
+    options = options or SummaryOptions()
+    found = discover([Path(p) for p in paths])
+    warnings = list(found.warnings)
+    manifest_map = (
+        manifest_ranks(found.manifest, found.run_dir, warnings)
+        if found.manifest and found.run_dir
+        else {}
+    )
+    contexts = RunContexts.of(found.manifest)
+    sources = SummarySources()
+    by_path: dict[str, RankSummary] = {}
+    tasks: list[MapTask] = []
+    missing_bytes = 0
+    total = len(found.traces)
+    for i, trace in enumerate(found.traces):
+        manifest_rank = manifest_map.get(trace.resolve())
+        hit = None
+        if options.use_stored:
+            try:
+                hit = _stored_for(trace, fingerprint(trace), manifest_rank, contexts)
+            except OSError:
+                hit = None
+        if hit is not None:
+            by_path[str(trace)] = hit[0]
+            if hit[1] == "in-job":
+                sources.in_job += 1
+            else:
+                sources.cache += 1
+            if progress:
+                progress(i + 1, total, f"{hit[1]} {trace.name}")
+            continue
+        tasks.append(MapTask(str(trace), manifest_rank, contexts))
+        missing_bytes += _json_bytes(trace)
+    outputs: list[MapOutput] = []
+    for done, out in enumerate(options.engine.run(tasks, missing_bytes), start=1):
+        outputs.append(out)
+        if progress:
+            progress(len(by_path) + done, total, Path(out.path).name)
+    if outputs and not by_path and all(o.events == 0 for o in outputs):
+        names = ", ".join(o.path for o in outputs[:3])
+        raise InputError(
+            f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
+            "its schedule reached an active step and that prof.step() is called)."
+        )
+    for out in outputs:
+        by_path[out.path] = decode_summary(out.summary)
+        sources.mapped += 1
+        if options.write_cache and out.events:
+            _write_cache(out)
+    summaries = [by_path[str(t)] for t in found.traces]
+    summaries.sort(key=lambda s: (s.rank, s.source))
+    run = run_level_data(found, [s.rank for s in summaries], warnings)
+    if options.ranks:
+        present = {s.rank for s in summaries}
+        missing = sorted(set(options.ranks) - present)
+        if missing:
+            have = ", ".join(str(s.rank) for s in summaries)
+            raise InputError(
+                f"rank(s) {', '.join(map(str, missing))} not found in the input (it has "
+                f"rank(s) {have}); pick one of those with --rank."
+            )
+        summaries = [s for s in summaries if s.rank in set(options.ranks)]
+    reduction = reduce_run(summaries, run_facts(run, summaries))
+    return SummaryRun(report=reduction.report, summaries=summaries, sources=sources)
