@@ -179,3 +179,38 @@ def decode_summary(data: bytes) -> RankSummary:
             f"unsupported rank-summary schema {summary.schema!r} (want {SUMMARY_SCHEMA})"
         )
     return summary
+
+
+class _TimelineHead(msgspec.Struct, kw_only=True):
+    """A StepTimeline's rank and step, its spans skipped by the decoder."""
+
+    rank: int
+    step: int
+    truncated: bool = False
+
+
+class _SummaryWithoutSpans(RankSummary, kw_only=True):
+    """A RankSummary decoded with its timeline's spans skipped (same encoding)."""
+
+    timeline: _TimelineHead | None = None  # type: ignore[assignment]
+
+
+_HEAD_DECODER = msgspec.msgpack.Decoder(_SummaryWithoutSpans)
+
+
+def decode_summary_without_spans(data: bytes) -> RankSummary:
+    """`decode_summary`, except that the timeline keeps its rank and step but no spans (a
+    summary's timeline is most of its size; the reduce shows a few ranks' timelines only:
+    decode those with `decode_summary`). ValueError as decode_summary."""
+    try:
+        head = _HEAD_DECODER.decode(zlib.decompress(data))
+    except (zlib.error, msgspec.DecodeError) as exc:
+        raise ValueError(f"not a zdiag rank summary ({exc})") from exc
+    if head.schema != SUMMARY_SCHEMA:
+        raise ValueError(f"unsupported rank-summary schema {head.schema!r} (want {SUMMARY_SCHEMA})")
+    fields = {f: getattr(head, f) for f in head.__struct_fields__ if f != "timeline"}
+    tl = head.timeline
+    timeline = (
+        None if tl is None else StepTimeline(rank=tl.rank, step=tl.step, truncated=tl.truncated)
+    )
+    return RankSummary(**fields, timeline=timeline)

@@ -31,7 +31,7 @@ from zdiag.analyzers.pipeline import (
 )
 from zdiag.analyzers.reduce import reduce_run
 from zdiag.analyzers.report import Report
-from zdiag.analyzers.summary import RankSummary, decode_summary
+from zdiag.analyzers.summary import RankSummary, decode_summary, decode_summary_without_spans
 from zdiag.analyzers.summary_engines import Engine, LocalEngine
 from zdiag.analyzers.summary_map import MapOutput, MapTask, RunContexts
 from zdiag.analyzers.summary_store import (
@@ -45,6 +45,7 @@ from zdiag.analyzers.summary_store import (
     summary_path_for,
     write_stored,
 )
+from zdiag.analyzers.timeline import select_timelines
 from zdiag.errors import InputError
 
 
@@ -77,20 +78,29 @@ class SummaryRun:
     sources: SummarySources
 
 
+@dataclass(frozen=True)
+class _Found:
+    """A summary decoded without its timeline's spans, and its encoded bytes (for the spans)."""
+
+    summary: RankSummary
+    encoded: bytes
+    origin: str
+
+
 def _stored_for(
     trace: Path, fp: TraceFingerprint, manifest_rank: int | None, contexts: RunContexts
-) -> tuple[RankSummary, str] | None:
-    """The stored summary matching `trace` (in-job, else cache) and its origin; None: a miss."""
+) -> _Found | None:
+    """The stored summary matching `trace` (in-job, else cache); None: a miss."""
     stored = read_stored(summary_path_for(trace))
     if stored is not None and stored.trace.same_content(fp):
-        summary = _decoded(stored)
+        summary = _decoded(stored.summary)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
             ctx = contexts.for_rank(summary.rank)
             summary = (
                 apply_context(summary, ctx) if stored.context_key == EMPTY_CONTEXT_KEY else None
             )
         if summary is not None:
-            return msgspec.structs.replace(summary, source=str(trace)), "in-job"
+            return _Found(_with_source(summary, trace), stored.summary, "in-job")
     for place in cache_path_for(trace):
         stored = read_stored(place)
         if (
@@ -100,17 +110,36 @@ def _stored_for(
             or stored.context_key != contexts.key(stored.rank, manifest_rank)
         ):
             continue
-        summary = _decoded(stored)
+        summary = _decoded(stored.summary)
         if summary is not None:
-            return msgspec.structs.replace(summary, source=str(trace)), "cache"
+            return _Found(_with_source(summary, trace), stored.summary, "cache")
     return None
 
 
-def _decoded(stored: StoredSummary) -> RankSummary | None:
+def _with_source(summary: RankSummary, trace: Path) -> RankSummary:
+    """The summary naming the trace as this analysis was given it."""
+    return msgspec.structs.replace(summary, source=str(trace))
+
+
+def _decoded(encoded: bytes) -> RankSummary | None:
     try:
-        return stored.decoded()
+        return decode_summary_without_spans(encoded)
     except ValueError:
         return None
+
+
+def _with_timelines(summaries: list[RankSummary], encoded: dict[str, bytes]) -> list[RankSummary]:
+    """The summaries, those whose timelines the Report shows (`select_timelines`) with their
+    spans decoded: the others keep their timeline's rank and step only."""
+    heads = [s.timeline for s in summaries if s.timeline is not None]
+    chosen = select_timelines(heads, {s.rank: list(s.steps) for s in summaries})
+    wanted = {(tl.rank, tl.step) for tl in chosen}
+    out = []
+    for s in summaries:
+        if s.timeline is not None and (s.timeline.rank, s.timeline.step) in wanted:
+            s = msgspec.structs.replace(s, timeline=decode_summary(encoded[s.source]).timeline)
+        out.append(s)
+    return out
 
 
 def _write_cache(out: MapOutput) -> None:
@@ -141,6 +170,7 @@ def analyze_via_summaries(
     contexts = RunContexts.of(found.manifest)
     sources = SummarySources()
     by_path: dict[str, RankSummary] = {}
+    encoded: dict[str, bytes] = {}
     tasks: list[MapTask] = []
     missing_bytes = 0
     total = len(found.traces)
@@ -153,13 +183,14 @@ def analyze_via_summaries(
             except OSError:
                 hit = None
         if hit is not None:
-            by_path[str(trace)] = hit[0]
-            if hit[1] == "in-job":
+            by_path[str(trace)] = hit.summary
+            encoded[str(trace)] = hit.encoded
+            if hit.origin == "in-job":
                 sources.in_job += 1
             else:
                 sources.cache += 1
             if progress:
-                progress(i + 1, total, f"{hit[1]} {trace.name}")
+                progress(i + 1, total, f"{hit.origin} {trace.name}")
             continue
         tasks.append(MapTask(str(trace), manifest_rank, contexts))
         missing_bytes += _json_bytes(trace)
@@ -175,7 +206,8 @@ def analyze_via_summaries(
             "its schedule reached an active step and that prof.step() is called)."
         )
     for out in outputs:
-        by_path[out.path] = decode_summary(out.summary)
+        by_path[out.path] = decode_summary_without_spans(out.summary)
+        encoded[out.path] = out.summary
         sources.mapped += 1
         if options.write_cache and out.events:
             _write_cache(out)
@@ -192,5 +224,6 @@ def analyze_via_summaries(
                 f"rank(s) {have}); pick one of those with --rank."
             )
         summaries = [s for s in summaries if s.rank in set(options.ranks)]
+    summaries = _with_timelines(summaries, encoded)
     reduction = reduce_run(summaries, run_facts(run, summaries))
     return SummaryRun(report=reduction.report, summaries=summaries, sources=sources)
