@@ -23,7 +23,14 @@ from zdiag.render.format import (
     unit_label,
 )
 from zdiag.render.renderer import Destination, Renderer
-from zdiag.render.stats import RankStats, RankView, detailed_ranks, rank_stats, worst_first
+from zdiag.render.stats import (
+    LARGE_RUN_RANKS,
+    RankStats,
+    RankView,
+    detailed_ranks,
+    rank_stats,
+    worst_first,
+)
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -174,6 +181,10 @@ def _rank_overview(ranks: Sequence[RankView]) -> list[str]:
 
 def render_text(report: Report) -> str:
     """The report as plain text, ending with a newline."""
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
+        from zdiag.render.text_large_run import render_large_run_text
+
+        return render_large_run_text(report)
     out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
     if report.run:
         bits = [f"{k}={v}" for k, v in report.run.items() if isinstance(v, str | int | float)]
