@@ -23,6 +23,7 @@ NICENESS = 19
 
 def summarize_to(trace: Path, out: Path) -> None:
     """Summarize `trace` into `out` (InputError when the trace cannot be read)."""
+    from zdiag.analyzers.summary import inflate_summary
     from zdiag.analyzers.summary_map import MapTask, RunContexts, map_trace
     from zdiag.analyzers.summary_store import (
         EMPTY_CONTEXT_KEY,
@@ -35,7 +36,10 @@ def summarize_to(trace: Path, out: Path) -> None:
     if fingerprint(trace) != result.trace:
         raise InputError(f"{trace}: the trace changed while it was summarized; nothing written.")
     stored = StoredSummary(
-        rank=result.rank, trace=result.trace, context_key=EMPTY_CONTEXT_KEY, summary=result.summary
+        rank=result.rank,
+        trace=result.trace,
+        context_key=EMPTY_CONTEXT_KEY,
+        summary_msgpack=inflate_summary(result.summary),
     )
     if not write_stored(out, stored):
         raise InputError(f"{out}: cannot be written; no summary for {trace}.")

@@ -167,11 +167,11 @@ def encode_summary(summary: RankSummary) -> bytes:
     return zlib.compress(_ENCODER.encode(summary), ZLIB_LEVEL)
 
 
-def decode_summary(data: bytes) -> RankSummary:
-    """A summary from `encode_summary`'s bytes; ValueError when they are not a
-    `zdiag.rank-summary/1` summary."""
+def decode_summary(data: bytes, *, compressed: bool = True) -> RankSummary:
+    """A summary from `encode_summary`'s bytes (`summary_msgpack`'s with compressed=False);
+    ValueError when they are not a `zdiag.rank-summary/1` summary."""
     try:
-        summary = _DECODER.decode(zlib.decompress(data))
+        summary = _DECODER.decode(zlib.decompress(data) if compressed else data)
     except (zlib.error, msgspec.DecodeError) as exc:
         raise ValueError(f"not a zdiag rank summary ({exc})") from exc
     if summary.schema != SUMMARY_SCHEMA:
@@ -198,12 +198,28 @@ class _SummaryWithoutSpans(RankSummary, kw_only=True):
 _HEAD_DECODER = msgspec.msgpack.Decoder(_SummaryWithoutSpans)
 
 
-def decode_summary_without_spans(data: bytes) -> RankSummary:
+def summary_msgpack(summary: RankSummary) -> bytes:
+    """The summary as uncompressed msgpack (`encode_summary` without zlib), for stores that
+    decode it often: `decode_summary_without_spans(data, compressed=False)` then skips the
+    timeline's spans without inflating them."""
+    return _ENCODER.encode(summary)
+
+
+def inflate_summary(data: bytes) -> bytes:
+    """`encode_summary` bytes as `summary_msgpack` bytes (ValueError when not zlib data)."""
+    try:
+        return zlib.decompress(data)
+    except zlib.error as exc:
+        raise ValueError(f"not a zdiag rank summary ({exc})") from exc
+
+
+def decode_summary_without_spans(data: bytes, *, compressed: bool = True) -> RankSummary:
     """`decode_summary`, except that the timeline keeps its rank and step but no spans (a
     summary's timeline is most of its size; the reduce shows a few ranks' timelines only:
-    decode those with `decode_summary`). ValueError as decode_summary."""
+    decode those with `decode_summary`). `compressed=False` reads `summary_msgpack` bytes.
+    ValueError as decode_summary."""
     try:
-        head = _HEAD_DECODER.decode(zlib.decompress(data))
+        head = _HEAD_DECODER.decode(zlib.decompress(data) if compressed else data)
     except (zlib.error, msgspec.DecodeError) as exc:
         raise ValueError(f"not a zdiag rank summary ({exc})") from exc
     if head.schema != SUMMARY_SCHEMA:

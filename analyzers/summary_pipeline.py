@@ -31,7 +31,12 @@ from zdiag.analyzers.pipeline import (
 )
 from zdiag.analyzers.reduce import reduce_run
 from zdiag.analyzers.report import Report
-from zdiag.analyzers.summary import RankSummary, decode_summary, decode_summary_without_spans
+from zdiag.analyzers.summary import (
+    RankSummary,
+    decode_summary,
+    decode_summary_without_spans,
+    inflate_summary,
+)
 from zdiag.analyzers.summary_engines import Engine, LocalEngine
 from zdiag.analyzers.summary_map import MapOutput, MapTask, RunContexts
 from zdiag.analyzers.summary_store import (
@@ -39,7 +44,8 @@ from zdiag.analyzers.summary_store import (
     StoredSummary,
     TraceFingerprint,
     apply_context,
-    cache_path_for,
+    cache_candidates,
+    cache_path_for_writing,
     fingerprint,
     read_stored,
     summary_path_for,
@@ -80,7 +86,7 @@ class SummaryRun:
 
 @dataclass(frozen=True)
 class _Found:
-    """A summary decoded without its timeline's spans, and its encoded bytes (for the spans)."""
+    """A summary decoded without its timeline's spans, and its msgpack bytes (for the spans)."""
 
     summary: RankSummary
     encoded: bytes
@@ -93,15 +99,15 @@ def _stored_for(
     """The stored summary matching `trace` (in-job, else cache); None: a miss."""
     stored = read_stored(summary_path_for(trace))
     if stored is not None and stored.trace.same_content(fp):
-        summary = _decoded(stored.summary)
+        summary = _decoded(stored.summary_msgpack)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
             ctx = contexts.for_rank(summary.rank)
             summary = (
                 apply_context(summary, ctx) if stored.context_key == EMPTY_CONTEXT_KEY else None
             )
         if summary is not None:
-            return _Found(_with_source(summary, trace), stored.summary, "in-job")
-    for place in cache_path_for(trace):
+            return _Found(_with_source(summary, trace), stored.summary_msgpack, "in-job")
+    for place in cache_candidates(trace):
         stored = read_stored(place)
         if (
             stored is None
@@ -110,9 +116,9 @@ def _stored_for(
             or stored.context_key != contexts.key(stored.rank, manifest_rank)
         ):
             continue
-        summary = _decoded(stored.summary)
+        summary = _decoded(stored.summary_msgpack)
         if summary is not None:
-            return _Found(_with_source(summary, trace), stored.summary, "cache")
+            return _Found(_with_source(summary, trace), stored.summary_msgpack, "cache")
     return None
 
 
@@ -121,9 +127,9 @@ def _with_source(summary: RankSummary, trace: Path) -> RankSummary:
     return msgspec.structs.replace(summary, source=str(trace))
 
 
-def _decoded(encoded: bytes) -> RankSummary | None:
+def _decoded(raw: bytes) -> RankSummary | None:
     try:
-        return decode_summary_without_spans(encoded)
+        return decode_summary_without_spans(raw, compressed=False)
     except ValueError:
         return None
 
@@ -137,19 +143,21 @@ def _with_timelines(summaries: list[RankSummary], encoded: dict[str, bytes]) -> 
     out = []
     for s in summaries:
         if s.timeline is not None and (s.timeline.rank, s.timeline.step) in wanted:
-            s = msgspec.structs.replace(s, timeline=decode_summary(encoded[s.source]).timeline)
+            full = decode_summary(encoded[s.source], compressed=False)
+            s = msgspec.structs.replace(s, timeline=full.timeline)
         out.append(s)
     return out
 
 
-def _write_cache(out: MapOutput) -> None:
+def _write_cache(out: MapOutput, raw: bytes) -> None:
     """Write one map output to the cache (beside the trace, else the user cache); silent when
     neither place can be written (the cache only saves time)."""
-    for place in cache_path_for(Path(out.path), for_writing=True):
+    place = cache_path_for_writing(Path(out.path))
+    if place is not None:
         write_stored(
             place,
             StoredSummary(
-                rank=out.rank, trace=out.trace, context_key=out.context_key, summary=out.summary
+                rank=out.rank, trace=out.trace, context_key=out.context_key, summary_msgpack=raw
             ),
         )
 
@@ -206,11 +214,12 @@ def analyze_via_summaries(
             "its schedule reached an active step and that prof.step() is called)."
         )
     for out in outputs:
-        by_path[out.path] = decode_summary_without_spans(out.summary)
-        encoded[out.path] = out.summary
+        raw = inflate_summary(out.summary)
+        by_path[out.path] = decode_summary_without_spans(raw, compressed=False)
+        encoded[out.path] = raw
         sources.mapped += 1
         if options.write_cache and out.events:
-            _write_cache(out)
+            _write_cache(out, raw)
     summaries = [by_path[str(t)] for t in found.traces]
     summaries.sort(key=lambda s: (s.rank, s.source))
     run = run_level_data(found, [s.rank for s in summaries], warnings)

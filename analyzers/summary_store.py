@@ -1,10 +1,11 @@
 """Stored rank summaries: in-job summaries beside a trace, and the summary cache of any folder.
 
 A stored summary (`StoredSummary`, msgpack, kind `zdiag.stored-summary/1`) is a `RankSummary`
-(`encode_summary` bytes) plus what it was computed from:
+(`summary_msgpack` bytes: uncompressed, so that the reduce can skip the timelines it does not
+show without inflating them; ~80 KB a rank where zlib would make 30 KB) plus what it was computed from:
 
-- the trace's **fingerprint** (`TraceFingerprint`): its size, its mtime (ns) and a BLAKE2b digest
-  of its size and its first and last `FINGERPRINT_EDGE_BYTES` (64 KiB each). Reading 128 KiB per
+- the trace's **fingerprint** (`TraceFingerprint`): its size, its mtime (ns) and a SHA-1 digest
+  (a checksum here, not a security measure) of its size and its first and last `FINGERPRINT_EDGE_BYTES` (64 KiB each). Reading 128 KiB per
   rank keeps the check cheap (1024 ranks: 128 MiB); a gzip trace's last bytes hold the CRC-32 and
   length of the whole content, and an uncompressed Kineto trace ends with its last events;
 - the summary schema (`SUMMARY_SCHEMA`) and the zdiag version that computed it;
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -54,8 +56,9 @@ __all__ = [
     "StoredSummary",
     "TraceFingerprint",
     "apply_context",
+    "cache_candidates",
     "cache_disabled_by_env",
-    "cache_path_for",
+    "cache_path_for_writing",
     "context_key",
     "fingerprint",
     "read_stored",
@@ -85,11 +88,12 @@ class StoredSummary(msgspec.Struct, kw_only=True):
     rank: int
     trace: TraceFingerprint
     context_key: str
-    summary: bytes  # encode_summary()
+    summary_msgpack: bytes  # summary.summary_msgpack(): uncompressed, so that reading many
+    # summaries skips their timelines' spans without inflating them
 
     def decoded(self) -> RankSummary:
         """The RankSummary (ValueError when its bytes are damaged)."""
-        return decode_summary(self.summary)
+        return decode_summary(self.summary_msgpack, compressed=False)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -100,7 +104,7 @@ def fingerprint(path: Path) -> TraceFingerprint:
     """The fingerprint of a trace file (OSError when it cannot be read)."""
     with path.open("rb") as f:
         st = os.fstat(f.fileno())
-        h = hashlib.blake2b(str(st.st_size).encode(), digest_size=16)
+        h = hashlib.sha1(str(st.st_size).encode(), usedforsecurity=False)
         h.update(f.read(FINGERPRINT_EDGE_BYTES))
         if st.st_size > FINGERPRINT_EDGE_BYTES:
             f.seek(max(FINGERPRINT_EDGE_BYTES, st.st_size - FINGERPRINT_EDGE_BYTES))
@@ -157,28 +161,34 @@ def user_cache_dir() -> Path:
     return Path(base) / "zdiag"
 
 
-def cache_path_for(trace: Path, *, for_writing: bool = False) -> list[Path]:
-    """Where the cache entry of `trace` may be: beside it, then the user cache directory.
-
-    With `for_writing`, the one place to write: beside the trace when its folder is writable
-    (creating `.zdiag-cache/`), else the user cache directory; [] when neither can be created.
-    """
-    beside = trace.parent / CACHE_DIR_NAME / (trace.name + CACHE_SUFFIX)
+def _user_cache_entry(trace: Path) -> Path:
     key = hashlib.blake2b(str(trace.resolve()).encode(), digest_size=16).hexdigest()
-    user = user_cache_dir() / (key + CACHE_SUFFIX)
-    if not for_writing:
-        return [beside, user]
+    return user_cache_dir() / (key + CACHE_SUFFIX)
+
+
+def cache_candidates(trace: Path) -> Iterator[Path]:
+    """Where the cache entry of `trace` may be: beside it, then the user cache directory (the
+    second is computed only when the first is asked past)."""
+    yield trace.parent / CACHE_DIR_NAME / (trace.name + CACHE_SUFFIX)
+    yield _user_cache_entry(trace)
+
+
+def cache_path_for_writing(trace: Path) -> Path | None:
+    """Where to write the cache entry of `trace`: beside it when its folder is writable
+    (creating `.zdiag-cache/`), else the user cache directory; None when neither can be made."""
+    beside = trace.parent / CACHE_DIR_NAME / (trace.name + CACHE_SUFFIX)
     if os.access(trace.parent, os.W_OK):
         try:
             beside.parent.mkdir(exist_ok=True)
-            return [beside]
+            return beside
         except OSError:
             pass
+    user = _user_cache_entry(trace)
     try:
         user.parent.mkdir(parents=True, exist_ok=True)
-        return [user]
+        return user
     except OSError:
-        return []
+        return None
 
 
 def read_stored(path: Path) -> StoredSummary | None:

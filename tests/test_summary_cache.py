@@ -120,7 +120,7 @@ def test_entries_of_another_version_or_damaged_are_misses(tmp_path: Path) -> Non
         rank=2,
         trace=old.trace,
         context_key=old.context_key,
-        summary=old.summary,
+        summary_msgpack=old.summary_msgpack,
     )
     assert write_stored(job / CACHE_DIR_NAME / "rank-2.json.zds", other)
     assert _sources([job]) == (0, 1, 3)
