@@ -30,7 +30,7 @@ from zdiag.analyzers.pipeline import (
     run_level_data,
 )
 from zdiag.analyzers.reduce import reduce_run
-from zdiag.analyzers.report import Report
+from zdiag.analyzers.report import Report, StepTimeline
 from zdiag.analyzers.summary import (
     RankSummary,
     decode_summary,
@@ -86,10 +86,11 @@ class SummaryRun:
 
 @dataclass(frozen=True)
 class _Found:
-    """A summary decoded without its timeline's spans, and its msgpack bytes (for the spans)."""
+    """A summary decoded without its timeline's spans, and the file it came from (read again
+    for the spans of the few timelines the Report shows)."""
 
     summary: RankSummary
-    encoded: bytes
+    stored_at: Path
     origin: str
 
 
@@ -97,7 +98,8 @@ def _stored_for(
     trace: Path, fp: TraceFingerprint, manifest_rank: int | None, contexts: RunContexts
 ) -> _Found | None:
     """The stored summary matching `trace` (in-job, else cache); None: a miss."""
-    stored = read_stored(summary_path_for(trace))
+    beside = summary_path_for(trace)
+    stored = read_stored(beside)
     if stored is not None and stored.trace.same_content(fp):
         summary = _decoded(stored.summary_msgpack)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
@@ -106,7 +108,7 @@ def _stored_for(
                 apply_context(summary, ctx) if stored.context_key == EMPTY_CONTEXT_KEY else None
             )
         if summary is not None:
-            return _Found(_with_source(summary, trace), stored.summary_msgpack, "in-job")
+            return _Found(_with_source(summary, trace), beside, "in-job")
     for place in cache_candidates(trace):
         stored = read_stored(place)
         if (
@@ -118,7 +120,7 @@ def _stored_for(
             continue
         summary = _decoded(stored.summary_msgpack)
         if summary is not None:
-            return _Found(_with_source(summary, trace), stored.summary_msgpack, "cache")
+            return _Found(_with_source(summary, trace), place, "cache")
     return None
 
 
@@ -134,19 +136,35 @@ def _decoded(raw: bytes) -> RankSummary | None:
         return None
 
 
-def _with_timelines(summaries: list[RankSummary], encoded: dict[str, bytes]) -> list[RankSummary]:
+def _with_timelines(
+    summaries: list[RankSummary], encoded: dict[str, bytes | Path]
+) -> list[RankSummary]:
     """The summaries, those whose timelines the Report shows (`select_timelines`) with their
-    spans decoded: the others keep their timeline's rank and step only."""
+    spans decoded (from the map's bytes, or the stored file read again): the others keep their
+    timeline's rank and step only."""
     heads = [s.timeline for s in summaries if s.timeline is not None]
     chosen = select_timelines(heads, {s.rank: list(s.steps) for s in summaries})
     wanted = {(tl.rank, tl.step) for tl in chosen}
     out = []
     for s in summaries:
         if s.timeline is not None and (s.timeline.rank, s.timeline.step) in wanted:
-            full = decode_summary(encoded[s.source], compressed=False)
-            s = msgspec.structs.replace(s, timeline=full.timeline)
+            s = msgspec.structs.replace(s, timeline=_full_timeline(encoded[s.source]))
         out.append(s)
     return out
+
+
+def _full_timeline(where: bytes | Path) -> StepTimeline | None:
+    """The timeline with its spans, from msgpack bytes or a stored summary file (None when the
+    file changed meanwhile)."""
+    if isinstance(where, Path):
+        stored = read_stored(where)
+        if stored is None:
+            return None
+        where = stored.summary_msgpack
+    try:
+        return decode_summary(where, compressed=False).timeline
+    except ValueError:
+        return None
 
 
 def _write_cache(out: MapOutput, raw: bytes) -> None:
@@ -178,7 +196,7 @@ def analyze_via_summaries(
     contexts = RunContexts.of(found.manifest)
     sources = SummarySources()
     by_path: dict[str, RankSummary] = {}
-    encoded: dict[str, bytes] = {}
+    encoded: dict[str, bytes | Path] = {}
     tasks: list[MapTask] = []
     missing_bytes = 0
     total = len(found.traces)
@@ -192,7 +210,7 @@ def analyze_via_summaries(
                 hit = None
         if hit is not None:
             by_path[str(trace)] = hit.summary
-            encoded[str(trace)] = hit.encoded
+            encoded[str(trace)] = hit.stored_at
             if hit.origin == "in-job":
                 sources.in_job += 1
             else:

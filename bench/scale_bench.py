@@ -74,6 +74,7 @@ def measure(job: Path, files: list[str], workers: int, mode: str, ray: bool) -> 
     result: dict[str, object] = json.loads(out.decode().strip().splitlines()[-1])
     result["wall_s"] = round(wall, 2)
     result["maxrss_mb"] = round(usage.ru_maxrss / 1024, 1)
+    result["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 2)  # the child and its children
     return result
 
 
