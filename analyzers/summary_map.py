@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
-from zdiag.analyzers.summary import encode_summary, summarize
+from zdiag.analyzers.remote_traces import fetched, is_url
+from zdiag.analyzers.summary import decode_summary, encode_summary, summarize
 from zdiag.analyzers.summary_store import TraceFingerprint, context_key, fingerprint
 from zdiag.collectors.rundir import Manifest, check_rank
 
@@ -113,7 +116,15 @@ def assign_rank(trace: RankTrace, manifest_rank: int | None, world_size: int | N
 
 
 def map_trace(task: MapTask) -> MapOutput:
-    """The map on one trace file (see the module docstring); InputError for a bad trace."""
+    """The map on one trace file (see the module docstring); InputError for a bad trace.
+    A URL (`s3://...`, remote_traces.py) is copied to a local temporary file first."""
+    if is_url(task.path):
+        with fetched(task.path) as local:
+            out = map_trace(MapTask(str(local), task.manifest_rank, task.contexts, 1))
+        summary = msgspec.structs.replace(decode_summary(out.summary), source=task.path)
+        return MapOutput(
+            task.path, out.rank, encode_summary(summary), out.trace, out.context_key, out.events
+        )
     path = Path(task.path)
     before = fingerprint(path)
     trace = load_rank_trace(path, workers=task.decode_workers)

@@ -29,7 +29,8 @@ from zdiag.analyzers.pipeline import (
     run_facts,
     run_level_data,
 )
-from zdiag.analyzers.reduce import reduce_run
+from zdiag.analyzers.reduce import RunFacts, reduce_run
+from zdiag.analyzers.remote_traces import is_url, list_remote_traces
 from zdiag.analyzers.report import Report, StepTimeline
 from zdiag.analyzers.summary import (
     RankSummary,
@@ -180,13 +181,56 @@ def _write_cache(out: MapOutput, raw: bytes) -> None:
         )
 
 
+def _analyze_urls(
+    urls: list[str], options: SummaryOptions, progress: Progress | None
+) -> SummaryRun:
+    """Traces in object storage: every one mapped (no stored summary), no manifest."""
+    files = [t for u in urls for t in list_remote_traces(u)]
+    contexts = RunContexts()
+    outputs = []
+    for done, out in enumerate(
+        options.engine.run([MapTask(f, None, contexts) for f in files], 0), start=1
+    ):
+        outputs.append(out)
+        if progress:
+            progress(done, len(files), out.path)
+    if all(o.events == 0 for o in outputs):
+        raise InputError(
+            f"{files[0]}: the traces hold no timed events; the profiler recorded nothing."
+        )
+    raw = {o.path: inflate_summary(o.summary) for o in outputs}
+    summaries = sorted(
+        (decode_summary_without_spans(raw[f], compressed=False) for f in files),
+        key=lambda s: (s.rank, s.source),
+    )
+    if options.ranks:
+        summaries = [s for s in summaries if s.rank in set(options.ranks)]
+    summaries = _with_timelines(summaries, dict(raw))
+    facts = RunFacts(inputs=tuple(files))
+    report = reduce_run(summaries, facts).report
+    return SummaryRun(
+        report=report, summaries=summaries, sources=SummarySources(mapped=len(outputs))
+    )
+
+
 def analyze_via_summaries(
-    paths: list[Path], options: SummaryOptions | None = None, *, progress: Progress | None = None
+    paths: list[Path] | list[str],
+    options: SummaryOptions | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> SummaryRun:
     """The Report of the traces under `paths`, from stored summaries where they match and the
     map elsewhere (see the module docstring)."""
     options = options or SummaryOptions()
-    found = discover([Path(p) for p in paths])
+    urls = [str(p) for p in paths if is_url(p)]
+    local_paths = [Path(p) for p in paths if not is_url(p)]
+    if urls and not local_paths:
+        return _analyze_urls(urls, options, progress)
+    if urls:
+        raise InputError(
+            f"{urls[0]}: URLs and local paths cannot be mixed in one analysis; pass either."
+        )
+    found = discover(local_paths)
     warnings = list(found.warnings)
     manifest_map = (
         manifest_ranks(found.manifest, found.run_dir, warnings)

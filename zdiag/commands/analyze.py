@@ -58,8 +58,8 @@ class AnalyzeCommand:
             "paths",
             nargs="*",
             metavar="PATH",
-            type=Path,
-            help="trace files (.json, .json.gz), a run directory, or a folder of per-rank traces",
+            help="trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
+            "or a URL of traces in object storage (s3://..., read through fsspec)",
         )
         parser.add_argument(
             "--json", action="store_true", help="write the Report as JSON to stdout"
@@ -114,6 +114,7 @@ class AnalyzeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
+        from zdiag.analyzers.remote_traces import is_url
         from zdiag.analyzers.summary_engines import make_engine
         from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
         from zdiag.analyzers.summary_store import cache_disabled_by_env
@@ -145,13 +146,14 @@ class AnalyzeCommand:
                 )
                 if target is not None
             ],
-            inputs=list(args.paths),
+            inputs=[Path(p) for p in args.paths if not is_url(p)],
         )
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
         try:
-            report = analyze_via_summaries(list(args.paths), options, progress=progress).report
+            paths = [p if is_url(p) else Path(p) for p in args.paths]
+            report = analyze_via_summaries(paths, options, progress=progress).report
         finally:
             if progress is not None:
                 progress.close()
