@@ -1,6 +1,7 @@
 """`python -m zdiag.analyzers.summarize_trace TRACE OUT`: one rank's summary, made in the job.
 
-`zdiag run` starts this in a background process (at the lowest CPU priority, `nice -n 19`) right
+`zdiag run` starts this in a background process (at the lowest CPU priority: `nice -n 19`, then
+SCHED_IDLE on Linux) right
 after a rank exports its trace (collectors/session.py), so the training process never decodes a
 trace. It writes the trace's `StoredSummary` (summary_store.py) to OUT, normally the trace's
 `summary_path_for` (`traces/rank-N.summary.zds`), with the empty context: `zdiag analyze` uses
@@ -19,6 +20,20 @@ from pathlib import Path
 from zdiag.errors import InputError
 
 NICENESS = 19
+
+
+def lower_priority() -> None:
+    """The lowest CPU priority this process can take: Linux's SCHED_IDLE (runs only on a core
+    nothing else wants), else niceness 19 (the launcher already starts it under `nice -n 19`)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(NICENESS)
+    except (AttributeError, OSError):
+        pass
 
 
 def summarize_to(trace: Path, out: Path) -> None:
@@ -51,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m zdiag.analyzers.summarize_trace TRACE OUT", file=sys.stderr)
         return 2
-    try:
-        os.nice(NICENESS)
-    except (AttributeError, OSError):
-        pass
+    lower_priority()
     try:
         summarize_to(Path(args[0]), Path(args[1]))
     except InputError as exc:
