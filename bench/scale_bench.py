@@ -38,8 +38,10 @@ from pathlib import Path
 from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
 from zdiag.analyzers.summary_engines import LocalEngine, RayEngine
 path, files, workers = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+ray = path.endswith("@ray")
+path = path.removesuffix("@ray")
 inputs = [Path(f) for f in files] if files else [Path(path)]
-if path.endswith("@ray"):
+if ray:
     engine = RayEngine(num_cpus=workers)
 else:
     engine = LocalEngine(workers)
