@@ -49,11 +49,20 @@ def _is_trace_name(name: str) -> bool:
     return low.endswith(TRACE_SUFFIXES) and not any(x in low for x in _NOT_TRACES)
 
 
+def _filesystem(fsspec: Any, url: str) -> tuple[Any, str]:
+    """fsspec's filesystem for `url`; ConfigError when its package is missing (e.g. s3fs)."""
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise ConfigError(f"{url}: reading it needs another package ({exc}).") from None
+    return fs, root
+
+
 def list_remote_traces(url: str) -> list[str]:
     """The trace URLs under `url` (sorted); InputError when there is none or it cannot be read."""
     fsspec = _fsspec()
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        fs, root = _filesystem(fsspec, url)
         if fs.isfile(root):
             return [url]
         found = [p for p in fs.find(root) if _is_trace_name(PurePosixPath(p).name)]
@@ -75,8 +84,9 @@ def fetched(url: str) -> Iterator[Path]:
     fsspec = _fsspec()
     with tempfile.TemporaryDirectory(prefix="zdiag-fetch-") as tmp:
         local = Path(tmp) / PurePosixPath(url.split("://", 1)[1]).name
+        fs, root = _filesystem(fsspec, url)
         try:
-            with fsspec.open(url, "rb") as src, local.open("wb") as dst:
+            with fs.open(root, "rb") as src, local.open("wb") as dst:
                 shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
         except (OSError, ValueError) as exc:
             raise InputError(

@@ -47,3 +47,14 @@ def test_traces_in_object_storage_give_the_local_report(tmp_path: Path) -> None:
             analyze_via_summaries(["memory://zdiag-empty-job"])
     finally:
         fs.rm("/zdiag-test-job", recursive=True)
+
+
+def test_unknown_protocol_is_one_input_error() -> None:
+    with pytest.raises(InputError, match="cannot be listed"):
+        list_remote_traces("nosuchprotocol://bucket/job")
+
+
+def test_urls_and_local_paths_are_not_mixed(tmp_path: Path) -> None:
+    job = _job(tmp_path / "job", ranks=2, late=1)
+    with pytest.raises(InputError, match="cannot be mixed"):
+        analyze_via_summaries(["memory://x", job])
