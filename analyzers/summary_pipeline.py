@@ -141,8 +141,8 @@ def _with_timelines(
     summaries: list[RankSummary], encoded: dict[str, bytes | Path]
 ) -> list[RankSummary]:
     """The summaries, those whose timelines the Report shows (`select_timelines`) with their
-    spans decoded (from the map's bytes, or the stored file read again): the others keep their
-    timeline's rank and step only."""
+    spans decoded (from the map's compressed bytes, or the stored file read again): the others
+    keep their timeline's rank and step only."""
     heads = [s.timeline for s in summaries if s.timeline is not None]
     chosen = select_timelines(heads, {s.rank: list(s.steps) for s in summaries})
     wanted = {(tl.rank, tl.step) for tl in chosen}
@@ -155,15 +155,13 @@ def _with_timelines(
 
 
 def _full_timeline(where: bytes | Path) -> StepTimeline | None:
-    """The timeline with its spans, from msgpack bytes or a stored summary file (None when the
-    file changed meanwhile)."""
-    if isinstance(where, Path):
-        stored = read_stored(where)
-        if stored is None:
-            return None
-        where = stored.summary_msgpack
+    """The timeline with its spans, from a map output's `encode_summary` bytes or a stored
+    summary file (None when the file changed meanwhile)."""
     try:
-        return decode_summary(where, compressed=False).timeline
+        if isinstance(where, Path):
+            stored = read_stored(where)
+            return None if stored is None else stored.decoded().timeline
+        return decode_summary(where).timeline
     except ValueError:
         return None
 
@@ -198,14 +196,14 @@ def _analyze_urls(
         raise InputError(
             f"{files[0]}: the traces hold no timed events; the profiler recorded nothing."
         )
-    raw = {o.path: inflate_summary(o.summary) for o in outputs}
+    by_url = {o.path: o.summary for o in outputs}
     summaries = sorted(
-        (decode_summary_without_spans(raw[f], compressed=False) for f in files),
+        (decode_summary_without_spans(by_url[f]) for f in files),
         key=lambda s: (s.rank, s.source),
     )
     if options.ranks:
         summaries = [s for s in summaries if s.rank in set(options.ranks)]
-    summaries = _with_timelines(summaries, dict(raw))
+    summaries = _with_timelines(summaries, dict(by_url))
     facts = RunFacts(inputs=tuple(files))
     report = reduce_run(summaries, facts).report
     return SummaryRun(
@@ -278,7 +276,7 @@ def analyze_via_summaries(
     for out in outputs:
         raw = inflate_summary(out.summary)
         by_path[out.path] = decode_summary_without_spans(raw, compressed=False)
-        encoded[out.path] = raw
+        encoded[out.path] = out.summary  # compressed: the spans of a few are decoded later
         sources.mapped += 1
         if options.write_cache and out.events:
             _write_cache(out, raw)
