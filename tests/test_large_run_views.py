@@ -16,6 +16,7 @@ from zdiag.render.text import render_text
 from zdiag.render.text_large_run import MAX_LINES
 
 SLOW_HOST = "node17"  # ranks 136-143: their collectives take 3x longer
+HUNG_RANK = 1000
 
 
 def _big_report(ranks: int = 1024, steps: int = 20) -> Report:
@@ -24,6 +25,8 @@ def _big_report(ranks: int = 1024, steps: int = 20) -> Report:
     report = sample_report(ranks=ranks, steps=steps, timeline_spans=10)
     ranks_out = []
     for r in report.ranks:
+        if r.rank == HUNG_RANK:  # its trace stops after 12 of the 20 steps
+            r = msgspec.structs.replace(r, steps=r.steps[:12])
         if r.host == SLOW_HOST:
             r = msgspec.structs.replace(
                 r, steps=[msgspec.structs.replace(s, comm_ms=s.comm_ms * 3) for s in r.steps]
@@ -47,6 +50,7 @@ def test_large_run_stats_find_the_slow_rank_and_host(big: Report) -> None:
     assert len(st.heatmap) == HEATMAP_GROUPS
     assert (st.heatmap[0].first_rank, st.heatmap[-1].last_rank) == (0, 1023)
     assert st.step_ms is not None and st.step_ms.max > st.step_ms.p99 >= st.step_ms.p50
+    assert st.usual_step_count == 20 and st.short_ranks == ((HUNG_RANK, 12),)
 
 
 def test_text_of_1024_ranks_is_short_and_names_the_outliers(big: Report) -> None:
@@ -62,6 +66,10 @@ def test_text_of_1024_ranks_is_short_and_names_the_outliers(big: Report) -> None
     heat = [x for x in lines if re.match(r"\s+0-63\s+\|", x)]
     assert heat and set(heat[0].split("|")[1]) - {" "}
     assert not any(x.startswith("Rank ") for x in lines)  # no per-rank block
+    assert (
+        f"fewer steps than the usual 20 (trace ended early: hung, crashed or killed?): rank {HUNG_RANK} (12)"
+        in text
+    )
 
 
 def test_runs_below_the_threshold_keep_the_per_rank_layout() -> None:

@@ -225,6 +225,8 @@ class LargeRunStats:
     node_outliers: tuple[Outlier, ...]  # hosts by comm per step, the top TOP_K
     heatmap: tuple[HeatRow, ...]
     run_median_step_ms: float | None
+    usual_step_count: int = 0  # the most common number of steps per rank
+    short_ranks: tuple[tuple[int, int], ...] = ()  # (rank, steps) with fewer: stopped early?
 
 
 def _spread(values: Sequence[float]) -> Spread | None:
@@ -311,6 +313,9 @@ def large_run_stats(report: Report, top_k: int = TOP_K) -> LargeRunStats:
                     cells[i] = s.duration_ms
         heat.append(HeatRow(group[0].rank, group[-1].rank, tuple(cells)))
     all_steps = [s.duration_ms for r in ranks for s in r.steps]
+    counts = Counter(len(r.steps) for r in ranks)
+    usual = max(counts, key=lambda c: (counts[c], c)) if counts else 0
+    short = tuple((r.rank, len(r.steps)) for r in ranks if len(r.steps) < usual)
     return LargeRunStats(
         rank_count=len(ranks),
         steps=tuple(shown_steps),
@@ -322,4 +327,6 @@ def large_run_stats(report: Report, top_k: int = TOP_K) -> LargeRunStats:
         node_outliers=node_outliers,
         heatmap=tuple(heat),
         run_median_step_ms=statistics.median(all_steps) if all_steps else None,
+        usual_step_count=usual,
+        short_ranks=short,
     )

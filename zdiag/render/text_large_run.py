@@ -20,6 +20,7 @@ MAX_LINES = 150
 MAX_WARNING_LINES = 12
 MAX_FINDINGS = 8
 MAX_STRAGGLER_ROWS = 5
+MAX_SHORT_RANKS = 8
 SHADES = ((0.02, " "), (0.10, "."), (0.25, "+"), (float("inf"), "#"))
 """Heatmap cell: the group's slowest step time over the run's median step time, minus 1:
 below 2% blank, below 10% '.', below 25% '+', else '#'."""
@@ -174,6 +175,13 @@ def render_large_run_text(report: Report) -> str:
         _spread_line("step time per rank (median of its steps)", st.step_ms),
         _spread_line("exposed communication per rank and step", st.exposed_comm_ms),
     ]
+    if st.short_ranks:
+        shown = ", ".join(f"rank {r} ({n})" for r, n in st.short_ranks[:MAX_SHORT_RANKS])
+        more = len(st.short_ranks) - MAX_SHORT_RANKS
+        out.append(
+            f"  fewer steps than the usual {st.usual_step_count} (trace ended early: hung, "
+            f"crashed or killed?): {shown}" + (f" and {more} more" if more > 0 else "")
+        )
     out += _outlier_rows("Slowest ranks by median step time", st.slowest_ranks, _table)
     out += _outlier_rows("Most exposed communication per step", st.most_exposed_ranks, _table)
     out += _nodes(st, _table)
