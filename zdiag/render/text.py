@@ -24,7 +24,14 @@ from zdiag.render.format import (
 )
 from zdiag.render.memory_view import memory_lines
 from zdiag.render.renderer import Destination, Renderer
-from zdiag.render.stats import RankStats, RankView, detailed_ranks, rank_stats, worst_first
+from zdiag.render.stats import (
+    LARGE_RUN_RANKS,
+    RankStats,
+    RankView,
+    detailed_ranks,
+    rank_stats,
+    worst_first,
+)
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -175,6 +182,10 @@ def _rank_overview(ranks: Sequence[RankView]) -> list[str]:
 
 def render_text(report: Report) -> str:
     """The report as plain text, ending with a newline."""
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
+        from zdiag.render.text_large_run import render_large_run_text
+
+        return render_large_run_text(report)
     out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
     if report.run:
         bits = [f"{k}={v}" for k, v in report.run.items() if isinstance(v, str | int | float)]
