@@ -139,3 +139,27 @@ def test_failed_rename_leaves_the_old_file_and_no_temporary(
 def test_missing_folder_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         write_html(empty_report(), tmp_path / "nope" / "report.html")
+
+
+def test_memory_chart_units_follow_the_data() -> None:
+    """A CPU run's 20 MiB reads in MiB (not 0.02 GiB); a GPU near its 80 GiB capacity in GiB,
+    with the capacity line and the peak marked."""
+    from zdiag.analyzers.report import MemoryTimeline
+    from zdiag.render._html_figures import memory
+
+    mib, gib = 1024**2, 1024**3
+    small = MemoryTimeline(
+        rank=0, source="trace", times_ms=[0.0, 1.0, 2.0],
+        bytes_by_category={"ACTIVATION": [5 * mib, 20 * mib, 3 * mib]}, peak_bytes=20 * mib,
+    )  # fmt: skip
+    fig, _ = memory(small)
+    assert fig is not None and fig.layout.yaxis.title.text == "MiB"
+    assert [t for t in fig.data if t.name == "peak"][0].y == (20.0,)
+    big = MemoryTimeline(
+        rank=1, source="snapshot", times_ms=[0.0, 1.0],
+        bytes_by_category={"PARAMETER": [70 * gib, 76 * gib]}, peak_bytes=76 * gib,
+        capacity_bytes=80 * gib,
+    )  # fmt: skip
+    fig, _ = memory(big)
+    assert fig is not None and fig.layout.yaxis.title.text == "GiB"
+    assert [s.y0 for s in fig.layout.shapes] == [80.0]  # the capacity line

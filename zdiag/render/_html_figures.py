@@ -428,7 +428,8 @@ def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
 
 
 def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
-    """Stacked memory by category over time (GiB), capacity as a line; max per bucket if long."""
+    """Stacked memory by category over time, capacity as a line, the peak marked; in GiB, or MiB
+    when the data stays under 1 GiB; max per bucket if long."""
     n = len(timeline_.times_ms)
     if n == 0 or not timeline_.bytes_by_category:
         return None, []
@@ -439,11 +440,15 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
             f"Memory of rank {timeline_.rank}: {n} samples downsampled to buckets of {stride} "
             "(each bucket shows its maximum)."
         )
+    capacity = timeline_.capacity_bytes
+    show_capacity = bool(capacity) and timeline_.peak_bytes >= 0.5 * (capacity or 0)
+    top = max(timeline_.peak_bytes, capacity if show_capacity and capacity else 0)
+    unit, scale = ("GiB", GIB) if top >= GIB else ("MiB", 1024**2)
     origin = timeline_.times_ms[0]
     times = [round(t - origin, 3) for t in timeline_.times_ms[::stride]]
     fig = go.Figure()
     for category, values in timeline_.bytes_by_category.items():
-        ys = [max(values[i : i + stride], default=0) / GIB for i in range(0, n, stride)]
+        ys = [max(values[i : i + stride], default=0) / scale for i in range(0, n, stride)]
         fig.add_trace(
             go.Scatter(
                 name=esc(category),
@@ -451,14 +456,13 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
                 y=ys,
                 stackgroup="memory",
                 mode="lines",
-                hovertemplate=f"{esc(category)}: %{{y:.3f}} GiB at %{{x:.1f}} ms<extra></extra>",
+                hovertemplate=f"{esc(category)}: %{{y:.3f}} {unit} at %{{x:.1f}} ms<extra></extra>",
             )
         )
-    capacity = timeline_.capacity_bytes
     # the capacity line only where it is near the data; else it would flatten the chart
-    if capacity and timeline_.peak_bytes >= 0.5 * capacity:
+    if show_capacity and capacity:
         fig.add_hline(
-            y=capacity / GIB,
+            y=capacity / scale,
             line_dash="dash",
             line_color="#c62828",
             annotation_text="device capacity",
@@ -471,16 +475,16 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
         go.Scatter(
             name="peak",
             x=[round(timeline_.times_ms[peak_i] - origin, 3)],
-            y=[totals[peak_i] / GIB],
+            y=[totals[peak_i] / scale],
             mode="markers+text",
             marker={"symbol": "triangle-down", "size": 12, "color": "#c62828"},
-            text=[f"peak {totals[peak_i] / GIB:.2f} GiB"],
+            text=[f"peak {totals[peak_i] / scale:.2f} {unit}"],
             textposition="top center",
-            hovertemplate="peak: %{y:.3f} GiB at %{x:.1f} ms<extra></extra>",
+            hovertemplate=f"peak: %{{y:.3f}} {unit} at %{{x:.1f}} ms<extra></extra>",
         )
     )
     fig.update_xaxes(title_text="ms from the first memory sample")
-    fig.update_yaxes(title_text="GiB")
+    fig.update_yaxes(title_text=unit)
     of = f" of {capacity / GIB:.1f} GiB" if capacity else ""
     title = (
         f"Memory of rank {timeline_.rank} by category (peak {timeline_.peak_bytes / GIB:.2f} GiB"
