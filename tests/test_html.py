@@ -154,7 +154,7 @@ def test_memory_chart_units_follow_the_data() -> None:
     )  # fmt: skip
     fig, _ = memory(small)
     assert fig is not None and fig.layout.yaxis.title.text == "MiB"
-    assert [t for t in fig.data if t.name == "peak"][0].y == (20.0,)
+    assert next(t for t in fig.data if t.name == "peak").y == (20.0,)
     big = MemoryTimeline(
         rank=1, source="snapshot", times_ms=[0.0, 1.0],
         bytes_by_category={"PARAMETER": [70 * gib, 76 * gib]}, peak_bytes=76 * gib,
