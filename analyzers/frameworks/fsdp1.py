@@ -33,11 +33,12 @@ def _policy(facts: RunFacts) -> tuple[str, list[str]] | None:
     b = facts.blocks
     if b is None:
         return None
-    if b.block_class:
-        return f"ModuleWrapPolicy({{{b.block_class}}})", [
-            "from torch.distributed.fsdp.wrap import ModuleWrapPolicy"
+    if b.classes:
+        return f"ModuleWrapPolicy({{{', '.join(b.classes)}}})", [
+            "from torch.distributed.fsdp.wrap import ModuleWrapPolicy",
+            *b.imports,
         ]
-    if b.container:
+    if b.containers:
         return "CustomPolicy(lambda module: module in blocks)", [
             "from torch.distributed.fsdp.wrap import CustomPolicy",
             f"blocks = set({b.python})",

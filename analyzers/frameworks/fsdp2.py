@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts
+from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts, class_tuple
 
 NAME = "fsdp2"
 ANNOTATION_RE = re.compile(r"^FSDP::")
@@ -45,10 +45,10 @@ def _blocks_expr(facts: RunFacts) -> str | None:
     b = facts.blocks
     if b is None:
         return None
-    if b.container:
+    if b.containers:
         return b.python
-    if b.block_class:
-        return f"[m for m in model.modules() if isinstance(m, {b.block_class})]"
+    if b.classes:
+        return f"[m for m in model.modules() if isinstance(m, {class_tuple(b)})]"
     return None
 
 
@@ -58,17 +58,19 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
     b = facts.blocks
     if facts.blocks_are_units:
         return None
-    if b is None or not (b.container or b.block_class):
+    if b is None or not (b.containers or b.classes):
         return Remedy("fully_shard each repeated block, then the root", None)
     lines = ["from torch.distributed.fsdp import fully_shard"]
+    if not b.containers:
+        lines += b.imports
     if replacing:
         lines.append(f"# instead of fully_shard() on each submodule ({', '.join(replacing)}, ...):")
-    if b.container:
+    if b.containers:
         lines += [f"for block in {b.python}:", "    fully_shard(block)"]
     else:
         lines += [
-            "for module in model.modules():",
-            f"    if isinstance(module, {b.block_class}):",
+            "for module in list(model.modules()):",
+            f"    if isinstance(module, {class_tuple(b)}):",
             "        fully_shard(module)",
         ]
     lines.append("fully_shard(model)")
