@@ -41,6 +41,12 @@ def settings_from_harness(harness: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _class_imports(facts: RunFacts) -> list[str]:
+    """The imports `_blocks_expr` needs: the block classes when it names them, not containers."""
+    b = facts.blocks
+    return list(b.imports) if b is not None and not b.containers and b.classes else []
+
+
 def _blocks_expr(facts: RunFacts) -> str | None:
     b = facts.blocks
     if b is None:
@@ -85,7 +91,7 @@ def overlap(facts: RunFacts) -> Remedy | None:
     bwd = not facts.has("backward_prefetch", True)
     if not (fwd or bwd):
         return None
-    lines = [f"blocks = {blocks}"]
+    lines = [*_class_imports(facts), f"blocks = {blocks}"]
     if fwd:
         lines += [
             "for i in range(len(blocks) - 1):",
@@ -126,7 +132,8 @@ def bf16_comm(facts: RunFacts) -> Remedy | None:
         "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
         "import torch\n"
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
-        "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+        + "".join(f"{line}\n" for line in _class_imports(facts))
+        + "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
         + apply,
     )
 
@@ -138,13 +145,19 @@ def hybrid_shard(facts: RunFacts) -> Remedy | None:
     if facts.has("hsdp", True) or not nnodes or nnodes < 2 or not world or world % nnodes:
         return None
     per_node = world // nnodes
+    blocks = _blocks_expr(facts)
+    apply = (
+        f"for block in {blocks}:\n    fully_shard(block, mesh=mesh)\nfully_shard(model, mesh=mesh)"
+        if blocks
+        else "fully_shard(block, mesh=mesh)  # for each block, then the root"
+    )
     return Remedy(
         f"shard over the {per_node} ranks of a node, replicate across the {nnodes} nodes",
         "from torch.distributed.device_mesh import init_device_mesh\n"
         "from torch.distributed.fsdp import fully_shard\n"
-        f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
-        'mesh_dim_names=("replicate", "shard"))\n'
-        "fully_shard(block, mesh=mesh)  # for each block, then the root",
+        + "".join(f"{line}\n" for line in _class_imports(facts))
+        + f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
+        'mesh_dim_names=("replicate", "shard"))\n' + apply,
     )
 
 
