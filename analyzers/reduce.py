@@ -130,4 +130,6 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
             "inferred": ["framework", "unit names", "repeated blocks from unit names"],
             "unknown": ["module tree", "block classes", "framework settings", "optimizer"],
         }
+    if "model_facts" in summary:  # one line for the text view, which shows scalars only
+        summary["facts"] = summary["model_facts"]["source"]
     return summary or None

@@ -242,3 +242,14 @@ def test_fsdp1_trace_units_map_to_instances_in_pre_order() -> None:
         ModelDescription(framework="fsdp2", fsdp2_units=(Fsdp2Unit(path="", cls="M"),))
     )
     assert unknown.trace_unit_bytes() == {}  # unknown stays unknown, never 0
+
+
+def test_a_damaged_description_is_a_warning_and_the_analysis_infers(tmp_path: Path) -> None:
+    from zdiag.analyzers.pipeline import load_model_facts
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "rank-0.json").write_text('{"schema": "zdiag.model/9"}')
+    facts, warnings = load_model_facts(tmp_path)
+    assert facts is None
+    assert len(warnings) == 1 and "model description skipped" in warnings[0]
+    assert load_model_facts(None) == (None, [])
