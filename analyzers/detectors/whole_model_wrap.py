@@ -44,6 +44,17 @@ def _harness_block_fraction(harness: dict[str, object]) -> float | None:
     return layers * block / (layers * block + other)
 
 
+def _gathers_can_overlap(ctx: DetectorContext, device: str) -> bool:
+    """Whether a gather can run under compute: on an accelerator (its own stream), or on CPU when
+    FSDP2's unshard async op is set (captured in the description; zdiag's harness sets it)."""
+    if not device.startswith("cpu"):
+        return True
+    model = captured(ctx)
+    if model is not None:
+        return any(u.unshard_async_op for u in model.fsdp2_units)
+    return bool(ctx.harness)
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The whole-model-wrap finding, or none."""
     ledgers = ctx.fsdp_ledgers()
@@ -118,7 +129,15 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     # every later block's gather overlaps the previous block's compute.
     gain_ms = None
     method_ms = ""
-    if layers:
+    if layers and not _gathers_can_overlap(ctx, lg.device):
+        gain_ms = 0.0
+        method_ms = (
+            "no step time: on CPU/gloo a gather blocks the training thread until it completes "
+            "(FSDP2 overlaps it only with its private unshard async op, which this run does not "
+            "set; FSDP1 never does), so per-block units hide none of the "
+            f"{exposed_ms:.2f} ms/step of exposed gather time here; the gain is memory"
+        )
+    elif layers:
         frac = block_fraction if block_fraction is not None else 1.0
         still_exposed = (1 - frac) + frac / layers
         gain_ms = round(exposed_ms * (1 - still_exposed), 3)
