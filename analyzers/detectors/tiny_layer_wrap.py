@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from zdiag.analyzers.detectors.blocks import find_block_pattern
-from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
+from zdiag.analyzers.detectors.comm_model import AlphaBeta, fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.detectors.facts import (
     block_set,
@@ -23,7 +23,7 @@ from zdiag.analyzers.detectors.facts import (
     run_facts,
 )
 from zdiag.analyzers.frameworks import BlockSet
-from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
+from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY, CollectiveRecord
 from zdiag.analyzers.report import Finding
 
 # A block split into >= 2 units is finer than the block: the block itself is the natural unit
@@ -111,13 +111,35 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     total_us = sum(r.dur_us for r in split_recs)
     exposed_us = sum(r.exposed_us for r in split_recs)
     exposed_share = min(1.0, exposed_us / total_us) if total_us > 0 else 0.0
-    # The measured fixed cost of one collective: what it took beyond moving its bytes at the
-    # fitted bandwidth (the typical call, not the fastest one the fit's alpha stands for).
-    overhead_us = statistics.median(
+    # The per-collective overhead is measured at the step: the step time outside compute and
+    # outside moving the step's bytes at the fitted bandwidth, per FSDP collective of the step
+    # (collective latency, FSDP's per-unit hooks, copies and the waits between them all scale
+    # with the number of units). Without step times: each split collective's median time beyond
+    # moving its bytes.
+    call_overhead_us = statistics.median(
         max(0.0, r.dur_us - r.bytes / fit.beta_bytes_per_us) for r in split_recs
     )
-    overhead_share = min(1.0, len(split_recs) * overhead_us / total_us) if total_us else 0.0
+    step_overhead_us = _step_overhead_us(ctx, lg.rank, set(lg.steps), lg.records, fit)
+    overhead_us = step_overhead_us if step_overhead_us is not None else call_overhead_us
+    overhead_share = min(1.0, len(split_recs) * call_overhead_us / total_us) if total_us else 0.0
     gain_ms = saved * overhead_us * exposed_share / 1e3 / n_steps
+    if step_overhead_us is not None:
+        method = (
+            f"measured per-collective overhead x collectives removed x exposed share: the "
+            f"median step spends {overhead_us / 1e3:.2f} ms per FSDP collective outside compute "
+            f"and outside moving its bytes at the fitted bandwidth "
+            f"({fit.beta_bytes_per_us:.0f} B/us, latency-bandwidth fit to the fastest call per "
+            f"size); merging each block's units removes {saved / n_steps:.0f} collectives per "
+            f"step; {exposed_share:.0%} of their time is exposed"
+        )
+    else:
+        method = (
+            f"measured per-collective overhead x collectives removed x exposed share: each split "
+            f"collective took a median {overhead_us:.0f} us beyond moving its bytes at the fitted "
+            f"bandwidth ({fit.beta_bytes_per_us:.0f} B/us); merging each block's units removes "
+            f"{saved / n_steps:.0f} collectives per step; {exposed_share:.0%} of their time is "
+            "exposed"
+        )
     per_block = statistics.mean(len(u) for u in split.values())
     example = sorted(split_units)[:4]
     fw = framework_of(ctx, lg.framework)
@@ -147,6 +169,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 ),
                 "alpha_us": round(fit.alpha_us, 2),
                 "per_collective_overhead_us": round(overhead_us, 2),
+                "call_overhead_us": round(call_overhead_us, 2),
                 "beta_bytes_per_us": round(fit.beta_bytes_per_us, 2),
                 "per_collective_overhead_share": round(overhead_share, 3),
                 "exposed_share": round(exposed_share, 3),
@@ -159,13 +182,28 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             ),
             code=remedy.code if remedy else None,
             expected_gain_ms=round(gain_ms, 3),
-            gain_method=(
-                f"measured per-collective overhead x collectives removed x exposed share: "
-                f"merging each block's units removes {saved / n_steps:.0f} collectives per step; "
-                f"each split collective took a median {overhead_us:.0f} us beyond moving its bytes "
-                f"at the fitted bandwidth ({fit.beta_bytes_per_us:.0f} B/us; latency-bandwidth "
-                f"fit to the fastest call per size, alpha {fit.alpha_us:.0f} us); "
-                f"{exposed_share:.0%} of their time is exposed"
-            ),
+            gain_method=method,
         )
     ]
+
+
+def _step_overhead_us(
+    ctx: DetectorContext,
+    rank: int,
+    steps: set[int],
+    records: list[CollectiveRecord],
+    fit: AlphaBeta,
+) -> float | None:
+    """Median step time minus median compute minus the step's collective bytes at the fitted
+    bandwidth, per FSDP collective of the step (us); None without step times or when nothing
+    is left over."""
+    rows = [b for b in ctx.breakdowns.get(rank, []) if not steps or b.step in steps]
+    n_steps = len(rows)
+    if not rows or not records:
+        return None
+    duration_ms = statistics.median(b.duration_ms for b in rows)
+    compute_ms = statistics.median(b.compute_ms for b in rows)
+    transfer_ms = sum(max(r.bytes, 0) for r in records) / fit.beta_bytes_per_us / 1e3 / n_steps
+    left_us = (duration_ms - compute_ms - transfer_ms) * 1e3
+    per_step = len(records) / n_steps
+    return left_us / per_step if left_us > 0 and per_step > 0 else None
