@@ -28,6 +28,7 @@ from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
+from zdiag.analyzers.model_facts import ModelFacts, facts_from_run_dir
 from zdiag.analyzers.rank_analysis import analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
 from zdiag.analyzers.report import MemoryTimeline, Report
@@ -439,10 +440,11 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    contexts = RunContexts.of(run.manifest)
+    model, model_warnings = load_model_facts(run.run_dir)
+    contexts = RunContexts.of(run.manifest, model)
     analyses = [analyze_rank(t, contexts.for_rank(t.rank)) for t in run.ranks]
     summaries = [summarize(a) for a in analyses]
-    reduction = reduce_run(summaries, run_facts(run, summaries))
+    reduction = reduce_run(summaries, run_facts(run, summaries, model, model_warnings))
     return Analysis(
         ranks=analyses,
         summaries=summaries,
@@ -451,9 +453,27 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     )
 
 
-def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
-    """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
-    and the memory timelines of the summarized ranks (read from their files here)."""
+def load_model_facts(run_dir: Path | None) -> tuple[ModelFacts | None, list[str]]:
+    """The model description a run recorded (`model/rank-<N>.json`, the lowest rank's), read
+    once per analysis; (None, [a warning]) when the file is damaged, so the analysis goes on
+    inferring the configuration from the traces."""
+    if run_dir is None:
+        return None, []
+    try:
+        return facts_from_run_dir(run_dir), []
+    except InputError as exc:
+        return None, [f"model description skipped: {exc.message}"]
+
+
+def run_facts(
+    run: RunData,
+    summaries: list[RankSummary],
+    model: ModelFacts | None = None,
+    model_warnings: list[str] | None = None,
+) -> RunFacts:
+    """What the reduce needs of the run besides its ranks: inputs, manifest, the captured model
+    description, run-level warnings and the memory timelines of the summarized ranks (read from
+    their files here)."""
     memory, memory_warnings = _memory_timelines(run, summaries)
     snap = _snapshot_breakdowns(run, summaries)
     have = {m.rank for m in memory}
@@ -463,7 +483,10 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
-        warnings=tuple(run.warnings + memory_warnings + list(snap.warnings)),
+        model=model,
+        warnings=tuple(
+            run.warnings + (model_warnings or []) + memory_warnings + list(snap.warnings)
+        ),
         memory=tuple(memory),
         memory_breakdowns=snap.breakdowns,
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},

@@ -16,6 +16,7 @@ import msgspec
 
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
+from zdiag.analyzers.model_facts import ModelFacts
 from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
 from zdiag.analyzers.remote_traces import fetched, is_url
 from zdiag.analyzers.safe_read import open_regular
@@ -37,16 +38,19 @@ class RunContexts:
     world_size: int | None = None
 
     @staticmethod
-    def of(manifest: Manifest | None) -> RunContexts:
-        """The contexts of a run manifest (empty ones without a manifest).
+    def of(manifest: Manifest | None, model: ModelFacts | None = None) -> RunContexts:
+        """The contexts of a run manifest (empty ones without a manifest or model description).
 
+        unit sizes, for collectives recorded without shapes: the captured model description's
+        units, then the manifest's (zdiag's harness reports its own);
         finished steps: ranks whose end is known (a clean exit, an exception, an OOM, a signal,
         a hang; `failures` says how the others failed), so the step a failure interrupted is left
         out like a clean exit's teardown step; collector errors: at most
         MAX_COLLECTOR_ERRORS_SHOWN per rank.
         """
+        unit_bytes = dict(model.trace_unit_bytes()) if model is not None else {}
         if manifest is None:
-            return RunContexts()
+            return RunContexts(unit_param_bytes=unit_bytes)
         ended = ended_steps(manifest)
         return RunContexts(
             finished_steps={r: steps for r, (steps, _) in ended.items()},
@@ -56,7 +60,7 @@ class RunContexts:
                 for e in manifest.ranks
                 if e.collector_errors
             },
-            unit_param_bytes=dict(manifest.unit_param_bytes()),
+            unit_param_bytes={**unit_bytes, **manifest.unit_param_bytes()},
             world_size=manifest.world_size,
         )
 

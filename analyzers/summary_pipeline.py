@@ -27,6 +27,7 @@ from zdiag.analyzers.pipeline import (
     _json_bytes,
     attach_flight_recorder,
     discover,
+    load_model_facts,
     manifest_ranks,
     run_facts,
     run_level_data,
@@ -241,7 +242,8 @@ def analyze_via_summaries(
         if found.manifest and found.run_dir
         else {}
     )
-    contexts = RunContexts.of(found.manifest)
+    model, model_warnings = load_model_facts(found.run_dir)
+    contexts = RunContexts.of(found.manifest, model)
     sources = SummarySources()
     by_path: dict[str, RankSummary] = {}
     encoded: dict[str, bytes | Path] = {}
@@ -301,5 +303,5 @@ def analyze_via_summaries(
             )
         summaries = [s for s in summaries if s.rank in set(options.ranks)]
     summaries = _with_timelines(summaries, encoded)
-    reduction = reduce_run(summaries, run_facts(run, summaries))
+    reduction = reduce_run(summaries, run_facts(run, summaries, model, model_warnings))
     return SummaryRun(report=reduction.report, summaries=summaries, sources=sources)

@@ -211,13 +211,7 @@ EXPECTED_OUTCOMES: list[Any] = [
             "(make it a plain entry once straggler judges the wait a rank causes)",
         ),
     ),
-    pytest.param(
-        "tabular_fsdp1:leaf-wrap",
-        "tiny-layer-wrap",
-        marks=pytest.mark.xfail(
-            strict=True, reason="tiny-layer-wrap needs unit bytes, unknown on gloo without shapes"
-        ),
-    ),
+    ("tabular_fsdp1:leaf-wrap", "tiny-layer-wrap"),
     pytest.param(
         "tabular_fsdp2:slow-rank",
         "straggler",
