@@ -331,5 +331,5 @@ def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> Non
     assert "host_bound_idle_fraction=" in verdict and "straggler" not in verdict
     assert "skew_noise_us=50" in straggler and "host_bound" not in straggler
     assert any(x.endswith("(unit (root))") for x in lines)
-    evidence = next(x for x in lines if "evidence:" in x)
-    assert evidence.endswith("evidence: per_rank={1: {chance_p: 0.0012, wait_ms: 15.9}}")
+    evidence = lines[lines.index("    evidence:") + 1]
+    assert evidence == "      per rank  {1: {chance_p: 0.0012, wait_ms: 15.9}}"
