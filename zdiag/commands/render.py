@@ -91,6 +91,7 @@ class RenderCommand:
         """Load the report, then write each asked-for format; returns the exit code."""
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer
+        from zdiag.render.terminal import check_tui_possible
 
         if args.report is None:
             raise ConfigError(
@@ -98,6 +99,8 @@ class RenderCommand:
             )
         if args.tui and args.output is not None:
             raise ConfigError("--tui draws on the terminal; drop -o or --tui.")
+        if args.tui:
+            check_tui_possible()
         files = [
             OutputTarget(option, target)
             for option, target in (

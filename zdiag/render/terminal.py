@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from typing import TextIO
 
@@ -77,3 +78,23 @@ def paint(text: str, style: str, color: bool) -> str:
         return text
     codes = ";".join(_SGR[name] for name in style.split() if name in _SGR)
     return f"\x1b[{codes}m{text}\x1b[0m" if codes else text
+
+
+def check_tui_possible(*, json_to_stdout: bool = False) -> None:
+    """Refuse `--tui` (ConfigError, exit 2) when it cannot work: standard input or output is not
+    a terminal (it would write escape codes into a file or wait on a pipe), or `--json` is to go
+    to standard output too (the two would interleave)."""
+    from zdiag.errors import ConfigError
+
+    if json_to_stdout:
+        raise ConfigError("--tui and --json both use standard output; add -o FILE for the JSON.")
+    for name, stream in (("output", sys.stdout), ("input", sys.stdin)):
+        try:
+            tty = stream is not None and stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            raise ConfigError(
+                f"--tui needs a terminal, but standard {name} is not one; "
+                "run it in a terminal, or drop --tui for the text report."
+            )
