@@ -77,3 +77,45 @@ def test_figures_render_and_hostile_names_stay_text(tmp_path: Path) -> None:
     assert not re.search(r"<img[^>]*src=\"?x", dom)
     assert dom.count("<script") == source.count("<script")
     assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
+
+
+PROBE = """<pre id="probe"></pre><script>
+setTimeout(function () {
+  var out = {};
+  document.querySelectorAll('[id^="fig-timeline-"]').forEach(function (gd) {
+    out[gd.id] = {
+      range: gd._fullLayout.xaxis.range,
+      bars: gd.data.map(function (t) { return [t.y, t.base, t.x]; })
+    };
+  });
+  document.getElementById("probe").textContent = JSON.stringify(out);
+}, 2500);
+</script>"""
+
+
+def test_timeline_draws_every_lane_of_every_rank_across_the_whole_step(tmp_path: Path) -> None:
+    import json
+
+    report = sample_report(ranks=8, steps=4, timeline_spans=1200)  # more spans than drawn
+    page = tmp_path / "report.html"
+    write_html(report, page)
+    page.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    dom = dump_dom(page, tmp_path / "profile")
+    probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1))
+    assert probe, "no timeline figure was drawn"
+    drawn = next(iter(probe.values()))
+    ends: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    for ys, bases, widths in drawn["bars"]:
+        for y, base, width in zip(ys, bases, widths, strict=True):
+            ends[y] = max(ends.get(y, 0.0), base + width)
+            starts[y] = min(starts.get(y, float("inf")), base)
+    for t in report.timelines[:8]:
+        for lane in {s.lane for s in t.spans}:
+            spans = [s for s in t.spans if s.lane == lane]
+            row = f"rank {t.rank} · {lane}"
+            assert row in ends, f"{row} not drawn"
+            assert starts[row] <= min(s.start_ms for s in spans) + 1e-6
+            assert ends[row] >= max(s.start_ms + s.dur_ms for s in spans) - 1e-6
+    step_end = max(s.start_ms + s.dur_ms for t in report.timelines[:8] for s in t.spans)
+    assert drawn["range"][1] >= step_end  # the axis shows the whole step

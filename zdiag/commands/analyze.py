@@ -52,6 +52,10 @@ class _ProgressBar:
             self.stream.flush()
 
 
+WRITTEN = {"html": "the HTML report", "perfetto": "the Perfetto trace"}
+"""How the line on stderr names each file written (the path follows it)."""
+
+
 class AnalyzeCommand:
     """`zdiag analyze`."""
 
@@ -141,6 +145,7 @@ class AnalyzeCommand:
         for name, target in (("html", args.html), ("perfetto", args.perfetto)):
             if target is not None:
                 get_renderer(name).render(report, Destination(target))
+                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         if args.fail_on and report.findings_at_least(args.fail_on):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,10 @@ examples:
   zdiag render report.json --tui                    # browse it in the terminal
   zdiag render report.json --text -o report.txt     # the text report into a file
 """
+
+
+WRITTEN = {"html": "the HTML report", "perfetto": "the Perfetto trace"}
+"""How the line on stderr names each file written (the path follows it)."""
 
 
 def load_report(path: Path) -> Report:
@@ -121,6 +126,7 @@ class RenderCommand:
         for name, target in (("html", args.html), ("perfetto", args.perfetto)):
             if target is not None:
                 get_renderer(name).render(report, Destination(target))
+                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         return 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from zdiag.analyzers.report import Finding, Report
 from zdiag.render._html_figures import VERDICT_COLORS
-from zdiag.render.columns import STEP_COLUMNS
+from zdiag.render.columns import shown_columns
 from zdiag.render.format import (
     fmt_bytes,
     fmt_gain,
@@ -20,7 +20,13 @@ from zdiag.render.format import (
     known_bytes,
     unit_label,
 )
-from zdiag.render.stats import detailed_ranks, rank_stats, run_stats, worst_first
+from zdiag.render.stats import (
+    detailed_ranks,
+    failed_detectors,
+    rank_stats,
+    run_stats,
+    worst_first,
+)
 
 MAX_EVIDENCE_ITEMS = 40
 MAX_VALUE_CHARS = 400
@@ -107,8 +113,9 @@ def summary(report: Report) -> str:
                 f" <code>{e(f.id)}</code>{gain}</li>"
             )
         parts.append('<ol class="top">' + "".join(items) + "</ol>")
-    else:
+    elif not failed_detectors(report):
         parts.append('<p class="empty">No findings: nothing in the traces crossed a threshold.</p>')
+    parts.append(_failed_detectors_note(report))
     if report.warnings:
         parts.append("<h3>Warnings</h3><ul>")
         parts.extend(f"<li>{e(w)}</li>" for w in report.warnings[:MAX_TABLE_ROWS])
@@ -117,6 +124,20 @@ def summary(report: Report) -> str:
         parts.append("</ul>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _failed_detectors_note(report: Report) -> str:
+    """A warning naming the detectors that crashed ("" when none did): their findings are
+    missing, so the page never says "No findings" next to them."""
+    failed = failed_detectors(report)
+    if not failed:
+        return ""
+    n = len(failed)
+    return (
+        f'<p class="notes">{n} detector{"s" if n != 1 else ""} failed, so '
+        f"{'their' if n != 1 else 'its'} findings are missing: {e(', '.join(failed))} "
+        "(see Warnings).</p>"
+    )
 
 
 def _value(value: Any) -> str:
@@ -131,7 +152,8 @@ def findings(report: Report) -> str:
     """Every finding: what, where, evidence, recommendation, code, expected gain."""
     parts = ['<section id="findings"><h2>Findings</h2>']
     if not report.findings:
-        parts.append('<p class="empty">No findings.</p></section>')
+        note = _failed_detectors_note(report)
+        parts.append((note or '<p class="empty">No findings.</p>') + "</section>")
         return "".join(parts)
     for index, f in ordered_findings(report):
         parts.append(f'<article class="finding sev-border-{e(f.severity)}" id="finding-{index}">')
@@ -281,7 +303,8 @@ def step_tables(report: Report) -> list[str]:
     shown = detailed_ranks(ranks, MAX_STEP_TABLE_RANKS)
     if not any(r.steps for r in shown):
         return []
-    titles = "".join(f'<th title="{e(c.description)}">{e(c.header)}</th>' for c in STEP_COLUMNS)
+    columns = shown_columns(r.device for r in ranks)  # no GPU-only columns on CPU-only runs
+    titles = "".join(f'<th title="{e(c.description)}">{e(c.header)}</th>' for c in columns)
     parts = ["<h3>Per-step breakdown (ms)</h3>"]
     if len(shown) < len(ranks):
         parts.append(
@@ -304,7 +327,7 @@ def step_tables(report: Report) -> list[str]:
                 f"<td>{verdict_chip(s.verdict)}</td>"
                 if c.kind == "verdict"
                 else f'<td class="num">{e(c.cell(s))}</td>'
-                for c in STEP_COLUMNS
+                for c in columns
             )
             + "</tr>"
             for s in steps
