@@ -77,3 +77,13 @@ def test_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
         assert exit_.value.code == 0
         out = capsys.readouterr().out
         assert "examples:\n  zdiag " in out
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_fish_completes_commands_and_choices(tmp_path: Path) -> None:
+    path = tmp_path / "zdiag.fish"
+    path.write_text(completion_script("fish"))
+    program = f'source {path}; complete -C "zdiag analyze --fail-on "; complete -C "zdiag an"'
+    done = subprocess.run(["fish", "-c", program], capture_output=True, text=True, check=True)
+    offered = [line.split("\t")[0] for line in done.stdout.splitlines()]
+    assert sorted(offered) == ["analyze", "critical", "warning"]
