@@ -52,7 +52,10 @@ class _ProgressBar:
             self.stream.flush()
 
 
-WRITTEN = {"html": "the HTML report", "perfetto": "the Perfetto trace"}
+WRITTEN = {
+    "html": "the HTML report",
+    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
+}
 """How the line on stderr names each file written (the path follows it)."""
 
 
@@ -144,8 +147,11 @@ class AnalyzeCommand:
             main.render(report, STDOUT)
         for name, target in (("html", args.html), ("perfetto", args.perfetto)):
             if target is not None:
-                get_renderer(name).render(report, Destination(target))
+                renderer = get_renderer(name)
+                renderer.render(report, Destination(target))
                 print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
+                for note in getattr(renderer, "notes", []):
+                    print(f"zdiag: note: {note}", file=sys.stderr)
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         if args.fail_on and report.findings_at_least(args.fail_on):

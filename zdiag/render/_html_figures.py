@@ -264,18 +264,19 @@ def _merge(spans: Sequence[TimelineSpan], gap_ms: float) -> list[Bar]:
         items = sorted(items, key=lambda s: s.start_ms)
         cur: list[TimelineSpan] = []
         end = -math.inf
-        for s in [*items, None]:
-            if s is not None and cur and s.start_ms - end <= gap_ms:
-                cur.append(s)
-                end = max(end, s.start_ms + s.dur_ms)
+        pending: list[TimelineSpan | None] = [*items, None]  # None flushes the last bar
+        for nxt in pending:
+            if nxt is not None and cur and nxt.start_ms - end <= gap_ms:
+                cur.append(nxt)
+                end = max(end, nxt.start_ms + nxt.dur_ms)
                 continue
             if cur:
                 start = cur[0].start_ms
                 bars.append(
                     Bar(lane, cur[0].name, start, end - start, sum(c.dur_ms for c in cur), len(cur))
                 )
-            if s is not None:
-                cur, end = [s], s.start_ms + s.dur_ms
+            if nxt is not None:
+                cur, end = [nxt], nxt.start_ms + nxt.dur_ms
     return sorted(bars, key=lambda b: b.start_ms)
 
 

@@ -269,7 +269,7 @@ def _large_run_section(out: _Out, report: Report) -> list[RankView]:
         )
     header = ["rank", "device", "steps", "median ms", "compute", "exposed", "idle", "verdict"]
     _table(out, header, rows, {2, 3, 4, 5, 6}, painter=_verdict_painter(out, 7))
-    detailed = detailed_ranks(report.ranks, MAX_DETAILED_RANKS)
+    detailed: list[RankView] = list(detailed_ranks(report.ranks, MAX_DETAILED_RANKS))
     out.add("")
     out.wrap(
         f"Per-step detail for {len(detailed)} of {len(report.ranks)} ranks (rank 0 and the "
