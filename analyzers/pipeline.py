@@ -9,7 +9,9 @@ Public entry points:
   (`reduce_run`: cross-rank matching, detectors, the Report assembled once).
 - `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
 
-`progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
+`progress`, when given, is called as `progress(done, total, label)`: in JSON bytes as batches
+of events are decoded when files load in this process (one big file moves too), in files when
+they load in a process pool.
 Rank of a trace: `distributedInfo.rank`, else the run manifest, else the file name (rank-3,
 rank3, rank_3, _3_of_8), else 0 with a warning.
 """
@@ -267,6 +269,17 @@ def _load_file(path: Path, workers: int) -> RankTrace:
     return load_rank_trace(path, workers=workers)
 
 
+def _share_reporter(
+    progress: Progress, base: int, size: int, total: int, name: str
+) -> Callable[[float], None]:
+    """`progress` in bytes for the share of one file (of `size` bytes, after `base`) decoded."""
+
+    def report(share: float) -> None:
+        progress(base + int(share * size), total, f"reading {name}")
+
+    return report
+
+
 def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     """Load every trace under `paths` (files, run directories, folders) into a RunData."""
     found = discover([Path(p) for p in paths])
@@ -284,12 +297,18 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
                 if progress:
                     progress(done, len(files), trace.source.name)
     else:
-        for done, f in enumerate(files, start=1):
+        # one process: progress in JSON bytes, so one big file moves the line too
+        done_bytes = 0
+        for f in files:
+            size = _json_bytes(f)
+            report = None
             if progress:
-                progress(done - 1, len(files), f"reading {f.name}")
-            traces.append(load_rank_trace(f))
+                progress(done_bytes, total_bytes, f"reading {f.name}")
+                report = _share_reporter(progress, done_bytes, size, total_bytes, f.name)
+            traces.append(load_rank_trace(f, on_fraction=report))
+            done_bytes += size
             if progress:
-                progress(done, len(files), f.name)
+                progress(done_bytes, total_bytes, f.name)
     warnings = list(found.warnings)
     manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
     for t in traces:

@@ -260,7 +260,7 @@ def test_progress_bar_draws_and_clears() -> None:
     bar(1, 2, "rank-0.json.gz")
     bar.close()
     text = stream.getvalue()
-    assert "1/2" in text and "rank-0.json.gz" in text
+    assert " 50% " in text and "rank-0.json.gz" in text
     assert text.endswith("\r")  # the line is wiped, leaving stderr clean
 
 

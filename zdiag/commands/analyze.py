@@ -24,7 +24,8 @@ MAX_PROGRESS_WIDTH = 80
 
 class _ProgressBar:
     """A one-line progress bar on a terminal stream (only created when stderr is a TTY), never
-    wider than the terminal nor MAX_PROGRESS_WIDTH columns."""
+    wider than the terminal nor MAX_PROGRESS_WIDTH columns. `done`/`total` are JSON bytes when
+    the traces load in this process (so one big file moves it), files with a process pool."""
 
     def __init__(self, stream: TextIO, width: int | None = None) -> None:
         self.stream = stream
@@ -37,7 +38,7 @@ class _ProgressBar:
         bar_width = 20
         filled = int(bar_width * done / max(total, 1))
         bar = "#" * filled + "." * (bar_width - filled)
-        head = f"zdiag: [{bar}] {done}/{total} "
+        head = f"zdiag: [{bar}] {100 * done // max(total, 1):3d}% "
         tail = f" {elapsed:5.1f}s"
         room = max(self.width - len(head) - len(tail), 0)
         if len(label) > room:
