@@ -106,3 +106,14 @@ def test_collective_names() -> None:
     )
     assert collective_kind("ncclKernel_AllReduce_RING_LL_Sum_float") == "all_reduce"
     assert collective_kind("aten::mm") is None
+
+
+def test_the_root_unit_is_named_root_in_the_tracks() -> None:
+    from zdiag.render.perfetto import overlay_events
+
+    report = sample_report(ranks=1, steps=1)
+    report.findings[0].units = ["", "layers.0"]
+    report.findings[0].ranks = [0]
+    events = overlay_events(report)["traceEvents"]
+    units = [e["args"]["units"] for e in events if e.get("args", {}).get("units")]
+    assert units and units[0] == ["(root)", "layers.0"]

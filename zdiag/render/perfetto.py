@@ -27,7 +27,7 @@ import msgspec
 
 from zdiag.analyzers.report import Finding, Report, StepBreakdown
 from zdiag.render.columns import step_values
-from zdiag.render.format import fmt_ints, fmt_ranks
+from zdiag.render.format import fmt_ints, fmt_ranks, unit_label
 from zdiag.render.output import write_output
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView
@@ -148,7 +148,7 @@ def _finding_args(f: Finding) -> dict[str, Any]:
         "title": f.title,
         "ranks": fmt_ints(f.ranks, 40) if f.ranks else "all",
         "steps": fmt_ints(f.steps, 40) if f.steps else "all",
-        "units": list(f.units[:40]),
+        "units": [unit_label(u) for u in f.units[:40]],
         "evidence": f.evidence,
         "recommendation": f.recommendation,
     }
