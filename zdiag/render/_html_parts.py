@@ -10,6 +10,7 @@ from zdiag.analyzers.report import Finding, Report
 from zdiag.render._html_figures import VERDICT_COLORS
 from zdiag.render.columns import shown_columns
 from zdiag.render.format import (
+    evidence_item,
     fmt_bytes,
     fmt_gain,
     fmt_ints,
@@ -169,7 +170,12 @@ def findings(report: Report) -> str:
             parts.append(f'<p class="where">{e("; ".join(where))}</p>')
         if f.evidence:
             items = list(f.evidence.items())
-            rows = [[e(k), _value(v)] for k, v in items[:MAX_EVIDENCE_ITEMS]]
+            rows = []
+            for k, v in items[:MAX_EVIDENCE_ITEMS]:
+                label, shown = evidence_item(str(k), v)  # unit from the key, as text and TUI
+                if len(shown) > MAX_VALUE_CHARS:
+                    shown = shown[:MAX_VALUE_CHARS] + "…"
+                rows.append([f'<span title="{e(k)}">{e(label)}</span>', e(shown)])
             note = (
                 f"{len(items) - MAX_EVIDENCE_ITEMS} more evidence items are in the JSON report."
                 if len(items) > MAX_EVIDENCE_ITEMS
