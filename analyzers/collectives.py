@@ -24,8 +24,26 @@ from zdiag.analyzers.events import (
     collective_kind,
     dtype_size,
 )
+from zdiag.errors import InputError
 
 _BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
+_INT64_MAX = 2**63 - 1
+
+
+def _count(trace: RankTrace, src: Mapping[str, Any], key: str) -> int | None:
+    """An element count or group size from collective args (None when absent or not an integer);
+    InputError when it is beyond any 64-bit integer (damaged: no tensor or group is that big)."""
+    value = as_int(src.get(key))
+    if value is not None and not -_INT64_MAX <= value <= _INT64_MAX:
+        raise _too_big(trace, key, value)
+    return value
+
+
+def _too_big(trace: RankTrace, key: str, value: int) -> InputError:
+    return InputError(
+        f"{trace.source}: an event's '{key}' is {value}, beyond any 64-bit integer, so the "
+        "trace is damaged; re-export it or fix that event."
+    )
 
 
 def _has_collective_name(trace: RankTrace) -> Callable[[int], bool]:
@@ -94,19 +112,21 @@ def build_collectives(trace: RankTrace) -> Collectives:
                 if k != "unknown":
                     break
         kind[j] = kinds.index(k)
-        ni = as_int(src.get("In msg nelems"))
-        no = as_int(src.get("Out msg nelems"))
+        ni = _count(trace, src, "In msg nelems")
+        no = _count(trace, src, "Out msg nelems")
         dt = str(src.get("dtype") or "")
         if ni is None and no is None and not src:
             # gloo/c10d ops recorded with record_shapes: the op's largest input tensor
             ni, dt = _largest_input(a)
+            if ni is not None and ni > _INT64_MAX:
+                raise _too_big(trace, "Input Dims", ni)
         in_n[j] = -1 if ni is None else ni
         out_n[j] = -1 if no is None else no
         dtypes.append(dt)
         size = dtype_size(dt) if dt else None
         if size is not None and (ni is not None or no is not None):
-            nbytes[j] = max(ni or 0, no or 0) * size
-        gs = as_int(src.get("Group size"))
+            nbytes[j] = min(max(ni or 0, no or 0) * size, _INT64_MAX)
+        gs = _count(trace, src, "Group size")
         gsize[j] = -1 if gs is None else gs
         pgs.append(str(src.get("Process Group Name") or ""))
     return Collectives(

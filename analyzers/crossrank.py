@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -332,7 +332,8 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
     if len(by_rank) < 2:
         return result
     groups = {r.rank: _groups(r) for r in by_rank}
-    shared = {k for g in groups.values() for k in g if sum(k in h for h in groups.values()) > 1}
+    holders_of = Counter(k for g in groups.values() for k in g)
+    shared = {k for k, n in holders_of.items() if n > 1}
     if not shared and any((r.step >= 0).any() for r in by_rank):
         # step numbers share nothing (ranks segmented differently, or profiled different
         # windows): match over the whole trace instead of per step
@@ -565,12 +566,10 @@ def _diagnosis(
     return hint, ev
 
 
-def _others_exposed_comm_ms(
-    breakdowns: Mapping[int, Sequence[StepBreakdown]], rank: int
-) -> float | None:
-    """Median over the other ranks of their mean exposed communication per step (None: unknown)."""
-    values = [_per_step_mean(s, "exposed_comm_ms") for r, s in breakdowns.items() if r != rank]
-    known = [v for v in values if v is not None]
+def _others_exposed_comm_ms(exposed_by_rank: Mapping[int, float], rank: int) -> float | None:
+    """Median over the other ranks of their mean exposed communication per step (None: unknown);
+    `exposed_by_rank` holds each rank's mean (computed once: ranks x steps, not ranks^2)."""
+    known = [v for r, v in exposed_by_rank.items() if r != rank]
     return float(np.median(known)) if known else None
 
 
@@ -605,18 +604,25 @@ def find_stragglers(
             if m.step >= 0:
                 late_steps[m.last_rank].add(m.step)
 
+    exposed_by_rank = {
+        r: v
+        for r, st in breakdowns.items()
+        if (v := _per_step_mean(st, "exposed_comm_ms")) is not None
+    }
     culprits = []
     for r, s in stats.items():
         if not s.matched_collectives:
             continue
         share = s.last_arrivals / s.matched_collectives
         gain_ms = lead_us[r] / 1000.0 / n_steps
-        exposed = _others_exposed_comm_ms(breakdowns, r)
+        p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
+        if share < min_share or gain_ms < min_gain or p >= STRAGGLER_MAX_CHANCE_P:
+            continue  # the cap below only lowers the gain: no need to compute it
+        exposed = _others_exposed_comm_ms(exposed_by_rank, r)
         if exposed is not None:
             # the others' wait costs step time only where it is exposed (not hidden by compute)
             gain_ms = min(gain_ms, exposed)
-        p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
-        if share >= min_share and gain_ms >= min_gain and p < STRAGGLER_MAX_CHANCE_P:
+        if gain_ms >= min_gain:
             culprits.append((gain_ms, r, share, exposed))
     if not culprits:
         return []

@@ -104,8 +104,20 @@ def _has_nan_token(buf: Buffer) -> bool:
     return re.search(rb"[:\[,]\s*-?(NaN|Infinity)\b", buf) is not None
 
 
-def decode_error(exc: msgspec.DecodeError, buf: Buffer, path: Path) -> InputError:
-    """The InputError sentence for a decode failure (truncated, NaN tokens, invalid JSON)."""
+def decode_error(exc: Exception, buf: Buffer, path: Path) -> InputError:
+    """The InputError sentence for a decode failure (truncated, NaN tokens, invalid JSON, bytes
+    that are not UTF-8, nesting deeper than the decoder's limit)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return InputError(
+            f"{path}: holds bytes that are not UTF-8 text (byte 0x{exc.object[exc.start]:02x}), "
+            "so the file is damaged; copy it again or re-export the trace."
+        )
+    if isinstance(exc, RecursionError):
+        return InputError(
+            f"{path}: holds JSON nested deeper than the decoder's limit "
+            f"(about {sys.getrecursionlimit()} levels), which no profiler writes; "
+            "re-export the trace."
+        )
     if isinstance(exc, msgspec.ValidationError):
         return InputError(
             f"{path}: is JSON but not a Kineto trace ({exc}); pass a trace exported by torch.profiler."
@@ -165,8 +177,8 @@ def scan_trace(buf: Buffer, path: Path, batch_events: int = BATCH_EVENTS) -> Sca
                 header = TraceHeader(traceEvents=_ARRAY_DECODER.decode(body))
             else:
                 header = _HEADER_DECODER.decode(body)
-        except msgspec.DecodeError as exc:
-            raise decode_error(exc, buf, path) from exc
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise decode_error(exc, buf, path) from None
         raws = header.traceEvents
         header.traceEvents = None
         if isinstance(buf, mmap.mmap):  # the scanned pages: keep them in the page cache only
@@ -216,7 +228,7 @@ def _decode_span(job: _Job[T], span: Span) -> T:
     except msgspec.ValidationError as exc:
         err = _batch_validation_error(exc, span, job.bare_array)
         raise decode_error(err, job.buf, job.path) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise decode_error(exc, job.buf, job.path) from None
     del data
     out = job.build(events)

@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zdiag.analyzers import frameworks
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -82,6 +84,60 @@ class Lane:
     tid: int | float | str
     name: str  # "stream 7", "thread 2919752 (pt_main_thread)", ...
     is_device: bool
+
+
+@dataclass
+class MemoryEvents:
+    """Kineto's `[memory]` instant events (profile_memory=True), in file order.
+
+    Per event: time, the lane's (pid, tid), the signed `Bytes` change, the allocator's
+    `Total Allocated` / `Total Reserved` after it (-1 when absent), `Device Type` (0 CPU,
+    1 CUDA; -1 unknown), `Device Id` and the block's `Addr`.
+    """
+
+    ts_us: npt.NDArray[np.float64]
+    pid: list[Any]
+    tid: list[Any]
+    nbytes: npt.NDArray[np.int64]
+    total_allocated: npt.NDArray[np.int64]
+    total_reserved: npt.NDArray[np.int64]
+    device_type: npt.NDArray[np.int64]
+    device_id: npt.NDArray[np.int64]
+    addr: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.ts_us)
+
+    @staticmethod
+    def of_rows(rows: list[tuple[Any, ...]]) -> MemoryEvents:
+        """From (ts, pid, tid, bytes, total allocated, total reserved, device type, device id,
+        addr) rows; values that are not numbers become -1 (time: NaN, dropped later)."""
+
+        def col(j: int, dtype: Any, missing: float) -> Any:
+            return np.fromiter(
+                (
+                    r[j]
+                    if isinstance(r[j], int | float)
+                    and not isinstance(r[j], bool)
+                    and abs(r[j]) < 2**62
+                    else missing
+                    for r in rows
+                ),
+                dtype,
+                len(rows),
+            )
+
+        return MemoryEvents(
+            ts_us=col(0, np.float64, np.nan),
+            pid=[r[1] for r in rows],
+            tid=[r[2] for r in rows],
+            nbytes=col(3, np.int64, 0),
+            total_allocated=col(4, np.int64, -1),
+            total_reserved=col(5, np.int64, -1),
+            device_type=col(6, np.int64, -1),
+            device_id=col(7, np.int64, -1),
+            addr=col(8, np.int64, -1),
+        )
 
 
 @dataclass
@@ -141,6 +197,7 @@ class RankTrace:
     trace_start_us: float = 0.0  # earliest event start (the clock origin used in reports)
     base_time_ns: int | None = None  # Kineto's baseTimeNanoseconds: epoch ns = ts_us * 1000 + this
     warnings: list[str] = field(default_factory=list)
+    memory_events: MemoryEvents | None = None  # Kineto `[memory]` events, when recorded
 
     def __len__(self) -> int:
         return len(self.ts_us)
@@ -291,7 +348,8 @@ _COMM_OP_RE = re.compile(
     r"^(nccl:|gloo:|rccl:|ucc:|mpi:|c10d::|c10d_functional::|_c10d_functional::|record_param_comms"
     r"|torch\.distributed\.|ProcessGroup)"
 )
-_FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.|DeepSpeedZeRO|ZeRO|deepspeed)")
+# Every framework's own record_function labels (analyzers/frameworks/: FSDP2, FSDP1, ZeRO).
+_FSDP_RE = frameworks.annotation_re()
 
 _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 

@@ -44,23 +44,15 @@ from zdiag.analyzers import intervals
 from zdiag.analyzers.breakdown import ActivitySets
 from zdiag.analyzers.collectives import input_dtype, input_tensors
 from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
+from zdiag.analyzers.frameworks import deepspeed, fsdp1, fsdp2
 from zdiag.analyzers.report import FsdpUnit
 from zdiag.collectors.rundir import Manifest
 
-# FSDP2: "FSDP::all_gather (layers.0)", "FSDP::all_gather" (root), "FSDP::forward_prefetch for x".
-_FSDP2_RE = re.compile(r"^FSDP::(?P<phase>[a-z_]+)(?: \((?P<fqn>[^)]*)\)| for (?P<target>.+))?$")
-_FSDP1_RE = re.compile(r"^FullyShardedDataParallel\.")
-_DEEPSPEED_RE = re.compile(
-    r"fetch_sub_module|all_gather_params|AllGatherCoalesced|all_gather_coalesced"
-    r"|reduce_and_partition|reduce_ipg_grads|reduce_scatter_coalesced|DeepSpeedZero|deepspeed",
-)
-# DeepSpeed ZeRO-3's per-module autograd Functions (deepspeed/runtime/zero/parameter_offload.py,
-# linear.py; `PreBackwardFunction` / `PostBackwardFunction` before DeepSpeed 0.14), recorded as
-# cpu_ops named after the class (its backward node: the same name + "Backward").
-_ZERO3_OP_RE = re.compile(
-    r"^(PreBackwardFunctionForModule|PostBackwardFunctionModule|PreBackwardFunction"
-    r"|PostBackwardFunction|LinearFunctionForZeroStage3)(Backward)?$"
-)
+# Framework labels and ZeRO-3's autograd Functions: analyzers/frameworks/ (one module each).
+_FSDP2_RE = fsdp2.LABEL_RE
+_FSDP1_RE = fsdp1.LABEL_RE
+_DEEPSPEED_RE = deepspeed.LABEL_RE
+_ZERO3_OP_RE = deepspeed.AUTOGRAD_FUNCTION_RE
 # The autograd engine's per-node op: what runs inside one is backward work.
 _BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function: "
 # Host ops that issue a collective (the outermost comm op on the training thread).

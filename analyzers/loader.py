@@ -20,11 +20,10 @@ naming the file, the problem and what to do.
 from __future__ import annotations
 
 import gc
-import gzip
 import mmap
+import os
 import re
-import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -46,10 +45,18 @@ from zdiag.analyzers.decode_batches import (
 from zdiag.analyzers.events import (
     EventKind,
     Lane,
+    MemoryEvents,
     RankTrace,
     as_int,
     classify,
     is_device_category,
+)
+from zdiag.analyzers.safe_read import (
+    GZIP_MAGIC,
+    current_limits,
+    open_regular,
+    read_capped,
+    read_open,
 )
 from zdiag.errors import InputError
 
@@ -79,6 +86,13 @@ class _Args(msgspec.Struct, gc=False):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     input_dims: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_RAW_EMPTY, name="Input type")
+    # `[memory]` instant events (profile_memory=True)
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    addr: Any = msgspec.field(default=None, name="Addr")
 
 
 ARGS_KEYS: dict[str, str] = {
@@ -119,85 +133,36 @@ _KEEP_ARGS_CODES = np.array(sorted(int(k) for k in _KEEP_ARGS_KINDS), np.uint8)
 # --- reading bytes --------------------------------------------------------------------------
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_GUNZIP_CHUNK = 1 << 20  # compressed bytes fed to zlib at a time
-
-
-def _gunzip(data: bytes | bytearray) -> bytearray:
-    """Every gzip member of `data`, decompressed into one growing buffer.
-
-    Unlike `gzip.decompress`, which joins the decompressed pieces at the end (2x the JSON size
-    at its peak: 2 GB for a 1 GB trace), the output grows in place. Raises what gzip does:
-    EOFError when truncated, zlib.error or gzip.BadGzipFile when corrupt.
-    """
-    out = bytearray()
-    view = memoryview(data)
-    pos = 0
-    while pos < len(view):
-        if view[pos : pos + 2] != _GZIP_MAGIC:
-            raise gzip.BadGzipFile(f"Not a gzipped file ({bytes(view[pos : pos + 2])!r})")
-        member = zlib.decompressobj(wbits=31)
-        while not member.eof and pos < len(view):
-            chunk = view[pos : pos + _GUNZIP_CHUNK]
-            out += member.decompress(chunk)
-            pos += len(chunk)
-        if not member.eof:
-            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-        pos -= len(member.unused_data)
-        while pos < len(view) and view[pos] == 0:  # zero padding after a member (as gzip)
-            pos += 1
-    return out
-
-
-def read_trace_bytes(path: Path) -> bytes | bytearray:
-    """The (decompressed) bytes of a trace file; InputError for missing, empty or bad gzip."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file or folder; check the path.")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, expected a trace file.")
-    try:
-        raw: bytes | bytearray = path.read_bytes()
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot be read ({exc.strerror or exc}); check its permissions."
-        ) from exc
-    if not raw:
-        raise InputError(
-            f"{path}: the file is empty; re-export the trace (the profiler may have been killed while writing)."
-        )
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = _gunzip(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise InputError(
-                f"{path}: the gzip data is truncated or corrupt ({exc}); copy the file again or re-export the trace."
-            ) from exc
-        if re.search(rb"\S", raw) is None:  # (bytearray.strip() would copy it all)
-            raise InputError(f"{path}: the compressed file holds no data; re-export the trace.")
-    return raw
+def read_trace_bytes(path: Path, what: str = "trace") -> bytes | bytearray:
+    """The (decompressed) bytes of a trace file (or another JSON input: `what` names it);
+    InputError for a missing, empty, special (FIFO, device), oversized or corrupt gzip file."""
+    with open_regular(path, what) as f:
+        return read_open(f, path, what)
 
 
 @contextmanager
 def open_trace_buffer(path: Path) -> Iterator[Buffer]:
-    """The trace's JSON text: a read-only memory map of an uncompressed file (pages are read on
-    demand and can be dropped once decoded), else the decompressed bytes (`read_trace_bytes`)."""
-    if not path.is_file():
-        yield read_trace_bytes(path)  # raises the missing / folder / unreadable sentence
-        return
-    try:
-        f = path.open("rb")
-    except OSError:
-        yield read_trace_bytes(path)
-        return
-    with f:
+    """The trace's JSON text: a read-only memory map of an uncompressed regular file (pages are
+    read on demand and can be dropped once decoded), else the decompressed bytes.
+
+    Only regular files are opened (`safe_read.open_regular`: a FIFO or a device is refused,
+    never read); the size cap of `safe_read.current_limits` applies to both forms.
+    """
+    with open_regular(path, "trace") as f:
         head = f.read(2)
-        if not head or head == _GZIP_MAGIC:
-            yield read_trace_bytes(path)  # empty or gzip
+        size = os.fstat(f.fileno()).st_size
+        if not head or head == GZIP_MAGIC or size == 0:
+            f.seek(0)
+            yield read_open(f, path, "trace")  # empty or gzip
             return
+        limit = current_limits().max_bytes
+        if size > limit:
+            read_capped(f, path, "trace", limit)  # raises the too-big sentence
         try:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # not mappable (a pipe, a special file): read it
-            yield read_trace_bytes(path)
+        except (OSError, ValueError):  # not mappable: read it
+            f.seek(0)
+            yield read_open(f, path, "trace")
             return
         try:
             yield mm
@@ -263,13 +228,18 @@ def _check_number_column(problems: list[_Problem | None], path: Path, field: str
 _INT_TYPES = frozenset({int, type(None)})
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass
 class _Ids:
     """An id column of one batch: numpy's conversion (None when it failed) and the careful
-    `as_int` conversion (None when both agree because every value is an int or None)."""
+    `as_int` conversion (None when both agree because every value is an int or None), and the
+    first id that no 64-bit integer holds (None when all fit)."""
 
     fast: np.ndarray | None
     careful: np.ndarray | None
+    out_of_range: Any = None
 
 
 def _id_values(values: list[Any]) -> _Ids:
@@ -284,8 +254,21 @@ def _id_values(values: list[Any]) -> _Ids:
         fast = None
     if fast is not None and set(map(type, values)) <= _INT_TYPES:
         return _Ids(fast, None)
-    careful = np.array([-1 if (x := as_int(v)) is None else x for v in values], dtype=np.int64)
-    return _Ids(fast, careful)
+    ints = [-1 if (x := as_int(v)) is None else x for v in values]
+    too_big = next((x for x in ints if not _INT64_MIN <= x <= _INT64_MAX), None)
+    if too_big is not None:
+        return _Ids(None, np.zeros(0, np.int64), too_big)
+    return _Ids(fast, np.array(ints, dtype=np.int64))
+
+
+def _check_ids(parts: list[_Ids], path: Path, field: str) -> None:
+    """InputError for an id no 64-bit integer holds (Kineto's ids are 64-bit)."""
+    bad = next((p.out_of_range for p in parts if p.out_of_range is not None), None)
+    if bad is not None:
+        raise InputError(
+            f"{path}: an event has an '{field}' of {bad}, beyond any 64-bit integer, so the "
+            "trace is damaged; re-export it or fix that event."
+        )
 
 
 def _join_ids(parts: list[_Ids]) -> np.ndarray:
@@ -314,8 +297,8 @@ def _args_dict(a: _Args) -> dict[str, Any]:
                 continue
             try:
                 value = _RAW_DECODER.decode(value)
-            except msgspec.DecodeError:
-                continue
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+                continue  # a damaged shape list: as if not recorded
         out[ARGS_KEYS[attr]] = value
     return out
 
@@ -429,6 +412,28 @@ class _Batch:
     correlation: _Ids
     kept: dict[int, _Args]
     thread_names: list[tuple[tuple[Any, Any], str]]
+    missing_time: int = 0  # complete events without a ts or dur (skipped)
+    memory: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def memory_rows(events: list[_Event], phs: list[str]) -> list[tuple[Any, ...]]:
+    """(ts, pid, tid, Bytes, Total Allocated, Total Reserved, Device Type, Device Id, Addr) of
+    the `[memory]` instant events (profile_memory=True), in file order."""
+    return [
+        (
+            e.ts,
+            e.pid,
+            e.tid,
+            a.mem_bytes,
+            a.total_allocated,
+            a.total_reserved,
+            a.device_type,
+            a.device_id,
+            a.addr,
+        )
+        for e, ph in zip(events, phs, strict=True)
+        if ph == "i" and e.name == "[memory]" and (a := e.args) is not None
+    ]
 
 
 def _thread_name_events(events: list[_Event]) -> list[tuple[tuple[Any, Any], str]]:
@@ -451,13 +456,16 @@ def _columns_of_batch(events: list[_Event]) -> _Batch:
     """
     phs = list(map(attrgetter("ph"), events))
     thread_names = _thread_name_events(events) if "M" in phs else []
+    memory = memory_rows(events, phs) if "i" in phs else []
     # Complete events only, minus the profiler's own span.
-    complete = [
-        e
-        for e, ph in zip(events, phs, strict=True)
-        if ph == "X" and e.dur is not None and e.ts is not None and e.cat not in _TRACE_CATS
-    ]
+    spans = [e for e, ph in zip(events, phs, strict=True) if ph == "X"]
     del phs
+    complete = [e for e in spans if e.dur is not None and e.ts is not None]
+    missing_time = sum(1 for e in spans if e.cat not in _TRACE_CATS) - sum(
+        1 for e in complete if e.cat not in _TRACE_CATS
+    )
+    complete = [e for e in complete if e.cat not in _TRACE_CATS]
+    del spans
     n = len(complete)
     ts, ts_problem = _number_values(list(map(attrgetter("ts"), complete)))
     dur, dur_problem = _number_values(list(map(attrgetter("dur"), complete)))
@@ -485,6 +493,8 @@ def _columns_of_batch(events: list[_Event]) -> _Batch:
         correlation=_id_values(_args_values(complete, "correlation")),
         kept=kept,
         thread_names=thread_names,
+        missing_time=missing_time,
+        memory=memory,
     )
 
 
@@ -501,6 +511,7 @@ class _Columns:
     kept: dict[int, _Args]
     thread_names: dict[tuple[Any, Any], str]
     warnings: list[str] = field(default_factory=list)
+    memory: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
@@ -515,8 +526,11 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
     }
     kept: dict[int, _Args] = {}
     thread_names: dict[tuple[Any, Any], str] = {}
+    memory: list[tuple[Any, ...]] = []
     offset = 0
+    missing_time = 0
     for b in batches:
+        missing_time += b.missing_time
         remap = np.fromiter(
             (key_index.setdefault(k, len(key_index)) for k in b.keys), np.int32, len(b.keys)
         )
@@ -529,9 +543,18 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
         parts["corr"].append(b.correlation)
         kept.update((offset + i, a) for i, a in b.kept.items())
         thread_names.update(b.thread_names)
+        memory += b.memory
         offset += b.n
     _check_number_column(parts["ts_p"], path, "ts")
     _check_number_column(parts["dur_p"], path, "dur")
+    _check_ids(parts["ext"], path, "External id")
+    _check_ids(parts["corr"], path, "correlation")
+    warnings = []
+    if missing_time:
+        warnings.append(
+            f"{missing_time} complete events without a 'ts' or 'dur' (null or missing) were "
+            "left out"
+        )
     return _Columns(
         ts=_concat(parts.pop("ts"), np.float64),
         dur=_concat(parts.pop("dur"), np.float64),
@@ -541,6 +564,55 @@ def _join_batches(batches: Iterable[_Batch], path: Path) -> _Columns:
         correlation=_join_ids(parts.pop("corr")),
         kept=kept,
         thread_names=thread_names,
+        warnings=warnings,
+        memory=memory,
+    )
+
+
+MAX_ABS_TS_US = float(2**53)
+"""Beyond this `ts` (µs; year 2255 on the Unix clock) a double no longer holds microseconds."""
+OUTLIER_SPAN_FACTOR = 10.0
+"""An event is far outside the trace when it lies more than this many times the span of the
+central 98% of start times (and at least `OUTLIER_MIN_MARGIN_US`) beyond that span."""
+OUTLIER_MIN_MARGIN_US = 3600e6
+
+
+def _drop_time_outliers(cols: _Columns) -> _Columns:
+    """`cols` without the events whose start or end lies far outside the trace's time span.
+
+    One corrupt `ts` (1e300) would otherwise stretch every window the analysis computes until
+    the real events' durations round to zero; they are left out with a warning instead.
+    """
+    ts, dur = cols.ts, cols.dur
+    n = len(ts)
+    if not n:
+        return cols
+    end = ts + np.maximum(dur, 0.0)
+    keep = (np.abs(ts) <= MAX_ABS_TS_US) & (np.abs(end) <= MAX_ABS_TS_US)
+    if keep.any():
+        lo, hi = np.quantile(ts[keep], [0.01, 0.99], method="inverted_cdf")
+        margin = max(OUTLIER_SPAN_FACTOR * float(hi - lo), OUTLIER_MIN_MARGIN_US)
+        keep &= (ts >= lo - margin) & (end <= hi + margin)
+    if keep.all():
+        return cols
+    dropped = int(n - keep.sum())
+    first_bad = float(ts[np.flatnonzero(~keep)[0]])
+    new_pos = np.cumsum(keep) - 1
+    return _Columns(
+        ts=ts[keep],
+        dur=dur[keep],
+        key_id=cols.key_id[keep],
+        keys=cols.keys,
+        external_id=cols.external_id[keep],
+        correlation=cols.correlation[keep],
+        kept={int(new_pos[i]): a for i, a in cols.kept.items() if keep[i]},
+        thread_names=cols.thread_names,
+        warnings=[
+            *cols.warnings,
+            f"{dropped} events lie far outside the trace's time span (the first has ts "
+            f"{first_bad:g} us) and were left out as damaged",
+        ],
+        memory=cols.memory,
     )
 
 
@@ -550,6 +622,7 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
     The caller (`load_rank_trace`) fixes the rank from the manifest / file name when
     distributedInfo has none.
     """
+    cols = _drop_time_outliers(cols)
     warnings = cols.warnings
     n = len(cols.ts)
     ts, dur = cols.ts, cols.dur
@@ -614,7 +687,7 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
         kept_args = kept_args.reindexed(new_pos)
 
     info = header.distributedInfo if isinstance(header.distributedInfo, dict) else None
-    rank = as_int(info.get("rank")) if info else None
+    rank = _distributed_rank(info, path)
     props = [p for p in (header.deviceProperties or []) if isinstance(p, dict)]
     trace = RankTrace(
         rank=rank if rank is not None else 0,
@@ -637,10 +710,30 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
         base_time_ns=as_int(header.baseTimeNanoseconds),
         trace_start_us=float(ts[0]) if n else 0.0,
         warnings=warnings,
+        memory_events=MemoryEvents.of_rows(cols.memory) if cols.memory else None,
     )
     trace.device = _device_kind(trace)
     trace.collectives = build_collectives(trace)
     return trace
+
+
+MAX_RANK = 2**31 - 1
+"""Ranks are 32-bit in torch.distributed."""
+
+
+def _distributed_rank(info: dict[str, Any] | None, path: Path) -> int | None:
+    """distributedInfo's rank, None when absent; InputError when it is no rank at all
+    (not an integer, negative, or beyond 32 bits)."""
+    if not info or info.get("rank") is None:
+        return None
+    value = info["rank"]
+    rank = as_int(value)
+    if rank is None or not 0 <= rank <= MAX_RANK:
+        raise InputError(
+            f"{path}: distributedInfo.rank is {str(value)[:40]}, not a rank (an integer from 0 "
+            f"to {MAX_RANK}), so the trace header is damaged; fix or remove distributedInfo.rank."
+        )
+    return rank
 
 
 def _device_kind(trace: RankTrace) -> str:
@@ -657,29 +750,14 @@ def _device_kind(trace: RankTrace) -> str:
 # --- collectives ----------------------------------------------------------------------------
 
 
-def _reporting(
-    batches: Iterable[_Batch], ends: list[int], total: int, on_fraction: Callable[[float], None]
-) -> Iterator[_Batch]:
-    """`batches` (one per span, in file order), calling `on_fraction` after each."""
-    for batch, end in zip(batches, ends, strict=False):
-        yield batch
-        on_fraction(min(end / total, 1.0) if total else 1.0)
-    on_fraction(1.0)
-
-
 def load_rank_trace(
-    path: Path,
-    *,
-    workers: int | None = None,
-    batch_events: int = BATCH_EVENTS,
-    on_fraction: Callable[[float], None] | None = None,
+    path: Path, *, workers: int | None = None, batch_events: int = BATCH_EVENTS
 ) -> RankTrace:
     """Read, decode and columnize one trace file (rank from distributedInfo or "default").
 
     The events are decoded `batch_events` at a time; `workers` decode processes (None: by file
     size and cores, see `decode_batches.auto_workers`; 1: in this process). The result does not
-    depend on either. `on_fraction`, when given, is called with the share of the JSON decoded
-    (0..1) after each batch, for a byte-based progress line on one big file.
+    depend on either.
     """
     with open_trace_buffer(path) as buf:
         scan = scan_trace(buf, path, batch_events)
@@ -694,8 +772,6 @@ def load_rank_trace(
             batches = decode_spans(
                 buf, scan, _EVENTS_DECODER, _columns_of_batch, path, workers=n_workers
             )
-            if on_fraction is not None:
-                batches = _reporting(batches, [s.end for s in scan.spans], len(buf), on_fraction)
             cols = _join_batches(batches, path)
         finally:
             if gc_was_enabled:

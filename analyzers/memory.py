@@ -60,13 +60,17 @@ def load_memory_timeline(
     trace clock, and on the Unix-epoch clock that the memory profiler uses), the one closest to
     the timeline's first point is taken.
     """
-    raw = read_trace_bytes(path)
+    raw = read_trace_bytes(path, "memory timeline")
     try:
         data: Any = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        problem = {
+            UnicodeDecodeError: "holds bytes that are not UTF-8 text",
+            RecursionError: "is nested deeper than the decoder's limit",
+        }.get(type(exc), f"is not valid JSON ({exc})")
         raise InputError(
-            f"{path}: the memory timeline is not valid JSON ({exc}); re-export it or leave it out."
-        ) from exc
+            f"{path}: the memory timeline {problem}; re-export it or leave it out."
+        ) from None
     times_us, by_cat = _parse(data, path)
     return summarize(times_us, by_cat, rank, origin_us, capacity_bytes)
 
@@ -83,9 +87,10 @@ def _parse(data: Any, path: Path) -> tuple[npt.NDArray[np.float64], npt.NDArray[
         try:
             times = np.asarray(data[0], dtype=np.float64)
             sizes = np.asarray(data[1], dtype=np.int64)
-        except (TypeError, ValueError) as exc:
-            raise bad from exc
-        if sizes.ndim != 2 or len(sizes) != len(times) or sizes.shape[1] < 2:
+        except (TypeError, ValueError, OverflowError):
+            raise bad from None
+        bad_shape = sizes.ndim != 2 or times.ndim != 1 or len(sizes) != len(times)
+        if bad_shape or sizes.shape[1] < 2 or not np.isfinite(times).all():
             raise bad
         cats = sizes[:, 1 : 1 + len(CATEGORIES)]
         if cats.shape[1] < len(CATEGORIES):
@@ -93,8 +98,8 @@ def _parse(data: Any, path: Path) -> tuple[npt.NDArray[np.float64], npt.NDArray[
         return times, cats
     try:
         ev = np.asarray(data, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise bad from exc
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
     if ev.size == 0:
         return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
     if ev.ndim != 2 or ev.shape[1] != 4:

@@ -24,17 +24,39 @@ match wins, in the category names torch's memory timeline uses where one fits:
 
 The pickle is read with an unpickler that accepts plain containers only (dict, list, str, int,
 float, bool, None): a file that names any class or function is refused, so a crafted pickle can
-not run code. torch is never imported.
+not run code. torch is never imported. Reading is bounded (`load_plain_pickle`): only a regular
+file within the size cap of `safe_read`, loaded under a memory budget (a 10-byte pickle can
+otherwise ask the unpickler for gigabytes of memo table), and the loaded object is then copied
+into a fixed schema (`_SnapshotReader`) that visits each container once: pickle's memo lets a
+40 KB file reference one big list millions of times, which a naive walk would follow every
+time. A field of the wrong type is an InputError.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import pickle
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from zdiag.analyzers.safe_read import current_limits, open_regular, read_capped
 from zdiag.errors import InputError
+
+PICKLE_MEMORY_BASE_BYTES = 256 << 20
+PICKLE_MEMORY_PER_BYTE = 32
+"""While a pickle loads, the process may grow by at most BASE + PER_BYTE x its size (Linux:
+an address-space limit; a loaded snapshot takes ~10x its pickle's size in Python objects)."""
+MAX_SNAPSHOT_ITEMS = 50_000_000
+"""Containers and frames `_SnapshotReader` visits at most (each once)."""
+MAX_SNAPSHOT_SECONDS = 20.0
+"""Wall time `_SnapshotReader` may spend on one snapshot."""
+_INT64_MAX = 2**63 - 1
 
 # Stack patterns: a frame matches a (filename part, name parts) pair when its filename contains
 # the first and its function name contains one of the second ("" matches any name).
@@ -84,31 +106,242 @@ class SnapshotMemory:
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Refuses every global: only the pickle protocol's own containers and scalars load."""
+    """Refuses every global: only the pickle protocol's own containers and scalars load.
+
+    `load` runs under a memory budget of PICKLE_MEMORY_BASE_BYTES + PICKLE_MEMORY_PER_BYTE x the
+    input's size (a memo bomb raises MemoryError instead of taking gigabytes), for an in-memory
+    `io.BytesIO` input or a real file; the flight-recorder reader uses this class too.
+    """
+
+    def __init__(self, file: BinaryIO) -> None:
+        super().__init__(file)
+        self._input_bytes = _input_size(file)
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
+    def load(self) -> Any:
+        """The unpickled object (`PickleMemoryError` beyond the budget)."""
+        try:
+            with _memory_budget(
+                PICKLE_MEMORY_BASE_BYTES + PICKLE_MEMORY_PER_BYTE * self._input_bytes
+            ):
+                return super().load()
+        except MemoryError:
+            raise PickleMemoryError(
+                f"it asks for far more memory than its {self._input_bytes} bytes can hold "
+                "(a damaged or hostile pickle)"
+            ) from None
 
-def read_snapshot(path: str | Path) -> dict[str, Any]:
-    """The snapshot dict in `path`; InputError (one sentence) if it is not a plain snapshot."""
-    p = Path(path)
+
+class PickleMemoryError(pickle.UnpicklingError):
+    """A pickle that asks for more memory than its size allows (a memo bomb)."""
+
+
+def _input_size(file: BinaryIO) -> int:
+    """Bytes in an unpickler's input: a BytesIO's buffer, else the file's size (0 if unknown)."""
+    if isinstance(file, io.BytesIO):
+        return file.getbuffer().nbytes
     try:
-        with p.open("rb") as f:
-            data = _PlainUnpickler(f).load()
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read the CUDA memory snapshot ({exc.strerror}).") from exc
+        return os.fstat(file.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        return 0
+
+
+@contextmanager
+def _memory_budget(extra_bytes: int) -> Iterator[None]:
+    """Let the process grow by at most `extra_bytes` of address space inside the block (Linux;
+    a no-op where the limit cannot be read or set). Allocations past it raise MemoryError."""
+    try:
+        with open("/proc/self/statm") as f:
+            vm_bytes = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        old = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError, IndexError, AttributeError):
+        yield
+        return
+    soft = vm_bytes + extra_bytes
+    if old[1] != resource.RLIM_INFINITY:
+        soft = min(soft, old[1])
+    if old[0] != resource.RLIM_INFINITY and old[0] <= soft:
+        yield  # an existing, tighter limit stays
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (soft, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
+
+
+def load_plain_pickle(path: str | Path, what: str, root: Path | None = None) -> Any:
+    """The plain data (dict, list, str, bytes, numbers, None) pickled in `path`, read with
+    bounds: a regular file (inside `root`, when given) within `safe_read`'s size cap, no class or
+    function (refused: nothing runs), and a memory budget while loading.
+
+    The loaded object may still share containers (pickle's memo): walk it visiting each
+    container once (see `_SnapshotReader`). InputError, one sentence naming `what`, otherwise.
+    """
+    p = Path(path)
+    with open_regular(p, what, root) as f:
+        data = read_capped(f, p, what, current_limits().max_bytes)
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except PickleMemoryError as exc:
+        raise InputError(f"{p}: the {what} was not loaded: {exc}.") from None
+    except RecursionError:
+        raise InputError(
+            f"{p}: the {what} is nested too deep to read; it was not loaded."
+        ) from None
     except Exception as exc:  # truncated, corrupt, or names a class: all the same to the user
         raise InputError(
-            f"{p}: not a readable CUDA memory snapshot ({exc}); "
-            "re-run `zdiag run` or remove the file."
-        ) from exc
+            f"{p}: not a readable {what} ({type(exc).__name__}: {str(exc)[:100]}); "
+            "re-create it or remove the file."
+        ) from None
+
+
+def read_snapshot(path: str | Path, root: Path | None = None) -> dict[str, Any]:
+    """The snapshot in `path` in a fixed schema (`_SnapshotReader`); InputError (one sentence)
+    if it is not a plain snapshot (or, with `root`, lies outside that folder)."""
+    p = Path(path)
+    data = load_plain_pickle(p, "CUDA memory snapshot", root)
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise InputError(
             f"{p}: not a CUDA memory snapshot (no 'segments' list, as "
             "torch.cuda.memory._snapshot() writes)."
         )
-    return data
+    return _SnapshotReader(p).read(data)
+
+
+class _SnapshotReader:
+    """Copies a loaded snapshot into the fields `summarize_snapshot` reads, checking their types.
+
+    Each container is visited once (by identity): a segment or block that the pickle references
+    several times counts once, and a frames list shared by many blocks (torch shares identical
+    stacks) is copied once and shared again. Work is bounded by `MAX_SNAPSHOT_ITEMS` and
+    `MAX_SNAPSHOT_SECONDS`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.items = 0
+        self.deadline = time.monotonic() + MAX_SNAPSHOT_SECONDS
+        self.seen: set[int] = set()
+        self.frames: dict[int, list[dict[str, str]]] = {}
+
+    def read(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The snapshot's segments (device, total_size, blocks) and OOM trace entries."""
+        segments = []
+        for seg in self._unique(data["segments"], "segments"):
+            blocks = self._list(seg.get("blocks"), "a segment's 'blocks'")
+            segments.append(
+                {
+                    "device": self._int(seg.get("device"), "a segment's 'device'"),
+                    "total_size": self._int(seg.get("total_size"), "a segment's 'total_size'"),
+                    "blocks": [
+                        {
+                            "size": self._int(b.get("size"), "a block's 'size'"),
+                            "state": self._str(b.get("state"), "a block's 'state'"),
+                            "frames": self._frames(b.get("frames")),
+                        }
+                        for b in self._unique(blocks, "a segment's 'blocks'")
+                    ],
+                }
+            )
+        traces: list[list[dict[str, Any]]] = []
+        raw_traces = data.get("device_traces")
+        for entries in self._list(raw_traces, "'device_traces'"):
+            ooms = []
+            for e in self._list(entries, "a 'device_traces' entry"):
+                self._tick()
+                if isinstance(e, dict) and e.get("action") == "oom":
+                    free = e.get("device_free")
+                    ooms.append(
+                        {
+                            "action": "oom",
+                            "size": self._int(e.get("size"), "an OOM entry's 'size'"),
+                            "device_free": free
+                            if isinstance(free, int) and not isinstance(free, bool)
+                            else None,
+                        }
+                    )
+            traces.append(ooms)
+        return {"segments": segments, "device_traces": traces}
+
+    def _tick(self) -> None:
+        self.items += 1
+        if self.items > MAX_SNAPSHOT_ITEMS or (
+            self.items % 65536 == 0 and time.monotonic() > self.deadline
+        ):
+            raise InputError(
+                f"{self.path}: the CUDA memory snapshot holds more than can be read in bounded "
+                f"time ({MAX_SNAPSHOT_ITEMS} items or {MAX_SNAPSHOT_SECONDS:g} s); it was skipped."
+            )
+
+    def _wrong(self, what: str, value: Any) -> InputError:
+        return InputError(
+            f"{self.path}: {what} is a {type(value).__name__}, not what "
+            "torch.cuda.memory._snapshot() writes, so the snapshot is damaged; re-create it or "
+            "remove the file."
+        )
+
+    def _list(self, value: Any, what: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._wrong(what, value)
+        return value
+
+    def _unique(self, values: list[Any], what: str) -> Iterator[dict[str, Any]]:
+        """The dicts of `values` not visited before (anything else is an InputError)."""
+        for v in values:
+            self._tick()
+            if not isinstance(v, dict):
+                raise self._wrong(f"an item of {what}", v)
+            if id(v) in self.seen:
+                continue
+            self.seen.add(id(v))
+            yield v
+
+    def _int(self, value: Any, what: str) -> int:
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._wrong(what, value)
+        if not -_INT64_MAX <= value <= _INT64_MAX:
+            raise InputError(
+                f"{self.path}: {what} is {value}, beyond any 64-bit integer, so the snapshot "
+                "is damaged; re-create it or remove the file."
+            )
+        return value
+
+    def _str(self, value: Any, what: str) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise self._wrong(what, value)
+        return value
+
+    def _frames(self, value: Any) -> list[dict[str, str]]:
+        """A block's stack as (filename, name) dicts; shared lists are copied once."""
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._wrong("a block's 'frames'", value)
+        done = self.frames.get(id(value))
+        if done is not None:
+            return done
+        out = []
+        for f in value:
+            self._tick()
+            if isinstance(f, dict):
+                filename, name = f.get("filename", ""), f.get("name", "")
+                out.append(
+                    {
+                        "filename": filename if isinstance(filename, str) else "",
+                        "name": name if isinstance(name, str) else "",
+                    }
+                )
+        self.frames[id(value)] = out
+        return out
 
 
 # The rules in precedence order: (category, filename part, name parts); "" matches anything.
@@ -150,6 +383,7 @@ def summarize_snapshot(data: dict[str, Any], device: int | None = None) -> Snaps
     """Live bytes by category on `device` (when absent from the snapshot, or not given: the
     device with the most memory in use)."""
     per_device: dict[int, SnapshotMemory] = {}
+    by_stack: dict[int, str] = {}  # id(frames) -> category: read_snapshot shares equal stacks
     for seg in data.get("segments") or []:
         if not isinstance(seg, dict):
             continue
@@ -162,7 +396,11 @@ def summarize_snapshot(data: dict[str, Any], device: int | None = None) -> Snaps
             size = int(block.get("size", 0) or 0)
             frames = block.get("frames") or []
             frames = frames if isinstance(frames, list) else []
-            cat = categorize(frames)
+            cat = by_stack.get(id(frames)) if frames else None
+            if cat is None:
+                cat = categorize(frames)
+                if frames:
+                    by_stack[id(frames)] = cat
             mem.category_bytes[cat] = mem.category_bytes.get(cat, 0) + size
             mem.in_use_bytes += size
             mem.blocks += 1

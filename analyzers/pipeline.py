@@ -9,9 +9,7 @@ Public entry points:
   (`reduce_run`: cross-rank matching, detectors, the Report assembled once).
 - `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
 
-`progress`, when given, is called as `progress(done, total, label)`: in JSON bytes as batches
-of events are decoded when files load in this process (one big file moves too), in files when
-they load in a process pool.
+`progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
 Rank of a trace: `distributedInfo.rank`, else the run manifest, else the file name (rank-3,
 rank3, rank_3, _3_of_8), else 0 with a warning.
 """
@@ -25,16 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.rank_analysis import analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
 from zdiag.analyzers.report import MemoryTimeline, Report
 from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.analyzers.snapshot_input import SnapshotResult, is_snapshot_file, load_breakdowns
 from zdiag.analyzers.summary import RankSummary, summarize
+from zdiag.analyzers.summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
+from zdiag.analyzers.summary_map import RunContexts, assign_rank
 from zdiag.collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
@@ -43,6 +44,7 @@ from zdiag.collectors.rundir import (
     Manifest,
     check_rank,
     is_run_dir,
+    memory_snapshot_relpath,
     memory_timeline_relpath,
     oom_relpath,
     read_manifest,
@@ -117,6 +119,7 @@ class Inputs:
     manifest: Manifest | None
     run_dir: Path | None
     warnings: list[str] = field(default_factory=list)
+    snapshots: list[Path] = field(default_factory=list)
 
 
 def _oom_records(run_dir: Path) -> list[Path]:
@@ -173,6 +176,7 @@ def discover(paths: list[Path]) -> Inputs:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
     files: list[Path] = []
     memory: list[Path] = []
+    snapshots: list[Path] = []
     manifest: Manifest | None = None
     run_dir: Path | None = None
     warnings: list[str] = []
@@ -198,17 +202,21 @@ def discover(paths: list[Path]) -> Inputs:
                     ) from None
                 if not found:
                     found = _walk_traces(p, warnings)
-            if not found and not (run_like and _oom_records(p)):
+                snapshots.extend(_folder_snapshots(p))
+            if not found and not (run_like and _oom_records(p)) and not snapshots:
                 raise InputError(
-                    f"{p}: the folder holds no trace files (*.json or *.json.gz); pass a run "
-                    "directory written by 'zdiag run' or a folder of torch.profiler traces."
+                    f"{p}: the folder holds no trace files (*.json or *.json.gz) and no memory "
+                    "snapshots; pass a run directory written by 'zdiag run', a folder of "
+                    "torch.profiler traces or of torch.cuda.memory snapshots."
                 )
             files.extend(found)
         elif is_memory_timeline_name(p):
             memory.append(p)
+        elif is_snapshot_file(p):
+            snapshots.append(p)
         else:
             files.append(p)
-    if not files and memory:
+    if not files and memory and not snapshots:
         raise InputError(
             f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "
             "rank's trace (or the run directory)."
@@ -218,7 +226,24 @@ def discover(paths: list[Path]) -> Inputs:
         by_real.setdefault(f.resolve(), f)
     if manifest is not None:
         warnings.extend(manifest.warnings)
-    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings)
+    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings, snapshots)
+
+
+def _folder_snapshots(folder: Path) -> list[Path]:
+    """The CUDA memory snapshots directly in `folder` (recognized by content; traces and
+    hidden files are not opened)."""
+    try:
+        names = sorted(folder.iterdir())
+    except OSError:
+        return []
+    return [
+        x
+        for x in names
+        if not x.name.startswith(".")
+        and not x.name.lower().endswith(TRACE_SUFFIXES)
+        and x.is_file()
+        and is_snapshot_file(x)
+    ]
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -239,45 +264,9 @@ def _json_bytes(path: Path) -> int:
         return 0
 
 
-def _assign_rank(
-    trace: RankTrace, manifest_map: dict[Path, int], world_size: int | None = None
-) -> None:
-    """The trace's rank: distributedInfo, else the manifest, else the file name (checked to be
-    within 0..world_size-1, InputError otherwise), else 0 with a warning."""
-    if trace.rank_source == "distributedInfo":
-        return
-    path = trace.source.resolve()
-    if path in manifest_map:
-        trace.rank, trace.rank_source = manifest_map[path], "manifest"
-        return
-    from_name = rank_from_file_name(path)
-    if from_name is not None:
-        check_rank(from_name, world_size or trace.world_size, f"{trace.source} (file name)")
-        trace.rank, trace.rank_source = from_name, "file name"
-        trace.warnings.append(
-            f"no distributedInfo in the trace: rank {from_name} taken from the file name"
-        )
-        return
-    trace.rank, trace.rank_source = 0, "default"
-    trace.warnings.append(
-        "no distributedInfo in the trace and no rank in the file name: assumed rank 0"
-    )
-
-
 def _load_file(path: Path, workers: int) -> RankTrace:
     """`load_rank_trace` with a given number of decode processes (for the per-file pool)."""
     return load_rank_trace(path, workers=workers)
-
-
-def _share_reporter(
-    progress: Progress, base: int, size: int, total: int, name: str
-) -> Callable[[float], None]:
-    """`progress` in bytes for the share of one file (of `size` bytes, after `base`) decoded."""
-
-    def report(share: float) -> None:
-        progress(base + int(share * size), total, f"reading {name}")
-
-    return report
 
 
 def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
@@ -297,34 +286,43 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
                 if progress:
                     progress(done, len(files), trace.source.name)
     else:
-        # one process: progress in JSON bytes, so one big file moves the line too
-        done_bytes = 0
-        for f in files:
-            size = _json_bytes(f)
-            report = None
+        for done, f in enumerate(files, start=1):
             if progress:
-                progress(done_bytes, total_bytes, f"reading {f.name}")
-                report = _share_reporter(progress, done_bytes, size, total_bytes, f.name)
-            traces.append(load_rank_trace(f, on_fraction=report))
-            done_bytes += size
+                progress(done - 1, len(files), f"reading {f.name}")
+            traces.append(load_rank_trace(f))
             if progress:
-                progress(done_bytes, total_bytes, f.name)
+                progress(done, len(files), f.name)
     warnings = list(found.warnings)
     manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
     for t in traces:
-        _assign_rank(t, manifest_map, manifest.world_size if manifest else None)
+        assign_rank(
+            t, manifest_map.get(t.source.resolve()), manifest.world_size if manifest else None
+        )
     traces.sort(key=lambda t: (t.rank, str(t.source)))
-    run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files)
+    run = run_level_data(found, [t.rank for t in traces], warnings)
+    run.ranks = traces
+    return run
+
+
+def run_level_data(found: Inputs, ranks: list[int], warnings: list[str]) -> RunData:
+    """A RunData without traces for the discovered inputs whose traces hold `ranks` (in file
+    order, duplicates kept): the run-level warnings (`warnings` first), the memory timelines and
+    the step logs of those ranks."""
+    files, manifest, run_dir = found.traces, found.manifest, found.run_dir
+    run = RunData(ranks=[], manifest=manifest, run_dir=run_dir, inputs=files + found.snapshots)
     run.warnings.extend(warnings)
-    if not files and run_dir is not None:
+    _add_snapshots(run, found.snapshots, ranks)
+    if not files and run_dir is not None and not run.snapshots:
         run.warnings.append(
             f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
             "active steps); only its memory records are analyzed. Profile from the first step "
             "with 'zdiag run --profile-steps 0:0:N' to see the steps before the failure."
         )
     seen: dict[int, int] = {}
-    for t in traces:
-        seen[t.rank] = seen.get(t.rank, 0) + 1
+    for r in ranks:
+        seen[r] = seen.get(r, 0) + 1
+    if manifest is not None and ranks:
+        run.warnings.extend(_missing_rank_warnings(manifest, set(ranks)))
     dup = sorted(r for r, c in seen.items() if c > 1)
     if dup:
         run.warnings.append(
@@ -334,17 +332,68 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     for mem in found.memory:
         rank = rank_from_file_name(mem)
         if rank is None:
-            rank = traces[0].rank if len(traces) == 1 else 0
+            rank = ranks[0] if len(ranks) == 1 else 0
         run.memory_timelines[check_rank(rank, None, f"{mem} (file name)")] = mem
     if run_dir is not None:
-        for t in traces:
-            timeline = _run_dir_file(run_dir, memory_timeline_relpath(t.rank), run.warnings)
+        for r in ranks:
+            timeline = _run_dir_file(run_dir, memory_timeline_relpath(r), run.warnings)
             if timeline is not None:
-                run.memory_timelines.setdefault(t.rank, timeline)
-            log = _run_dir_file(run_dir, step_log_relpath(t.rank), run.warnings)
+                run.memory_timelines.setdefault(r, timeline)
+            log = _run_dir_file(run_dir, step_log_relpath(r), run.warnings)
             if log is not None:
-                run.step_logs[t.rank] = log
+                run.step_logs[r] = log
     return run
+
+
+def _add_snapshots(run: RunData, given: list[Path], ranks: list[int]) -> None:
+    """RunData.snapshots: the snapshots given (rank from the file name, else the only trace's
+    rank, else their order) and, in a run directory, memory/rank-N.snapshot.pickle."""
+    for i, path in enumerate(given):
+        rank = rank_from_file_name(path)
+        if rank is None:
+            rank = ranks[0] if len(ranks) == 1 and len(given) == 1 else i
+        if rank in run.snapshots:
+            run.warnings.append(f"{path}: a second memory snapshot for rank {rank}; it is not used")
+            continue
+        run.snapshots[check_rank(rank, None, f"{path} (file name)")] = path
+    if run.run_dir is None:
+        return
+    present = set(ranks) or ({e.rank for e in run.manifest.ranks} if run.manifest else set())
+    for rank in sorted(present):
+        found = _run_dir_file(run.run_dir, memory_snapshot_relpath(rank), run.warnings)
+        if found is not None:
+            run.snapshots.setdefault(rank, found)
+
+
+def _missing_rank_warnings(manifest: Manifest, found: set[int]) -> list[str]:
+    """A warning when the run's world size exceeds the ranks whose traces were found, saying
+    what the manifest knows of each missing one."""
+    expected = manifest.world_size or 0
+    missing = [r for r in range(expected) if r not in found]
+    if not missing:
+        return []
+    entries = {e.rank: e for e in manifest.ranks}
+    reasons = []
+    for r in missing[:MAX_MISSING_RANKS_SHOWN]:
+        e = entries.get(r)
+        if e is None or e.missing:
+            why = "it never wrote its manifest part (killed or never started)"
+        elif e.error:
+            why = f"it raised {e.error.split(':')[0]} after {e.steps} step(s)"
+        elif e.hang is not None or e.ended_by:
+            why = f"it hung or was stopped after {e.steps} step(s)"
+        else:
+            why = f"it finished {e.steps} step(s), before or without the profiler window"
+        reasons.append(f"rank {r}: {why}")
+    more = len(missing) - len(reasons)
+    tail = f"; and {more} more" if more > 0 else ""
+    return [
+        f"world size {expected}, but traces of only {len(found)} rank(s) were found: "
+        f"{'; '.join(reasons)}{tail}. Cross-rank results cover the ranks found only."
+    ]
+
+
+MAX_MISSING_RANKS_SHOWN = 8
 
 
 def _run_dir_file(run_dir: Path, rel: str, warnings: list[str]) -> Path | None:
@@ -390,20 +439,8 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    finished = _finished_steps(run.manifest)
-    collector_errors = _collector_errors(run.manifest)
-    unit_bytes = manifest_unit_bytes(run.manifest)
-    analyses = [
-        analyze_rank(
-            t,
-            RankContext(
-                finished_steps=finished.get(t.rank),
-                collector_errors=tuple(collector_errors.get(t.rank, [])),
-                unit_param_bytes=unit_bytes,
-            ),
-        )
-        for t in run.ranks
-    ]
+    contexts = RunContexts.of(run.manifest)
+    analyses = [analyze_rank(t, contexts.for_rank(t.rank)) for t in run.ranks]
     summaries = [summarize(a) for a in analyses]
     reduction = reduce_run(summaries, run_facts(run, summaries))
     return Analysis(
@@ -418,45 +455,67 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
     """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
     and the memory timelines of the summarized ranks (read from their files here)."""
     memory, memory_warnings = _memory_timelines(run, summaries)
+    snap = _snapshot_breakdowns(run, summaries)
+    have = {m.rank for m in memory}
+    memory += [t for t in snap.timelines if t.rank not in have]
+    memory.sort(key=lambda m: m.rank)
     return RunFacts(
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
-        warnings=tuple(run.warnings + memory_warnings),
+        warnings=tuple(run.warnings + memory_warnings + list(snap.warnings)),
         memory=tuple(memory),
+        memory_breakdowns=snap.breakdowns,
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
+        flight_recorder=run.flight_recorder,
+        flight_recorder_inputs=tuple(run.flight_recorder_inputs),
     )
 
 
-MAX_COLLECTOR_ERRORS_SHOWN = 5
-
-
-def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
-    """Rank -> what zdiag's collectors reported on it during the run (the manifest's
-    `collector_errors`: a lost trace, a memory timeline with totals only, ...), at most 5 each."""
-    if manifest is None:
-        return {}
-    return {
-        e.rank: list(e.collector_errors[:MAX_COLLECTOR_ERRORS_SHOWN])
-        for e in manifest.ranks
-        if e.collector_errors
-    }
-
-
-def _finished_steps(manifest: Manifest | None) -> dict[int, int]:
-    """Rank -> steps finished, for the ranks of a `zdiag run` manifest that exited cleanly (an
-    OOM's or a crash's last step is the failing one, kept)."""
-    if manifest is None:
-        return {}
-    return {e.rank: e.steps for e in manifest.ranks if e.exit_code == 0 and not e.oom}
+def _snapshot_breakdowns(run: RunData, summaries: list[RankSummary]) -> SnapshotResult:
+    """The snapshots of the analyzed ranks (all of them when no trace was given) broken down,
+    on the device each rank used and against its capacity, when known."""
+    by_rank = {s.rank: s for s in summaries}
+    todo = {r: p for r, p in run.snapshots.items() if not by_rank or r in by_rank}
+    entries = {e.rank: e for e in run.manifest.ranks} if run.manifest else {}
+    devices = {}
+    for r in todo:
+        dev = entries[r].device if r in entries else None
+        if isinstance(dev, str) and dev.startswith("cuda:") and dev[5:].isdigit():
+            devices[r] = int(dev[5:])
+    world = run.manifest.world_size if run.manifest else None
+    world = world or next((s.world_size for s in summaries if s.world_size), None)
+    return load_breakdowns(
+        todo,
+        devices=devices,
+        capacity={r: s.capacity_bytes for r, s in by_rank.items()},
+        world_size=world,
+        oom_ranks=frozenset(r for r, e in entries.items() if e.oom),
+    )
 
 
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints."""
+    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
+    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
+    if dumps and not paths:
+        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
+    attach_flight_recorder(run, dumps)
     return analyze_run(run, ranks=ranks).report
+
+
+def attach_flight_recorder(run: RunData, dumps: list[Path]) -> None:
+    """Give the run the analysis of the flight-recorder dumps found among its inputs (the
+    `hang` detector reads it), their paths and what they could not tell."""
+    if not dumps:
+        return
+    hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+    run.flight_recorder = hangs
+    run.flight_recorder_inputs = [str(p) for p in dumps]
+    run.warnings += flight_recorder.dump_warnings(hangs, findings)
 
 
 def _memory_timelines(

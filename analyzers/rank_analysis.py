@@ -20,12 +20,20 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
+from zdiag.analyzers import frameworks
 from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
 from zdiag.analyzers.crossrank import RankCollectives, rank_collectives
 from zdiag.analyzers.detectors.blocks import repeated_module_class
 from zdiag.analyzers.events import EventKind, RankTrace
 from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
-from zdiag.analyzers.report import CollectiveKindStats, StepBreakdown, StepTimeline
+from zdiag.analyzers.kineto_memory import kineto_memory
+from zdiag.analyzers.report import (
+    CollectiveKindStats,
+    MemoryBreakdown,
+    MemoryTimeline,
+    StepBreakdown,
+    StepTimeline,
+)
 from zdiag.analyzers.run_data import StepWindows
 from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
 from zdiag.analyzers.timeline import step_timeline
@@ -38,14 +46,18 @@ HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 class RankContext:
     """What the run (its manifest) says about one rank, given to the map with its trace.
 
-    - `finished_steps`: steps the rank finished when it exited cleanly (a trailing, unfinished
-      `ProfilerStep` window is left out), None when unknown.
+    - `finished_steps`: steps the rank finished before it ended (a trailing `ProfilerStep`
+      window it never finished is left out: the script's teardown after a clean exit, or the
+      step a crash, a signal or a hang interrupted), None when unknown.
+    - `failure`: how the rank ended when it did not exit cleanly ("raised RuntimeError: ...",
+      "ended by SIGTERM", "hung"), None for a clean exit.
     - `collector_errors`: what zdiag's collectors reported on the rank during the run.
     - `unit_param_bytes`: {unit fqn: unsharded parameter bytes}, for the collectives the trace
       recorded without shapes.
     """
 
     finished_steps: int | None = None
+    failure: str | None = None
     collector_errors: tuple[str, ...] = ()
     unit_param_bytes: Mapping[str, int] = field(default_factory=dict)
 
@@ -58,6 +70,7 @@ class RankFacts(msgspec.Struct, kw_only=True):
     host_syncs: int = 0  # CPU sync events + `.item()` ops in the trace
     module_class: tuple[str, int] | None = None  # most repeated `nn.Module: <Class>_<k>` class
     group_sizes: list[int] = msgspec.field(default_factory=list)  # distinct process-group sizes
+    framework: str | None = None  # the first registered framework whose labels the trace holds
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,8 @@ class RankAnalysis:
     timeline: StepTimeline | None
     facts: RankFacts
     warnings: tuple[str, ...]
+    memory_breakdown: MemoryBreakdown | None = None  # from Kineto `[memory]` events
+    memory_timeline: MemoryTimeline | None = None
 
 
 def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAnalysis:
@@ -94,10 +109,15 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
     warnings += step_warnings
     if context.finished_steps is not None:
         windows, dropped = drop_unfinished_tail(windows, context.finished_steps)
-        if dropped:
+        if dropped and context.failure is None:
             warnings.append(
                 f"step {dropped[0]} left out: the run ended inside it (the profiler stopped "
                 "during the script's teardown, after its last optimizer step)"
+            )
+        elif dropped:
+            warnings.append(
+                f"step {dropped[0]} left out: the rank {context.failure} inside it, so it never "
+                "finished (its events are not a step)"
             )
     sets = ActivitySets(trace)
     breakdown = breakdown_rank(trace, windows, sets)
@@ -111,6 +131,9 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         compute=sets.compute,
         unit_param_bytes=context.unit_param_bytes,
     )
+    capacity = device_capacity(trace)
+    memory_breakdown, memory_timeline, memory_warnings = kineto_memory(trace, capacity)
+    warnings += memory_warnings
     info = trace.distributed_info or {}
     backend = info.get("backend")
     return RankAnalysis(
@@ -124,7 +147,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         ),
         trace_start_us=trace.trace_start_us,
         base_time_ns=trace.base_time_ns,
-        capacity_bytes=device_capacity(trace),
+        capacity_bytes=capacity,
         world_size=trace.world_size,
         backend=str(backend) if backend else None,
         rank_source=trace.rank_source,
@@ -136,6 +159,8 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         timeline=timeline,
         facts=rank_facts(trace),
         warnings=tuple(warnings),
+        memory_breakdown=memory_breakdown,
+        memory_timeline=memory_timeline,
     )
 
 
@@ -145,8 +170,9 @@ def rank_facts(trace: RankTrace) -> RankFacts:
         world_size=trace.world_size,
         host=trace.host,
         host_syncs=count_host_syncs(trace),
-        module_class=repeated_module_class(trace.names),
+        module_class=repeated_module_class(trace),
         group_sizes=sorted({int(g) for g in trace.collectives.group_size if int(g) > 0}),
+        framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
     )
 
 

@@ -17,7 +17,8 @@ from zdiag import __version__
 from zdiag.analyzers import crossrank, verdict
 from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
 from zdiag.analyzers.detectors import build_context, run_context
-from zdiag.analyzers.report import MemoryTimeline, Report, StepTimeline
+from zdiag.analyzers.flight_recorder import HangAnalysis
+from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
 from zdiag.collectors.rundir import Manifest
@@ -31,8 +32,11 @@ class RunFacts:
     - `manifest` / `run_dir`: the run manifest and directory (None for bare traces).
     - `warnings`: run-level warnings from loading (duplicate ranks, skipped memory timelines).
     - `memory`: the memory timelines loaded for the analyzed ranks.
+    - `memory_breakdowns`: the CUDA snapshots' (and Kineto memory events') breakdowns.
     - `manifest_summary`: what `Report.run` takes from the manifest (schema, world size,
       versions; `pipeline.manifest_summary`).
+    - `flight_recorder` / `flight_recorder_inputs`: the analysis of torch.distributed
+      flight-recorder dumps given with the traces, and their paths (the `hang` detector reads it).
     """
 
     inputs: tuple[str, ...] = ()
@@ -40,7 +44,10 @@ class RunFacts:
     run_dir: Path | None = None
     warnings: tuple[str, ...] = ()
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
+    memory_breakdowns: tuple[MemoryBreakdown, ...] = field(default_factory=tuple)
     manifest_summary: Mapping[str, Any] = field(default_factory=dict)
+    flight_recorder: HangAnalysis | None = None
+    flight_recorder_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,12 +62,15 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
     """Cross-rank matching, detectors and the Report, from rank summaries alone (rank order)."""
     matching = match_collectives([s.rank_collectives() for s in summaries])
     multi_rank = len(matching.ranks) >= 2
+    memory, breakdowns = merged_memory(summaries, run)
     ctx = build_context(
         summaries,
         manifest=run.manifest,
         run_dir=run.run_dir,
-        memory=run.memory,
+        memory=memory,
+        memory_breakdowns=breakdowns,
         crossrank=matching,
+        flight_recorder=run.flight_recorder,
     )
     detected = run_context(ctx)
 
@@ -77,19 +87,37 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
 
     report = Report(
         zdiag_version=__version__,
-        inputs=list(run.inputs),
+        inputs=list(run.inputs) + list(run.flight_recorder_inputs),
         thresholds=thresholds,
         run=run_summary(summaries, run),
         ranks=[s.rank_report() for s in summaries],
         collectives=[c for s in summaries for c in s.collective_stats],
         timelines=_timelines(summaries),
-        memory=list(run.memory),
+        memory=memory,
+        memory_breakdowns=breakdowns,
         fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
         stragglers=crossrank.straggler_stats(matching) if multi_rank else [],
         findings=detected.findings,
         warnings=warnings,
     )
     return Reduction(report=report, crossrank=matching)
+
+
+def merged_memory(
+    summaries: Sequence[RankSummary], run: RunFacts
+) -> tuple[list[MemoryTimeline], list[MemoryBreakdown]]:
+    """Memory timelines and breakdowns by rank: the run's files (memory timeline exports,
+    CUDA snapshots) first, then the ranks' Kineto memory events where no file covers them."""
+    memory = list(run.memory)
+    breakdowns = list(run.memory_breakdowns)
+    have_tl = {m.rank for m in memory}
+    have_b = {b.rank for b in breakdowns}
+    for s in summaries:
+        if s.memory_timeline is not None and s.rank not in have_tl:
+            memory.append(s.memory_timeline)
+        if s.memory_breakdown is not None and s.rank not in have_b:
+            breakdowns.append(s.memory_breakdown)
+    return sorted(memory, key=lambda m: m.rank), sorted(breakdowns, key=lambda b: b.rank)
 
 
 def _timelines(summaries: Sequence[RankSummary]) -> list[StepTimeline]:

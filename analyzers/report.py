@@ -128,6 +128,57 @@ class MemoryTimeline(msgspec.Struct, kw_only=True):
     oom: bool = False
 
 
+class AllocationSite(msgspec.Struct, kw_only=True):
+    """Live bytes allocated from one source line (the innermost user frame of the stack)."""
+
+    site: str  # "model.py:88 in forward"
+    bytes: int
+    blocks: int
+    category: str  # the category holding most of its bytes
+
+
+class WhatIf(msgspec.Struct, kw_only=True):
+    """A predicted peak under one change, with the arithmetic behind it."""
+
+    change: str  # "activation checkpointing per block", "micro-batch / 2", ...
+    predicted_peak_bytes: int | None  # None: cannot be predicted from what was recorded
+    saved_bytes: int | None
+    arithmetic: str
+    fits: bool | None = None  # under the capacity (None when the capacity is unknown)
+
+
+class MemoryBreakdown(msgspec.Struct, kw_only=True):
+    """One rank's memory from a CUDA snapshot (or Kineto memory events): by category now (the
+    end of the recording) and at the peak, reserved versus allocated, top allocation sites."""
+
+    rank: int
+    source: str  # "snapshot", "kineto memory events"
+    device: int | None = None
+    allocated_bytes: int | None = None  # at the end of the recording
+    reserved_bytes: int | None = None
+    pending_free_bytes: int = 0
+    largest_free_block_bytes: int | None = None
+    # free bytes in segments that also hold live blocks: the cache cannot release them
+    fragmented_bytes: int | None = None
+    segments: int = 0
+    blocks: int = 0
+    blocks_with_stacks: int = 0
+    category_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    peak_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_category_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    peak_at: str = ""  # "replayed" (from the allocator history), "end of history"
+    peak_time_ms: float | None = None
+    history_events: int = 0
+    top_sites: list[AllocationSite] = msgspec.field(default_factory=list)
+    peak_activation_by_module: dict[str, int] = msgspec.field(default_factory=dict)
+    peak_unsharded_by_module: dict[str, int] = msgspec.field(default_factory=dict)
+    oom: bool = False
+    oom_request_bytes: int | None = None
+    capacity_bytes: int | None = None
+    what_if: list[WhatIf] = msgspec.field(default_factory=list)
+
+
 class Finding(msgspec.Struct, kw_only=True):
     """A diagnosed problem, its evidence as numbers, the change to make and the gain to expect."""
 
@@ -158,6 +209,7 @@ class Report(msgspec.Struct, kw_only=True):
     stragglers: list[StragglerStat] = msgspec.field(default_factory=list)
     timelines: list[StepTimeline] = msgspec.field(default_factory=list)
     memory: list[MemoryTimeline] = msgspec.field(default_factory=list)
+    memory_breakdowns: list[MemoryBreakdown] = msgspec.field(default_factory=list)
     thresholds: dict[str, float] = msgspec.field(default_factory=dict)
     warnings: list[str] = msgspec.field(default_factory=list)
     run: dict[str, Any] | None = None  # manifest summary (world size, config, versions)

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zdiag.analyzers.events import RankTrace
+from zdiag.analyzers.flight_recorder import HangAnalysis
 from zdiag.collectors.rundir import Manifest
 
 if TYPE_CHECKING:
@@ -62,8 +63,11 @@ class RunData:
       input was a run directory.
     - `run_dir`: that directory, else None.
     - `memory_timelines`: rank -> path of RUN_DIR/memory/rank-N.timeline.json.gz, if present.
+    - `snapshots`: rank -> path of its CUDA memory snapshot (given, or RUN_DIR/memory/).
     - `step_logs`: rank -> path of RUN_DIR/steps/rank-N.jsonl, if present.
     - `warnings`: run-level warnings (per-rank ones are on each RankTrace).
+    - `flight_recorder` / `flight_recorder_inputs`: flight-recorder dumps given with the traces:
+      their analysis and paths.
     """
 
     ranks: list[RankTrace]
@@ -71,8 +75,11 @@ class RunData:
     run_dir: Path | None = None
     inputs: list[Path] = field(default_factory=list)
     memory_timelines: dict[int, Path] = field(default_factory=dict)
+    snapshots: dict[int, Path] = field(default_factory=dict)
     step_logs: dict[int, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    flight_recorder: HangAnalysis | None = None
+    flight_recorder_inputs: list[str] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankTrace:
         """The trace of one rank (KeyError when absent)."""

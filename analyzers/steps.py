@@ -29,16 +29,16 @@ import re
 import numpy as np
 import numpy.typing as npt
 
+from zdiag.analyzers import frameworks
 from zdiag.analyzers.events import DEVICE_KINDS, EventKind, RankTrace
 from zdiag.analyzers.run_data import StepWindows
+from zdiag.errors import InputError
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RE = r"^Optimizer\.step#"
-_FORWARD_MARKERS = (
-    r"^FSDP::root_pre_forward$",
-    r"^DistributedDataParallel\.forward$",
-    r"^## forward ##$",
-)
+# One label per forward pass: each framework's own (analyzers/frameworks/), then the plain
+# record_function("## forward ##") a script may write.
+_FORWARD_MARKERS = (*frameworks.forward_markers(), r"^## forward ##$")
 
 Arr = npt.NDArray[np.float64]
 
@@ -97,6 +97,11 @@ def _profiler_steps(trace: RankTrace) -> tuple[npt.NDArray[np.int64], Arr, Arr, 
         if not m:
             continue
         k = int(m.group(1))
+        if k > 2**63 - 1:  # damaged: no run has that many steps (and numpy holds 64 bits)
+            raise InputError(
+                f"{trace.source}: a step is named {trace.name(int(i))[:60]!r}, a number beyond "
+                "any 64-bit integer, so the trace is damaged; re-export it or fix that event."
+            )
         s = float(trace.ts_us[i])
         e = s + float(trace.dur_us[i])
         if k in by_step:  # the same step on several threads: keep the widest range

@@ -3,7 +3,9 @@
 `summarize(analysis)` keeps from a `RankAnalysis` what the reduce (cross-rank matching, the
 detectors, the Report) reads, and nothing that needs the trace again: the rank's identity and
 step table, its collectives with per-call timing (as packed columns), the per-kind totals, the
-representative-step timeline, the FSDP unit ledger and the detector facts. `encode_summary` /
+representative-step timeline, the FSDP unit ledger, the detector facts and, for traces recorded
+with `profile_memory=True`, the memory breakdown and timeline from their Kineto `[memory]`
+events (kineto_memory.py; at most 2000 timeline points). `encode_summary` /
 `decode_summary` write and read it as zlib-compressed msgpack under the schema
 `zdiag.rank-summary/1`, so a summary computed inside a training job or on a worker can be cached
 and merged later.
@@ -26,7 +28,14 @@ import numpy.typing as npt
 from zdiag.analyzers.crossrank import RankCollectives
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.rank_analysis import RankAnalysis, RankFacts
-from zdiag.analyzers.report import CollectiveKindStats, RankReport, StepBreakdown, StepTimeline
+from zdiag.analyzers.report import (
+    CollectiveKindStats,
+    MemoryBreakdown,
+    MemoryTimeline,
+    RankReport,
+    StepBreakdown,
+    StepTimeline,
+)
 
 SUMMARY_SCHEMA = "zdiag.rank-summary/1"
 
@@ -106,6 +115,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     ledger: RankLedger | None = None
     facts: RankFacts = msgspec.field(default_factory=RankFacts)
     warnings: list[str] = msgspec.field(default_factory=list)
+    # from Kineto `[memory]` events (profile_memory=True); timeline capped at 2000 points
+    memory_breakdown: MemoryBreakdown | None = None
+    memory_timeline: MemoryTimeline | None = None
 
     def rank_collectives(self) -> RankCollectives:
         """The rank's collectives for the cross-rank matching."""
@@ -153,6 +165,8 @@ def summarize(analysis: RankAnalysis) -> RankSummary:
         ledger=analysis.ledger if analysis.ledger.records else None,
         facts=analysis.facts,
         warnings=list(analysis.warnings),
+        memory_breakdown=analysis.memory_breakdown,
+        memory_timeline=analysis.memory_timeline,
     )
 
 
@@ -167,11 +181,11 @@ def encode_summary(summary: RankSummary) -> bytes:
     return zlib.compress(_ENCODER.encode(summary), ZLIB_LEVEL)
 
 
-def decode_summary(data: bytes) -> RankSummary:
-    """A summary from `encode_summary`'s bytes; ValueError when they are not a
-    `zdiag.rank-summary/1` summary."""
+def decode_summary(data: bytes, *, compressed: bool = True) -> RankSummary:
+    """A summary from `encode_summary`'s bytes (`summary_msgpack`'s with compressed=False);
+    ValueError when they are not a `zdiag.rank-summary/1` summary."""
     try:
-        summary = _DECODER.decode(zlib.decompress(data))
+        summary = _DECODER.decode(zlib.decompress(data) if compressed else data)
     except (zlib.error, msgspec.DecodeError) as exc:
         raise ValueError(f"not a zdiag rank summary ({exc})") from exc
     if summary.schema != SUMMARY_SCHEMA:
@@ -179,3 +193,54 @@ def decode_summary(data: bytes) -> RankSummary:
             f"unsupported rank-summary schema {summary.schema!r} (want {SUMMARY_SCHEMA})"
         )
     return summary
+
+
+class _TimelineHead(msgspec.Struct, kw_only=True):
+    """A StepTimeline's rank and step, its spans skipped by the decoder."""
+
+    rank: int
+    step: int
+    truncated: bool = False
+
+
+class _SummaryWithoutSpans(RankSummary, kw_only=True):
+    """A RankSummary decoded with its timeline's spans skipped (same encoding)."""
+
+    timeline: _TimelineHead | None = None  # type: ignore[assignment]
+
+
+_HEAD_DECODER = msgspec.msgpack.Decoder(_SummaryWithoutSpans)
+
+
+def summary_msgpack(summary: RankSummary) -> bytes:
+    """The summary as uncompressed msgpack (`encode_summary` without zlib), for stores that
+    decode it often: `decode_summary_without_spans(data, compressed=False)` then skips the
+    timeline's spans without inflating them."""
+    return _ENCODER.encode(summary)
+
+
+def inflate_summary(data: bytes) -> bytes:
+    """`encode_summary` bytes as `summary_msgpack` bytes (ValueError when not zlib data)."""
+    try:
+        return zlib.decompress(data)
+    except zlib.error as exc:
+        raise ValueError(f"not a zdiag rank summary ({exc})") from exc
+
+
+def decode_summary_without_spans(data: bytes, *, compressed: bool = True) -> RankSummary:
+    """`decode_summary`, except that the timeline keeps its rank and step but no spans (a
+    summary's timeline is most of its size; the reduce shows a few ranks' timelines only:
+    decode those with `decode_summary`). `compressed=False` reads `summary_msgpack` bytes.
+    ValueError as decode_summary."""
+    try:
+        head = _HEAD_DECODER.decode(zlib.decompress(data) if compressed else data)
+    except (zlib.error, msgspec.DecodeError) as exc:
+        raise ValueError(f"not a zdiag rank summary ({exc})") from exc
+    if head.schema != SUMMARY_SCHEMA:
+        raise ValueError(f"unsupported rank-summary schema {head.schema!r} (want {SUMMARY_SCHEMA})")
+    fields = {f: getattr(head, f) for f in head.__struct_fields__ if f != "timeline"}
+    tl = head.timeline
+    timeline = (
+        None if tl is None else StepTimeline(rank=tl.rank, step=tl.step, truncated=tl.truncated)
+    )
+    return RankSummary(**fields, timeline=timeline)

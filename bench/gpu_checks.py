@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import Report
 from zdiag.collectors import rundir
 
-MISCONFIGS = ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
 GIB = 1024**3
 
 

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
 from zdiag.analyzers.pipeline import analyze_paths
 
-MISCONFIGS = ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
-SCENARIOS = ("none", *MISCONFIGS)
 # Healthy variants (label "none": none of the four may fire) and one reported apart:
 # "ac-fixed" is the activation-oom preset and budget with the fix applied (--ac block);
 # "implicit" is FSDP2's default prefetch, whose forward gathers block the only thread on CPU

@@ -109,7 +109,7 @@ class Profile:
                 exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             )
         else:
-            session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}")
+            session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}", exc)
         try:
             merge_manifest(session.run_dir)
         except Exception:

@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         if memory.is_out_of_memory(exc):
             session.on_out_of_memory(exc)
-        session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}")
+        session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}", exc)
         raise
     session.finish(0)
     return 0

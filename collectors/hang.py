@@ -25,12 +25,13 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from zdiag.collectors.rundir import HangRecord
+from zdiag.collectors.rundir import HangRecord, SourceLine
 
 HANG_FIRST_STEP_S = 300.0
 """Timeout before `HANG_MIN_STEPS` steps have finished: start-up can take minutes (compilation,
@@ -260,8 +261,9 @@ def describe_hang(main_thread_id: int | None = None) -> dict[str, Any]:
     threads = []
     main_frames: list[FrameType] = []
     for ident, frame in list(sys._current_frames().items())[:MAX_THREADS]:
-        if ident == threading.get_ident():
-            continue  # the watchdog itself
+        if ident == threading.get_ident() and ident != main_thread_id:
+            continue  # the watchdog or signal watcher itself (a signal handler on the training
+            # thread keeps it: its outer frames are where the signal found the training)
         frames = _frames(frame)
         if ident == main_thread_id:
             main_frames = frames
@@ -315,3 +317,31 @@ def hang_record(
         user_code=user.get("code"),
         dump=dump_relpath,
     )
+
+
+def raised_at(exc: BaseException) -> SourceLine | None:
+    """The innermost line of the user's code in an exception's traceback (None when the
+    traceback never passes through it: an error inside zdiag or a library only)."""
+    try:
+        frames = traceback.extract_tb(exc.__traceback__, limit=MAX_FRAMES_PER_THREAD * 4)
+    except Exception:
+        return None
+    for fs in reversed(frames):
+        if is_user_file(fs.filename):
+            code = (fs.line or "").strip()[:200] or None
+            return SourceLine(fs.filename, fs.lineno or 0, fs.name, code)
+    return None
+
+
+def hang_line(hang: HangRecord) -> str:
+    """Where a hung rank is, in one line: the collective (group, sequence number, FSDP unit) and
+    the user's frame, e.g. `all_gather_single #34 (group 0) at train.py:67`."""
+    parts = []
+    if hang.op is not None:
+        seq = f" #{hang.sequence_number}" if hang.sequence_number is not None else ""
+        group = f" (group {hang.group_name})" if hang.group_name is not None else ""
+        unit = f" for {hang.fsdp_unit or '(root)'}" if hang.fsdp_unit is not None else ""
+        parts.append(f"{hang.op}{seq}{group}{unit}")
+    if hang.user_file is not None:
+        parts.append(f"at {os.path.basename(hang.user_file)}:{hang.user_line}")
+    return " ".join(parts) or "an unknown place (no stack)"

@@ -1,12 +1,24 @@
 """The receiving end of the live stream: the monitor's receiver and the per-node relay.
 
 `LiveReceiver` binds a ZeroMQ PULL socket, checks each message's token and schema, and returns
-decoded records stamped with their receive time. Messages with a wrong token are rejected and
-counted (`rejected_token`), malformed ones too (`malformed`). Binding anywhere but loopback
-requires a token. Oversized messages are refused by zmq itself (``MAXMSGSIZE``).
+records decoded into the fixed schema of `live_wire.decode`, stamped with their receive time.
+Every refused message is counted by reason (`rejections`: token, schema, oversize, json, nested,
+field, range; see `live_wire.REJECT_REASONS`), and one bad message costs only itself. Binding
+anywhere but loopback requires a token.
+
+Bounded memory: a message is read frame by frame, without copying, and given up (counted
+"oversize") once its frames pass `MAX_MESSAGE_BYTES` in all or it has more than 3 frames; zmq
+disconnects a peer that sends one frame over `MAX_FRAME_BYTES` (``MAXMSGSIZE``; such a message
+never reaches the receiver, so it cannot be counted), and holds at most ``RCV_HWM`` complete
+messages. One limit is zmq's own: it delivers a multipart message only once all its frames have
+arrived and has no cap on their number, so a peer that can connect can make zmq hold one long
+message until it is complete (the receiver then discards it without copying it). The token is
+checked only after that; keep the port on loopback, or on a trusted network, as
+docs/monitor.md says.
 
 `Relay` fans in one node's ranks: it listens on the node (loopback by default), and forwards
-every valid message over one connection to the monitor, dropping and counting when the monitor is
+every valid record, re-encoded from its decoded schema (so nothing it was sent beyond the schema,
+and no invalid message, goes on), over one connection to the monitor, dropping and counting when the monitor is
 slow or absent, and reporting its counters as ``kind="relay"`` records every few seconds. Run it as
 ``zdiag monitor --relay`` or inside the local-rank-0 process with `Relay.start_thread`.
 """
@@ -25,7 +37,9 @@ import zmq
 from zdiag.collectors.live_wire import (
     ENV_MONITOR,
     ENV_TOKEN,
+    MAX_FRAME_BYTES,
     MAX_MESSAGE_BYTES,
+    REJECT_REASONS,
     SCHEMA,
     SCHEMA_FRAME,
     Endpoint,
@@ -38,7 +52,9 @@ from zdiag.collectors.live_wire import (
 )
 from zdiag.errors import ConfigError
 
-RCV_HWM = 200_000  # messages zmq may buffer between two polls (bounded memory under bursts)
+RCV_HWM = 10_000
+"""Complete messages zmq may buffer between two polls (10 s of 1000 ranks at 1 step/s)."""
+MAX_FRAMES = 3  # a zdiag.live/1 message has exactly 3 frames
 RELAY_SEND_HWM = 10_000
 RELAY_STATS_INTERVAL_S = 2.0
 
@@ -68,13 +84,12 @@ class LiveReceiver:
         self._token = token.encode()
         self._clock = clock
         self.received = 0
-        self.rejected_token = 0
-        self.malformed = 0
+        self.rejections: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[Any] = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, RCV_HWM)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         try:
             if endpoint.port == 0:
                 port = self._sock.bind_to_random_port(f"tcp://{endpoint.host}")
@@ -90,37 +105,77 @@ class LiveReceiver:
 
     @property
     def rejected(self) -> int:
-        """Messages refused: wrong token or malformed."""
-        return self.rejected_token + self.malformed
+        """Messages refused, for any reason."""
+        return sum(self.rejections.values())
+
+    @property
+    def rejected_token(self) -> int:
+        """Messages refused for a wrong or missing token."""
+        return self.rejections["token"]
+
+    @property
+    def malformed(self) -> int:
+        """Messages refused for anything but the token."""
+        return self.rejected - self.rejected_token
+
+    def _reject(self, reason: str) -> None:
+        self.rejections[reason] += 1
+
+    def _recv_message(self) -> list[bytes] | None:
+        """The next message's frames (raises zmq.Again when there is none), or None when it was
+        refused (counted): over `MAX_FRAMES` frames or `MAX_MESSAGE_BYTES` in all. The frames
+        of a refused message are received without copying and dropped at once."""
+        frame = self._sock.recv(flags=zmq.NOBLOCK, copy=False)
+        frames: list[bytes] = []
+        total = 0
+        refused = False
+        while True:
+            total += len(frame.buffer)
+            if total > MAX_MESSAGE_BYTES or len(frames) >= MAX_FRAMES:
+                refused = True
+                frames.clear()
+            elif not refused:
+                frames.append(frame.bytes)
+            if not frame.more:
+                break
+            frame = self._sock.recv(copy=False)  # the rest of this message has arrived already
+        if refused:
+            self._reject("oversize")
+            return None
+        return frames
 
     def poll_frames(self, timeout_ms: int = 0, max_messages: int = 50_000) -> list[list[bytes]]:
-        """Raw messages whose token and schema frame are right (waits up to `timeout_ms` for one)."""
+        """Raw messages whose size, frame count, token and schema frame are right (waits up to
+        `timeout_ms` for one); the others are counted in `rejections`."""
         out: list[list[bytes]] = []
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
             return out
         for _ in range(max_messages):
             try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = self._recv_message()
             except zmq.Again:
                 break
+            if frames is None:
+                continue
             if len(frames) != 3 or frames[0] != SCHEMA_FRAME:
-                self.malformed += 1
+                self._reject("schema")
             elif not token_matches(self._token, frames[1]):
-                self.rejected_token += 1
+                self._reject("token")
             else:
                 out.append(frames)
         return out
 
     def poll(self, timeout_ms: int = 0, max_messages: int = 50_000) -> list[dict[str, Any]]:
-        """Decoded records, each stamped with ``recv_ts`` (this receiver's clock)."""
+        """Decoded records, each stamped with ``recv_ts`` (this receiver's clock); a message
+        that does not decode is counted by reason and costs only itself."""
         records: list[dict[str, Any]] = []
         frames_list = self.poll_frames(timeout_ms, max_messages)
         now = self._clock()
         for frames in frames_list:
             try:
                 record = decode(frames)
-            except WireError:
-                self.malformed += 1
+            except WireError as exc:
+                self._reject(exc.reason)
                 continue
             record["recv_ts"] = now
             records.append(record)
@@ -186,8 +241,9 @@ class Relay:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     break
-                for frames in self.receiver.poll_frames(timeout_ms=100):
-                    self._send(frames)
+                for record in self.receiver.poll(timeout_ms=100):
+                    record.pop("recv_ts", None)
+                    self._send(encode(record, self._token))
                 if now >= next_stats:
                     next_stats = now + self._stats_interval_s
                     self._send(encode(self.stats_record(), self._token))

@@ -30,7 +30,12 @@ if TYPE_CHECKING:  # zmq is imported where a socket is made: `zdiag run` needs o
 
 SCHEMA = "zdiag.live/1"
 SCHEMA_FRAME = SCHEMA.encode()
-MAX_MESSAGE_BYTES = 64 * 1024  # a step record is ~400 bytes; larger messages are refused by zmq
+MAX_MESSAGE_BYTES = 64 * 1024
+"""A message's frames together (a step record is ~400 bytes): the receiver refuses and counts
+("oversize") any larger message."""
+MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
+"""zmq's own limit on one frame (``MAXMSGSIZE``): a peer sending a larger frame is disconnected
+by zmq before the receiver sees anything (so that message cannot be counted)."""
 DEFAULT_PORT = 5577
 ENV_MONITOR = "ZDIAG_MONITOR"
 ENV_TOKEN = "ZDIAG_MONITOR_TOKEN"
@@ -132,56 +137,148 @@ def push_socket(ctx: zmq.Context[Any], target: Endpoint, send_hwm: int) -> zmq.S
     return sock
 
 
+MAX_NESTING_BRACKETS = 32
+"""A record is one flat JSON object: a payload with more `[`/`{` than this is refused before it is
+parsed (so no deeply nested payload ever reaches the JSON parser's recursion)."""
+
+MAX_RANK = 2**31 - 1
+MAX_COUNT = 2**63 - 1
+MAX_TS_S = 1e11  # unix seconds (year 5138)
+MAX_MS = 1e9  # 11.6 days: longer than any step or phase
+MAX_BYTES = 2.0**60  # 1 EiB: more than any device's memory
+MAX_RATE = 1e12  # samples per second
+_NUMBER_RANGES: dict[str, float] = {
+    "step_time_ms": MAX_MS,
+    "mem_allocated_bytes": MAX_BYTES,
+    "mem_reserved_bytes": MAX_BYTES,
+    "mem_peak_bytes": MAX_BYTES,
+    "samples_per_s": MAX_RATE,
+    "compute_ms": MAX_MS,
+    "comm_ms": MAX_MS,
+    "exposed_comm_ms": MAX_MS,
+}
+"""Each number field's upper bound (all are >= 0); a value outside is refused ("range")."""
+
+STEP_FIELDS = (
+    "kind",
+    "schema",
+    "rank",
+    "host",
+    "job",
+    "step",
+    "ts",
+    "seq",
+    "pid",
+    "dropped",
+    "hung_in",
+    *_NUMBER_FIELDS,
+)
+"""The fields a decoded step record holds (every other field is dropped). `hung_in` is set only
+on the record a rank's hang watchdog sends: where the rank is stuck, one line."""
+RELAY_FIELDS = ("kind", "schema", "host", "ts", "forwarded", "dropped", "rejected")
+"""The fields a decoded relay record holds."""
+
+REJECT_REASONS = ("token", "schema", "oversize", "json", "nested", "field", "range")
+"""Why a message was refused, as counted by the receiver: wrong token; not 3 frames or a wrong
+schema frame; over `MAX_MESSAGE_BYTES` in all; not JSON (or not UTF-8); nested; a missing or
+mistyped field; a number outside its range."""
+
+
 class WireError(ValueError):
-    """A message that is not a valid zdiag.live/1 record."""
+    """A message that is not a valid zdiag.live/1 record; `reason` is one of REJECT_REASONS."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def decode(frames: list[bytes]) -> dict[str, Any]:
-    """Validate and decode the payload of a message whose token was already checked.
+    """Validate a message whose token was already checked and decode it into a fixed schema.
 
-    Raises WireError for anything malformed: wrong frame count or schema, bad JSON, missing or
-    mistyped fields. Number fields are coerced to float (None when absent).
+    Returns a new dict holding only `STEP_FIELDS` (or `RELAY_FIELDS`): unknown fields are
+    dropped, strings are cut to 128 characters, integers are range-checked, number fields are
+    floats within `_NUMBER_RANGES` (None when absent). Raises WireError (with its `reason`) for
+    anything else; no input makes it raise anything but WireError.
     """
     if len(frames) != 3 or frames[0] != SCHEMA_FRAME:
-        raise WireError("not a zdiag.live/1 message")
+        raise WireError("schema", "not a zdiag.live/1 message")
+    payload = frames[2]
+    if sum(map(len, frames)) > MAX_MESSAGE_BYTES:
+        raise WireError("oversize", f"message over {MAX_MESSAGE_BYTES} bytes")
+    if payload.count(b"[") + payload.count(b"{") > MAX_NESTING_BRACKETS:
+        raise WireError("nested", "payload is not a flat JSON object")
     try:
-        obj = json.loads(frames[2])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WireError(f"bad JSON: {exc}") from None
+        obj = json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise WireError("json", f"bad JSON: {str(exc)[:80]}") from None
     if not isinstance(obj, dict):
-        raise WireError("payload is not an object")
+        raise WireError("json", "payload is not an object")
     kind = obj.get("kind", "step")
     if kind == "relay":
-        if not isinstance(obj.get("host"), str):
-            raise WireError("relay record without host")
-        obj["host"] = obj["host"][:128]
-        for name in ("forwarded", "dropped", "rejected"):
-            obj[name] = _count(obj.get(name))
-        return obj
+        host = obj.get("host")
+        if not isinstance(host, str):
+            raise WireError("field", "relay record without host")
+        return {
+            "kind": "relay",
+            "schema": SCHEMA,
+            "host": host[:128],
+            "ts": _number(obj, "ts", MAX_TS_S),
+            "forwarded": _count(obj.get("forwarded")),
+            "dropped": _count(obj.get("dropped")),
+            "rejected": _count(obj.get("rejected")),
+        }
     if kind != "step":
-        raise WireError(f"unknown kind {kind!r}")
-    for name in ("rank", "step"):
-        if not isinstance(obj.get(name), int) or isinstance(obj.get(name), bool):
-            raise WireError(f"{name} must be an integer")
-    ts = obj.get("ts")
-    if not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        raise WireError("ts must be a number")
-    obj["ts"] = float(ts)
-    obj["host"] = str(obj.get("host", "?"))[:128]
-    obj["job"] = str(obj.get("job", ""))[:128]
-    obj["kind"] = "step"
-    for name in _NUMBER_FIELDS:
+        raise WireError("field", f"unknown kind {str(kind)[:32]!r}")
+    out: dict[str, Any] = {"kind": "step", "schema": SCHEMA}
+    for name, top in (("rank", MAX_RANK), ("step", MAX_COUNT)):
         value = obj.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            obj[name] = float(value)
-        else:
-            obj[name] = None
-    obj["dropped"] = _count(obj.get("dropped"))
-    if not isinstance(obj.get("pid"), int):
-        obj["pid"] = None
-    return obj
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise WireError("field", f"{name} must be an integer")
+        if not 0 <= value <= top:
+            raise WireError("range", f"{name} out of range")
+        out[name] = value
+    ts = _number(obj, "ts", MAX_TS_S)
+    if ts is None:
+        raise WireError("field", "ts must be a number")
+    out["ts"] = ts
+    out["host"] = _text(obj.get("host", "?"))
+    out["job"] = _text(obj.get("job", ""))
+    out["seq"] = _count(obj.get("seq"))
+    pid = obj.get("pid")
+    out["pid"] = (
+        pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_RANK else None
+    )
+    out["dropped"] = _count(obj.get("dropped"))
+    hung_in = obj.get("hung_in")
+    out["hung_in"] = _text(hung_in) if isinstance(hung_in, str) else None
+    for name, limit in _NUMBER_RANGES.items():
+        out[name] = _number(obj, name, limit)
+    return out
+
+
+def _text(value: Any) -> str:
+    """A string field, cut to 128 characters (a non-string becomes "?")."""
+    return value[:128] if isinstance(value, str) else "?"
+
+
+def _number(obj: dict[str, Any], name: str, top: float) -> float | None:
+    """A number field as a float in [0, top]; None when absent or null; WireError("range")
+    when finite-looking but outside (or not finite), WireError("field") when not a number."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WireError("field", f"{name} must be a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        raise WireError("range", f"{name} out of range") from None
+    if not (math.isfinite(number) and 0.0 <= number <= top):
+        raise WireError("range", f"{name} out of range")
+    return number
 
 
 def _count(value: Any) -> int:
-    """A counter field: a non-negative int, else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    """A counter field: a non-negative int below 2**63, else 0."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+    return value if ok else 0

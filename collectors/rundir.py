@@ -5,6 +5,7 @@ RUN_DIR/manifest.json                    merged manifest (schema zdiag.manifest/
 RUN_DIR/manifest.d/rank-<N>.json         each rank's own part (merged into manifest.json): `RankPart`
 RUN_DIR/manifest.d/launcher-node-<K>.json each node launcher's part: `LauncherPart`
 RUN_DIR/traces/rank-<N>.json.gz          Kineto trace as torch.profiler writes it
+RUN_DIR/traces/rank-<N>.summary.zds      its rank summary, made in the job after the export
 RUN_DIR/memory/rank-<N>.timeline.json.gz torch.profiler memory timeline (CPU or CUDA)
 RUN_DIR/memory/rank-<N>.snapshot.pickle  CUDA memory snapshot with stacks
 RUN_DIR/memory/rank-<N>.oom.json         what was known when the rank ran out of memory: `OomRecord`
@@ -43,6 +44,7 @@ TRACES_DIR = "traces"
 MEMORY_DIR = "memory"
 STEPS_DIR = "steps"
 HANG_DIR = "hang"
+MODEL_DIR = "model"
 SUBDIRS = (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR)
 OOM_RECORD_GLOB = "rank-*.oom.json"
 RANK_PART_GLOB = "rank-*.json"
@@ -60,6 +62,21 @@ MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024
 def trace_relpath(rank: int) -> str:
     """The rank's Kineto trace, relative to the run directory."""
     return f"{TRACES_DIR}/rank-{rank}.json.gz"
+
+
+SUMMARY_SUFFIX = ".summary.zds"
+
+
+def summary_path_for(trace: str | Path) -> Path:
+    """The in-job summary of a trace: beside it, its `.json`/`.json.gz` suffix replaced by
+    `.summary.zds` (`traces/rank-3.json.gz` -> `traces/rank-3.summary.zds`)."""
+    path = Path(trace)
+    name = path.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return path.with_name(name + SUMMARY_SUFFIX)
 
 
 def memory_timeline_relpath(rank: int) -> str:
@@ -81,7 +98,7 @@ def remove_unfinished_writes(run_dir: str | Path) -> int:
     """Delete the temporary files that ranks killed mid-write left (`.NAME.tmp-*`, see
     `fsio.temp_path_for`) in the run directory's folders; how many were removed."""
     removed = 0
-    for sub in (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR, HANG_DIR):
+    for sub in (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR, HANG_DIR, MODEL_DIR):
         folder = Path(run_dir) / sub
         if not folder.is_dir():
             continue
@@ -352,6 +369,35 @@ class FsdpUnitRecord:
 
 
 @dataclass(frozen=True)
+class SourceLine:
+    """A line of the user's code: where a rank raised (`ranks[i].error_source`)."""
+
+    file: str
+    line: int
+    function: str | None = None
+    code: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, warnings: list[str]) -> SourceLine | None:
+        """The line, or None (with a warning) when it is not an object with a file and line."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            warnings.append(f"{where}: not an object; ignored")
+            return None
+        f = _Fields(data, where, warnings)
+        file, line = f.str_or_none("file"), f.int_or_none("line", minimum=0)
+        if file is None or line is None:
+            warnings.append(f"{where}: no file and line; ignored")
+            return None
+        return cls(file, line, f.str_or_none("function"), f.str_or_none("code"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this line."""
+        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+
+
+@dataclass(frozen=True)
 class HangRecord:
     """What the hang watchdog saw on a rank that stopped finishing steps (`ranks[i].hang`).
 
@@ -448,11 +494,13 @@ class RankEntry:
     exit_code: int | None = None  # None: the rank did not finish (killed), or still running
     oom: bool = False
     error: str | None = None
+    error_source: SourceLine | None = None  # the user's line the exception came from
     collector_errors: tuple[str, ...] = ()
     started_at: str | None = None
     ended_at: str | None = None
     ended_by: str | None = None  # "SIGTERM", "SIGINT (...)": a signal ended the rank
     hang: HangRecord | None = None  # the hang watchdog fired on this rank
+    stopped_in: HangRecord | None = None  # where the training thread was when a signal ended it
     missing: bool = False  # the rank never wrote a part
 
     @classmethod
@@ -480,11 +528,17 @@ class RankEntry:
             exit_code=f.int_or_none("exit_code"),
             oom=f.bool_("oom"),
             error=f.str_or_none("error"),
+            error_source=SourceLine.from_json(
+                data.get("error_source"), f"{where}.error_source", warnings
+            ),
             collector_errors=f.strs("collector_errors"),
             started_at=f.str_or_none("started_at"),
             ended_at=f.str_or_none("ended_at"),
             ended_by=f.str_or_none("ended_by"),
             hang=HangRecord.from_json(data.get("hang"), f"{where}.hang", warnings),
+            stopped_in=HangRecord.from_json(
+                data.get("stopped_in"), f"{where}.stopped_in", warnings
+            ),
             missing=f.bool_("missing"),
         )
 
@@ -512,10 +566,14 @@ class RankEntry:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }
+        if self.error_source is not None:
+            out["error_source"] = self.error_source.to_json()
         if self.ended_by is not None:
             out["ended_by"] = self.ended_by
         if self.hang is not None:
             out["hang"] = self.hang.to_json()
+        if self.stopped_in is not None:
+            out["stopped_in"] = self.stopped_in.to_json()
         if self.missing:
             out["missing"] = True
         return out
@@ -828,3 +886,8 @@ def read_manifest(run_dir: str | Path) -> Manifest | None:
         return None
     data = read_run_json(root, MANIFEST)
     return Manifest.from_json(data, str(root / MANIFEST))
+
+
+def model_description_relpath(rank: int) -> str:
+    """The rank's model description (JSON, schema zdiag.model/1), relative to the run directory."""
+    return f"{MODEL_DIR}/rank-{rank}.json"

@@ -31,13 +31,20 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
-from zdiag.collectors import memory, memtimeline, rundir, runinfo
+from zdiag.collectors import memory, memtimeline, rundir, runinfo, summary_job
 from zdiag.collectors.compile_safe import eager_or_opaque
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
-from zdiag.collectors.hang import HangWatchdog, describe_hang, hang_record
+from zdiag.collectors.hang import (
+    HangWatchdog,
+    describe_hang,
+    hang_line,
+    hang_record,
+    raised_at,
+)
 from zdiag.collectors.live_wire import ENV_MONITOR
 from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
+from zdiag.collectors.model_capture import ModelCapture
 from zdiag.collectors.nvtx import StepRanges, UnitRanges
 from zdiag.collectors.signals import SignalFlush
 from zdiag.collectors.steplog import StepLog
@@ -112,6 +119,7 @@ class RankSession:
         self._profiler_pending = False
         self._window_done = False
         self._forward_hook: Any = None
+        self._model: ModelCapture | None = None  # the model description's one-shot hooks
         self._publisher: Any = None
         self._samples_per_step: float | None = None
         self._step_log = StepLog(
@@ -129,6 +137,8 @@ class RankSession:
         self._prof_all_threads = False  # whether another thread may stop the profiler
         self.ended_by: str | None = None
         self.hang: rundir.HangRecord | None = None
+        self.stopped_in: rundir.HangRecord | None = None
+        self.error_source: rundir.SourceLine | None = None
         self._signals = SignalFlush(self._flush_on_signal)
         self._watchdog: HangWatchdog | None = None
 
@@ -142,6 +152,9 @@ class RankSession:
         self._remove_listener = runinfo.add_listener(self._on_run_info)
         self._on_run_info(runinfo.current_run_info())
         self._guard("live publisher", self._start_publisher)
+        self._model = self._guard(
+            "model description", ModelCapture(self.run_dir, self.rank, self._report).arm
+        )
         if self.config.profile:
             # The profiler (and CUDA history) start at the first module forward, or at the first
             # step end if no module runs forward before it: after the script's own set-up
@@ -160,8 +173,12 @@ class RankSession:
         self._step_start = time.perf_counter()
         return self
 
-    def finish(self, exit_code: int | None, error: str | None = None) -> None:
-        """Close everything, write the last profiler window if open, and the final manifest part."""
+    def finish(
+        self, exit_code: int | None, error: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        """Close everything, write the last profiler window if open, and the final manifest part.
+
+        `exc`, the exception the script raised, gives the user's line it came from."""
         global _ACTIVE
         if self._finished:
             return
@@ -175,6 +192,8 @@ class RankSession:
         if self._remove_listener is not None:
             self._remove_listener()
         self._remove_forward_hook()
+        if self._model is not None:
+            self._model.disarm()
         self._guard("NVTX", self._unit_ranges.close)
         self._guard("NVTX", self._nvtx.end)
         with self._lock:
@@ -186,6 +205,8 @@ class RankSession:
         if self._publisher is not None:
             self._guard("live publisher", self._publisher.close)
             self._publisher = None
+        if exc is not None:
+            self.error_source = self._guard("traceback", raised_at, exc)
         # Never let zdiag's own output (a full disk, say) replace the training's outcome.
         self._guard("manifest part", self._write_part, exit_code, error)
         if _ACTIVE is self:
@@ -369,6 +390,7 @@ class RankSession:
             trace = self.run_dir / rundir.trace_relpath(self.rank)
             write_atomically(trace, prof.export_chrome_trace, suffix=".json.gz")
             self.trace_written = True
+            self._guard("in-job summary", summary_job.start_summary, trace)
             if self.config.profile_memory:
                 # The timeline export takes seconds (11 s for a 2-rank harness window): it waits
                 # for the end of the run (or an OOM) instead of stalling a training step.
@@ -445,10 +467,21 @@ class RankSession:
 
     # ----------------------------------------------------------------- signals and hangs
     def _flush_on_signal(self, reason: str) -> None:
-        """SIGTERM/SIGINT (from any thread): write the partial window, the step log and the
-        manifest part now, before torchrun's SIGKILL (docs/run.md gives the time budget)."""
+        """SIGTERM/SIGINT (from any thread): note where the training thread was (a rank torn down
+        while stuck outside any collective is how a hang ends when a collective timeout fires
+        first), then write the partial window, the step log and the manifest part now, before
+        torchrun's SIGKILL (docs/run.md gives the time budget)."""
         self.ended_by = reason
+        self._guard("stack at the signal", self._note_where_stopped)
         self._write_what_was_recorded(f"ended by {reason}")
+
+    def _note_where_stopped(self) -> None:
+        dump = describe_hang(self._main_thread)
+        rel = rundir.hang_relpath(self.rank)
+        since_step = time.perf_counter() - self._step_start
+        self.stopped_in = hang_record(dump, self.step_index, since_step, 0.0, rel)
+        if self.hang is None:  # keep the watchdog's dump when there is one
+            write_json_atomically(self.run_dir / rel, {**self.stopped_in.to_json(), **dump})
 
     def _on_hang(self, stalled_s: float, timeout_s: float) -> None:
         """The watchdog's callback (its own thread): dump the stacks, the collective and the
@@ -459,6 +492,8 @@ class RankSession:
             dump, self.step_index, stalled_s, timeout_s, rundir.hang_relpath(self.rank)
         )
         self._guard("hang dump", write_json_atomically, path, {**self.hang.to_json(), **dump})
+        if self._publisher is not None:
+            self._guard("live publisher", self._publish_hang, self.hang)
         print(
             f"zdiag (rank {self.rank}): no step finished for {stalled_s:.0f} s (hang timeout "
             f"{timeout_s:.0f} s); stacks written to {path}",
@@ -466,6 +501,12 @@ class RankSession:
             flush=True,
         )
         self._write_what_was_recorded("hang")
+
+    def _publish_hang(self, hang: rundir.HangRecord) -> None:
+        """One live record saying where the rank is stuck (the monitor shows "hung in ...")."""
+        self._publisher.publish(
+            {"rank": self.rank, "host": self.host, "step": hang.step, "hung_in": hang_line(hang)}
+        )
 
     def _write_what_was_recorded(self, why: str) -> None:
         with self._lock:
@@ -574,11 +615,13 @@ class RankSession:
             exit_code=exit_code if ended else None,
             oom=self.oom,
             error=error,
+            error_source=self.error_source,
             collector_errors=tuple(self.collector_errors),
             started_at=self.started_at,
             ended_at=utc_now_iso() if ended else None,
             ended_by=self.ended_by,
             hang=self.hang,
+            stopped_in=self.stopped_in,
         )
         part = rundir.RankPart(
             entry=entry,

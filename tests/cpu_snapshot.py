@@ -12,12 +12,18 @@ moment become `active_allocated` blocks in the documented snapshot layout
 (`torch.cuda.memory._snapshot` docstring), plus an `oom` trace entry.
 
     python tests/cpu_snapshot.py OUT.pickle [--stop-layer N] [--ac block] [--no-frames]
+    python tests/cpu_snapshot.py OUT.pickle --history [--ac block]
+
+`--history` records the allocator's event history as well (`device_traces`: `alloc` with the
+stack, `free_completed` when the storage dies, with `time_us`), as `_record_memory_history()`
+does, and runs both steps to the end (no stop): the peak is then found by replaying the events.
 """
 
 from __future__ import annotations
 
 import argparse
 import pickle
+import time
 import traceback
 from typing import Any
 
@@ -48,12 +54,36 @@ def _where(ref: StorageWeakRef) -> int | None:
 class AllocationRecorder(TorchDispatchMode):
     """Every new storage an op creates, with the Python stack at its creation."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: bool = False) -> None:
         super().__init__()
         self.storages: dict[int, tuple[StorageWeakRef, int, list[dict[str, Any]]]] = {}
+        self.history = history
+        self.events: list[dict[str, Any]] = []
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    def _event(self, action: str, addr: int, size: int, frames: list[dict[str, Any]]) -> None:
+        self.events.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": time.perf_counter_ns() // 1000,
+                "frames": frames,
+            }
+        )
+
+    def poll_frees(self) -> None:
+        """Emit `free_completed` for every recorded storage that died since the last op."""
+        dead = [a for a, (ref, _) in self._live.items() if _where(ref) != a]
+        for a in dead:
+            _, size = self._live.pop(a)
+            self._event("free_completed", a, size, [])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
+        if self.history:
+            self.poll_frees()
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, DTensor):
@@ -72,6 +102,9 @@ class AllocationRecorder(TorchDispatchMode):
                         for f in reversed(stack)
                     ]
                     self.storages[key] = (StorageWeakRef(storage), storage.nbytes(), frames)
+                    if self.history:
+                        self._event("alloc", key, storage.nbytes(), frames)
+                        self._live[key] = (StorageWeakRef(storage), storage.nbytes())
         return out
 
     def adopt(self, t: torch.Tensor) -> None:
@@ -100,12 +133,13 @@ class AllocationRecorder(TorchDispatchMode):
         return blocks
 
 
-def capture(stop_layer: int, ac: str, with_frames: bool) -> dict[str, Any]:
-    """Run the harness until the forward of block `stop_layer` in step 2; the snapshot then."""
+def capture(stop_layer: int, ac: str, with_frames: bool, history: bool = False) -> dict[str, Any]:
+    """Run the harness until the forward of block `stop_layer` in step 2; the snapshot then.
+    With `history`: both steps to the end, with the allocator's event history."""
     cfg = HarnessConfig(layers=4, dim=64, heads=4, seq=128, batch=8, vocab=512, ac=ac)
     device = torch.device("cpu")
     init_process_group(device)
-    recorder = AllocationRecorder()
+    recorder = AllocationRecorder(history=history)
     blocks: list[dict[str, Any]] = []
     try:
         model, _units, optimizer = build(cfg, device)
@@ -117,7 +151,11 @@ def capture(stop_layer: int, ac: str, with_frames: bool) -> dict[str, Any]:
             recorder.adopt(t)
         with recorder:
             for step in (1, 2):
-                if step == 2:
+                if step == 2 and history:
+                    inputs, labels = synthetic_batch(
+                        cfg.batch, cfg.seq, cfg.vocab, generator, device
+                    )
+                elif step == 2:
                     inputs, labels = synthetic_batch(
                         cfg.batch, cfg.seq, cfg.vocab, generator, device
                     )
@@ -136,11 +174,31 @@ def capture(stop_layer: int, ac: str, with_frames: bool) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 del logits, loss
+            if history:
+                recorder.poll_frees()
+                blocks = recorder.live_blocks(with_frames)
     finally:
         dist.destroy_process_group()
     total = sum(b["size"] for b in blocks)
+    if history:
+        return _snapshot(blocks, total, recorder.events)
     request = max(b["size"] for b in blocks)
     oom_frames = blocks[-1]["frames"] if blocks else []
+    oom = {
+        "action": "oom",
+        "addr": 0,
+        "size": request,
+        "stream": 0,
+        "device_free": 0,
+        "frames": oom_frames,
+    }
+    return _snapshot(blocks, total, [oom])
+
+
+def _snapshot(
+    blocks: list[dict[str, Any]], total: int, events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The snapshot dict: one segment holding the live blocks, and the device's events."""
     return {
         "segments": [
             {
@@ -158,18 +216,7 @@ def capture(stop_layer: int, ac: str, with_frames: bool) -> dict[str, Any]:
                 "blocks": blocks,
             }
         ],
-        "device_traces": [
-            [
-                {
-                    "action": "oom",
-                    "addr": 0,
-                    "size": request,
-                    "stream": 0,
-                    "device_free": 0,
-                    "frames": oom_frames,
-                }
-            ]
-        ],
+        "device_traces": [events],
     }
 
 
@@ -180,8 +227,9 @@ def main() -> None:
     parser.add_argument("--stop-layer", type=int, default=3)
     parser.add_argument("--ac", choices=("none", "block"), default="none")
     parser.add_argument("--no-frames", action="store_true")
+    parser.add_argument("--history", action="store_true")
     args = parser.parse_args()
-    snapshot = capture(args.stop_layer, args.ac, not args.no_frames)
+    snapshot = capture(args.stop_layer, args.ac, not args.no_frames, args.history)
     with open(args.out, "wb") as f:
         pickle.dump(snapshot, f)
 

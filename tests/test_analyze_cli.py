@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from zdiag.analyzers import pipeline
+from support.traces import TraceBuilder
+from zdiag.analyzers import summary_pipeline
 from zdiag.analyzers.report import Finding, Report, decode_report
-from zdiag.analyzers.synthetic import TraceBuilder
+from zdiag.analyzers.summary_pipeline import SummaryRun
 from zdiag.cli import main
 
 
@@ -105,14 +106,14 @@ def test_fail_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _trace(tmp_path / "t.json")
-    real = pipeline.analyze_paths
+    real = summary_pipeline.analyze_via_summaries
 
-    def with_finding(paths: list[Path], **kw: object) -> Report:
-        report = real(paths, **kw)  # type: ignore[arg-type]
-        report.findings.append(Finding(id="missing-overlap", severity="warning", title="t"))
-        return report
+    def with_finding(paths: list[Path], *a: object, **kw: object) -> SummaryRun:
+        run = real(paths, *a, **kw)  # type: ignore[arg-type]
+        run.report.findings.append(Finding(id="missing-overlap", severity="warning", title="t"))
+        return run
 
-    monkeypatch.setattr(pipeline, "analyze_paths", with_finding)
+    monkeypatch.setattr(summary_pipeline, "analyze_via_summaries", with_finding)
     assert _run([str(path), "--quiet", "--fail-on", "warning"], capsys)[0] == 1
     assert _run([str(path), "--quiet", "--fail-on", "critical"], capsys)[0] == 0
     assert _run([str(path), "--quiet"], capsys)[0] == 0

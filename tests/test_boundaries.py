@@ -150,3 +150,13 @@ def test_layer_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
         "zdiag.analyzers.report",
     ]
     assert tui_violations(planted) == [(2, "zdiag.analyzers.pipeline")]
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test helpers live in tests/support/, never in a test module another one imports."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
+        offenders += [
+            (path.name, n) for _, n in _imports(path) if n.split(".")[0].startswith("test_")
+        ]
+    assert not offenders, offenders

@@ -38,6 +38,7 @@ from zdiag.analyzers.fsdp_ledger import (
     RankLedger,
     build_rank_ledger,
 )
+from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.pipeline import analyze_run, load_run
 from zdiag.analyzers.report import Report
 from zdiag.analyzers.run_data import Analysis, RunData
@@ -46,7 +47,7 @@ DATA = Path(__file__).parent / "data"
 ZERO3 = DATA / "deepspeed_zero3"
 ZERO2 = DATA / "deepspeed_zero2"
 STEPS = [2, 3]
-FSDP_MISCONFIGS = {"whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom"}
+FSDP_MISCONFIGS = set(MISCONFIGS)
 
 
 def _analyze(run_dir: Path) -> tuple[RunData, Analysis, Report]:

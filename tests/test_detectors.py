@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_ledger import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
 
+from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
 from zdiag.analyzers.detectors import DETECTORS, FSDP_FINDING_IDS, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.rank_analysis import rank_facts
 from zdiag.collectors.rundir import Manifest
@@ -37,9 +38,7 @@ def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContex
 
 
 def test_registry_lists_every_issue_detector() -> None:
-    assert {"whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom"} <= set(
-        DETECTORS
-    )
+    assert set(MISCONFIGS) <= set(DETECTORS)
     assert {"straggler", "fp32-collectives", "flat-sharding-multinode", "comm-bound"} <= set(
         DETECTORS
     )
@@ -210,18 +209,24 @@ def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
     for k in range(3):
         events.append(
             {"ph": "X", "cat": "python_function", "name": f"nn.Module: DecoderLayer_{k}",
-             "pid": 1, "tid": 100, "ts": 50_000 + k, "dur": 1, "args": {}}
+             "pid": 1, "tid": 100, "ts": 50_000 + 100 * k, "dur": 90, "args": {}}
         )  # fmt: skip
+        for j in range(4):  # its Linears (the first starts with it): more, but inside its calls
+            events.append(
+                {"ph": "X", "cat": "python_function", "name": f"nn.Module: Linear_{4 * k + j}",
+                 "pid": 1, "tid": 100, "ts": 50_000 + 100 * k + 20 * j, "dur": 10, "args": {}}
+            )  # fmt: skip
     (f,) = [f for f in run_context(_ctx(tmp_path, doc)).findings if f.id == "whole-model-wrap"]
     assert "isinstance(module, DecoderLayer)" in (f.code or "")
     assert "DecoderLayer x3" in f.recommendation
+    assert "Linear" not in (f.code or "")  # the leaf layer is the tiny-layer anti-pattern
 
 
 def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
     """FSDP2 on CUDA, forward of 4 blocks; every gather is issued on the host inside its own
     pre_forward (implicit prefetch: lead <= 0). With `overlap` the host runs ahead and each gather
     kernel runs under the previous block's gemm; without, gathers and gemms alternate."""
-    from test_ledger import TraceBuilder
+    from support.ledger_traces import TraceBuilder
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     b = TraceBuilder()
@@ -458,3 +463,50 @@ def test_whole_model_wrap_does_not_apply_to_deepspeed_zero(tmp_path: Path) -> No
     ledger.framework = "fsdp1"  # the guard is what keeps it quiet
     (f,) = whole_model_wrap.detect(ctx)
     assert f.units == ["zero-gather-0"]
+
+
+# --- remedies from analyzers/frameworks/: the run's framework, its modules, nothing it has ----
+
+
+def test_whole_model_wrap_on_fsdp1_gets_fsdp1_code_naming_the_user_container(
+    tmp_path: Path,
+) -> None:
+    """FSDP1 runs used to get `fully_shard` code; the block set comes from the manifest's units."""
+    doc = _as_fsdp1(fsdp2_cpu_trace([("", 20000)], steps=2))
+    units = [{"name": f"encoder.stages.{i}", "param_bytes": 20000} for i in range(3)]
+    ctx = _ctx(tmp_path, doc, manifest=Manifest.from_json({"fsdp_units": units}))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
+    code = f.code or ""
+    assert "blocks = set(model.encoder.stages)" in code and "auto_wrap_policy=" in code
+    assert "fully_shard" not in code
+
+
+def test_whole_model_wrap_without_a_known_block_set_prints_no_guessed_code(
+    tmp_path: Path,
+) -> None:
+    ctx = _ctx(tmp_path, fsdp2_cpu_trace([("", 20000)], steps=2))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
+    assert f.code is None  # was `for block in model.layers:`, an attribute the model may lack
+
+
+def test_missing_overlap_proposes_no_prefetch_the_harness_run_already_sets(tmp_path: Path) -> None:
+    doc = fsdp2_cpu_trace(BLOCKS, steps=2)
+    off = _ctx(tmp_path, doc, manifest=Manifest.from_json({"harness": {"prefetch": "off"}}))
+    (f,) = [f for f in run_context(off).findings if f.id == "missing-overlap"]
+    assert "set_modules_to_forward_prefetch" in (f.code or "")
+    on = _ctx(tmp_path, doc, manifest=Manifest.from_json({"harness": {"prefetch": "explicit"}}))
+    (f,) = [f for f in run_context(on).findings if f.id == "missing-overlap"]
+    assert (
+        f.code is None
+        and "already sets every FSDP2 (fully_shard) prefetch option" in f.recommendation
+    )
+
+
+def test_missing_overlap_on_sub_block_units_wraps_the_blocks_before_prefetching(
+    tmp_path: Path,
+) -> None:
+    """Prefetch calls on `model.layers[i]` raise AttributeError unless each block is a unit."""
+    ctx = _ctx(tmp_path, fsdp2_cpu_trace(LEAVES, steps=2))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "missing-overlap"]
+    code = f.code or ""
+    assert code.index("fully_shard(block)") < code.index("set_modules_to_forward_prefetch")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
+from support.live import finish, free_port, reap, start_monitor
 
 pytestmark = pytest.mark.dist
 
@@ -62,6 +63,17 @@ def no_leftovers(run_dir: Path) -> None:
     assert not left, f"unfinished or empty files left: {left}"
 
 
+def finding(report: dict[str, Any], fid: str) -> dict[str, Any]:
+    found = [f for f in report["findings"] if f["id"] == fid]
+    assert len(found) == 1, [f["id"] for f in report["findings"]]
+    return found[0]
+
+
+def analyzed_steps(report: dict[str, Any], rank: int) -> list[int]:
+    (entry,) = [r for r in report["ranks"] if r["rank"] == rank]
+    return [s["step"] for s in entry["steps"]]
+
+
 def analyzes(run_dir: Path) -> dict[str, Any]:
     out = run_dir.parent / f"{run_dir.name}.report.json"
     res = zdiag("analyze", str(run_dir), "--json", "-o", str(out))
@@ -78,8 +90,15 @@ def test_crash_in_every_rank_keeps_both_windows(tmp_path: Path) -> None:
         assert "injected failure on rank" in ranks[r]["error"]
         assert ranks[r]["trace"] == f"traces/rank-{r}.json.gz"
         assert 3 in profiler_steps(run, r)  # the failing step's events were kept
+        assert ranks[r]["error_source"]["file"] == SCRIPT
+        assert ranks[r]["error_source"]["code"].startswith("raise RuntimeError")
     no_leftovers(run)
-    analyzes(run)
+    report = analyzes(run)
+    crash = finding(report, "crash")
+    assert crash["ranks"] == [0, 1] and crash["steps"] == [3]
+    assert crash["evidence"]["torn_down"] == []
+    for r in (0, 1):  # the half-finished step 3 is not a step
+        assert analyzed_steps(report, r) == [2]
 
 
 def test_crash_in_one_rank_keeps_the_torn_down_peer(tmp_path: Path) -> None:
@@ -98,6 +117,13 @@ def test_crash_in_one_rank_keeps_the_torn_down_peer(tmp_path: Path) -> None:
     no_leftovers(run)
     report = analyzes(run)
     assert {r["rank"] for r in report["ranks"]} == {0, 1}
+    crash = finding(report, "crash")
+    assert crash["ranks"] == [1]  # the culprit, not the torn-down peer
+    assert crash["evidence"]["torn_down"] == [0]
+    (raised,) = crash["evidence"]["raised"]
+    assert (raised["rank"], raised["step"]) == (1, 3)
+    assert raised["file"] == SCRIPT and "injected failure" in raised["error"]
+    assert 3 not in analyzed_steps(report, 1)
 
 
 def test_hang_dumps_stacks_collective_and_partial_traces(tmp_path: Path) -> None:
@@ -127,7 +153,14 @@ def test_hang_dumps_stacks_collective_and_partial_traces(tmp_path: Path) -> None
         last = fr["entries"][-1]
         assert last["collective_seq_id"] == waiting["sequence_number"]
     no_leftovers(run)
-    analyzes(run)
+    report = analyzes(run)
+    hang = finding(report, "hang")
+    assert hang["ranks"] == [1]  # the rank that never arrived, not the waiting one
+    assert hang["evidence"]["waiting_ranks"] == [0]
+    assert hang["evidence"]["sequence_number"] == waiting["sequence_number"]
+    assert "time.sleep(0.5)" in hang["title"]
+    for r in (0, 1):
+        assert 3 not in analyzed_steps(report, r)
 
 
 def test_sigterm_mid_window_keeps_the_steps_so_far(tmp_path: Path) -> None:
@@ -146,3 +179,26 @@ def test_sigterm_mid_window_keeps_the_steps_so_far(tmp_path: Path) -> None:
         assert len(lines) >= steps[-1]  # the step log was flushed up to the signal
     no_leftovers(run)
     analyzes(run)
+
+
+def test_the_monitor_shows_the_hung_rank_within_seconds_of_the_dump(tmp_path: Path) -> None:
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    monitor = start_monitor(target, duration_s=45)
+    run = tmp_path / "run"
+    try:
+        zdiag(
+            "run", "--nproc-per-node", "2", "--out", str(run), "--monitor", target,
+            "--hang-timeout", "4", SCRIPT, "--steps", "12", "--hang-at-step", "3",
+            kill_after_s=35,
+        )  # fmt: skip
+        summary = finish(monitor, timeout_s=60)
+    finally:
+        reap(monitor)
+    rows = {r["rank"]: r for r in summary["rows"]}
+    for rank in (0, 1):  # both ranks stopped finishing steps: both show where they are
+        assert rows[rank]["status"] == "hung", rows[rank]
+    assert "gather" in rows[0]["hung_in"] and "fail_train.py" in rows[0]["hung_in"]
+    assert rows[1]["hung_in"] == "at fail_train.py:66"
+    # every record, the hang records included (sent right after the dump), arrived within 5 s
+    assert summary["lag_max_ms"] is not None and summary["lag_max_ms"] < 5000

@@ -6,82 +6,20 @@ ranks stale, and nothing may crash. Real processes, loopback only, every process
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import time
-from typing import Any
 
 import pytest
 import zmq
-from test_live_publisher import free_port, record
 
+from support.live import finish, free_port, reap, record, start_monitor, start_rank
 from zdiag.collectors.live import StepPublisher
 
 pytestmark = pytest.mark.slow
 
+
 # A stand-in training rank: sleeps `dt` per step ("compute"), publishes one record per step,
 # and prints its publish() cost and wall time as JSON.
-RANK = r"""
-import json, os, sys, time
-from zdiag.collectors.live import publisher_from_env
-rank, steps, dt = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-pub = publisher_from_env(rank, "node0")
-costs = []
-start = time.perf_counter()
-for step in range(steps):
-    time.sleep(dt)
-    t = time.perf_counter()
-    pub.publish({"rank": rank, "host": "node0", "step": step, "step_time_ms": dt * 1000,
-                 "mem_allocated_bytes": 1e9, "mem_reserved_bytes": 2e9, "mem_peak_bytes": 3e9,
-                 "samples_per_s": 8 / dt})
-    costs.append(time.perf_counter() - t)
-wall = time.perf_counter() - start
-pub.close()
-costs.sort()
-print(json.dumps({"wall_s": wall, "steps": steps, "p50_us": costs[len(costs) // 2] * 1e6,
-                  "max_us": costs[-1] * 1e6, "sent": pub.sent, "dropped": pub.dropped}))
-"""
-
-
-def start_rank(rank: int, steps: int, dt: float, target: str) -> subprocess.Popen[str]:
-    env = {"ZDIAG_MONITOR": target, "PATH": "/usr/bin:/bin"}
-    return subprocess.Popen(
-        [sys.executable, "-c", RANK, str(rank), str(steps), str(dt)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def start_monitor(target: str, duration_s: float) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "zdiag", "monitor", "--headless", "--json"),
-            *("--listen", target, "--duration", str(duration_s)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout_s: float = 30) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=timeout_s)
-    assert proc.returncode == 0, err
-    result: dict[str, Any] = json.loads(out)
-    return result
-
-
-def reap(*procs: subprocess.Popen[str]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
-
-
 def test_monitor_absent_then_killed_then_restarted() -> None:
     target = f"127.0.0.1:{free_port()}"
     rank = start_rank(0, steps=140, dt=0.05, target=target)  # ~7 s of "training"

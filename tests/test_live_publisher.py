@@ -7,41 +7,11 @@ from typing import Any
 
 import pytest
 
+from support.live import collect, free_port, record
 from zdiag.collectors.live import StepPublisher, publisher_from_env
 from zdiag.collectors.live_receive import LiveReceiver
 from zdiag.collectors.live_wire import encode, parse_endpoint
 from zdiag.errors import ConfigError
-
-
-def record(rank: int = 0, step: int = 0, host: str = "node0") -> dict[str, Any]:
-    """A step record with the fields the collectors send."""
-    return {
-        "rank": rank,
-        "host": host,
-        "step": step,
-        "step_time_ms": 100.0,
-        "mem_allocated_bytes": 1 << 30,
-        "mem_reserved_bytes": 2 << 30,
-        "mem_peak_bytes": 3 << 30,
-        "samples_per_s": 80.0,
-    }
-
-
-def collect(receiver: LiveReceiver, want: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Poll `receiver` until `want` records arrived or `timeout_s` passed."""
-    got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < want and time.monotonic() < deadline:
-        got += receiver.poll(timeout_ms=100)
-    return got
-
-
-def free_port() -> int:
-    """A port that was free a moment ago on 127.0.0.1."""
-    r = LiveReceiver("127.0.0.1:0")
-    port = r.endpoint.port
-    r.close()
-    return port
 
 
 def test_from_env_is_none_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 import pytest
-from test_live_publisher import free_port, record
 
+from support.live import free_port, record
 from zdiag.collectors.live import StepPublisher, publisher_from_env
 from zdiag.collectors.live_receive import LiveReceiver, Relay
 from zdiag.errors import ConfigError

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.traces import TraceBuilder
 from zdiag.analyzers.events import EventKind, classify, collective_kind
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.pipeline import load_run
-from zdiag.analyzers.synthetic import TraceBuilder
 from zdiag.errors import InputError
 
 
@@ -421,26 +421,3 @@ def test_memory_timeline_on_the_epoch_clock_is_aligned_with_base_time(tmp_path: 
 
     (mem,) = analyze_run(load_run([trace, mem_path])).report.memory
     assert mem.times_ms == [pytest.approx(0.05), pytest.approx(0.06)]
-
-
-def test_one_file_reports_progress_in_bytes_as_it_decodes(tmp_path: Path) -> None:
-    """A single big trace moves the progress line batch by batch, not only when it is done."""
-    from zdiag.analyzers import pipeline
-    from zdiag.analyzers.loader import load_rank_trace
-
-    path = tmp_path / "rank-0.json"
-    _small(rank=0).write(path)
-    shares: list[float] = []
-    load_rank_trace(path, workers=1, batch_events=2, on_fraction=shares.append)
-    assert len(shares) > 2 and shares == sorted(shares) and shares[-1] == 1.0
-    assert 0 < shares[0] < 1
-    seen: list[tuple[int, int]] = []
-    original = pipeline.load_rank_trace
-    pipeline_load = lambda f, **kw: original(f, batch_events=2, **kw)  # noqa: E731
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "load_rank_trace", pipeline_load)
-        load_run([path], progress=lambda d, t, _label: seen.append((d, t)))
-    total = seen[-1][1]
-    assert seen[-1][0] == total == path.stat().st_size
-    assert any(0 < d < total for d, _ in seen)  # intermediate byte counts
-    assert [d for d, _ in seen] == sorted(d for d, _ in seen)

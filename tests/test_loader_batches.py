@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from support.traces import TraceBuilder
 from zdiag.analyzers import decode_batches
 from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.loader import load_rank_trace
-from zdiag.analyzers.synthetic import TraceBuilder
 from zdiag.errors import InputError
 
 ONE_SHOT = 10**9

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_live_faults import finish, reap, start_monitor, start_rank
-from test_live_publisher import free_port
+
+from support.live import finish, free_port, reap, start_monitor, start_rank
 
 
 def zdiag(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,47 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from support.monitor_records import NOW, job, rec
 from zdiag.tui import monitor_state as ms
 from zdiag.tui.monitor_state import MonitorState
 from zdiag.tui.monitor_text import render_summary, view_to_json
-
-NOW = 1_000.0
-
-
-def rec(rank: int, step: int, **over: Any) -> dict[str, Any]:
-    """A decoded step record, received 10 ms after it was sent, one step per second."""
-    base: dict[str, Any] = {
-        "kind": "step",
-        "rank": rank,
-        "host": f"node{rank // 4}",
-        "job": "job-7",
-        "pid": 100 + rank,
-        "step": step,
-        "ts": NOW - 30 + step,
-        "recv_ts": NOW - 30 + step + 0.01,
-        "step_time_ms": 100.0,
-        "compute_ms": 70.0,
-        "comm_ms": 30.0,
-        "exposed_comm_ms": 5.0,
-        "mem_allocated_bytes": float(2 << 30),
-        "mem_reserved_bytes": float(3 << 30),
-        "mem_peak_bytes": float(4 << 30),
-        "samples_per_s": 80.0,
-        "dropped": 0,
-    }
-    base.update(over)
-    return base
-
-
-def job(ranks: int = 8, steps: int = 30, **per_rank: dict[str, Any]) -> list[dict[str, Any]]:
-    """Records of a healthy job; `per_rank` overrides fields of one rank ("r5": {...})."""
-    out = []
-    for r in range(ranks):
-        for s in range(steps):
-            over = dict(per_rank.get(f"r{r}", {}))
-            over = {k: (v(s) if callable(v) else v) for k, v in over.items()}
-            out.append(rec(r, s, **over))
-    return out
 
 
 def test_healthy_job_has_no_findings_and_counts_ranks() -> None:
@@ -139,3 +102,16 @@ def test_relay_records_count_relays_and_their_drops() -> None:
     state.ingest([{"kind": "relay", "host": "node0", "dropped": 3, "forwarded": 10}], NOW)
     view = state.view(NOW)
     assert view.relays == 1 and view.dropped == 3 and view.records == 0
+
+
+def test_a_hang_record_marks_the_rank_hung_with_where_until_it_steps_again() -> None:
+    state = MonitorState()
+    state.ingest(job(ranks=2, steps=5), NOW)
+    stuck = {**rec(1, 5), "step_time_ms": None, "hung_in": "all_gather_single #34 at train.py:67"}
+    state.ingest([stuck], NOW + 400)  # long after: a hung rank is "hung", never "gone"
+    rows = {r.rank: r for r in state.view(NOW + 400).rows}
+    assert rows[1].status == "hung" and rows[1].hung_in == stuck["hung_in"]
+    assert render_summary(state.view(NOW + 400)).count("hung in all_gather_single #34") == 1
+    assert rows[0].status == "gone"
+    state.ingest([{**rec(1, 6), "recv_ts": NOW + 401}], NOW + 401)  # it moved on
+    assert {r.rank: r for r in state.view(NOW + 401).rows}[1].status == "ok"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_monitor_state import NOW, job, rec
 from textual.widgets import DataTable, Static
 
+from support.monitor_records import NOW, job, rec
 from zdiag.tui.monitor_app import MonitorApp
 
 pytestmark = [pytest.mark.tui, pytest.mark.anyio]

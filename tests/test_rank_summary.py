@@ -11,9 +11,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from test_ledger import BLOCKS, MAIN, fsdp2_cpu_trace, write
 
 from conftest import REPO_ROOT
+from support.ledger_traces import BLOCKS, MAIN, fsdp2_cpu_trace, write
 from zdiag.analyzers.loader import load_rank_trace
 from zdiag.analyzers.pipeline import analyze_run, load_run, run_facts
 from zdiag.analyzers.rank_analysis import RankContext, analyze_rank

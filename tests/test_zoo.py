@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
 from zdiag.analyzers.pipeline import analyze_paths
-
-MISCONFIGS = ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
 
 # Small enough for 2 shared CPU cores; different depth, width, vocabulary and ZeRO mode.
 SHAPES: dict[str, list[str]] = {
@@ -53,7 +52,7 @@ def run_zoo_cell(out: Path, shape: list[str], misconfig: str) -> subprocess.Comp
 
 @pytest.mark.dist
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("misconfig", ("none", *MISCONFIGS))
+@pytest.mark.parametrize("misconfig", SCENARIOS)
 def test_zoo_cell(tmp_path: Path, shape: str, misconfig: str) -> None:
     out = tmp_path / "run"
     proc = run_zoo_cell(out, SHAPES[shape], misconfig)

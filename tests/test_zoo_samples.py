@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO_ROOT
+from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
 from zdiag.analyzers.pipeline import analyze_paths
 
-MISCONFIGS = ("whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
 SAMPLES = REPO_ROOT / "sample_traces"
 
 
-@pytest.mark.parametrize("scenario", ("none", *MISCONFIGS))
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_sample_run_dir(scenario: str) -> None:
     run_dir = SAMPLES / scenario
     if not (run_dir / "manifest.json").is_file():

@@ -28,7 +28,13 @@ from zdiag.tui.monitor_text import (
     spark_scale,
 )
 
-STATUS_STYLE = {"ok": "", "straggler": "bold dark_orange", "stale": "yellow", "gone": "bold red"}
+STATUS_STYLE = {
+    "ok": "",
+    "straggler": "bold dark_orange",
+    "stale": "yellow",
+    "gone": "bold red",
+    "hung": "bold white on red",
+}
 SEVERITY_STYLE = {"critical": "bold red", "warning": "dark_orange", "info": "cyan"}
 
 
@@ -111,7 +117,7 @@ class MonitorApp(App[None]):
         try:
             records = self.source.poll()
             self.state.ingest(records, self.clock())
-            self.state.rejected = self.source.rejected
+            self.state.sync_rejections(self.source)
         except Exception as exc:  # a broken source must not take the display down
             if self.source_error is None:
                 self.source_error = f"{type(exc).__name__}: {exc}"

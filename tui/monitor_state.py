@@ -12,6 +12,7 @@ Thresholds are the named constants below; each finding reports the one it used i
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -60,6 +61,17 @@ class MonitorSource(Protocol):
 
 Clock = Callable[[], float]
 
+LAST_FIELDS = (
+    "step",
+    "step_time_ms",
+    "exposed_comm_ms",
+    "mem_allocated_bytes",
+    "mem_peak_bytes",
+    "dropped",
+    "hung_in",
+)
+"""What the monitor keeps of each rank's last record (the table's cells); nothing else."""
+
 
 class StepSample(NamedTuple):
     """The figures of one step the model keeps (compact: the full record is not retained)."""
@@ -90,7 +102,7 @@ class RankState:
     host: str = "?"
     job: str = ""
     pid: int | None = None
-    last: dict[str, Any] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)  # the `LAST_FIELDS` of the last record
     first_seen: float = 0.0
     last_recv: float = 0.0
     restarts: int = 0
@@ -115,10 +127,11 @@ class RankRow:
     exposed_comm_ms: float | None
     mem_allocated_bytes: float | None
     mem_peak_bytes: float | None
-    status: str  # "ok", "straggler", "stale", "gone"
+    status: str  # "ok", "straggler", "hung", "stale", "gone"
     age_s: float  # since the last record
     recent_step_ms: tuple[float, ...]
     dropped: int
+    hung_in: str | None = None  # where the rank's hang watchdog found it stuck
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,7 @@ class MonitorView:
     slowest_step_ms: tuple[float, ...]  # per step number, the slowest rank's step time
     records: int
     rejected: int
+    rejections: dict[str, int]  # by reason (zero counts left out); "record": failed to fold in
     dropped: int  # by publishers and relays
     relays: int
     ignored_ranks: int
@@ -169,56 +183,81 @@ class MonitorState:
         self.relays: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.records = 0
         self.rejected = 0
+        self.rejections: dict[str, int] = {}
+        self.unusable_records = 0
         self.ignored_ranks = 0
         self._jobs: OrderedDict[str, None] = OrderedDict()
         self._lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         self._lag_max_ms: float | None = None
         self._slowest: OrderedDict[int, float] = OrderedDict()
 
+    def sync_rejections(self, source: MonitorSource) -> None:
+        """Take the source's rejection counts (total, and by reason when it has them)."""
+        self.rejected = source.rejected
+        by_reason = getattr(source, "rejections", None)
+        self.rejections = dict(by_reason) if isinstance(by_reason, dict) else {}
+
     def ingest(self, records: Iterable[dict[str, Any]], now: float) -> None:
-        """Fold decoded records in (``recv_ts`` defaults to `now`)."""
+        """Fold decoded records in (``recv_ts`` defaults to `now`).
+
+        A record that cannot be folded in (a source that does not decode into
+        `live_wire.decode`'s schema) is counted in `unusable_records` and skipped; the others of
+        the batch are not affected.
+        """
         for rec in records:
-            if rec.get("kind") == "relay":
-                self._ingest_relay(rec)
-                continue
-            self.records += 1
-            recv = float(rec.get("recv_ts", now))
-            lag_ms = max(0.0, (recv - float(rec.get("ts", recv))) * 1000.0)
-            self._lags_ms.append(lag_ms)
-            self._lag_max_ms = lag_ms if self._lag_max_ms is None else max(self._lag_max_ms, lag_ms)
-            rank = int(rec["rank"])
-            state = self.ranks.get(rank)
-            if state is None:
-                if len(self.ranks) >= MAX_RANKS:
-                    self.ignored_ranks += 1
-                    continue
-                state = self.ranks[rank] = RankState(rank=rank, first_seen=recv)
-            pid = rec.get("pid")
-            if state.pid is not None and pid is not None and pid != state.pid:
-                state.restarts += 1  # the rank was restarted: its history no longer applies
-                state.steps.clear()
-            state.pid = pid if isinstance(pid, int) else state.pid
-            state.host = str(rec.get("host", state.host))
-            state.job = str(rec.get("job", state.job))
-            state.last = rec
-            state.last_recv = max(state.last_recv, recv)
-            state.steps.append(StepSample.of(rec))
-            if state.job:
-                self._jobs[state.job] = None
-                self._jobs.move_to_end(state.job)
-                while len(self._jobs) > 8:
-                    self._jobs.popitem(last=False)
-            step_ms = rec.get("step_time_ms")
-            if step_ms is not None:
-                step = int(rec["step"])
-                if step_ms > self._slowest.get(step, -1.0):
-                    self._slowest[step] = float(step_ms)
-                while len(self._slowest) > 4 * HISTORY_STEPS:
-                    self._slowest.pop(min(self._slowest))
+            try:
+                self._ingest_one(rec, now)
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+                self.unusable_records += 1
+
+    def _ingest_one(self, rec: dict[str, Any], now: float) -> None:
+        """Fold one record in; raises (before changing anything) when it is unusable."""
+        if rec.get("kind") == "relay":
+            self._ingest_relay(rec)
+            return
+        rank = int(rec["rank"])
+        sample = StepSample.of(rec)
+        recv = float(rec.get("recv_ts", now))
+        pid = rec.get("pid")
+        last = {k: rec.get(k) for k in LAST_FIELDS}
+        last["dropped"] = int(last["dropped"] or 0)
+        step_ms = sample.step_time_ms
+        numbers = (recv, *sample[1:], *(last[k] for k in LAST_FIELDS[1:5]))
+        if not all(v is None or math.isfinite(v) for v in numbers):
+            raise ValueError("a non-finite number")
+        self.records += 1
+        lag_ms = max(0.0, (recv - sample.ts) * 1000.0)
+        self._lags_ms.append(lag_ms)
+        self._lag_max_ms = lag_ms if self._lag_max_ms is None else max(self._lag_max_ms, lag_ms)
+        state = self.ranks.get(rank)
+        if state is None:
+            if len(self.ranks) >= MAX_RANKS:
+                self.ignored_ranks += 1
+                return
+            state = self.ranks[rank] = RankState(rank=rank, first_seen=recv)
+        if state.pid is not None and pid is not None and pid != state.pid:
+            state.restarts += 1  # the rank was restarted: its history no longer applies
+            state.steps.clear()
+        state.pid = pid if isinstance(pid, int) else state.pid
+        state.host = str(rec.get("host", state.host))[:128]
+        state.job = str(rec.get("job", state.job))[:128]
+        state.last = last
+        state.last_recv = max(state.last_recv, recv)
+        state.steps.append(sample)
+        if state.job:
+            self._jobs[state.job] = None
+            self._jobs.move_to_end(state.job)
+            while len(self._jobs) > 8:
+                self._jobs.popitem(last=False)
+        if step_ms is not None:
+            if step_ms > self._slowest.get(sample.step, -1.0):
+                self._slowest[sample.step] = float(step_ms)
+            while len(self._slowest) > 4 * HISTORY_STEPS:
+                self._slowest.pop(min(self._slowest))
 
     def _ingest_relay(self, rec: dict[str, Any]) -> None:
-        host = str(rec.get("host", "?"))
-        self.relays[host] = rec
+        host = str(rec.get("host", "?"))[:128]
+        self.relays[host] = {"dropped": int(rec.get("dropped", 0) or 0)}
         self.relays.move_to_end(host)
         while len(self.relays) > MAX_RELAYS:
             self.relays.popitem(last=False)
@@ -226,7 +265,10 @@ class MonitorState:
     # -- view ----------------------------------------------------------------------------------
 
     def status(self, state: RankState, now: float) -> str:
-        """ "gone", "stale" or "ok" from the time since the rank's last record."""
+        """ "hung" when the rank's last record is its hang watchdog's, else "gone", "stale" or
+        "ok" from the time since the rank's last record."""
+        if state.last.get("hung_in"):
+            return "hung"
         typical_s = (_median(state.recent("step_time_ms")) or 0.0) / 1000.0
         age = now - state.last_recv
         if age > max(GONE_AFTER_S, GONE_STEPS * typical_s):
@@ -271,6 +313,7 @@ class MonitorState:
                     age_s=max(0.0, now - s.last_recv),
                     recent_step_ms=tuple(s.recent("step_time_ms", 16)),
                     dropped=int(last.get("dropped", 0) or 0),
+                    hung_in=last.get("hung_in"),
                 )
             )
         rates = [r for r in (_steps_per_s(s) for s in live.values()) if r is not None]
@@ -287,7 +330,10 @@ class MonitorState:
             steps_per_s=_median(rates),
             slowest_step_ms=tuple(self._slowest[k] for k in steps),
             records=self.records,
-            rejected=self.rejected,
+            rejected=self.rejected + self.unusable_records,
+            rejections={
+                k: v for k, v in {**self.rejections, "record": self.unusable_records}.items() if v
+            },
             dropped=dropped,
             relays=len(self.relays),
             ignored_ranks=self.ignored_ranks,
@@ -363,6 +409,8 @@ def _memory_creep(states: Iterable[RankState]) -> Finding | None:
         if len(mem) < MEMORY_CREEP_MIN_STEPS:
             continue
         growth = mem[-1] - mem[0]
+        if not math.isfinite(growth):  # absurd (finite) values: no meaningful growth rate
+            continue
         deltas = [b - a for a, b in itertools.pairwise(mem) if b != a]
         rising = sum(1 for d in deltas if d > 0) / len(deltas) if deltas else 0.0
         if (

@@ -7,6 +7,7 @@ by the view layer's one formatting module (zdiag.render.format), like the report
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import msgspec
@@ -15,7 +16,7 @@ from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.tui.monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
-STATUS_ORDER = {"gone": 0, "stale": 1, "straggler": 2, "ok": 3}  # worst first
+STATUS_ORDER = {"hung": 0, "gone": 1, "stale": 2, "straggler": 3, "ok": 4}  # worst first
 
 
 def fmt_age(seconds: float) -> str:
@@ -36,11 +37,17 @@ def spark(values: tuple[float, ...], scale: tuple[float, float] | None = None) -
         return ""
     lo, hi = scale if scale is not None else (min(values), max(values))
     last = len(SPARK_CHARS) - 1
-    if hi - lo <= 0.02 * abs(hi):
+    # Halved, so that the span of absurd values (+-1.7e308) stays finite.
+    half_lo, half_span = lo / 2, hi / 2 - lo / 2
+    if not math.isfinite(half_span) or half_span <= 0.01 * abs(hi):
         return SPARK_CHARS[last // 2] * len(values)
-    return "".join(
-        SPARK_CHARS[max(0, min(last, round((v - lo) / (hi - lo) * last)))] for v in values
-    )
+    return "".join(SPARK_CHARS[_level(v / 2 - half_lo, half_span, last)] for v in values)
+
+
+def _level(offset: float, span: float, top: int) -> int:
+    """`offset` / `span` as a bar index in 0..top (the middle when it is not a number)."""
+    level = offset / span * top
+    return max(0, min(top, round(level))) if math.isfinite(level) else top // 2
 
 
 def header_line(view: MonitorView) -> str:
@@ -59,8 +66,16 @@ def header_line(view: MonitorView) -> str:
     if view.relays:
         parts.append(f"{view.relays} relays")
     parts.append(f"dropped {view.dropped}")
-    parts.append(f"rejected {view.rejected}")
+    parts.append(f"rejected {view.rejected}{_by_reason(view.rejections)}")
     return " · ".join(parts)
+
+
+def _by_reason(rejections: dict[str, int]) -> str:
+    """ " (3 oversize, 1 token)": the rejection counts by reason, most frequent first."""
+    if not rejections:
+        return ""
+    ordered = sorted(rejections.items(), key=lambda kv: (-kv[1], kv[0]))
+    return " (" + ", ".join(f"{n} {reason}" for reason, n in ordered) + ")"
 
 
 def spark_scale(view: MonitorView) -> tuple[float, float] | None:
@@ -83,8 +98,16 @@ def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[s
         fmt_bytes(row.mem_allocated_bytes),
         fmt_bytes(row.mem_peak_bytes),
         spark(row.recent_step_ms, scale),
-        row.status if row.status in ("ok", "straggler") else f"{row.status} {fmt_age(row.age_s)}",
+        _status_cell(row),
     )
+
+
+def _status_cell(row: RankRow) -> str:
+    if row.status == "hung":
+        return f"hung in {row.hung_in}"
+    if row.status in ("ok", "straggler"):
+        return row.status
+    return f"{row.status} {fmt_age(row.age_s)}"
 
 
 COLUMNS = (
@@ -140,4 +163,16 @@ def view_to_json(view: MonitorView) -> dict[str, Any]:
     out = dataclasses.asdict(view)
     out["findings"] = [msgspec.to_builtins(f) for f in view.findings]
     out["status_counts"] = view.status_counts
-    return out
+    return finite_json(out)
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every infinite or NaN float replaced by None (JSON has neither), so that
+    `json.dumps(..., allow_nan=False)` never fails and never prints `Infinity`."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value

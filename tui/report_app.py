@@ -10,11 +10,14 @@
   evidence, recommendation, code and gain.
 - Units [u], Collectives [c], Stragglers [t]: the FSDP unit ledger, collective totals and the
   straggler ranking, one row per rank and unit / kind / rank.
+- Memory [y] (only when the Report has memory data): per rank the peak by category, top
+  allocation sites, what-if predictions and the timeline with the peak marked
+  (render/memory_view.py, the text report's section).
 - Summary [m]: verdict counts, warnings, run facts, thresholds and inputs.
 
 Every table sorts (`o`: next column, `O`: reverse) and filters (`/`: rows containing the text,
 Escape clears). `?` shows the keys, `q` or Ctrl-C quits. The layout works from 80x24 up.
-Memory views come from the memory work (not here yet). Cells and texts built from trace names
+Cells and texts built from trace names
 are Rich `Text` objects (never parsed as markup).
 """
 
@@ -38,6 +41,7 @@ from zdiag.errors import ConfigError
 from zdiag.render import _details as details
 from zdiag.render.columns import StepColumn, shown_columns
 from zdiag.render.format import fmt_bytes, fmt_ms, fmt_share, known_bytes, unit_label
+from zdiag.render.memory_view import memory_lines
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView, by_gain, failed_detectors, rank_stats
 
@@ -115,7 +119,8 @@ def _sort_value(value: object) -> SortValue:
 HELP = """\
 zdiag report browser: keys
 
-  s f u c t m  tabs: Steps Findings Units Collectives Stragglers Summary
+  s f u c t    tabs: Steps Findings Units Collectives Stragglers
+  y m          tabs: Memory (when the run has memory data), Summary
   ↑ ↓ PgUp/Dn  move in a table; the panels beside it follow
   Enter        Steps tab: ranks → steps → kernels/ops of the step
   Escape       back one level; clears the filter
@@ -167,6 +172,7 @@ class ReportApp(App[None]):
         Binding("u", "show_tab('units')", "Units", show=False),
         Binding("c", "show_tab('collectives')", "Collectives", show=False),
         Binding("t", "show_tab('stragglers')", "Stragglers", show=False),
+        Binding("y", "show_tab('memory')", "Memory", show=False),
         Binding("m", "show_tab('summary')", "Summary", show=False),
         Binding("escape", "drill_out", "Back"),
     ]
@@ -189,6 +195,7 @@ class ReportApp(App[None]):
         self.timelines: dict[tuple[int, int], StepTimeline] = {
             (t.rank, t.step): t for t in report.timelines
         }
+        self.memory_text = memory_lines(report, max_ranks=16)[2:]  # without the heading
         self.current_rank: RankView | None = None
         self.rows: dict[str, list[Row]] = {}
         self.headers: dict[str, list[str]] = {}
@@ -225,6 +232,9 @@ class ReportApp(App[None]):
                 yield DataTable(id="collectives-table", cursor_type="row", zebra_stripes=True)
             with TabPane("Stragglers", id="stragglers"):
                 yield DataTable(id="stragglers-table", cursor_type="row", zebra_stripes=True)
+            if self.memory_text:
+                with TabPane("Memory", id="memory"), VerticalScroll(id="memory-box"):
+                    yield Static(Text("\n".join(self.memory_text)), id="memory-text")
             with TabPane("Summary", id="summary"):
                 with VerticalScroll(id="summary-box"):
                     yield Static(details.summary(self.report), id="summary-text")
@@ -529,10 +539,19 @@ class ReportApp(App[None]):
 
     def action_show_tab(self, tab: str) -> None:
         """Switch to a tab and focus its main table."""
+        if tab == "memory" and not self.memory_text:
+            return
         self.query_one(TabbedContent).active = tab
         # focus a widget of the new tab, else focus falls back into the old tab and reopens it
         target = self.MAIN_TABLE.get(tab)
-        self.query_one(f"#{target}" if target else "#summary-box").focus()
+        boxes = {"memory": "#memory-box", "summary": "#summary-box"}
+        self.query_one(f"#{target}" if target else boxes[tab]).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide the Memory key when the report has no memory data."""
+        if action == "show_tab" and parameters == ("memory",) and not self.memory_text:
+            return False
+        return True
 
     def _focused_table(self) -> str | None:
         focused = self.focused

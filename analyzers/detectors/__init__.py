@@ -16,9 +16,14 @@ from dataclasses import dataclass, field
 from zdiag.analyzers.detectors import (
     activation_oom,
     comm_bound,
+    crash,
     flat_sharding,
     fp32_collectives,
+    fragmentation,
+    hang,
+    memory_imbalance,
     missing_overlap,
+    optimizer_state_dominant,
     straggler,
     tiny_layer_wrap,
     whole_model_wrap,
@@ -29,10 +34,15 @@ from zdiag.analyzers.report import Finding
 Detector = Callable[[DetectorContext], list[Finding]]
 
 DETECTORS: dict[str, Detector] = {
+    "crash": crash.detect,
+    "hang": hang.detect,
     "whole-model-wrap": whole_model_wrap.detect,
     "tiny-layer-wrap": tiny_layer_wrap.detect,
     "missing-overlap": missing_overlap.detect,
     "activation-oom": activation_oom.detect,
+    "optimizer-state-dominant": optimizer_state_dominant.detect,
+    "fragmentation": fragmentation.detect,
+    "memory-imbalance": memory_imbalance.detect,
     "straggler": straggler.detect,
     "fp32-collectives": fp32_collectives.detect,
     "flat-sharding-multinode": flat_sharding.detect,

@@ -1,9 +1,10 @@
 """`activation-oom`: out of memory (or over budget) with the peak dominated by activations.
 
-Evidence comes from the memory timeline's categories at the peak, or from the out-of-memory
-record (zdiag's harness names activations, unsharded parameters and model state in it). The fix
-for activation memory is activation checkpointing of the repeated block (only each block's
-input is kept) or a smaller micro-batch with gradient accumulation.
+Evidence comes from the memory timeline's categories at the peak, a CUDA snapshot's breakdown
+(whose checkpointing what-if gives the gain when the harness shape is unknown), or from the
+out-of-memory record (zdiag's harness names activations, unsharded parameters and model state
+in it). The fix for activation memory is activation checkpointing of the repeated block (only
+each block's input is kept) or a smaller micro-batch with gradient accumulation.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import math
 
 from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_pattern
 from zdiag.analyzers.detectors.context import MIB, DetectorContext, MemoryEvidence
-from zdiag.analyzers.report import Finding
+from zdiag.analyzers.detectors.facts import block_set, framework_of
+from zdiag.analyzers.frameworks import checkpoint_blocks
+from zdiag.analyzers.report import Finding, WhatIf
 
 # "Dominated": activations are at least half of the memory in use at the peak / the failure,
 # so no other category (parameters, gradients, optimizer state) could be the bigger lever.
@@ -70,20 +73,25 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             f">= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps one)"
         )
     saved = max(0, act - kept)
+    predicted = (
+        _checkpointing_what_if(ctx, worst.rank)
+        if not method.startswith("activation checkpointing of every")
+        else None
+    )
+    if predicted is not None and predicted.saved_bytes is not None:
+        saved, method = (
+            predicted.saved_bytes,
+            f"from the snapshot at the peak: {predicted.arithmetic}",
+        )
     over_by = None
     if worst.capacity_bytes is not None and worst.peak_bytes is not None:
         over_by = max(0, worst.peak_bytes - worst.capacity_bytes)
     accum = None
     if over_by is not None and act > over_by:
         accum = max(2, math.ceil(act / (act - over_by)))
-    where = block.python if block else "model.layers"
-    code = (
-        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
-        "    apply_activation_checkpointing, checkpoint_wrapper)\n"
-        f"blocks = set({where})\n"
-        "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,\n"
-        "                               check_fn=lambda m: m in blocks)  # before fully_shard"
-    )
+    ledgers = ctx.fsdp_ledgers()
+    fw = framework_of(ctx, ledgers[0].framework if ledgers else None)
+    remedy = checkpoint_blocks(block_set(block), fw.checkpoint_note)
     alt = (
         f" Or split each batch into {accum} micro-batches with gradient accumulation "
         f"(batch {h['batch']} -> {max(1, int(h['batch']) // accum)})."
@@ -120,8 +128,18 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 f"Checkpoint the activations of each {block.pattern if block else 'transformer block'}"
                 f" (recompute in backward): frees about {saved / MIB:.1f} MiB." + alt
             ),
-            code=code,
+            code=remedy.code if remedy else None,
             expected_gain_bytes=saved,
             gain_method=method,
         )
     ]
+
+
+def _checkpointing_what_if(ctx: DetectorContext, rank: int) -> WhatIf | None:
+    """The snapshot breakdown's checkpointing prediction for `rank` (snapshot_whatif.py)."""
+    for b in ctx.memory_breakdowns:
+        if b.rank == rank:
+            return next(
+                (w for w in b.what_if if w.change.startswith("activation checkpointing")), None
+            )
+    return None

@@ -8,11 +8,7 @@ more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi
 from __future__ import annotations
 
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.fp32_collectives import (
-    bf16_gather_code,
-    bf16_gather_option,
-    is_fp32,
-)
+from zdiag.analyzers.detectors.fp32_collectives import bf16_remedy, is_fp32
 from zdiag.analyzers.report import Finding
 
 # Most steps must be comm-bound (per the pipeline's verdicts), not one outlier.
@@ -45,8 +41,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
     nnodes = ctx.nnodes or 1
     options = []
-    if fp32:
-        options.append(bf16_gather_option(ledgers[0].framework))
+    bf16 = bf16_remedy(ctx, ledgers[0].framework) if fp32 else None
+    if bf16 is not None:
+        options.append(bf16.text)
     options.append("a bigger batch per rank (more compute per gathered byte)")
     if nnodes > 1:
         options.append("HSDP (shard within a node, replicate across nodes)")
@@ -71,7 +68,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "No prefetch or overlap setting can fix this: communication is longer than the "
                 "compute it could hide under. What would: " + "; ".join(options) + "."
             ),
-            code=bf16_gather_code(ledgers[0].framework) if fp32 else None,
+            code=bf16.code if bf16 is not None else None,
             expected_gain_ms=round(max(0.0, comm - compute) / n, 3),
             gain_method=(
                 "upper bound: the comm time in excess of compute per step, which only fewer "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
-from zdiag.analyzers.report import MemoryTimeline, StepBreakdown
+from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from zdiag.collectors.rundir import (
     FsdpUnitRecord,
     Manifest,
@@ -29,6 +29,7 @@ from zdiag.errors import InputError
 
 if TYPE_CHECKING:
     from zdiag.analyzers.crossrank import CrossRankResult
+    from zdiag.analyzers.flight_recorder import HangAnalysis
     from zdiag.analyzers.rank_analysis import RankFacts
     from zdiag.analyzers.summary import RankSummary
 
@@ -58,7 +59,9 @@ class DetectorContext:
     - `manifest`: the run manifest, when the input was a run directory
     - `memory`: per-rank memory evidence (OOM records, snapshots, memory timelines)
     - `crossrank`: the collectives matched across ranks (None for one rank)
+    - `flight_recorder`: the analysis of flight-recorder dumps given as input (None without)
     - `warnings`: what building the context found (unreadable snapshots, ...)
+    - `memory_breakdowns`: per-rank memory breakdowns (CUDA snapshots, Kineto memory events)
     """
 
     ledgers: dict[int, RankLedger]
@@ -67,7 +70,9 @@ class DetectorContext:
     manifest: Manifest | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     crossrank: CrossRankResult | None = None
+    flight_recorder: HangAnalysis | None = None
     warnings: list[str] = field(default_factory=list)
+    memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
 
     @property
     def harness(self) -> dict[str, Any]:
@@ -122,12 +127,14 @@ def build_context(
     manifest: Manifest | None = None,
     run_dir: Path | None = None,
     memory: Sequence[MemoryTimeline] = (),
+    memory_breakdowns: Sequence[MemoryBreakdown] = (),
     crossrank: CrossRankResult | None = None,
+    flight_recorder: HangAnalysis | None = None,
 ) -> DetectorContext:
     """The DetectorContext of a run's rank summaries, its matching, manifest and memory data."""
     warnings: list[str] = []
     evidence = _memory_evidence(
-        manifest, {s.rank for s in summaries}, run_dir, list(memory), warnings
+        manifest, {s.rank for s in summaries}, run_dir, list(memory), warnings, memory_breakdowns
     )
     return DetectorContext(
         ledgers={s.rank: s.rank_ledger() for s in summaries},
@@ -136,7 +143,9 @@ def build_context(
         manifest=manifest,
         memory=evidence,
         crossrank=crossrank,
+        flight_recorder=flight_recorder,
         warnings=warnings,
+        memory_breakdowns=list(memory_breakdowns),
     )
 
 
@@ -189,6 +198,7 @@ def _memory_evidence(
     run_dir: Path | None,
     timelines: list[MemoryTimeline],
     warnings: list[str],
+    breakdowns: Sequence[MemoryBreakdown] = (),
 ) -> list[MemoryEvidence]:
     """One MemoryEvidence per rank with memory data, merging the OOM record (what was in use at
     the failure: preferred for categories), else the CUDA snapshot taken at the failure, else the
@@ -207,6 +217,7 @@ def _memory_evidence(
             by_rank[entry.rank] = ev
         elif entry.oom:
             by_rank[entry.rank] = parse_oom_message(entry.rank, entry.error or "", "manifest")
+    add_breakdown_evidence(by_rank, breakdowns)
     if run_dir is not None:
         _add_snapshot_categories(analyzed, by_rank, entries, run_dir, warnings)
     for tl in timelines:
@@ -314,3 +325,32 @@ def _read_oom_record(
     for w in found:
         _warn(warnings, w)
     return record
+
+
+def add_breakdown_evidence(
+    by_rank: dict[int, MemoryEvidence], breakdowns: Sequence[MemoryBreakdown]
+) -> None:
+    """Categories at the peak from the snapshots' breakdowns (with stacks), for ranks whose OOM
+    record named none; a rank known only from its snapshot gets its evidence from it."""
+    for b in breakdowns:
+        if not b.blocks_with_stacks and b.source.startswith("snapshot"):
+            continue
+        cats = dict(b.peak_category_bytes)
+        known = by_rank.get(b.rank)
+        if known is None:
+            by_rank[b.rank] = MemoryEvidence(
+                rank=b.rank,
+                source=b.source,
+                oom=b.oom,
+                capacity_bytes=b.capacity_bytes,
+                peak_bytes=(b.peak_bytes or 0) + (b.oom_request_bytes or 0) or None,
+                category_bytes=cats,
+            )
+            continue
+        known.oom = known.oom or b.oom
+        if known.capacity_bytes is None:
+            known.capacity_bytes = b.capacity_bytes
+        if not known.category_bytes and cats:
+            known.category_bytes = cats
+            known.peak_bytes = (b.peak_bytes or 0) + (b.oom_request_bytes or 0) or None
+            known.source = f"{known.source} + {b.source}"

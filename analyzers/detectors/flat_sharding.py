@@ -8,6 +8,7 @@ one gradient all-reduce across nodes, as long as the model state fits a node's m
 from __future__ import annotations
 
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.facts import framework_of, run_facts
 from zdiag.analyzers.report import Finding
 
 # HSDP replaces cross-node gathers with intra-node ones. NVLink/xGMI is typically >= 4x the
@@ -26,7 +27,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     groups = ctx.group_sizes(lg.rank)
     if groups and max(groups) < world:
         return []  # FSDP already runs in sub-groups (HSDP or 2-D sharding)
-    per_node = world // nnodes
+    fw = framework_of(ctx, lg.framework)
+    remedy = fw.hybrid_shard(run_facts(ctx, fw))
+    if remedy is None:
+        return []  # the run already shards hierarchically (or the framework has no such mode)
     n_steps = max(1, len(lg.steps))
     exposed = sum(r.exposed_us for r in lg.records) / 1e3 / n_steps
     return [
@@ -43,16 +47,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "exposed_fsdp_comm_ms_per_step": round(exposed, 3),
             },
             recommendation=(
-                f"Use hybrid sharding (HSDP): shard over the {per_node} ranks of a node, replicate "
-                f"across the {nnodes} nodes, if the model state fits in one node's memory."
+                f"Use hybrid sharding (HSDP): {remedy.text}, if the model state fits in one "
+                "node's memory."
             ),
-            code=(
-                "from torch.distributed.device_mesh import init_device_mesh\n"
-                "from torch.distributed.fsdp import fully_shard\n"
-                f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
-                'mesh_dim_names=("replicate", "shard"))\n'
-                "fully_shard(block, mesh=mesh)  # for each block, then the root"
-            ),
+            code=remedy.code,
             expected_gain_ms=round(exposed * (1 - 1 / INTRA_NODE_SPEEDUP), 3),
             gain_method=(
                 f"exposed FSDP comm time x (1 - 1/{INTRA_NODE_SPEEDUP:g}): assumes intra-node "

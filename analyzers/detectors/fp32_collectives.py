@@ -7,10 +7,10 @@ fp32 if asked): half the bytes on the wire and in the unsharded parameter memory
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.facts import framework_of, run_facts
+from zdiag.analyzers.frameworks import Remedy
 from zdiag.analyzers.report import Finding
 
 FP32_NAMES = ("float", "float32", "torch.float32", "fp32")
@@ -27,63 +27,11 @@ FP32_BYTES_SHARE = 0.5
 EXPOSED_STEP_SHARE = 0.1
 
 
-@dataclass(frozen=True)
-class Bf16Advice:
-    """How one framework gathers parameters in bf16: the option in words and the code."""
-
-    option: str  # a clause: "gather parameters in bf16 (...)"
-    code: str
-
-
-_BF16: dict[str, Bf16Advice] = {
-    "fsdp2": Bf16Advice(
-        option=(
-            "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
-            "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))"
-        ),
-        code=(
-            "import torch\n"
-            "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
-            "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
-            "fully_shard(block, mp_policy=mp)  # for each block, then the root"
-        ),
-    ),
-    "fsdp1": Bf16Advice(
-        option=(
-            "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
-            "(FSDP(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, "
-            "reduce_dtype=torch.float32)))"
-        ),
-        code=(
-            "import torch\n"
-            "from torch.distributed.fsdp import MixedPrecision\n"
-            "FSDP(model, ..., mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,\n"
-            "                                                reduce_dtype=torch.float32))"
-        ),
-    ),
-    "deepspeed": Bf16Advice(
-        option=(
-            'train in bf16 (DeepSpeed config "bf16": {"enabled": true}; ZeRO then gathers bf16 '
-            "parameters and the optimizer keeps fp32 master weights)"
-        ),
-        code='"bf16": {"enabled": true}  # DeepSpeed config',
-    ),
-}
-
-
-def _bf16(framework: str | None) -> Bf16Advice:
-    return _BF16.get(framework or "fsdp2", _BF16["fsdp2"])
-
-
-def bf16_gather_option(framework: str | None) -> str:
-    """The change that gathers parameters in bf16, in words, for the framework of the trace
-    (a lower-case clause, to go into a sentence)."""
-    return _bf16(framework).option
-
-
-def bf16_gather_code(framework: str | None) -> str:
-    """The change that gathers parameters in bf16, as code, for the framework of the trace."""
-    return _bf16(framework).code
+def bf16_remedy(ctx: DetectorContext, framework: str | None) -> Remedy | None:
+    """The framework's change that moves parameters (or gradients) in bf16, None when the run
+    already does (analyzers/frameworks/: MixedPrecisionPolicy, MixedPrecision, "bf16")."""
+    fw = framework_of(ctx, framework)
+    return fw.bf16_comm(run_facts(ctx, fw))
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -102,6 +50,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     exposed = sum(r.exposed_us for r in fp32)
     if exposed < EXPOSED_STEP_SHARE * lg.window_us:
         return []
+    remedy = bf16_remedy(ctx, lg.framework)
+    if remedy is None:
+        return []  # the run already gathers in bf16: these fp32 gathers are not its parameters
     n_steps = max(1, len(lg.steps) or len({r.step for r in fp32}))
     model = fit_alpha_beta(gathers)
     gain_ms = None
@@ -128,10 +79,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "window_ms": round(lg.window_us / 1e3, 3),
             },
             recommendation=(
-                _sentence(bf16_gather_option(lg.framework))
+                _sentence(remedy.text)
                 + ": half the all-gather bytes and half the unsharded parameter memory."
             ),
-            code=bf16_gather_code(lg.framework),
+            code=remedy.code,
             expected_gain_ms=gain_ms,
             expected_gain_bytes=int(max((r.bytes for r in fp32), default=0) / 2),
             gain_method=method + "; bytes: half of the largest unit's unsharded parameters",

@@ -14,6 +14,8 @@ from collections import defaultdict
 
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.facts import block_set, blocks_are_units, framework_of, run_facts
+from zdiag.analyzers.frameworks import Framework, Remedy
 from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
 from zdiag.analyzers.report import Finding
 
@@ -76,30 +78,19 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
     return gain
 
 
-def _code(lg: RankLedger) -> str:
-    if lg.framework == "fsdp1":
-        return (
-            "from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP\n"
-            "model = FSDP(model, auto_wrap_policy=..., forward_prefetch=True,\n"
-            "             backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True)"
-        )
-    if lg.framework == "deepspeed":
-        return (
-            '"zero_optimization": {"stage": 3, "overlap_comm": true,\n'
-            '                      "stage3_prefetch_bucket_size": 5e8,\n'
-            '                      "stage3_max_live_parameters": 1e9}'
-        )
-    block = find_block_pattern(lg.unit_order)
-    blocks = block.python if block else "model.layers"
-    return (
-        f"blocks = {blocks}\n"
-        "for i in range(len(blocks) - 1):\n"
-        "    blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])\n"
-        "for i in range(1, len(blocks)):\n"
-        "    blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])\n"
-        f"model.set_modules_to_forward_prefetch([blocks[0]])  # root -> first block\n"
-        f"model.set_modules_to_backward_prefetch([blocks[-1]])"
-    )
+def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
+    """The framework's overlap settings on the blocks the unit names show; when the blocks are
+    not units yet (a finer wrap), the wrap comes first so the prefetch calls have units to name."""
+    pattern = find_block_pattern(lg.unit_order)
+    are_units = blocks_are_units(pattern, lg.unit_order)
+    facts = run_facts(ctx, fw, block_set(pattern), are_units)
+    remedy = fw.overlap(facts)
+    if remedy is None or are_units is not False or not fw.wraps_units:
+        return remedy
+    wrap = fw.wrap_blocks(facts)
+    if wrap is None or wrap.code is None or remedy.code is None:
+        return remedy
+    return Remedy(remedy.text, wrap.code + "\n" + remedy.code)
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -108,6 +99,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not ledgers:
         return []
     lg = ledgers[0]
+    fw = framework_of(ctx, lg.framework)
     gathers = lg.gathers
     if not gathers:
         return []
@@ -122,7 +114,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             return []
     else:
         # FSDP1 / ZeRO: no per-unit "needed" label; judge on exposure alone, higher bar.
-        if lg.framework == "fsdp2" or exposed_share < EXPOSED_SHARE_WITHOUT_LEADS:
+        if fw.labels_name_consumer or exposed_share < EXPOSED_SHARE_WITHOUT_LEADS:
             return []
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
     gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps
@@ -130,22 +122,15 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     syncs = ctx.host_syncs(lg.rank)
     syncs_per_step = syncs / n_steps
     host_bound = bool(units) and syncs_per_step >= HOST_SYNCS_PER_UNIT * len(units)
+    remedy = _remedy(ctx, lg, fw)
     recommendation = (
-        "Prefetch each unit's all-gather during the previous unit's compute: explicit forward "
-        "and backward prefetch of depth 1 on the exact blocks below; keep "
-        "reshard_after_forward=True on the blocks (False on the last block, whose backward "
-        "starts right after forward, saves one gather at the cost of keeping it unsharded)."
+        remedy.text
+        if remedy
+        else (
+            f"The run already sets every {fw.title} prefetch option zdiag would propose: the "
+            "gathers stay exposed for another reason (see the causes below and the step verdicts)."
+        )
     )
-    if lg.framework == "fsdp1":
-        recommendation = (
-            "Turn on FSDP1's prefetching: forward_prefetch=True, "
-            "backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True."
-        )
-    elif lg.framework == "deepspeed":
-        recommendation = (
-            "Let ZeRO-3 overlap its gathers: overlap_comm=true and a stage3_prefetch_bucket_size "
-            "large enough for the next module's parameters."
-        )
     if host_bound:
         recommendation += (
             f" The host blocks {syncs_per_step:.0f} times per step (.item() / synchronize, "
@@ -197,7 +182,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "host_bound_steps": host_bound_steps,
             },
             recommendation=recommendation,
-            code=_code(lg),
+            code=remedy.code if remedy else None,
             expected_gain_ms=round(gain_ms, 3),
             gain_method=(
                 "replay of the measured per-unit timeline with prefetch depth 1: each late gather "

@@ -14,6 +14,7 @@ from collections import defaultdict
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.facts import block_set, framework_of, run_facts
 from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
 from zdiag.analyzers.report import Finding
 
@@ -71,13 +72,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     gain_ms = saved * model.alpha_us * exposed_share / 1e3 / n_steps
     per_block = statistics.mean(len(u) for u in split.values())
     example = sorted(split_units)[:4]
-    code = (
-        "from torch.distributed.fsdp import fully_shard\n"
-        f"# instead of fully_shard() on each submodule ({', '.join(example)}, ...):\n"
-        f"for block in {block.python}:\n"
-        "    fully_shard(block)\n"
-        "fully_shard(model)"
-    )
+    fw = framework_of(ctx, lg.framework)
+    remedy = fw.wrap_blocks(run_facts(ctx, fw, block_set(block), are_units=False), example)
     return [
         Finding(
             id="tiny-layer-wrap",
@@ -111,7 +107,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 f"submodules: {per_block:.0f}x fewer, larger collectives per block, each closer to "
                 "full bandwidth."
             ),
-            code=code,
+            code=remedy.code if remedy else None,
             expected_gain_ms=round(gain_ms, 3),
             gain_method=(
                 "latency-bandwidth model fitted to the fastest measured collective per message "

@@ -13,6 +13,7 @@ from zdiag.analyzers.detectors.blocks import (
     harness_block_pattern,
 )
 from zdiag.analyzers.detectors.context import MIB, DetectorContext
+from zdiag.analyzers.detectors.facts import block_set, framework_of, run_facts
 from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
 from zdiag.analyzers.report import Finding
 
@@ -46,8 +47,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not ledgers:
         return []
     lg = ledgers[0]
-    if lg.framework == "deepspeed":
-        return []  # ZeRO fetches each module's parameters itself: there is no wrap to choose
+    fw = framework_of(ctx, lg.framework)
+    if not fw.wraps_units:
+        return []  # e.g. ZeRO fetches each module's parameters itself: there is no wrap to choose
     units = [u for u in lg.units() if u.param_bytes]
     total = sum(u.param_bytes or 0 for u in units)
     if not units or total <= 0:
@@ -66,7 +68,15 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     layers = block.count if block else (module_class[1] if module_class else None)
     block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
     whole_bytes = biggest.param_bytes or 0
-    reshard = ctx.harness.get("zero", 3) != 2
+    facts = run_facts(
+        ctx,
+        fw,
+        block_set(
+            block, module_class, "harness" if harness_block_pattern(ctx.harness) else "trace labels"
+        ),
+        are_units=False,
+    )
+    reshard = facts.settings.get("reshard_after_forward", True) is not False
     gain_bytes: int | None = None
     method_bytes = ""
     if layers and reshard:
@@ -100,21 +110,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             f"share that per-block prefetch would hide (all but the root-only parameters and the "
             f"first of {layers} blocks: {1 - still_exposed:.0%})"
         )
-    if module_class is not None:
-        code = (
-            "from torch.distributed.fsdp import fully_shard\n"
-            "for module in model.modules():\n"
-            f"    if isinstance(module, {module_class[0]}):\n"
-            "        fully_shard(module)\n"
-            "fully_shard(model)"
-        )
-    else:
-        code = (
-            "from torch.distributed.fsdp import fully_shard\n"
-            f"for block in {block.python if block else 'model.layers'}:\n"
-            "    fully_shard(block)\n"
-            "fully_shard(model)"
-        )
+    remedy = fw.wrap_blocks(facts)
     ranks = [
         other.rank
         for other in ledgers
@@ -162,7 +158,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
                 "each block's all-gather overlaps the previous block's compute."
             ),
-            code=code,
+            code=remedy.code if remedy else None,
             expected_gain_ms=gain_ms,
             expected_gain_bytes=gain_bytes,
             gain_method="; ".join(

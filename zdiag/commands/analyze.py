@@ -5,6 +5,10 @@ Text by default; `--json` writes the versioned Report to stdout. `--html`, `--pe
 (an output never overwrites an input: zdiag.render.output); files are written only after the
 analysis succeeded. `--fail-on` turns findings into an exit code for CI: 1 when a finding at
 that severity or worse exists.
+
+Summaries: each rank's map result is read from its in-job summary or the summary cache when one
+matches its trace, and written to the cache otherwise (analyzers/summary_store.py; `--no-cache`
+decodes every trace and writes nothing). `--engine ray` runs the map as Ray tasks.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ MAX_PROGRESS_WIDTH = 80
 
 class _ProgressBar:
     """A one-line progress bar on a terminal stream (only created when stderr is a TTY), never
-    wider than the terminal nor MAX_PROGRESS_WIDTH columns. `done`/`total` are JSON bytes when
-    the traces load in this process (so one big file moves it), files with a process pool."""
+    wider than the terminal nor MAX_PROGRESS_WIDTH columns; it shows the share of the traces
+    done."""
 
     def __init__(self, stream: TextIO, width: int | None = None) -> None:
         self.stream = stream
@@ -69,8 +73,12 @@ class AnalyzeCommand:
             "paths",
             nargs="*",
             metavar="PATH",
-            type=Path,
-            help="trace files (.json, .json.gz), a run directory, or a folder of per-rank traces",
+            help=(
+                "trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
+                "CUDA memory snapshots (.pickle; files or a folder of them), "
+                "torch.distributed flight-recorder dumps (files or a folder of them), or a URL of "
+                "traces in object storage (s3://..., read through fsspec)"
+            ),
         )
         parser.add_argument(
             "--json", action="store_true", help="write the Report as JSON to stdout"
@@ -97,7 +105,34 @@ class AnalyzeCommand:
             metavar="FILE",
             help="also write a Perfetto/Chrome-trace overlay (step verdicts, findings)",
         )
+        parser.add_argument(
+            "--max-trace-gb",
+            type=float,
+            default=None,
+            metavar="N",
+            help="refuse an input file, or a .gz file's decompressed content, over N GiB "
+            "(default 16, and a .gz file may expand at most 100x; giving N lifts that check)",
+        )
         parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
+        parser.add_argument(
+            "--no-cache",
+            action="store_true",
+            help="decode every trace: read no stored summary (in-job or cached) and write none "
+            "(also ZDIAG_CACHE=off)",
+        )
+        parser.add_argument(
+            "--engine",
+            choices=("local", "ray"),
+            default="local",
+            help="where the per-rank map runs: this machine's cores (default) or Ray tasks "
+            "(pip install 'zdiag[ray]')",
+        )
+        parser.add_argument(
+            "--ray-address",
+            metavar="ADDR",
+            help="with --engine ray: an existing cluster ('auto', 'ray://head:10001'); default: "
+            "a local one started for this call",
+        )
         parser.add_argument(
             "--fail-on",
             choices=("warning", "critical"),
@@ -106,7 +141,11 @@ class AnalyzeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
-        from zdiag.analyzers.pipeline import analyze_paths
+        from zdiag.analyzers.remote_traces import is_url
+        from zdiag.analyzers.safe_read import GIB, use_limits
+        from zdiag.analyzers.summary_engines import make_engine
+        from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
+        from zdiag.analyzers.summary_store import cache_disabled_by_env
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer
         from zdiag.render.terminal import check_tui_possible
@@ -119,6 +158,18 @@ class AnalyzeCommand:
             raise ConfigError("--rank must be 0 or more.")
         if args.tui:
             check_tui_possible(json_to_stdout=args.json and args.output is None)
+        max_gb = args.max_trace_gb
+        if max_gb is not None and not 0 < max_gb < 1 << 20:
+            raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
+        if args.ray_address and args.engine != "ray":
+            raise ConfigError("--ray-address needs --engine ray.")
+        use_cache = not (args.no_cache or cache_disabled_by_env())
+        options = SummaryOptions(
+            use_stored=use_cache,
+            write_cache=use_cache,
+            ranks=args.rank,
+            engine=make_engine(args.engine, args.ray_address),
+        )
         check_outputs(
             [
                 OutputTarget(option, target)
@@ -129,13 +180,16 @@ class AnalyzeCommand:
                 )
                 if target is not None
             ],
-            inputs=list(args.paths),
+            inputs=[Path(p) for p in args.paths if not is_url(p)],
         )
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
+        max_bytes = None if max_gb is None else int(max_gb * GIB)
         try:
-            report = analyze_paths(list(args.paths), progress=progress, ranks=args.rank)
+            paths = [p if is_url(p) else Path(p) for p in args.paths]
+            with use_limits(max_bytes=max_bytes):
+                report = analyze_via_summaries(paths, options, progress=progress).report
         finally:
             if progress is not None:
                 progress.close()

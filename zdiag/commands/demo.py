@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from zdiag.analyzers.misconfigs import SCENARIOS
 from zdiag.errors import ConfigError, UserError
-from zdiag.harness.config import MISCONFIGS
 
 
 class DemoCommand:
@@ -22,7 +22,7 @@ class DemoCommand:
         """Options of `zdiag demo`."""
         parser.add_argument(
             "--misconfig",
-            choices=MISCONFIGS,
+            choices=SCENARIOS,
             default="none",
             help="inject a misconfiguration into the harness to see it diagnosed (default: none)",
         )

@@ -152,13 +152,13 @@ class MonitorCommand:
                     next_rss = now + 1.0
                 if next_summary is not None and now >= next_summary:
                     next_summary = now + args.every
-                    state.rejected = receiver.rejected
+                    state.sync_rejections(receiver)
                     self._print(state.view(time.time()), receiver, args, start, rss)
         except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
-            state.rejected = receiver.rejected
+            state.sync_rejections(receiver)
             receiver.close()
         self._print(state.view(time.time()), receiver, args, start, rss)
         return 0
@@ -180,7 +180,7 @@ class MonitorCommand:
             out["rss_bytes"] = rss
             out["rejected_token"] = receiver.rejected_token
             out["malformed"] = receiver.malformed
-            print(json.dumps(out), flush=True)
+            print(json.dumps(out, allow_nan=False), flush=True)
         else:
             print(render_summary(view, source=f"listening on {receiver.endpoint}"), flush=True)
 

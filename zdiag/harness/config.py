@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from zdiag.analyzers.misconfigs import SCENARIOS
 from zdiag.cli import OneLineParser
 from zdiag.errors import ConfigError
 
@@ -20,7 +21,6 @@ ZEROS = (3, 2)
 ACS = ("none", "block")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
-MISCONFIGS = ("none", "whole-model-wrap", "tiny-layer-wrap", "missing-overlap", "activation-oom")
 
 # The knobs each --misconfig shortcut sets (options given explicitly win).
 MISCONFIG_PRESETS: dict[str, dict[str, Any]] = {
@@ -79,7 +79,7 @@ class HarnessConfig:
             "ac": ACS,
             "precision": PRECISIONS,
             "device": DEVICES,
-            "misconfig": MISCONFIGS,
+            "misconfig": SCENARIOS,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--misconfig",
-        choices=MISCONFIGS,
+        choices=SCENARIOS,
         help="inject a known misconfiguration (sets the knobs above unless given explicitly)",
     )
     return p
@@ -168,7 +168,7 @@ def config_from_args(args: argparse.Namespace) -> HarnessConfig:
     """Resolve explicit options > --misconfig preset > defaults into a validated config."""
     misconfig = args.misconfig or "none"
     if misconfig not in MISCONFIG_PRESETS:
-        raise ConfigError(f"--misconfig must be one of {', '.join(MISCONFIGS)}, got {misconfig!r}.")
+        raise ConfigError(f"--misconfig must be one of {', '.join(SCENARIOS)}, got {misconfig!r}.")
     values: dict[str, Any] = dict(MISCONFIG_PRESETS[misconfig])
     for field in fields(HarnessConfig):
         given = getattr(args, field.name, None)

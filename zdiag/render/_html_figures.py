@@ -533,6 +533,22 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
             line_color="#c62828",
             annotation_text="device capacity",
         )
+    totals = [
+        sum(v[i] for v in timeline_.bytes_by_category.values() if i < len(v)) for i in range(n)
+    ]
+    peak_i = max(range(n), key=totals.__getitem__)
+    fig.add_trace(
+        go.Scatter(
+            name="peak",
+            x=[round(timeline_.times_ms[peak_i] - origin, 3)],
+            y=[totals[peak_i] / GIB],
+            mode="markers+text",
+            marker={"symbol": "triangle-down", "size": 12, "color": "#c62828"},
+            text=[f"peak {totals[peak_i] / GIB:.2f} GiB"],
+            textposition="top center",
+            hovertemplate="peak: %{y:.3f} GiB at %{x:.1f} ms<extra></extra>",
+        )
+    )
     fig.update_xaxes(title_text="ms from the first memory sample")
     fig.update_yaxes(title_text="GiB")
     of = f" of {capacity / GIB:.1f} GiB" if capacity else ""

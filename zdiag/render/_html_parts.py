@@ -21,6 +21,7 @@ from zdiag.render.format import (
     known_bytes,
     unit_label,
 )
+from zdiag.render.memory_view import breakdown_lines
 from zdiag.render.stats import (
     detailed_ranks,
     failed_detectors,
@@ -353,3 +354,16 @@ def step_tables(report: Report) -> list[str]:
             "</details>"
         )
     return parts
+
+
+def memory_breakdowns(report: Report) -> list[str]:
+    """The snapshots' breakdowns (peak by category, sites, what-ifs) as preformatted text, the
+    text report's memory section without its timeline sparklines (the figures draw those)."""
+    if not report.memory_breakdowns:
+        return []
+    lines = [
+        line
+        for b in sorted(report.memory_breakdowns, key=lambda b: b.rank)[:16]
+        for line in breakdown_lines(b)
+    ]
+    return [f'<pre class="memory-breakdown">{e(chr(10).join(lines))}</pre>']

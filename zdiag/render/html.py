@@ -22,9 +22,11 @@ from plotly.offline import get_plotlyjs
 from zdiag.analyzers.report import Report
 from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
+from zdiag.render._html_large_run import large_run_section
 from zdiag.render._html_parts import e
 from zdiag.render.output import write_output
 from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.stats import LARGE_RUN_RANKS
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
@@ -164,6 +166,7 @@ def render_html(report: Report) -> str:
         notes.append(
             f"Memory: the first {figs.MAX_MEMORY_RANKS} of {len(report.memory)} ranks are shown."
         )
+    memory_body += parts.memory_breakdowns(report)
 
     sections = [
         parts.summary(report),
@@ -175,6 +178,8 @@ def render_html(report: Report) -> str:
         parts.collectives(report),
         parts.run_facts(report),
     ]
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: a summarizing section (issue 16.4)
+        sections.insert(2, large_run_section(report))
     if notes:
         sections.insert(
             1,
@@ -192,6 +197,7 @@ def render_html(report: Report) -> str:
         for a, t in (
             ("summary", "Summary"),
             ("findings", "Findings"),
+            *([("large-run", "Large run")] if len(report.ranks) >= LARGE_RUN_RANKS else []),
             ("steps", "Steps"),
             ("timeline", "Timeline"),
             ("fsdp", "FSDP units"),

@@ -37,8 +37,10 @@ from zdiag.render.format import (
     known_bytes,
     unit_label,
 )
+from zdiag.render.memory_view import memory_lines
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import (
+    LARGE_RUN_RANKS,
     RankStats,
     RankView,
     by_gain,
@@ -113,7 +115,7 @@ def _pct(share: float | None) -> str:
     return fmt_share(share, 1.0) if share is not None else "-"
 
 
-def _table(
+def _fit_table(
     out: _Out,
     header: list[str],
     rows: list[list[str]],
@@ -268,7 +270,7 @@ def _large_run_section(out: _Out, report: Report) -> list[RankView]:
             ]
         )
     header = ["rank", "device", "steps", "median ms", "compute", "exposed", "idle", "verdict"]
-    _table(out, header, rows, {2, 3, 4, 5, 6}, painter=_verdict_painter(out, 7))
+    _fit_table(out, header, rows, {2, 3, 4, 5, 6}, painter=_verdict_painter(out, 7))
     detailed: list[RankView] = list(detailed_ranks(report.ranks, MAX_DETAILED_RANKS))
     out.add("")
     out.wrap(
@@ -311,7 +313,7 @@ def _rank_detail(out: _Out, rank: RankView, columns: Sequence[StepColumn]) -> No
     shown, hidden = _step_rows(rank.steps)
     out.add("")
     verdict_col = next(i for i, c in enumerate(columns) if c.kind == "verdict")
-    _table(
+    _fit_table(
         out,
         step_headers(columns),
         [step_cells(s, columns) for s in shown],
@@ -351,7 +353,7 @@ def _collectives(out: _Out, report: Report, detailed: list[RankView]) -> None:
         for c in collectives
     ]
     header = ["rank", "kind", "count", "bytes", "total ms", "exposed ms", "dtypes"]
-    _table(out, header, rows, {2, 3, 4, 5}, shrink=1)
+    _fit_table(out, header, rows, {2, 3, 4, 5}, shrink=1)
     if len(collectives) < len(report.collectives):
         out.add(
             f"  (the {len(detailed)} ranks detailed above; the other "
@@ -378,7 +380,7 @@ def _units(out: _Out, report: Report) -> None:
         for u in units
     ]
     header = ["rank", "unit", "kind", "gathered", "reduced", "gather ms", "reduce ms", "exposed ms"]
-    _table(out, header, rows, {3, 4, 5, 6, 7}, shrink=1)
+    _fit_table(out, header, rows, {3, 4, 5, 6, 7}, shrink=1)
     if len(report.fsdp_units) > MAX_UNIT_ROWS:
         out.add(f"  ({len(report.fsdp_units) - MAX_UNIT_ROWS} more units; use --json)")
 
@@ -399,7 +401,7 @@ def _stragglers(out: _Out, report: Report) -> None:
         for s in ordered[:MAX_STRAGGLER_ROWS]
     ]
     header = ["rank", "last", "matched", "wait caused ms", "mean late ms"]
-    _table(out, header, rows, {1, 2, 3, 4})
+    _fit_table(out, header, rows, {1, 2, 3, 4})
     if len(report.stragglers) > MAX_STRAGGLER_ROWS:
         out.add(
             f"  ({len(report.stragglers) - MAX_STRAGGLER_ROWS} ranks causing less wait; use --json)"
@@ -466,6 +468,10 @@ def _thresholds(out: _Out, thresholds: dict[str, float]) -> None:
 
 def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False) -> str:
     """The report as text `width` columns wide (code excepted), ending with a newline."""
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
+        from zdiag.render.text_large_run import render_large_run_text
+
+        return render_large_run_text(report)
     out = _Out(width, color)
     out.wrap(_run_line(report), hang="  ")
     if report.run:
@@ -484,6 +490,7 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
     _collectives(out, report, detailed)
     _units(out, report)
     _stragglers(out, report)
+    out.add(*memory_lines(report))
     out.heading(f"Findings ({len(report.findings)})")
     for f in sorted(report.findings, key=by_gain):
         _finding(out, f)
@@ -504,6 +511,30 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
             out.wrap(f"- {w}", "  ")
     _thresholds(out, report.thresholds)
     return "\n".join(out.lines) + "\n"
+
+
+# Line builders for text_large_run.py (the large-run text): plain, unwrapped lines.
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """An aligned table as lines (no width limit, no indent)."""
+    out = _Out(1 << 30, False)
+    _fit_table(out, header, rows, right, indent="")
+    return out.lines
+
+
+def _finding_lines(f: Finding) -> list[str]:
+    """One finding as lines (head, evidence, what to change, code, gain), indented from 0."""
+    out = _Out(DEFAULT_WIDTH, False)
+    _finding(out, f)
+    return [line[2:] for line in out.lines[1:]]
+
+
+def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
+    """The verdict and straggler thresholds, a blank line first."""
+    out = _Out(DEFAULT_WIDTH, False)
+    _thresholds(out, thresholds)
+    return out.lines
 
 
 class TextRenderer(Renderer):

@@ -1,0 +1,162 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): labels, units and remedies in its own API.
+
+In a trace, FSDP2 writes record_function labels `FSDP::<phase> (<module fqn>)` on the training
+thread: `FSDP::all_gather (layers.0)`, `FSDP::pre_forward (layers.0)` (the module that needs the
+gather), `FSDP::post_backward_reduce (layers.3)`, `FSDP::root_pre_forward` (once per forward: a
+step marker), `FSDP::forward_prefetch for layers.1`. A unit is named by its module fqn ("" is the
+root). The collectives are issued on the thread that runs the label (the training thread).
+zdiag's harness (`zdiag run --harness`) is an FSDP2 script: its recorded options are FSDP2
+settings (`settings_from_harness`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts
+
+NAME = "fsdp2"
+ANNOTATION_RE = re.compile(r"^FSDP::")
+LABEL_RE = re.compile(r"^FSDP::(?P<phase>[a-z_]+)(?: \((?P<fqn>[^)]*)\)| for (?P<target>.+))?$")
+"""`FSDP::all_gather (layers.0)`, `FSDP::all_gather` (root), `FSDP::forward_prefetch for x`."""
+NEED_PHASES = ("pre_forward", "pre_backward")
+"""Label phases that name the module needing its parameters now (lead = needed - issued)."""
+FORWARD_MARKER = r"^FSDP::root_pre_forward$"
+BF16_NAMES = ("bfloat16", "torch.bfloat16", "bf16")
+
+
+def settings_from_harness(harness: Mapping[str, Any]) -> dict[str, Any]:
+    """The FSDP2 settings of a run of zdiag's harness, from its recorded options (`zero` 2 keeps
+    blocks unsharded after forward; `prefetch explicit` sets both prefetch lists)."""
+    out: dict[str, Any] = {}
+    if harness.get("zero") in (2, 3):
+        out["reshard_after_forward"] = harness["zero"] == 3
+    if harness.get("prefetch") in ("explicit", "implicit", "off"):
+        explicit = harness["prefetch"] == "explicit"
+        out["forward_prefetch"] = out["backward_prefetch"] = explicit
+    if harness.get("precision") in ("fp32", "bf16"):
+        out["param_dtype"] = "bfloat16" if harness["precision"] == "bf16" else "float32"
+    return out
+
+
+def _blocks_expr(facts: RunFacts) -> str | None:
+    b = facts.blocks
+    if b is None:
+        return None
+    if b.container:
+        return b.python
+    if b.block_class:
+        return f"[m for m in model.modules() if isinstance(m, {b.block_class})]"
+    return None
+
+
+def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None:
+    """`fully_shard` on each repeated block, then the root; None when each block already is a
+    unit, no code when the block set is unknown. `replacing` names units wrapped today."""
+    b = facts.blocks
+    if facts.blocks_are_units:
+        return None
+    if b is None or not (b.container or b.block_class):
+        return Remedy("fully_shard each repeated block, then the root", None)
+    lines = ["from torch.distributed.fsdp import fully_shard"]
+    if replacing:
+        lines.append(f"# instead of fully_shard() on each submodule ({', '.join(replacing)}, ...):")
+    if b.container:
+        lines += [f"for block in {b.python}:", "    fully_shard(block)"]
+    else:
+        lines += [
+            "for module in model.modules():",
+            f"    if isinstance(module, {b.block_class}):",
+            "        fully_shard(module)",
+        ]
+    lines.append("fully_shard(model)")
+    return Remedy(f"fully_shard each {b.describe()}, then the root", "\n".join(lines))
+
+
+def overlap(facts: RunFacts) -> Remedy | None:
+    """Explicit forward and backward prefetch of depth 1 over the blocks (they must already be
+    FSDP units); only the directions the run does not set; None when both are set."""
+    blocks = _blocks_expr(facts)
+    fwd = not facts.has("forward_prefetch", True)
+    bwd = not facts.has("backward_prefetch", True)
+    if not (fwd or bwd):
+        return None
+    lines = [f"blocks = {blocks}"]
+    if fwd:
+        lines += [
+            "for i in range(len(blocks) - 1):",
+            "    blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])",
+        ]
+    if bwd:
+        lines += [
+            "for i in range(1, len(blocks)):",
+            "    blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])",
+        ]
+    if fwd:
+        lines.append("model.set_modules_to_forward_prefetch([blocks[0]])  # root -> first block")
+    if bwd:
+        lines.append("model.set_modules_to_backward_prefetch([blocks[-1]])")
+    return Remedy(
+        "Prefetch each unit's all-gather during the previous unit's compute: explicit forward "
+        "and backward prefetch of depth 1 on the exact blocks below; keep "
+        "reshard_after_forward=True on the blocks (False on the last block, whose backward "
+        "starts right after forward, saves one gather at the cost of keeping it unsharded).",
+        "\n".join(lines) if blocks else None,
+    )
+
+
+def bf16_comm(facts: RunFacts) -> Remedy | None:
+    """MixedPrecisionPolicy gathering bf16 parameters, over the blocks when they are known;
+    None when the run already gathers bf16."""
+    if str(facts.settings.get("param_dtype", "")).lower() in BF16_NAMES:
+        return None
+    blocks = _blocks_expr(facts)
+    apply = (
+        f"for block in {blocks}:\n    fully_shard(block, mp_policy=mp)\n"
+        "fully_shard(model, mp_policy=mp)"
+        if blocks
+        else "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+    )
+    return Remedy(
+        "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
+        "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
+        "import torch\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+        "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+        + apply,
+    )
+
+
+def hybrid_shard(facts: RunFacts) -> Remedy | None:
+    """HSDP over a 2-D device mesh (replicate across nodes, shard within one); None when the run
+    already uses one or the node count is unknown."""
+    nnodes, world = facts.nnodes, facts.world_size
+    if facts.has("hsdp", True) or not nnodes or nnodes < 2 or not world or world % nnodes:
+        return None
+    per_node = world // nnodes
+    return Remedy(
+        f"shard over the {per_node} ranks of a node, replicate across the {nnodes} nodes",
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
+        'mesh_dim_names=("replicate", "shard"))\n'
+        "fully_shard(block, mesh=mesh)  # for each block, then the root",
+    )
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="FSDP2 (fully_shard)",
+    annotation_re=ANNOTATION_RE,
+    label_re=ANNOTATION_RE,
+    forward_markers=(FORWARD_MARKER,),
+    labels_name_consumer=True,
+    checkpoint_note="  # before fully_shard",
+    manifest_settings=lambda manifest: settings_from_harness(manifest.harness or {}),
+    wrap_blocks=wrap_blocks,
+    overlap=overlap,
+    bf16_comm=bf16_comm,
+    hybrid_shard=hybrid_shard,
+)

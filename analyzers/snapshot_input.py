@@ -1,0 +1,126 @@
+"""CUDA memory snapshots as `zdiag analyze` inputs: recognized by content, read once per rank.
+
+A snapshot is the pickle `torch.cuda.memory._dump_snapshot(path)` writes (or `zdiag run`'s
+`memory/rank-N.snapshot.pickle`). `is_snapshot_file` recognizes one from its first bytes (a
+pickle of protocol 2 or later whose first keys include `segments` or `device_traces`), never
+from its name alone, and never unpickles to decide. `load_snapshot_data` reads the whole plain
+pickle with memory_snapshot's restricted unpickler (its bounded `load_plain_pickle` where the
+module has it), with Python's cyclic garbage collector paused: a 100 MB snapshot is ~1M event
+dicts and the collector's passes over them cost 5x the load itself. The breakdown needs the
+allocator history and frame lines that `read_snapshot`'s summary copy leaves out.
+`load_breakdowns` breaks each down (`snapshot_breakdown.analyze_snapshot`); an unreadable one is
+a warning, as a bad memory timeline is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zdiag.analyzers import memory_snapshot
+from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline
+from zdiag.analyzers.snapshot_breakdown import analyze_snapshot
+from zdiag.errors import InputError
+
+PEEK_BYTES = 64 * 1024
+"""Bytes read to recognize a snapshot: the dict's first keys are in the first pickle frame."""
+
+_KEYS = (b"segments", b"device_traces")
+
+
+def is_snapshot_file(path: Path) -> bool:
+    """Whether `path` holds a pickled CUDA memory snapshot, from its first PEEK_BYTES bytes
+    (regular files only: a FIFO or a device among the inputs is never read)."""
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as f:
+            head = f.read(PEEK_BYTES)
+    except OSError:
+        return False
+    return len(head) > 2 and head[0] == 0x80 and head[1] >= 2 and any(k in head for k in _KEYS)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (the loaded data holds no cycles worth collecting)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def load_snapshot_data(path: Path) -> dict[str, Any]:
+    """The snapshot pickled in `path` as plain data (no class or function can load);
+    InputError, one sentence, when it is unreadable or not a snapshot."""
+    with gc_paused():  # (callers keep it paused until the data is dropped: see load_breakdowns)
+        data = memory_snapshot.load_plain_pickle(path, "CUDA memory snapshot")
+    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+        raise InputError(
+            f"{path}: not a CUDA memory snapshot (no 'segments' list, as "
+            "torch.cuda.memory._snapshot() writes)."
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    """The breakdowns and replayed timelines of the snapshots read, and what was skipped."""
+
+    breakdowns: tuple[MemoryBreakdown, ...] = ()
+    timelines: tuple[MemoryTimeline, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def load_breakdowns(
+    snapshots: Mapping[int, Path],
+    *,
+    devices: Mapping[int, int | None] | None = None,
+    capacity: Mapping[int, int | None] | None = None,
+    world_size: int | None = None,
+    oom_ranks: frozenset[int] = frozenset(),
+) -> SnapshotResult:
+    """Each rank's snapshot broken down (rank order); a snapshot that cannot be read is a
+    warning naming it. `devices`: the CUDA index each rank used, when known."""
+    breakdowns: list[MemoryBreakdown] = []
+    timelines: list[MemoryTimeline] = []
+    warnings: list[str] = []
+    for rank, path in sorted(snapshots.items()):
+        # The collector stays paused until the loaded data is dropped: re-enabled while ~1M
+        # fresh containers are alive, its next young-generation pass would walk them all.
+        with gc_paused():
+            try:
+                data = load_snapshot_data(path)
+            except InputError as exc:
+                warnings.append(f"memory snapshot skipped: {exc.message}")
+                continue
+            breakdown, timeline = analyze_snapshot(
+                data,
+                rank,
+                device=(devices or {}).get(rank),
+                capacity_bytes=(capacity or {}).get(rank),
+                world_size=world_size,
+                source="snapshot",
+            )
+            del data
+        if rank in oom_ranks:
+            breakdown.oom = True
+            if timeline is not None:
+                timeline.oom = True
+        if not breakdown.blocks_with_stacks and breakdown.blocks:
+            warnings.append(
+                f"{path}: the snapshot has no allocation stacks, so its categories are unknown; "
+                "record it with torch.cuda.memory._record_memory_history() (or `zdiag run "
+                "--profile-memory`)."
+            )
+        breakdowns.append(breakdown)
+        if timeline is not None:
+            timelines.append(timeline)
+    return SnapshotResult(tuple(breakdowns), tuple(timelines), tuple(warnings))

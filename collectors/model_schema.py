@@ -1,0 +1,305 @@
+"""The model description a rank records at its first forward (schema `zdiag.model/1`).
+
+Standard library only: the collectors write it (`model_capture.py`, which imports torch) and the
+analyzers read it (`analyzers/model_facts.py`, which never imports torch) through these same types.
+
+Bytes are logical: a parameter's full (unsharded) size times its element size, whatever the
+sharding (FSDP2 DTensors, FSDP1 flat parameters, DeepSpeed ZeRO-3 `ds_numel`); a shared (tied)
+parameter counts once, for the first module that holds it in `named_modules` order. Paths are the
+user's own module paths, with wrappers (DDP, DeepSpeed's engine, FSDP1, activation checkpointing,
+torch.compile) seen through: `encoder.stages.0`, never `_fsdp_wrapped_module.encoder...`.
+
+`from_json` is tolerant: unknown keys are ignored, missing ones take their defaults, so a reader
+loads files written by older and newer writers of the same major schema. A different major schema
+raises ValueError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+MODEL_SCHEMA = "zdiag.model/1"
+
+# Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
+MAX_MODULES = 1000  # module tree entries kept
+KEEP_REPEATED_CHILDREN = 2  # of N same-class siblings, the first ones keep their subtree
+MAX_REPEATED_SETS = 256  # the largest (by bytes) are kept
+MAX_FSDP_UNITS = 1024
+MAX_PREFETCH_NAMES = 16
+
+FRAMEWORKS = ("fsdp2", "fsdp1", "deepspeed", "ddp", "none")
+
+
+@dataclass(frozen=True)
+class ModuleNode:
+    """One module of the tree (pre-order). `own_*` count parameters registered on the module
+    itself, `total_*` its whole subtree. `collapsed_children`: same-class children whose subtrees
+    were left out (after the first `KEEP_REPEATED_CHILDREN`); they are still counted in totals."""
+
+    path: str  # "" for the model itself
+    cls: str  # class name (FSDP2's dynamic FSDP<Class> is reported as <Class>)
+    module: str = ""  # the class's Python module
+    depth: int = 0
+    own_params: int = 0
+    own_bytes: int = 0
+    total_params: int = 0
+    total_bytes: int = 0
+    children: int = 0
+    collapsed_children: int = 0
+    wrappers: tuple[str, ...] = ()  # e.g. ("FullyShardedDataParallel", "CheckpointWrapper")
+    fsdp2_unit: bool = False
+
+
+@dataclass(frozen=True)
+class RepeatedSet:
+    """A container with at least two direct children of one class (e.g. `encoder.stages` holding 6
+    `ResidualMLP`). Computed on the whole tree, before any cap; inside repeated blocks each block's
+    own sets are listed (`layers.0.experts`, `layers.1.experts`, ...). Byte fields are None when
+    unknown (an inferred description)."""
+
+    path: str  # the container ("" when the model itself holds them)
+    child_class: str  # "" when unknown (inferred from trace labels)
+    child_module: str = ""
+    count: int = 0
+    child_names: tuple[str, ...] = ()  # the first few child names (attribute or index)
+    child_modules: int | None = None  # modules in one child's subtree, itself included (1: leaf)
+    bytes_per_child_min: int | None = None
+    bytes_per_child_max: int | None = None
+    params_per_child_max: int | None = None
+    total_bytes: int | None = None
+    container_class: str = ""
+    depth: int = 0  # depth of the children
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A mixed-precision policy (FSDP2 MixedPrecisionPolicy or FSDP1 MixedPrecision); dtypes as
+    torch names ("bfloat16"), None where the policy leaves the original dtype."""
+
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    output_dtype: str | None = None
+    buffer_dtype: str | None = None
+    cast_forward_inputs: bool | None = None
+
+
+@dataclass(frozen=True)
+class Fsdp2Unit:
+    """One `fully_shard` unit. None means torch did not expose the value (see `missing`)."""
+
+    path: str
+    cls: str  # "" when unknown
+    param_count: int | None = None  # None: unknown (an inferred description)
+    sharded_bytes: int | None = None  # this rank's local shards
+    unsharded_bytes: int | None = None
+    dtype: str | None = None  # storage dtype of the parameters
+    reshard_after_forward: bool | int | None = None  # int: resharded to that group size
+    reshard_after_forward_auto: bool | None = None  # the user passed None (torch's default)
+    forward_prefetch: tuple[str, ...] | None = None  # set_modules_to_forward_prefetch
+    backward_prefetch: tuple[str, ...] | None = None
+    mixed_precision: Precision | None = None
+    offload_policy: str | None = None
+    mesh_shape: tuple[int, ...] = ()
+    mesh_dim_names: tuple[str, ...] = ()
+    hsdp: bool = False
+    unshard_async_op: bool | None = None
+    missing: tuple[str, ...] = ()  # private torch attributes not found on this torch version
+
+
+@dataclass(frozen=True)
+class Fsdp1Instance:
+    """One FullyShardedDataParallel (FSDP1) instance."""
+
+    path: str  # the wrapped module's path
+    cls: str  # the wrapped module's class
+    root: bool = False
+    flat_param_count: int = 0  # unsharded numel, padding excluded
+    flat_param_bytes: int = 0  # unsharded
+    sharded_bytes: int = 0  # this rank's shard of the flat parameter(s)
+    dtype: str | None = None
+    sharding_strategy: str | None = None
+    forward_prefetch: bool | None = None
+    backward_prefetch: str | None = None  # "BACKWARD_PRE" | "BACKWARD_POST" | None
+    limit_all_gathers: bool | None = None
+    use_orig_params: bool | None = None
+    cpu_offload: bool | None = None
+    mixed_precision: Precision | None = None
+    auto_wrap_policy: str | None = None  # torch does not keep it: None unless visible
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """A DeepSpeed engine's ZeRO settings (from the engine's documented accessors)."""
+
+    engine_class: str = ""
+    zero_stage: int | None = None
+    reduce_bucket_size: int | None = None
+    allgather_bucket_size: int | None = None
+    prefetch_bucket_size: int | None = None
+    param_persistence_threshold: int | None = None
+    max_live_parameters: int | None = None
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool | None = None
+    bf16: bool | None = None
+    fp16: bool | None = None
+    gradient_accumulation_steps: int | None = None
+    micro_batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class DdpConfig:
+    """A DistributedDataParallel wrapper's settings."""
+
+    bucket_cap_bytes: int | None = None
+    find_unused_parameters: bool | None = None
+    gradient_as_bucket_view: bool | None = None
+    static_graph: bool | None = None
+    broadcast_buffers: bool | None = None
+    comm_hook: str | None = None  # the registered communication hook's function name
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    """An optimizer seen stepping (or the DeepSpeed engine's optimizer)."""
+
+    cls: str
+    module: str = ""
+    param_groups: int = 0
+    param_count: int = 0
+    options: tuple[tuple[str, str], ...] = ()  # foreach, fused, capturable, lr, ... as strings
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What one rank knows for sure about its model, framework and optimizer."""
+
+    schema: str = MODEL_SCHEMA
+    rank: int = 0
+    captured_at: str = ""
+    torch_version: str = ""
+    model_class: str = ""
+    model_module: str = ""
+    framework: str = "none"  # one of FRAMEWORKS: the outermost sharding/replication in use
+    wrappers: tuple[str, ...] = ()  # around the model itself (DDP, engine, FSDP1 root, compile)
+    param_count: int = 0
+    param_bytes: int = 0
+    modules: tuple[ModuleNode, ...] = ()
+    modules_total: int = 0  # in the whole tree (modules holds at most MAX_MODULES)
+    modules_dropped: int = 0  # left out of `modules` (collapsed repeats and the cap)
+    repeated: tuple[RepeatedSet, ...] = ()
+    fsdp2_units: tuple[Fsdp2Unit, ...] = ()
+    fsdp2_units_total: int = 0
+    fsdp1: tuple[Fsdp1Instance, ...] = ()
+    deepspeed: DeepSpeedConfig | None = None
+    ddp: DdpConfig | None = None
+    optimizers: tuple[OptimizerInfo, ...] = ()
+    notes: tuple[str, ...] = ()  # what was dropped or unknown, in words
+    inferred: bool = False  # True: built from trace labels, not captured from the live model
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelDescription:
+        """Load a description; ValueError for another major schema or a non-object."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a model description must be a JSON object")
+        schema = str(data.get("schema", ""))
+        if schema != MODEL_SCHEMA and not schema.startswith(MODEL_SCHEMA + "."):
+            raise ValueError(f"model description schema {schema!r} is not {MODEL_SCHEMA!r}")
+        return _from_json(cls, data)
+
+
+# ------------------------------------------------------------------------- (de)serialization
+T = TypeVar("T")
+
+
+def _to_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(cls: type[T], data: Mapping[str, Any]) -> T:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            continue
+        try:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        except (TypeError, ValueError):
+            continue  # a malformed value keeps the default
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        errors: list[Exception] = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value)
+            except (TypeError, ValueError) as exc:
+                errors.append(exc)
+        raise ValueError(f"no variant of {tp} fits {value!r}: {errors}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in value)
+        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected an object for {tp.__name__}")
+        return _from_json(tp, value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise TypeError("expected a boolean")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError("expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError("expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise TypeError("expected a string")
+        return value
+    return value
+
+
+__all__ = [
+    "FRAMEWORKS",
+    "KEEP_REPEATED_CHILDREN",
+    "MAX_FSDP_UNITS",
+    "MAX_MODULES",
+    "MAX_PREFETCH_NAMES",
+    "MAX_REPEATED_SETS",
+    "MODEL_SCHEMA",
+    "DdpConfig",
+    "DeepSpeedConfig",
+    "Fsdp1Instance",
+    "Fsdp2Unit",
+    "ModelDescription",
+    "ModuleNode",
+    "OptimizerInfo",
+    "Precision",
+    "RepeatedSet",
+]

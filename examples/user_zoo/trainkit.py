@@ -1,0 +1,220 @@
+"""Small training utilities shared by the user-zoo scripts (a team's own `utils.py`, no zdiag).
+
+What a team keeps next to its training scripts: process-group set-up from torchrun's
+environment, the knobs every script has (steps, batch, a debug slow rank, fault injection for
+testing the job's restart logic), an activation-memory budget that turns "too many saved
+activations" into a real `torch.OutOfMemoryError` on a CPU box (so memory mistakes show up
+before the job reaches the GPU cluster), and a one-line summary at the end of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+MIB = 1024**2
+
+
+def add_common_args(parser: argparse.ArgumentParser, steps: int = 6, batch: int = 16) -> None:
+    """The knobs every script shares."""
+    g = parser.add_argument_group("run")
+    g.add_argument("--steps", type=int, default=steps, help="optimizer steps")
+    g.add_argument("--batch", type=int, default=batch, help="per-rank batch size")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--mem-budget-mib",
+        type=float,
+        default=0.0,
+        help="emulated device memory per rank in MiB (0: unlimited); "
+        "saved activations past it raise torch.OutOfMemoryError",
+    )
+    g.add_argument("--pg-timeout-s", type=float, default=120.0, help="collective timeout")
+    f = parser.add_argument_group("debugging and fault injection")
+    f.add_argument("--nan-check", action="store_true", help="check every block's output for NaN")
+    f.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps before each step")
+    f.add_argument("--slow-ms", type=float, default=300.0, help="how long --slow-rank sleeps")
+    f.add_argument("--crash-at-step", type=int, default=-1, help="raise at this step")
+    f.add_argument("--crash-rank", type=int, default=0, help="the rank that raises")
+    f.add_argument("--hang-rank", type=int, default=-1, help="this rank stops before a collective")
+    f.add_argument("--hang-at-step", type=int, default=2, help="step at which --hang-rank stops")
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> tuple[int, int]:
+    """Join the process group torchrun describes; returns (rank, world size)."""
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def device() -> torch.device:
+    """This rank's device."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def nan_check(x: torch.Tensor) -> None:
+    """Raise on NaN/Inf (blocks the host until the tensor is computed)."""
+    if not bool(torch.isfinite(x).all().item()):
+        raise FloatingPointError("non-finite activation")
+
+
+class Faults:
+    """The debug knobs applied at the start of each step."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        self.args = args
+        self.rank = rank
+
+    def before_step(self, step: int) -> None:
+        """Sleep, crash or hang as the flags say."""
+        a = self.args
+        if a.slow_rank == self.rank:
+            time.sleep(a.slow_ms / 1000.0)
+        if a.crash_at_step == step and a.crash_rank == self.rank:
+            raise RuntimeError(f"injected failure on rank {self.rank} at step {step}")
+        if a.hang_rank == self.rank and a.hang_at_step == step:
+            time.sleep(10**6)  # stuck before the next collective; the others wait on it
+
+
+class _Held:
+    __slots__ = ("budget", "key", "tensor")
+
+    def __init__(self, budget: ActivationBudget, tensor: torch.Tensor, key: int) -> None:
+        self.budget, self.tensor, self.key = budget, tensor, key
+
+    def __del__(self) -> None:
+        self.budget.release(self.key)
+
+
+class ActivationBudget:
+    """Counts this rank's device memory as a GPU would hold it and enforces a budget.
+
+    In use = the local parameter shards x 4 (parameter, gradient, two AdamW moments) +
+    parameters FSDP2 has currently unsharded (plain tensors next to DTensor shards; FSDP1's and
+    DeepSpeed's gathered flat buffers are not seen) + the tensors
+    autograd saved for backward (each storage once, until autograd frees it). Past
+    `budget_bytes` (0: no limit) a new saved tensor raises `torch.OutOfMemoryError`.
+    """
+
+    def __init__(self, model: nn.Module, budget_bytes: int = 0) -> None:
+        self.model = model
+        self.budget_bytes = budget_bytes
+        self.saved_bytes = 0
+        self.peak_bytes = 0
+        self._live: dict[int, list[int]] = {}
+        self._state_bytes: int | None = None
+        self._sharded: bool | None = None
+
+    def unsharded_bytes(self) -> int:
+        """Parameters FSDP2 has gathered right now (plain tensors beside DTensor shards)."""
+        if self._sharded is None:
+            self._sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
+        if not self._sharded:
+            return 0
+        return sum(
+            p.numel() * p.element_size()
+            for p in self.model.parameters()
+            if not isinstance(p, DTensor)
+        )
+
+    def state_bytes(self) -> int:
+        """Local parameters x 4, computed once."""
+        if self._state_bytes is None:
+            total = 0
+            for p in self.model.parameters():
+                local = p.to_local() if isinstance(p, DTensor) else p
+                total += local.numel() * local.element_size()
+            self._state_bytes = 4 * total
+        return self._state_bytes
+
+    def _acquire(self, t: torch.Tensor) -> int:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        entry = self._live.get(key)
+        if entry is None:
+            nbytes = storage.nbytes()
+            in_use = self.saved_bytes + self.state_bytes() + self.unsharded_bytes() + nbytes
+            self.peak_bytes = max(self.peak_bytes, in_use)
+            if self.budget_bytes and in_use > self.budget_bytes:
+                raise torch.OutOfMemoryError(
+                    f"CUDA out of memory (emulated). Tried to allocate {nbytes / MIB:.2f} MiB; "
+                    f"budget {self.budget_bytes / MIB:.1f} MiB, "
+                    f"{self.saved_bytes / MIB:.2f} MiB held by saved activations."
+                )
+            self.saved_bytes += nbytes
+            self._live[key] = [1, nbytes]
+        else:
+            entry[0] += 1
+        return key
+
+    def release(self, key: int) -> None:
+        """Drop one reference to a saved storage."""
+        entry = self._live.get(key)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] <= 0:
+            del self._live[key]
+            self.saved_bytes -= entry[1]
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return t
+        return _Held(self, t, self._acquire(t))
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Held) else packed
+
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        """Count what autograd saves inside this block (forward and backward of one step)."""
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+        self.peak_bytes = max(self.peak_bytes, self.state_bytes())
+
+
+class StepLog:
+    """Step times and the closing summary line (printed by rank 0)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.times_ms: list[float] = []
+        self._t0 = time.perf_counter()
+
+    def step_done(self, step: int, loss: torch.Tensor | float) -> None:
+        """Record a step; print the loss on rank 0."""
+        now = time.perf_counter()
+        self.times_ms.append((now - self._t0) * 1000.0)
+        self._t0 = now
+        if self.rank == 0:
+            value = loss.item() if isinstance(loss, torch.Tensor) else loss
+            print(f"step {step} loss {value:.4f} {self.times_ms[-1]:.1f} ms", flush=True)
+
+    def summary(self, budget: ActivationBudget) -> None:
+        """`summary: median_step_ms=... peak_mem_mib=...` (steps 0-1 are warm-up)."""
+        steady = self.times_ms[2:] or self.times_ms
+        med = statistics.median(steady) if steady else 0.0
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated() / MIB
+        else:
+            peak = budget.peak_bytes / MIB
+        print(
+            f"summary: rank={self.rank} median_step_ms={med:.2f} peak_mem_mib={peak:.3f}",
+            flush=True,
+        )

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: generators of inputs in other tools' formats."""

@@ -1,0 +1,288 @@
+"""Issue 14, part 2: one message never stops the monitor. Each attack over real zmq sockets on
+127.0.0.1: deep nesting, absurd numbers, a bad message inside a batch, many-frame and oversize
+messages, unknown fields, and what a relay forwards."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from zdiag.cli import main
+from zdiag.collectors.live_receive import LiveReceiver, Relay
+from zdiag.collectors.live_wire import (
+    MAX_MESSAGE_BYTES,
+    SCHEMA_FRAME,
+    STEP_FIELDS,
+    WireError,
+    decode,
+    encode,
+)
+from zdiag.tui.monitor_state import LAST_FIELDS, MonitorState
+from zdiag.tui.monitor_text import header_line, render_summary, spark, view_to_json
+
+NESTED_60KB = b'{"kind":"step","rank":0,"step":1,"ts":1.0,"x":' + b"[" * 30000 + b"]" * 30000 + b"}"
+
+
+def good(rank: int = 0, step: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"kind": "step", "rank": rank, "step": step, "ts": time.time(), **extra}
+
+
+@contextlib.contextmanager
+def pusher(endpoint: Any) -> Iterator[zmq.Socket[Any]]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint.connect_url)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def poll_until(rx: LiveReceiver, done: Any, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while not done(got) and time.monotonic() < deadline:
+        got += rx.poll(timeout_ms=50)
+    return got
+
+
+def test_deeply_nested_record_is_refused_and_counted_without_recursion() -> None:
+    assert len(NESTED_60KB) > 60_000
+    with pytest.raises(RecursionError):  # the attack is real: the stdlib parser recurses
+        json.loads(NESTED_60KB)
+    rx = LiveReceiver("127.0.0.1:0")
+    try:
+        with pusher(rx.endpoint) as sock:
+            sock.send_multipart([SCHEMA_FRAME, b"", NESTED_60KB])
+            sock.send_multipart(encode(good(), b""))
+            got = poll_until(rx, lambda g: len(g) >= 1 and rx.rejections["nested"] >= 1)
+        assert [r["step"] for r in got] == [1]
+        assert rx.rejections["nested"] == 1 and rx.rejected == 1
+    finally:
+        rx.close()
+
+
+def test_decode_raises_only_wire_errors_with_a_reason() -> None:
+    cases = {
+        b'{"rank":0,"step":1,"ts":1,"step_time_ms":1.7e308}': "range",
+        b'{"rank":0,"step":1,"ts":1,"mem_allocated_bytes":-1.7e308}': "range",
+        b'{"rank":1e30,"step":1,"ts":1}': "field",
+        b'{"rank":-3,"step":1,"ts":1}': "range",
+        b'{"rank":0,"step":1,"ts":1e400}': "range",
+        b'{"rank":0,"step":1,"ts":1,"comm_ms":"12"}': "field",
+        b'{"rank":0,"step":' + str(2**64).encode() + b',"ts":1}': "range",
+        b'{"rank":0,"step":1,"ts":1,"samples_per_s":' + b"9" * 400 + b"}": "range",
+        b"\xff\xfe": "json",
+        b"[1]": "json",
+        NESTED_60KB: "nested",
+    }
+    for payload, reason in cases.items():
+        with pytest.raises(WireError) as info:
+            decode([SCHEMA_FRAME, b"", payload])
+        assert info.value.reason == reason, payload[:60]
+
+
+def test_decoded_record_holds_only_schema_fields() -> None:
+    rec = decode(encode(good(junk="x" * 10_000, nested_ok=1, host="h" * 500), b""))
+    assert set(rec) == set(STEP_FIELDS)
+    assert len(rec["host"]) == 128
+
+
+def test_one_bad_message_in_a_batch_costs_only_itself() -> None:
+    rx = LiveReceiver("127.0.0.1:0")
+    try:
+        with pusher(rx.endpoint) as sock:
+            sock.send_multipart(encode(good(step=1), b""))
+            sock.send_multipart([SCHEMA_FRAME, b"", b'{"rank": 0, "step": '])  # cut short
+            sock.send_multipart(encode(good(step=2, step_time_ms=1.7e308), b""))
+            sock.send_multipart(encode({"kind": "step", "rank": "x", "step": 3, "ts": 1.0}, b""))
+            sock.send_multipart(encode(good(step=4), b""))
+            time.sleep(0.3)  # all five queued: one poll takes them as one batch
+            got = poll_until(rx, lambda g: len(g) >= 2)
+        assert [r["step"] for r in got] == [1, 4]
+        assert {k: v for k, v in rx.rejections.items() if v} == {"json": 1, "range": 1, "field": 1}
+    finally:
+        rx.close()
+
+
+def test_state_isolates_a_record_it_cannot_fold_in() -> None:
+    state = MonitorState()
+    now = time.time()
+    batch = [
+        dict(good(step=1), recv_ts=now),
+        {"kind": "step", "rank": "x", "step": 2},  # from a source that does not decode
+        dict(good(step=3), step_time_ms=float("inf"), recv_ts=now),
+        dict(good(step=4), recv_ts=now),
+    ]
+    state.ingest(batch, now)
+    assert [s.step for s in state.ranks[0].steps] == [1, 4]
+    view = state.view(now)
+    assert view.rejections == {"record": 2} and view.rejected == 2
+
+
+def test_many_frame_and_oversize_messages_are_counted_and_not_buffered_by_python() -> None:
+    rx = LiveReceiver("127.0.0.1:0")
+    try:
+        with pusher(rx.endpoint) as sock:
+            frame = b"a" * 60_000  # each frame under the limit, the message far over it
+            sock.send_multipart([SCHEMA_FRAME, b"", *([frame] * 200)])
+            sock.send_multipart([SCHEMA_FRAME, b"", b"b" * (MAX_MESSAGE_BYTES + 1)])
+            sock.send_multipart([SCHEMA_FRAME, b"", b"{}", b"{}"])  # 4 frames, small
+            sock.send_multipart(encode(good(step=9), b""))
+            got = poll_until(rx, lambda g: len(g) >= 1 and rx.rejections["oversize"] >= 3)
+        assert [r["step"] for r in got] == [9]
+        assert rx.rejections["oversize"] == 3
+    finally:
+        rx.close()
+
+
+def test_last_record_per_rank_keeps_only_the_table_fields() -> None:
+    state = MonitorState()
+    rec = dict(good(), junk="x" * 1_000_000, step_time_ms=5.0, recv_ts=time.time())
+    state.ingest([rec], time.time())
+    assert set(state.ranks[0].last) == set(LAST_FIELDS)
+
+
+def test_absurd_finite_values_do_not_crash_the_views() -> None:
+    state = MonitorState()
+    now = time.time()
+    records = []
+    for step in range(12):
+        sign = 1 if step % 2 else -1
+        for rank in (0, 1):
+            records.append(
+                dict(
+                    good(rank=rank, step=step),
+                    ts=now,
+                    recv_ts=now,
+                    step_time_ms=sign * 1.7e308,
+                    compute_ms=1.7e308,
+                    comm_ms=-1.7e308,
+                    exposed_comm_ms=1.7e308,
+                    mem_allocated_bytes=(-1.7e308 if step < 6 else 1.7e308),
+                    mem_peak_bytes=1.7e308,
+                )
+            )
+    state.ingest(records, now)
+    assert len(state.ranks[0].steps) == 12
+    view = state.view(now)
+    text = render_summary(view)
+    assert "rank" in text
+    out = json.dumps(view_to_json(view), allow_nan=False)  # never Infinity / NaN
+    assert "Infinity" not in out and "NaN" not in out
+    assert spark((1.7e308, -1.7e308, 0.0)) == "█▁▅"
+    assert spark((1.7e308, 1.7e308)) == "▄▄"
+
+
+def test_relay_forwards_only_valid_records_in_the_schema() -> None:
+    monitor = LiveReceiver("127.0.0.1:0")
+    relay = Relay("127.0.0.1:0", monitor.endpoint, host="node-a", stats_interval_s=0.2)
+    relay.start_thread()
+    try:
+        with pusher(relay.receiver.endpoint) as sock:
+            got: list[dict[str, Any]] = []
+            deadline = time.monotonic() + 10
+            while not any(r["kind"] == "step" for r in got) and time.monotonic() < deadline:
+                sock.send_multipart([SCHEMA_FRAME, b"", NESTED_60KB])
+                sock.send_multipart(encode(good(step=5, junk="x" * 5000), b""))
+                got += monitor.poll(timeout_ms=100)
+        steps = [r for r in got if r["kind"] == "step"]
+        assert steps and all(set(r) == {*STEP_FIELDS, "recv_ts"} for r in steps)
+        assert monitor.rejected == 0  # nothing invalid was forwarded
+        assert relay.receiver.rejections["nested"] >= 1
+    finally:
+        relay.stop()
+        monitor.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> None:
+    port = _free_port()
+    stop = threading.Event()
+
+    def send() -> None:
+        ctx: zmq.Context[Any] = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        try:
+            while not stop.is_set():
+                sock.send_multipart([SCHEMA_FRAME, b"", NESTED_60KB])
+                sock.send_multipart([SCHEMA_FRAME, b"", b"c" * (MAX_MESSAGE_BYTES + 10)])
+                sock.send_multipart(encode(good(step=1, step_time_ms=1.7e308), b""))
+                sock.send_multipart(encode(good(step=2, step_time_ms=5.0), b""))
+                time.sleep(0.1)
+        finally:
+            sock.close()
+            ctx.term()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(
+                [
+                    *("monitor", "--headless", "--json", "--duration", "1.5"),
+                    *("--listen", f"127.0.0.1:{port}"),
+                ]
+            )
+    finally:
+        stop.set()
+        sender.join(5)
+    out.seek(0)
+    text = out.read()
+    assert rc == 0, err.getvalue()
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"--json printed {name}")
+
+    data = json.loads(text, parse_constant=no_constants)
+    reasons = data["rejections"]
+    assert reasons["nested"] >= 1 and reasons["oversize"] >= 1 and reasons["range"] >= 1
+    assert data["records"] >= 1 and data["rejected"] == sum(reasons.values())
+
+
+def test_header_shows_rejections_by_reason() -> None:
+    state = MonitorState()
+
+    class Source:
+        def __init__(self) -> None:
+            self.rejected = 4
+            self.rejections = {"oversize": 3, "token": 1, "json": 0}
+
+        def poll(self) -> list[dict[str, Any]]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    state.sync_rejections(Source())
+    assert "rejected 4 (3 oversize, 1 token)" in header_line(state.view(time.time()))
+
+
+def test_hung_in_is_a_bounded_string_or_none() -> None:
+    from zdiag.collectors.live_wire import SCHEMA_FRAME, decode
+
+    base = {"kind": "step", "rank": 0, "step": 3, "ts": 1.0}
+    frames = lambda obj: [SCHEMA_FRAME, b"", json.dumps(obj).encode()]  # noqa: E731
+    assert decode(frames({**base, "hung_in": "x" * 500}))["hung_in"] == "x" * 128
+    assert decode(frames({**base, "hung_in": 7}))["hung_in"] is None
+    assert decode(frames(base))["hung_in"] is None
