@@ -261,7 +261,7 @@ def test_progress_bar_draws_and_clears() -> None:
     bar(1, 2, "rank-0.json.gz")
     bar.close()
     text = stream.getvalue()
-    assert "1/2" in text and "rank-0.json.gz" in text
+    assert " 50% " in text and "rank-0.json.gz" in text
     assert text.endswith("\r")  # the line is wiped, leaving stderr clean
 
 
@@ -332,5 +332,19 @@ def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> Non
     assert "host_bound_idle_fraction=" in verdict and "straggler" not in verdict
     assert "skew_noise_us=50" in straggler and "host_bound" not in straggler
     assert any(x.endswith("(unit (root))") for x in lines)
-    evidence = next(x for x in lines if "evidence:" in x)
-    assert evidence.endswith("evidence: per_rank={1: {chance_p: 0.0012, wait_ms: 15.9}}")
+    evidence = lines[lines.index("    evidence:") + 1]
+    assert evidence == "      per rank  {1: {chance_p: 0.0012, wait_ms: 15.9}}"
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_progress_line_stays_within_80_columns(width: int) -> None:
+    import io
+
+    from zdiag.commands.analyze import _ProgressBar
+
+    stream = io.StringIO()
+    bar = _ProgressBar(stream, width=width)
+    bar(3, 1000, "reading " + "very-long-directory-name/" * 8 + "rank-3.json.gz")
+    lines = [x for x in stream.getvalue().split("\r") if x]
+    assert lines and all(len(x) < min(width, 80) for x in lines)
+    assert lines[0].rstrip().endswith("s") and "rank-3.json.gz" in lines[0]

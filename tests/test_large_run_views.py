@@ -89,7 +89,7 @@ def test_html_of_1024_ranks_is_bounded_and_summarized(big: Report) -> None:
 
 @pytest.mark.browser
 def test_html_of_1024_ranks_renders_in_chromium(big: Report, tmp_path: Path) -> None:
-    from tests.test_html_browser import dump_dom
+    from support.browser import dump_dom
 
     page = tmp_path / "big.html"
     write_html(big, page)

@@ -20,33 +20,48 @@ from pathlib import Path
 from typing import TextIO
 
 from zdiag.errors import ConfigError
+from zdiag.render.terminal import terminal_width
 
 EXIT_FINDINGS = 1
+MAX_PROGRESS_WIDTH = 80
 
 
 class _ProgressBar:
-    """A one-line progress bar on a terminal stream (only created when stderr is a TTY)."""
+    """A one-line progress bar on a terminal stream (only created when stderr is a TTY), never
+    wider than the terminal nor MAX_PROGRESS_WIDTH columns; it shows the share of the traces
+    done."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, width: int | None = None) -> None:
         self.stream = stream
+        self.width = min(width or terminal_width(stream), MAX_PROGRESS_WIDTH) - 1
         self.started = time.monotonic()
         self.shown = False
 
     def __call__(self, done: int, total: int, label: str) -> None:
-        width = 24
-        filled = int(width * done / max(total, 1))
-        bar = "#" * filled + "." * (width - filled)
         elapsed = time.monotonic() - self.started
-        self.stream.write(
-            f"\rzdiag: loading [{bar}] {done}/{total} {label[:40]:<40} {elapsed:5.1f}s"
-        )
+        bar_width = 20
+        filled = int(bar_width * done / max(total, 1))
+        bar = "#" * filled + "." * (bar_width - filled)
+        head = f"zdiag: [{bar}] {100 * done // max(total, 1):3d}% "
+        tail = f" {elapsed:5.1f}s"
+        room = max(self.width - len(head) - len(tail), 0)
+        if len(label) > room:
+            label = "…" + label[len(label) - room + 1 :] if room > 1 else ""
+        self.stream.write(f"\r{head}{label:<{room}}{tail}")
         self.stream.flush()
         self.shown = True
 
     def close(self) -> None:
         if self.shown:
-            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.write("\r" + " " * self.width + "\r")
             self.stream.flush()
+
+
+WRITTEN = {
+    "html": "the HTML report",
+    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
+}
+"""How the line on stderr names each file written (the path follows it)."""
 
 
 class AnalyzeCommand:
@@ -133,6 +148,7 @@ class AnalyzeCommand:
         from zdiag.analyzers.summary_store import cache_disabled_by_env
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer
+        from zdiag.render.terminal import check_tui_possible
 
         if not args.paths:
             raise ConfigError(
@@ -140,6 +156,8 @@ class AnalyzeCommand:
             )
         if args.rank is not None and any(r < 0 for r in args.rank):
             raise ConfigError("--rank must be 0 or more.")
+        if args.tui:
+            check_tui_possible(json_to_stdout=args.json and args.output is None)
         max_gb = args.max_trace_gb
         if max_gb is not None and not 0 < max_gb < 1 << 20:
             raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
@@ -184,7 +202,11 @@ class AnalyzeCommand:
             main.render(report, STDOUT)
         for name, target in (("html", args.html), ("perfetto", args.perfetto)):
             if target is not None:
-                get_renderer(name).render(report, Destination(target))
+                renderer = get_renderer(name)
+                renderer.render(report, Destination(target))
+                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
+                for note in getattr(renderer, "notes", []):
+                    print(f"zdiag: note: {note}", file=sys.stderr)
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         if args.fail_on and report.findings_at_least(args.fail_on):

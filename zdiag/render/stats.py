@@ -8,6 +8,7 @@ Values, not strings: the renderers format them with `zdiag.render.format`.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -150,6 +151,73 @@ def related_findings(report: Report, rank: int, step: int) -> list[Finding]:
         for f in report.findings
         if (not f.ranks or rank in f.ranks) and (not f.steps or step in f.steps)
     ]
+
+
+_DETECTOR_FAILED = re.compile(r"^detector (\S+) failed\b")
+"""The warning analyzers/detectors/__init__.py:run_context writes for a detector that crashed."""
+
+
+def failed_detectors(report: Report) -> list[str]:
+    """The detectors that crashed in this analysis (their findings are missing), in order."""
+    names = [m.group(1) for w in report.warnings if (m := _DETECTOR_FAILED.match(w))]
+    return list(dict.fromkeys(names))
+
+
+def by_gain(finding: Finding) -> tuple[int, float, int, float]:
+    """Sort key for findings by what fixing them gains, largest first.
+
+    Critical memory findings (an out-of-memory run has no step time to gain) come first, then
+    expected gain in ms per step, then severity, then the memory gain.
+    """
+    memory_blocker = finding.severity == "critical" and finding.expected_gain_ms is None
+    return (
+        0 if memory_blocker else 1,
+        -(finding.expected_gain_ms or 0.0),
+        -SEVERITY_ORDER.get(finding.severity, 0),
+        -float(finding.expected_gain_bytes or 0),
+    )
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """Ranks that share a dominant verdict, with the spread of their median step times (ms)."""
+
+    verdict: str  # "" for ranks without steps
+    ranks: tuple[int, ...]
+    steps: int  # steps of these ranks in all
+    verdict_steps: int  # of which with `verdict`
+    median_ms_low: float | None
+    median_ms_high: float | None
+    compute_share: float | None  # of the group's summed step time
+    exposed_comm_share: float | None
+    idle_share: float | None
+
+
+def rank_groups(ranks: Sequence[RankView]) -> list[RankGroup]:
+    """Ranks grouped by their dominant verdict, the group with most ranks first."""
+    members: dict[str, list[tuple[RankView, RankStats]]] = {}
+    for r in ranks:
+        stats = rank_stats(r)
+        members.setdefault(stats.dominant_verdict, []).append((r, stats))
+    groups = []
+    for verdict, rows in members.items():
+        medians = [s.median_ms for _, s in rows if s.median_ms is not None]
+        steps = [step for r, _ in rows for step in r.steps]
+        total = sum(s.duration_ms for s in steps)
+        groups.append(
+            RankGroup(
+                verdict=verdict,
+                ranks=tuple(sorted(r.rank for r, _ in rows)),
+                steps=len(steps),
+                verdict_steps=sum(1 for s in steps if s.verdict == verdict),
+                median_ms_low=min(medians) if medians else None,
+                median_ms_high=max(medians) if medians else None,
+                compute_share=_share(sum(s.compute_ms for s in steps), total),
+                exposed_comm_share=_share(sum(s.exposed_comm_ms for s in steps), total),
+                idle_share=_share(sum(s.idle_ms for s in steps), total),
+            )
+        )
+    return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks))
 
 
 # --- large runs (issue 16.4): distributions, outliers, nodes, a rank-group x step heatmap -----
