@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -348,7 +348,8 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
     if len(by_rank) < 2:
         return result
     groups = {r.rank: _groups(r) for r in by_rank}
-    shared = {k for g in groups.values() for k in g if sum(k in h for h in groups.values()) > 1}
+    holders_of = Counter(k for g in groups.values() for k in g)
+    shared = {k for k, n in holders_of.items() if n > 1}
     if not shared and any((r.step >= 0).any() for r in by_rank):
         # step numbers share nothing (ranks segmented differently, or profiled different
         # windows): match over the whole trace instead of per step
@@ -589,12 +590,10 @@ def _diagnosis(
     return hint, ev
 
 
-def _others_exposed_comm_ms(
-    breakdowns: Mapping[int, Sequence[StepBreakdown]], rank: int
-) -> float | None:
-    """Median over the other ranks of their mean exposed communication per step (None: unknown)."""
-    values = [_per_step_mean(s, "exposed_comm_ms") for r, s in breakdowns.items() if r != rank]
-    known = [v for v in values if v is not None]
+def _others_exposed_comm_ms(exposed_by_rank: Mapping[int, float], rank: int) -> float | None:
+    """Median over the other ranks of their mean exposed communication per step (None: unknown);
+    `exposed_by_rank` holds each rank's mean (computed once: ranks x steps, not ranks^2)."""
+    known = [v for r, v in exposed_by_rank.items() if r != rank]
     return float(np.median(known)) if known else None
 
 
@@ -658,21 +657,28 @@ def find_stragglers(
                 late_steps[m.last_rank].add(m.step)
                 step_lead_us[m.last_rank][m.step] += m.lead_us
 
+    exposed_by_rank = {
+        r: v
+        for r, st in breakdowns.items()
+        if (v := _per_step_mean(st, "exposed_comm_ms")) is not None
+    }
     culprits = []
     for r, s in stats.items():
         if not s.matched_collectives:
             continue
         share = s.last_arrivals / s.matched_collectives
         gain_ms = lead_us[r] / 1000.0 / n_steps
-        exposed = _others_exposed_comm_ms(breakdowns, r)
+        if gain_ms < min_gain:
+            continue  # the cap below only lowers the gain: no need to compute it
+        p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
+        by_share = share >= min_share and p < STRAGGLER_MAX_CHANCE_P
+        if not by_share and not _persistent_cause(r, step_lead_us, lead_us, steps, min_wait):
+            continue
+        exposed = _others_exposed_comm_ms(exposed_by_rank, r)
         if exposed is not None:
             # the others' wait costs step time only where it is exposed (not hidden by compute)
             gain_ms = min(gain_ms, exposed)
-        p = chance_of_last(s.last_arrivals, s.matched_collectives, n_ranks)
-        by_share = share >= min_share and p < STRAGGLER_MAX_CHANCE_P
-        if gain_ms >= min_gain and (
-            by_share or _persistent_cause(r, step_lead_us, lead_us, steps, min_wait)
-        ):
+        if gain_ms >= min_gain:
             culprits.append((gain_ms, r, share, exposed))
     if not culprits:
         return []

@@ -299,8 +299,8 @@ def _entry(raw: Any, where: str) -> Entry:
         dst=dst,
         input_sizes=_sizes(get("input_sizes")),
         output_sizes=_sizes(get("output_sizes")),
-        input_dtypes=tuple(map(str, get("input_dtypes") or ())),
-        output_dtypes=tuple(map(str, get("output_dtypes") or ())),
+        input_dtypes=_dtypes(get("input_dtypes")),
+        output_dtypes=_dtypes(get("output_dtypes")),
         state=str(get("state", "")),
         retired=bool(get("retired", False)),
         time_created_ns=_opt_int(get("time_created_ns")),
@@ -310,6 +310,11 @@ def _entry(raw: Any, where: str) -> Entry:
         thread_name=str(get("thread_name", "")),
         frames=_frames(frames) if frames else (),
     )
+
+
+def _dtypes(value: Any) -> tuple[str, ...]:
+    """A list of dtype names, () for anything that is not a list (a damaged dump)."""
+    return tuple(map(str, value)) if isinstance(value, list | tuple) else ()
 
 
 def _groups(raw: Any) -> tuple[GroupConfig, ...]:
@@ -425,7 +430,7 @@ def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:
             parsed[id(e)] if id(e) in parsed else parsed.setdefault(id(e), _entry(e, f"entry {i}"))
             for i, e in enumerate(raw.get("entries") or [])
         )
-    except ValueError as exc:
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         raise InputError(f"{p}: malformed flight-recorder dump ({exc}).") from exc
     return RankDump(
         rank=rank,

@@ -46,7 +46,6 @@ from zdiag.analyzers.collectives import input_dtype, input_tensors
 from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
 from zdiag.analyzers.frameworks import deepspeed, fsdp1, fsdp2
 from zdiag.analyzers.report import FsdpUnit
-from zdiag.collectors.rundir import Manifest
 
 # Framework labels and ZeRO-3's autograd Functions: analyzers/frameworks/ (one module each).
 _FSDP2_RE = fsdp2.LABEL_RE
@@ -689,8 +688,3 @@ def fill_missing_bytes(ledger: RankLedger, unit_param_bytes: Mapping[str, int]) 
     for r in ledger.records:
         if r.bytes <= 0 and unit_param_bytes.get(r.unit, 0) > 0:
             r.bytes = unit_param_bytes[r.unit]
-
-
-def manifest_unit_bytes(manifest: Manifest | None) -> dict[str, int]:
-    """{unit fqn: param_bytes} from a run manifest's `fsdp_units` ({} when absent)."""
-    return manifest.unit_param_bytes() if manifest is not None else {}

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zdiag.analyzers.frameworks.fsdp1 import unit_name as fsdp1_unit_name
 from zdiag.collectors.model_schema import (
     DdpConfig,
     DeepSpeedConfig,
@@ -128,6 +129,52 @@ class ModelFacts:
         if self.description.fsdp2_units:
             return {u.path: u.unsharded_bytes for u in self.description.fsdp2_units}
         return {i.path: i.flat_param_bytes for i in self.description.fsdp1}
+
+    def trace_unit_paths(self) -> dict[str, str]:
+        """{unit name in a trace's FSDP ledger: the unit's module path}. FSDP2 units are named by
+        their path already; FSDP1 labels name no module, so the ledger names the k-th forward
+        gather of a step `fsdp1-unit-<k>`: the k-th instance, in module pre-order, that holds
+        parameters (FSDP1's forward unshards the root first, then each wrapped module as the
+        forward reaches it, which is pre-order for a model run front to back)."""
+        if self.description.fsdp2_units:
+            return {u.path: u.path for u in self.description.fsdp2_units}
+        holding = [i for i in self.description.fsdp1 if i.flat_param_bytes > 0]
+        return {fsdp1_unit_name(k): i.path for k, i in enumerate(holding)}
+
+    def trace_unit_bytes(self) -> dict[str, int]:
+        """{unit name in a trace's FSDP ledger: unsharded parameter bytes}, for the collectives
+        a trace recorded without shapes; units whose bytes are unknown are left out."""
+        sizes = self.unit_bytes
+        return {
+            name: b
+            for name, path in self.trace_unit_paths().items()
+            if (b := sizes.get(path)) is not None and b > 0
+        }
+
+    def summary(self) -> dict[str, object]:
+        """What the Report says about these facts: where they come from, which were captured
+        from the live model and which were inferred (or unknown)."""
+        d = self.description
+        known = {
+            "framework": d.framework != "none" or not d.inferred,
+            "module tree": bool(d.modules),
+            "repeated blocks": bool(d.repeated),
+            "unit bytes": any(b is not None for b in self.unit_bytes.values()),
+            "framework settings": bool(
+                d.fsdp1 or d.deepspeed or d.ddp or (d.fsdp2_units and not d.inferred)
+            ),
+            "optimizer": bool(d.optimizers),
+        }
+        facts = [k for k, v in known.items() if v]
+        return {
+            "source": "inferred from trace labels" if d.inferred else "captured from the model",
+            "file": self.source,
+            "framework": d.framework,
+            "model_class": d.model_class or None,
+            "captured": [] if d.inferred else facts,
+            "inferred": facts if d.inferred else [],
+            "unknown": [k for k, v in known.items() if not v],
+        }
 
     def block_candidates(self) -> list[BlockCandidate]:
         """Repeated block classes, best first, by the granularity rule in the module docstring."""

@@ -26,15 +26,17 @@ from typing import Any
 from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.decode_batches import auto_workers
 from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
 from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
 from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.model_facts import ModelFacts, facts_from_run_dir
+from zdiag.analyzers.rank_analysis import analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
 from zdiag.analyzers.report import MemoryTimeline, Report
 from zdiag.analyzers.run_data import Analysis, RunData
 from zdiag.analyzers.snapshot_input import SnapshotResult, is_snapshot_file, load_breakdowns
 from zdiag.analyzers.summary import RankSummary, summarize
+from zdiag.analyzers.summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
+from zdiag.analyzers.summary_map import RunContexts, assign_rank
 from zdiag.collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
@@ -263,31 +265,6 @@ def _json_bytes(path: Path) -> int:
         return 0
 
 
-def _assign_rank(
-    trace: RankTrace, manifest_map: dict[Path, int], world_size: int | None = None
-) -> None:
-    """The trace's rank: distributedInfo, else the manifest, else the file name (checked to be
-    within 0..world_size-1, InputError otherwise), else 0 with a warning."""
-    if trace.rank_source == "distributedInfo":
-        return
-    path = trace.source.resolve()
-    if path in manifest_map:
-        trace.rank, trace.rank_source = manifest_map[path], "manifest"
-        return
-    from_name = rank_from_file_name(path)
-    if from_name is not None:
-        check_rank(from_name, world_size or trace.world_size, f"{trace.source} (file name)")
-        trace.rank, trace.rank_source = from_name, "file name"
-        trace.warnings.append(
-            f"no distributedInfo in the trace: rank {from_name} taken from the file name"
-        )
-        return
-    trace.rank, trace.rank_source = 0, "default"
-    trace.warnings.append(
-        "no distributedInfo in the trace and no rank in the file name: assumed rank 0"
-    )
-
-
 def _load_file(path: Path, workers: int) -> RankTrace:
     """`load_rank_trace` with a given number of decode processes (for the per-file pool)."""
     return load_rank_trace(path, workers=workers)
@@ -319,11 +296,23 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     warnings = list(found.warnings)
     manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
     for t in traces:
-        _assign_rank(t, manifest_map, manifest.world_size if manifest else None)
+        assign_rank(
+            t, manifest_map.get(t.source.resolve()), manifest.world_size if manifest else None
+        )
     traces.sort(key=lambda t: (t.rank, str(t.source)))
-    run = RunData(ranks=traces, manifest=manifest, run_dir=run_dir, inputs=files + found.snapshots)
+    run = run_level_data(found, [t.rank for t in traces], warnings)
+    run.ranks = traces
+    return run
+
+
+def run_level_data(found: Inputs, ranks: list[int], warnings: list[str]) -> RunData:
+    """A RunData without traces for the discovered inputs whose traces hold `ranks` (in file
+    order, duplicates kept): the run-level warnings (`warnings` first), the memory timelines and
+    the step logs of those ranks."""
+    files, manifest, run_dir = found.traces, found.manifest, found.run_dir
+    run = RunData(ranks=[], manifest=manifest, run_dir=run_dir, inputs=files + found.snapshots)
     run.warnings.extend(warnings)
-    _add_snapshots(run, found.snapshots, traces)
+    _add_snapshots(run, found.snapshots, ranks)
     if not files and run_dir is not None and not run.snapshots:
         run.warnings.append(
             f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
@@ -331,10 +320,10 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
             "with 'zdiag run --profile-steps 0:0:N' to see the steps before the failure."
         )
     seen: dict[int, int] = {}
-    for t in traces:
-        seen[t.rank] = seen.get(t.rank, 0) + 1
-    if manifest is not None and traces:
-        run.warnings.extend(_missing_rank_warnings(manifest, {t.rank for t in traces}))
+    for r in ranks:
+        seen[r] = seen.get(r, 0) + 1
+    if manifest is not None and ranks:
+        run.warnings.extend(_missing_rank_warnings(manifest, set(ranks)))
     dup = sorted(r for r, c in seen.items() if c > 1)
     if dup:
         run.warnings.append(
@@ -344,39 +333,68 @@ def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
     for mem in found.memory:
         rank = rank_from_file_name(mem)
         if rank is None:
-            rank = traces[0].rank if len(traces) == 1 else 0
+            rank = ranks[0] if len(ranks) == 1 else 0
         run.memory_timelines[check_rank(rank, None, f"{mem} (file name)")] = mem
     if run_dir is not None:
-        for t in traces:
-            timeline = _run_dir_file(run_dir, memory_timeline_relpath(t.rank), run.warnings)
+        for r in ranks:
+            timeline = _run_dir_file(run_dir, memory_timeline_relpath(r), run.warnings)
             if timeline is not None:
-                run.memory_timelines.setdefault(t.rank, timeline)
-            log = _run_dir_file(run_dir, step_log_relpath(t.rank), run.warnings)
+                run.memory_timelines.setdefault(r, timeline)
+            log = _run_dir_file(run_dir, step_log_relpath(r), run.warnings)
             if log is not None:
-                run.step_logs[t.rank] = log
+                run.step_logs[r] = log
     return run
 
 
-def _add_snapshots(run: RunData, given: list[Path], traces: list[RankTrace]) -> None:
+def _add_snapshots(run: RunData, given: list[Path], ranks: list[int]) -> None:
     """RunData.snapshots: the snapshots given (rank from the file name, else the only trace's
     rank, else their order) and, in a run directory, memory/rank-N.snapshot.pickle."""
     for i, path in enumerate(given):
         rank = rank_from_file_name(path)
         if rank is None:
-            rank = traces[0].rank if len(traces) == 1 and len(given) == 1 else i
+            rank = ranks[0] if len(ranks) == 1 and len(given) == 1 else i
         if rank in run.snapshots:
             run.warnings.append(f"{path}: a second memory snapshot for rank {rank}; it is not used")
             continue
         run.snapshots[check_rank(rank, None, f"{path} (file name)")] = path
     if run.run_dir is None:
         return
-    ranks = {t.rank for t in traces} or (
-        {e.rank for e in run.manifest.ranks} if run.manifest else set()
-    )
-    for rank in sorted(ranks):
+    present = set(ranks) or ({e.rank for e in run.manifest.ranks} if run.manifest else set())
+    for rank in sorted(present):
         found = _run_dir_file(run.run_dir, memory_snapshot_relpath(rank), run.warnings)
         if found is not None:
             run.snapshots.setdefault(rank, found)
+
+
+def _missing_rank_warnings(manifest: Manifest, found: set[int]) -> list[str]:
+    """A warning when the run's world size exceeds the ranks whose traces were found, saying
+    what the manifest knows of each missing one."""
+    expected = manifest.world_size or 0
+    missing = [r for r in range(expected) if r not in found]
+    if not missing:
+        return []
+    entries = {e.rank: e for e in manifest.ranks}
+    reasons = []
+    for r in missing[:MAX_MISSING_RANKS_SHOWN]:
+        e = entries.get(r)
+        if e is None or e.missing:
+            why = "it never wrote its manifest part (killed or never started)"
+        elif e.error:
+            why = f"it raised {e.error.split(':')[0]} after {e.steps} step(s)"
+        elif e.hang is not None or e.ended_by:
+            why = f"it hung or was stopped after {e.steps} step(s)"
+        else:
+            why = f"it finished {e.steps} step(s), before or without the profiler window"
+        reasons.append(f"rank {r}: {why}")
+    more = len(missing) - len(reasons)
+    tail = f"; and {more} more" if more > 0 else ""
+    return [
+        f"world size {expected}, but traces of only {len(found)} rank(s) were found: "
+        f"{'; '.join(reasons)}{tail}. Cross-rank results cover the ranks found only."
+    ]
+
+
+MAX_MISSING_RANKS_SHOWN = 8
 
 
 def _run_dir_file(run_dir: Path, rel: str, warnings: list[str]) -> Path | None:
@@ -422,23 +440,11 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
             f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
             "its schedule reached an active step and that prof.step() is called)."
         )
-    finished = _ended_steps(run.manifest)
-    collector_errors = _collector_errors(run.manifest)
-    unit_bytes = manifest_unit_bytes(run.manifest)
-    analyses = [
-        analyze_rank(
-            t,
-            RankContext(
-                finished_steps=finished[t.rank][0] if t.rank in finished else None,
-                failure=finished[t.rank][1] if t.rank in finished else None,
-                collector_errors=tuple(collector_errors.get(t.rank, [])),
-                unit_param_bytes=unit_bytes,
-            ),
-        )
-        for t in run.ranks
-    ]
+    model, model_warnings = load_model_facts(run.run_dir)
+    contexts = RunContexts.of(run.manifest, model)
+    analyses = [analyze_rank(t, contexts.for_rank(t.rank)) for t in run.ranks]
     summaries = [summarize(a) for a in analyses]
-    reduction = reduce_run(summaries, run_facts(run, summaries))
+    reduction = reduce_run(summaries, run_facts(run, summaries, model, model_warnings))
     return Analysis(
         ranks=analyses,
         summaries=summaries,
@@ -447,9 +453,27 @@ def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
     )
 
 
-def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
-    """What the reduce needs of the run besides its ranks: inputs, manifest, run-level warnings
-    and the memory timelines of the summarized ranks (read from their files here)."""
+def load_model_facts(run_dir: Path | None) -> tuple[ModelFacts | None, list[str]]:
+    """The model description a run recorded (`model/rank-<N>.json`, the lowest rank's), read
+    once per analysis; (None, [a warning]) when the file is damaged, so the analysis goes on
+    inferring the configuration from the traces."""
+    if run_dir is None:
+        return None, []
+    try:
+        return facts_from_run_dir(run_dir), []
+    except InputError as exc:
+        return None, [f"model description skipped: {exc.message}"]
+
+
+def run_facts(
+    run: RunData,
+    summaries: list[RankSummary],
+    model: ModelFacts | None = None,
+    model_warnings: list[str] | None = None,
+) -> RunFacts:
+    """What the reduce needs of the run besides its ranks: inputs, manifest, the captured model
+    description, run-level warnings and the memory timelines of the summarized ranks (read from
+    their files here)."""
     memory, memory_warnings = _memory_timelines(run, summaries)
     snap = _snapshot_breakdowns(run, summaries)
     have = {m.rank for m in memory}
@@ -459,7 +483,10 @@ def run_facts(run: RunData, summaries: list[RankSummary]) -> RunFacts:
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
-        warnings=tuple(run.warnings + memory_warnings + list(snap.warnings)),
+        model=model,
+        warnings=tuple(
+            run.warnings + (model_warnings or []) + memory_warnings + list(snap.warnings)
+        ),
         memory=tuple(memory),
         memory_breakdowns=snap.breakdowns,
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
@@ -490,73 +517,6 @@ def _snapshot_breakdowns(run: RunData, summaries: list[RankSummary]) -> Snapshot
     )
 
 
-MAX_COLLECTOR_ERRORS_SHOWN = 5
-
-
-def _collector_errors(manifest: Manifest | None) -> dict[int, list[str]]:
-    """Rank -> what zdiag's collectors reported on it during the run (the manifest's
-    `collector_errors`: a lost trace, a memory timeline with totals only, ...), at most 5 each."""
-    if manifest is None:
-        return {}
-    return {
-        e.rank: list(e.collector_errors[:MAX_COLLECTOR_ERRORS_SHOWN])
-        for e in manifest.ranks
-        if e.collector_errors
-    }
-
-
-def _missing_rank_warnings(manifest: Manifest, found: set[int]) -> list[str]:
-    """A warning when the run's world size exceeds the ranks whose traces were found, saying
-    what the manifest knows of each missing one."""
-    expected = manifest.world_size or 0
-    missing = [r for r in range(expected) if r not in found]
-    if not missing:
-        return []
-    entries = {e.rank: e for e in manifest.ranks}
-    reasons = []
-    for r in missing[:MAX_MISSING_RANKS_SHOWN]:
-        e = entries.get(r)
-        if e is None or e.missing:
-            why = "it never wrote its manifest part (killed or never started)"
-        elif e.error:
-            why = f"it raised {e.error.split(':')[0]} after {e.steps} step(s)"
-        elif e.hang is not None or e.ended_by:
-            why = f"it hung or was stopped after {e.steps} step(s)"
-        else:
-            why = f"it finished {e.steps} step(s), before or without the profiler window"
-        reasons.append(f"rank {r}: {why}")
-    more = len(missing) - len(reasons)
-    tail = f"; and {more} more" if more > 0 else ""
-    return [
-        f"world size {expected}, but traces of only {len(found)} rank(s) were found: "
-        f"{'; '.join(reasons)}{tail}. Cross-rank results cover the ranks found only."
-    ]
-
-
-MAX_MISSING_RANKS_SHOWN = 8
-
-
-def _ended_steps(manifest: Manifest | None) -> dict[int, tuple[int, str | None]]:
-    """Rank -> (steps finished, how it failed or None), for the ranks of a `zdiag run` manifest
-    whose end is known: a clean exit, an exception, a signal or a hang. A rank with no recorded
-    end (SIGKILLed) is left out: its step count may predate its last events."""
-    if manifest is None:
-        return {}
-    out: dict[int, tuple[int, str | None]] = {}
-    for e in manifest.ranks:
-        if e.exit_code == 0 and not e.oom:
-            out[e.rank] = (e.steps, None)
-        elif e.oom:
-            out[e.rank] = (e.steps, "ran out of memory")
-        elif e.exit_code is not None and e.error:
-            out[e.rank] = (e.steps, f"raised {e.error.split(':')[0]}")
-        elif e.hang is not None:
-            out[e.rank] = (e.steps, "hung")
-        elif e.ended_by is not None:
-            out[e.rank] = (e.steps, f"was ended by {e.ended_by.split(' ')[0]}")
-    return out
-
-
 def analyze_paths(
     paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
 ) -> Report:
@@ -566,12 +526,19 @@ def analyze_paths(
     if dumps and not paths:
         return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
     run = load_run(paths, progress=progress)
-    if dumps:
-        hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
-        run.flight_recorder = hangs
-        run.flight_recorder_inputs = [str(p) for p in dumps]
-        run.warnings += flight_recorder.dump_warnings(hangs, findings)
+    attach_flight_recorder(run, dumps)
     return analyze_run(run, ranks=ranks).report
+
+
+def attach_flight_recorder(run: RunData, dumps: list[Path]) -> None:
+    """Give the run the analysis of the flight-recorder dumps found among its inputs (the
+    `hang` detector reads it), their paths and what they could not tell."""
+    if not dumps:
+        return
+    hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+    run.flight_recorder = hangs
+    run.flight_recorder_inputs = [str(p) for p in dumps]
+    run.warnings += flight_recorder.dump_warnings(hangs, findings)
 
 
 def _memory_timelines(

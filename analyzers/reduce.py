@@ -18,6 +18,7 @@ from zdiag.analyzers import crossrank, verdict
 from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
 from zdiag.analyzers.detectors import build_context, run_context
 from zdiag.analyzers.flight_recorder import HangAnalysis
+from zdiag.analyzers.model_facts import ModelFacts
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
@@ -30,6 +31,9 @@ class RunFacts:
 
     - `inputs`: the trace files, as given.
     - `manifest` / `run_dir`: the run manifest and directory (None for bare traces).
+    - `model`: the model description the run captured from the live model
+      (analyzers/model_facts.py), loaded once per run; None when the run has none (the detectors
+      then infer the configuration from trace labels, and `Report.run["model_facts"]` says so).
     - `warnings`: run-level warnings from loading (duplicate ranks, skipped memory timelines).
     - `memory`: the memory timelines loaded for the analyzed ranks.
     - `memory_breakdowns`: the CUDA snapshots' (and Kineto memory events') breakdowns.
@@ -42,6 +46,7 @@ class RunFacts:
     inputs: tuple[str, ...] = ()
     manifest: Manifest | None = None
     run_dir: Path | None = None
+    model: ModelFacts | None = None
     warnings: tuple[str, ...] = ()
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
     memory_breakdowns: tuple[MemoryBreakdown, ...] = field(default_factory=tuple)
@@ -67,6 +72,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         summaries,
         manifest=run.manifest,
         run_dir=run.run_dir,
+        model=run.model,
         memory=memory,
         memory_breakdowns=breakdowns,
         crossrank=matching,
@@ -137,4 +143,15 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
     if run.run_dir is not None:
         summary["run_dir"] = str(run.run_dir)
     summary.update(run.manifest_summary)
+    if run.model is not None:
+        summary["model_facts"] = run.model.summary()
+    elif summaries and any(s.ledger and s.ledger.records for s in summaries):
+        summary["model_facts"] = {
+            "source": "inferred from trace labels",
+            "captured": [],
+            "inferred": ["framework", "unit names", "repeated blocks from unit names"],
+            "unknown": ["module tree", "block classes", "framework settings", "optimizer"],
+        }
+    if "model_facts" in summary:  # one line for the text view, which shows scalars only
+        summary["facts"] = summary["model_facts"]["source"]
     return summary or None

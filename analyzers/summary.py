@@ -181,11 +181,11 @@ def encode_summary(summary: RankSummary) -> bytes:
     return zlib.compress(_ENCODER.encode(summary), ZLIB_LEVEL)
 
 
-def decode_summary(data: bytes) -> RankSummary:
-    """A summary from `encode_summary`'s bytes; ValueError when they are not a
-    `zdiag.rank-summary/1` summary."""
+def decode_summary(data: bytes, *, compressed: bool = True) -> RankSummary:
+    """A summary from `encode_summary`'s bytes (`summary_msgpack`'s with compressed=False);
+    ValueError when they are not a `zdiag.rank-summary/1` summary."""
     try:
-        summary = _DECODER.decode(zlib.decompress(data))
+        summary = _DECODER.decode(zlib.decompress(data) if compressed else data)
     except (zlib.error, msgspec.DecodeError) as exc:
         raise ValueError(f"not a zdiag rank summary ({exc})") from exc
     if summary.schema != SUMMARY_SCHEMA:
@@ -193,3 +193,54 @@ def decode_summary(data: bytes) -> RankSummary:
             f"unsupported rank-summary schema {summary.schema!r} (want {SUMMARY_SCHEMA})"
         )
     return summary
+
+
+class _TimelineHead(msgspec.Struct, kw_only=True):
+    """A StepTimeline's rank and step, its spans skipped by the decoder."""
+
+    rank: int
+    step: int
+    truncated: bool = False
+
+
+class _SummaryWithoutSpans(RankSummary, kw_only=True):
+    """A RankSummary decoded with its timeline's spans skipped (same encoding)."""
+
+    timeline: _TimelineHead | None = None  # type: ignore[assignment]
+
+
+_HEAD_DECODER = msgspec.msgpack.Decoder(_SummaryWithoutSpans)
+
+
+def summary_msgpack(summary: RankSummary) -> bytes:
+    """The summary as uncompressed msgpack (`encode_summary` without zlib), for stores that
+    decode it often: `decode_summary_without_spans(data, compressed=False)` then skips the
+    timeline's spans without inflating them."""
+    return _ENCODER.encode(summary)
+
+
+def inflate_summary(data: bytes) -> bytes:
+    """`encode_summary` bytes as `summary_msgpack` bytes (ValueError when not zlib data)."""
+    try:
+        return zlib.decompress(data)
+    except zlib.error as exc:
+        raise ValueError(f"not a zdiag rank summary ({exc})") from exc
+
+
+def decode_summary_without_spans(data: bytes, *, compressed: bool = True) -> RankSummary:
+    """`decode_summary`, except that the timeline keeps its rank and step but no spans (a
+    summary's timeline is most of its size; the reduce shows a few ranks' timelines only:
+    decode those with `decode_summary`). `compressed=False` reads `summary_msgpack` bytes.
+    ValueError as decode_summary."""
+    try:
+        head = _HEAD_DECODER.decode(zlib.decompress(data) if compressed else data)
+    except (zlib.error, msgspec.DecodeError) as exc:
+        raise ValueError(f"not a zdiag rank summary ({exc})") from exc
+    if head.schema != SUMMARY_SCHEMA:
+        raise ValueError(f"unsupported rank-summary schema {head.schema!r} (want {SUMMARY_SCHEMA})")
+    fields = {f: getattr(head, f) for f in head.__struct_fields__ if f != "timeline"}
+    tl = head.timeline
+    timeline = (
+        None if tl is None else StepTimeline(rank=tl.rank, step=tl.step, truncated=tl.truncated)
+    )
+    return RankSummary(**fields, timeline=timeline)

@@ -52,9 +52,12 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
-        for cell in self.trunk["cells"]:
+        cells = self.trunk["cells"]
+        assert isinstance(cells, nn.ModuleList)
+        for cell in cells:
             x = cell(x)
-        return self.head(x)  # type: ignore[no-any-return]
+        out: torch.Tensor = self.head(x)
+        return out
 
 
 def big_model() -> Net:
@@ -140,7 +143,9 @@ def main() -> None:
     from torch.distributed.fsdp import fully_shard
 
     model = many_modules_model()
-    for cell in model.trunk["cells"]:
+    cells = model.trunk["cells"]
+    assert isinstance(cells, nn.ModuleList)
+    for cell in cells:
         fully_shard(cell)
     fully_shard(model)
     params = sum(p.numel() for p in model.parameters())

@@ -39,20 +39,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from zdiag.analyzers.misconfigs import MISCONFIGS
+
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "examples" / "user_zoo"
 
-# Finding ids scored per detector. `host-sync` (per-block `.item()` in the user's own code) and
-# `crash`/`hang` (issue 13) have no detector of that id yet: they are scored all the same, so
-# their recall is 0 until one exists.
-SCORED = (
-    "whole-model-wrap",
-    "tiny-layer-wrap",
-    "missing-overlap",
-    "activation-oom",
-    "straggler",
-    "host-sync",
-)
+# Finding ids scored per detector: the misconfigurations (defined once, in
+# zdiag.analyzers.misconfigs), stragglers and `host-sync` (per-block `.item()` in the user's own
+# code; scored all the same when no detector of that id exists, so its recall is then 0).
+SCORED = (*MISCONFIGS, "straggler", "host-sync")
 FAULT_IDS = ("crash", "hang")
 
 

@@ -5,6 +5,7 @@ RUN_DIR/manifest.json                    merged manifest (schema zdiag.manifest/
 RUN_DIR/manifest.d/rank-<N>.json         each rank's own part (merged into manifest.json): `RankPart`
 RUN_DIR/manifest.d/launcher-node-<K>.json each node launcher's part: `LauncherPart`
 RUN_DIR/traces/rank-<N>.json.gz          Kineto trace as torch.profiler writes it
+RUN_DIR/traces/rank-<N>.summary.zds      its rank summary, made in the job after the export
 RUN_DIR/memory/rank-<N>.timeline.json.gz torch.profiler memory timeline (CPU or CUDA)
 RUN_DIR/memory/rank-<N>.snapshot.pickle  CUDA memory snapshot with stacks
 RUN_DIR/memory/rank-<N>.oom.json         what was known when the rank ran out of memory: `OomRecord`
@@ -61,6 +62,21 @@ MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024
 def trace_relpath(rank: int) -> str:
     """The rank's Kineto trace, relative to the run directory."""
     return f"{TRACES_DIR}/rank-{rank}.json.gz"
+
+
+SUMMARY_SUFFIX = ".summary.zds"
+
+
+def summary_path_for(trace: str | Path) -> Path:
+    """The in-job summary of a trace: beside it, its `.json`/`.json.gz` suffix replaced by
+    `.summary.zds` (`traces/rank-3.json.gz` -> `traces/rank-3.summary.zds`)."""
+    path = Path(trace)
+    name = path.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return path.with_name(name + SUMMARY_SUFFIX)
 
 
 def memory_timeline_relpath(rank: int) -> str:

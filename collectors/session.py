@@ -31,7 +31,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
-from zdiag.collectors import memory, memtimeline, rundir, runinfo
+from zdiag.collectors import memory, memtimeline, rundir, runinfo, summary_job
 from zdiag.collectors.compile_safe import eager_or_opaque
 from zdiag.collectors.config import CollectorConfig
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
@@ -390,6 +390,7 @@ class RankSession:
             trace = self.run_dir / rundir.trace_relpath(self.rank)
             write_atomically(trace, prof.export_chrome_trace, suffix=".json.gz")
             self.trace_written = True
+            self._guard("in-job summary", summary_job.start_summary, trace)
             if self.config.profile_memory:
                 # The timeline export takes seconds (11 s for a 2-rank harness window): it waits
                 # for the end of the run (or an OOM) instead of stalling a training step.

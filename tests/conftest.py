@@ -18,3 +18,16 @@ def real_traces() -> Path:
             f"real traces not found at {REAL_TRACES} (they live in ../shared next to the checkout)"
         )
     return REAL_TRACES
+
+
+@pytest.fixture(autouse=True)
+def _no_summary_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`zdiag analyze` writes a summary cache beside the traces it reads, and `zdiag run` a
+    summary beside each trace from a background process: both off in tests (the repository's
+    sample traces stay as they are; no background writer races a test's look at the run
+    directory); tests of those features turn them back on."""
+    monkeypatch.setenv("ZDIAG_CACHE", "off")
+    monkeypatch.setenv("ZDIAG_INJOB_SUMMARY", "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

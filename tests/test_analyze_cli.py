@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from support.traces import TraceBuilder
-from zdiag.analyzers import pipeline
+from zdiag.analyzers import summary_pipeline
 from zdiag.analyzers.report import Finding, Report, decode_report
+from zdiag.analyzers.summary_pipeline import SummaryRun
 from zdiag.cli import main
 
 
@@ -105,14 +106,14 @@ def test_fail_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _trace(tmp_path / "t.json")
-    real = pipeline.analyze_paths
+    real = summary_pipeline.analyze_via_summaries
 
-    def with_finding(paths: list[Path], **kw: object) -> Report:
-        report = real(paths, **kw)  # type: ignore[arg-type]
-        report.findings.append(Finding(id="missing-overlap", severity="warning", title="t"))
-        return report
+    def with_finding(paths: list[Path], *a: object, **kw: object) -> SummaryRun:
+        run = real(paths, *a, **kw)  # type: ignore[arg-type]
+        run.report.findings.append(Finding(id="missing-overlap", severity="warning", title="t"))
+        return run
 
-    monkeypatch.setattr(pipeline, "analyze_paths", with_finding)
+    monkeypatch.setattr(summary_pipeline, "analyze_via_summaries", with_finding)
     assert _run([str(path), "--quiet", "--fail-on", "warning"], capsys)[0] == 1
     assert _run([str(path), "--quiet", "--fail-on", "critical"], capsys)[0] == 0
     assert _run([str(path), "--quiet"], capsys)[0] == 0
@@ -260,7 +261,7 @@ def test_progress_bar_draws_and_clears() -> None:
     bar(1, 2, "rank-0.json.gz")
     bar.close()
     text = stream.getvalue()
-    assert "1/2" in text and "rank-0.json.gz" in text
+    assert " 50% " in text and "rank-0.json.gz" in text
     assert text.endswith("\r")  # the line is wiped, leaving stderr clean
 
 
@@ -331,5 +332,19 @@ def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> Non
     assert "host_bound_idle_fraction=" in verdict and "straggler" not in verdict
     assert "skew_noise_us=50" in straggler and "host_bound" not in straggler
     assert any(x.endswith("(unit (root))") for x in lines)
-    evidence = next(x for x in lines if "evidence:" in x)
-    assert evidence.endswith("evidence: per_rank={1: {chance_p: 0.0012, wait_ms: 15.9}}")
+    evidence = lines[lines.index("    evidence:") + 1]
+    assert evidence == "      per rank  {1: {chance_p: 0.0012, wait_ms: 15.9}}"
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_progress_line_stays_within_80_columns(width: int) -> None:
+    import io
+
+    from zdiag.commands.analyze import _ProgressBar
+
+    stream = io.StringIO()
+    bar = _ProgressBar(stream, width=width)
+    bar(3, 1000, "reading " + "very-long-directory-name/" * 8 + "rank-3.json.gz")
+    lines = [x for x in stream.getvalue().split("\r") if x]
+    assert lines and all(len(x) < min(width, 80) for x in lines)
+    assert lines[0].rstrip().endswith("s") and "rank-3.json.gz" in lines[0]

@@ -225,7 +225,7 @@ def test_two_rank_healthy_run_exits_zero_with_one_line_per_step() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert [s.split()[1] for s in steps] == ["1", "2", "3"]  # rank 0 only
+    assert [s.split()[1] for s in steps] == ["0", "1", "2"]  # rank 0 only, 0-based
     assert "2 rank(s) on cpu" in proc.stdout and "22 FSDP units" in proc.stdout
 
 
@@ -234,7 +234,7 @@ def test_two_rank_activation_oom_exits_nonzero_with_out_of_memory_error() -> Non
     proc = _torchrun("-m", "zdiag.harness", "--misconfig", "activation-oom", "--steps", "2")
     assert proc.returncode != 0
     assert "torch.OutOfMemoryError: Emulated device out of memory" in proc.stderr
-    assert "step 1 " not in proc.stdout  # out of memory during the first forward
+    assert "step 0 " not in proc.stdout  # out of memory during the first forward
 
 
 PROFILE_SCRIPT = """

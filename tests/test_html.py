@@ -18,10 +18,12 @@ SECTIONS = ("summary", "findings", "steps", "timeline", "fsdp", "memory", "colle
 
 
 def _without_plotlyjs(page: str) -> str:
-    """The page minus the inlined plotly.js bundle (the first script block)."""
-    start = page.find("<script")
-    end = page.find("</script>", start)
-    return page[:start] + page[end + len("</script>") :] if start >= 0 else page
+    """The page minus the inlined plotly.js bundle and its loader (the last two script blocks)."""
+    start = page.find('<script id="zdiag-plotly-gz"')
+    if start < 0:
+        return page
+    end = page.find("</script>", page.find("<script>", start))
+    return page[:start] + page[end + len("</script>") :]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,7 @@ def test_large_runs_are_aggregated_and_the_page_says_so() -> None:
     notes = page[page.index('<section id="notes">') :]
     assert "300 ranks x 4 steps aggregated into blocks of 2 rank(s) x 1 step(s)" in notes
     assert "the first 32 of 300 ranks" in notes
-    assert "the first 1000 per rank are drawn" in notes
+    assert "apart are drawn as one bar" in notes  # every lane drawn across the whole step
     assert "the 120 of 130 units with the largest exposed wait" in notes
     long = render_html(sample_report(ranks=2, steps=1100, units=2))
     assert "2 ranks x 1100 steps aggregated into blocks of 1 rank(s) x 3 step(s)" in long
@@ -139,3 +141,57 @@ def test_failed_rename_leaves_the_old_file_and_no_temporary(
 def test_missing_folder_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         write_html(empty_report(), tmp_path / "nope" / "report.html")
+
+
+def test_memory_chart_units_follow_the_data() -> None:
+    """A CPU run's 20 MiB reads in MiB (not 0.02 GiB); a GPU near its 80 GiB capacity in GiB,
+    with the capacity line and the peak marked."""
+    from zdiag.analyzers.report import MemoryTimeline
+    from zdiag.render._html_figures import memory
+
+    mib, gib = 1024**2, 1024**3
+    small = MemoryTimeline(
+        rank=0, source="trace", times_ms=[0.0, 1.0, 2.0],
+        bytes_by_category={"ACTIVATION": [5 * mib, 20 * mib, 3 * mib]}, peak_bytes=20 * mib,
+    )  # fmt: skip
+    fig, _ = memory(small)
+    assert fig is not None and fig.layout.yaxis.title.text == "MiB"
+    assert next(t for t in fig.data if t.name == "peak").y == (20.0,)
+    big = MemoryTimeline(
+        rank=1, source="snapshot", times_ms=[0.0, 1.0],
+        bytes_by_category={"PARAMETER": [70 * gib, 76 * gib]}, peak_bytes=76 * gib,
+        capacity_bytes=80 * gib,
+    )  # fmt: skip
+    fig, _ = memory(big)
+    assert fig is not None and fig.layout.yaxis.title.text == "GiB"
+    assert [s.y0 for s in fig.layout.shapes] == [80.0]  # the capacity line
+
+
+def test_a_two_rank_run_stays_within_the_3_mb_budget() -> None:
+    from zdiag.analyzers.pipeline import analyze_paths
+
+    run = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
+    page = render_html(analyze_paths([run])).encode("utf-8")
+    assert len(page) <= 3 * 1024 * 1024, f"{len(page) / 2**20:.2f} MiB"
+
+
+def test_heatmap_colours_start_at_zero_so_noise_looks_alike() -> None:
+    from zdiag.render import _html_figures as figs
+
+    report = sample_report(ranks=2, steps=2)
+    for rank, ms in zip(report.ranks, (408.0, 412.0), strict=True):
+        for s in rank.steps:
+            s.duration_ms = ms
+    fig, _ = figs.heatmap(report, lambda s: s.duration_ms, "t", "Step time")
+    assert fig is not None
+    heat = fig.data[0]
+    assert heat.zmin == 0 and heat.zmax == 412.0  # 408 and 412 sit at 99% and 100%
+
+
+def test_a_failed_detector_is_not_reported_as_no_findings() -> None:
+    report = sample_report(ranks=2, steps=2)
+    report.findings = []
+    report.warnings = ["detector straggler failed (KeyError: 3); its finding is missing"]
+    page = render_html(report)
+    assert "No findings" not in page
+    assert "1 detector failed" in page and "straggler" in page

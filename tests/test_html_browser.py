@@ -7,42 +7,15 @@ The page is loaded from a file with networking disabled, and the DOM after scrip
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from support.browser import dump_dom
 from zdiag.render._sample import HOSTILE, sample_report
 from zdiag.render.html import write_html
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def dump_dom(page: Path, profile: Path) -> str:
-    """The page's DOM after its scripts ran, from headless Chromium."""
-    if CHROMIUM is None:
-        pytest.skip("headless Chromium not found (apt-get install -y chromium)")
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-        "--virtual-time-budget=4000",
-        "--dump-dom",
-        page.resolve().as_uri(),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def _title(dom: str) -> str:
@@ -77,3 +50,45 @@ def test_figures_render_and_hostile_names_stay_text(tmp_path: Path) -> None:
     assert not re.search(r"<img[^>]*src=\"?x", dom)
     assert dom.count("<script") == source.count("<script")
     assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
+
+
+PROBE = """<pre id="probe"></pre><script>
+setTimeout(function () {
+  var out = {};
+  document.querySelectorAll('[id^="fig-timeline-"]').forEach(function (gd) {
+    out[gd.id] = {
+      range: gd._fullLayout.xaxis.range,
+      bars: gd.data.map(function (t) { return [t.y, t.base, t.x]; })
+    };
+  });
+  document.getElementById("probe").textContent = JSON.stringify(out);
+}, 2500);
+</script>"""
+
+
+def test_timeline_draws_every_lane_of_every_rank_across_the_whole_step(tmp_path: Path) -> None:
+    import json
+
+    report = sample_report(ranks=8, steps=4, timeline_spans=1200)  # more spans than drawn
+    page = tmp_path / "report.html"
+    write_html(report, page)
+    page.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    dom = dump_dom(page, tmp_path / "profile")
+    probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1))
+    assert probe, "no timeline figure was drawn"
+    drawn = next(iter(probe.values()))
+    ends: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    for ys, bases, widths in drawn["bars"]:
+        for y, base, width in zip(ys, bases, widths, strict=True):
+            ends[y] = max(ends.get(y, 0.0), base + width)
+            starts[y] = min(starts.get(y, float("inf")), base)
+    for t in report.timelines[:8]:
+        for lane in {s.lane for s in t.spans}:
+            spans = [s for s in t.spans if s.lane == lane]
+            row = f"rank {t.rank} · {lane}"
+            assert row in ends, f"{row} not drawn"
+            assert starts[row] <= min(s.start_ms for s in spans) + 1e-6
+            assert ends[row] >= max(s.start_ms + s.dur_ms for s in spans) - 1e-6
+    step_end = max(s.start_ms + s.dur_ms for t in report.timelines[:8] for s in t.spans)
+    assert drawn["range"][1] >= step_end  # the axis shows the whole step

@@ -167,7 +167,6 @@ def test_ledger_is_a_value_that_keeps_no_trace_alive(tmp_path: Path) -> None:
 
 
 def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Path) -> None:
-    from zdiag.analyzers.fsdp_ledger import manifest_unit_bytes
 
     doc = fsdp2_cpu_trace(BLOCKS, steps=1)
     for ev in doc["traceEvents"]:
@@ -178,7 +177,7 @@ def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Pat
     manifest = Manifest.from_json(
         {"fsdp_units": [{"name": n, "param_count": k, "param_bytes": 4 * k} for n, k in BLOCKS]}
     )
-    ledger = build_rank_ledger(trace, unit_param_bytes=manifest_unit_bytes(manifest))
+    ledger = build_rank_ledger(trace, unit_param_bytes=manifest.unit_param_bytes())
     units = {u.name: u for u in ledger.units()}
     assert units["layers.2"].param_bytes == 16000
     assert units[""].all_gather_bytes == 2 * 4000

@@ -174,6 +174,7 @@ def test_zdiag_render_tui_browses_the_saved_report(
 
     browsed: list[Report] = []
     monkeypatch.setattr(report_app, "browse", browsed.append)
+    monkeypatch.setattr("zdiag.render.terminal.check_tui_possible", lambda **kw: None)
     report = sample_report(ranks=2, steps=3)
     saved = tmp_path / "saved.json"
     saved.write_bytes(encode_report(report))

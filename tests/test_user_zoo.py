@@ -214,13 +214,7 @@ EXPECTED_OUTCOMES: list[Any] = [
             "the 2026-11-24 runs",
         ),
     ),
-    pytest.param(
-        "tabular_fsdp1:leaf-wrap",
-        "tiny-layer-wrap",
-        marks=pytest.mark.xfail(
-            strict=True, reason="tiny-layer-wrap needs unit bytes, unknown on gloo without shapes"
-        ),
-    ),
+    ("tabular_fsdp1:leaf-wrap", "tiny-layer-wrap"),
     ("tabular_fsdp2:slow-rank", "straggler"),  # the wait it causes, persistent over steps
     ("trunk_ddp:act-oom", "activation-oom"),  # from the OOM record, no trace needed
     ("cnn_fsdp2:host-sync", "host-sync"),  # per-block NaN checks, located by FSDP unit

@@ -29,7 +29,62 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
     "demo": ("zdiag.commands.demo", "run the built-in FSDP2 harness on 2 CPU ranks and analyze it"),
+    "completion": (
+        "zdiag.commands.completion",
+        "print a shell completion script for bash, zsh or fish",
+    ),
 }
+
+EXAMPLES: dict[str, str] = {
+    "": """\
+examples:
+  zdiag demo                                      # see it work: 2 CPU ranks, ~30 s
+  zdiag run --nproc-per-node 8 train.py --lr 3e-4  # profile your script, unchanged
+  zdiag analyze zdiag_runs/20261122-190000/       # where the time went, what to change
+  zdiag analyze run_dir/ --html report.html       # the interactive page
+  zdiag monitor --listen 127.0.0.1:5577           # follow a running job live
+  zdiag completion bash > ~/.local/share/bash-completion/completions/zdiag
+""",
+    "run": """\
+examples:
+  zdiag run train.py --lr 3e-4                    # one process
+  zdiag run --nproc-per-node 8 train.py           # torchrun on this node
+  zdiag run --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500 --nproc-per-node 8 train.py
+  zdiag run --nproc-per-node 2 --harness --wrap whole --zero 2
+  zdiag run --profile-steps 1:1:3 --profile-memory --out runs/a train.py
+  zdiag run --monitor 127.0.0.1:5577 --nproc-per-node 8 train.py
+""",
+    "analyze": """\
+examples:
+  zdiag analyze run_dir/                          # the text report (steps numbered from 0)
+  zdiag analyze rank-0.json.gz rank-1.json.gz     # trace files
+  zdiag analyze run_dir/ --rank 3                 # only some ranks
+  zdiag analyze run_dir/ --json -o report.json    # the versioned JSON report
+  zdiag analyze run_dir/ --html report.html       # one self-contained page (offline)
+  zdiag analyze run_dir/ --tui                    # browse it in the terminal
+  zdiag analyze run_dir/ --perfetto merged.json   # traces + zdiag tracks, for ui.perfetto.dev
+  zdiag analyze run_dir/ --fail-on warning        # CI: exit 1 on a finding
+""",
+    "monitor": """\
+examples:
+  zdiag monitor --listen 127.0.0.1:5577           # the live terminal UI
+  zdiag monitor --listen 127.0.0.1:5577 --headless --duration 60 --json
+  zdiag monitor --relay --listen 127.0.0.1:5578 --forward monitor-host:5577
+""",
+    "demo": """\
+examples:
+  zdiag demo                                      # a healthy FSDP2 run
+  zdiag demo --misconfig missing-overlap          # a misconfiguration, diagnosed
+""",
+    "completion": """\
+examples:
+  zdiag completion bash > ~/.local/share/bash-completion/completions/zdiag
+  zdiag completion zsh > "${fpath[1]}/_zdiag"     # then: autoload -U compinit && compinit
+  zdiag completion fish > ~/.config/fish/completions/zdiag.fish
+""",
+}
+"""Example lines shown under each command's --help ("" is `zdiag --help`); a command that sets
+its own epilog (render) keeps it."""
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 70
@@ -53,11 +108,14 @@ def _chosen_command(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    """The top-level parser; only the chosen subcommand's module is imported and asked for options."""
+def build_parser(argv: Sequence[str], *, every_command: bool = False) -> argparse.ArgumentParser:
+    """The top-level parser; only the chosen subcommand's module is imported and asked for
+    options (every one with `every_command`, for shell completion)."""
     parser = OneLineParser(
         prog="zdiag",
         description="Find out why sharded PyTorch training (FSDP2, ZeRO) is slow or out of memory.",
+        epilog=EXAMPLES[""],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"zdiag {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -65,9 +123,13 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     chosen = _chosen_command(argv)
     for name, (module_name, help_text) in COMMANDS.items():
         sp = sub.add_parser(
-            name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
+            name,
+            help=help_text,
+            description=help_text[0].upper() + help_text[1:] + ".",
+            epilog=EXAMPLES.get(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        if name == chosen:
+        if name == chosen or every_command:
             command = importlib.import_module(module_name).COMMAND
             command.add_arguments(sp)
             sp.set_defaults(_command=command, _parser=sp)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.host_syncs import HostSyncSites
 from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.model_facts import ModelFacts
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from zdiag.collectors.rundir import (
     FsdpUnitRecord,
@@ -58,6 +59,8 @@ class DetectorContext:
     - `breakdowns`: rank -> its step table
     - `facts`: rank -> what detectors read from its events (host syncs, module class, groups)
     - `manifest`: the run manifest, when the input was a run directory
+    - `model`: the model description captured from the live model (None: the detectors infer
+      the configuration from trace labels, the manifest and the harness's options)
     - `memory`: per-rank memory evidence (OOM records, snapshots, memory timelines)
     - `crossrank`: the collectives matched across ranks (None for one rank)
     - `flight_recorder`: the analysis of flight-recorder dumps given as input (None without)
@@ -69,6 +72,7 @@ class DetectorContext:
     breakdowns: dict[int, list[StepBreakdown]] = field(default_factory=dict)
     facts: dict[int, RankFacts] = field(default_factory=dict)
     manifest: Manifest | None = None
+    model: ModelFacts | None = None
     memory: list[MemoryEvidence] = field(default_factory=list)
     crossrank: CrossRankResult | None = None
     flight_recorder: HangAnalysis | None = None
@@ -133,6 +137,7 @@ def build_context(
     *,
     manifest: Manifest | None = None,
     run_dir: Path | None = None,
+    model: ModelFacts | None = None,
     memory: Sequence[MemoryTimeline] = (),
     memory_breakdowns: Sequence[MemoryBreakdown] = (),
     crossrank: CrossRankResult | None = None,
@@ -148,6 +153,7 @@ def build_context(
         breakdowns={s.rank: list(s.steps) for s in summaries},
         facts={s.rank: s.facts for s in summaries},
         manifest=manifest,
+        model=model,
         memory=evidence,
         crossrank=crossrank,
         flight_recorder=flight_recorder,

@@ -1,17 +1,25 @@
-"""The facts about a user's run that the detectors hand to the framework remedies, from what an
-analysis knows today: trace labels (FSDP unit names, `with_stack` module events), the manifest's
-units and the harness's recorded options. A model description captured from the live model will
-fill the same `BlockSet` / `RunFacts` values with facts instead of inferences.
+"""The facts about a user's run that the detectors hand to the framework remedies.
+
+First from the model description captured from the live model (`ctx.model`, see
+analyzers/model_facts.py): the repeated blocks to wrap, chosen by model_facts' granularity rule
+and named by the user's own container paths and classes, whether they already are FSDP units,
+and the settings the run has (so no remedy proposes one of them). Without a description (traces
+recorded elsewhere) the same `BlockSet` / `RunFacts` values are inferred from trace labels (FSDP
+unit names, `with_stack` module events), the manifest's units and the harness's recorded options.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from zdiag.analyzers import frameworks
 from zdiag.analyzers.detectors.blocks import BlockPattern
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.frameworks import BlockSet, Framework, RunFacts
+from zdiag.analyzers.model_facts import BlockCandidate, ModelFacts
+
+MODEL_SOURCE = "model description"
 
 
 def block_set(
@@ -19,13 +27,174 @@ def block_set(
     module_class: tuple[str, int] | None = None,
     source: str = "trace labels",
 ) -> BlockSet | None:
-    """The repeated blocks as remedies take them: the `<list>.<N>` pattern found in module names
-    (container path and count), else a class repeated in `with_stack` module events."""
+    """The repeated blocks as remedies take them, inferred: the `<list>.<N>` pattern found in
+    module names (container path and count), else a class repeated in `with_stack` module
+    events."""
     if pattern is not None:
         return BlockSet(container=pattern.list_path, count=pattern.count, source=source)
     if module_class is not None:
         return BlockSet(block_class=module_class[0], count=module_class[1], source=source)
     return None
+
+
+def captured(ctx: DetectorContext) -> ModelFacts | None:
+    """The run's model description when it was captured from the live model (None when absent
+    or inferred)."""
+    return ctx.model if ctx.model is not None and not ctx.model.inferred else None
+
+
+def _inside_blocks(path: str, container: str) -> bool:
+    """Whether module `path` lies inside one of the blocks held by `container`."""
+    return path.startswith(container + ".") if container else path != ""
+
+
+def wrap_candidates(model: ModelFacts) -> list[BlockCandidate]:
+    """The block classes a wrap should name: the best candidate by model_facts' granularity rule,
+    plus every other candidate that is not too fine and whose blocks neither contain nor lie in
+    the chosen ones (an encoder's towers and a decoder's towers of another class: both are
+    blocks at the same granularity; experts inside a chosen mixer are not)."""
+    ranked = model.block_candidates()
+    if not ranked:
+        return []
+    chosen = [ranked[0]]
+    for cand in ranked[1:]:
+        if cand.too_fine:
+            continue
+        nested = any(
+            _inside_blocks(a, b) or _inside_blocks(b, a)
+            for c in chosen
+            for a in cand.containers
+            for b in c.containers
+        )
+        if not nested:
+            chosen.append(cand)
+    return chosen
+
+
+def model_block_set(model: ModelFacts) -> BlockSet | None:
+    """The blocks to wrap, from a captured description (see `wrap_candidates`), with the user's
+    container paths and classes and the import of each class where it is defined."""
+    cands = wrap_candidates(model)
+    if not cands:
+        return None
+    containers = [p for c in cands for p in c.containers]
+    classes = list(dict.fromkeys(c.child_class for c in cands if c.child_class))
+    imports = tuple(
+        dict.fromkeys(
+            f"from {c.child_module} import {c.child_class}"
+            for c in cands
+            if c.child_class and c.child_module and c.child_module != "__main__"
+        )
+    )
+    sizes = [c.bytes_per_block_max for c in cands if c.bytes_per_block_max is not None]
+    return BlockSet(
+        container=containers[0],
+        block_class=classes[0] if classes else None,
+        count=sum(c.count for c in cands),
+        param_bytes=max(sizes) if sizes else None,
+        source=MODEL_SOURCE,
+        more_containers=tuple(containers[1:]),
+        more_classes=tuple(classes[1:]),
+        imports=imports,
+    )
+
+
+def block_paths(model: ModelFacts, blocks: BlockSet) -> set[str] | None:
+    """The module paths of every block of `blocks` (None when the description does not list
+    them all: a container whose children it does not name)."""
+    out: set[str] = set()
+    for rep in model.description.repeated:
+        if rep.path in blocks.containers and (
+            not blocks.classes or rep.child_class in blocks.classes
+        ):
+            if len(rep.child_names) < rep.count:
+                return None
+            out |= {f"{rep.path}.{n}" if rep.path else n for n in rep.child_names}
+    return out or None
+
+
+def model_unit_paths(model: ModelFacts) -> list[str]:
+    """The paths of the run's FSDP units (FSDP2 units, else FSDP1 instances) in the description."""
+    if model.fsdp2_units:
+        return [u.path for u in model.fsdp2_units]
+    return [i.path for i in model.fsdp1_instances]
+
+
+def model_blocks_are_units(model: ModelFacts, blocks: BlockSet) -> bool | None:
+    """Whether each block of `blocks` is already an FSDP unit (None when the blocks' paths are
+    not all known)."""
+    paths = block_paths(model, blocks)
+    if paths is None:
+        return None
+    return paths <= set(model_unit_paths(model))
+
+
+def model_settings(model: ModelFacts) -> dict[str, Any]:
+    """The settings the run has, under the framework's own option names (frameworks/base.py):
+    FSDP2 from its block units (all agreeing, else left unknown), FSDP1 from its instances,
+    DeepSpeed's ZeRO config, DDP's constructor arguments and comm hook."""
+    out: dict[str, Any] = {}
+    units = [u for u in model.fsdp2_units if u.path]  # the root's own settings differ by design
+    if units:
+        _agree(out, "reshard_after_forward", [u.reshard_after_forward for u in units])
+        _agree(out, "forward_prefetch", [_set(u.forward_prefetch, u.path) for u in units])
+        _agree(out, "backward_prefetch", [_set(u.backward_prefetch, u.path) for u in units])
+        _agree(
+            out,
+            "param_dtype",
+            [u.mixed_precision.param_dtype if u.mixed_precision else None for u in units],
+        )
+        if all(u.hsdp for u in units):
+            out["hsdp"] = True
+    fsdp1 = model.fsdp1_instances
+    if fsdp1:
+        _agree(out, "forward_prefetch", [i.forward_prefetch for i in fsdp1])
+        _agree(out, "backward_prefetch", [i.backward_prefetch or "NONE" for i in fsdp1])
+        _agree(out, "limit_all_gathers", [i.limit_all_gathers for i in fsdp1])
+        _agree(out, "sharding_strategy", [i.sharding_strategy for i in fsdp1])
+        _agree(
+            out,
+            "param_dtype",
+            [i.mixed_precision.param_dtype if i.mixed_precision else None for i in fsdp1],
+        )
+    ds = model.deepspeed
+    if ds is not None:
+        for key, value in (
+            ("overlap_comm", ds.overlap_comm),
+            ("stage3_prefetch_bucket_size", ds.prefetch_bucket_size),
+            ("stage3_max_live_parameters", ds.max_live_parameters),
+            ("bf16", ds.bf16),
+        ):
+            if value is not None:
+                out[key] = value
+    ddp = model.ddp
+    if ddp is not None:
+        if ddp.bucket_cap_bytes is not None:
+            out["bucket_cap_mb"] = ddp.bucket_cap_bytes / 1024**2
+        for key, flag in (
+            ("gradient_as_bucket_view", ddp.gradient_as_bucket_view),
+            ("static_graph", ddp.static_graph),
+        ):
+            if flag is not None:
+                out[key] = flag
+        if ddp.comm_hook:
+            out["comm_hook"] = ddp.comm_hook
+    return out
+
+
+def _set(prefetch: tuple[str, ...] | None, own: str) -> bool | None:
+    """A unit's explicit prefetch list as a setting: True when it names another unit (a list
+    naming only the unit itself prefetches nothing), None when unknown."""
+    if prefetch is None:
+        return None
+    return any(p != own for p in prefetch)
+
+
+def _agree(out: dict[str, Any], key: str, values: Iterable[Any]) -> None:
+    """Set `out[key]` when every value is known and equal (mixed or unknown: left unknown)."""
+    vals = list(values)
+    if vals and None not in vals and all(v == vals[0] for v in vals):
+        out[key] = vals[0]
 
 
 def blocks_are_units(pattern: BlockPattern | None, units: Iterable[str]) -> bool | None:
@@ -37,8 +206,11 @@ def blocks_are_units(pattern: BlockPattern | None, units: Iterable[str]) -> bool
 
 
 def framework_of(ctx: DetectorContext, name: str | None = None) -> Framework:
-    """The run's framework: `name` (a ledger's), else the manifest's, else the first whose labels
-    a trace holds, else FSDP2."""
+    """The run's framework: the captured description's, else `name` (a ledger's), else the
+    manifest's, else the first whose labels a trace holds, else FSDP2."""
+    model = captured(ctx)
+    if model is not None and model.framework in frameworks.BY_NAME:
+        return frameworks.get(model.framework)
     if name:
         return frameworks.get(name)
     found = frameworks.from_manifest(ctx.manifest)
@@ -54,9 +226,18 @@ def run_facts(
     blocks: BlockSet | None = None,
     are_units: bool | None = None,
 ) -> RunFacts:
-    """The RunFacts of a run for framework `fw`: settings from what the manifest records (the
-    harness's options for FSDP2), node and world counts from the context."""
+    """The RunFacts of a run for framework `fw`. With a captured model description: its blocks
+    (replacing the inferred `blocks`), whether they are units, and its settings over the
+    manifest's. Otherwise the inferred `blocks` / `are_units` and the settings the manifest
+    records (the harness's options for FSDP2). Node and world counts from the context."""
     settings = fw.manifest_settings(ctx.manifest) if ctx.manifest is not None else {}
+    model = captured(ctx)
+    if model is not None:
+        settings = {**settings, **model_settings(model)}
+        found = model_block_set(model)
+        if found is not None:
+            blocks = found
+            are_units = model_blocks_are_units(model, found)
     return RunFacts(
         framework=fw.name,
         blocks=blocks,

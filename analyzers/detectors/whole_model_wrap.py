@@ -7,13 +7,16 @@ two blocks unsharded at a time and lets each block's gather overlap the previous
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.blocks import (
-    BlockPattern,
-    find_block_pattern,
-    harness_block_pattern,
-)
+from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_pattern
 from zdiag.analyzers.detectors.context import MIB, DetectorContext
-from zdiag.analyzers.detectors.facts import block_set, framework_of, run_facts
+from zdiag.analyzers.detectors.facts import (
+    MODEL_SOURCE,
+    block_set,
+    captured,
+    framework_of,
+    run_facts,
+    wrap_candidates,
+)
 from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
 from zdiag.analyzers.report import Finding
 
@@ -41,6 +44,17 @@ def _harness_block_fraction(harness: dict[str, object]) -> float | None:
     return layers * block / (layers * block + other)
 
 
+def _gathers_can_overlap(ctx: DetectorContext, device: str) -> bool:
+    """Whether a gather can run under compute: on an accelerator (its own stream), or on CPU when
+    FSDP2's unshard async op is set (captured in the description; zdiag's harness sets it)."""
+    if not device.startswith("cpu"):
+        return True
+    model = captured(ctx)
+    if model is not None:
+        return any(u.unshard_async_op for u in model.fsdp2_units)
+    return bool(ctx.harness)
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The whole-model-wrap finding, or none."""
     ledgers = ctx.fsdp_ledgers()
@@ -53,29 +67,43 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     units = [u for u in lg.units() if u.param_bytes]
     total = sum(u.param_bytes or 0 for u in units)
     if not units or total <= 0:
-        return []
+        return []  # unit bytes unknown: no share to judge (never read as 0)
     biggest = max(units, key=lambda u: u.param_bytes or 0)
     share = (biggest.param_bytes or 0) / total
     if share < WHOLE_MODEL_SHARE:
         return []
-    if find_block_pattern(u.name for u in units) is not None:
+    model = captured(ctx)
+    if model is None and find_block_pattern(u.name for u in units) is not None:
         return []  # blocks are already units: a huge root is embeddings/head, not the model
 
-    block = harness_block_pattern(ctx.harness) or find_block_pattern(
-        u.name for u in ctx.manifest_units()
+    block = None
+    module_class = None
+    if model is None:
+        block = harness_block_pattern(ctx.harness) or find_block_pattern(
+            u.name for u in ctx.manifest_units()
+        )
+        module_class = None if block else ctx.module_class(lg.rank)
+    inferred = block_set(
+        block, module_class, "harness" if harness_block_pattern(ctx.harness) else "trace labels"
     )
-    module_class = None if block else ctx.module_class(lg.rank)
-    layers = block.count if block else (module_class[1] if module_class else None)
-    block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
+    facts = run_facts(ctx, fw, inferred, are_units=False)
+    blocks = facts.blocks
+    if model is not None and facts.blocks_are_units:
+        return []  # the description says each block already is a unit
+    layers = blocks.count if blocks else None
     whole_bytes = biggest.param_bytes or 0
-    facts = run_facts(
-        ctx,
-        fw,
-        block_set(
-            block, module_class, "harness" if harness_block_pattern(ctx.harness) else "trace labels"
-        ),
-        are_units=False,
-    )
+    if model is not None and blocks is not None and blocks.source == MODEL_SOURCE:
+        cands = wrap_candidates(model)
+        block_bytes = sum(c.total_bytes or 0 for c in cands)
+        block_fraction: float | None = (
+            min(1.0, block_bytes / model.description.param_bytes)
+            if block_bytes and model.description.param_bytes
+            else None
+        )
+        fraction_source = "block share from the captured model description"
+    else:
+        block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
+        fraction_source = "block share from the harness model shape"
     reshard = facts.settings.get("reshard_after_forward", True) is not False
     gain_bytes: int | None = None
     method_bytes = ""
@@ -89,7 +117,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             f"block with reshard_after_forward=True and prefetch depth 1 = root-only parameters + "
             f"{BLOCKS_UNSHARDED_AT_PEAK} blocks of {layers} "
             + (
-                f"(block share {frac:.0%} from the harness model shape)"
+                f"({fraction_source}: {frac:.0%})"
                 if block_fraction is not None
                 else "(assuming the blocks hold nearly all parameters)"
             )
@@ -101,7 +129,15 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     # every later block's gather overlaps the previous block's compute.
     gain_ms = None
     method_ms = ""
-    if layers:
+    if layers and not _gathers_can_overlap(ctx, lg.device):
+        gain_ms = 0.0
+        method_ms = (
+            "no step time: on CPU/gloo a gather blocks the training thread until it completes "
+            "(FSDP2 overlaps it only with its private unshard async op, which this run does not "
+            "set; FSDP1 never does), so per-block units hide none of the "
+            f"{exposed_ms:.2f} ms/step of exposed gather time here; the gain is memory"
+        )
+    elif layers:
         frac = block_fraction if block_fraction is not None else 1.0
         still_exposed = (1 - frac) + frac / layers
         gain_ms = round(exposed_ms * (1 - still_exposed), 3)
@@ -129,7 +165,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         "gathers_per_step": round(len(gathers) / n_steps, 2),
         "exposed_gather_ms_per_step": round(exposed_ms, 3),
         "peak_unsharded_param_bytes": whole_bytes,
-        "repeated_block": _describe(block),
+        "repeated_block": blocks.describe() if blocks else None,
+        "facts": blocks.source if blocks else "trace labels",
     }
     return [
         Finding(
@@ -145,15 +182,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             evidence=evidence,
             recommendation=(
                 "Shard each repeated block ("
-                + (
-                    block.pattern
-                    if block
-                    else (
-                        f"{module_class[0]} x{module_class[1]}"
-                        if module_class
-                        else "each transformer block"
-                    )
-                )
+                + (blocks.describe() if blocks else "each transformer block")
                 + ") "
                 "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
                 "each block's all-gather overlaps the previous block's compute."
@@ -166,7 +195,3 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             ),
         )
     ]
-
-
-def _describe(block: BlockPattern | None) -> str | None:
-    return f"{block.pattern} x{block.count}" if block else None

@@ -36,9 +36,14 @@ class BlockSet:
     """The repeated block set of a model: what one FSDP unit / checkpoint region should be.
 
     `container` is the attribute path from the model to the list of blocks ("encoder.stages": the
-    blocks are `model.encoder.stages[i]`), `block_class` their class name ("ResidualMLP"), `count`
-    how many there are and `param_bytes` one block's parameter bytes. Any field may be None
-    (unknown); `source` says where the facts came from ("model", "trace labels", "harness", ...).
+    blocks are `model.encoder.stages[i]`; "" when the model itself is the list), `block_class`
+    their class name ("ResidualMLP"), `count` how many there are and `param_bytes` one block's
+    parameter bytes. A model can hold blocks at the same granularity in several containers
+    (`encoder.towers` of EncoderTower and `decoder.towers` of DecoderTower): `more_containers` and
+    `more_classes` list the others. `imports` are the lines that import the classes where they
+    are defined (`from tabular import ResidualMLP`; none for a class of the script itself). Any
+    field may be None (unknown); `source` says where the facts came from ("model", "trace
+    labels", "harness", ...).
     """
 
     container: str | None = None
@@ -46,24 +51,52 @@ class BlockSet:
     count: int | None = None
     param_bytes: int | None = None
     source: str = "inferred"
+    more_containers: tuple[str, ...] = ()
+    more_classes: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
+
+    @property
+    def containers(self) -> tuple[str, ...]:
+        """Every container path (the first is `container`); () when unknown."""
+        return (self.container, *self.more_containers) if self.container is not None else ()
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Every block class name (the first is `block_class`); () when unknown."""
+        return (self.block_class, *self.more_classes) if self.block_class else ()
 
     @property
     def python(self) -> str | None:
-        """The blocks as a Python expression on the model ("model.encoder.stages"), or None."""
-        return f"model.{self.container}" if self.container else None
+        """The blocks as a Python expression on the model ("model.encoder.stages", or
+        "[*model.encoder.towers, *model.decoder.towers]"), or None."""
+        paths = [attribute_path(c) for c in self.containers]
+        if not paths:
+            return None
+        return paths[0] if len(paths) == 1 else "[" + ", ".join(f"*{p}" for p in paths) + "]"
 
     @property
     def pattern(self) -> str | None:
-        """Display form of the container: "encoder.stages.N", or None."""
-        return f"{self.container}.N" if self.container else None
+        """Display form of the container(s): "encoder.stages.N", or None."""
+        return ", ".join(f"{c}.N" if c else "model[N]" for c in self.containers) or None
 
     def describe(self) -> str:
         """The block set in words, for titles and recommendations."""
-        if self.container:
-            return self.container + ".N"
-        if self.block_class:
-            return self.block_class + (f" x{self.count}" if self.count else "")
+        classes = " / ".join(self.classes)
+        count = f" x{self.count}" if self.count else ""
+        if self.containers:
+            return self.pattern + (f" ({classes}{count})" if classes else "")  # type: ignore[operator]
+        if classes:
+            return classes + count
         return "each transformer block"
+
+
+def attribute_path(module_path: str, root: str = "model") -> str:
+    """`encoder.stages` -> `model.encoder.stages`; `layers.0.experts` ->
+    `model.layers[0].experts`; "" -> `model`."""
+    out = root
+    for part in module_path.split(".") if module_path else ():
+        out += f"[{part}]" if part.isdigit() else f".{part}"
+    return out
 
 
 @dataclass(frozen=True)
@@ -150,16 +183,22 @@ class Framework:
         return any(self.label_re.search(n) for n in names)
 
 
+def class_tuple(blocks: BlockSet) -> str:
+    """The block classes as `isinstance`'s second argument: `A` or `(A, B)`."""
+    names = blocks.classes
+    return names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+
+
 def checkpoint_blocks(blocks: BlockSet | None, note: str = "") -> Remedy | None:
     """Activation checkpointing of each block (framework independent: torch's checkpoint
     wrapper), None when the block set names neither a container nor a class."""
-    if blocks is None or not (blocks.container or blocks.block_class):
+    if blocks is None or not (blocks.containers or blocks.classes):
         return None
     head = (
         "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
         "    apply_activation_checkpointing, checkpoint_wrapper)\n"
     )
-    if blocks.container:
+    if blocks.containers:
         code = (
             head + f"blocks = set({blocks.python})\n"
             "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,\n"
@@ -168,7 +207,8 @@ def checkpoint_blocks(blocks: BlockSet | None, note: str = "") -> Remedy | None:
     else:
         code = (
             head
+            + "".join(f"{line}\n" for line in blocks.imports)
             + "apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,\n"
-            f"                               check_fn=lambda m: isinstance(m, {blocks.block_class})){note}"
+            f"                               check_fn=lambda m: isinstance(m, {class_tuple(blocks)})){note}"
         )
     return Remedy(f"checkpoint the activations of each {blocks.describe()}", code)

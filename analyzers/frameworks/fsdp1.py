@@ -21,6 +21,9 @@ LABEL_RE = ANNOTATION_RE
 UNIT_PREFIX = "fsdp1-unit-"
 BF16_NAMES = ("bfloat16", "torch.bfloat16", "bf16")
 _FSDP_IMPORT = "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP"
+KEEP_ARGS = "  # + your other FSDP arguments (device_id, sharding_strategy, ...)"
+"""Ends every `FSDP(...)` call a remedy writes: the remedy changes the arguments it names and the
+user's own (a CPU run's `device_id=torch.device("cpu")`, ...) stay."""
 
 
 def unit_name(k: int | str) -> str:
@@ -33,11 +36,12 @@ def _policy(facts: RunFacts) -> tuple[str, list[str]] | None:
     b = facts.blocks
     if b is None:
         return None
-    if b.block_class:
-        return f"ModuleWrapPolicy({{{b.block_class}}})", [
-            "from torch.distributed.fsdp.wrap import ModuleWrapPolicy"
+    if b.classes:
+        return f"ModuleWrapPolicy({{{', '.join(b.classes)}}})", [
+            "from torch.distributed.fsdp.wrap import ModuleWrapPolicy",
+            *b.imports,
         ]
-    if b.container:
+    if b.containers:
         return "CustomPolicy(lambda module: module in blocks)", [
             "from torch.distributed.fsdp.wrap import CustomPolicy",
             f"blocks = set({b.python})",
@@ -58,7 +62,7 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
     code = [_FSDP_IMPORT, *lines]
     if replacing:
         code.append(f"# instead of wrapping each submodule ({', '.join(replacing)}, ...):")
-    code.append(f"model = FSDP(model, auto_wrap_policy={expr})")
+    code.append(f"model = FSDP(model, auto_wrap_policy={expr}){KEEP_ARGS}")
     assert facts.blocks is not None
     return Remedy(f"wrap each {facts.blocks.describe()} as an FSDP unit", "\n".join(code))
 
@@ -76,20 +80,29 @@ def overlap(facts: RunFacts) -> Remedy | None:
     args = [arg for key, value, arg in _PREFETCH if not facts.has(key, value)]
     if not args:
         return None
-    policy = _policy(facts)
     head = [
         "from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP"
         if any("BackwardPrefetch" in a for a in args)
         else _FSDP_IMPORT
     ]
+    return Remedy(
+        "Turn on FSDP1's prefetching: " + ", ".join(args) + ".",
+        _wrap_call(facts, head, ",\n             ".join(args)),
+    )
+
+
+def _wrap_call(facts: RunFacts, head: list[str], argument: str) -> str:
+    """`model = FSDP(model, auto_wrap_policy=<the blocks' policy>, <argument>)` with its imports
+    (`head` first); without a known block set the call keeps the user's own policy as a comment."""
+    policy = _policy(facts)
+    lines = [*head, *(policy[1] if policy else [])]
     if policy is not None:
-        head += policy[1]
-    call = f"model = FSDP(model, auto_wrap_policy={policy[0] if policy else '...'}, "
-    if len(args) == 3:
-        call += f"{args[0]},\n             {args[1]}, {args[2]})"
+        lines.append(
+            f"model = FSDP(model, auto_wrap_policy={policy[0]},\n             {argument}){KEEP_ARGS}"
+        )
     else:
-        call += ", ".join(args) + ")"
-    return Remedy("Turn on FSDP1's prefetching: " + ", ".join(args) + ".", "\n".join([*head, call]))
+        lines.append(f"model = FSDP(model, {argument}){KEEP_ARGS}, your auto_wrap_policy")
+    return "\n".join(lines)
 
 
 def bf16_comm(facts: RunFacts) -> Remedy | None:
@@ -100,10 +113,12 @@ def bf16_comm(facts: RunFacts) -> Remedy | None:
         "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
         "(FSDP(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, "
         "reduce_dtype=torch.float32)))",
-        "import torch\n"
-        "from torch.distributed.fsdp import MixedPrecision\n"
-        "FSDP(model, ..., mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,\n"
-        "                                                reduce_dtype=torch.float32))",
+        _wrap_call(
+            facts,
+            ["import torch", _FSDP_IMPORT, "from torch.distributed.fsdp import MixedPrecision"],
+            "mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, "
+            "reduce_dtype=torch.float32)",
+        ),
     )
 
 
@@ -115,8 +130,11 @@ def hybrid_shard(facts: RunFacts) -> Remedy | None:
     return Remedy(
         "sharding_strategy=ShardingStrategy.HYBRID_SHARD (shard within a node, replicate across "
         f"the {facts.nnodes} nodes)",
-        "from torch.distributed.fsdp import ShardingStrategy\n"
-        "model = FSDP(model, ..., sharding_strategy=ShardingStrategy.HYBRID_SHARD)",
+        _wrap_call(
+            facts,
+            [_FSDP_IMPORT, "from torch.distributed.fsdp import ShardingStrategy"],
+            "sharding_strategy=ShardingStrategy.HYBRID_SHARD",
+        ),
     )
 
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts
+from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts, class_tuple
 
 NAME = "fsdp2"
 ANNOTATION_RE = re.compile(r"^FSDP::")
@@ -41,14 +41,20 @@ def settings_from_harness(harness: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _class_imports(facts: RunFacts) -> list[str]:
+    """The imports `_blocks_expr` needs: the block classes when it names them, not containers."""
+    b = facts.blocks
+    return list(b.imports) if b is not None and not b.containers and b.classes else []
+
+
 def _blocks_expr(facts: RunFacts) -> str | None:
     b = facts.blocks
     if b is None:
         return None
-    if b.container:
+    if b.containers:
         return b.python
-    if b.block_class:
-        return f"[m for m in model.modules() if isinstance(m, {b.block_class})]"
+    if b.classes:
+        return f"[m for m in model.modules() if isinstance(m, {class_tuple(b)})]"
     return None
 
 
@@ -58,17 +64,19 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
     b = facts.blocks
     if facts.blocks_are_units:
         return None
-    if b is None or not (b.container or b.block_class):
+    if b is None or not (b.containers or b.classes):
         return Remedy("fully_shard each repeated block, then the root", None)
     lines = ["from torch.distributed.fsdp import fully_shard"]
+    if not b.containers:
+        lines += b.imports
     if replacing:
         lines.append(f"# instead of fully_shard() on each submodule ({', '.join(replacing)}, ...):")
-    if b.container:
+    if b.containers:
         lines += [f"for block in {b.python}:", "    fully_shard(block)"]
     else:
         lines += [
-            "for module in model.modules():",
-            f"    if isinstance(module, {b.block_class}):",
+            "for module in list(model.modules()):",
+            f"    if isinstance(module, {class_tuple(b)}):",
             "        fully_shard(module)",
         ]
     lines.append("fully_shard(model)")
@@ -83,7 +91,7 @@ def overlap(facts: RunFacts) -> Remedy | None:
     bwd = not facts.has("backward_prefetch", True)
     if not (fwd or bwd):
         return None
-    lines = [f"blocks = {blocks}"]
+    lines = [*_class_imports(facts), f"blocks = {blocks}"]
     if fwd:
         lines += [
             "for i in range(len(blocks) - 1):",
@@ -124,7 +132,8 @@ def bf16_comm(facts: RunFacts) -> Remedy | None:
         "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
         "import torch\n"
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
-        "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+        + "".join(f"{line}\n" for line in _class_imports(facts))
+        + "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
         + apply,
     )
 
@@ -136,13 +145,19 @@ def hybrid_shard(facts: RunFacts) -> Remedy | None:
     if facts.has("hsdp", True) or not nnodes or nnodes < 2 or not world or world % nnodes:
         return None
     per_node = world // nnodes
+    blocks = _blocks_expr(facts)
+    apply = (
+        f"for block in {blocks}:\n    fully_shard(block, mesh=mesh)\nfully_shard(model, mesh=mesh)"
+        if blocks
+        else "fully_shard(block, mesh=mesh)  # for each block, then the root"
+    )
     return Remedy(
         f"shard over the {per_node} ranks of a node, replicate across the {nnodes} nodes",
         "from torch.distributed.device_mesh import init_device_mesh\n"
         "from torch.distributed.fsdp import fully_shard\n"
-        f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
-        'mesh_dim_names=("replicate", "shard"))\n'
-        "fully_shard(block, mesh=mesh)  # for each block, then the root",
+        + "".join(f"{line}\n" for line in _class_imports(facts))
+        + f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
+        'mesh_dim_names=("replicate", "shard"))\n' + apply,
     )
 
 

@@ -175,3 +175,25 @@ class TraceBuilder:
             data = gzip.compress(data)
         path.write_bytes(data)
         return path
+
+
+def small_job(folder: Path, ranks: int = 6, late: int = 4) -> Path:
+    """A GPU job of `ranks` small traces (3 steps) where rank `late` reaches each all-reduce
+    2.5 ms after the others, written to a new `folder`."""
+    folder.mkdir()
+    for r in range(ranks):
+        b = TraceBuilder(rank=r, world_size=ranks)
+        for step in range(3):
+            t0 = step * 10_000.0
+            b.step(step, t0, 9_000)
+            b.kernel("sm90_gemm", t0 + 100, 4_000, launch_at=t0 + 50)
+            delay = 2_500.0 if r == late else 0.0
+            b.kernel(
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                t0 + 4_200 + delay,
+                3_500 - delay,
+                stream=20,
+                launch_at=t0 + 4_150,
+            )
+        b.write(folder / f"rank-{r}.json")
+    return folder

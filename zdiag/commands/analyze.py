@@ -5,6 +5,10 @@ Text by default; `--json` writes the versioned Report to stdout. `--html`, `--pe
 (an output never overwrites an input: zdiag.render.output); files are written only after the
 analysis succeeded. `--fail-on` turns findings into an exit code for CI: 1 when a finding at
 that severity or worse exists.
+
+Summaries: each rank's map result is read from its in-job summary or the summary cache when one
+matches its trace, and written to the cache otherwise (analyzers/summary_store.py; `--no-cache`
+decodes every trace and writes nothing). `--engine ray` runs the map as Ray tasks.
 """
 
 from __future__ import annotations
@@ -16,33 +20,48 @@ from pathlib import Path
 from typing import TextIO
 
 from zdiag.errors import ConfigError
+from zdiag.render.terminal import terminal_width
 
 EXIT_FINDINGS = 1
+MAX_PROGRESS_WIDTH = 80
 
 
 class _ProgressBar:
-    """A one-line progress bar on a terminal stream (only created when stderr is a TTY)."""
+    """A one-line progress bar on a terminal stream (only created when stderr is a TTY), never
+    wider than the terminal nor MAX_PROGRESS_WIDTH columns; it shows the share of the traces
+    done."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, width: int | None = None) -> None:
         self.stream = stream
+        self.width = min(width or terminal_width(stream), MAX_PROGRESS_WIDTH) - 1
         self.started = time.monotonic()
         self.shown = False
 
     def __call__(self, done: int, total: int, label: str) -> None:
-        width = 24
-        filled = int(width * done / max(total, 1))
-        bar = "#" * filled + "." * (width - filled)
         elapsed = time.monotonic() - self.started
-        self.stream.write(
-            f"\rzdiag: loading [{bar}] {done}/{total} {label[:40]:<40} {elapsed:5.1f}s"
-        )
+        bar_width = 20
+        filled = int(bar_width * done / max(total, 1))
+        bar = "#" * filled + "." * (bar_width - filled)
+        head = f"zdiag: [{bar}] {100 * done // max(total, 1):3d}% "
+        tail = f" {elapsed:5.1f}s"
+        room = max(self.width - len(head) - len(tail), 0)
+        if len(label) > room:
+            label = "…" + label[len(label) - room + 1 :] if room > 1 else ""
+        self.stream.write(f"\r{head}{label:<{room}}{tail}")
         self.stream.flush()
         self.shown = True
 
     def close(self) -> None:
         if self.shown:
-            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.write("\r" + " " * self.width + "\r")
             self.stream.flush()
+
+
+WRITTEN = {
+    "html": "the HTML report",
+    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
+}
+"""How the line on stderr names each file written (the path follows it)."""
 
 
 class AnalyzeCommand:
@@ -54,11 +73,11 @@ class AnalyzeCommand:
             "paths",
             nargs="*",
             metavar="PATH",
-            type=Path,
             help=(
                 "trace files (.json, .json.gz), a run directory, a folder of per-rank traces, "
-                "CUDA memory snapshots (.pickle; files or a folder of them), or "
-                "torch.distributed flight-recorder dumps (files or a folder of them)"
+                "CUDA memory snapshots (.pickle; files or a folder of them), "
+                "torch.distributed flight-recorder dumps (files or a folder of them), or a URL of "
+                "traces in object storage (s3://..., read through fsspec)"
             ),
         )
         parser.add_argument(
@@ -96,6 +115,25 @@ class AnalyzeCommand:
         )
         parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
         parser.add_argument(
+            "--no-cache",
+            action="store_true",
+            help="decode every trace: read no stored summary (in-job or cached) and write none "
+            "(also ZDIAG_CACHE=off)",
+        )
+        parser.add_argument(
+            "--engine",
+            choices=("local", "ray"),
+            default="local",
+            help="where the per-rank map runs: this machine's cores (default) or Ray tasks "
+            "(pip install 'zdiag[ray]')",
+        )
+        parser.add_argument(
+            "--ray-address",
+            metavar="ADDR",
+            help="with --engine ray: an existing cluster ('auto', 'ray://head:10001'); default: "
+            "a local one started for this call",
+        )
+        parser.add_argument(
             "--fail-on",
             choices=("warning", "critical"),
             help="exit 1 when a finding at this severity or worse exists (for CI)",
@@ -103,10 +141,14 @@ class AnalyzeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
-        from zdiag.analyzers.pipeline import analyze_paths
+        from zdiag.analyzers.remote_traces import is_url
         from zdiag.analyzers.safe_read import GIB, use_limits
+        from zdiag.analyzers.summary_engines import make_engine
+        from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
+        from zdiag.analyzers.summary_store import cache_disabled_by_env
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer
+        from zdiag.render.terminal import check_tui_possible
 
         if not args.paths:
             raise ConfigError(
@@ -114,9 +156,20 @@ class AnalyzeCommand:
             )
         if args.rank is not None and any(r < 0 for r in args.rank):
             raise ConfigError("--rank must be 0 or more.")
+        if args.tui:
+            check_tui_possible(json_to_stdout=args.json and args.output is None)
         max_gb = args.max_trace_gb
         if max_gb is not None and not 0 < max_gb < 1 << 20:
             raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
+        if args.ray_address and args.engine != "ray":
+            raise ConfigError("--ray-address needs --engine ray.")
+        use_cache = not (args.no_cache or cache_disabled_by_env())
+        options = SummaryOptions(
+            use_stored=use_cache,
+            write_cache=use_cache,
+            ranks=args.rank,
+            engine=make_engine(args.engine, args.ray_address),
+        )
         check_outputs(
             [
                 OutputTarget(option, target)
@@ -127,15 +180,16 @@ class AnalyzeCommand:
                 )
                 if target is not None
             ],
-            inputs=list(args.paths),
+            inputs=[Path(p) for p in args.paths if not is_url(p)],
         )
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
         max_bytes = None if max_gb is None else int(max_gb * GIB)
         try:
+            paths = [p if is_url(p) else Path(p) for p in args.paths]
             with use_limits(max_bytes=max_bytes):
-                report = analyze_paths(list(args.paths), progress=progress, ranks=args.rank)
+                report = analyze_via_summaries(paths, options, progress=progress).report
         finally:
             if progress is not None:
                 progress.close()
@@ -148,7 +202,11 @@ class AnalyzeCommand:
             main.render(report, STDOUT)
         for name, target in (("html", args.html), ("perfetto", args.perfetto)):
             if target is not None:
-                get_renderer(name).render(report, Destination(target))
+                renderer = get_renderer(name)
+                renderer.render(report, Destination(target))
+                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
+                for note in getattr(renderer, "notes", []):
+                    print(f"zdiag: note: {note}", file=sys.stderr)
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         if args.fail_on and report.findings_at_least(args.fail_on):

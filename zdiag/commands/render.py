@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,13 @@ examples:
   zdiag render report.json --tui                    # browse it in the terminal
   zdiag render report.json --text -o report.txt     # the text report into a file
 """
+
+
+WRITTEN = {
+    "html": "the HTML report",
+    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
+}
+"""How the line on stderr names each file written (the path follows it)."""
 
 
 def load_report(path: Path) -> Report:
@@ -91,6 +99,7 @@ class RenderCommand:
         """Load the report, then write each asked-for format; returns the exit code."""
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer
+        from zdiag.render.terminal import check_tui_possible
 
         if args.report is None:
             raise ConfigError(
@@ -98,6 +107,8 @@ class RenderCommand:
             )
         if args.tui and args.output is not None:
             raise ConfigError("--tui draws on the terminal; drop -o or --tui.")
+        if args.tui:
+            check_tui_possible()
         files = [
             OutputTarget(option, target)
             for option, target in (
@@ -117,7 +128,11 @@ class RenderCommand:
             get_renderer("text").render(report, destination)
         for name, target in (("html", args.html), ("perfetto", args.perfetto)):
             if target is not None:
-                get_renderer(name).render(report, Destination(target))
+                renderer = get_renderer(name)
+                renderer.render(report, Destination(target))
+                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
+                for note in getattr(renderer, "notes", []):
+                    print(f"zdiag: note: {note}", file=sys.stderr)
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         return 0

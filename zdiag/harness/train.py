@@ -128,7 +128,7 @@ def _train(cfg: HarnessConfig, device: torch.device) -> int:
         )
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
     model.train()
-    for step in range(1, cfg.steps + 1):
+    for step in range(cfg.steps):  # 0-based, as the profiler numbers ProfilerStep#N
         inputs, labels = synthetic_batch(cfg.batch, cfg.seq, cfg.vocab, generator, device)
         start = time.perf_counter()
         with budget.track() if budget is not None else contextlib.nullcontext():

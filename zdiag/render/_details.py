@@ -12,6 +12,7 @@ from rich.text import Text
 from zdiag.analyzers.report import Finding, Report, StepBreakdown
 from zdiag.render.columns import STEP_COLUMNS
 from zdiag.render.format import (
+    evidence_item,
     fmt_gain,
     fmt_ints,
     fmt_list,
@@ -95,7 +96,8 @@ def finding_detail(finding: Finding) -> Text:
     if finding.evidence:
         text.append("\nEvidence\n", style="bold underline")
         for key, value in list(finding.evidence.items())[:40]:
-            _line(text, str(key), fmt_value(value)[:300])
+            label, shown = evidence_item(str(key), value)
+            _line(text, label, shown[:300])
     if finding.recommendation:
         text.append("\nWhat to change\n", style="bold underline")
         text.append(finding.recommendation + "\n")

@@ -13,6 +13,7 @@ import html
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -23,6 +24,7 @@ from zdiag.analyzers.report import (
     Report,
     StepBreakdown,
     StepTimeline,
+    TimelineSpan,
 )
 from zdiag.render.format import known_bytes, unit_label
 from zdiag.render.stats import RankView
@@ -125,6 +127,9 @@ def heatmap(
         z.append([None if v is None else round(v, 3) for v in row])
         verdict_rows.append([esc(v) for v in verdicts])
     x_labels = [_span_label(steps, c * sb, sb) for c in range(ncols)]
+    # Colours anchored at 0 ms: 408 vs 412 ms differ by 1% and look alike; an autoscaled
+    # 408..412 ms range would paint the noise as the whole scale, red against yellow.
+    zmax = max((v for row in z for v in row if v is not None), default=0.0)
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -133,6 +138,8 @@ def heatmap(
             customdata=verdict_rows,
             hovertemplate="%{y}, step %{x}: %{z:.2f} ms (%{customdata})<extra></extra>",
             colorscale="YlOrRd",
+            zmin=0.0,
+            zmax=zmax if zmax > 0 else 1.0,
             colorbar={"title": {"text": "ms"}},
             hoverongaps=False,
         )
@@ -236,6 +243,62 @@ def _lane_order(lane: str) -> tuple[int, str]:
     return (2, lane) if lane == "memcpy" else (3, lane)
 
 
+@dataclass(frozen=True)
+class Bar:
+    """One drawn bar of a timeline lane: `count` spans merged (1: the span itself)."""
+
+    lane: str
+    name: str  # the first span's name
+    start_ms: float
+    dur_ms: float
+    busy_ms: float  # summed duration of the merged spans
+    count: int
+
+
+def _merge(spans: Sequence[TimelineSpan], gap_ms: float) -> list[Bar]:
+    bars: list[Bar] = []
+    by_lane: dict[str, list[TimelineSpan]] = defaultdict(list)
+    for s in spans:
+        by_lane[s.lane].append(s)
+    for lane, items in by_lane.items():
+        items = sorted(items, key=lambda s: s.start_ms)
+        cur: list[TimelineSpan] = []
+        end = -math.inf
+        pending: list[TimelineSpan | None] = [*items, None]  # None flushes the last bar
+        for nxt in pending:
+            if nxt is not None and cur and nxt.start_ms - end <= gap_ms:
+                cur.append(nxt)
+                end = max(end, nxt.start_ms + nxt.dur_ms)
+                continue
+            if cur:
+                start = cur[0].start_ms
+                bars.append(
+                    Bar(lane, cur[0].name, start, end - start, sum(c.dur_ms for c in cur), len(cur))
+                )
+            if nxt is not None:
+                cur, end = [nxt], nxt.start_ms + nxt.dur_ms
+    return sorted(bars, key=lambda b: b.start_ms)
+
+
+def coalesce_spans(spans: Sequence[TimelineSpan], limit: int) -> tuple[list[Bar], float]:
+    """At most `limit` bars covering every span of every lane across the whole step, and the
+    gap (ms) under which neighbouring spans of a lane were merged (0: none merged).
+
+    Spans of one lane closer than the gap become one bar; the gap starts at 1/4000 of the
+    step's extent and doubles until the bars fit. A lane never loses its late spans, unlike
+    drawing the first `limit` spans.
+    """
+    if len(spans) <= limit:
+        return _merge(spans, -1.0), 0.0
+    extent = max(s.start_ms + s.dur_ms for s in spans) - min(s.start_ms for s in spans)
+    gap = max(extent / 4000.0, 1e-6)
+    bars = _merge(spans, gap)
+    while len(bars) > limit and gap < extent:
+        gap *= 2
+        bars = _merge(spans, gap)
+    return bars, gap
+
+
 def timeline(step: int, timelines: Sequence[StepTimeline]) -> tuple[go.Figure | None, Notes]:
     """Gantt-style bars of one step: a row per rank and lane, colored by lane kind."""
     chosen = sorted(timelines, key=lambda t: t.rank)[:MAX_TIMELINE_RANKS]
@@ -248,9 +311,13 @@ def timeline(step: int, timelines: Sequence[StepTimeline]) -> tuple[go.Figure | 
             f"Timeline of step {step}: the first {len(chosen)} of {len(timelines)} ranks are shown."
         )
     per_rank = max(1, MAX_TIMELINE_SPANS // len(chosen))
-    if total > MAX_TIMELINE_SPANS:
+    drawn = [coalesce_spans(t.spans, per_rank) for t in chosen]
+    gaps = [gap for _, gap in drawn if gap > 0]
+    if gaps:
         notes.append(
-            f"Timeline of step {step}: {total} spans; the first {per_rank} per rank are drawn."
+            f"Timeline of step {step}: {total} spans; to draw every lane across the whole step, "
+            f"spans of a lane less than {max(gaps):.3g} ms apart are drawn as one bar "
+            "(its tooltip says how many)."
         )
     if any(t.truncated for t in chosen):
         cut = ", ".join(str(t.rank) for t in chosen if t.truncated)
@@ -266,16 +333,19 @@ def timeline(step: int, timelines: Sequence[StepTimeline]) -> tuple[go.Figure | 
     by_lane: dict[str, dict[str, list]] = defaultdict(
         lambda: {"y": [], "x": [], "base": [], "text": []}
     )
-    for t in chosen:
+    for t, (bars, _) in zip(chosen, drawn, strict=True):
         for lane in sorted({s.lane for s in t.spans}, key=_lane_order):
             rows.append(f"rank {t.rank} · {esc(lane)}")
-        for s in t.spans[:per_rank]:
-            d = by_lane[s.lane]
-            d["y"].append(f"rank {t.rank} · {esc(s.lane)}")
-            d["x"].append(max(s.dur_ms, 0.0))
-            d["base"].append(s.start_ms)
+        for bar in bars:
+            d = by_lane[bar.lane]
+            d["y"].append(f"rank {t.rank} · {esc(bar.lane)}")
+            d["x"].append(max(bar.dur_ms, 0.0))
+            d["base"].append(bar.start_ms)
+            what = esc(bar.name) if bar.count == 1 else f"{bar.count} spans, first {esc(bar.name)}"
             d["text"].append(
-                f"{esc(s.name)}<br>start {s.start_ms:.3f} ms, {s.dur_ms:.3f} ms (rank {t.rank})"
+                f"{what}<br>start {bar.start_ms:.3f} ms, {bar.dur_ms:.3f} ms"
+                + (f" (busy {bar.busy_ms:.3f} ms)" if bar.count > 1 else "")
+                + f" (rank {t.rank})"
             )
     fig = go.Figure()
     for lane in lanes_seen:
@@ -428,7 +498,8 @@ def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
 
 
 def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
-    """Stacked memory by category over time (GiB), capacity as a line; max per bucket if long."""
+    """Stacked memory by category over time, capacity as a line, the peak marked; in GiB, or MiB
+    when the data stays under 1 GiB; max per bucket if long."""
     n = len(timeline_.times_ms)
     if n == 0 or not timeline_.bytes_by_category:
         return None, []
@@ -439,11 +510,15 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
             f"Memory of rank {timeline_.rank}: {n} samples downsampled to buckets of {stride} "
             "(each bucket shows its maximum)."
         )
+    capacity = timeline_.capacity_bytes
+    show_capacity = bool(capacity) and timeline_.peak_bytes >= 0.5 * (capacity or 0)
+    top = max(timeline_.peak_bytes, capacity if show_capacity and capacity else 0)
+    unit, scale = ("GiB", GIB) if top >= GIB else ("MiB", 1024**2)
     origin = timeline_.times_ms[0]
     times = [round(t - origin, 3) for t in timeline_.times_ms[::stride]]
     fig = go.Figure()
     for category, values in timeline_.bytes_by_category.items():
-        ys = [max(values[i : i + stride], default=0) / GIB for i in range(0, n, stride)]
+        ys = [max(values[i : i + stride], default=0) / scale for i in range(0, n, stride)]
         fig.add_trace(
             go.Scatter(
                 name=esc(category),
@@ -451,14 +526,13 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
                 y=ys,
                 stackgroup="memory",
                 mode="lines",
-                hovertemplate=f"{esc(category)}: %{{y:.3f}} GiB at %{{x:.1f}} ms<extra></extra>",
+                hovertemplate=f"{esc(category)}: %{{y:.3f}} {unit} at %{{x:.1f}} ms<extra></extra>",
             )
         )
-    capacity = timeline_.capacity_bytes
     # the capacity line only where it is near the data; else it would flatten the chart
-    if capacity and timeline_.peak_bytes >= 0.5 * capacity:
+    if show_capacity and capacity:
         fig.add_hline(
-            y=capacity / GIB,
+            y=capacity / scale,
             line_dash="dash",
             line_color="#c62828",
             annotation_text="device capacity",
@@ -471,16 +545,16 @@ def memory(timeline_: MemoryTimeline) -> tuple[go.Figure | None, Notes]:
         go.Scatter(
             name="peak",
             x=[round(timeline_.times_ms[peak_i] - origin, 3)],
-            y=[totals[peak_i] / GIB],
+            y=[totals[peak_i] / scale],
             mode="markers+text",
             marker={"symbol": "triangle-down", "size": 12, "color": "#c62828"},
-            text=[f"peak {totals[peak_i] / GIB:.2f} GiB"],
+            text=[f"peak {totals[peak_i] / scale:.2f} {unit}"],
             textposition="top center",
-            hovertemplate="peak: %{y:.3f} GiB at %{x:.1f} ms<extra></extra>",
+            hovertemplate=f"peak: %{{y:.3f}} {unit} at %{{x:.1f}} ms<extra></extra>",
         )
     )
     fig.update_xaxes(title_text="ms from the first memory sample")
-    fig.update_yaxes(title_text="GiB")
+    fig.update_yaxes(title_text=unit)
     of = f" of {capacity / GIB:.1f} GiB" if capacity else ""
     title = (
         f"Memory of rank {timeline_.rank} by category (peak {timeline_.peak_bytes / GIB:.2f} GiB"

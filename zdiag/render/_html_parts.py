@@ -8,8 +8,9 @@ from typing import Any
 
 from zdiag.analyzers.report import Finding, Report
 from zdiag.render._html_figures import VERDICT_COLORS
-from zdiag.render.columns import STEP_COLUMNS
+from zdiag.render.columns import shown_columns
 from zdiag.render.format import (
+    evidence_item,
     fmt_bytes,
     fmt_gain,
     fmt_ints,
@@ -21,7 +22,13 @@ from zdiag.render.format import (
     unit_label,
 )
 from zdiag.render.memory_view import breakdown_lines
-from zdiag.render.stats import detailed_ranks, rank_stats, run_stats, worst_first
+from zdiag.render.stats import (
+    detailed_ranks,
+    failed_detectors,
+    rank_stats,
+    run_stats,
+    worst_first,
+)
 
 MAX_EVIDENCE_ITEMS = 40
 MAX_VALUE_CHARS = 400
@@ -108,8 +115,9 @@ def summary(report: Report) -> str:
                 f" <code>{e(f.id)}</code>{gain}</li>"
             )
         parts.append('<ol class="top">' + "".join(items) + "</ol>")
-    else:
+    elif not failed_detectors(report):
         parts.append('<p class="empty">No findings: nothing in the traces crossed a threshold.</p>')
+    parts.append(_failed_detectors_note(report))
     if report.warnings:
         parts.append("<h3>Warnings</h3><ul>")
         parts.extend(f"<li>{e(w)}</li>" for w in report.warnings[:MAX_TABLE_ROWS])
@@ -118,6 +126,20 @@ def summary(report: Report) -> str:
         parts.append("</ul>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _failed_detectors_note(report: Report) -> str:
+    """A warning naming the detectors that crashed ("" when none did): their findings are
+    missing, so the page never says "No findings" next to them."""
+    failed = failed_detectors(report)
+    if not failed:
+        return ""
+    n = len(failed)
+    return (
+        f'<p class="notes">{n} detector{"s" if n != 1 else ""} failed, so '
+        f"{'their' if n != 1 else 'its'} findings are missing: {e(', '.join(failed))} "
+        "(see Warnings).</p>"
+    )
 
 
 def _value(value: Any) -> str:
@@ -132,7 +154,8 @@ def findings(report: Report) -> str:
     """Every finding: what, where, evidence, recommendation, code, expected gain."""
     parts = ['<section id="findings"><h2>Findings</h2>']
     if not report.findings:
-        parts.append('<p class="empty">No findings.</p></section>')
+        note = _failed_detectors_note(report)
+        parts.append((note or '<p class="empty">No findings.</p>') + "</section>")
         return "".join(parts)
     for index, f in ordered_findings(report):
         parts.append(f'<article class="finding sev-border-{e(f.severity)}" id="finding-{index}">')
@@ -148,7 +171,12 @@ def findings(report: Report) -> str:
             parts.append(f'<p class="where">{e("; ".join(where))}</p>')
         if f.evidence:
             items = list(f.evidence.items())
-            rows = [[e(k), _value(v)] for k, v in items[:MAX_EVIDENCE_ITEMS]]
+            rows = []
+            for k, v in items[:MAX_EVIDENCE_ITEMS]:
+                label, shown = evidence_item(str(k), v)  # unit from the key, as text and TUI
+                if len(shown) > MAX_VALUE_CHARS:
+                    shown = shown[:MAX_VALUE_CHARS] + "…"
+                rows.append([f'<span title="{e(k)}">{e(label)}</span>', e(shown)])
             note = (
                 f"{len(items) - MAX_EVIDENCE_ITEMS} more evidence items are in the JSON report."
                 if len(items) > MAX_EVIDENCE_ITEMS
@@ -282,7 +310,8 @@ def step_tables(report: Report) -> list[str]:
     shown = detailed_ranks(ranks, MAX_STEP_TABLE_RANKS)
     if not any(r.steps for r in shown):
         return []
-    titles = "".join(f'<th title="{e(c.description)}">{e(c.header)}</th>' for c in STEP_COLUMNS)
+    columns = shown_columns(r.device for r in ranks)  # no GPU-only columns on CPU-only runs
+    titles = "".join(f'<th title="{e(c.description)}">{e(c.header)}</th>' for c in columns)
     parts = ["<h3>Per-step breakdown (ms)</h3>"]
     if len(shown) < len(ranks):
         parts.append(
@@ -305,7 +334,7 @@ def step_tables(report: Report) -> list[str]:
                 f"<td>{verdict_chip(s.verdict)}</td>"
                 if c.kind == "verdict"
                 else f'<td class="num">{e(c.cell(s))}</td>'
-                for c in STEP_COLUMNS
+                for c in columns
             )
             + "</tr>"
             for s in steps

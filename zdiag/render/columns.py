@@ -17,6 +17,7 @@ them shows every column.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,7 @@ class StepColumn:
     label: str  # the name in a detail view (TUI step panel)
     kind: ColumnKind
     description: str  # one line: what the number is (HTML header tooltip)
+    gpu_only: bool = False  # always 0 on CPU-only runs: views hide it there
 
     def value(self, step: StepBreakdown) -> float | int | str:
         """The raw value of this column for `step`."""
@@ -63,23 +65,46 @@ STEP_COLUMNS: tuple[StepColumn, ...] = (
     _col("comm_ms", "comm", "communication", "ms", "time with communication running"),
     _col("overlapped_ms", "overlap", "  overlapped", "ms", "communication hidden under compute"),
     _col("exposed_comm_ms", "exposed", "  exposed", "ms", "communication not hidden by compute"),
-    _col("memcpy_ms", "memcpy", "memcpy (uncovered)", "ms", "memcpy/memset outside compute/comm"),
+    _col(
+        "memcpy_ms",
+        "memcpy",
+        "memcpy (uncovered)",
+        "ms",
+        "memcpy/memset outside compute/comm",
+        True,
+    ),
     _col("idle_ms", "idle", "idle", "ms", "no device activity at all"),
-    _col("host_launch_ms", "launch", "host launch", "ms", "host time in kernel-launch API calls"),
-    _col("kernel_count", "kernels", "kernels", "count", "device kernels in the step"),
+    _col(
+        "host_launch_ms",
+        "launch",
+        "host launch",
+        "ms",
+        "host time in kernel-launch API calls",
+        True,
+    ),
+    _col("kernel_count", "kernels", "kernels", "count", "device kernels in the step", True),
 )
 """The step columns, in display order: the verdict right after the step number, so a narrow
 terminal still shows it."""
 
 
-def step_headers() -> list[str]:
-    """The short headers of `STEP_COLUMNS`, in order."""
-    return [c.header for c in STEP_COLUMNS]
+def shown_columns(devices: Iterable[str]) -> tuple[StepColumn, ...]:
+    """The step columns worth showing for ranks on `devices`: without the GPU-only columns when
+    no rank ran on a GPU (they are 0 there); every column when the device is not known."""
+    kinds = set(devices)
+    if kinds and kinds <= {"cpu"}:
+        return tuple(c for c in STEP_COLUMNS if not c.gpu_only)
+    return STEP_COLUMNS
 
 
-def step_cells(step: StepBreakdown) -> list[str]:
-    """One step's formatted cells, in `STEP_COLUMNS` order."""
-    return [c.cell(step) for c in STEP_COLUMNS]
+def step_headers(columns: Sequence[StepColumn] = STEP_COLUMNS) -> list[str]:
+    """The short headers of `columns` (default: every step column), in order."""
+    return [c.header for c in columns]
+
+
+def step_cells(step: StepBreakdown, columns: Sequence[StepColumn] = STEP_COLUMNS) -> list[str]:
+    """One step's formatted cells, in `columns` order."""
+    return [c.cell(step) for c in columns]
 
 
 def step_values(step: StepBreakdown) -> dict[str, float | int | str]:

@@ -137,3 +137,38 @@ def fmt_gain(finding: Finding) -> str:
     if finding.expected_gain_bytes is not None:
         gains.append(f"{fmt_bytes(finding.expected_gain_bytes)} of peak memory")
     return " and ".join(gains)
+
+
+_UNIT_TOKENS = {"ms", "us", "bytes", "share", "fraction"}
+
+
+def evidence_item(key: str, value: object) -> tuple[str, str]:
+    """One evidence entry for people: a label without the unit token and the value with its unit.
+
+    The unit comes from the key's naming convention (every Report number carries its unit in its
+    name): `all_gather_ms_per_step=34.2` -> ("all gather per step", "34.2 ms"),
+    `peak_bytes=2**30` -> ("peak", "1.0 GiB"), `serialized_share=1.0` -> ("serialized", "100%"),
+    `alpha_us=12` -> ("alpha", "12.0 µs"). Keys without a unit keep their value as `fmt_value`
+    writes it; a mapping of sizes (`category_bytes`) has each of its values formatted as a size.
+    """
+    tokens = key.split("_")
+    unit = next((t for t in tokens if t in _UNIT_TOKENS), None)
+    label_tokens = [t for t in tokens if t != unit] if unit else tokens
+    label = " ".join("µs" if t == "us" else t for t in label_tokens) or key
+
+    def one(v: object) -> str:
+        if isinstance(v, bool) or not isinstance(v, int | float) or unit is None:
+            return fmt_value(v)
+        if unit == "ms":
+            return fmt_ms(float(v))
+        if unit == "us":
+            return f"{fmt_number(float(v))} µs"
+        if unit == "bytes":
+            return fmt_bytes(v)
+        return fmt_share(float(v), 1.0)  # share / fraction
+
+    if isinstance(value, Mapping) and unit is not None:
+        items = list(value.items())
+        shown = ", ".join(f"{k}: {one(v)}" for k, v in items[:6])
+        return label, shown + (", …" if len(items) > 6 else "")
+    return label, one(value)

@@ -9,6 +9,10 @@ every script block is checked before it is written. Large runs are aggregated or
 
 from __future__ import annotations
 
+import base64
+import functools
+import gzip
+import re
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -18,9 +22,11 @@ from plotly.offline import get_plotlyjs
 from zdiag.analyzers.report import Report
 from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
+from zdiag.render._html_large_run import large_run_section
 from zdiag.render._html_parts import e
 from zdiag.render.output import write_output
 from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.stats import LARGE_RUN_RANKS
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
@@ -74,7 +80,41 @@ def _figure_html(fig: go.Figure, div_id: str) -> str:
     lowered = fragment.lower()
     if lowered.count("</script") != lowered.count("<script") or "<!--" in lowered:
         raise RuntimeError(f"plotly produced an unsafe script block for {div_id}; not writing it")
-    return f'<div class="figure">{fragment}</div>'
+    # run after plotly.js is unpacked (see PLOTLY_LOADER), in page order
+    deferred = re.sub(
+        r'<script(?: type="text/javascript")?>', f'<script type="{FIGURE_SCRIPT_TYPE}">', fragment
+    )
+    if deferred.count(FIGURE_SCRIPT_TYPE) != lowered.count("<script"):
+        raise RuntimeError(f"plotly wrote an unexpected script tag for {div_id}; not writing it")
+    return f'<div class="figure">{deferred}</div>'
+
+
+FIGURE_SCRIPT_TYPE = "text/x-zdiag-figure"
+
+PLOTLY_LOADER = """
+(async function () {
+  var packed = document.getElementById("zdiag-plotly-gz").textContent;
+  var bytes = Uint8Array.from(atob(packed), function (c) { return c.charCodeAt(0); });
+  var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  var code = await new Response(stream).text();
+  (0, eval)(code);
+  document.querySelectorAll('script[type="FIGURE_SCRIPT_TYPE"]').forEach(function (s) { (0, eval)(s.textContent); });
+})().catch(function (err) {
+  var p = document.createElement("p");
+  p.className = "notes";
+  p.textContent = "The charts could not be drawn: this browser cannot unpack them (" + err + ").";
+  document.body.insertBefore(p, document.body.firstChild);
+});
+""".replace("FIGURE_SCRIPT_TYPE", FIGURE_SCRIPT_TYPE)
+"""Unpacks the inlined, gzipped plotly.js with the browser's DecompressionStream (Chrome 80,
+Firefox 113, Safari 16.4), then runs the figures' scripts: 1.4 MB of gzip (1.9 MB as base64)
+instead of 4.6 MB of JavaScript, and still nothing loaded from the network."""
+
+
+@functools.lru_cache(maxsize=1)
+def packed_plotlyjs() -> str:
+    """plotly.js from the installed plotly package, gzipped and base64-encoded (computed once)."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), 9, mtime=0)).decode()
 
 
 def _section(anchor: str, title: str, body: list[str], empty: str) -> str:
@@ -138,18 +178,26 @@ def render_html(report: Report) -> str:
         parts.collectives(report),
         parts.run_facts(report),
     ]
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: a summarizing section (issue 16.4)
+        sections.insert(2, large_run_section(report))
     if notes:
         sections.insert(
             1,
             '<section id="notes"><h2>Notes</h2><p>Parts of this report are aggregated or truncated to keep the page responsive:</p>'
             '<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul></section>",
         )
-    script = f'<script type="text/javascript">{get_plotlyjs()}</script>' if n_figs else ""
+    script = (
+        f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
+        f"<script>{PLOTLY_LOADER}</script>"
+        if n_figs
+        else ""
+    )
     nav = "".join(
         f'<a href="#{a}">{t}</a>'
         for a, t in (
             ("summary", "Summary"),
             ("findings", "Findings"),
+            *([("large-run", "Large run")] if len(report.ranks) >= LARGE_RUN_RANKS else []),
             ("steps", "Steps"),
             ("timeline", "Timeline"),
             ("fsdp", "FSDP units"),
@@ -167,9 +215,9 @@ def render_html(report: Report) -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<title>zdiag report</title>"
-        f"<style>{CSS}</style>{script}</head><body>"
+        f"<style>{CSS}</style></head><body>"
         f"<header><h1>zdiag report</h1><p>{e(subtitle)}</p></header>"
-        f"<nav>{nav}</nav><main>{''.join(sections)}</main></body></html>"
+        f"<nav>{nav}</nav><main>{''.join(sections)}</main>{script}</body></html>"
     )
 
 

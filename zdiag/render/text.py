@@ -1,30 +1,62 @@
 """Plain-text rendering of a Report (the default output of `zdiag analyze`).
 
-Sections: the run, one summary per rank (median step, verdict counts, where time went), a
-per-step table per rank, collective totals, FSDP units, findings, warnings. Pure: returns a
-string; the command prints it.
+Summary first, then details:
+
+1. the run in one line, then **Summary**: ranks grouped by their dominant verdict (median step,
+   where the time went), the findings ranked by expected gain (`stats.by_gain`), and detectors
+   that failed (never "none" next to a failed detector);
+2. the large-run section (`_large_run_section`: one line per rank for runs with more than
+   MAX_DETAILED_RANKS ranks; the place for the 1000+-rank aggregates);
+3. **Details**: per rank its summary and step table, collective totals, FSDP units, stragglers,
+   every finding with its evidence (labels and units, not dicts), warnings and thresholds.
+
+Prose is word-wrapped to `width` columns; tables drop trailing columns (and say which) rather
+than wrap; code is never wrapped (it must stay copy-pastable). GPU-only step columns are hidden
+on CPU-only runs. With `color=True`, verdicts and severities get ANSI colours
+(`zdiag.render.terminal` decides: a TTY, not NO_COLOR). Steps are numbered as the profiler numbers
+them (ProfilerStep#N, 0-based); the root FSDP unit prints as "(root)" (it is "" in JSON).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
 
 from zdiag.analyzers.report import Finding, Report, StepBreakdown
-from zdiag.render.columns import STEP_COLUMNS, step_cells, step_headers
+from zdiag.render.columns import StepColumn, shown_columns, step_cells, step_headers
 from zdiag.render.format import (
+    evidence_item,
     fmt_bytes,
+    fmt_gain,
     fmt_ints,
     fmt_list,
     fmt_ms,
     fmt_ranks,
     fmt_share,
-    fmt_value,
     known_bytes,
     unit_label,
 )
 from zdiag.render.memory_view import memory_lines
 from zdiag.render.renderer import Destination, Renderer
-from zdiag.render.stats import RankStats, RankView, detailed_ranks, rank_stats, worst_first
+from zdiag.render.stats import (
+    LARGE_RUN_RANKS,
+    RankStats,
+    RankView,
+    by_gain,
+    detailed_ranks,
+    failed_detectors,
+    rank_groups,
+    rank_stats,
+)
+from zdiag.render.terminal import (
+    DEFAULT_WIDTH,
+    SEVERITY_STYLE,
+    VERDICT_STYLE,
+    color_enabled,
+    paint,
+    terminal_width,
+)
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -36,126 +68,194 @@ MAX_DETAILED_RANKS = 8
 totals) for 8 of them."""
 MAX_STRAGGLER_ROWS = 8
 """Straggler table rows: the ranks causing the most waiting (all of them are in --json)."""
+MAX_EVIDENCE_ITEMS = 10
+MIN_TEXT_CELL = 12
+"""A table's text column (unit names) is cut to no fewer characters than this to fit."""
+
+CellPainter = Callable[[int, str, str], str]
+"""(column index, plain cell, padded cell) -> the padded cell, maybe coloured."""
+
+
+class _Out:
+    """Lines being written, at a width, with or without colour."""
+
+    def __init__(self, width: int, color: bool) -> None:
+        self.width = width
+        self.color = color
+        self.lines: list[str] = []
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def wrap(self, text: str, indent: str = "", hang: str = "    ") -> None:
+        """`text` word-wrapped at the width; continuation lines indented by indent + hang."""
+        self.lines.extend(
+            textwrap.wrap(
+                text,
+                width=self.width,
+                initial_indent=indent,
+                subsequent_indent=indent + hang,
+                break_long_words=True,
+                break_on_hyphens=False,
+            )
+            or [indent.rstrip()]
+        )
+
+    def heading(self, title: str) -> None:
+        self.lines += ["", paint(title, "bold", self.color)]
+
+    def verdict(self, verdict: str) -> str:
+        return paint(verdict, VERDICT_STYLE.get(verdict, ""), self.color)
+
+    def badge(self, severity: str) -> str:
+        return paint(f"[{severity.upper()}]", SEVERITY_STYLE.get(severity, "bold"), self.color)
 
 
 def _pct(share: float | None) -> str:
     return fmt_share(share, 1.0) if share is not None else "-"
 
 
-def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
+def _fit_table(
+    out: _Out,
+    header: list[str],
+    rows: list[list[str]],
+    right: set[int],
+    *,
+    indent: str = "  ",
+    shrink: int | None = None,
+    painter: CellPainter | None = None,
+) -> list[str]:
+    """Append an aligned table fitting the width; returns the headers of columns it dropped.
 
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
-        ).rstrip()
+    Column `shrink` (a text column such as unit names) is cut first, with "…"; then trailing
+    columns are dropped until the table fits.
+    """
+    header, rows = list(header), [list(r) for r in rows]
+    room = out.width - len(indent)
 
-    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    def widths() -> list[int]:
+        return [
+            max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+            for i, h in enumerate(header)
+        ]
 
+    def total(ws: list[int]) -> int:
+        return sum(ws) + 2 * (len(ws) - 1)
 
-def _rank_head(rank: RankView) -> str:
-    where = f" on {rank.host}" if rank.host else ""
-    return f"Rank {rank.rank} ({rank.device}{where}) - {rank.source}"
+    ws = widths()
+    if shrink is not None and total(ws) > room:
+        cut = max(MIN_TEXT_CELL, ws[shrink] - (total(ws) - room), len(header[shrink]))
+        for r in rows:
+            if len(r[shrink]) > cut:
+                r[shrink] = r[shrink][: cut - 1] + "…"
+        ws = widths()
+    dropped: list[str] = []
+    while len(header) > 2 and total(ws) > room:
+        dropped.insert(0, header.pop())
+        for r in rows:
+            r.pop()
+        ws = ws[:-1]
 
+    def line(cells: list[str], paint_cells: bool) -> str:
+        shown = []
+        for i, c in enumerate(cells):
+            padded = c.rjust(ws[i]) if i in right else c.ljust(ws[i])
+            shown.append(painter(i, c, padded) if painter and paint_cells else padded)
+        return (indent + "  ".join(shown)).rstrip()
 
-def _rank_summary(rank: RankView) -> list[str]:
-    stats = rank_stats(rank)
-    head = _rank_head(rank)
-    if not stats.step_count:
-        return [head, "  no steps analyzed"]
-    step_source = rank.step_source
-    verdicts = stats.verdicts
-    main_verdict, count = verdicts[0]
-    return [
-        head,
-        f"  {stats.step_count} step(s)"
-        + (f" from {step_source}" if step_source else "")
-        + f", median {fmt_ms(stats.median_ms)}, "
-        f"min {fmt_ms(stats.min_ms)}, max {fmt_ms(stats.max_ms)}",
-        f"  time: compute {_pct(stats.compute_share)}, "
-        f"exposed comm {_pct(stats.exposed_comm_share)}, "
-        f"memcpy {_pct(stats.memcpy_share)}, idle {_pct(stats.idle_share)} "
-        f"(comm {_pct(stats.comm_share)}, of which overlapped {_pct(stats.overlapped_of_comm)})",
-        f"  verdict: {main_verdict} in {count} of {stats.step_count} step(s)"
-        + (
-            ""
-            if len(verdicts) == 1
-            else " (" + ", ".join(f"{v} {c}" for v, c in verdicts[1:]) + ")"
-        ),
-    ]
-
-
-def _step_rows(steps: list[StepBreakdown]) -> tuple[list[list[str]], int]:
-    shown = steps
-    hidden = 0
-    if len(steps) > MAX_STEP_ROWS:
-        half = MAX_STEP_ROWS // 2
-        shown = steps[:half] + steps[-half:]
-        hidden = len(steps) - len(shown)
-    return [step_cells(s) for s in shown], hidden
-
-
-STEP_NUMERIC = {i for i, c in enumerate(STEP_COLUMNS) if c.numeric}
+    out.add(line(header, False), line(["-" * w for w in ws], False))
+    out.add(*(line(r, True) for r in rows))
+    if dropped:
+        out.add(f"{indent}({', '.join(dropped)} not shown at {out.width} columns; --json has them)")
+    return dropped
 
 
-def _finding_lines(f: Finding) -> list[str]:
-    where = []
-    if f.ranks:
-        where.append(fmt_ranks(f.ranks))
-    if f.steps:
-        where.append(("step " if len(set(f.steps)) == 1 else "steps ") + fmt_ints(f.steps, 16))
-    if f.units:
-        where.append(
-            ("unit " if len(f.units) == 1 else "units ")
-            + fmt_list([unit_label(u) for u in f.units], 8)
+def _verdict_painter(out: _Out, column: int) -> CellPainter:
+    """Colour the cells of one column as verdicts."""
+
+    def paint_cell(i: int, plain: str, padded: str) -> str:
+        return padded.replace(plain, out.verdict(plain), 1) if i == column and plain else padded
+
+    return paint_cell
+
+
+def _run_line(report: Report) -> str:
+    steps = sum(len(r.steps) for r in report.ranks)
+    devices = sorted({r.device for r in report.ranks})
+    n = len(report.ranks)
+    version = f"zdiag {report.zdiag_version}".rstrip()
+    head = f"{version} · {n} rank{'s' if n != 1 else ''}"
+    if devices:
+        head += f" ({', '.join(devices)})"
+    head += f" · {steps} rank-step{'s' if steps != 1 else ''}"
+    nf = len(report.findings)
+    return head + f" · {nf} finding{'s' if nf != 1 else ''}"
+
+
+def _summary(out: _Out, report: Report) -> None:
+    out.heading("Summary")
+    groups = rank_groups(report.ranks)
+    if not groups:
+        out.add("  no ranks analyzed")
+    for g in groups:
+        who = fmt_ranks(list(g.ranks))
+        if not g.verdict:
+            out.wrap(f"{who}: no steps analyzed", "  ")
+            continue
+        low, high = g.median_ms_low, g.median_ms_high
+        median = fmt_ms(low)
+        if fmt_ms(high) != median:
+            median = f"{fmt_ms(low, unit=False)}–{fmt_ms(high)}"
+        verdict = out.verdict(g.verdict)
+        plain = f"{who}: {g.verdict} in {g.verdict_steps} of {g.steps} steps, median step {median}"
+        first = textwrap.wrap(plain, out.width - 2, break_on_hyphens=False)
+        for k, line in enumerate(first):
+            out.add(("  " if k == 0 else "      ") + line.replace(g.verdict, verdict, 1))
+        out.wrap(
+            f"compute {_pct(g.compute_share)}, exposed comm {_pct(g.exposed_comm_share)}, "
+            f"idle {_pct(g.idle_share)} of step time",
+            "    ",
         )
-    lines = [
-        f"[{f.severity.upper()}] {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
-    ]
-    if f.evidence:
-        shown = [(k, v) for k, v in f.evidence.items() if v not in (None, {}, [])][:8]
-        ev = ", ".join(f"{k}={fmt_value(v)}" for k, v in shown)
-        lines.append(f"    evidence: {ev}")
-    if f.recommendation:
-        lines.append(f"    do: {f.recommendation}")
-    if f.code:
-        lines.extend(f"      {line}" for line in f.code.splitlines())
-    if f.expected_gain_ms is not None:
-        how = f" ({f.gain_method})" if f.gain_method else ""
-        lines.append(f"    expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}")
-    if f.expected_gain_bytes is not None:
-        lines.append(f"    expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory")
-    return lines
+    failed = failed_detectors(report)
+    out.add("", "  Findings, largest expected gain first")
+    ordered = sorted(report.findings, key=by_gain)
+    for k, f in enumerate(ordered, 1):
+        gain = fmt_gain(f)
+        text = f"{f.id}: {f.title}" + (f" (gain {gain})" if gain else "")
+        lead = f"  {k:>2}. "
+        lines = textwrap.wrap(
+            f"[{f.severity.upper()}] {text}",
+            out.width,
+            initial_indent=lead,
+            subsequent_indent=" " * len(lead) + "  ",
+            break_on_hyphens=False,
+        )
+        lines[0] = lines[0].replace(f"[{f.severity.upper()}]", out.badge(f.severity), 1)
+        out.add(*lines)
+    if not ordered and not failed:
+        out.add("      none: nothing in the traces crossed a threshold")
+    elif not ordered:
+        out.add("      none found by the detectors that ran")
+    if failed:
+        out.wrap(
+            f"{len(failed)} detector{'s' if len(failed) != 1 else ''} failed, so "
+            f"{'their' if len(failed) != 1 else 'its'} findings are missing: "
+            f"{', '.join(failed)} (see Warnings)",
+            "      ",
+        )
 
 
-STRAGGLER_PREFIX = "straggler_"
-"""Report.thresholds keys that belong to the cross-rank straggler ranking (crossrank.py); the
-others are the per-step verdict's (verdict.py)."""
+def _large_run_section(out: _Out, report: Report) -> list[RankView]:
+    """The section for runs too large to detail rank by rank; returns the ranks detailed below.
 
-
-def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
-    """The verdict thresholds and the straggler thresholds, each on its own labelled line."""
-    verdict = {k: v for k, v in thresholds.items() if not k.startswith(STRAGGLER_PREFIX)}
-    straggler = {
-        k.removeprefix(STRAGGLER_PREFIX): v
-        for k, v in thresholds.items()
-        if k.startswith(STRAGGLER_PREFIX)
-    }
-    lines = []
-    for label, values in (("Verdict", verdict), ("Straggler", straggler)):
-        if values:
-            lines.append(
-                f"{label} thresholds: " + ", ".join(f"{k}={v:g}" for k, v in values.items())
-            )
-    return ["", *lines] if lines else []
-
-
-def _rank_overview(ranks: Sequence[RankView]) -> list[str]:
-    """One line per rank: median step, shares, the most common verdict."""
+    Today: one line per rank and the choice of MAX_DETAILED_RANKS ranks to detail. This is where
+    the aggregates of 1000+-rank runs (by node, top-k, heatmaps) go, right after the summary.
+    """
+    if len(report.ranks) <= MAX_DETAILED_RANKS:
+        return list(report.ranks)
+    out.heading("Ranks")
     rows = []
-    for r in ranks:
+    for r in report.ranks:
         stats: RankStats = rank_stats(r)
         rows.append(
             [
@@ -170,155 +270,285 @@ def _rank_overview(ranks: Sequence[RankView]) -> list[str]:
             ]
         )
     header = ["rank", "device", "steps", "median ms", "compute", "exposed", "idle", "verdict"]
-    return _table(header, rows, {2, 3, 4, 5, 6})
+    _fit_table(out, header, rows, {2, 3, 4, 5, 6}, painter=_verdict_painter(out, 7))
+    detailed: list[RankView] = list(detailed_ranks(report.ranks, MAX_DETAILED_RANKS))
+    out.add("")
+    out.wrap(
+        f"Per-step detail for {len(detailed)} of {len(report.ranks)} ranks (rank 0 and the "
+        "slowest; --rank N shows any rank)"
+    )
+    return detailed
 
 
-def render_text(report: Report) -> str:
-    """The report as plain text, ending with a newline."""
-    out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
+def _rank_detail(out: _Out, rank: RankView, columns: Sequence[StepColumn]) -> None:
+    where = f" on {rank.host}" if rank.host else ""
+    out.add("", paint(f"Rank {rank.rank} ({rank.device}{where})", "bold", out.color))
+    out.wrap(f"source: {rank.source}", "  ")
+    stats = rank_stats(rank)
+    if not stats.step_count:
+        out.add("  no steps analyzed")
+        return
+    out.wrap(
+        f"{stats.step_count} step(s)"
+        + (f" from {rank.step_source}" if rank.step_source else "")
+        + f", median {fmt_ms(stats.median_ms)}, min {fmt_ms(stats.min_ms)}, "
+        f"max {fmt_ms(stats.max_ms)}",
+        "  ",
+    )
+    out.wrap(
+        f"time: compute {_pct(stats.compute_share)}, "
+        f"exposed comm {_pct(stats.exposed_comm_share)}, "
+        + (f"memcpy {_pct(stats.memcpy_share)}, " if len(columns) == 11 else "")
+        + f"idle {_pct(stats.idle_share)} (comm {_pct(stats.comm_share)}, "
+        f"of which overlapped {_pct(stats.overlapped_of_comm)})",
+        "  ",
+    )
+    verdicts = stats.verdicts
+    main_verdict, count = verdicts[0]
+    others = ", ".join(f"{v} {c}" for v, c in verdicts[1:])
+    out.add(
+        f"  verdict: {out.verdict(main_verdict)} in {count} of {stats.step_count} step(s)"
+        + (f" ({others})" if others else "")
+    )
+    shown, hidden = _step_rows(rank.steps)
+    out.add("")
+    verdict_col = next(i for i, c in enumerate(columns) if c.kind == "verdict")
+    _fit_table(
+        out,
+        step_headers(columns),
+        [step_cells(s, columns) for s in shown],
+        {i for i, c in enumerate(columns) if c.numeric},
+        painter=_verdict_painter(out, verdict_col),
+    )
+    if hidden:
+        out.add(f"  ({hidden} middle steps not shown; use --json for all)")
+
+
+def _step_rows(steps: list[StepBreakdown]) -> tuple[list[StepBreakdown], int]:
+    if len(steps) <= MAX_STEP_ROWS:
+        return steps, 0
+    half = MAX_STEP_ROWS // 2
+    shown = steps[:half] + steps[-half:]
+    return shown, len(steps) - len(shown)
+
+
+def _collectives(out: _Out, report: Report, detailed: list[RankView]) -> None:
+    if not report.collectives:
+        return
+    collectives = report.collectives
+    if len(detailed) < len(report.ranks):  # many ranks: the detailed ones only
+        shown_ranks = {r.rank for r in detailed}
+        collectives = [c for c in collectives if c.rank in shown_ranks]
+    out.heading("Collectives (all steps)")
+    rows = [
+        [
+            str(c.rank),
+            c.kind,
+            str(c.count),
+            fmt_bytes(known_bytes(c.total_bytes, c.count)),
+            fmt_ms(c.total_ms, unit=False),
+            fmt_ms(c.exposed_ms, unit=False),
+            ",".join(c.dtypes) or "-",
+        ]
+        for c in collectives
+    ]
+    header = ["rank", "kind", "count", "bytes", "total ms", "exposed ms", "dtypes"]
+    _fit_table(out, header, rows, {2, 3, 4, 5}, shrink=1)
+    if len(collectives) < len(report.collectives):
+        out.add(
+            f"  (the {len(detailed)} ranks detailed above; the other "
+            f"{len(report.ranks) - len(detailed)} in --json)"
+        )
+
+
+def _units(out: _Out, report: Report) -> None:
+    if not report.fsdp_units:
+        return
+    out.heading("FSDP units (most exposed wait first; the root module is (root))")
+    units = sorted(report.fsdp_units, key=lambda u: -u.exposed_wait_ms)[:MAX_UNIT_ROWS]
+    rows = [
+        [
+            str(u.rank),
+            unit_label(u.name),
+            u.framework,
+            fmt_bytes(known_bytes(u.all_gather_bytes, u.all_gather_count)),
+            fmt_bytes(known_bytes(u.reduce_bytes, u.reduce_count)),
+            fmt_ms(u.all_gather_ms, unit=False),
+            fmt_ms(u.reduce_ms, unit=False),
+            fmt_ms(u.exposed_wait_ms, unit=False),
+        ]
+        for u in units
+    ]
+    header = ["rank", "unit", "kind", "gathered", "reduced", "gather ms", "reduce ms", "exposed ms"]
+    _fit_table(out, header, rows, {3, 4, 5, 6, 7}, shrink=1)
+    if len(report.fsdp_units) > MAX_UNIT_ROWS:
+        out.add(f"  ({len(report.fsdp_units) - MAX_UNIT_ROWS} more units; use --json)")
+
+
+def _stragglers(out: _Out, report: Report) -> None:
+    if not report.stragglers:
+        return
+    out.heading("Stragglers (last arrivals at matched collectives; wait summed over all steps)")
+    ordered = sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)
+    rows = [
+        [
+            str(s.rank),
+            str(s.last_arrivals),
+            str(s.matched_collectives),
+            fmt_ms(s.wait_caused_ms, unit=False),
+            fmt_ms(s.mean_skew_ms, unit=False),
+        ]
+        for s in ordered[:MAX_STRAGGLER_ROWS]
+    ]
+    header = ["rank", "last", "matched", "wait caused ms", "mean late ms"]
+    _fit_table(out, header, rows, {1, 2, 3, 4})
+    if len(report.stragglers) > MAX_STRAGGLER_ROWS:
+        out.add(
+            f"  ({len(report.stragglers) - MAX_STRAGGLER_ROWS} ranks causing less wait; use --json)"
+        )
+
+
+def _finding(out: _Out, f: Finding) -> None:
+    where = []
+    if f.ranks:
+        where.append(fmt_ranks(f.ranks))
+    if f.steps:
+        where.append(("step " if len(set(f.steps)) == 1 else "steps ") + fmt_ints(f.steps, 16))
+    if f.units:
+        where.append(
+            ("unit " if len(f.units) == 1 else "units ")
+            + fmt_list([unit_label(u) for u in f.units], 8)
+        )
+    badge = f"[{f.severity.upper()}]"
+    head = f"{badge} {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
+    lines = textwrap.wrap(
+        head, out.width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False
+    )
+    lines[0] = lines[0].replace(badge, out.badge(f.severity), 1)
+    out.add("", *lines)
+    shown = [(k, v) for k, v in f.evidence.items() if v not in (None, {}, [])]
+    if shown:
+        out.add("    evidence:")
+        items = [evidence_item(k, v) for k, v in shown[:MAX_EVIDENCE_ITEMS]]
+        pad = min(max(len(label) for label, _ in items), 28)
+        for label, value in items:
+            out.wrap(f"{label:<{pad}}  {value}", "      ", " " * (pad + 2))
+        if len(shown) > MAX_EVIDENCE_ITEMS:
+            out.add(f"      (+{len(shown) - MAX_EVIDENCE_ITEMS} more in --json)")
+    if f.recommendation:
+        out.wrap(f"do: {f.recommendation}", "    ", "    ")
+    if f.code:
+        out.add(*(f"      {line}".rstrip() for line in f.code.splitlines()))
+    if f.expected_gain_ms is not None:
+        how = f" ({f.gain_method})" if f.gain_method else ""
+        out.wrap(f"expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}", "    ", "    ")
+    if f.expected_gain_bytes is not None:
+        out.wrap(f"expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory", "    ")
+
+
+STRAGGLER_PREFIX = "straggler_"
+"""Report.thresholds keys that belong to the cross-rank straggler ranking (crossrank.py); the
+others are the per-step verdict's (verdict.py)."""
+
+
+def _thresholds(out: _Out, thresholds: dict[str, float]) -> None:
+    """The verdict thresholds and the straggler thresholds, each labelled."""
+    verdict = {k: v for k, v in thresholds.items() if not k.startswith(STRAGGLER_PREFIX)}
+    straggler = {
+        k.removeprefix(STRAGGLER_PREFIX): v
+        for k, v in thresholds.items()
+        if k.startswith(STRAGGLER_PREFIX)
+    }
+    if verdict or straggler:
+        out.add("")
+    for label, values in (("Verdict", verdict), ("Straggler", straggler)):
+        if values:
+            out.wrap(f"{label} thresholds: " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
+
+
+def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False) -> str:
+    """The report as text `width` columns wide (code excepted), ending with a newline."""
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
+        from zdiag.render.text_large_run import render_large_run_text
+
+        return render_large_run_text(report)
+    out = _Out(width, color)
+    out.wrap(_run_line(report), hang="  ")
     if report.run:
         bits = [f"{k}={v}" for k, v in report.run.items() if isinstance(v, str | int | float)]
         if bits:
-            out.append("run: " + ", ".join(bits))
-    out.append(f"inputs: {len(report.inputs)} file(s), {len(report.ranks)} rank(s)")
-    detailed = report.ranks
-    if len(report.ranks) > MAX_DETAILED_RANKS:
-        out += ["", "Ranks"]
-        out.extend("  " + line for line in _rank_overview(report.ranks))
-        detailed = detailed_ranks(report.ranks, MAX_DETAILED_RANKS)
-        out += [
-            "",
-            f"Per-step detail for {len(detailed)} of {len(report.ranks)} ranks (rank 0 and the "
-            "slowest; --rank N shows any rank)",
-        ]
+            out.wrap("run: " + ", ".join(bits), hang="  ")
+    out.add(f"inputs: {len(report.inputs)} file(s), {len(report.ranks)} rank(s)")
+    _summary(out, report)
+    detailed = _large_run_section(out, report)
+    columns = shown_columns(r.device for r in report.ranks)
+    if len(columns) < len(shown_columns([])):
+        hidden = ", ".join(c.header for c in shown_columns([]) if c not in columns)
+        out.add("", f"(CPU-only run: GPU-only columns hidden: {hidden})")
     for rank in detailed:
-        out.append("")
-        out.extend(_rank_summary(rank))
-        if rank.steps:
-            rows, hidden = _step_rows(rank.steps)
-            out.append("")
-            out.extend("  " + line for line in _table(step_headers(), rows, STEP_NUMERIC))
-            if hidden:
-                out.append(f"  ({hidden} middle steps not shown; use --json for all)")
-    if report.collectives:
-        collectives = report.collectives
-        if detailed is not report.ranks:  # many ranks: the detailed ones only
-            shown_ranks = {r.rank for r in detailed}
-            collectives = [c for c in collectives if c.rank in shown_ranks]
-        out += ["", "Collectives (all steps)"]
-        rows = [
-            [
-                str(c.rank),
-                c.kind,
-                str(c.count),
-                fmt_bytes(known_bytes(c.total_bytes, c.count)),
-                fmt_ms(c.total_ms, unit=False),
-                fmt_ms(c.exposed_ms, unit=False),
-                ",".join(c.dtypes) or "-",
-            ]
-            for c in collectives
-        ]
-        out.extend(
-            "  " + line
-            for line in _table(
-                ["rank", "kind", "count", "bytes", "total ms", "exposed ms", "dtypes"],
-                rows,
-                {2, 3, 4, 5},
-            )
+        _rank_detail(out, rank, columns)
+    _collectives(out, report, detailed)
+    _units(out, report)
+    _stragglers(out, report)
+    out.add(*memory_lines(report))
+    out.heading(f"Findings ({len(report.findings)})")
+    for f in sorted(report.findings, key=by_gain):
+        _finding(out, f)
+    if not report.findings:
+        out.add(
+            "  none"
+            + (" (some detectors failed: see Warnings)" if failed_detectors(report) else "")
         )
-        if len(collectives) < len(report.collectives):
-            out.append(
-                f"  (the {len(detailed)} ranks detailed above; the other "
-                f"{len(report.ranks) - len(detailed)} in --json)"
-            )
-    if report.fsdp_units:
-        out += ["", "FSDP units"]
-        units = sorted(report.fsdp_units, key=lambda u: -u.exposed_wait_ms)[:MAX_UNIT_ROWS]
-        rows = [
-            [
-                str(u.rank),
-                unit_label(u.name),
-                u.framework,
-                fmt_bytes(known_bytes(u.all_gather_bytes, u.all_gather_count)),
-                fmt_bytes(known_bytes(u.reduce_bytes, u.reduce_count)),
-                fmt_ms(u.all_gather_ms, unit=False),
-                fmt_ms(u.reduce_ms, unit=False),
-                fmt_ms(u.exposed_wait_ms, unit=False),
-            ]
-            for u in units
-        ]
-        out.extend(
-            "  " + line
-            for line in _table(
-                [
-                    "rank",
-                    "unit",
-                    "kind",
-                    "gathered",
-                    "reduced",
-                    "gather ms",
-                    "reduce ms",
-                    "exposed ms",
-                ],
-                rows,
-                {3, 4, 5, 6, 7},
-            )
-        )
-        if len(report.fsdp_units) > MAX_UNIT_ROWS:
-            out.append(f"  ({len(report.fsdp_units) - MAX_UNIT_ROWS} more units; use --json)")
-    if report.stragglers:
-        out += [
-            "",
-            "Stragglers (last arrivals at matched collectives; wait summed over all steps)",
-        ]
-        rows = [
-            [
-                str(s.rank),
-                str(s.last_arrivals),
-                str(s.matched_collectives),
-                fmt_ms(s.wait_caused_ms, unit=False),
-                fmt_ms(s.mean_skew_ms, unit=False),
-            ]
-            for s in sorted(report.stragglers, key=lambda s: -s.wait_caused_ms)[:MAX_STRAGGLER_ROWS]
-        ]
-        out.extend(
-            "  " + line
-            for line in _table(
-                ["rank", "last", "matched", "wait caused ms", "mean late ms"], rows, {1, 2, 3, 4}
-            )
-        )
-        if len(report.stragglers) > MAX_STRAGGLER_ROWS:
-            out.append(
-                f"  ({len(report.stragglers) - MAX_STRAGGLER_ROWS} ranks causing less wait; "
-                "use --json)"
-            )
-    out += memory_lines(report)
-    out += ["", f"Findings ({len(report.findings)})"]
-    if report.findings:
-        for f in sorted(report.findings, key=worst_first):
-            out.extend("  " + line for line in _finding_lines(f))
-    else:
-        out.append("  none")
     warnings = list(report.warnings)
     ranks_by_warning: dict[str, list[int]] = {}
     for rank in report.ranks:
         for w in rank.warnings:
             ranks_by_warning.setdefault(w, []).append(rank.rank)
-    for w, ranks in ranks_by_warning.items():
-        who = fmt_ranks(ranks)
-        warnings.append(f"{who}: {w}")
+    warnings += [f"{fmt_ranks(ranks)}: {w}" for w, ranks in ranks_by_warning.items()]
     if warnings:
-        out += ["", "Warnings"]
-        out.extend(f"  - {w}" for w in warnings)
-    out.extend(_threshold_lines(report.thresholds))
-    return "\n".join(out) + "\n"
+        out.heading("Warnings")
+        for w in warnings:
+            out.wrap(f"- {w}", "  ")
+    _thresholds(out, report.thresholds)
+    return "\n".join(out.lines) + "\n"
+
+
+# Line builders for text_large_run.py (the large-run text): plain, unwrapped lines.
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """An aligned table as lines (no width limit, no indent)."""
+    out = _Out(1 << 30, False)
+    _fit_table(out, header, rows, right, indent="")
+    return out.lines
+
+
+def _finding_lines(f: Finding) -> list[str]:
+    """One finding as lines (head, evidence, what to change, code, gain), indented from 0."""
+    out = _Out(DEFAULT_WIDTH, False)
+    _finding(out, f)
+    return [line[2:] for line in out.lines[1:]]
+
+
+def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
+    """The verdict and straggler thresholds, a blank line first."""
+    out = _Out(DEFAULT_WIDTH, False)
+    _thresholds(out, thresholds)
+    return out.lines
 
 
 class TextRenderer(Renderer):
-    """The plain-text report (`zdiag analyze`'s default output, `zdiag render --text`)."""
+    """The text report (`zdiag analyze`'s default output, `zdiag render --text`)."""
 
     name = "text"
 
     def render(self, report: Report, destination: Destination) -> None:
-        """Write `render_text(report)` as UTF-8."""
-        destination.write(render_text(report).encode("utf-8"))
+        """Write the text as UTF-8: on a terminal at its width and in colour (unless NO_COLOR),
+        into files and pipes at DEFAULT_WIDTH columns without colour."""
+        if destination.is_stdout:
+            text = render_text(
+                report, width=terminal_width(sys.stdout), color=color_enabled(sys.stdout)
+            )
+        else:
+            text = render_text(report)
+        destination.write(text.encode("utf-8"))
