@@ -107,6 +107,10 @@ ranks (each causes about the same), so a 3x dominance that persists over most st
 not chance. Both are judged from the arrivals of all ranks, never from one waiting rank's
 exposed time."""
 
+STRAGGLER_PERSISTENT_MIN_STEPS = 3
+"""Steps the persistent-wait rule needs: over fewer, one of two ranks being the later in every
+step is a coin toss (the share rule still applies)."""
+
 STRAGGLER_CRITICAL_GAIN_SHARE = 0.10
 """A straggler costing >= 10% of the step time is critical; below, a warning."""
 
@@ -126,6 +130,7 @@ def thresholds() -> dict[str, float]:
         "straggler_persistent_step_share": STRAGGLER_PERSISTENT_STEP_SHARE,
         "straggler_persistent_wait_share": STRAGGLER_PERSISTENT_WAIT_SHARE,
         "straggler_dominance": STRAGGLER_DOMINANCE,
+        "straggler_persistent_min_steps": STRAGGLER_PERSISTENT_MIN_STEPS,
         "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
         "straggler_max_chance_p": STRAGGLER_MAX_CHANCE_P,
         "straggler_min_gain_share": STRAGGLER_MIN_GAIN_SHARE,
@@ -611,7 +616,7 @@ def _persistent_cause(
     """Whether `rank` makes the others wait by at least `min_gain_ms` in most covered steps and
     causes STRAGGLER_DOMINANCE x the waiting of any other rank (the wait a rank causes, over steps,
     not its share of last arrivals)."""
-    if not steps:
+    if len(steps) < STRAGGLER_PERSISTENT_MIN_STEPS:
         return False
     mine = step_lead_us.get(rank, {})
     hit = sum(mine.get(s, 0.0) / 1000.0 >= min_gain_ms for s in steps)

@@ -164,12 +164,14 @@ def test_zero3_blocking_reductions_are_exposed(zero3: tuple[RunData, Analysis, R
 @pytest.mark.parametrize("which", ["zero3", "zero2"])
 def test_no_false_misconfiguration(which: str, request: pytest.FixtureRequest) -> None:
     """Both runs use DeepSpeed's defaults (small buckets aside): no FSDP wrap finding, no
-    missing overlap, no warning or critical finding at all."""
+    missing overlap; what is above info only explains the steps' exposed-comm verdict (issue 12:
+    a bad verdict on most steps comes with a finding), never an FSDP misconfiguration."""
     _, _, report = request.getfixturevalue(which)
     assert not {f.id for f in report.findings} & FSDP_MISCONFIGS
-    assert all(f.severity == "info" for f in report.findings), [
-        (f.id, f.title) for f in report.findings
-    ]
+    loud = [f for f in report.findings if f.severity != "info"]
+    assert all(f.id == "exposed-comm" for f in loud), [(f.id, f.title) for f in loud]
+    for f in loud:  # the steps' own verdict, explained
+        assert f.evidence["exposed_comm_steps"] >= f.evidence["steps"] / 2
     for f in report.findings:  # what is said names DeepSpeed's knobs, not FSDP2's
         assert "fully_shard" not in (f.code or "") and "MixedPrecisionPolicy" not in (f.code or "")
 

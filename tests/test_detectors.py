@@ -344,7 +344,10 @@ def test_missing_overlap_on_fsdp1_uses_exposure_and_fsdp1_knobs(tmp_path: Path) 
     (f,) = [f for f in report.findings if f.id == "missing-overlap"]
     assert "forward_prefetch=True" in (f.code or "")
     assert "BackwardPrefetch.BACKWARD_PRE" in (f.code or "")
-    assert f.expected_gain_ms == pytest.approx(6 * 0.1, rel=0.05)
+    # a CPU trace (no kernels): FSDP1's gathers block the only thread, so no gain here; the
+    # replayed figure is what prefetch would hide on GPUs
+    assert f.severity == "info" and f.expected_gain_ms == 0.0
+    assert f.evidence["replayed_gain_ms_per_step"] == pytest.approx(6 * 0.1, rel=0.05)
 
 
 def test_comm_bound_recognizes_every_fp32_spelling_and_gives_complete_code() -> None:

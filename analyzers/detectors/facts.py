@@ -246,3 +246,29 @@ def run_facts(
         nnodes=ctx.nnodes,
         world_size=ctx.world_size,
     )
+
+
+def known_framework(ctx: DetectorContext) -> Framework | None:
+    """The run's framework when something says it (the captured description, the manifest, a
+    trace's labels); None when unknown (framework_of would fall back on FSDP2)."""
+    model = captured(ctx)
+    if model is not None and model.framework in frameworks.BY_NAME:
+        return frameworks.get(model.framework)
+    found = frameworks.from_manifest(ctx.manifest)
+    if found is not None:
+        return found
+    for facts in ctx.facts.values():
+        if facts.framework:
+            return frameworks.get(facts.framework)
+    return None
+
+
+def cpu_only(ctx: DetectorContext) -> bool:
+    """Whether every rank trained on a CPU: the manifest's devices when it names every rank's,
+    else the traces (steps measured and not one device kernel in them). False when unknown."""
+    m = ctx.manifest
+    devices = [e.device for e in m.ranks] if m is not None else []
+    if devices and all(d is not None for d in devices):
+        return not any(str(d).startswith("cuda") for d in devices)
+    steps = [b for bds in ctx.breakdowns.values() for b in bds]
+    return bool(steps) and not any(b.kernel_count > 0 for b in steps)

@@ -23,13 +23,14 @@ WARNING_GAIN_SHARE = 0.02
 CRITICAL_GAIN_SHARE = 0.10
 
 _CODE = """\
-# instead of a host check inside each block:
-#     if not torch.isfinite(x).all().item(): raise ...      # or loss.item() / float(t) per block
-# keep the check on the device and look at it once per N steps, outside the model:
-bad = torch.zeros((), dtype=torch.bool, device=x.device)    # once per step
-bad |= ~torch.isfinite(x).all()                              # in each block: no host sync
+# instead of a host check inside each block, such as
+#     if not torch.isfinite(x).all().item(): raise ...
+# (or loss.item() / float(t) per block), keep the check on the
+# device and read it once every N steps, outside the model:
+bad = torch.zeros((), dtype=torch.bool, device=x.device)  # per step
+bad |= ~torch.isfinite(x).all()  # in each block: no host sync
 ...
-if step % 100 == 0 and bad.item():                           # one sync every 100 steps
+if step % 100 == 0 and bad.item():  # one sync every 100 steps
     raise FloatingPointError("non-finite activation")"""
 
 

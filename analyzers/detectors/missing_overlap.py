@@ -26,7 +26,13 @@ from collections import defaultdict
 
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import block_set, blocks_are_units, framework_of, run_facts
+from zdiag.analyzers.detectors.facts import (
+    block_set,
+    blocks_are_units,
+    cpu_only,
+    framework_of,
+    run_facts,
+)
 from zdiag.analyzers.frameworks import Framework, Remedy
 from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
 from zdiag.analyzers.report import Finding
@@ -103,16 +109,6 @@ def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | Non
     return Remedy(remedy.text, wrap.code + "\n" + remedy.code)
 
 
-def _cpu_only(ctx: DetectorContext) -> bool:
-    """Whether the manifest says every rank trained on a CPU."""
-    m = ctx.manifest
-    return (
-        m is not None
-        and bool(m.ranks)
-        and all(e.device is not None and not str(e.device).startswith("cuda") for e in m.ranks)
-    )
-
-
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The missing-overlap finding, or none."""
     ledgers = ctx.fsdp_ledgers()
@@ -159,12 +155,12 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "(log losses every N steps, check NaNs on device) so the host can issue the next "
             "gather ahead of time."
         )
-    if _cpu_only(ctx):
+    if cpu_only(ctx):
         recommendation += (
             " On CPU/gloo (this run) a prefetch setting alone overlaps nothing: the default "
             "all-gather blocks the only thread. Gathers overlap compute there only when FSDP2's "
             "unshard runs as an async op (`model._set_unshard_async_op(True)` on the root, a "
-            "private API) with explicit prefetch lists; FSDP1 and ZeRO cannot overlap on CPU. "
+            "private API) with explicit prefetch lists; FSDP1 cannot overlap on CPU. "
             "On GPUs the all-gather stream does it."
         )
     host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
@@ -176,7 +172,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         )
     # FSDP1 on CPU/gloo: every gather blocks the only thread, prefetch or not; the replayed
     # gain is what the same schedule would hide on GPUs, not on this machine
-    blocking = _cpu_only(ctx) and lg.framework == "fsdp1"
+    blocking = cpu_only(ctx) and lg.framework == "fsdp1"
     gpu_gain_ms = gain_ms
     if blocking:
         gain_ms = 0.0

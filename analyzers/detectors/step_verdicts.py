@@ -18,6 +18,7 @@ mostly host-bound or exposed-comm must not end without a finding that says why a
 from __future__ import annotations
 
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.facts import cpu_only, known_framework, run_facts
 from zdiag.analyzers.report import Finding
 
 HOST_BOUND_STEP_SHARE = 0.5
@@ -122,10 +123,15 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
     exposed = sum(b.exposed_comm_ms for b in bds) / n
     comm = sum(b.comm_ms for b in bds) / n
     compute = sum(b.compute_ms for b in bds) / n
+    recommendation, code = _exposed_comm_advice(ctx)
+    gain = min(exposed, max(0.0, compute - (comm - exposed)))
+    fw = known_framework(ctx)
+    # FSDP1's collectives block the training thread on CPU/gloo whatever the settings
+    blocking = cpu_only(ctx) and fw is not None and fw.name in BLOCKING_ON_CPU
     return [
         Finding(
             id="exposed-comm",
-            severity="warning",
+            severity="info" if blocking else "warning",
             title=(
                 f"{hit} of {n} steps have exposed communication: {exposed:.1f} ms per step of "
                 f"{comm:.1f} ms communication is not hidden behind {compute:.1f} ms compute"
@@ -139,17 +145,60 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
                 "comm_ms_per_step": round(comm, 3),
                 "compute_ms_per_step": round(compute, 3),
                 "threshold_step_share": EXPOSED_COMM_STEP_SHARE,
+                "overlap_gain_ms_per_step": round(gain, 3),
             },
-            recommendation=(
-                "Compute could hide this communication: issue the collectives earlier and "
-                "asynchronously (DDP: smaller `bucket_cap_mb` so gradient buckets start during "
-                "backward; FSDP: explicit prefetch; your own collectives: `async_op=True` and "
-                "wait just before the result is needed)."
-            ),
-            expected_gain_ms=round(min(exposed, max(0.0, compute - (comm - exposed))), 3),
+            recommendation=recommendation,
+            code=code,
+            expected_gain_ms=0.0 if blocking else round(gain, 3),
             gain_method=(
                 "the exposed communication per step, up to the compute not already overlapping "
                 "communication (what perfect overlap could hide)"
+                + (
+                    "; 0 on this CPU-only run, where the framework's collectives block the "
+                    "training thread (overlap_gain_ms_per_step is the figure on GPUs)"
+                    if blocking
+                    else ""
+                )
             ),
         )
     ]
+
+
+GENERIC_OVERLAP_ADVICE = (
+    "Compute could hide this communication: issue the collectives earlier and asynchronously "
+    "(DDP: smaller `bucket_cap_mb` so gradient buckets start during backward; FSDP: explicit "
+    "prefetch; DeepSpeed: `overlap_comm`; your own collectives: `async_op=True` and wait just "
+    "before the result is needed)."
+)
+BLOCKING_ON_CPU = ("fsdp1",)
+"""Frameworks whose collectives cannot overlap compute on CPU/gloo: FSDP1's all-gathers run on
+the training thread there (no side stream); as missing-overlap says for its gathers."""
+CPU_OVERLAP_NOTE = (
+    " On CPU/gloo (this run) collectives run on the host's threads and compete with compute for "
+    "its cores: expect less overlap there than on GPUs."
+)
+
+
+def _exposed_comm_advice(ctx: DetectorContext) -> tuple[str, str | None]:
+    """What to change, in the run's framework when it is known (only settings the run does not
+    already have), else for every framework; the CPU caveat on CPU-only runs."""
+    fw = known_framework(ctx)
+    text, code = GENERIC_OVERLAP_ADVICE, None
+    if fw is not None:
+        remedy = fw.overlap(run_facts(ctx, fw))
+        if remedy is None:
+            text = (
+                f"The run already sets every {fw.title} overlap option zdiag would propose: the "
+                "communication stays exposed for another reason (message sizes, the interconnect, "
+                "or collectives the framework issues only when their result is needed)."
+            )
+        else:
+            text, code = f"Compute could hide this communication. {remedy.text}", remedy.code
+    if cpu_only(ctx) and fw is not None and fw.name in BLOCKING_ON_CPU:
+        text += (
+            f" On CPU/gloo (this run) {fw.title}'s collectives block the training thread "
+            "whatever these settings: they pay off on GPUs."
+        )
+    elif cpu_only(ctx):
+        text += CPU_OVERLAP_NOTE
+    return text, code
