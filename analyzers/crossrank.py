@@ -94,22 +94,35 @@ STRAGGLER_MIN_GAIN_MS = 0.1
 """...and when its lateness costs every rank at least 2% of the median step time (and 0.1 ms)
 per step: below that, chasing it is not worth an engineer's afternoon."""
 
-STRAGGLER_PERSISTENT_STEP_SHARE = 0.6
+STRAGGLER_PERSISTENT_STEP_SHARE = 0.8
 STRAGGLER_PERSISTENT_WAIT_SHARE = 0.10
 STRAGGLER_DOMINANCE = 3.0
 """The second way to be a straggler, for a rank late once per step by a lot (a rank that sleeps
-before each step is last at one collective per step, well under the share rule): in at least 60%
-of the covered steps the waiting it causes (its lead over the next arrival, summed over the step's
+before each step is last at one collective per step, well under the share rule): in at least 80%
+of the covered steps (all 3 of a default window) the waiting it causes (its lead over the next arrival, summed over the step's
 collectives where it is last) is at least 10% of the median step (and the minimum gain), and over
 the window it causes at least 3x the waiting any other rank causes. A profiler window covers few
-steps (3 by default), too few for a chance test per step, hence the 10% magnitude. Ordinary jitter spreads the waiting caused over all
-ranks (each causes about the same), so a 3x dominance that persists over most steps is a cause,
-not chance. Both are judged from the arrivals of all ranks, never from one waiting rank's
+steps (3 by default), too few for a chance test per step, hence the 10% magnitude. Ordinary
+jitter spreads the waiting caused over all ranks (each causes about the same), so a 3x dominance
+that persists over most steps is a cause, not chance. Both are judged from the arrivals of all ranks, never from one waiting rank's
 exposed time."""
 
 STRAGGLER_PERSISTENT_MIN_STEPS = 3
 """Steps the persistent-wait rule needs: over fewer, one of two ranks being the later in every
 step is a coin toss (the share rule still applies)."""
+
+STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE = 0.20
+"""Ranks sharing one CPU host compete for its cores: one of them is routinely later than the
+others by several percent of the step, consistently over a short window (9% on a healthy FSDP1
+run of the user zoo, 2 ranks on 2 shared cores). There a straggler must cost at least 20% of the
+step, twice that contention; a rank that sleeps or loads data slowly costs far more. And it must
+show its own cause: compute plus idle per step above the other ranks' medians by at least half
+the wait it causes (STRAGGLER_OWN_CAUSE_SHARE). A rank late although it computes and idles as
+much as the others lost the time in its collectives, to the shared cores (a 2-rank FSDP1 run on
+the loaded 2-core box: late at 76% of collectives by 35 ms per step, compute and idle within
+0.5 ms of the other rank's)."""
+
+STRAGGLER_OWN_CAUSE_SHARE = 0.5
 
 STRAGGLER_CRITICAL_GAIN_SHARE = 0.10
 """A straggler costing >= 10% of the step time is critical; below, a warning."""
@@ -131,6 +144,8 @@ def thresholds() -> dict[str, float]:
         "straggler_persistent_wait_share": STRAGGLER_PERSISTENT_WAIT_SHARE,
         "straggler_dominance": STRAGGLER_DOMINANCE,
         "straggler_persistent_min_steps": STRAGGLER_PERSISTENT_MIN_STEPS,
+        "straggler_shared_host_min_gain_share": STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE,
+        "straggler_own_cause_share": STRAGGLER_OWN_CAUSE_SHARE,
         "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
         "straggler_max_chance_p": STRAGGLER_MAX_CHANCE_P,
         "straggler_min_gain_share": STRAGGLER_MIN_GAIN_SHARE,
@@ -543,6 +558,22 @@ def _per_step_mean(steps: Sequence[StepBreakdown], attr: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _own_excess_ms(rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float:
+    """The rank's compute plus idle per step above the other ranks' medians (0 when unknown):
+    the time its own work or its own waiting (sleep, data loading) adds to its step."""
+    mine = breakdowns.get(rank) or []
+    others = [b for r, b in breakdowns.items() if r != rank and b]
+    if not mine or not others:
+        return 0.0
+    excess = 0.0
+    for attr in ("compute_ms", "idle_ms"):
+        own = _per_step_mean(mine, attr)
+        theirs = [v for b in others if (v := _per_step_mean(b, attr)) is not None]
+        if own is not None and theirs:
+            excess += own - float(statistics.median(theirs))
+    return excess
+
+
 def _diagnosis(
     rank: int,
     breakdowns: Mapping[int, Sequence[StepBreakdown]],
@@ -650,6 +681,8 @@ def find_stragglers(
         STRAGGLER_MIN_GAIN_MS, STRAGGLER_MIN_GAIN_SHARE * median_step if median_step else 0.0
     )
 
+    if shared_cpu_host and median_step:
+        min_gain = max(min_gain, STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE * median_step)
     min_wait = max(min_gain, STRAGGLER_PERSISTENT_WAIT_SHARE * (median_step or 0.0))
     stats = {s.rank: s for s in straggler_stats(result)}
     lead_us: dict[int, float] = defaultdict(float)
@@ -683,6 +716,8 @@ def find_stragglers(
         if exposed is not None:
             # the others' wait costs step time only where it is exposed (not hidden by compute)
             gain_ms = min(gain_ms, exposed)
+        if shared_cpu_host and _own_excess_ms(r, breakdowns) < STRAGGLER_OWN_CAUSE_SHARE * gain_ms:
+            continue  # late without doing or waiting more itself: the shared cores' contention
         if gain_ms >= min_gain:
             culprits.append((gain_ms, r, share, exposed))
     if not culprits:

@@ -11,6 +11,7 @@ import json
 import random
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -515,9 +516,20 @@ def test_jitter_alone_makes_no_straggler() -> None:
 
 def test_ranks_sharing_one_cpu_host_get_at_most_a_warning() -> None:
     """On one host's CPUs a late rank may be contention from other processes: the finding
-    stays, at most a warning, and says to confirm on a quiet host."""
+    stays when the rank shows its own cause (here it idles 400 ms more per step, as a rank that
+    sleeps), at most a warning, and says to confirm on a quiet host."""
     result = _step_collectives(slow_rank=1)
-    (crit,) = find_stragglers(result, _even_steps(500.0), gpu=False)
+    steps = _even_steps(500.0)
+    steps[1] = [msgspec.structs.replace(b, idle_ms=400.0) for b in steps[1]]
+    (crit,) = find_stragglers(result, steps, gpu=False)
     assert crit.severity == "critical"
-    (warn,) = find_stragglers(result, _even_steps(500.0), gpu=False, shared_cpu_host=True)
+    (warn,) = find_stragglers(result, steps, gpu=False, shared_cpu_host=True)
     assert warn.severity == "warning" and "quiet host" in warn.recommendation
+
+
+def test_late_rank_without_its_own_cause_on_a_shared_cpu_host_is_contention() -> None:
+    """A rank as late, computing and idling exactly as much as the other (the time went in its
+    collectives, to the shared cores): named on separate hosts, not on one shared CPU host."""
+    result = _step_collectives(slow_rank=1)
+    assert find_stragglers(result, _even_steps(500.0), gpu=False)
+    assert find_stragglers(result, _even_steps(500.0), gpu=False, shared_cpu_host=True) == []

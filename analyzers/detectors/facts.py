@@ -272,3 +272,15 @@ def cpu_only(ctx: DetectorContext) -> bool:
         return not any(str(d).startswith("cuda") for d in devices)
     steps = [b for bds in ctx.breakdowns.values() for b in bds]
     return bool(steps) and not any(b.kernel_count > 0 for b in steps)
+
+
+def gathers_can_overlap(ctx: DetectorContext, device: str | None = None) -> bool:
+    """Whether an FSDP/ZeRO gather can run under compute: on an accelerator (its own stream), or
+    on CPU when FSDP2's unshard async op is set (captured in the description; zdiag's harness
+    sets it). `device` is a ledger's device ("cpu", "cuda:0"); None: judged from the whole run."""
+    if not (device.startswith("cpu") if device else cpu_only(ctx)):
+        return True
+    model = captured(ctx)
+    if model is not None:
+        return any(u.unshard_async_op for u in model.fsdp2_units)
+    return bool(ctx.harness)

@@ -18,7 +18,13 @@ mostly host-bound or exposed-comm must not end without a finding that says why a
 from __future__ import annotations
 
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import cpu_only, known_framework, run_facts
+from zdiag.analyzers.detectors.facts import (
+    cpu_only,
+    gathers_can_overlap,
+    known_framework,
+    run_facts,
+)
+from zdiag.analyzers.frameworks import Framework
 from zdiag.analyzers.report import Finding
 
 HOST_BOUND_STEP_SHARE = 0.5
@@ -126,8 +132,7 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
     recommendation, code = _exposed_comm_advice(ctx)
     gain = min(exposed, max(0.0, compute - (comm - exposed)))
     fw = known_framework(ctx)
-    # FSDP1's collectives block the training thread on CPU/gloo whatever the settings
-    blocking = cpu_only(ctx) and fw is not None and fw.name in BLOCKING_ON_CPU
+    blocking = _blocking_on_cpu(ctx, fw)
     return [
         Finding(
             id="exposed-comm",
@@ -170,9 +175,21 @@ GENERIC_OVERLAP_ADVICE = (
     "prefetch; DeepSpeed: `overlap_comm`; your own collectives: `async_op=True` and wait just "
     "before the result is needed)."
 )
-BLOCKING_ON_CPU = ("fsdp1",)
-"""Frameworks whose collectives cannot overlap compute on CPU/gloo: FSDP1's all-gathers run on
-the training thread there (no side stream); as missing-overlap says for its gathers."""
+SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
+
+
+def _blocking_on_cpu(ctx: DetectorContext, fw: Framework | None) -> bool:
+    """Whether the run's parameter gathers block the training thread whatever its settings: a
+    CPU-only FSDP/ZeRO run without FSDP2's unshard async op (no side stream on CPU; as
+    missing-overlap and whole-model-wrap judge it)."""
+    return (
+        cpu_only(ctx)
+        and fw is not None
+        and fw.name in SHARDING_FRAMEWORKS
+        and not gathers_can_overlap(ctx)
+    )
+
+
 CPU_OVERLAP_NOTE = (
     " On CPU/gloo (this run) collectives run on the host's threads and compete with compute for "
     "its cores: expect less overlap there than on GPUs."
@@ -194,10 +211,11 @@ def _exposed_comm_advice(ctx: DetectorContext) -> tuple[str, str | None]:
             )
         else:
             text, code = f"Compute could hide this communication. {remedy.text}", remedy.code
-    if cpu_only(ctx) and fw is not None and fw.name in BLOCKING_ON_CPU:
+    if fw is not None and _blocking_on_cpu(ctx, fw):
         text += (
-            f" On CPU/gloo (this run) {fw.title}'s collectives block the training thread "
-            "whatever these settings: they pay off on GPUs."
+            f" On CPU/gloo (this run) {fw.title}'s gathers block the training thread whatever "
+            "these settings (FSDP2 overlaps there only with its unshard as an async op, "
+            "`model._set_unshard_async_op(True)`, a private API): they pay off on GPUs."
         )
     elif cpu_only(ctx):
         text += CPU_OVERLAP_NOTE

@@ -14,6 +14,7 @@ from zdiag.analyzers.detectors.facts import (
     block_set,
     captured,
     framework_of,
+    gathers_can_overlap,
     run_facts,
     wrap_candidates,
 )
@@ -42,17 +43,6 @@ def _harness_block_fraction(harness: dict[str, object]) -> float | None:
     block = 4 * dim * dim + 3 * dim * hidden + 2 * dim
     other = 2 * vocab * dim + dim
     return layers * block / (layers * block + other)
-
-
-def _gathers_can_overlap(ctx: DetectorContext, device: str) -> bool:
-    """Whether a gather can run under compute: on an accelerator (its own stream), or on CPU when
-    FSDP2's unshard async op is set (captured in the description; zdiag's harness sets it)."""
-    if not device.startswith("cpu"):
-        return True
-    model = captured(ctx)
-    if model is not None:
-        return any(u.unshard_async_op for u in model.fsdp2_units)
-    return bool(ctx.harness)
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -129,7 +119,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     # every later block's gather overlaps the previous block's compute.
     gain_ms = None
     method_ms = ""
-    if layers and not _gathers_can_overlap(ctx, lg.device):
+    if layers and not gathers_can_overlap(ctx, lg.device):
         gain_ms = 0.0
         method_ms = (
             "no step time: on CPU/gloo a gather blocks the training thread until it completes "
