@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -339,8 +340,11 @@ def run_case(
     tag: str = "",
     ds_python: str | None = None,
     timeout_s: float = 300.0,
+    reanalyze: bool = False,
 ) -> CaseResult:
-    """Run `case` (or the same script with `args`) under `zdiag run`, then `zdiag analyze`."""
+    """Run `case` (or the same script with `args`) under `zdiag run`, then `zdiag analyze`.
+    With `reanalyze`, a run directory already in `root` is analyzed again (no summary or cache
+    reused: the analysis is today's code) instead of running the script."""
     run_args = tuple(case.args if args is None else args)
     result = CaseResult(case, run_args)
     python = sys.executable
@@ -354,21 +358,10 @@ def run_case(
     out = root / (case.name.replace(":", "__") + (f"__{tag}" if tag else ""))
     result.run_dir = str(out)
     start = time.perf_counter()
-    # own session, so that a timeout ends torchrun and every rank, not only `zdiag run`
-    proc = subprocess.Popen(
-        zdiag_command(python, out, case.script, run_args),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        text, _ = proc.communicate(timeout=timeout_s)
-        result.exit_code = proc.returncode
-        result.step_ms, result.peak_mib = parse_summaries(text)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        result.exit_code = None
-        result.error = f"zdiag run timed out after {timeout_s:.0f} s (killed)"
+    if reanalyze and (out / "manifest.json").is_file():
+        result.exit_code, result.peak_mib = recorded_exit_and_peak(out)
+    else:
+        _run_script(result, python, out, case.script, run_args, env, timeout_s)
     logged = step_log_ms(out) if out.exists() else None
     if logged is not None:
         result.step_ms = logged
@@ -376,8 +369,10 @@ def run_case(
     if result.exit_code not in (0, None) and not expects_failure:
         result.error = f"zdiag run exited {result.exit_code}"
     report = out / "report.json"
+    no_cache = ["--no-cache"] if reanalyze else []
     analyze = subprocess.run(
-        [sys.executable, "-m", "zdiag", "analyze", str(out), "--json", "-o", str(report)],
+        [sys.executable, "-m", "zdiag", "analyze", str(out), "--json", *no_cache, "-o",
+         str(report)],
         capture_output=True, text=True, timeout=timeout_s,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )  # fmt: skip
@@ -398,6 +393,49 @@ def run_case(
         ]
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _run_script(
+    result: CaseResult,
+    python: str,
+    out: Path,
+    script: str,
+    run_args: Sequence[str],
+    env: dict[str, str],
+    timeout_s: float,
+) -> None:
+    """`zdiag run` the script into `out`; exit code, step time and peak memory into `result`."""
+    if out.exists():
+        shutil.rmtree(out)  # a run directory left by an earlier session would refuse `--out`
+    # own session, so that a timeout ends torchrun and every rank, not only `zdiag run`
+    proc = subprocess.Popen(
+        zdiag_command(python, out, script, run_args),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        text, _ = proc.communicate(timeout=timeout_s)
+        result.exit_code = proc.returncode
+        result.step_ms, result.peak_mib = parse_summaries(text)
+        if out.is_dir():
+            (out / "zoo-run.log").write_text(text)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        result.exit_code = None
+        result.error = f"zdiag run timed out after {timeout_s:.0f} s (killed)"
+
+
+def recorded_exit_and_peak(out: Path) -> tuple[int | None, float | None]:
+    """The exit code in a run directory's manifest and the peak memory its scripts printed (the
+    `zoo-run.log` a first run kept), for --reanalyze."""
+    try:
+        code = json.loads((out / "manifest.json").read_text()).get("exit", {}).get("code")
+    except (OSError, ValueError, AttributeError):
+        code = None
+    log = out / "zoo-run.log"
+    peak = parse_summaries(log.read_text())[1] if log.is_file() else None
+    return (code if isinstance(code, int) else None), peak
 
 
 # ---- scoring ----------------------------------------------------------------------------------
@@ -637,6 +675,9 @@ def main() -> int:
                    help="a Python with deepspeed installed, for the DeepSpeed cases")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per zdiag run")
+    p.add_argument("--reanalyze", action="store_true",
+                   help="analyze the run directories already in --workdir again (today's "
+                   "analysis, no cache) instead of running the scripts")  # fmt: skip
     p.add_argument("-o", "--output", type=Path, default=None, help="markdown file (else stdout)")
     args = p.parse_args()
     cases = select(CASES, args.only, args.faults)
@@ -659,7 +700,8 @@ def main() -> int:
     else:
         results = []
         for c in cases:
-            r = run_case(c, root, ds_python=args.ds_python, timeout_s=args.timeout_s)
+            r = run_case(c, root, ds_python=args.ds_python, timeout_s=args.timeout_s,
+                         reanalyze=args.reanalyze)  # fmt: skip
             print(f"{c.name}: {outcome(r, detectors)} ({r.seconds:.1f} s)", file=sys.stderr,
                   flush=True)  # fmt: skip
             results.append(r)
