@@ -586,7 +586,9 @@ def within_factor(pred: float | None, meas: float | None, factor: float = 2.0) -
 def fix_verify(
     case: Case, root: Path, repeats: int, ds_python: str | None, timeout_s: float
 ) -> FixRow:
-    """Run the variant and its fix `repeats` times each, interleaved; compare medians."""
+    """Run the variant and its fix `repeats` times each, interleaved; compare medians. The
+    prediction is the median of the variant runs' predictions (the OOM variant, measured without
+    its budget, gets one run with the budget for its finding)."""
     assert case.fix is not None
     # an OOM variant is measured without its budget (it would stop at the OOM)
     measure = list(case.args)
@@ -597,13 +599,16 @@ def fix_verify(
     good: list[CaseResult] = []
     predicted: list[CaseResult] = []
     for k in range(repeats):
-        if k == 0:
+        if k == 0 and measure != list(case.args):
+            # the OOM variant: its finding comes from the run with the budget
             predicted.append(run_case(case, root, tag="pred", ds_python=ds_python,
                                       timeout_s=timeout_s))  # fmt: skip
         bad.append(run_case(case, root, args=measure, tag=f"bad{k}", ds_python=ds_python,
                             timeout_s=timeout_s))  # fmt: skip
         good.append(run_case(case, root, args=case.fix, tag=f"fix{k}", ds_python=ds_python,
                              timeout_s=timeout_s))  # fmt: skip
+    if not predicted:
+        predicted = bad  # the same command: each run's prediction, their median below
 
     def med(vals: Iterable[float | None]) -> float | None:
         xs = [v for v in vals if v is not None]
@@ -640,10 +645,7 @@ def markdown_fix(rows: list[FixRow]) -> str:
             gone = "not raised before the fix"
         else:
             gone = "yes" if r.finding_gone else "no"
-        w_ms, w_mb = (
-            within_factor(r.predicted_ms, r.measured_ms),
-            within_factor(r.predicted_mib, r.measured_mib),
-        )
+        w_ms, w_mb = _within(r)
         lines.append(
             f"| `{r.case.name}` | {fix_flags} | {_fmt(r.predicted_ms)} "
             f"| {_fmt(r.measured_ms)} | {'-' if w_ms is None else ('yes' if w_ms else 'no')} "
@@ -651,7 +653,22 @@ def markdown_fix(rows: list[FixRow]) -> str:
             f"| {'-' if w_mb is None else ('yes' if w_mb else 'no')} "
             f"| {gone} |"
         )
+    checked = [w for r in rows for w in _within(r) if w is not None]
+    raised = [r for r in rows if r.finding_raised]
+    lines += [
+        "",
+        f"Predictions checkable (a positive prediction and a measurement): {len(checked)}; "
+        f"within 2x: {sum(checked)}. Findings raised before the fix: {len(raised)} of "
+        f"{len(rows)}; gone after it: {sum(r.finding_gone for r in raised)} of {len(raised)}.",
+    ]
     return "\n".join(lines)
+
+
+def _within(r: FixRow) -> tuple[bool | None, bool | None]:
+    """Whether the ms and the MiB predictions of a row came true within 2x (None: not checkable)."""
+    return within_factor(r.predicted_ms, r.measured_ms), within_factor(
+        r.predicted_mib, r.measured_mib
+    )
 
 
 def select(cases: Sequence[Case], only: Sequence[str], faults: bool) -> list[Case]:
