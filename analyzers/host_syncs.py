@@ -12,6 +12,10 @@ Where it comes from decides who can remove it:
   per-block `.item()`, a NaN check); the innermost unit range gets it;
 - a sync inside DDP's `DistributedDataParallel.forward` or FSDP1's
   `FullyShardedDataParallel.forward` range: the user's model code (no module name there);
+- on DeepSpeed ZeRO-3, which records no forward range, a sync between the first and the last of
+  a step's forward-time ZeRO-3 autograd Functions (`PreBackwardFunctionForModule`, ... applied by
+  its module hooks; their backward nodes end in `Backward`) on the same thread: the model's code;
+  ZeRO-1/2 traces have no such marks and their model syncs count as the loop's;
 - anything else: the training loop (loss logging, metrics).
 
 With stacks (`with_stack=True`) the innermost enclosing Python frame outside torch names the
@@ -28,6 +32,7 @@ import msgspec
 import numpy as np
 
 from zdiag.analyzers.events import EventKind, RankTrace
+from zdiag.analyzers.frameworks.deepspeed import AUTOGRAD_FUNCTION_RE
 
 HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 """Host ops that block the CPU on a device value (`.item()`); counted with CPU_SYNC events."""
@@ -49,7 +54,7 @@ class HostSyncSites(msgspec.Struct, kw_only=True):
     total: int = 0
     optimizer: dict[str, int] = msgspec.field(default_factory=dict)  # range name -> syncs
     units: dict[str, int] = msgspec.field(default_factory=dict)  # FSDP unit fqn -> syncs
-    model_forward: int = 0  # inside a DDP / FSDP1 forward range (no unit names)
+    model_forward: int = 0  # inside a DDP / FSDP1 forward range or ZeRO-3's forward marks
     loop: int = 0  # elsewhere: the training loop
     model_blocked_ms: float = 0.0  # host time of the syncs inside the model (units, forward)
     blocked_ms: float = 0.0  # host time of every sync (optimizer and loop included)
@@ -118,6 +123,29 @@ def _ranges(trace: RankTrace, test: str) -> list[tuple[int, float, float, str]]:
     ]
 
 
+def _zero3_forward_spans(trace: RankTrace) -> list[tuple[int, float, float, str]]:
+    """(lane, start, end, "zero3-forward") per profiler step and thread: from the first to the
+    last forward-time ZeRO-3 autograd Function of the step (none without ProfilerStep ranges)."""
+    nids = [
+        n
+        for n, name in enumerate(trace.names)
+        if AUTOGRAD_FUNCTION_RE.match(name) and not name.endswith("Backward")
+    ]
+    steps = _ranges(trace, "ProfilerStep#")
+    if not nids or not steps:
+        return []
+    idx = np.flatnonzero(np.isin(trace.name_id, np.asarray(nids, dtype=np.int32)))
+    spans = []
+    for _lane, s0, s1, _name in steps:
+        inside = idx[(trace.ts_us[idx] >= s0) & (trace.ts_us[idx] <= s1)]
+        for lane in np.unique(trace.lane_id[inside]):
+            on = inside[trace.lane_id[inside] == lane]
+            spans.append(
+                (int(lane), float(trace.ts_us[on].min()), float(trace.end_us[on].max()), "zero3")
+            )
+    return spans
+
+
 def _innermost(spans: list[tuple[int, float, float, str]], lane: int, t: float) -> str | None:
     """The name of the latest-starting span on `lane` that contains `t`."""
     best: tuple[float, str] | None = None
@@ -150,6 +178,7 @@ def host_sync_sites(trace: RankTrace) -> HostSyncSites:
     units = _unit_spans(trace)
     optim = _ranges(trace, OPTIMIZER_PREFIX)
     fwd = [r for name in MODEL_FORWARD_RANGES for r in _ranges(trace, name)]
+    fwd += _zero3_forward_spans(trace)
     frames: list[tuple[int, float, float, str]] = []
     if trace.names and len(trace.of_kind(EventKind.PYTHON_FUNCTION)):
         frames = [

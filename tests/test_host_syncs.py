@@ -77,3 +77,30 @@ def test_host_sync_finding_names_units_and_never_blames_the_optimizer(tmp_path: 
         ledgers={}, facts={0: rank_facts(load_rank_trace(_trace(tmp_path / "b", False)))}
     )
     assert "host-sync" not in {f.id for f in run_context(clean).findings}
+
+
+def _zero3_trace(tmp_path: Path) -> Path:
+    """Two steps of a ZeRO-3 run (no forward range): the forward-time autograd Functions of two
+    modules, a NaN-check sync between them, the loss `.item()` after the forward, and the
+    backward nodes (`...Backward`) with a sync among them that is not the forward's."""
+    ev: list[dict[str, object]] = []
+    for step in range(2):
+        t0 = step * 10_000.0
+        ev.append(_x(f"ProfilerStep#{step}", t0, 9_000.0, "user_annotation"))
+        ev.append(_x("PreBackwardFunctionForModule", t0 + 100, 20.0))
+        ev.extend(_sync(t0 + 500))  # per-block check inside the model
+        ev.append(_x("PostBackwardFunctionModule", t0 + 1000, 20.0))
+        ev.extend(_sync(t0 + 1500))  # loss.item(): after the last forward mark
+        ev.append(_x("PreBackwardFunctionForModuleBackward", t0 + 2000, 20.0))
+        ev.extend(_sync(t0 + 2500))
+        ev.append(_x("PostBackwardFunctionModuleBackward", t0 + 3000, 20.0))
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return path
+
+
+def test_zero3_forward_marks_bound_the_model_code(tmp_path: Path) -> None:
+    sites = host_sync_sites(load_rank_trace(_zero3_trace(tmp_path)))
+    assert sites.total == 6
+    assert sites.model_forward == 2  # one per step, between the forward marks
+    assert sites.loop == 4 and sites.units == {}
