@@ -508,11 +508,19 @@ def test_missing_overlap_proposes_no_prefetch_the_harness_run_already_sets(tmp_p
 def test_missing_overlap_on_sub_block_units_wraps_the_blocks_before_prefetching(
     tmp_path: Path,
 ) -> None:
-    """Prefetch calls on `model.layers[i]` raise AttributeError unless each block is a unit."""
+    """Prefetch calls on `model.layers[i]` raise AttributeError unless each block is a unit. In
+    the report the wrap finding comes first and takes the overlap's place (reconcile.py)."""
+    from zdiag.analyzers.detectors import missing_overlap
+
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(LEAVES, steps=2))
-    (f,) = [f for f in run_context(ctx).findings if f.id == "missing-overlap"]
+    (f,) = missing_overlap.detect(ctx)
     code = f.code or ""
     assert code.index("fully_shard(block)") < code.index("set_modules_to_forward_prefetch")
+    ids = {g.id: g for g in run_context(ctx).findings}
+    assert "missing-overlap" not in ids
+    wrap = ids["tiny-layer-wrap"]
+    assert "missing-overlap" in wrap.evidence["explains"]
+    assert "re-profile after re-wrapping" in wrap.recommendation
 
 
 def test_activation_oom_from_a_memory_budget_hooks_wording() -> None:

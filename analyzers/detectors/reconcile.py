@@ -15,7 +15,12 @@ every detector ran, most specific cause first:
    diagnosis already names the host side): `host-bound` is dropped, listed under the straggler.
    The generic `exposed-comm` (steps with exposed communication, detectors/step_verdicts.py)
    is dropped when any of the three above fired: they say why the communication is exposed.
-4. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
+4. A wrap finding (`whole-model-wrap`, `tiny-layer-wrap`) comes before `missing-overlap`: its
+   prefetch advice is about units the wrap change replaces (and their gathers' exposed time is
+   what the re-wrap changes), so `missing-overlap` is dropped and the wrap finding says to
+   re-profile after re-wrapping and add prefetch if gathers stay exposed. Wrap findings also
+   explain `exposed-comm`.
+5. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
    records one as `min_gain_ms_per_step`) is dropped; the finding that took its time lists it
    in `evidence["explains"]`. Every reduced finding keeps its measured gain as
    `evidence["gain_before_reconcile_ms"]` and says why in its `gain_method`.
@@ -28,6 +33,7 @@ from zdiag.analyzers.report import Finding
 
 # The order in which findings claim exposed communication time: earlier claims first.
 CLAIM_ORDER = ("straggler", "missing-overlap", "comm-bound")
+WRAP_FINDINGS = ("whole-model-wrap", "tiny-layer-wrap")
 
 
 def _reduce(f: Finding, by: Finding) -> bool:
@@ -66,7 +72,19 @@ def reconcile(findings: list[Finding]) -> list[Finding]:
     if st is not None and hb is not None and hb.ranks and set(hb.ranks) <= set(st.ranks):
         st.evidence.setdefault("explains", []).append("host-bound")
         dropped.add("host-bound")
-    explainer = next((by_id[i] for i in CLAIM_ORDER if i in by_id), None)
+    wrap = next((by_id[i] for i in WRAP_FINDINGS if i in by_id), None)
+    mo = by_id.get("missing-overlap")
+    if wrap is not None and mo is not None:
+        wrap.evidence.setdefault("explains", []).append("missing-overlap")
+        wrap.evidence["exposed_gather_gain_ms_under_this_wrap"] = mo.expected_gain_ms
+        wrap.recommendation += (
+            f" The gathers are also exposed under today's wrap (prefetch would hide about "
+            f"{mo.expected_gain_ms or 0:.2f} ms per step of them): re-profile after re-wrapping, "
+            "and add explicit prefetch if `missing-overlap` fires then."
+        )
+        dropped.add("missing-overlap")
+        del by_id["missing-overlap"]
+    explainer = next((by_id[i] for i in (*CLAIM_ORDER, *WRAP_FINDINGS) if i in by_id), None)
     if "exposed-comm" in by_id and explainer is not None:
         explainer.evidence.setdefault("explains", []).append("exposed-comm")
         dropped.add("exposed-comm")
