@@ -542,6 +542,19 @@ def test_activation_oom_from_a_memory_budget_hooks_wording() -> None:
     assert run_context(DetectorContext(ledgers={}, memory=[few])).findings == []
 
 
+def test_activation_oom_when_checkpointing_alone_would_fit() -> None:
+    """Activations a third of the budget (large parameter state beside them): the finding fires
+    when freeing 7/8 of them covers the failing request, not when the request is larger."""
+    text = (
+        "CUDA out of memory (emulated). Tried to allocate 1.75 MiB; budget 58.0 MiB, "
+        "20.66 MiB held by saved activations."
+    )
+    (f,) = run_context(DetectorContext(ledgers={}, memory=[parse_oom_message(0, text)])).findings
+    assert f.id == "activation-oom" and 0.25 < f.evidence["activation_share"] < 0.5
+    big = parse_oom_message(0, text.replace("1.75 MiB;", "30.00 MiB;"))
+    assert run_context(DetectorContext(ledgers={}, memory=[big])).findings == []
+
+
 def test_missing_overlap_quiet_when_every_gather_is_already_prefetched(tmp_path: Path) -> None:
     """A correct FSDP1 run (forward_prefetch / BACKWARD_PRE: every gather under a prefetch label)
     whose gathers are still 100% exposed (CPU/gloo blocks on them) has nothing prefetch could

@@ -1,4 +1,6 @@
-"""`activation-oom`: out of memory (or over budget) with the peak dominated by activations.
+"""`activation-oom`: out of memory (or over budget) with the peak dominated by activations, or
+with activations a quarter or more of it when checkpointing them alone would have made the
+failing allocation fit.
 
 Evidence comes from the memory timeline's categories at the peak, a CUDA snapshot's breakdown
 (whose checkpointing what-if gives the gain when the harness shape is unknown), or from the
@@ -20,6 +22,10 @@ from zdiag.analyzers.report import Finding, WhatIf
 # "Dominated": activations are at least half of the memory in use at the peak / the failure,
 # so no other category (parameters, gradients, optimizer state) could be the bigger lever.
 ACTIVATION_SHARE = 0.5
+# Or a smaller part, when checkpointing them alone would have made the failing allocation fit: a
+# model with large parameter state (an embedding-heavy recommender: activations 36% of the
+# budget) still fails because of its activations, and the same fix resolves it.
+ACTIVATION_MIN_SHARE = 0.25
 ACTIVATION_CATEGORIES = ("ACTIVATION", "AUTOGRAD_DETAIL")
 # Without the model shape: a transformer block saves at least ~8 tensors the size of its input
 # for backward (norm outputs, q/k/v, attention output, the MLP's 8/3-wide hidden states), and
@@ -29,6 +35,17 @@ MIN_SAVED_TENSORS_PER_BLOCK = 8
 
 def _activation_bytes(ev: MemoryEvidence) -> int:
     return sum(ev.category_bytes.get(c, 0) for c in ACTIVATION_CATEGORIES)
+
+
+def _checkpointing_fits(ev: MemoryEvidence, act: int, in_use: int) -> bool:
+    """Whether freeing the activations checkpointing frees (all but 1/MIN_SAVED_TENSORS_PER_BLOCK)
+    covers the overflow: the failing request (peak minus what was in use) or the peak's excess
+    over the capacity, whichever is larger. False when the peak is unknown."""
+    if ev.peak_bytes is None:
+        return False
+    overflow = max(ev.peak_bytes - in_use, ev.peak_bytes - (ev.capacity_bytes or ev.peak_bytes))
+    freed = act - act // MIN_SAVED_TENSORS_PER_BLOCK
+    return overflow > 0 and freed >= overflow
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -42,7 +59,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             and ev.peak_bytes is not None
             and ev.peak_bytes > ev.capacity_bytes
         )
-        if over and in_use > 0 and act >= ACTIVATION_SHARE * in_use:
+        if (
+            over
+            and in_use > 0
+            and (
+                act >= ACTIVATION_SHARE * in_use
+                or (act >= ACTIVATION_MIN_SHARE * in_use and _checkpointing_fits(ev, act, in_use))
+            )
+        ):
             hits.append(ev)
     if not hits:
         return []
@@ -119,6 +143,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "in_use_bytes": in_use,
                 "activation_share": round(act / in_use, 3),
                 "threshold_activation_share": ACTIVATION_SHARE,
+                "threshold_min_activation_share_when_checkpointing_fits": ACTIVATION_MIN_SHARE,
                 "capacity_bytes": worst.capacity_bytes,
                 "peak_bytes": worst.peak_bytes,
                 "category_bytes": dict(worst.category_bytes),
