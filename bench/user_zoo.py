@@ -370,6 +370,8 @@ def run_case(
         result.error = f"zdiag run exited {result.exit_code}"
     report = out / "report.json"
     no_cache = ["--no-cache"] if reanalyze else []
+    if reanalyze:
+        report.unlink(missing_ok=True)  # the earlier analysis's, inside the input directory
     analyze = subprocess.run(
         [sys.executable, "-m", "zdiag", "analyze", str(out), "--json", *no_cache, "-o",
          str(report)],
