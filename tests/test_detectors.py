@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -571,3 +572,37 @@ def test_missing_overlap_quiet_when_every_gather_is_already_prefetched(tmp_path:
         for r in lg.gathers:
             r.prefetched = True
     assert "missing-overlap" not in {f.id for f in run_context(ctx).findings}
+
+
+def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPU FSDP1 whose gathers are all late but whose run already sets forward_prefetch and
+    BACKWARD_PRE: nothing to change and nothing to gain here, so no finding (a healthy zoo run
+    got an info finding with 0 ms). Without those settings the info finding stays."""
+    import dataclasses
+
+    from zdiag.analyzers.detectors import missing_overlap
+    from zdiag.analyzers.report import StepBreakdown
+
+    ctx = _ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2)))
+    cpu_step = StepBreakdown(  # measured steps without a device kernel: a CPU-only run
+        step=1, duration_ms=10.0, compute_ms=5.0, comm_ms=5.0, overlapped_ms=0.0,
+        exposed_comm_ms=5.0, idle_ms=0.0, verdict="comm-bound",
+    )  # fmt: skip
+    ctx = dataclasses.replace(ctx, breakdowns={0: [cpu_step]})
+    (f,) = missing_overlap.detect(ctx)
+    assert f.severity == "info" and f.expected_gain_ms == 0.0
+    real = missing_overlap.run_facts
+    prefetch = {
+        "forward_prefetch": True,
+        "backward_prefetch": "BACKWARD_PRE",
+        "limit_all_gathers": True,
+    }
+
+    def facts_with_prefetch(*args: Any, **kwargs: Any) -> Any:
+        facts = real(*args, **kwargs)
+        return dataclasses.replace(facts, settings={**facts.settings, **prefetch})
+
+    monkeypatch.setattr(missing_overlap, "run_facts", facts_with_prefetch)
+    assert missing_overlap.detect(ctx) == []

@@ -173,6 +173,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     # FSDP1 on CPU/gloo: every gather blocks the only thread, prefetch or not; the replayed
     # gain is what the same schedule would hide on GPUs, not on this machine
     blocking = cpu_only(ctx) and lg.framework == "fsdp1"
+    if blocking and remedy is None:
+        return []  # nothing to change and nothing to gain on this machine (exposed-comm explains)
     gpu_gain_ms = gain_ms
     if blocking:
         gain_ms = 0.0
