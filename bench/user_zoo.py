@@ -586,7 +586,12 @@ def within_factor(pred: float | None, meas: float | None, factor: float = 2.0) -
 
 
 def fix_verify(
-    case: Case, root: Path, repeats: int, ds_python: str | None, timeout_s: float
+    case: Case,
+    root: Path,
+    repeats: int,
+    ds_python: str | None,
+    timeout_s: float,
+    reanalyze: bool = False,
 ) -> FixRow:
     """Run the variant and its fix `repeats` times each, interleaved; compare medians. The
     prediction is the median of the variant runs' predictions (the OOM variant, measured without
@@ -604,11 +609,11 @@ def fix_verify(
         if k == 0 and measure != list(case.args):
             # the OOM variant: its finding comes from the run with the budget
             predicted.append(run_case(case, root, tag="pred", ds_python=ds_python,
-                                      timeout_s=timeout_s))  # fmt: skip
+                                      timeout_s=timeout_s, reanalyze=reanalyze))  # fmt: skip
         bad.append(run_case(case, root, args=measure, tag=f"bad{k}", ds_python=ds_python,
-                            timeout_s=timeout_s))  # fmt: skip
+                            timeout_s=timeout_s, reanalyze=reanalyze))  # fmt: skip
         good.append(run_case(case, root, args=case.fix, tag=f"fix{k}", ds_python=ds_python,
-                             timeout_s=timeout_s))  # fmt: skip
+                             timeout_s=timeout_s, reanalyze=reanalyze))  # fmt: skip
     if not predicted:
         predicted = bad  # the same command: each run's prediction, their median below
 
@@ -696,7 +701,8 @@ def main() -> int:
     p.add_argument("--timeout-s", type=float, default=120.0, help="per zdiag run")
     p.add_argument("--reanalyze", action="store_true",
                    help="analyze the run directories already in --workdir again (today's "
-                   "analysis, no cache) instead of running the scripts")  # fmt: skip
+                   "analysis, no cache) instead of running the scripts (also with "
+                   "--fix-verify: the measured step times and peaks stay those recorded)")  # fmt: skip
     p.add_argument("-o", "--output", type=Path, default=None, help="markdown file (else stdout)")
     args = p.parse_args()
     cases = select(CASES, args.only, args.faults)
@@ -714,7 +720,9 @@ def main() -> int:
             if c.fix is None:
                 continue
             print(f"fix-verify {c.name} ...", file=sys.stderr, flush=True)
-            rows.append(fix_verify(c, root, args.repeats, args.ds_python, args.timeout_s))
+            rows.append(
+                fix_verify(c, root, args.repeats, args.ds_python, args.timeout_s, args.reanalyze)
+            )
         body = markdown_fix(rows)
     else:
         results = []
