@@ -117,7 +117,8 @@ others by several percent of the step, consistently over a short window (9% on a
 run of the user zoo, 2 ranks on 2 shared cores). There a straggler must cost at least 20% of the
 step, twice that contention; a rank that sleeps or loads data slowly costs far more. And it must
 show its own cause: compute plus idle per step above the other ranks' medians by at least half
-the wait it causes (STRAGGLER_OWN_CAUSE_SHARE). A rank late although it computes and idles as
+the wait it causes (STRAGGLER_OWN_CAUSE_SHARE), in most steps (STRAGGLER_PERSISTENT_STEP_SHARE: a
+rank stalled in one step by the loaded host is not a straggler). A rank late although it computes and idles as
 much as the others lost the time in its collectives, to the shared cores (a 2-rank FSDP1 run on
 the loaded 2-core box: late at 76% of collectives by 35 ms per step, compute and idle within
 0.5 ms of the other rank's)."""
@@ -558,6 +559,17 @@ def _per_step_mean(steps: Sequence[StepBreakdown], attr: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _late_in_most_steps(
+    lead_by_step: Mapping[int, float], steps: Sequence[int], min_gain_ms: float
+) -> bool:
+    """Whether the rank made the others wait at least `min_gain_ms` in STRAGGLER_PERSISTENT_STEP_SHARE
+    of the steps (a rank stalled once, its total averaged over the steps, is not)."""
+    if not steps:
+        return False
+    hit = sum(lead_by_step.get(s, 0.0) / 1000.0 >= min_gain_ms for s in steps)
+    return hit >= STRAGGLER_PERSISTENT_STEP_SHARE * len(steps)
+
+
 def _own_excess_ms(rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float:
     """The rank's compute plus idle per step above the other ranks' medians (0 when unknown):
     the time its own work or its own waiting (sleep, data loading) adds to its step."""
@@ -649,11 +661,9 @@ def _persistent_cause(
     not its share of last arrivals)."""
     if len(steps) < STRAGGLER_PERSISTENT_MIN_STEPS:
         return False
-    mine = step_lead_us.get(rank, {})
-    hit = sum(mine.get(s, 0.0) / 1000.0 >= min_gain_ms for s in steps)
     others = max((v for r, v in lead_us.items() if r != rank), default=0.0)
     return (
-        hit >= STRAGGLER_PERSISTENT_STEP_SHARE * len(steps)
+        _late_in_most_steps(step_lead_us.get(rank, {}), steps, min_gain_ms)
         and lead_us.get(rank, 0.0) >= STRAGGLER_DOMINANCE * others
     )
 
@@ -716,8 +726,11 @@ def find_stragglers(
         if exposed is not None:
             # the others' wait costs step time only where it is exposed (not hidden by compute)
             gain_ms = min(gain_ms, exposed)
-        if shared_cpu_host and _own_excess_ms(r, breakdowns) < STRAGGLER_OWN_CAUSE_SHARE * gain_ms:
-            continue  # late without doing or waiting more itself: the shared cores' contention
+        if shared_cpu_host and (
+            _own_excess_ms(r, breakdowns) < STRAGGLER_OWN_CAUSE_SHARE * gain_ms
+            or not _late_in_most_steps(step_lead_us.get(r, {}), steps, min_gain)
+        ):
+            continue  # no cause of its own, or one stall: the shared cores' contention
         if gain_ms >= min_gain:
             culprits.append((gain_ms, r, share, exposed))
     if not culprits:
