@@ -65,7 +65,7 @@ class Reduction:
 
 def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
     """Cross-rank matching, detectors and the Report, from rank summaries alone (rank order)."""
-    matching = match_collectives([s.rank_collectives() for s in summaries])
+    matching = match_collectives(s.collective_columns() for s in summaries)
     multi_rank = len(matching.ranks) >= 2
     memory, breakdowns = merged_memory(summaries, run)
     ctx = build_context(
