@@ -114,7 +114,16 @@ def test_text_of_1024_ranks_is_short_and_names_the_outliers(big: Report) -> None
     # world group next; the other 127 groups counted, not listed
     groups = lines.index(next(x for x in lines if x.startswith("Process groups")))
     assert lines[groups].startswith(f"Process groups ({TP_GROUPS + 1}; the top 8)")
-    assert lines[groups + 3].split() == ["18", "(tp17)", "8/8", "136–143", "60.0", "4.00", "6,700", "139"]
+    assert lines[groups + 3].split() == [
+        "18",
+        "(tp17)",
+        "8/8",
+        "136–143",
+        "60.0",
+        "4.00",
+        "6,700",
+        "139",
+    ]
     assert lines[groups + 4].split()[:3] == ["0", "(default_pg)", "1024/1024"]
     assert len([x for x in lines[groups + 3 :] if re.match(r"\s+\d+ \(tp", x)]) == 7
     assert max(len(x) for x in lines[groups : groups + 11]) <= 100
