@@ -14,8 +14,9 @@ says. What it keeps, all in numpy arrays:
   `finish()` makes one more pass over them for the waiting each match caused and each rank's
   lateness, summed in the same order as the per-match objects of earlier versions did.
 
-So memory is O(ranks x collectives) in compact arrays (about 12 bytes per rank-collective beyond
-the summaries' own columns) and no Python object is made per match or per rank-collective.
+So memory is O(ranks x collectives) in compact arrays (int32 key, key order, slot and match row
+per rank-collective beyond the summaries' own columns: ~22 bytes at the peak, measured by
+bench/crossrank_scale.py) and no Python object is made per match or per rank-collective.
 `finish()` returns a `CrossRankResult` whose `table` holds the matches as columns; its
 `matched` list of `MatchedCollective` objects is built only when asked (tests, small runs).
 """
