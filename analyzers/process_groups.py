@@ -97,7 +97,12 @@ def process_group_stats(
             acc.comm_ms_per_step.append(float(comm_us[g]) / 1000.0 / max(n_steps, 1))
         for p in pairs.tolist():
             groups[cols.groups[p // len(cols.kinds)]].kinds.add(cols.kinds[p % len(cols.kinds)])
-    out = [_stats(name, acc, declared.get(name), table) for name, acc in groups.items()]
+    only = next(iter(declared.values())) if len(declared) == 1 else None
+    out = [
+        # unnamed calls of ranks that declare one group only (gloo ops carry no group name) are on it
+        _stats(name, acc, declared.get(name) or (only if name == "" else None), table)
+        for name, acc in groups.items()
+    ]
     out.sort(key=lambda s: (-s.comm_ms_per_step, s.name))
     return out
 

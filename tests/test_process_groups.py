@@ -77,3 +77,14 @@ def test_declared_groups_are_read_tolerantly() -> None:
         ProcessGroupInfo(name="3", description="", size=None),
     ]
     assert declared_groups(None) == declared_groups({"pg_config": "x"}) == []
+
+
+def test_unnamed_calls_take_the_only_declared_group() -> None:
+    """gloo ops carry no group name; a run that declares one group can only have used it."""
+    ranks = [_rank(r, [("", 0.0, 1_000.0), ("", 10_000.0 + 500 * r, 11_000.0)]) for r in range(2)]
+    declared = [ProcessGroupInfo(name="0", description="default_pg", size=2)]
+    (g,) = process_group_stats(((c, 1, declared) for c in ranks), match_collectives(ranks).table)
+    assert (g.name, g.description, g.declared_size) == ("", "default_pg", 2)
+    two = [*declared, ProcessGroupInfo(name="1", description="tp", size=2)]
+    (g,) = process_group_stats(((c, 1, two) for c in ranks), match_collectives(ranks).table)
+    assert (g.description, g.declared_size) == ("", None)  # which one: unknown
