@@ -22,17 +22,20 @@ kernels (or gloo ops) start early and sit idle until it arrives. This module
    `straggler` Finding.
 
 Everything here is a pure function of values: `rank_collectives(trace, windows)` is the map's
-per-rank input (kept in the rank's summary), `match_collectives(ranks)` returns the matching,
+per-rank input (kept in the rank's summary), `match_collectives(ranks)` returns the matching
+(crossrank_match.py: ranks are consumed one at a time and the matches kept as columns, a
+`MatchTable`, so memory stays O(ranks x collectives) in numpy arrays),
 `straggler_stats(result)` the Report's per-rank table, and `find_stragglers(result, breakdowns)`
-the `straggler` finding (called by the straggler detector on the reduce's matching).
+the `straggler` finding (called by the straggler detector on the reduce's matching); both read
+the table's columns.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -157,10 +160,35 @@ def thresholds() -> dict[str, float]:
 
 # --- inputs ---------------------------------------------------------------------------------
 
+OFFSET_INDEX_WINDOW = 3
+"""Clock-offset candidates pair each collective with the other rank's collectives up to 3
+places away in the same (group, kind, step) sequence: enough to bridge a few dropped events."""
+
+
+@dataclass(frozen=True)
+class RankColumns:
+    """One rank's collectives as compact columns, what the matching reads: `kind` and `group`
+    are codes into `kinds` / `groups`, `step` the step holding each call (-1: none). In start
+    order (the matcher sorts them otherwise). A summary gives these as views of its packed bytes
+    (`CollectiveCalls.columns`), so feeding the matcher copies nothing."""
+
+    rank: int
+    start_us: FloatArray
+    end_us: FloatArray
+    kind: npt.NDArray[np.integer]
+    kinds: Sequence[str]
+    group: npt.NDArray[np.integer]
+    groups: Sequence[str]
+    step: npt.NDArray[np.integer]
+    ends_align: bool = True
+
+    def __len__(self) -> int:
+        return len(self.start_us)
+
 
 @dataclass
 class RankCollectives:
-    """One rank's collectives in start order: the only input the matching needs.
+    """One rank's collectives in start order: the map's per-rank value of them.
 
     `step[i]` is the step number holding collective i (-1: outside any step / no steps);
     `process_group[i]` is "" when the trace does not say. `ends_align` says whether this rank's
@@ -193,6 +221,24 @@ class RankCollectives:
 
     def __len__(self) -> int:
         return len(self.start_us)
+
+    def columns(self) -> RankColumns:
+        """The same collectives as coded columns (for the matching)."""
+        kinds = sorted(set(self.kind))
+        groups = sorted(set(self.process_group))
+        k_of = {k: j for j, k in enumerate(kinds)}
+        g_of = {g: j for j, g in enumerate(groups)}
+        return RankColumns(
+            rank=self.rank,
+            start_us=self.start_us,
+            end_us=self.end_us,
+            kind=np.fromiter((k_of[k] for k in self.kind), np.int64, len(self)),
+            kinds=kinds,
+            group=np.fromiter((g_of[g] for g in self.process_group), np.int64, len(self)),
+            groups=groups,
+            step=self.step,
+            ends_align=self.ends_align,
+        )
 
 
 def rank_collectives(trace: RankTrace, windows: StepWindows | None = None) -> RankCollectives:
@@ -257,251 +303,138 @@ class MatchedCollective:
         return s[-1] - s[-2]
 
 
+@dataclass(frozen=True)
+class MatchTable:
+    """The matched collectives as columns, one row per match, in order of first arrival (ties:
+    by step, group, kind, sequence number): what the straggler ranking and the views read.
+
+    `group`/`kind` are codes into `groups`/`kinds`; arrivals are clock-aligned starts;
+    `before_last_arrival_us` is the second-to-last arrival (equal to the last on a tie);
+    `last_rank` the last arrival's rank (lowest on exact ties); `end_time` whether end times
+    paired the match (else sequence numbers); `wait_caused_us` the sum over its ranks of how long
+    each arrived before the last one.
+    """
+
+    groups: tuple[str, ...]
+    kinds: tuple[str, ...]
+    group: IntArray
+    kind: IntArray
+    step: IntArray
+    seq: IntArray
+    first_arrival_us: FloatArray
+    last_arrival_us: FloatArray
+    before_last_arrival_us: FloatArray
+    last_rank: IntArray
+    n_ranks: IntArray
+    end_time: npt.NDArray[np.bool_]
+    wait_caused_us: FloatArray
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    @property
+    def skew_us(self) -> FloatArray:
+        """Last arrival minus first arrival, per match."""
+        return self.last_arrival_us - self.first_arrival_us
+
+    @property
+    def lead_us(self) -> FloatArray:
+        """Last arrival minus second-to-last, per match (the gain if the last were on time)."""
+        return self.last_arrival_us - self.before_last_arrival_us
+
+    @staticmethod
+    def empty() -> MatchTable:
+        """No matches."""
+        return MatchTable.of([])
+
+    @staticmethod
+    def of(matched: Sequence[MatchedCollective]) -> MatchTable:
+        """The columns of matches held as objects (kept in their order)."""
+        groups = tuple(dict.fromkeys(m.process_group for m in matched))
+        kinds = tuple(dict.fromkeys(m.kind for m in matched))
+        g_of = {g: i for i, g in enumerate(groups)}
+        k_of = {k: i for i, k in enumerate(kinds)}
+
+        def ints(values: Iterable[int]) -> IntArray:
+            return np.fromiter(values, np.int64, len(matched))
+
+        def floats(values: Iterable[float]) -> FloatArray:
+            return np.fromiter(values, np.float64, len(matched))
+
+        return MatchTable(
+            groups=groups,
+            kinds=kinds,
+            group=ints(g_of[m.process_group] for m in matched),
+            kind=ints(k_of[m.kind] for m in matched),
+            step=ints(m.step for m in matched),
+            seq=ints(m.seq for m in matched),
+            first_arrival_us=floats(min(m.start_us) for m in matched),
+            last_arrival_us=floats(max(m.start_us) for m in matched),
+            before_last_arrival_us=floats(sorted(m.start_us)[-2] for m in matched),
+            last_rank=ints(m.last_rank for m in matched),
+            n_ranks=ints(len(m.ranks) for m in matched),
+            end_time=np.fromiter((m.method == "end-time" for m in matched), bool, len(matched)),
+            wait_caused_us=floats(m.wait_caused_us for m in matched),
+        )
+
+
 @dataclass
 class CrossRankResult:
-    """The matched collectives of a run and how they were matched."""
+    """The matched collectives of a run and how they were matched.
+
+    `table` holds the matches as columns (crossrank_match.py builds it streaming);
+    `late_us_per_rank` is, per rank, the sum over its matches of how long after the first
+    arrival it arrived. `matched` gives the matches as `MatchedCollective` objects (with every
+    rank's aligned start and end), built on each access: for tests and small runs, not for the
+    reduce of a large one.
+    """
 
     ranks: list[int]
-    matched: list[MatchedCollective] = field(default_factory=list)
+    table: MatchTable = field(default_factory=MatchTable.empty)
     clock_offset_us: dict[int, float] = field(default_factory=dict)  # add to a rank's times
     collectives_per_rank: dict[int, int] = field(default_factory=dict)
     matched_per_rank: dict[int, int] = field(default_factory=dict)
+    late_us_per_rank: dict[int, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    member_detail: Callable[[], list[MatchedCollective]] | None = None
+
+    @property
+    def matched(self) -> list[MatchedCollective]:
+        """The matches as objects, in the table's order (see the class docstring)."""
+        return self.member_detail() if self.member_detail is not None else []
 
     @property
     def steps(self) -> list[int]:
         """Distinct step numbers of the matched collectives (-1 when there are no steps)."""
-        return sorted({m.step for m in self.matched})
+        return [int(s) for s in np.unique(self.table.step)]
 
-
-# --- matching -------------------------------------------------------------------------------
-
-GroupKey = tuple[str, str, int]  # (process group, kind, step)
-
-
-def _groups(rc: RankCollectives) -> dict[GroupKey, IntArray]:
-    out: dict[GroupKey, list[int]] = defaultdict(list)
-    for i in range(len(rc)):
-        out[(rc.process_group[i], rc.kind[i], int(rc.step[i]))].append(i)
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
-
-
-def _end_tol(dur_a: FloatArray, dur_b: FloatArray) -> FloatArray:
-    return np.maximum(END_MATCH_MIN_TOL_US, END_MATCH_REL_TOL * np.minimum(dur_a, dur_b))
-
-
-OFFSET_INDEX_WINDOW = 3
-"""Clock-offset candidates pair each collective with the other rank's collectives up to 3
-places away in the same (group, kind, step) sequence: enough to bridge a few dropped events."""
-
-
-def _estimate_offset(
-    ref: RankCollectives,
-    ref_groups: dict[GroupKey, IntArray],
-    other: RankCollectives,
-    other_groups: dict[GroupKey, IntArray],
-) -> float | None:
-    """The clock offset (ref - other) that makes the most collective ends coincide.
-
-    Candidates are end-time differences of nearby pairs (same group key, index distance <=
-    OFFSET_INDEX_WINDOW); the offset is the candidate with the most others within
-    END_MATCH_MIN_TOL_US of it (true pairs agree, wrong pairs scatter), refined by the median
-    of those. None when the ranks share no group key or too few ends agree on any offset.
-    """
-    cands: list[FloatArray] = []
-    for key, a in ref_groups.items():
-        b = other_groups.get(key)
-        if b is None:
-            continue
-        ea, eb = ref.end_us[a], other.end_us[b]
-        for shift in range(-OFFSET_INDEX_WINDOW, OFFSET_INDEX_WINDOW + 1):
-            lo, hi = max(0, -shift), min(len(ea), len(eb) - shift)
-            if hi > lo:
-                cands.append(ea[lo:hi] - eb[lo + shift : hi + shift])
-    if not cands:
-        return None
-    n_shared = sum(
-        min(len(a), len(other_groups[k])) for k, a in ref_groups.items() if k in other_groups
-    )
-    d = np.sort(np.concatenate(cands))
-    support = np.searchsorted(d, d + END_MATCH_MIN_TOL_US, side="right") - np.searchsorted(
-        d, d - END_MATCH_MIN_TOL_US, side="left"
-    )
-    best = support.max()
-    if best < max(OFFSET_MIN_SUPPORT, OFFSET_MIN_SUPPORT_SHARE * n_shared):
-        return None
-    # among equally supported candidates prefer the one nearest zero (synchronized clocks)
-    center = d[support == best][np.argmin(np.abs(d[support == best]))]
-    near = d[np.abs(d - center) <= END_MATCH_MIN_TOL_US]
-    return float(np.median(near))
-
-
-def _end_time_pairs(
-    ends_a: FloatArray, durs_a: FloatArray, ends_b: FloatArray, durs_b: FloatArray
-) -> list[tuple[int, int]]:
-    """Monotone pairs (i, j) whose ends agree within the tolerance (two pointers, in end order)."""
-    oa = np.argsort(ends_a, kind="stable")
-    ob = np.argsort(ends_b, kind="stable")
-    pairs = []
-    i = j = 0
-    while i < len(oa) and j < len(ob):
-        ia, jb = int(oa[i]), int(ob[j])
-        d = ends_b[jb] - ends_a[ia]
-        tol = max(END_MATCH_MIN_TOL_US, END_MATCH_REL_TOL * min(durs_a[ia], durs_b[jb]))
-        if abs(d) <= tol:
-            pairs.append((ia, jb))
-            i += 1
-            j += 1
-        elif d < 0:
-            j += 1
-        else:
-            i += 1
-    return pairs
-
-
-def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
-    """Match collectives across ranks (see the module docstring); pure, any number of ranks."""
-    by_rank = sorted(ranks, key=lambda r: r.rank)
-    result = CrossRankResult(ranks=[r.rank for r in by_rank])
-    for r in by_rank:
-        result.collectives_per_rank[r.rank] = len(r)
-        result.matched_per_rank[r.rank] = 0
-    if len(by_rank) < 2:
-        return result
-    groups = {r.rank: _groups(r) for r in by_rank}
-    holders_of = Counter(k for g in groups.values() for k in g)
-    shared = {k for k, n in holders_of.items() if n > 1}
-    if not shared and any((r.step >= 0).any() for r in by_rank):
-        # step numbers share nothing (ranks segmented differently, or profiled different
-        # windows): match over the whole trace instead of per step
-        by_rank = [
-            RankCollectives(
-                r.rank,
-                r.start_us,
-                r.end_us,
-                r.kind,
-                r.process_group,
-                np.full(len(r), -1, dtype=np.int64),
-                r.ends_align,
-            )
-            for r in by_rank
-        ]
-        groups = {r.rank: _groups(r) for r in by_rank}
-        result.warnings.append(
-            "the ranks' step numbers do not overlap: collectives were matched over the whole "
-            "trace, not per step"
+    @staticmethod
+    def from_matched(ranks: list[int], matched: list[MatchedCollective]) -> CrossRankResult:
+        """A result from matches held as objects (ordered by first arrival, as the matcher
+        orders them), with the per-rank counters they imply."""
+        matched = sorted(matched, key=lambda m: min(m.start_us))
+        per_rank: dict[int, int] = dict.fromkeys(ranks, 0)
+        late: dict[int, float] = dict.fromkeys(ranks, 0.0)
+        for m in matched:
+            first = min(m.start_us)
+            for r, s in zip(m.ranks, m.start_us, strict=True):
+                per_rank[r] = per_rank.get(r, 0) + 1
+                late[r] = late.get(r, 0.0) + (s - first)
+        return CrossRankResult(
+            ranks=ranks,
+            table=MatchTable.of(matched),
+            matched_per_rank=per_rank,
+            late_us_per_rank=late,
+            member_detail=lambda: list(matched),
         )
 
-    # clock offsets, each rank against the lowest rank it shares a group key with
-    # (host-thread collectives: no offset, ends not reliable; see RankCollectives.ends_align)
-    offsets: dict[int, float] = {by_rank[0].rank: 0.0}
-    reliable: dict[int, bool] = {by_rank[0].rank: by_rank[0].ends_align}
-    for r in by_rank[1:]:
-        for ref in by_rank:
-            if ref.rank not in offsets or ref.rank == r.rank:
-                continue
-            if not (r.ends_align and ref.ends_align):
-                continue
-            delta = _estimate_offset(ref, groups[ref.rank], r, groups[r.rank])
-            if delta is not None:
-                offsets[r.rank] = offsets[ref.rank] + delta
-                reliable[r.rank] = reliable[ref.rank]
-                break
-        else:
-            offsets[r.rank] = 0.0
-            reliable[r.rank] = False
-    result.clock_offset_us = offsets
-    starts = {r.rank: r.start_us + offsets[r.rank] for r in by_rank}
-    ends = {r.rank: r.end_us + offsets[r.rank] for r in by_rank}
-    durs = {r.rank: r.end_us - r.start_us for r in by_rank}
 
-    keys = sorted({k for g in groups.values() for k in g}, key=lambda k: (k[2], k[0], k[1]))
-    sequence_used = end_time_used = order_used = loose_used = 0
-    for key in keys:
-        holders = [rc.rank for rc in by_rank if key in groups[rc.rank]]
-        if len(holders) < 2:
-            continue
-        ref_rank = holders[0]
-        a = groups[ref_rank][key]
-        # per reference collective: rank -> index in that rank's arrays
-        members: list[dict[int, int]] = [{ref_rank: int(i)} for i in a]
-        methods: list[Literal["sequence", "end-time"]] = ["sequence"] * len(a)
-        for other in holders[1:]:
-            b = groups[other][key]
-            n_pairs = min(len(a), len(b))
-            agreeing = 0
-            if len(b) == len(a):
-                tol = _end_tol(durs[ref_rank][a], durs[other][b])
-                agreeing = int((np.abs(ends[ref_rank][a] - ends[other][b]) <= tol).sum())
-            pairs: list[tuple[int, int]] = []
-            by_sequence = len(b) == len(a) and agreeing >= SEQUENCE_AGREEMENT * n_pairs
-            if not by_sequence and reliable[ref_rank] and reliable[other]:
-                pairs = _end_time_pairs(
-                    ends[ref_rank][a], durs[ref_rank][a], ends[other][b], durs[other][b]
-                )
-                end_time_used += 1
-                for ia, _ in pairs:
-                    methods[ia] = "end-time"
-            else:
-                pairs = [
-                    (k, k) for k in range(n_pairs)
-                ]  # sequence number (order when counts differ)
-                sequence_used += 1
-                loose_used += 0 if by_sequence else 1
-                if len(b) != len(a):
-                    order_used += 1
-            for ia, jb in pairs:
-                members[ia][other] = int(b[jb])
-        pg, kind, step = key
-        for seq, (m, method) in enumerate(zip(members, methods, strict=True)):
-            if len(m) < 2:
-                continue
-            rs = sorted(m)
-            result.matched.append(
-                MatchedCollective(
-                    process_group=pg,
-                    kind=kind,
-                    step=step,
-                    seq=seq,
-                    ranks=rs,
-                    start_us=[float(starts[q][m[q]]) for q in rs],
-                    end_us=[float(ends[q][m[q]]) for q in rs],
-                    method=method,
-                )
-            )
-            for q in rs:
-                result.matched_per_rank[q] += 1
-    host_side = {r.rank for r in by_rank if not r.ends_align}
-    loose = sorted(
-        r
-        for r, ok in reliable.items()
-        if not ok and r not in host_side and result.collectives_per_rank[r]
-    )
-    if loose and loose_used:
-        result.warnings.append(
-            f"rank(s) {', '.join(map(str, loose))}: collective end times do not line up with the "
-            "other ranks' (CPU/gloo collectives or loosely synchronized clocks): clocks were taken "
-            "as synchronized and collectives matched by sequence number"
-        )
-    if order_used:
-        result.warnings.append(
-            f"in {order_used} (group, kind, step) comparisons the ranks hold different numbers of "
-            "collectives and their end times do not line up: those were matched by order, which "
-            "may pair different collectives"
-        )
-    if end_time_used:
-        result.warnings.append(
-            f"collective counts or sequences differ between ranks in {end_time_used} of "
-            f"{end_time_used + sequence_used} (group, kind, step) comparisons (sampled or "
-            "truncated traces?): those collectives were matched by their end times"
-        )
-    if any(len(r) for r in by_rank) and not result.matched:
-        result.warnings.append(
-            "no collective could be matched across ranks: the traces may come from different "
-            "runs or profiler windows"
-        )
-    result.matched.sort(key=lambda m: min(m.start_us))
-    return result
+def match_collectives(ranks: Iterable[RankCollectives | RankColumns]) -> CrossRankResult:
+    """Match collectives across ranks (see the module docstring; crossrank_match.py streams
+    them); pure, any number of ranks in any order (a rank given twice: the later is matched)."""
+    from zdiag.analyzers.crossrank_match import match_collectives as streamed
+
+    return streamed(ranks)
 
 
 # --- ranking --------------------------------------------------------------------------------
@@ -510,31 +443,48 @@ def match_collectives(ranks: Sequence[RankCollectives]) -> CrossRankResult:
 def straggler_stats(result: CrossRankResult) -> list[StragglerStat]:
     """Per rank: matched collectives, last arrivals (skew above the noise), waiting caused, mean
     lateness behind the first arrival. Sorted by waiting caused, worst first."""
-    matched: dict[int, int] = defaultdict(int)
-    last: dict[int, int] = defaultdict(int)
-    wait_us: dict[int, float] = defaultdict(float)
-    late_us: dict[int, float] = defaultdict(float)
-    for m in result.matched:
-        first = min(m.start_us)
-        for r, s in zip(m.ranks, m.start_us, strict=True):
-            matched[r] += 1
-            late_us[r] += s - first
-        if m.skew_us >= SKEW_NOISE_US:
-            lr = m.last_rank
-            last[lr] += 1
-            wait_us[lr] += m.wait_caused_us
-    stats = [
-        StragglerStat(
-            rank=r,
-            matched_collectives=matched[r],
-            last_arrivals=last[r],
-            wait_caused_ms=round(wait_us[r] / 1000.0, 4),
-            mean_skew_ms=round(late_us[r] / matched[r] / 1000.0, 4) if matched[r] else 0.0,
+    t = result.table
+    noisy = t.skew_us >= SKEW_NOISE_US
+    last_ranks, last_counts = np.unique(t.last_rank[noisy], return_counts=True)
+    last = dict(zip(last_ranks.tolist(), last_counts.tolist(), strict=True))
+    wait_us = _sum_by_rank(t.last_rank[noisy], t.wait_caused_us[noisy])
+    stats = []
+    for r in result.ranks:
+        matched = result.matched_per_rank.get(r, 0)
+        late_us = result.late_us_per_rank.get(r, 0.0)
+        stats.append(
+            StragglerStat(
+                rank=r,
+                matched_collectives=matched,
+                last_arrivals=last.get(r, 0),
+                wait_caused_ms=round(wait_us.get(r, 0.0) / 1000.0, 4),
+                mean_skew_ms=round(late_us / matched / 1000.0, 4) if matched else 0.0,
+            )
         )
-        for r in result.ranks
-    ]
     stats.sort(key=lambda s: (-s.wait_caused_ms, s.rank))
     return stats
+
+
+def _sum_by_rank(ranks: IntArray, values: FloatArray) -> dict[int, float]:
+    """Per rank, its values summed in their order (as a loop over the matches adds them)."""
+    uniq, inverse = np.unique(ranks, return_inverse=True)
+    sums = np.zeros(len(uniq))
+    np.add.at(sums, inverse.reshape(-1), values)
+    return dict(zip(uniq.tolist(), sums.tolist(), strict=True))
+
+
+def _step_leads(t: MatchTable, noisy: npt.NDArray[np.bool_]) -> dict[int, dict[int, float]]:
+    """Per last rank and step (of the noisy matches within steps): its lead over the next
+    arrival, summed in match order."""
+    sel = noisy & (t.step >= 0)
+    ranks, steps = t.last_rank[sel], t.step[sel]
+    pairs, inverse = np.unique(np.stack([ranks, steps], axis=1), axis=0, return_inverse=True)
+    sums = np.zeros(len(pairs))
+    np.add.at(sums, inverse.reshape(-1), t.lead_us[sel])
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for (r, step), v in zip(pairs.tolist(), sums.tolist(), strict=True):
+        out[r][step] = v
+    return out
 
 
 def chance_of_last(last: int, matched: int, n_ranks: int) -> float:
@@ -681,7 +631,7 @@ def find_stragglers(
     STRAGGLER_DOMINANCE). `gpu=False` (a CPU-only run) keeps GPU advice out."""
     breakdowns = breakdowns or {}
     n_ranks = len(result.ranks)
-    if n_ranks < 2 or not result.matched:
+    if n_ranks < 2 or not len(result.table):
         return []
     steps = [s for s in result.steps if s >= 0]
     n_steps = max(1, len(steps))
@@ -695,15 +645,15 @@ def find_stragglers(
         min_gain = max(min_gain, STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE * median_step)
     min_wait = max(min_gain, STRAGGLER_PERSISTENT_WAIT_SHARE * (median_step or 0.0))
     stats = {s.rank: s for s in straggler_stats(result)}
-    lead_us: dict[int, float] = defaultdict(float)
+    table = result.table
+    noisy = table.skew_us >= SKEW_NOISE_US
+    lead_us: dict[int, float] = defaultdict(
+        float, _sum_by_rank(table.last_rank[noisy], table.lead_us[noisy])
+    )
+    step_lead_us = _step_leads(table, noisy)
     late_steps: dict[int, set[int]] = defaultdict(set)
-    step_lead_us: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for m in result.matched:
-        if m.skew_us >= SKEW_NOISE_US:
-            lead_us[m.last_rank] += m.lead_us
-            if m.step >= 0:
-                late_steps[m.last_rank].add(m.step)
-                step_lead_us[m.last_rank][m.step] += m.lead_us
+    for r, per_step in step_lead_us.items():
+        late_steps[r] = set(per_step)
 
     exposed_by_rank = {
         r: v
@@ -765,7 +715,7 @@ def find_stragglers(
             "mean_lateness_ms": s.mean_skew_ms,
             **diag,
         }
-    skews = [m.skew_us for m in result.matched]
+    skews = table.skew_us
     names = ", ".join(str(r) for r in ranks)
     plural = "s" if len(ranks) > 1 else ""
     first = culprits[0]
@@ -798,16 +748,16 @@ def find_stragglers(
     )
     evidence: dict[str, object] = {
         "ranks_compared": n_ranks,
-        "matched_collectives": len(result.matched),
+        "matched_collectives": len(table),
         "steps_covered": n_steps,
         "median_step_ms": round(median_step, 3) if median_step is not None else None,
         "median_skew_ms": round(float(np.median(skews)) / 1000.0, 4),
-        "max_skew_ms": round(max(skews) / 1000.0, 4),
+        "max_skew_ms": round(float(skews.max()) / 1000.0, 4),
         "per_rank": per_rank,
         "clock_offset_ms": {
             str(r): round(v / 1000.0, 4) for r, v in result.clock_offset_us.items() if v
         },
-        "end_time_matched": sum(m.method == "end-time" for m in result.matched),
+        "end_time_matched": int(table.end_time.sum()),
         "min_last_share": round(min_share, 3),
         "min_gain_ms_per_step": round(min_gain, 4),
         "min_persistent_wait_ms_per_step": round(min_wait, 4),

@@ -23,7 +23,7 @@ import gc
 import mmap
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -750,14 +750,29 @@ def _device_kind(trace: RankTrace) -> str:
 # --- collectives ----------------------------------------------------------------------------
 
 
+def _reporting(
+    batches: Iterable[_Batch], ends: list[int], total: int, on_fraction: Callable[[float], None]
+) -> Iterator[_Batch]:
+    """`batches` (one per span, in file order), calling `on_fraction` after each."""
+    for batch, end in zip(batches, ends, strict=False):
+        yield batch
+        on_fraction(min(end / total, 1.0) if total else 1.0)
+    on_fraction(1.0)
+
+
 def load_rank_trace(
-    path: Path, *, workers: int | None = None, batch_events: int = BATCH_EVENTS
+    path: Path,
+    *,
+    workers: int | None = None,
+    batch_events: int = BATCH_EVENTS,
+    on_fraction: Callable[[float], None] | None = None,
 ) -> RankTrace:
     """Read, decode and columnize one trace file (rank from distributedInfo or "default").
 
     The events are decoded `batch_events` at a time; `workers` decode processes (None: by file
     size and cores, see `decode_batches.auto_workers`; 1: in this process). The result does not
-    depend on either.
+    depend on either. `on_fraction`, when given, is called with the share of the JSON decoded
+    (0..1) after each batch, for a byte-based progress line on one big file.
     """
     with open_trace_buffer(path) as buf:
         scan = scan_trace(buf, path, batch_events)
@@ -772,6 +787,8 @@ def load_rank_trace(
             batches = decode_spans(
                 buf, scan, _EVENTS_DECODER, _columns_of_batch, path, workers=n_workers
             )
+            if on_fraction is not None:
+                batches = _reporting(batches, [s.end for s in scan.spans], len(buf), on_fraction)
             cols = _join_batches(batches, path)
         finally:
             if gc_was_enabled:

@@ -28,6 +28,7 @@ from zdiag.analyzers.events import RankTrace
 from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
 from zdiag.analyzers.host_syncs import HostSyncSites, host_sync_sites
 from zdiag.analyzers.kineto_memory import kineto_memory
+from zdiag.analyzers.process_groups import ProcessGroupInfo, declared_groups
 from zdiag.analyzers.report import (
     CollectiveKindStats,
     MemoryBreakdown,
@@ -69,6 +70,8 @@ class RankFacts(msgspec.Struct, kw_only=True):
     host_sync_sites: HostSyncSites = msgspec.field(default_factory=HostSyncSites)  # by caller
     module_class: tuple[str, int] | None = None  # most repeated `nn.Module: <Class>_<k>` class
     group_sizes: list[int] = msgspec.field(default_factory=list)  # distinct process-group sizes
+    # distributedInfo.pg_config: name, description, declared size (process_groups.py)
+    process_groups: list[ProcessGroupInfo] = msgspec.field(default_factory=list)
     framework: str | None = None  # the first registered framework whose labels the trace holds
     data_loading_ms: float = 0.0  # the trace's `enumerate(DataLoader)#...` ranges, summed
 
@@ -174,6 +177,7 @@ def rank_facts(trace: RankTrace) -> RankFacts:
         host_sync_sites=sites,
         module_class=repeated_module_class(trace),
         group_sizes=sorted({int(g) for g in trace.collectives.group_size if int(g) > 0}),
+        process_groups=declared_groups(trace.distributed_info),
         framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
         data_loading_ms=data_loading_ms(trace),
     )

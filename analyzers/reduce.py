@@ -19,6 +19,7 @@ from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
 from zdiag.analyzers.detectors import build_context, run_context
 from zdiag.analyzers.flight_recorder import HangAnalysis
 from zdiag.analyzers.model_facts import ModelFacts
+from zdiag.analyzers.process_groups import process_group_stats
 from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from zdiag.analyzers.summary import RankSummary
 from zdiag.analyzers.timeline import select_timelines
@@ -65,7 +66,7 @@ class Reduction:
 
 def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
     """Cross-rank matching, detectors and the Report, from rank summaries alone (rank order)."""
-    matching = match_collectives([s.rank_collectives() for s in summaries])
+    matching = match_collectives(s.collective_columns() for s in summaries)
     multi_rank = len(matching.ranks) >= 2
     memory, breakdowns = merged_memory(summaries, run)
     ctx = build_context(
@@ -103,6 +104,14 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         memory_breakdowns=breakdowns,
         fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
         stragglers=crossrank.straggler_stats(matching) if multi_rank else [],
+        process_groups=(
+            process_group_stats(
+                ((s.collective_columns(), len(s.steps), s.facts.process_groups) for s in summaries),
+                matching.table,
+            )
+            if multi_rank
+            else []
+        ),
         findings=detected.findings,
         warnings=warnings,
     )

@@ -97,6 +97,32 @@ class StragglerStat(msgspec.Struct, kw_only=True):
     mean_skew_ms: float
 
 
+class ProcessGroupStats(msgspec.Struct, kw_only=True):
+    """One process group over the run (analyzers/process_groups.py), for the large-run views.
+
+    `name` is the traces' "Process Group Name" ("" when they do not say); `description` and
+    `declared_size` come from `distributedInfo.pg_config` when the traces record it; `ranks`
+    are the ranks whose collectives carry the group. Per rank of the group: the median number of
+    calls and the mean collective time per step (summed call durations). From the cross-rank
+    matching: its matched collectives, their arrival skew, the waiting caused (above the
+    straggler noise) and the rank that caused the most of it.
+    """
+
+    name: str
+    description: str = ""
+    declared_size: int | None = None
+    ranks: list[int] = msgspec.field(default_factory=list)
+    kinds: list[str] = msgspec.field(default_factory=list)
+    calls_per_rank: float = 0.0
+    comm_ms_per_step: float = 0.0
+    matched_collectives: int = 0
+    median_skew_ms: float | None = None
+    max_skew_ms: float | None = None
+    wait_caused_ms: float = 0.0
+    top_waiter: int | None = None
+    top_waiter_ms: float = 0.0
+
+
 class TimelineSpan(msgspec.Struct, array_like=True):
     """One interval of a step timeline; `lane` is "compute", "comm:<kind>", "memcpy" or "fsdp"."""
 
@@ -213,6 +239,7 @@ class Report(msgspec.Struct, kw_only=True):
     thresholds: dict[str, float] = msgspec.field(default_factory=dict)
     warnings: list[str] = msgspec.field(default_factory=list)
     run: dict[str, Any] | None = None  # manifest summary (world size, config, versions)
+    process_groups: list[ProcessGroupStats] = msgspec.field(default_factory=list)  # 2+ ranks
 
     def findings_at_least(self, severity: str) -> list[Finding]:
         """Findings whose severity is `severity` or worse."""

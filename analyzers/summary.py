@@ -23,9 +23,8 @@ import zlib
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
-from zdiag.analyzers.crossrank import RankCollectives
+from zdiag.analyzers.crossrank import RankCollectives, RankColumns
 from zdiag.analyzers.fsdp_ledger import RankLedger
 from zdiag.analyzers.rank_analysis import RankAnalysis, RankFacts
 from zdiag.analyzers.report import (
@@ -77,17 +76,17 @@ class CollectiveCalls(msgspec.Struct, kw_only=True):
             ends_align=rc.ends_align,
         )
 
-    def to_rank_collectives(self, rank: int) -> RankCollectives:
-        """The RankCollectives the cross-rank matching reads."""
-        kind: npt.NDArray[np.uint16] = np.frombuffer(self.kind, dtype=_U16)
-        group: npt.NDArray[np.uint16] = np.frombuffer(self.group, dtype=_U16)
-        return RankCollectives(
+    def columns(self, rank: int) -> RankColumns:
+        """The columns the cross-rank matching reads: views of the packed bytes, no copy."""
+        return RankColumns(
             rank=rank,
-            start_us=np.frombuffer(self.start_us, dtype=_F64).astype(np.float64),
-            end_us=np.frombuffer(self.end_us, dtype=_F64).astype(np.float64),
-            kind=[self.kinds[int(k)] for k in kind],
-            process_group=[self.groups[int(g)] for g in group],
-            step=np.frombuffer(self.step, dtype=_I32).astype(np.int64),
+            start_us=np.frombuffer(self.start_us, dtype=_F64),
+            end_us=np.frombuffer(self.end_us, dtype=_F64),
+            kind=np.frombuffer(self.kind, dtype=_U16),
+            kinds=self.kinds,
+            group=np.frombuffer(self.group, dtype=_U16),
+            groups=self.groups,
+            step=np.frombuffer(self.step, dtype=_I32),
             ends_align=self.ends_align,
         )
 
@@ -119,9 +118,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     memory_breakdown: MemoryBreakdown | None = None
     memory_timeline: MemoryTimeline | None = None
 
-    def rank_collectives(self) -> RankCollectives:
-        """The rank's collectives for the cross-rank matching."""
-        return self.collectives.to_rank_collectives(self.rank)
+    def collective_columns(self) -> RankColumns:
+        """The rank's collectives for the cross-rank matching (views of the summary's bytes)."""
+        return self.collectives.columns(self.rank)
 
     def rank_ledger(self) -> RankLedger:
         """The rank's FSDP ledger (an empty one when the summary holds none)."""

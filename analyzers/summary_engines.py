@@ -9,7 +9,10 @@
   the workers: a shared filesystem) and return only the encoded summaries. The reduce stays in
   the driver.
 
-Both yield `MapOutput`s in completion order; the caller sorts by rank.
+Both yield `MapOutput`s in completion order; the caller sorts by rank. `on_fraction(path,
+share)`, when given, hears how much of a trace's JSON has been decoded, batch by batch, for the
+traces decoded in this process (LocalEngine without a pool; so one big trace moves a progress
+line); traces decoded elsewhere are reported only when their output arrives.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 that, starting workers costs more than it saves (the same bound as pipeline.load_run's)."""
 
 Progress = Callable[[int, int, str], None]
+OnFraction = Callable[[str, float], None]
+"""(trace path, share of its JSON decoded)"""
 
 
 class Engine(Protocol):
@@ -35,7 +40,9 @@ class Engine(Protocol):
 
     name: str
 
-    def run(self, tasks: Sequence[MapTask], total_bytes: int) -> Iterator[MapOutput]:
+    def run(
+        self, tasks: Sequence[MapTask], total_bytes: int, on_fraction: OnFraction | None = None
+    ) -> Iterator[MapOutput]:
         """The outputs of `tasks` (InputError from a bad trace propagates)."""
         ...
 
@@ -48,16 +55,25 @@ class LocalEngine:
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
 
-    def run(self, tasks: Sequence[MapTask], total_bytes: int) -> Iterator[MapOutput]:
+    def run(
+        self, tasks: Sequence[MapTask], total_bytes: int, on_fraction: OnFraction | None = None
+    ) -> Iterator[MapOutput]:
         if len(tasks) <= 1 or total_bytes < PARALLEL_MIN_BYTES or self.workers <= 1:
             for t in tasks:
                 # alone, a big trace may decode in several processes (decode_workers=None)
-                yield map_trace(_with_decode_workers(t, None if len(tasks) == 1 else 1))
+                task = _with_decode_workers(t, None if len(tasks) == 1 else 1)
+                yield map_trace(task, _for_path(on_fraction, t.path))
             return
         with ProcessPoolExecutor(max_workers=min(self.workers, len(tasks))) as pool:
             futures = [pool.submit(map_trace, t) for t in tasks]
             for fut in as_completed(futures):
                 yield fut.result()
+
+
+def _for_path(on_fraction: OnFraction | None, path: str) -> Callable[[float], None] | None:
+    if on_fraction is None:
+        return None
+    return lambda share: on_fraction(path, share)
 
 
 def _with_decode_workers(task: MapTask, workers: int | None) -> MapTask:
@@ -80,7 +96,9 @@ class RayEngine:
         self.address = address
         self.num_cpus = num_cpus
 
-    def run(self, tasks: Sequence[MapTask], total_bytes: int) -> Iterator[MapOutput]:
+    def run(
+        self, tasks: Sequence[MapTask], total_bytes: int, on_fraction: OnFraction | None = None
+    ) -> Iterator[MapOutput]:
         ray = self._ray
         started = False
         if not ray.is_initialized():

@@ -9,6 +9,7 @@ files returns kilobytes per rank, never the trace. Engines (summary_engines.py) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,9 +144,10 @@ def assign_rank(trace: RankTrace, manifest_rank: int | None, world_size: int | N
     )
 
 
-def map_trace(task: MapTask) -> MapOutput:
+def map_trace(task: MapTask, on_fraction: Callable[[float], None] | None = None) -> MapOutput:
     """The map on one trace file (see the module docstring); InputError for a bad trace.
-    A URL (`s3://...`, remote_traces.py) is copied to a local temporary file first."""
+    A URL (`s3://...`, remote_traces.py) is copied to a local temporary file first.
+    `on_fraction` (in-process callers only) hears the share of a local trace's JSON decoded."""
     if is_url(task.path):
         with fetched(task.path) as local:
             out = map_trace(MapTask(str(local), task.manifest_rank, task.contexts, 1))
@@ -157,7 +159,7 @@ def map_trace(task: MapTask) -> MapOutput:
     with open_regular(path, "trace"):  # a FIFO or device is one sentence, never read
         pass
     before = fingerprint(path)
-    trace = load_rank_trace(path, workers=task.decode_workers)
+    trace = load_rank_trace(path, workers=task.decode_workers, on_fraction=on_fraction)
     assign_rank(trace, task.manifest_rank, task.contexts.world_size)
     summary = summarize(analyze_rank(trace, task.contexts.for_rank(trace.rank)))
     return MapOutput(

@@ -214,6 +214,30 @@ def _analyze_urls(
     )
 
 
+class _ByteProgress:
+    """`progress(done, total, label)` in bytes of JSON: a trace counts its size when its summary
+    is found or mapped, and a trace decoded in this process moves the line batch by batch
+    (`reading`), so one big file advances too and many files advance per file."""
+
+    def __init__(self, progress: Progress | None, sizes: dict[str, int]) -> None:
+        self.progress = progress
+        self.sizes = sizes
+        self.total = sum(sizes.values())
+        self.finished = 0
+
+    def done(self, path: str, label: str) -> None:
+        """The trace at `path` is summarized."""
+        self.finished += self.sizes.get(path, 0)
+        if self.progress:
+            self.progress(self.finished, self.total, label)
+
+    def reading(self, path: str, share: float) -> None:
+        """`share` of the trace at `path` is decoded."""
+        if self.progress:
+            partial = int(share * self.sizes.get(path, 0))
+            self.progress(self.finished + partial, self.total, f"reading {Path(path).name}")
+
+
 def analyze_via_summaries(
     paths: list[Path] | list[str],
     options: SummaryOptions | None = None,
@@ -249,8 +273,10 @@ def analyze_via_summaries(
     encoded: dict[str, bytes | Path] = {}
     tasks: list[MapTask] = []
     missing_bytes = 0
-    total = len(found.traces)
-    for i, trace in enumerate(found.traces):
+    meter = _ByteProgress(
+        progress, {str(t): _json_bytes(t) for t in found.traces} if progress else {}
+    )
+    for trace in found.traces:
         manifest_rank = manifest_map.get(trace.resolve())
         hit = None
         if options.use_stored:
@@ -265,16 +291,14 @@ def analyze_via_summaries(
                 sources.in_job += 1
             else:
                 sources.cache += 1
-            if progress:
-                progress(i + 1, total, f"{hit.origin} {trace.name}")
+            meter.done(str(trace), f"{hit.origin} {trace.name}")
             continue
         tasks.append(MapTask(str(trace), manifest_rank, contexts))
         missing_bytes += _json_bytes(trace)
     outputs: list[MapOutput] = []
-    for done, out in enumerate(options.engine.run(tasks, missing_bytes), start=1):
+    for out in options.engine.run(tasks, missing_bytes, meter.reading):
         outputs.append(out)
-        if progress:
-            progress(len(by_path) + done, total, Path(out.path).name)
+        meter.done(out.path, Path(out.path).name)
     if outputs and not by_path and all(o.events == 0 for o in outputs):
         names = ", ".join(o.path for o in outputs[:3])
         raise InputError(

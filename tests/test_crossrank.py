@@ -475,7 +475,7 @@ def _step_collectives(
             )
             t = ends[0] + 5000.0
         t += 10_000.0
-    return crossrank.CrossRankResult(ranks=[0, 1], matched=matched)
+    return crossrank.CrossRankResult.from_matched([0, 1], matched)
 
 
 def _even_steps(ms: float, n_steps: int = 4) -> dict[int, list[StepBreakdown]]:

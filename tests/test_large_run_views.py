@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from zdiag.analyzers.report import Report
+from zdiag.analyzers.report import ProcessGroupStats, Report
 from zdiag.render._sample import sample_report
 from zdiag.render.html import render_html, write_html
 from zdiag.render.stats import HEATMAP_GROUPS, LARGE_RUN_RANKS, large_run_stats
@@ -17,6 +17,7 @@ from zdiag.render.text_large_run import MAX_LINES
 
 SLOW_HOST = "node17"  # ranks 136-143: their collectives take 3x longer
 HUNG_RANK = 1000
+TP_GROUPS = 128  # 8-rank tensor-parallel groups, one per host; the one of ranks 136-143 waits
 
 
 def _big_report(ranks: int = 1024, steps: int = 20) -> Report:
@@ -32,7 +33,46 @@ def _big_report(ranks: int = 1024, steps: int = 20) -> Report:
                 r, steps=[msgspec.structs.replace(s, comm_ms=s.comm_ms * 3) for s in r.steps]
             )
         ranks_out.append(r)
-    return msgspec.structs.replace(report, ranks=ranks_out)
+    return msgspec.structs.replace(report, ranks=ranks_out, process_groups=_groups(ranks))
+
+
+def _groups(ranks: int) -> list[ProcessGroupStats]:
+    """The world group and one tensor-parallel group per host (the slow host's makes its
+    ranks wait for rank 139), as the reduce reports them: most communication first."""
+    tp = [
+        ProcessGroupStats(
+            name=str(1 + g),
+            description=f"tp{g}",
+            declared_size=8,
+            ranks=list(range(8 * g, 8 * g + 8)),
+            kinds=["all_gather", "reduce_scatter"],
+            calls_per_rank=240.0,
+            comm_ms_per_step=60.0 if g == 17 else 20.0,
+            matched_collectives=240,
+            median_skew_ms=4.0 if g == 17 else 0.02,
+            max_skew_ms=9.0 if g == 17 else 0.05,
+            wait_caused_ms=6_700.0 if g == 17 else 0.0,
+            top_waiter=139 if g == 17 else None,
+            top_waiter_ms=6_700.0 if g == 17 else 0.0,
+        )
+        for g in range(ranks // 8)
+    ]
+    world = ProcessGroupStats(
+        name="0",
+        description="default_pg",
+        declared_size=ranks,
+        ranks=list(range(ranks)),
+        kinds=["all_reduce"],
+        calls_per_rank=20.0,
+        comm_ms_per_step=30.0,
+        matched_collectives=20,
+        median_skew_ms=0.4,
+        max_skew_ms=1.5,
+        wait_caused_ms=120.0,
+        top_waiter=3,
+        top_waiter_ms=80.0,
+    )
+    return sorted([world, *tp], key=lambda g: -g.comm_ms_per_step)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +110,23 @@ def test_text_of_1024_ranks_is_short_and_names_the_outliers(big: Report) -> None
         f"fewer steps than the usual 20 (trace ended early: hung, crashed or killed?): rank {HUNG_RANK} (12)"
         in text
     )
+    # process groups: the slow host's tensor-parallel group first, waiting for rank 139; the
+    # world group next; the other 127 groups counted, not listed
+    groups = lines.index(next(x for x in lines if x.startswith("Process groups")))
+    assert lines[groups].startswith(f"Process groups ({TP_GROUPS + 1}; the top 8)")
+    assert lines[groups + 3].split() == [
+        "18",
+        "(tp17)",
+        "8/8",
+        "136–143",
+        "60.0",
+        "4.00",
+        "6,700",
+        "139",
+    ]
+    assert lines[groups + 4].split()[:3] == ["0", "(default_pg)", "1024/1024"]
+    assert len([x for x in lines[groups + 3 :] if re.match(r"\s+\d+ \(tp", x)]) == 7
+    assert max(len(x) for x in lines[groups : groups + 11]) <= 100
 
 
 def test_runs_below_the_threshold_keep_the_per_rank_layout() -> None:
@@ -83,6 +140,9 @@ def test_html_of_1024_ranks_is_bounded_and_summarized(big: Report) -> None:
     page = render_html(big)
     assert len(page.encode()) <= 10 * 1024 * 1024
     assert 'id="large-run"' in page and SLOW_HOST in page
+    assert f"<h3>Process groups ({TP_GROUPS + 1})</h3>" in page
+    assert "18 (tp17)" in page and "rank 139 (6,700 ms)" in page
+    assert "65 more groups communicate less" in page  # 64 rows of 129
     assert 'href="#large-run"' in page
     assert 'id="large-run"' not in render_html(sample_report(ranks=8, steps=3))
 

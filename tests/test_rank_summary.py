@@ -57,9 +57,9 @@ def test_summary_of_an_fsdp_rank_carries_its_ledger_and_collectives(tmp_path: Pa
     summary = summarize(analysis)
     again = decode_summary(encode_summary(summary))
     assert again.ledger is not None and again.ledger.records == analysis.ledger.records
-    rc = again.rank_collectives()
-    assert rc.kind == analysis.collectives.kind
-    assert rc.process_group == analysis.collectives.process_group
+    rc = again.collective_columns()
+    assert [rc.kinds[k] for k in rc.kind] == analysis.collectives.kind
+    assert [rc.groups[g] for g in rc.group] == analysis.collectives.process_group
     assert rc.start_us.tolist() == analysis.collectives.start_us.tolist()
     assert rc.end_us.tolist() == analysis.collectives.end_us.tolist()
     assert rc.step.tolist() == analysis.collectives.step.tolist()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import unicodedata
 from pathlib import Path
 from typing import TextIO
 
@@ -26,10 +27,30 @@ EXIT_FINDINGS = 1
 MAX_PROGRESS_WIDTH = 80
 
 
+def _columns(text: str) -> int:
+    """Terminal columns `text` takes (East Asian wide and full-width characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _fit_left(text: str, room: int) -> str:
+    """`text` in at most `room` columns: its end kept, "…" in front when cut."""
+    if _columns(text) <= room:
+        return text
+    if room < 2:
+        return ""
+    kept = ""
+    for ch in reversed(text):
+        if _columns(kept) + _columns(ch) > room - 1:
+            break
+        kept = ch + kept
+    return "…" + kept
+
+
 class _ProgressBar:
     """A one-line progress bar on a terminal stream (only created when stderr is a TTY), never
-    wider than the terminal nor MAX_PROGRESS_WIDTH columns; it shows the share of the traces
-    done."""
+    wider than the terminal nor MAX_PROGRESS_WIDTH columns (wide characters count twice); it
+    shows the share done of what it is given: bytes of JSON from `analyze_via_summaries`, so
+    one big trace moves it as its batches decode."""
 
     def __init__(self, stream: TextIO, width: int | None = None) -> None:
         self.stream = stream
@@ -45,9 +66,9 @@ class _ProgressBar:
         head = f"zdiag: [{bar}] {100 * done // max(total, 1):3d}% "
         tail = f" {elapsed:5.1f}s"
         room = max(self.width - len(head) - len(tail), 0)
-        if len(label) > room:
-            label = "…" + label[len(label) - room + 1 :] if room > 1 else ""
-        self.stream.write(f"\r{head}{label:<{room}}{tail}")
+        label = _fit_left("".join(ch if ch.isprintable() else "?" for ch in label), room)
+        pad = " " * (room - _columns(label))
+        self.stream.write(f"\r{head}{label}{pad}{tail}")
         self.stream.flush()
         self.shown = True
 

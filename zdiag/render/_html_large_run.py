@@ -3,7 +3,8 @@
 From `stats.large_run_stats`: the distributions over ranks, the top-k slowest and most-exposed
 ranks, and every host with its ranks' median step time and communication per step (a sortable
 table would need script; the hosts come sorted by communication, the most first). The rank x
-step heatmaps of the Steps section already show every rank. Every value is escaped.
+step heatmaps of the Steps section already show every rank. Then the process groups
+(Report.process_groups). Every value is escaped.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from zdiag.analyzers.report import Report
 from zdiag.render._html_parts import _table, e
 from zdiag.render.format import fmt_ints, fmt_ms
 from zdiag.render.stats import LargeRunStats, Outlier, Spread, large_run_stats
+from zdiag.render.text_large_run import group_label
 
 MAX_HOST_ROWS = 64
 """Hosts listed (the most communication per step first); the rest are counted."""
+MAX_GROUP_ROWS = 64
+"""Process groups listed (the most communication per step first); the rest are counted."""
 
 
 def _spread_row(label: str, spread: Spread | None) -> list[str]:
@@ -76,6 +80,51 @@ def _hosts(st: LargeRunStats) -> str:
     )
 
 
+def _process_groups(report: Report) -> str:
+    groups = report.process_groups
+    if not groups:
+        return ""
+    rows = [
+        [
+            e(group_label(g)),
+            e(str(len(g.ranks)) + (f" of {g.declared_size}" if g.declared_size else "")),
+            e(fmt_ints(g.ranks, 3)),
+            e(", ".join(g.kinds)),
+            e(f"{g.calls_per_rank:g}"),
+            e(fmt_ms(g.comm_ms_per_step)),
+            e(fmt_ms(g.median_skew_ms)),
+            e(fmt_ms(g.max_skew_ms)),
+            e(fmt_ms(g.wait_caused_ms)),
+            e(
+                f"rank {g.top_waiter} ({fmt_ms(g.top_waiter_ms)})"
+                if g.top_waiter is not None
+                else "—"
+            ),
+        ]
+        for g in groups[:MAX_GROUP_ROWS]
+    ]
+    more = len(groups) - len(rows)
+    note = "waiting caused: summed over all steps, above the straggler noise" + (
+        f"; {more} more groups communicate less (JSON report)" if more else ""
+    )
+    return f"<h3>Process groups ({len(groups)})</h3>" + _table(
+        [
+            "group",
+            "ranks",
+            "which",
+            "kinds",
+            "calls / rank",
+            "comm / rank / step",
+            "median skew",
+            "max skew",
+            "wait caused",
+            "most waited for",
+        ],
+        rows,
+        note,
+    )
+
+
 def large_run_section(report: Report) -> str:
     """The section (see the module docstring)."""
     st = large_run_stats(report)
@@ -95,5 +144,6 @@ def large_run_section(report: Report) -> str:
         + _outliers("Slowest ranks by median step time", st.slowest_ranks)
         + _outliers("Most exposed communication per step", st.most_exposed_ranks)
         + _hosts(st)
+        + _process_groups(report)
         + "</section>"
     )

@@ -2,7 +2,8 @@
 
 Instead of a line per rank, it summarizes (`stats.large_run_stats`): the distribution of the
 ranks' step times and exposed communication, the top-k slowest and most-exposed ranks, hosts
-by communication per step, a rank-group x step heatmap in text shades, then the stragglers,
+by communication per step, process groups (members, communication, arrival skew and the rank
+the others wait for most), a rank-group x step heatmap in text shades, then the stragglers,
 collective totals over all ranks, findings and warnings, each capped, so that 1024 ranks fit in
 at most `MAX_LINES` lines. `--json` holds every rank; `--rank N` details one.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from zdiag.analyzers.report import Report
+from zdiag.analyzers.report import ProcessGroupStats, Report
 from zdiag.render.format import fmt_ints, fmt_ms, fmt_ranks
 from zdiag.render.stats import LargeRunStats, Outlier, Spread, large_run_stats, worst_first
 
@@ -21,6 +22,8 @@ MAX_WARNING_LINES = 12
 MAX_FINDINGS = 8
 MAX_STRAGGLER_ROWS = 5
 MAX_SHORT_RANKS = 8
+MAX_GROUP_ROWS = 8
+"""Process groups listed (the most communication per step first); the rest are counted."""
 SHADES = ((0.02, " "), (0.10, "."), (0.25, "+"), (float("inf"), "#"))
 """Heatmap cell: the group's slowest step time over the run's median step time, minus 1:
 below 2% blank, below 10% '.', below 25% '+', else '#'."""
@@ -120,6 +123,40 @@ def _nodes(st: LargeRunStats, table) -> list[str]:  # type: ignore[no-untyped-de
     ]
 
 
+def group_label(g: ProcessGroupStats) -> str:
+    """A process group's name with its description ("3 (tp)"); "(unnamed)" when the traces
+    give no name."""
+    name = g.name or "(unnamed)"
+    return f"{name} ({g.description})" if g.description else name
+
+
+def _process_groups(report: Report, table) -> list[str]:  # type: ignore[no-untyped-def]
+    groups = report.process_groups
+    if not groups:
+        return []
+    rows = [
+        [
+            group_label(g),
+            str(len(g.ranks)) + (f"/{g.declared_size}" if g.declared_size else ""),
+            fmt_ints(g.ranks, 2),
+            fmt_ms(g.comm_ms_per_step, unit=False),
+            fmt_ms(g.median_skew_ms, unit=False),
+            fmt_ms(g.wait_caused_ms, unit=False),
+            str(g.top_waiter) if g.top_waiter is not None else "-",
+        ]
+        for g in groups[:MAX_GROUP_ROWS]
+    ]
+    more = len(groups) - len(rows)
+    header = ["group", "ranks", "which", "comm ms", "p50 skew ms", "wait ms", "top waiter"]
+    return [
+        "",
+        f"Process groups ({len(groups)}"
+        + (f"; the top {len(rows)}" if more else "")
+        + "): communication per rank and step, waiting caused over all steps",
+        *("  " + line for line in table(header, rows, {1, 3, 4, 5, 6})),
+    ]
+
+
 def _collectives(report: Report, table) -> list[str]:  # type: ignore[no-untyped-def]
     if not report.collectives:
         return []
@@ -185,6 +222,7 @@ def render_large_run_text(report: Report) -> str:
     out += _outlier_rows("Slowest ranks by median step time", st.slowest_ranks, _table)
     out += _outlier_rows("Most exposed communication per step", st.most_exposed_ranks, _table)
     out += _nodes(st, _table)
+    out += _process_groups(report, _table)
     out += _heatmap(st)
     if report.stragglers:
         rows = [
