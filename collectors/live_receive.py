@@ -14,9 +14,9 @@ Bounded memory: a message is read frame by frame, without copying, and given up 
 "oversize") once its frames pass `MAX_MESSAGE_BYTES` in all or it has more than 3 frames; zmq
 disconnects a peer that sends one frame over `MAX_FRAME_BYTES` (``MAXMSGSIZE``; such a message
 never reaches the receiver, so it cannot be counted), and holds at most ``RCV_HWM`` complete
-messages. zmq delivers a multipart message only once all its frames have arrived and has no cap
-on their number: only an authenticated peer (one holding the token) could make it hold one long
-message, which the receiver then discards without copying.
+messages per connection. zmq delivers a multipart message only once all its frames have arrived
+and has no cap on their number: only an authenticated peer (one holding the token) could make it
+hold one long message, which the receiver then discards without copying.
 
 `Relay` fans in one node's ranks: it listens on the node (loopback by default), and forwards
 every valid record, re-encoded from its decoded schema (so nothing it was sent beyond the schema,
@@ -55,8 +55,12 @@ from zdiag.collectors.live_wire import (
 )
 from zdiag.errors import ConfigError
 
-RCV_HWM = 10_000
-"""Complete messages zmq may buffer between two polls (10 s of 1000 ranks at 1 step/s)."""
+RCV_HWM = 256
+"""Complete messages zmq may buffer per connection (zmq's ``RCVHWM`` holds for each peer, not
+for the socket): 32 s of a relay's 8 ranks at 1 step/s, minutes of one rank. Beyond it zmq stops
+reading that connection and the sender drops and counts. A monitor behind 512 relays that could
+not keep up (bench/monitor_fanin.py --hz 4 on a saturated machine) reached 1.2 GiB of RSS at
+10_000, 0.55 GiB at 256."""
 MAX_FRAMES = 3  # a zdiag.live/1 message has exactly 3 frames
 RELAY_SEND_HWM = 10_000
 RELAY_STATS_INTERVAL_S = 2.0
