@@ -17,6 +17,8 @@ over time. Without it, point ``--target`` at a monitor you started yourself.
 one, and a small torch training loop's step time without a publisher, with one and no monitor,
 and with one and a monitor: the cost training pays.
 Loopback only; every process and thread it starts is stopped before it exits.
+Thousands of ranks through per-node relays (the relays in their nodes' processes, the lag
+measured to the monitor state's update): `bench/monitor_fanin.py`.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class StepPublisher:
         sock: zmq.Socket[Any] | None = None
         try:
             ctx = zmq.Context(io_threads=1)
-            sock = push_socket(ctx, self.target, self._send_hwm)
+            sock = push_socket(ctx, self.target, self._send_hwm, self._token)
             while True:
                 stopping = self._stop.wait(FLUSH_INTERVAL_S)
                 while self._queue:

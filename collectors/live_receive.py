@@ -2,19 +2,21 @@
 
 `LiveReceiver` binds a ZeroMQ PULL socket, checks each message's token and schema, and returns
 records decoded into the fixed schema of `live_wire.decode`, stamped with their receive time.
-Every refused message is counted by reason (`rejections`: token, schema, oversize, json, nested,
-field, range; see `live_wire.REJECT_REASONS`), and one bad message costs only itself. Binding
-anywhere but loopback requires a token.
+Every refused message is counted by reason (`rejections`: handshake, token, schema, oversize,
+json, nested, field, range; see `live_wire.REJECT_REASONS`), and one bad message costs only
+itself. Binding anywhere but loopback requires a token.
+
+Peers authenticate before they can send (`live_auth`): with a token, a peer that does not hold it
+fails the CURVE handshake and zmq takes no message frame from it (counted "handshake"), so it
+cannot make zmq buffer anything; without a token only this machine's processes can connect.
 
 Bounded memory: a message is read frame by frame, without copying, and given up (counted
 "oversize") once its frames pass `MAX_MESSAGE_BYTES` in all or it has more than 3 frames; zmq
 disconnects a peer that sends one frame over `MAX_FRAME_BYTES` (``MAXMSGSIZE``; such a message
 never reaches the receiver, so it cannot be counted), and holds at most ``RCV_HWM`` complete
-messages. One limit is zmq's own: it delivers a multipart message only once all its frames have
-arrived and has no cap on their number, so a peer that can connect can make zmq hold one long
-message until it is complete (the receiver then discards it without copying it). The token is
-checked only after that; keep the port on loopback, or on a trusted network, as
-docs/monitor.md says.
+messages per connection. zmq delivers a multipart message only once all its frames have arrived
+and has no cap on their number: only an authenticated peer (one holding the token) could make it
+hold one long message, which the receiver then discards without copying.
 
 `Relay` fans in one node's ranks: it listens on the node (loopback by default), and forwards
 every valid record, re-encoded from its decoded schema (so nothing it was sent beyond the schema,
@@ -34,6 +36,7 @@ from typing import Any
 
 import zmq
 
+from zdiag.collectors.live_auth import HandshakeGuard
 from zdiag.collectors.live_wire import (
     ENV_MONITOR,
     ENV_TOKEN,
@@ -52,8 +55,12 @@ from zdiag.collectors.live_wire import (
 )
 from zdiag.errors import ConfigError
 
-RCV_HWM = 10_000
-"""Complete messages zmq may buffer between two polls (10 s of 1000 ranks at 1 step/s)."""
+RCV_HWM = 256
+"""Complete messages zmq may buffer per connection (zmq's ``RCVHWM`` holds for each peer, not
+for the socket): 32 s of a relay's 8 ranks at 1 step/s, minutes of one rank. Beyond it zmq stops
+reading that connection and the sender drops and counts. A monitor behind 512 relays that could
+not keep up (bench/monitor_fanin.py --hz 4 on a saturated machine) reached 1.2 GiB of RSS at
+10_000, 0.55 GiB at 256."""
 MAX_FRAMES = 3  # a zdiag.live/1 message has exactly 3 frames
 RELAY_SEND_HWM = 10_000
 RELAY_STATS_INTERVAL_S = 2.0
@@ -74,7 +81,8 @@ class LiveReceiver:
         clock: Callable[[], float] = time.time,
         option: str = "--listen",
     ) -> None:
-        """Bind; raise ConfigError for a non-loopback address without a token or a busy port."""
+        """Bind; raise ConfigError for a non-loopback address without a token, a busy port, or a
+        token with a libzmq that has no CURVE support."""
         endpoint = _as_endpoint(listen, option)
         if not endpoint.is_loopback and not token:
             raise ConfigError(
@@ -90,6 +98,15 @@ class LiveReceiver:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, RCV_HWM)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        self._guard: HandshakeGuard | None = None
+        try:
+            self._guard = HandshakeGuard(self._ctx, self._sock, self._token)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConfigError(
+                f"{option} {endpoint}: a token needs ZeroMQ's CURVE security ({exc.strerror}); "
+                "install a pyzmq wheel built with it (`pip install -U pyzmq`)."
+            ) from None
         try:
             if endpoint.port == 0:
                 port = self._sock.bind_to_random_port(f"tcp://{endpoint.host}")
@@ -110,8 +127,9 @@ class LiveReceiver:
 
     @property
     def rejected_token(self) -> int:
-        """Messages refused for a wrong or missing token."""
-        return self.rejections["token"]
+        """Connections and messages refused for a wrong or missing token (at the handshake, or
+        in the message's token frame)."""
+        return self.rejections["handshake"] + self.rejections["token"]
 
     @property
     def malformed(self) -> int:
@@ -148,7 +166,10 @@ class LiveReceiver:
         """Raw messages whose size, frame count, token and schema frame are right (waits up to
         `timeout_ms` for one); the others are counted in `rejections`."""
         out: list[list[bytes]] = []
-        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+        ready = self._sock.poll(timeout_ms, zmq.POLLIN)
+        if self._guard is not None:
+            self.rejections["handshake"] = self._guard.refused()
+        if not ready:
             return out
         for _ in range(max_messages):
             try:
@@ -184,6 +205,8 @@ class LiveReceiver:
 
     def close(self) -> None:
         """Close the socket at once (nothing lingers)."""
+        if self._guard is not None:
+            self._guard.close()
         self._sock.close(linger=0)
         self._ctx.term()
 
@@ -211,7 +234,9 @@ class Relay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
-        self._out: zmq.Socket[Any] = push_socket(self._ctx, self.forward, RELAY_SEND_HWM)
+        self._out: zmq.Socket[Any] = push_socket(
+            self._ctx, self.forward, RELAY_SEND_HWM, self._token
+        )
 
     def _send(self, frames: list[bytes]) -> None:
         try:

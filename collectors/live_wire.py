@@ -3,8 +3,9 @@
 One message is three ZeroMQ frames: ``[SCHEMA, token, payload]``.
 
 - ``SCHEMA`` is ``b"zdiag.live/1"``. New record fields may be added; none is renamed or removed.
-- ``token`` is the shared secret (``ZDIAG_MONITOR_TOKEN``), empty when none is set. It
-  authenticates, it does not encrypt: on untrusted networks tunnel the port over ssh.
+- ``token`` is the shared secret (``ZDIAG_MONITOR_TOKEN``), empty when none is set. With a
+  token, peers also authenticate at the connection's handshake with CURVE keys derived from it
+  (`live_auth`), so a peer without it delivers no frame at all, and the stream is encrypted.
 - ``payload`` is one JSON object. A step record carries ``kind="step"``, ``rank``, ``host``,
   ``step``, ``step_time_ms``, ``mem_allocated_bytes``, ``mem_reserved_bytes``, ``mem_peak_bytes``,
   ``samples_per_s``, optionally ``compute_ms``, ``comm_ms``, ``exposed_comm_ms``, and the publisher
@@ -117,16 +118,23 @@ def encode(payload: dict[str, Any], token: bytes) -> list[bytes]:
     return [SCHEMA_FRAME, token, body.encode()]
 
 
-def push_socket(ctx: zmq.Context[Any], target: Endpoint, send_hwm: int) -> zmq.Socket[Any]:
+def push_socket(
+    ctx: zmq.Context[Any], target: Endpoint, send_hwm: int, token: bytes = b""
+) -> zmq.Socket[Any]:
     """A PUSH socket connected to `target` as every sender (publisher, relay) sets it up.
 
     Nothing lingers on close, at most `send_hwm` messages wait for a connected but slow peer,
-    nothing is queued for a peer that is not connected (``IMMEDIATE``), and zmq reconnects by
-    itself every ``RECONNECT_IVL_MS`` (backing off to ``RECONNECT_IVL_MAX_MS``).
+    nothing is queued for a peer that is not connected (``IMMEDIATE``: a connection counts once
+    its handshake succeeded), and zmq reconnects by itself every ``RECONNECT_IVL_MS`` (backing
+    off to ``RECONNECT_IVL_MAX_MS``). With a `token` it authenticates with the CURVE keys
+    derived from it (`live_auth`); a receiver with another token, or none, refuses the handshake.
     """
     import zmq
 
+    from zdiag.collectors.live_auth import secure_sender
+
     sock = ctx.socket(zmq.PUSH)
+    secure_sender(sock, token)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, send_hwm)
     sock.setsockopt(zmq.IMMEDIATE, 1)
@@ -178,10 +186,20 @@ on the record a rank's hang watchdog sends: where the rank is stuck, one line.""
 RELAY_FIELDS = ("kind", "schema", "host", "ts", "forwarded", "dropped", "rejected")
 """The fields a decoded relay record holds."""
 
-REJECT_REASONS = ("token", "schema", "oversize", "json", "nested", "field", "range")
-"""Why a message was refused, as counted by the receiver: wrong token; not 3 frames or a wrong
-schema frame; over `MAX_MESSAGE_BYTES` in all; not JSON (or not UTF-8); nested; a missing or
-mistyped field; a number outside its range."""
+REJECT_REASONS = (
+    "handshake",
+    "token",
+    "schema",
+    "oversize",
+    "json",
+    "nested",
+    "field",
+    "range",
+)
+"""Why a message was refused, as counted by the receiver: a connection refused at its handshake
+(a wrong or missing token: nothing it sent arrives, each refused attempt counts once); wrong
+token frame; not 3 frames or a wrong schema frame; over `MAX_MESSAGE_BYTES` in all; not JSON
+(or not UTF-8); nested; a missing or mistyped field; a number outside its range."""
 
 
 class WireError(ValueError):

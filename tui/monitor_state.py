@@ -94,6 +94,9 @@ class StepSample(NamedTuple):
         )
 
 
+_SAMPLE_INDEX = {name: i for i, name in enumerate(StepSample._fields)}
+
+
 @dataclass
 class RankState:
     """What the monitor knows about one rank (bounded histories)."""
@@ -109,11 +112,16 @@ class RankState:
     steps: deque[StepSample] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
 
     def recent(self, key: str, n: int = WINDOW_STEPS) -> list[float]:
-        """The last `n` non-missing values of `key` (a `StepSample` field)."""
-        values = (
-            getattr(s, key) for s in itertools.islice(self.steps, max(0, len(self.steps) - n), None)
-        )
-        return [float(v) for v in values if v is not None]
+        """The non-missing values of `key` (a `StepSample` field) in the last `n` samples, oldest
+        first. Walks the history from its newest end (the view calls this for every rank)."""
+        i = _SAMPLE_INDEX[key]
+        return [float(v) for s in self.tail(n) if (v := s[i]) is not None]
+
+    def tail(self, n: int = WINDOW_STEPS) -> list[StepSample]:
+        """The last `n` samples, oldest first."""
+        newest_first = list(itertools.islice(reversed(self.steps), n))
+        newest_first.reverse()
+        return newest_first
 
 
 @dataclass(frozen=True)
@@ -344,7 +352,7 @@ class MonitorState:
 
 
 def _steps_per_s(state: RankState) -> float | None:
-    recent = list(state.steps)[-WINDOW_STEPS:]
+    recent = state.tail()
     if len(recent) < 2:
         return None
     dt = recent[-1].ts - recent[0].ts
@@ -449,7 +457,7 @@ def _comm_bound(states: Iterable[RankState]) -> Finding | None:
     for s in states:
         pairs = [
             (float(st.comm_ms), float(st.compute_ms))
-            for st in list(s.steps)[-WINDOW_STEPS:]
+            for st in s.tail()
             if st.comm_ms is not None and st.compute_ms is not None
         ]
         if len(pairs) < STRAGGLER_MIN_STEPS:

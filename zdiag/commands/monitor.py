@@ -5,8 +5,8 @@
 - ``zdiag monitor --relay --listen 127.0.0.1:5578 --forward MONITOR:5577``: the per-node relay.
 
 Listening on anything but loopback needs a shared token (``--token`` or ``ZDIAG_MONITOR_TOKEN``);
-messages without it are rejected and counted. Ranks publish when ``ZDIAG_MONITOR=HOST:PORT`` is
-set (``zdiag run --monitor HOST:PORT`` sets it).
+senders without it are refused at the connection's handshake and counted. Ranks publish when
+``ZDIAG_MONITOR=HOST:PORT`` is set (``zdiag run --monitor HOST:PORT`` sets it).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class MonitorCommand:
             "--token",
             default=None,
             help="shared token every rank sends (default: $ZDIAG_MONITOR_TOKEN); "
-            "records without it are rejected and counted",
+            "senders without it are refused at the handshake and counted",
         )
         parser.add_argument(
             "--headless",
