@@ -104,7 +104,7 @@ def spark_scale(view: MonitorView) -> tuple[float, float] | None:
 
 
 def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[str, ...]:
-    """The table cells of one rank (rank, host, step, step time, exposed, memory, recent, status).
+    """The table cells of one rank (rank, host, step, step time, exposed, memory, status, recent).
 
     The recent step times are drawn on `scale` (see `spark_scale`), so ranks compare.
     """
@@ -116,8 +116,8 @@ def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[s
         fmt_ms(row.exposed_comm_ms),
         fmt_bytes(row.mem_allocated_bytes),
         fmt_bytes(row.mem_peak_bytes),
-        spark(row.recent_step_ms, scale),
         _status_cell(row),
+        spark(row.recent_step_ms, scale),
     )
 
 
@@ -137,8 +137,8 @@ COLUMNS = (
     "exposed comm",
     "mem alloc",
     "mem peak",
-    "recent",
     "status",
+    "recent",
 )
 
 

@@ -127,7 +127,8 @@ class MonitorCommand:
             raise UserError("stdout is not a terminal: use --headless --duration S for a summary.")
         from zdiag.tui.monitor_app import MonitorApp
 
-        MonitorApp(receiver).run()  # the app closes the receiver when it exits
+        # the app closes the receiver when it exits
+        MonitorApp(receiver, listen=str(receiver.endpoint)).run()
         return 0
 
     def _headless(self, receiver: Any, args: argparse.Namespace) -> int:
