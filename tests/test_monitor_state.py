@@ -193,7 +193,22 @@ def test_rank_detail_has_the_history_split_memory_and_last_collective() -> None:
     assert detail is not None
     assert len(detail.history) == 30 and detail.history[-1] == (29, NOW - 1, 100.0)
     assert (detail.compute_ms, detail.comm_ms, detail.exposed_comm_ms) == (70.0, 30.0, 5.0)
-    assert detail.overlapped_comm_ms == 25.0 and detail.idle_ms == 25.0
+    assert detail.overlapped_comm_ms == 25.0 and detail.idle_ms == 25.0  # 100 - 70 - 5
     assert detail.mem_reserved_bytes == float(3 << 30) and detail.mem_creep_bytes_per_step is None
     assert detail.last_collective == "all_gather_single 4.0 MiB"
     assert state.detail(7, NOW) is None
+
+
+def test_step_chart_labels_its_axes_and_handles_flat_and_empty_histories() -> None:
+    from zdiag.tui.monitor_detail import step_chart
+
+    history = tuple((s, NOW + s, 100.0 + (1400.0 if s == 0 else s % 3)) for s in range(40))
+    rows = step_chart(history, 80, 4)
+    assert rows[0].startswith("max 1,500 ms ┤█") and rows[3].startswith("  min 100 ms ┤")
+    assert len({row.index("┤") if "┤" in row else row.index("│") for row in rows[:4]}) == 1
+    assert rows[4].endswith("└" + "─" * 40)
+    assert rows[5].split() == ["step", "0", "step", "39", "(39", "s)"]
+    flat = step_chart(tuple((s, NOW + s, 50.0) for s in range(5)), 80, 2)
+    assert flat[0].endswith("█" * 5) and flat[1].endswith("█" * 5)
+    assert step_chart((), 80, 4) == ["no step times yet"]
+    assert len(step_chart(history, 30, 4)[0]) <= 30  # the last steps that fit

@@ -219,7 +219,7 @@ async def test_enter_opens_the_rank_detail_and_escape_closes_it() -> None:
         assert "rank 5 · node1 · job job-7 · pid 105" in text
         assert "max 146 ms ┤" in text and "min 101 ms ┤" in text  # the y axis, labelled
         assert "step 0" in text and "step 30" in text and "(30 s)" in text  # the time axis
-        assert "step 124 ms = compute 95.0 ms + exposed comm 0 ms + idle 28.5 ms" in text
+        assert "step 124 ms: compute 95.0 ms, exposed comm 0 ms, idle 28.5 ms" in text
         assert "comm in flight 30.0 ms: overlapped 30.0 ms, exposed 0 ms" in text
         assert "last collective: reduce_scatter_single 8.0 MiB" in text
         assert "memory: allocated 2.0 GiB" in text

@@ -106,18 +106,24 @@ class MonitorApp(App[None]):
         self._shown: dict[str, tuple[tuple[str, ...], str]] = {}  # key -> (cells, status)
 
     def compose(self) -> ComposeResult:
-        """Header, table, sparkline, findings, footer."""
-        yield Static(id="header")
-        yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        """Header, table, sparkline, findings, footer (kept as attributes: the refresh timer
+        updates them while another screen, a rank's detail or the help, is on top)."""
+        self.header = Static(id="header")
+        self.table: DataTable[Text] = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        self.trend_label = Label("slowest rank, last steps", id="trend-label")
+        self.spark = Sparkline([], summary_function=max, id="spark")
+        self.findings_panel = Static(id="findings")
+        yield self.header
+        yield self.table
         with Horizontal(id="trend"):
-            yield Label("slowest rank, last steps", id="trend-label")
-            yield Sparkline([], summary_function=max, id="spark")
-        yield Static(id="findings")
+            yield self.trend_label
+            yield self.spark
+        yield self.findings_panel
         yield Footer()
 
     def on_mount(self) -> None:
         """Set up the table and the timers; show whatever is there at once."""
-        table = self.query_one("#ranks", DataTable)
+        table = self.table
         for name in COLUMNS:
             table.add_column(name, key=name)
         self.poll_source()
@@ -141,13 +147,12 @@ class MonitorApp(App[None]):
         if self.paused:
             return
         view = self.last_view = self.state.view(self.clock(), self.job)
-        self.query_one("#header", Static).update(self._header(view))
+        self.header.update(self._header(view))
         self._fill_table(view)
-        spark = self.query_one("#spark", Sparkline)
-        spark.data = list(view.slowest_step_ms)
+        self.spark.data = list(view.slowest_step_ms)
         last = view.slowest_step_ms[-1] if view.slowest_step_ms else None
-        self.query_one("#trend-label", Label).update(f"slowest rank per step: {fmt_ms(last)} ")
-        self.query_one("#findings", Static).update(self._findings(view))
+        self.trend_label.update(f"slowest rank per step: {fmt_ms(last)} ")
+        self.findings_panel.update(self._findings(view))
         if isinstance(self.screen, RankScreen):
             self.screen.redraw()
 
@@ -161,7 +166,7 @@ class MonitorApp(App[None]):
 
     def _fill_table(self, view: MonitorView) -> None:
         """Update the cells that changed; rebuild the table only when the row order changed."""
-        table = self.query_one("#ranks", DataTable)
+        table = self.table
         # view.rows are in rank order and the sort is stable (reversed too): ties stay by rank
         rows = sorted(
             view.rows, key=lambda r: _sort_value(r, self.sort_key), reverse=self.sort_reverse
@@ -250,8 +255,7 @@ class MonitorApp(App[None]):
 
     def action_toggle_findings(self) -> None:
         """Show or hide the findings panel."""
-        panel = self.query_one("#findings", Static)
-        panel.display = not panel.display
+        self.findings_panel.display = not self.findings_panel.display
 
     def action_toggle_pause(self) -> None:
         """Freeze the display (records are still received and counted)."""
@@ -259,7 +263,7 @@ class MonitorApp(App[None]):
         if not self.paused:
             self.refresh_view()
         elif self.last_view is not None:
-            self.query_one("#header", Static).update(self._header(self.last_view))
+            self.header.update(self._header(self.last_view))
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         """Clicking a column header sorts by it (again: reverses)."""

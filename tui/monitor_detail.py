@@ -14,14 +14,13 @@ from zdiag.tui.monitor_state import RankDetail
 from zdiag.tui.monitor_text import fmt_age, job_label
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
-LABEL_WIDTH = 11  # "max 143 ms " / "min  60 ms "
 
 
 def step_chart(history: tuple[tuple[int, float, float], ...], width: int, height: int) -> list[str]:
-    """A bar chart of (step, ts, step_time_ms): one column per step (the last `width` - labels),
-    `height` rows between the labelled min and max, then an axis with the first and last step
-    numbers and the time they span."""
-    columns = max(1, width - LABEL_WIDTH - 1)
+    """A bar chart of (step, ts, step_time_ms): one column per step (the last that fit in `width`
+    beside the labels), `height` rows between the labelled min and max, then an axis with the
+    first and last step numbers and the time they span."""
+    columns = max(1, width - len("max 1,000 ms") - 2)
     shown = history[-columns:]
     if not shown:
         return ["no step times yet"]
@@ -35,25 +34,19 @@ def step_chart(history: tuple[tuple[int, float, float], ...], width: int, height
         else max(1, round((v - lo) / span * levels))
         for v in values
     ]
+    labels = {0: f"max {fmt_ms(hi)}", height - 1: f"min {fmt_ms(lo)}"}
+    pad = max(len(text) for text in labels.values())
     rows = []
     for row in range(height):  # top row first
         floor = (height - 1 - row) * 8
         bars = "".join(BLOCKS[max(0, min(8, h - floor))] for h in heights)
-        if row == 0:
-            label = f"max {fmt_ms(hi)}"
-        elif row == height - 1:
-            label = f"min {fmt_ms(lo)}"
-        else:
-            label = ""
-        tick = "┤" if label else "│"
-        rows.append(f"{label:>{LABEL_WIDTH - 1}} {tick}{bars}")
+        label = labels.get(row, "")
+        rows.append(f"{label:>{pad}} {'┤' if label else '│'}{bars}")
     first, last = shown[0], shown[-1]
-    rows.append(" " * LABEL_WIDTH + "└" + "─" * len(shown))
+    rows.append(" " * (pad + 1) + "└" + "─" * len(shown))
     left, right = f"step {first[0]}", f"step {last[0]}"
-    seconds = f"({last[1] - first[1]:.0f} s)"
     gap = max(1, len(shown) + 1 - len(left) - len(right))
-    axis = f"{left}{' ' * gap}{right}"
-    rows.append(" " * LABEL_WIDTH + f"{axis}  {seconds}")
+    rows.append(" " * (pad + 1) + f"{left}{' ' * gap}{right}  ({last[1] - first[1]:.0f} s)")
     return rows
 
 
@@ -76,8 +69,8 @@ def detail_lines(d: RankDetail) -> list[str]:
     """The split, memory and last collective lines under the chart."""
     lines = [
         f"median of the last {WINDOW_STEPS} steps:",
-        f"  step {fmt_ms(d.step_time_ms)} = compute {fmt_ms(d.compute_ms)} "
-        f"+ exposed comm {fmt_ms(d.exposed_comm_ms)} + idle {fmt_ms(d.idle_ms)}",
+        f"  step {fmt_ms(d.step_time_ms)}: compute {fmt_ms(d.compute_ms)}, "
+        f"exposed comm {fmt_ms(d.exposed_comm_ms)}, idle {fmt_ms(d.idle_ms)}",
         f"  comm in flight {fmt_ms(d.comm_ms)}: overlapped {fmt_ms(d.overlapped_comm_ms)}, "
         f"exposed {fmt_ms(d.exposed_comm_ms)}",
         f"memory: allocated {fmt_bytes(d.mem_allocated_bytes)} · reserved "

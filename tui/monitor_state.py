@@ -110,7 +110,8 @@ class RankDetail:
     step_time_ms: float | None  # medians over the last `WINDOW_STEPS` steps ...
     compute_ms: float | None
     comm_ms: float | None
-    exposed_comm_ms: float | None  # ... down to here
+    exposed_comm_ms: float | None
+    idle_ms: float | None  # ... down to here; per step: the step beyond compute and exposed comm
     mem_allocated_bytes: float | None  # the last record's
     mem_reserved_bytes: float | None
     mem_peak_bytes: float | None
@@ -124,14 +125,6 @@ class RankDetail:
         if self.comm_ms is None or self.exposed_comm_ms is None:
             return None
         return max(0.0, self.comm_ms - self.exposed_comm_ms)
-
-    @property
-    def idle_ms(self) -> float | None:
-        """The step's remainder beyond compute and exposed communication (never negative)."""
-        if None in (self.step_time_ms, self.compute_ms, self.exposed_comm_ms):
-            return None
-        rest = float(self.step_time_ms or 0) - float(self.compute_ms or 0)
-        return max(0.0, rest - float(self.exposed_comm_ms or 0))
 
 
 @dataclass(frozen=True)
@@ -403,6 +396,7 @@ class MonitorState:
             compute_ms=_median(s.recent("compute_ms")),
             comm_ms=_median(s.recent("comm_ms")),
             exposed_comm_ms=_median(s.recent("exposed_comm_ms")),
+            idle_ms=_median(_idle_ms(s)),
             mem_allocated_bytes=last.get("mem_allocated_bytes"),
             mem_reserved_bytes=last.get("mem_reserved_bytes"),
             mem_peak_bytes=last.get("mem_peak_bytes"),
@@ -410,6 +404,16 @@ class MonitorState:
             last_collective=last.get("last_collective"),
             hung_in=last.get("hung_in"),
         )
+
+
+def _idle_ms(state: RankState) -> list[float]:
+    """Per recent step with the whole split: its time beyond compute and exposed comm (>= 0)."""
+    out = []
+    for st in list(state.steps)[-WINDOW_STEPS:]:
+        step, compute, exposed = st.step_time_ms, st.compute_ms, st.exposed_comm_ms
+        if step is not None and compute is not None and exposed is not None:
+            out.append(max(0.0, float(step) - float(compute) - float(exposed)))
+    return out
 
 
 def _steps_per_s(state: RankState) -> float | None:
