@@ -290,6 +290,7 @@ class RankSession:
             "mem_allocated_bytes": allocated,
             "mem_reserved_bytes": reserved,
             "mem_peak_bytes": peak,
+            "mem_source": memory.memory_source(self._cuda),
             "samples_per_s": samples_per_s,
         }
         split = self._comm_timer.take(start, end) if self._comm_timer is not None else None

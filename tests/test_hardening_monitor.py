@@ -300,3 +300,5 @@ def test_end_of_run_and_last_collective_fields() -> None:
     assert decode(frames(base))["ended"] is None
     assert decode(frames({**base, "last_collective": "a" * 300}))["last_collective"] == "a" * 128
     assert decode(frames({**base, "last_collective": 5}))["last_collective"] is None
+    assert decode(frames({**base, "mem_source": "process"}))["mem_source"] == "process"
+    assert decode(frames({**base, "mem_source": "disk"}))["mem_source"] is None

@@ -212,3 +212,18 @@ def test_step_chart_labels_its_axes_and_handles_flat_and_empty_histories() -> No
     assert flat[0].endswith("█" * 5) and flat[1].endswith("█" * 5)
     assert step_chart((), 80, 4) == ["no step times yet"]
     assert len(step_chart(history, 30, 4)[0]) <= 30  # the last steps that fit
+
+
+def test_memory_creep_is_not_judged_on_process_rss() -> None:
+    from zdiag.tui.monitor_detail import detail_lines
+
+    state = MonitorState()
+    grow = {"mem_allocated_bytes": lambda s: float(2 << 30) + s * 64 * 2**20}
+    state.ingest(job(ranks=2, r1={**grow, "mem_source": "process"}), NOW)
+    assert state.view(NOW).findings == ()
+    detail = state.detail(1, NOW)
+    assert detail is not None and detail.mem_source == "process"
+    assert "process RSS: creep not judged" in detail_lines(detail)[3]
+    device = MonitorState()
+    device.ingest(job(ranks=2, r1={**grow, "mem_source": "device"}), NOW)
+    assert [f.id for f in device.view(NOW).findings] == ["memory-creep"]

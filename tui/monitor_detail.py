@@ -74,14 +74,18 @@ def detail_lines(d: RankDetail) -> list[str]:
         f"  comm in flight {fmt_ms(d.comm_ms)}: overlapped {fmt_ms(d.overlapped_comm_ms)}, "
         f"exposed {fmt_ms(d.exposed_comm_ms)}",
         f"memory: allocated {fmt_bytes(d.mem_allocated_bytes)} · reserved "
-        f"{fmt_bytes(d.mem_reserved_bytes)} · peak {fmt_bytes(d.mem_peak_bytes)} · "
-        + (
-            f"creeping {fmt_bytes(d.mem_creep_bytes_per_step)}/step"
-            if d.mem_creep_bytes_per_step is not None
-            else "not creeping"
-        ),
+        f"{fmt_bytes(d.mem_reserved_bytes)} · peak {fmt_bytes(d.mem_peak_bytes)} · " + _creep(d),
         f"last collective: {d.last_collective or '-'}",
     ]
     if d.hung_in:
         lines.append(f"hung in {d.hung_in}")
     return lines
+
+
+def _creep(d: RankDetail) -> str:
+    """What the memory-creep rule says of the rank."""
+    if d.mem_source == "process":
+        return "process RSS: creep not judged"
+    if d.mem_creep_bytes_per_step is None:
+        return "not creeping"
+    return f"creeping {fmt_bytes(d.mem_creep_bytes_per_step)}/step"

@@ -26,6 +26,10 @@ MEMORY_CREEP_MIN_STEPS = 8  # samples after the warm-up
 MEMORY_CREEP_WINDOW = 4 * WINDOW_STEPS  # recent samples the rule looks at
 MEMORY_CREEP_MIN_BYTES = 16 * 1024 * 1024  # rise of the floor over the window
 MEMORY_CREEP_MIN_FRACTION = 0.02  # ... and relative to the window's first floor
+PROCESS_MEMORY = "process"
+"""A rank whose memory figure is its process's RSS (CPU training without a memory reader) is not
+judged: RSS also holds what the allocators cache, and a healthy 2-rank CPU harness run's RSS
+floor rose 50-90 MiB over its first ~40 steps before levelling off, as rising as a leak."""
 MEMORY_CREEP_PARTS = 4
 """The window is cut in this many parts; a leak raises the floor (minimum) of every part over
 the one before. A plateau with noise, or allocations that come and go within steps (a sawtooth),
@@ -125,7 +129,10 @@ def floor_growth_per_step(state: RankState) -> float | None:
     `MEMORY_CREEP_PARTS` parts; memory creeps when each part's minimum is above the one before and
     the last part's minimum is `MEMORY_CREEP_MIN_BYTES` and `MEMORY_CREEP_MIN_FRACTION` above the
     first's. The rate is that rise over the steps between the first and last parts' starts.
+    Not judged on process RSS (`PROCESS_MEMORY`).
     """
+    if state.last.get("mem_source") == PROCESS_MEMORY:
+        return None
     samples = [
         (st.step, float(st.mem_allocated_bytes))
         for st in state.steps

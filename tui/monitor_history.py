@@ -24,6 +24,7 @@ LAST_FIELDS = (
     "hung_in",
     "ended",
     "last_collective",
+    "mem_source",
 )
 """What the monitor keeps of each rank's last record (the table's and the detail's figures)."""
 NUMBER_LAST_FIELDS = LAST_FIELDS[1:6]

@@ -116,6 +116,7 @@ class RankDetail:
     mem_reserved_bytes: float | None
     mem_peak_bytes: float | None
     mem_creep_bytes_per_step: float | None  # the memory-creep rule's rate, None when no creep
+    mem_source: str | None  # "device", "reader", "process" (RSS: not judged), None: unknown
     last_collective: str | None
     hung_in: str | None
 
@@ -401,6 +402,7 @@ class MonitorState:
             mem_reserved_bytes=last.get("mem_reserved_bytes"),
             mem_peak_bytes=last.get("mem_peak_bytes"),
             mem_creep_bytes_per_step=floor_growth_per_step(s),
+            mem_source=last.get("mem_source"),
             last_collective=last.get("last_collective"),
             hung_in=last.get("hung_in"),
         )
