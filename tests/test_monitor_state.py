@@ -139,6 +139,9 @@ def test_a_hang_record_marks_the_rank_hung_with_where_until_it_steps_again() -> 
     assert rows[1].status == "hung" and rows[1].hung_in == stuck["hung_in"]
     assert render_summary(state.view(NOW + 400)).count("hung in all_gather_single #34") == 1
     assert rows[0].status == "gone"
+    killed = {**rec(1, 5), "step_time_ms": None, "ended": "failed"}  # its launcher ends it
+    state.ingest([killed], NOW + 400)
+    assert {r.rank: r for r in state.view(NOW + 400).rows}[1].status == "hung"  # says where
     state.ingest([{**rec(1, 6), "recv_ts": NOW + 401}], NOW + 401)  # it moved on
     assert {r.rank: r for r in state.view(NOW + 401).rows}[1].status == "ok"
 

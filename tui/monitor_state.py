@@ -287,13 +287,17 @@ class MonitorState:
     # -- view ----------------------------------------------------------------------------------
 
     def status(self, state: RankState, now: float) -> str:
-        """ "finished"/"failed" after the rank's end-of-run record, "hung" when its last record
-        is its hang watchdog's, else "gone", "stale" or "ok" from the time since its last record."""
+        """ "finished" after a clean end-of-run record; "hung" when the last step record is the
+        hang watchdog's (also once the hung rank is ended: where it hung says more than "failed");
+        "failed" after a failed end-of-run record; else "gone", "stale" or "ok" from the time
+        since the rank's last record."""
         ended = state.last.get("ended")
-        if ended:
-            return str(ended)
+        if ended == "finished":
+            return "finished"
         if state.last.get("hung_in"):
             return "hung"
+        if ended:
+            return str(ended)
         typical_s = (_median(state.recent("step_time_ms")) or 0.0) / 1000.0
         age = now - state.last_recv
         if age > max(GONE_AFTER_S, GONE_STEPS * typical_s):
