@@ -10,7 +10,17 @@ One message is three ZeroMQ frames: ``[SCHEMA, token, payload]``.
   ``step``, ``step_time_ms``, ``mem_allocated_bytes``, ``mem_reserved_bytes``, ``mem_peak_bytes``,
   ``samples_per_s``, optionally ``compute_ms``, ``comm_ms``, ``exposed_comm_ms``, and the publisher
   adds ``job``, ``ts`` (unix seconds when ``publish`` was called), ``seq`` and ``dropped`` (records
-  this publisher dropped so far). A relay sends ``kind="relay"`` records with its own counters.
+  this publisher dropped so far). ``mem_source`` says what the memory figures are (one of
+  `MEM_SOURCES`: CUDA's allocator, a registered reader, or the process's RSS; absent: unknown).
+  ``last_collective`` names the last collective the step issued
+  (when the comm split is measured). A relay sends ``kind="relay"`` records with its own counters.
+- The end-of-run record is a step record with ``ended`` set (``"finished"``: the rank's training
+  returned; ``"failed"``: it raised), ``step`` the last step's number and no figures. It is a field
+  added to ``zdiag.live/1``, not a new kind, so older monitors decode it as an empty step.
+
+Version rules: a field may be added to a kind (older receivers drop it), with a default that
+means what records without it meant; a field is never renamed, removed or given another meaning;
+a new kind, or any change older receivers would misread, needs a new ``SCHEMA``.
 
 Only the standard library and zmq are used here (the collectors' import boundary).
 """
@@ -179,10 +189,17 @@ STEP_FIELDS = (
     "pid",
     "dropped",
     "hung_in",
+    "ended",
+    "last_collective",
+    "mem_source",
     *_NUMBER_FIELDS,
 )
 """The fields a decoded step record holds (every other field is dropped). `hung_in` is set only
-on the record a rank's hang watchdog sends: where the rank is stuck, one line."""
+on the record a rank's hang watchdog sends: where the rank is stuck, one line. `ended` is set only
+on the end-of-run record, one of `ENDED_VALUES`."""
+ENDED_VALUES = ("finished", "failed")
+MEM_SOURCES = ("device", "reader", "process")
+"""`mem_source` values (`collectors.memory.memory_source`); any other decodes as None."""
 RELAY_FIELDS = ("kind", "schema", "host", "ts", "forwarded", "dropped", "rejected")
 """The fields a decoded relay record holds."""
 
@@ -269,6 +286,14 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
     out["dropped"] = _count(obj.get("dropped"))
     hung_in = obj.get("hung_in")
     out["hung_in"] = _text(hung_in) if isinstance(hung_in, str) else None
+    ended = obj.get("ended")
+    if ended is not None and ended not in ENDED_VALUES:
+        raise WireError("field", f"ended must be one of {', '.join(ENDED_VALUES)}")
+    out["ended"] = ended
+    source = obj.get("mem_source")
+    out["mem_source"] = source if source in MEM_SOURCES else None
+    collective = obj.get("last_collective")
+    out["last_collective"] = _text(collective) if isinstance(collective, str) else None
     for name, limit in _NUMBER_RANGES.items():
         out[name] = _number(obj, name, limit)
     return out

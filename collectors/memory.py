@@ -61,6 +61,15 @@ def read_device_memory(cuda_available: bool | None = None) -> MemoryReading:
     return allocated, reserved, peak
 
 
+def memory_source(cuda_available: bool) -> str:
+    """What `read_device_memory` reads now: "device" (CUDA's allocator: the bytes tensors hold),
+    "reader" (one registered with `runinfo.set_memory_reader`) or "process" (the process's RSS,
+    which also holds the allocators' cached and freed memory)."""
+    if cuda_available and torch.cuda.is_initialized():
+        return "device"
+    return "reader" if runinfo.memory_reader() is not None else "process"
+
+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _statm: tuple[int, int] | None = None  # (pid that opened it, fd of /proc/self/statm)
 

@@ -121,6 +121,7 @@ class RankSession:
         self._forward_hook: Any = None
         self._model: ModelCapture | None = None  # the model description's one-shot hooks
         self._publisher: Any = None
+        self._comm_timer: Any = None  # the comm split's timer, only while publishing
         self._samples_per_step: float | None = None
         self._step_log = StepLog(
             self.run_dir / rundir.step_log_relpath(self.rank), config.max_step_log_lines
@@ -202,7 +203,12 @@ class RankSession:
         if self._cuda_history:
             self._guard("CUDA memory history", memory.stop_cuda_history)
         self._guard("step log", self._step_log.close)
+        if self._comm_timer is not None:
+            self._guard("comm split", self._comm_timer.uninstall)
+            self._comm_timer = None
         if self._publisher is not None:
+            ended = "finished" if exit_code == 0 and error is None else "failed"
+            self._guard("live publisher", self._publish_end, ended)
             self._guard("live publisher", self._publisher.close)
             self._publisher = None
         if exc is not None:
@@ -246,7 +252,7 @@ class RankSession:
             )
             self._step_log.write_step(step, time.time(), duration_ms, allocated, reserved, peak)
             if self._publisher is not None:
-                self._publish(step, duration_ms, allocated, reserved, peak)
+                self._publish(step, now - duration_ms / 1000.0, now, allocated, reserved, peak)
             if self.backend is None and self._dist and dist.is_initialized():
                 self.backend = str(dist.get_backend())
                 if self._prof is not None:
@@ -265,24 +271,44 @@ class RankSession:
     def _publish(
         self,
         step: int,
-        duration_ms: float,
+        start: float,
+        end: float,
         allocated: int | None,
         reserved: int | None,
         peak: int | None,
     ) -> None:
+        """The step's live record (`start`, `end`: perf_counter seconds), with its comm split."""
+        duration_ms = (end - start) * 1000.0
         samples_per_s = None
         if self._samples_per_step and duration_ms > 0:
             samples_per_s = self._samples_per_step / (duration_ms / 1000.0)
+        record = {
+            "rank": self.rank,
+            "host": self.host,
+            "step": step,
+            "step_time_ms": duration_ms,
+            "mem_allocated_bytes": allocated,
+            "mem_reserved_bytes": reserved,
+            "mem_peak_bytes": peak,
+            "mem_source": memory.memory_source(self._cuda),
+            "samples_per_s": samples_per_s,
+        }
+        split = self._comm_timer.take(start, end) if self._comm_timer is not None else None
+        if split is not None:
+            record.update(split._asdict())
+        elif self._comm_timer is not None:  # it switched itself off: say why, once
+            self._report(f"comm split stopped: {self._comm_timer.error}")
+            self._comm_timer = None
+        self._publisher.publish(record)
+
+    def _publish_end(self, ended: str) -> None:
+        """The end-of-run record: the monitor shows the rank "finished" (or "failed")."""
         self._publisher.publish(
             {
                 "rank": self.rank,
                 "host": self.host,
-                "step": step,
-                "step_time_ms": duration_ms,
-                "mem_allocated_bytes": allocated,
-                "mem_reserved_bytes": reserved,
-                "mem_peak_bytes": peak,
-                "samples_per_s": samples_per_s,
+                "step": max(0, self.step_index - 1),
+                "ended": ended,
             }
         )
 
@@ -531,6 +557,10 @@ class RankSession:
             self._report(f"live metrics are off: {exc}")
             return
         self._publisher = publisher_from_env(self.rank, self.host)
+        if self._publisher is not None:
+            from zdiag.collectors.comm_split import CommTimer
+
+            self._comm_timer = CommTimer().install()
 
     def _on_run_info(self, info: dict[str, Any]) -> None:
         sps = info.get("samples_per_step")

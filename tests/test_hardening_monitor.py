@@ -81,6 +81,8 @@ def test_decode_raises_only_wire_errors_with_a_reason() -> None:
         b'{"rank":-3,"step":1,"ts":1}': "range",
         b'{"rank":0,"step":1,"ts":1e400}': "range",
         b'{"rank":0,"step":1,"ts":1,"comm_ms":"12"}': "field",
+        b'{"rank":0,"step":1,"ts":1,"ended":"crashed"}': "field",
+        b'{"rank":0,"step":1,"ts":1,"ended":7}': "field",
         b'{"rank":0,"step":' + str(2**64).encode() + b',"ts":1}': "range",
         b'{"rank":0,"step":1,"ts":1,"samples_per_s":' + b"9" * 400 + b"}": "range",
         b"\xff\xfe": "json",
@@ -286,3 +288,17 @@ def test_hung_in_is_a_bounded_string_or_none() -> None:
     assert decode(frames({**base, "hung_in": "x" * 500}))["hung_in"] == "x" * 128
     assert decode(frames({**base, "hung_in": 7}))["hung_in"] is None
     assert decode(frames(base))["hung_in"] is None
+
+
+def test_end_of_run_and_last_collective_fields() -> None:
+    from zdiag.collectors.live_wire import SCHEMA_FRAME, decode
+
+    base = {"kind": "step", "rank": 0, "step": 3, "ts": 1.0}
+    frames = lambda obj: [SCHEMA_FRAME, b"", json.dumps(obj).encode()]  # noqa: E731
+    assert decode(frames({**base, "ended": "finished"}))["ended"] == "finished"
+    assert decode(frames({**base, "ended": "failed"}))["ended"] == "failed"
+    assert decode(frames(base))["ended"] is None
+    assert decode(frames({**base, "last_collective": "a" * 300}))["last_collective"] == "a" * 128
+    assert decode(frames({**base, "last_collective": 5}))["last_collective"] is None
+    assert decode(frames({**base, "mem_source": "process"}))["mem_source"] == "process"
+    assert decode(frames({**base, "mem_source": "disk"}))["mem_source"] is None

@@ -114,15 +114,18 @@ def test_relay_process_forwards_ranks_to_the_monitor() -> None:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_real_harness_run_publishes_to_a_real_monitor(tmp_path: Path) -> None:
-    """`zdiag run --monitor` on 2 gloo ranks of the built-in harness -> `zdiag monitor --headless`."""
+    """`zdiag run --monitor` on 2 gloo ranks of the built-in harness -> `zdiag monitor --headless`:
+    every step arrives with its comm split, each rank ends "finished", and the healthy run raises
+    no memory-creep (its first steps grow the process's memory, a rise that stops by itself)."""
     target = f"127.0.0.1:{free_port()}"
     monitor = start_monitor(target, 120)
+    steps = 16
     try:
         time.sleep(0.5)
         run = zdiag(
             *("run", "--no-profile", "--out", str(tmp_path / "run"), "--monitor", target),
             *("--nproc-per-node", "2", "--harness", "--layers", "2", "--dim", "64"),
-            *("--seq", "32", "--steps", "8"),
+            *("--seq", "32", "--steps", str(steps)),
         )
         assert run.returncode == 0, run.stderr[-2000:]
         time.sleep(0.5)
@@ -132,8 +135,12 @@ def test_real_harness_run_publishes_to_a_real_monitor(tmp_path: Path) -> None:
         reap(monitor)
     rows = {r["rank"]: r for r in seen["rows"]}
     assert sorted(rows) == [0, 1]
-    assert all(r["step"] == 7 and r["step_time_ms"] > 0 for r in rows.values()), rows
-    # 8 steps x 2 ranks: each arrived, or was counted as dropped by its publisher
-    assert seen["records"] + sum(r["dropped"] for r in rows.values()) == 16
-    assert seen["records"] >= 14 and seen["rejected"] == 0
+    assert all(r["step"] == steps - 1 and r["step_time_ms"] > 0 for r in rows.values()), rows
+    assert {r["status"] for r in rows.values()} == {"finished"}
+    # FSDP2 on gloo waits for its gathers and reductions: the comm column has values
+    assert all(r["exposed_comm_ms"] > 0 for r in rows.values()), rows
+    # per rank, its steps and its end-of-run record: each arrived, or was counted as dropped
+    assert seen["records"] + sum(r["dropped"] for r in rows.values()) == 2 * (steps + 1)
+    assert seen["records"] >= 2 * steps and seen["rejected"] == 0
+    assert "memory-creep" not in {f["id"] for f in seen["findings"]}
     assert json.dumps(seen)  # the summary is plain JSON

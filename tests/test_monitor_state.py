@@ -53,6 +53,32 @@ def test_memory_creep_and_comm_bound() -> None:
     assert found["memory-creep"].ranks == [1]
     assert found["memory-creep"].evidence["bytes_per_step"]["1"] == 64 * 2**20
     assert found["comm-bound"].ranks == [3]
+    assert state.detail(1, NOW) is not None
+    assert state.detail(1, NOW).mem_creep_bytes_per_step == 64 * 2**20  # type: ignore[union-attr]
+
+
+def test_memory_creep_ignores_warm_up_and_a_noisy_plateau() -> None:
+    """What a healthy CPU harness run sends (process RSS): it rises 60 MiB over the first 4 steps,
+    then wanders +-20 MiB around a plateau, rising more often than not in some windows."""
+    warm = [386, 401, 426, 447]
+    plateau = [439, 423, 434, 434, 439, 439, 412, 417, 442, 442, 415, 412, 406, 440, 411, 415]
+    mib = [float(v * 2**20) for v in warm + plateau * 3]
+    state = MonitorState()
+    state.ingest(
+        [rec(0, s, mem_allocated_bytes=m) for s, m in enumerate(mib)]
+        + [rec(1, s) for s in range(len(mib))],
+        NOW,
+    )
+    for n in range(1, len(mib) + 1):  # at no point of the run
+        state2 = MonitorState()
+        state2.ingest([rec(0, s, mem_allocated_bytes=m) for s, m in enumerate(mib[:n])], NOW)
+        assert all(f.id != "memory-creep" for f in state2.view(NOW).findings), n
+    # a leak of 4 MiB per step under the same noise is found
+    leaking = [m + s * 4 * 2**20 for s, m in enumerate(mib)]
+    state3 = MonitorState()
+    state3.ingest([rec(0, s, mem_allocated_bytes=m) for s, m in enumerate(leaking)], NOW)
+    (finding,) = [f for f in state3.view(NOW).findings if f.id == "memory-creep"]
+    assert 3 * 2**20 < finding.evidence["bytes_per_step"]["0"] < 6 * 2**20
 
 
 def test_silent_ranks_turn_stale_then_gone() -> None:
@@ -113,5 +139,94 @@ def test_a_hang_record_marks_the_rank_hung_with_where_until_it_steps_again() -> 
     assert rows[1].status == "hung" and rows[1].hung_in == stuck["hung_in"]
     assert render_summary(state.view(NOW + 400)).count("hung in all_gather_single #34") == 1
     assert rows[0].status == "gone"
+    killed = {**rec(1, 5), "step_time_ms": None, "ended": "failed"}  # its launcher ends it
+    state.ingest([killed], NOW + 400)
+    assert {r.rank: r for r in state.view(NOW + 400).rows}[1].status == "hung"  # says where
     state.ingest([{**rec(1, 6), "recv_ts": NOW + 401}], NOW + 401)  # it moved on
     assert {r.rank: r for r in state.view(NOW + 401).rows}[1].status == "ok"
+
+
+def test_finished_and_failed_ranks_and_findings_kept_after_the_job() -> None:
+    state = MonitorState()
+    state.ingest(job(ranks=4, r2={"compute_ms": 95.0}), NOW)
+    end = {"step_time_ms": None, "compute_ms": None, "mem_allocated_bytes": None}
+    state.ingest([rec(r, 29, ended="finished", **end) for r in (0, 1, 2)], NOW)
+    state.ingest([rec(3, 29, ended="failed", **end)], NOW)
+    later = state.view(NOW + 3600)  # an hour after: never "gone"
+    assert [r.status for r in later.rows] == ["finished", "finished", "finished", "failed"]
+    assert [r.step_time_ms for r in later.rows] == [100.0] * 4  # the last step's figures stay
+    assert [f.id for f in later.findings] == ["straggler"]  # the findings outlive the job
+    assert "0 ranks (3 finished, 1 failed)" in render_summary(later)
+
+
+def test_findings_stay_when_every_rank_is_gone() -> None:
+    state = MonitorState()
+    state.ingest(job(ranks=4, r2={"compute_ms": 95.0}), NOW)
+    view = state.view(NOW + 600)
+    assert {r.status for r in view.rows} == {"gone"}
+    assert [f.id for f in view.findings] == ["straggler"]
+
+
+def test_jobs_are_kept_apart_and_the_latest_is_shown() -> None:
+    state = MonitorState()
+    state.ingest(job(ranks=2), NOW)
+    state.ingest([dict(r, job="job-8", recv_ts=r["recv_ts"] + 1) for r in job(ranks=3)], NOW)
+    view = state.view(NOW)
+    assert view.jobs == ("job-7", "job-8") and view.job == "job-8" and len(view.rows) == 3
+    old = state.view(NOW, job="job-7")
+    assert old.job == "job-7" and len(old.rows) == 2
+    assert state.view(NOW, job="no-such-job").job == "job-8"
+    assert state.detail(2, NOW, job="job-7") is None
+    assert state.detail(2, NOW, job="job-8") is not None
+
+
+def test_jobs_are_bounded(monkeypatch: Any) -> None:
+    monkeypatch.setattr(ms, "MAX_JOBS", 2)
+    state = MonitorState()
+    for i in range(4):
+        state.ingest([rec(0, 0, job=f"j{i}", recv_ts=NOW + i)], NOW)
+    assert list(state.jobs) == ["j2", "j3"]
+
+
+def test_rank_detail_has_the_history_split_memory_and_last_collective() -> None:
+    state = MonitorState()
+    records = job(ranks=2, r1={"last_collective": "all_gather_single 4.0 MiB"})
+    state.ingest(records, NOW)
+    detail = state.detail(1, NOW)
+    assert detail is not None
+    assert len(detail.history) == 30 and detail.history[-1] == (29, NOW - 1, 100.0)
+    assert (detail.compute_ms, detail.comm_ms, detail.exposed_comm_ms) == (70.0, 30.0, 5.0)
+    assert detail.overlapped_comm_ms == 25.0 and detail.idle_ms == 25.0  # 100 - 70 - 5
+    assert detail.mem_reserved_bytes == float(3 << 30) and detail.mem_creep_bytes_per_step is None
+    assert detail.last_collective == "all_gather_single 4.0 MiB"
+    assert state.detail(7, NOW) is None
+
+
+def test_step_chart_labels_its_axes_and_handles_flat_and_empty_histories() -> None:
+    from zdiag.tui.monitor_detail import step_chart
+
+    history = tuple((s, NOW + s, 100.0 + (1400.0 if s == 0 else s % 3)) for s in range(40))
+    rows = step_chart(history, 80, 4)
+    assert rows[0].startswith("max 1,500 ms ┤█") and rows[3].startswith("  min 100 ms ┤")
+    assert len({row.index("┤") if "┤" in row else row.index("│") for row in rows[:4]}) == 1
+    assert rows[4].endswith("└" + "─" * 40)
+    assert rows[5].split() == ["step", "0", "step", "39", "(39", "s)"]
+    flat = step_chart(tuple((s, NOW + s, 50.0) for s in range(5)), 80, 2)
+    assert flat[0].endswith("█" * 5) and flat[1].endswith("█" * 5)
+    assert step_chart((), 80, 4) == ["no step times yet"]
+    assert len(step_chart(history, 30, 4)[0]) <= 30  # the last steps that fit
+
+
+def test_memory_creep_is_not_judged_on_process_rss() -> None:
+    from zdiag.tui.monitor_detail import detail_lines
+
+    state = MonitorState()
+    grow = {"mem_allocated_bytes": lambda s: float(2 << 30) + s * 64 * 2**20}
+    state.ingest(job(ranks=2, r1={**grow, "mem_source": "process"}), NOW)
+    assert state.view(NOW).findings == ()
+    detail = state.detail(1, NOW)
+    assert detail is not None and detail.mem_source == "process"
+    assert "process RSS: creep not judged" in detail_lines(detail)[3]
+    device = MonitorState()
+    device.ingest(job(ranks=2, r1={**grow, "mem_source": "device"}), NOW)
+    assert [f.id for f in device.view(NOW).findings] == ["memory-creep"]

@@ -58,14 +58,32 @@ def problem_job() -> list[dict[str, Any]]:
 
 
 def make_app(
-    *batches: list[dict[str, Any]], rejected: int = 0, poll_interval_s: float = 0.05
+    *batches: list[dict[str, Any]],
+    rejected: int = 0,
+    poll_interval_s: float = 0.05,
+    listen: str = "127.0.0.1:5577",
 ) -> MonitorApp:
     return MonitorApp(
         FakeSource(*batches, rejected=rejected),
         clock=lambda: NOW,
         poll_interval_s=poll_interval_s,
         refresh_interval_s=3600,  # tests refresh explicitly
+        listen=listen,
     )
+
+
+def two_jobs() -> list[dict[str, Any]]:
+    """job-7 (4 ranks) ended cleanly at step 29; job-8 (2 ranks) runs, its rank 1 waits longer."""
+    old = job(ranks=4, r2={"compute_ms": 95.0})
+    ended = [
+        rec(r, 29, ended="finished", step_time_ms=None, compute_ms=None, mem_allocated_bytes=None)
+        for r in range(4)
+    ]
+    new = [
+        dict(r, job="job-8", pid=200 + r["rank"], ts=r["ts"] + 30, recv_ts=r["recv_ts"] + 30)
+        for r in job(ranks=2, steps=12, r1={"exposed_comm_ms": 40.0, "step_time_ms": 120.0})
+    ]
+    return old + ended + new
 
 
 def header_text(app: MonitorApp) -> str:
@@ -97,15 +115,17 @@ async def test_sort_keys_and_worst_first() -> None:
     app = make_app(problem_job())
     async with app.run_test(size=(130, 40)) as pilot:
         await pilot.pause()
-        assert first_column(app)[:3] == ["0", "1", "2"]
+        assert (app.sort_key, app.sort_reverse) == ("step time", True)
+        assert first_column(app)[:3] == ["5", "0", "1"]  # slowest first, ties by rank
+        assert "sort: step time (desc)" in header_text(app)
         await pilot.press("w")
         assert first_column(app)[:3] == ["13", "12", "5"]  # gone, stale, straggler
         await pilot.press("s")  # status -> rank (the cycle wraps)
-        assert app.sort_key == "rank"
+        assert app.sort_key == "rank" and first_column(app)[:3] == ["0", "1", "2"]
         await pilot.press("r")
         assert first_column(app)[0] == "15"
-        await pilot.press("s", "r")  # step time, ascending then descending
-        assert app.sort_key == "step time" and not app.sort_reverse
+        await pilot.press("s")  # step time, keeping the descending order
+        assert app.sort_key == "step time" and app.sort_reverse
 
 
 async def test_late_attach_pause_and_findings_toggle() -> None:
@@ -136,6 +156,7 @@ async def test_refresh_updates_cells_in_place_and_rebuilds_on_reorder() -> None:
     async with app.run_test(size=(130, 40)) as pilot:
         await pilot.pause()
         table = app.query_one("#ranks", DataTable)
+        await pilot.press("w", "s")  # by rank
         app.state.ingest([rec(0, 31, ts=NOW, recv_ts=NOW, step_time_ms=250.0)], NOW)
         app.refresh_view()  # same order (by rank): cells are updated in place
         assert [str(c) for c in table.get_row("0")][2:4] == ["31", "250 ms"]
@@ -176,3 +197,88 @@ async def test_app_on_a_real_receiver_follows_a_real_publisher() -> None:
             assert "job live-1 · 1 ranks" in header_text(app)
     finally:
         pub.close()
+
+
+def screen_text(app: MonitorApp) -> str:
+    return "\n".join(str(w.render()) for w in app.screen.query(Static))
+
+
+async def test_enter_opens_the_rank_detail_and_escape_closes_it() -> None:
+    from zdiag.tui.monitor_screens import RankScreen
+
+    records = problem_job()
+    for r in records:
+        if r["rank"] == 5:
+            r["last_collective"] = "reduce_scatter_single 8.0 MiB"
+    app = make_app(records)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("enter")  # the cursor is on the slowest rank: 5
+        assert isinstance(app.screen, RankScreen) and app.screen.rank == 5
+        text = screen_text(app)
+        assert "rank 5 · node1 · job job-7 · pid 105" in text
+        assert "max 146 ms ┤" in text and "min 101 ms ┤" in text  # the y axis, labelled
+        assert "step 0" in text and "step 30" in text and "(30 s)" in text  # the time axis
+        assert "step 124 ms: compute 95.0 ms, exposed comm 0 ms, idle 28.5 ms" in text
+        assert "comm in flight 30.0 ms: overlapped 30.0 ms, exposed 0 ms" in text
+        assert "last collective: reduce_scatter_single 8.0 MiB" in text
+        assert "memory: allocated 2.0 GiB" in text
+        app.refresh_view()  # the detail follows the state
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RankScreen)
+
+
+async def test_help_and_ctrl_c_quits() -> None:
+    from zdiag.tui.monitor_screens import HelpScreen
+
+    app = make_app(problem_job())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "Ctrl-C" in screen_text(app) and "next job" in screen_text(app)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_header_shows_the_listen_address() -> None:
+    app = make_app(problem_job(), listen="10.0.0.5:5577")
+    async with app.run_test(size=(200, 30)) as pilot:
+        await pilot.pause()
+        assert header_text(app).endswith("on 10.0.0.5:5577  sort: step time (desc)")
+
+
+async def test_job_switcher_and_finished_ranks() -> None:
+    app = make_app(two_jobs())
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.pause()
+        assert "job job-8 (2/2) · 2 ranks" in header_text(app)
+        assert first_column(app) == ["1", "0"]
+        await pilot.press("j")
+        assert "job job-7 (1/2) · 0 ranks (4 finished)" in header_text(app)
+        table = app.query_one("#ranks", DataTable)
+        assert {str(table.get_cell_at((i, 7))) for i in range(4)} == {"finished"}
+        assert "straggler" in str(app.query_one("#findings", Static).render())  # kept
+        app.state.ingest([dict(rec(0, 12, job="job-8", pid=200), ts=NOW, recv_ts=NOW)], NOW)
+        app.refresh_view()
+        assert app.last_view is not None and app.last_view.job == "job-7"  # the pick stays
+        await pilot.press("j")
+        assert "job job-8 (2/2)" in header_text(app)
+
+
+def test_snapshot_80x24_problem_job(snap_compare: Any) -> None:
+    assert snap_compare(make_app(problem_job()), terminal_size=(80, 24))
+
+
+def test_snapshot_80x24_rank_detail(snap_compare: Any) -> None:
+    assert snap_compare(make_app(problem_job()), terminal_size=(80, 24), press=["enter"])
+
+
+def test_snapshot_80x24_help(snap_compare: Any) -> None:
+    assert snap_compare(make_app(problem_job()), terminal_size=(80, 24), press=["question_mark"])
+
+
+def test_snapshot_80x24_finished_job_after_switching(snap_compare: Any) -> None:
+    assert snap_compare(make_app(two_jobs()), terminal_size=(80, 24), press=["j"])

@@ -306,11 +306,12 @@ def test_monitor_receives_live_step_records(tmp_path: Path) -> None:
         records: list[dict[str, Any]] = []
         for _ in range(20):
             records += [r for r in receiver.poll(timeout_ms=250) if "step" in r]
-            if len(records) >= 4:
+            if any(r["ended"] for r in records):  # the end-of-run record comes last
                 break
     finally:
         receiver.close()
-    assert sorted(r["step"] for r in records) == [0, 1, 2, 3]
+    assert sorted(r["step"] for r in records if not r["ended"]) == [0, 1, 2, 3]
+    assert [(r["step"], r["ended"]) for r in records if r["ended"]] == [(3, "finished")]
     first = records[0]
     assert first["rank"] == 0 and first["host"] == socket.gethostname()
     assert first["step_time_ms"] > 0 and "mem_allocated_bytes" in first and "samples_per_s" in first

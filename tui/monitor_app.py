@@ -2,9 +2,11 @@
 
 The app takes its data source (a `MonitorSource`: the zmq `LiveReceiver`, or a fake in tests)
 and its clock as constructor arguments; all figures come from `MonitorState.view` (pure), the
-app only lays them out: a header (job, ranks reporting, step rate, lag, drops, rejections), the
-rank table (sortable; stragglers, stale and gone ranks highlighted), a sparkline of the slowest
-rank's step time per step, the live findings, and the keys in the footer.
+app only lays them out: a header (job, ranks reporting, step rate, lag, drops, rejections, the
+listen address), the rank table (slowest first by default, sortable; stragglers, stale, gone,
+hung, finished and failed ranks styled), a sparkline of the slowest rank's step time per step,
+the live findings, and the keys in the footer. Enter opens a rank (`monitor_screens.RankScreen`),
+`j` switches between jobs, `?` lists the keys.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
+from zdiag.tui.monitor_screens import HelpScreen, RankScreen
 from zdiag.tui.monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
 from zdiag.tui.monitor_text import (
     COLUMNS,
@@ -34,11 +37,14 @@ STATUS_STYLE = {
     "stale": "yellow",
     "gone": "bold red",
     "hung": "bold white on red",
+    "failed": "bold red",
+    "finished": "green",
 }
 SEVERITY_STYLE = {"critical": "bold red", "warning": "dark_orange", "info": "cyan"}
 
 
-def _sort_value(row: RankRow, key: str) -> tuple[float, int]:
+def _sort_value(row: RankRow, key: str) -> float:
+    """The value of column `key` to sort by (missing values sort as the smallest)."""
     values: dict[str, float | None] = {
         "rank": float(row.rank),
         "step": float(row.step),
@@ -49,7 +55,7 @@ def _sort_value(row: RankRow, key: str) -> tuple[float, int]:
         "status": float(STATUS_ORDER.get(row.status, 9)),
     }
     value = values.get(key, float(row.rank))
-    return (float("-inf") if value is None else value, row.rank)
+    return float("-inf") if value is None else value
 
 
 SORT_KEYS = ("rank", "step time", "exposed comm", "mem alloc", "mem peak", "step", "status")
@@ -65,8 +71,11 @@ class MonitorApp(App[None]):
         Binding("r", "reverse_sort", "reverse"),
         Binding("w", "worst_first", "worst first"),
         Binding("f", "toggle_findings", "findings"),
+        Binding("j", "next_job", "next job"),
         Binding("p", "toggle_pause", "pause"),
+        Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
     ]
 
     def __init__(
@@ -76,16 +85,20 @@ class MonitorApp(App[None]):
         clock: Clock = time.time,
         poll_interval_s: float = 0.25,
         refresh_interval_s: float = 1.0,
+        listen: str = "",
     ) -> None:
-        """Follow `source`; figures are computed at `clock()` times."""
+        """Follow `source` (received on `listen`, shown in the header); figures are computed at
+        `clock()` times."""
         super().__init__()
         self.source = source
         self.clock = clock
         self.state = MonitorState()
         self.poll_interval_s = poll_interval_s
         self.refresh_interval_s = refresh_interval_s
-        self.sort_key = "rank"
-        self.sort_reverse = False
+        self.listen = listen
+        self.sort_key = "step time"  # slowest first
+        self.sort_reverse = True
+        self.job: str | None = None  # the job shown; None follows the latest one
         self.paused = False
         self.last_view: MonitorView | None = None
         self.source_error: str | None = None  # the first error the source raised
@@ -93,18 +106,24 @@ class MonitorApp(App[None]):
         self._shown: dict[str, tuple[tuple[str, ...], str]] = {}  # key -> (cells, status)
 
     def compose(self) -> ComposeResult:
-        """Header, table, sparkline, findings, footer."""
-        yield Static(id="header")
-        yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        """Header, table, sparkline, findings, footer (kept as attributes: the refresh timer
+        updates them while another screen, a rank's detail or the help, is on top)."""
+        self.header = Static(id="header")
+        self.table: DataTable[Text] = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        self.trend_label = Label("slowest rank, last steps", id="trend-label")
+        self.spark = Sparkline([], summary_function=max, id="spark")
+        self.findings_panel = Static(id="findings")
+        yield self.header
+        yield self.table
         with Horizontal(id="trend"):
-            yield Label("slowest rank, last steps", id="trend-label")
-            yield Sparkline([], summary_function=max, id="spark")
-        yield Static(id="findings")
+            yield self.trend_label
+            yield self.spark
+        yield self.findings_panel
         yield Footer()
 
     def on_mount(self) -> None:
         """Set up the table and the timers; show whatever is there at once."""
-        table = self.query_one("#ranks", DataTable)
+        table = self.table
         for name in COLUMNS:
             table.add_column(name, key=name)
         self.poll_source()
@@ -127,17 +146,18 @@ class MonitorApp(App[None]):
         """Redraw every widget from a fresh view (skipped while paused)."""
         if self.paused:
             return
-        view = self.last_view = self.state.view(self.clock())
-        self.query_one("#header", Static).update(self._header(view))
+        view = self.last_view = self.state.view(self.clock(), self.job)
+        self.header.update(self._header(view))
         self._fill_table(view)
-        spark = self.query_one("#spark", Sparkline)
-        spark.data = list(view.slowest_step_ms)
+        self.spark.data = list(view.slowest_step_ms)
         last = view.slowest_step_ms[-1] if view.slowest_step_ms else None
-        self.query_one("#trend-label", Label).update(f"slowest rank per step: {fmt_ms(last)} ")
-        self.query_one("#findings", Static).update(self._findings(view))
+        self.trend_label.update(f"slowest rank per step: {fmt_ms(last)} ")
+        self.findings_panel.update(self._findings(view))
+        if isinstance(self.screen, RankScreen):
+            self.screen.redraw()
 
     def _header(self, view: MonitorView) -> Text:
-        text = Text(header_line(view))
+        text = Text(header_line(view, self.listen))
         if self.paused:
             text.append("  [paused]", style="bold")
         sort = f"  sort: {self.sort_key}{' (desc)' if self.sort_reverse else ''}"
@@ -146,7 +166,8 @@ class MonitorApp(App[None]):
 
     def _fill_table(self, view: MonitorView) -> None:
         """Update the cells that changed; rebuild the table only when the row order changed."""
-        table = self.query_one("#ranks", DataTable)
+        table = self.table
+        # view.rows are in rank order and the sort is stable (reversed too): ties stay by rank
         rows = sorted(
             view.rows, key=lambda r: _sort_value(r, self.sort_key), reverse=self.sort_reverse
         )
@@ -212,10 +233,29 @@ class MonitorApp(App[None]):
         """Gone, stale and straggler ranks on top."""
         self._set_sort("status", False)
 
+    def action_next_job(self) -> None:
+        """Show the next job the monitor has seen (and stay on it)."""
+        jobs = self.state.view(self.clock(), self.job).jobs
+        if not jobs:
+            return
+        shown = self.last_view.job if self.last_view is not None else jobs[-1]
+        self.job = jobs[(jobs.index(shown) + 1) % len(jobs)] if shown in jobs else jobs[-1]
+        self._order = []  # other ranks: rebuild the table
+        self.refresh_view()
+
+    def action_help(self) -> None:
+        """The keys and statuses."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a row opens that rank."""
+        if self.last_view is not None and event.row_key.value is not None:
+            self.push_screen(RankScreen(int(event.row_key.value), self.last_view.job))
+
     def action_toggle_findings(self) -> None:
         """Show or hide the findings panel."""
-        panel = self.query_one("#findings", Static)
-        panel.display = not panel.display
+        self.findings_panel.display = not self.findings_panel.display
 
     def action_toggle_pause(self) -> None:
         """Freeze the display (records are still received and counted)."""
@@ -223,7 +263,7 @@ class MonitorApp(App[None]):
         if not self.paused:
             self.refresh_view()
         elif self.last_view is not None:
-            self.query_one("#header", Static).update(self._header(self.last_view))
+            self.header.update(self._header(self.last_view))
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         """Clicking a column header sorts by it (again: reverses)."""

@@ -1,45 +1,49 @@
 """The live monitor's model: pure logic, no Textual, no sockets (the TUI and headless mode share it).
 
 `MonitorState.ingest(records, now)` folds step records (from `zdiag.collectors.live_receive`, or
-a fake source in tests) into bounded per-rank histories; `MonitorState.view(now)` returns an
-immutable `MonitorView`: the header figures, one `RankRow` per rank with its status, and live
-`Finding`s under the ids `zdiag analyze` uses (``straggler``, ``memory-creep``, ``comm-bound``).
+a fake source in tests) into bounded per-job, per-rank histories; `MonitorState.view(now, job)`
+returns an immutable `MonitorView` of one job (the most recently active one unless named): the
+header figures, one `RankRow` per rank with its status, and live `Finding`s
+(`tui/monitor_findings.py`). `MonitorState.detail(rank, now, job)` is one rank's `RankDetail`.
 Time is always passed in, so tests freeze it.
 
-Thresholds are the named constants below; each finding reports the one it used in its evidence.
+Findings look at the ranks still reporting and the ones that finished; once no rank of the job
+reports any more (it ended, died or hangs), at every rank's history as it ended, so the
+findings stay on screen after the job.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from zdiag.analyzers.report import Finding
+from zdiag.tui.monitor_findings import comm_bound, floor_growth_per_step, memory_creep, stragglers
+from zdiag.tui.monitor_history import (
+    HISTORY_STEPS,
+    LAST_FIELDS,
+    NUMBER_LAST_FIELDS,
+    RankState,
+    StepSample,
+)
 
-HISTORY_STEPS = 60  # step records kept per rank
-WINDOW_STEPS = 10  # recent steps the statuses and findings look at
+__all__ = ["HISTORY_STEPS", "LAST_FIELDS", "MonitorState", "MonitorView", "RankDetail", "RankRow"]
+
 LAG_SAMPLES = 4096  # recent receive lags kept for percentiles
-MAX_RANKS = 65_536  # ranks tracked; records of further ranks are counted and ignored
+MAX_RANKS = 65_536  # ranks tracked (all jobs together); records of further ranks are ignored
 MAX_RELAYS = 4096
+MAX_JOBS = 8  # jobs tracked; a further job evicts the one that reported least recently
 
 STALE_AFTER_S = 5.0  # no record for this long (or 3 recent step times, if longer): "stale"
 STALE_STEPS = 3.0
 GONE_AFTER_S = 30.0  # no record for this long (or 10 recent step times, if longer): "gone"
 GONE_STEPS = 10.0
-
-STRAGGLER_RATIO = 1.25  # rank's recent median compute (else step) time vs. the job's median
-STRAGGLER_MIN_EXCESS_MS = 2.0  # ... and at least this much slower in absolute terms
-STRAGGLER_MIN_STEPS = 3
-COMM_BOUND_RATIO = 1.0  # median comm_ms >= this x median compute_ms: overlap cannot hide it
-MEMORY_CREEP_MIN_STEPS = 8
-MEMORY_CREEP_MIN_BYTES = 16 * 1024 * 1024  # growth over the window
-MEMORY_CREEP_MIN_FRACTION = 0.02  # ... and relative to the window's first value
-MEMORY_CREEP_RISING_SHARE = 0.7  # share of step-to-step changes that must be increases
+ENDED_STATUSES = ("finished", "failed")
+"""What a rank's end-of-run record (``ended``) says: it returned cleanly, or it raised."""
 
 
 class MonitorSource(Protocol):
@@ -61,67 +65,14 @@ class MonitorSource(Protocol):
 
 Clock = Callable[[], float]
 
-LAST_FIELDS = (
-    "step",
-    "step_time_ms",
-    "exposed_comm_ms",
-    "mem_allocated_bytes",
-    "mem_peak_bytes",
-    "dropped",
-    "hung_in",
-)
-"""What the monitor keeps of each rank's last record (the table's cells); nothing else."""
-
-
-class StepSample(NamedTuple):
-    """The figures of one step the model keeps (compact: the full record is not retained)."""
-
-    step: int
-    ts: float
-    step_time_ms: float | None
-    compute_ms: float | None
-    comm_ms: float | None
-    exposed_comm_ms: float | None
-    mem_allocated_bytes: float | None
-
-    @classmethod
-    def of(cls, rec: dict[str, Any]) -> StepSample:
-        """The sample of a decoded record."""
-        return cls(
-            int(rec["step"]),
-            float(rec["ts"]),
-            *(rec.get(k) for k in cls._fields[2:]),
-        )
-
-
-_SAMPLE_INDEX = {name: i for i, name in enumerate(StepSample._fields)}
-
 
 @dataclass
-class RankState:
-    """What the monitor knows about one rank (bounded histories)."""
+class JobState:
+    """The ranks of one job (records carry ``job``) and its slowest step time per step."""
 
-    rank: int
-    host: str = "?"
-    job: str = ""
-    pid: int | None = None
-    last: dict[str, Any] = field(default_factory=dict)  # the `LAST_FIELDS` of the last record
-    first_seen: float = 0.0
+    ranks: dict[int, RankState] = field(default_factory=dict)
     last_recv: float = 0.0
-    restarts: int = 0
-    steps: deque[StepSample] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
-
-    def recent(self, key: str, n: int = WINDOW_STEPS) -> list[float]:
-        """The non-missing values of `key` (a `StepSample` field) in the last `n` samples, oldest
-        first. Walks the history from its newest end (the view calls this for every rank)."""
-        i = _SAMPLE_INDEX[key]
-        return [float(v) for s in self.tail(n) if (v := s[i]) is not None]
-
-    def tail(self, n: int = WINDOW_STEPS) -> list[StepSample]:
-        """The last `n` samples, oldest first."""
-        newest_first = list(itertools.islice(reversed(self.steps), n))
-        newest_first.reverse()
-        return newest_first
+    slowest: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
 
 @dataclass(frozen=True)
@@ -135,7 +86,7 @@ class RankRow:
     exposed_comm_ms: float | None
     mem_allocated_bytes: float | None
     mem_peak_bytes: float | None
-    status: str  # "ok", "straggler", "hung", "stale", "gone"
+    status: str  # "ok", "straggler", "hung", "stale", "gone", "finished", "failed"
     age_s: float  # since the last record
     recent_step_ms: tuple[float, ...]
     dropped: int
@@ -143,11 +94,46 @@ class RankRow:
 
 
 @dataclass(frozen=True)
+class RankDetail:
+    """One rank in full, for the detail view: its step history, split, memory, last collective."""
+
+    rank: int
+    host: str
+    job: str
+    pid: int | None
+    status: str
+    age_s: float
+    restarts: int
+    dropped: int
+    history: tuple[tuple[int, float, float], ...]  # (step, ts, step_time_ms) of the kept steps
+    step_time_ms: float | None  # medians over the last `WINDOW_STEPS` steps ...
+    compute_ms: float | None
+    comm_ms: float | None
+    exposed_comm_ms: float | None
+    idle_ms: float | None  # ... down to here; per step: the step beyond compute and exposed comm
+    mem_allocated_bytes: float | None  # the last record's
+    mem_reserved_bytes: float | None
+    mem_peak_bytes: float | None
+    mem_creep_bytes_per_step: float | None  # the memory-creep rule's rate, None when no creep
+    mem_source: str | None  # "device", "reader", "process" (RSS: not judged), None: unknown
+    last_collective: str | None
+    hung_in: str | None
+
+    @property
+    def overlapped_comm_ms(self) -> float | None:
+        """Communication hidden behind compute: in flight, but not waited for."""
+        if self.comm_ms is None or self.exposed_comm_ms is None:
+            return None
+        return max(0.0, self.comm_ms - self.exposed_comm_ms)
+
+
+@dataclass(frozen=True)
 class MonitorView:
-    """An immutable snapshot for renderers."""
+    """An immutable snapshot of one job for renderers."""
 
     now: float
-    jobs: tuple[str, ...]
+    job: str  # the job shown ("" when its records carry no job id)
+    jobs: tuple[str, ...]  # every job seen, in the order they first reported
     rows: tuple[RankRow, ...]
     findings: tuple[Finding, ...]
     steps_per_s: float | None
@@ -155,7 +141,7 @@ class MonitorView:
     records: int
     rejected: int
     rejections: dict[str, int]  # by reason (zero counts left out); "record": failed to fold in
-    dropped: int  # by publishers and relays
+    dropped: int  # by this job's publishers and all relays
     relays: int
     ignored_ranks: int
     lag_p50_ms: float | None
@@ -183,21 +169,33 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 class MonitorState:
-    """Folds records into per-rank state; all memory is bounded."""
+    """Folds records into per-job, per-rank state; all memory is bounded."""
 
     def __init__(self) -> None:
         """An empty state."""
-        self.ranks: dict[int, RankState] = {}
+        self.jobs: OrderedDict[str, JobState] = OrderedDict()  # in the order they first reported
         self.relays: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.records = 0
         self.rejected = 0
         self.rejections: dict[str, int] = {}
         self.unusable_records = 0
         self.ignored_ranks = 0
-        self._jobs: OrderedDict[str, None] = OrderedDict()
+        self._rank_count = 0  # over all jobs
         self._lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         self._lag_max_ms: float | None = None
-        self._slowest: OrderedDict[int, float] = OrderedDict()
+
+    @property
+    def current_job(self) -> str | None:
+        """The job whose last record arrived last (None before any record)."""
+        if not self.jobs:
+            return None
+        return max(self.jobs, key=lambda j: self.jobs[j].last_recv)
+
+    @property
+    def ranks(self) -> dict[int, RankState]:
+        """The ranks of the current job."""
+        job = self.current_job
+        return self.jobs[job].ranks if job is not None else {}
 
     def sync_rejections(self, source: MonitorSource) -> None:
         """Take the source's rejection counts (total, and by reason when it has them)."""
@@ -229,39 +227,54 @@ class MonitorState:
         pid = rec.get("pid")
         last = {k: rec.get(k) for k in LAST_FIELDS}
         last["dropped"] = int(last["dropped"] or 0)
-        step_ms = sample.step_time_ms
-        numbers = (recv, *sample[1:], *(last[k] for k in LAST_FIELDS[1:5]))
+        numbers = (recv, *sample[1:], *(last[k] for k in NUMBER_LAST_FIELDS))
         if not all(v is None or math.isfinite(v) for v in numbers):
             raise ValueError("a non-finite number")
+        ended = last["ended"]
+        if ended is not None and ended not in ENDED_STATUSES:
+            raise ValueError(f"ended is {ended!r}")
         self.records += 1
         lag_ms = max(0.0, (recv - sample.ts) * 1000.0)
         self._lags_ms.append(lag_ms)
         self._lag_max_ms = lag_ms if self._lag_max_ms is None else max(self._lag_max_ms, lag_ms)
-        state = self.ranks.get(rank)
+        job = self._job(str(rec.get("job") or "")[:128], recv)
+        state = job.ranks.get(rank)
         if state is None:
-            if len(self.ranks) >= MAX_RANKS:
+            if self._rank_count >= MAX_RANKS:
                 self.ignored_ranks += 1
                 return
-            state = self.ranks[rank] = RankState(rank=rank, first_seen=recv)
+            self._rank_count += 1
+            state = job.ranks[rank] = RankState(rank=rank, first_seen=recv)
         if state.pid is not None and pid is not None and pid != state.pid:
             state.restarts += 1  # the rank was restarted: its history no longer applies
             state.steps.clear()
+            state.last = {}
         state.pid = pid if isinstance(pid, int) else state.pid
         state.host = str(rec.get("host", state.host))[:128]
-        state.job = str(rec.get("job", state.job))[:128]
-        state.last = last
+        state.job = str(rec.get("job") or "")[:128]
         state.last_recv = max(state.last_recv, recv)
+        if ended is not None and state.last:  # the end of the run: the last step's figures stay
+            state.last = {**state.last, "ended": ended, "dropped": last["dropped"]}
+            return
+        state.last = last
         state.steps.append(sample)
-        if state.job:
-            self._jobs[state.job] = None
-            self._jobs.move_to_end(state.job)
-            while len(self._jobs) > 8:
-                self._jobs.popitem(last=False)
+        step_ms = sample.step_time_ms
         if step_ms is not None:
-            if step_ms > self._slowest.get(sample.step, -1.0):
-                self._slowest[sample.step] = float(step_ms)
-            while len(self._slowest) > 4 * HISTORY_STEPS:
-                self._slowest.pop(min(self._slowest))
+            if step_ms > job.slowest.get(sample.step, -1.0):
+                job.slowest[sample.step] = float(step_ms)
+            while len(job.slowest) > 4 * HISTORY_STEPS:
+                job.slowest.pop(min(job.slowest))
+
+    def _job(self, job_id: str, recv: float) -> JobState:
+        """The state of `job_id` (made, evicting the least recently active job past MAX_JOBS)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            while len(self.jobs) >= MAX_JOBS:
+                oldest = min(self.jobs, key=lambda j: self.jobs[j].last_recv)
+                self._rank_count -= len(self.jobs.pop(oldest).ranks)
+            job = self.jobs[job_id] = JobState()
+        job.last_recv = max(job.last_recv, recv)
+        return job
 
     def _ingest_relay(self, rec: dict[str, Any]) -> None:
         host = str(rec.get("host", "?"))[:128]
@@ -273,10 +286,17 @@ class MonitorState:
     # -- view ----------------------------------------------------------------------------------
 
     def status(self, state: RankState, now: float) -> str:
-        """ "hung" when the rank's last record is its hang watchdog's, else "gone", "stale" or
-        "ok" from the time since the rank's last record."""
+        """ "finished" after a clean end-of-run record; "hung" when the last step record is the
+        hang watchdog's (also once the hung rank is ended: where it hung says more than "failed");
+        "failed" after a failed end-of-run record; else "gone", "stale" or "ok" from the time
+        since the rank's last record."""
+        ended = state.last.get("ended")
+        if ended == "finished":
+            return "finished"
         if state.last.get("hung_in"):
             return "hung"
+        if ended:
+            return str(ended)
         typical_s = (_median(state.recent("step_time_ms")) or 0.0) / 1000.0
         age = now - state.last_recv
         if age > max(GONE_AFTER_S, GONE_STEPS * typical_s):
@@ -285,25 +305,27 @@ class MonitorState:
             return "stale"
         return "ok"
 
-    def view(self, now: float) -> MonitorView:
-        """The snapshot at time `now` (rows in rank order)."""
-        statuses = {r: self.status(s, now) for r, s in self.ranks.items()}
-        # findings only look at ranks still reporting
-        live = {r: s for r, s in self.ranks.items() if statuses[r] == "ok"}
+    def _selected(self, job: str | None) -> str | None:
+        return job if job is not None and job in self.jobs else self.current_job
+
+    def view(self, now: float, job: str | None = None) -> MonitorView:
+        """The snapshot of `job` (default: the current job) at time `now`, rows in rank order."""
+        selected = self._selected(job)
+        ranks = self.jobs[selected].ranks if selected is not None else {}
+        statuses = {r: self.status(s, now) for r, s in ranks.items()}
+        if any(st == "ok" for st in statuses.values()):
+            counted = {r: s for r, s in ranks.items() if statuses[r] in ("ok", "finished")}
+        else:  # the job is over (or stuck): its histories as they ended
+            counted = dict(ranks)
         findings: list[Finding] = []
-        stragglers = _stragglers(live.values())
-        if stragglers:
-            findings.append(stragglers)
-        creep = _memory_creep(live.values())
-        if creep:
-            findings.append(creep)
-        comm = _comm_bound(live.values())
-        if comm:
-            findings.append(comm)
-        straggler_ranks = set(stragglers.ranks) if stragglers else set()
+        slow = stragglers(counted.values())
+        for found in (slow, memory_creep(counted.values()), comm_bound(counted.values())):
+            if found:
+                findings.append(found)
+        straggler_ranks = set(slow.ranks) if slow else set()
         rows = []
-        for rank in sorted(self.ranks):
-            s = self.ranks[rank]
+        for rank in sorted(ranks):
+            s = ranks[rank]
             status = statuses[rank]
             if status == "ok" and rank in straggler_ranks:
                 status = "straggler"
@@ -312,7 +334,7 @@ class MonitorState:
                 RankRow(
                     rank=rank,
                     host=s.host,
-                    step=int(last.get("step", 0)),
+                    step=int(last.get("step") or 0),
                     step_time_ms=last.get("step_time_ms"),
                     exposed_comm_ms=last.get("exposed_comm_ms"),
                     mem_allocated_bytes=last.get("mem_allocated_bytes"),
@@ -324,19 +346,22 @@ class MonitorState:
                     hung_in=last.get("hung_in"),
                 )
             )
-        rates = [r for r in (_steps_per_s(s) for s in live.values()) if r is not None]
+        live = [s for r, s in ranks.items() if statuses[r] == "ok"]
+        rates = [r for r in (_steps_per_s(s) for s in live) if r is not None]
         lags = list(self._lags_ms)
         dropped = sum(row.dropped for row in rows) + sum(
             int(r.get("dropped", 0) or 0) for r in self.relays.values()
         )
-        steps = sorted(self._slowest)[-HISTORY_STEPS:]
+        slowest = self.jobs[selected].slowest if selected is not None else {}
+        steps = sorted(slowest)[-HISTORY_STEPS:]
         return MonitorView(
             now=now,
-            jobs=tuple(self._jobs),
+            job=selected or "",
+            jobs=tuple(self.jobs),
             rows=tuple(rows),
             findings=tuple(findings),
             steps_per_s=_median(rates),
-            slowest_step_ms=tuple(self._slowest[k] for k in steps),
+            slowest_step_ms=tuple(slowest[k] for k in steps),
             records=self.records,
             rejected=self.rejected + self.unusable_records,
             rejections={
@@ -350,6 +375,51 @@ class MonitorState:
             lag_max_ms=self._lag_max_ms,
         )
 
+    def detail(self, rank: int, now: float, job: str | None = None) -> RankDetail | None:
+        """Rank `rank` of `job` (default: the current job) in full; None when it is unknown."""
+        selected = self._selected(job)
+        s = self.jobs[selected].ranks.get(rank) if selected is not None else None
+        if s is None:
+            return None
+        last = s.last
+        return RankDetail(
+            rank=rank,
+            host=s.host,
+            job=s.job,
+            pid=s.pid,
+            status=self.status(s, now),
+            age_s=max(0.0, now - s.last_recv),
+            restarts=s.restarts,
+            dropped=int(last.get("dropped", 0) or 0),
+            history=tuple(
+                (st.step, st.ts, float(st.step_time_ms))
+                for st in s.steps
+                if st.step_time_ms is not None
+            ),
+            step_time_ms=_median(s.recent("step_time_ms")),
+            compute_ms=_median(s.recent("compute_ms")),
+            comm_ms=_median(s.recent("comm_ms")),
+            exposed_comm_ms=_median(s.recent("exposed_comm_ms")),
+            idle_ms=_median(_idle_ms(s)),
+            mem_allocated_bytes=last.get("mem_allocated_bytes"),
+            mem_reserved_bytes=last.get("mem_reserved_bytes"),
+            mem_peak_bytes=last.get("mem_peak_bytes"),
+            mem_creep_bytes_per_step=floor_growth_per_step(s),
+            mem_source=last.get("mem_source"),
+            last_collective=last.get("last_collective"),
+            hung_in=last.get("hung_in"),
+        )
+
+
+def _idle_ms(state: RankState) -> list[float]:
+    """Per recent step with the whole split: its time beyond compute and exposed comm (>= 0)."""
+    out = []
+    for st in state.tail():
+        step, compute, exposed = st.step_time_ms, st.compute_ms, st.exposed_comm_ms
+        if step is not None and compute is not None and exposed is not None:
+            out.append(max(0.0, float(step) - float(compute) - float(exposed)))
+    return out
+
 
 def _steps_per_s(state: RankState) -> float | None:
     recent = state.tail()
@@ -358,138 +428,3 @@ def _steps_per_s(state: RankState) -> float | None:
     dt = recent[-1].ts - recent[0].ts
     dsteps = recent[-1].step - recent[0].step
     return dsteps / dt if dt > 0 and dsteps > 0 else None
-
-
-def _stragglers(states: Iterable[RankState]) -> Finding | None:
-    """Ranks whose recent compute time (step time when no split is sent) is well above the job's.
-
-    In synchronous data parallel every rank's step time converges to the slowest one's (the others
-    wait inside collectives), so the compute split is the better signal when the collectors have it.
-    """
-    states = list(states)
-    key = "compute_ms" if all(s.recent("compute_ms") for s in states) else "step_time_ms"
-    recents = {s.rank: s.recent(key) for s in states}
-    medians = {r: statistics.median(v) for r, v in recents.items() if len(v) >= STRAGGLER_MIN_STEPS}
-    if len(medians) < 2:
-        return None
-    job_median = statistics.median(medians.values())
-    slow = sorted(
-        (r for r, m in medians.items() if m > STRAGGLER_RATIO * job_median)
-        if job_median > 0
-        else [],
-        key=lambda r: -medians[r],
-    )
-    slow = [r for r in slow if medians[r] - job_median >= STRAGGLER_MIN_EXCESS_MS]
-    if not slow:
-        return None
-    worst = slow[0]
-    ratio = medians[worst] / job_median
-    hosts = sorted({s.host for s in states if s.rank in slow})
-    return Finding(
-        id="straggler",
-        severity="critical" if ratio >= 2 else "warning",
-        title=f"{len(slow)} straggler rank(s): rank {worst} is {ratio:.2f}x the job's median {key}",
-        ranks=slow,
-        evidence={
-            "metric": key,
-            "job_median_ms": round(job_median, 3),
-            "rank_median_ms": {str(r): round(medians[r], 3) for r in slow[:16]},
-            "hosts": hosts[:16],
-            "threshold_ratio": STRAGGLER_RATIO,
-            "window_steps": WINDOW_STEPS,
-        },
-        recommendation=(
-            "Every collective waits for the slowest rank: check the straggler's host "
-            "(throttling, other processes, a slower link) and its input (uneven batch or "
-            "sequence lengths); profile a window with `zdiag run` and compare ranks with "
-            "`zdiag analyze`."
-        ),
-        expected_gain_ms=round(medians[worst] - job_median, 3),
-        gain_method="the straggler's median minus the job's median, per step",
-    )
-
-
-def _memory_creep(states: Iterable[RankState]) -> Finding | None:
-    """Ranks whose allocated memory rises step after step over the recent window."""
-    creeping: dict[int, float] = {}
-    for s in states:
-        mem = s.recent("mem_allocated_bytes", HISTORY_STEPS)[-4 * WINDOW_STEPS :]
-        if len(mem) < MEMORY_CREEP_MIN_STEPS:
-            continue
-        growth = mem[-1] - mem[0]
-        if not math.isfinite(growth):  # absurd (finite) values: no meaningful growth rate
-            continue
-        deltas = [b - a for a, b in itertools.pairwise(mem) if b != a]
-        rising = sum(1 for d in deltas if d > 0) / len(deltas) if deltas else 0.0
-        if (
-            growth >= MEMORY_CREEP_MIN_BYTES
-            and growth >= MEMORY_CREEP_MIN_FRACTION * max(mem[0], 1.0)
-            and rising >= MEMORY_CREEP_RISING_SHARE
-        ):
-            creeping[s.rank] = growth / (len(mem) - 1)
-    if not creeping:
-        return None
-    ranks = sorted(creeping, key=lambda r: -creeping[r])
-    worst = creeping[ranks[0]]
-    return Finding(
-        id="memory-creep",
-        severity="warning",
-        title=f"allocated memory grows every step on {len(ranks)} rank(s) "
-        f"(up to {worst / 2**20:.1f} MiB/step)",
-        ranks=ranks,
-        evidence={
-            "bytes_per_step": {str(r): round(creeping[r]) for r in ranks[:16]},
-            "min_growth_bytes": MEMORY_CREEP_MIN_BYTES,
-            "rising_share": MEMORY_CREEP_RISING_SHARE,
-        },
-        recommendation=(
-            "Something keeps tensors alive across steps: a loss or metric kept with its graph "
-            "(store `loss.item()` or `loss.detach()`), a growing cache or list of outputs; take a "
-            "memory snapshot with `zdiag run` before it runs out of memory."
-        ),
-        gain_method="",
-    )
-
-
-def _comm_bound(states: Iterable[RankState]) -> Finding | None:
-    """Ranks whose communication takes at least as long as their compute (overlap cannot hide it)."""
-    bound: dict[int, tuple[float, float, float]] = {}
-    for s in states:
-        pairs = [
-            (float(st.comm_ms), float(st.compute_ms))
-            for st in s.tail()
-            if st.comm_ms is not None and st.compute_ms is not None
-        ]
-        if len(pairs) < STRAGGLER_MIN_STEPS:
-            continue
-        comm = statistics.median(p[0] for p in pairs)
-        compute = statistics.median(p[1] for p in pairs)
-        exposed = _median(s.recent("exposed_comm_ms"))
-        if comm > 0 and comm >= COMM_BOUND_RATIO * compute:
-            bound[s.rank] = (comm, compute, exposed or 0.0)
-    if not bound:
-        return None
-    ranks = sorted(bound)
-    comm, compute, exposed = (statistics.median(v[i] for v in bound.values()) for i in range(3))
-    return Finding(
-        id="comm-bound",
-        severity="warning",
-        title=f"communication ({comm:.1f} ms) outlasts compute ({compute:.1f} ms) on "
-        f"{len(ranks)} rank(s): overlap cannot hide it",
-        ranks=ranks,
-        evidence={
-            "median_comm_ms": round(comm, 3),
-            "median_compute_ms": round(compute, 3),
-            "median_exposed_comm_ms": round(exposed, 3),
-            "threshold_ratio": COMM_BOUND_RATIO,
-            "window_steps": WINDOW_STEPS,
-        },
-        recommendation=(
-            "Move fewer bytes per step: a larger per-rank batch (or gradient accumulation), "
-            "hybrid sharding (`fully_shard(..., mesh=2-D mesh)` / ZeRO++ hpZ) so all-gathers stay "
-            "inside a node, or bf16 communication (`MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-            "reduce_dtype=torch.bfloat16)`)."
-        ),
-        expected_gain_ms=round(max(0.0, exposed), 3) or None,
-        gain_method="upper bound: the median exposed communication per step",
-    )

@@ -16,7 +16,17 @@ from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.tui.monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
-STATUS_ORDER = {"hung": 0, "gone": 1, "stale": 2, "straggler": 3, "ok": 4}  # worst first
+STATUS_ORDER = {  # worst first
+    "hung": 0,
+    "failed": 1,
+    "gone": 2,
+    "stale": 3,
+    "straggler": 4,
+    "ok": 5,
+    "finished": 6,
+}
+NOT_REPORTING = ("stale", "gone", "hung", "finished", "failed")
+"""Statuses of ranks that no longer send steps (the header counts the others as reporting)."""
 
 
 def fmt_age(seconds: float) -> str:
@@ -50,13 +60,15 @@ def _level(offset: float, span: float, top: int) -> int:
     return max(0, min(top, round(level))) if math.isfinite(level) else top // 2
 
 
-def header_line(view: MonitorView) -> str:
-    """The one-line header: job, ranks reporting, step rate, problems."""
-    jobs = ", ".join(view.jobs) if view.jobs else "(no job id)"
+def header_line(view: MonitorView, listen: str = "") -> str:
+    """The one-line header: job, ranks reporting, step rate, problems, the listen address."""
+    parts = [f"job {job_label(view.job)}"]
+    if len(view.jobs) > 1:
+        parts[-1] += f" ({view.jobs.index(view.job) + 1}/{len(view.jobs)})"
     counts = view.status_counts
-    reporting = len(view.rows) - counts.get("stale", 0) - counts.get("gone", 0)
-    parts = [f"job {jobs}", f"{reporting} ranks"]
-    not_ok = [f"{counts[s]} {s}" for s in ("straggler", "stale", "gone") if counts.get(s)]
+    reporting = len(view.rows) - sum(counts.get(s, 0) for s in NOT_REPORTING)
+    parts.append(f"{reporting} ranks")
+    not_ok = [f"{counts[s]} {s}" for s in ("straggler", *NOT_REPORTING) if counts.get(s)]
     if not_ok:
         parts[-1] += f" ({', '.join(not_ok)})"
     rate = view.steps_per_s
@@ -67,7 +79,14 @@ def header_line(view: MonitorView) -> str:
         parts.append(f"{view.relays} relays")
     parts.append(f"dropped {view.dropped}")
     parts.append(f"rejected {view.rejected}{_by_reason(view.rejections)}")
+    if listen:
+        parts.append(f"on {listen}")
     return " · ".join(parts)
+
+
+def job_label(job: str) -> str:
+    """A job id as shown ("(no job id)" for records without one)."""
+    return job or "(no job id)"
 
 
 def _by_reason(rejections: dict[str, int]) -> str:
@@ -85,7 +104,7 @@ def spark_scale(view: MonitorView) -> tuple[float, float] | None:
 
 
 def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[str, ...]:
-    """The table cells of one rank (rank, host, step, step time, exposed, memory, recent, status).
+    """The table cells of one rank (rank, host, step, step time, exposed, memory, status, recent).
 
     The recent step times are drawn on `scale` (see `spark_scale`), so ranks compare.
     """
@@ -97,15 +116,15 @@ def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[s
         fmt_ms(row.exposed_comm_ms),
         fmt_bytes(row.mem_allocated_bytes),
         fmt_bytes(row.mem_peak_bytes),
-        spark(row.recent_step_ms, scale),
         _status_cell(row),
+        spark(row.recent_step_ms, scale),
     )
 
 
 def _status_cell(row: RankRow) -> str:
     if row.status == "hung":
         return f"hung in {row.hung_in}"
-    if row.status in ("ok", "straggler"):
+    if row.status in ("ok", "straggler", "finished", "failed"):
         return row.status
     return f"{row.status} {fmt_age(row.age_s)}"
 
@@ -118,14 +137,16 @@ COLUMNS = (
     "exposed comm",
     "mem alloc",
     "mem peak",
-    "recent",
     "status",
+    "recent",
 )
 
 
 def render_summary(view: MonitorView, *, source: str = "", max_rows: int = 64) -> str:
     """The headless summary: header, findings, then the rank table (worst ranks first)."""
     lines = [f"zdiag monitor{f' ({source})' if source else ''}", header_line(view)]
+    if len(view.jobs) > 1:
+        lines.append(f"jobs seen: {', '.join(job_label(j) for j in view.jobs)} (shown: the latest)")
     if view.lag_max_ms is not None:
         lines.append(
             f"records {view.records}, receive lag p50 {view.lag_p50_ms:.1f} ms, "
@@ -142,7 +163,7 @@ def render_summary(view: MonitorView, *, source: str = "", max_rows: int = 64) -
     if not view.rows:
         lines.append("no rank has reported yet")
         return "\n".join(lines) + "\n"
-    rows = sorted(view.rows, key=lambda r: (STATUS_ORDER.get(r.status, 4), r.rank))[:max_rows]
+    rows = sorted(view.rows, key=lambda r: (STATUS_ORDER.get(r.status, 9), r.rank))[:max_rows]
     scale = spark_scale(view)
     table = [COLUMNS, *(row_cells(r, scale) for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]

@@ -1,6 +1,7 @@
 """`zdiag monitor`: follow a running job live, rank by rank (or relay one node's ranks to it).
 
-- ``zdiag monitor [--listen 127.0.0.1:5577]``: the Textual app.
+- ``zdiag monitor [--listen 127.0.0.1:5577]``: the Textual app (one job at a time, `j` switches,
+  Enter opens a rank, `?` lists the keys).
 - ``zdiag monitor --headless --duration S [--json]``: receive for S seconds, print a summary.
 - ``zdiag monitor --relay --listen 127.0.0.1:5578 --forward MONITOR:5577``: the per-node relay.
 
@@ -67,7 +68,8 @@ class MonitorCommand:
         parser.add_argument(
             "--headless",
             action="store_true",
-            help="no terminal UI: receive for --duration seconds, then print a summary",
+            help="no terminal UI: receive for --duration seconds, then print a summary "
+            "(of the latest job; the others are listed)",
         )
         parser.add_argument(
             "--duration",
@@ -127,7 +129,8 @@ class MonitorCommand:
             raise UserError("stdout is not a terminal: use --headless --duration S for a summary.")
         from zdiag.tui.monitor_app import MonitorApp
 
-        MonitorApp(receiver).run()  # the app closes the receiver when it exits
+        # the app closes the receiver when it exits
+        MonitorApp(receiver, listen=str(receiver.endpoint)).run()
         return 0
 
     def _headless(self, receiver: Any, args: argparse.Namespace) -> int:

@@ -140,7 +140,8 @@ class RunCommand:
             "--monitor",
             metavar="HOST:PORT",
             default=None,
-            help="publish live step records to a `zdiag monitor` listening at HOST:PORT",
+            help="publish live step records (step time, compute/comm split, memory, and an "
+            "end-of-run record) to a `zdiag monitor` listening at HOST:PORT",
         )
         dist = parser.add_argument_group("ranks and nodes (passed to torchrun)")
         dist.add_argument(

@@ -1,0 +1,82 @@
+"""What the live monitor keeps of one rank: compact, bounded step samples and its last record.
+
+Shared by the state (`monitor_state`), the live findings (`monitor_findings`) and the rank detail.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+HISTORY_STEPS = 60  # step records kept per rank
+WINDOW_STEPS = 10  # recent steps the statuses and findings look at
+
+LAST_FIELDS = (
+    "step",
+    "step_time_ms",
+    "exposed_comm_ms",
+    "mem_allocated_bytes",
+    "mem_peak_bytes",
+    "mem_reserved_bytes",
+    "dropped",
+    "hung_in",
+    "ended",
+    "last_collective",
+    "mem_source",
+)
+"""What the monitor keeps of each rank's last record (the table's and the detail's figures)."""
+NUMBER_LAST_FIELDS = LAST_FIELDS[1:6]
+"""The `LAST_FIELDS` that are numbers (checked finite when a record is folded in)."""
+
+
+class StepSample(NamedTuple):
+    """The figures of one step the model keeps (compact: the full record is not retained)."""
+
+    step: int
+    ts: float
+    step_time_ms: float | None
+    compute_ms: float | None
+    comm_ms: float | None
+    exposed_comm_ms: float | None
+    mem_allocated_bytes: float | None
+
+    @classmethod
+    def of(cls, rec: dict[str, Any]) -> StepSample:
+        """The sample of a decoded record."""
+        return cls(
+            int(rec["step"]),
+            float(rec["ts"]),
+            *(rec.get(k) for k in cls._fields[2:]),
+        )
+
+
+_SAMPLE_INDEX = {name: i for i, name in enumerate(StepSample._fields)}
+
+
+@dataclass
+class RankState:
+    """What the monitor knows about one rank of one job (bounded histories)."""
+
+    rank: int
+    host: str = "?"
+    job: str = ""
+    pid: int | None = None
+    last: dict[str, Any] = field(default_factory=dict)  # the `LAST_FIELDS` of the last record
+    first_seen: float = 0.0
+    last_recv: float = 0.0
+    restarts: int = 0
+    steps: deque[StepSample] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
+
+    def recent(self, key: str, n: int = WINDOW_STEPS) -> list[float]:
+        """The non-missing values of `key` (a `StepSample` field) in the last `n` samples, oldest
+        first. Walks the history from its newest end (the view calls this for every rank)."""
+        i = _SAMPLE_INDEX[key]
+        return [float(v) for s in self.tail(n) if (v := s[i]) is not None]
+
+    def tail(self, n: int = WINDOW_STEPS) -> list[StepSample]:
+        """The last `n` samples, oldest first."""
+        newest_first = list(itertools.islice(reversed(self.steps), n))
+        newest_first.reverse()
+        return newest_first

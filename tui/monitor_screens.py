@@ -1,0 +1,94 @@
+"""The live monitor's extra screens: one rank's detail (Enter on a row) and the keys (`?`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Static
+
+from zdiag.tui.monitor_detail import detail_lines, detail_title, step_chart
+
+if TYPE_CHECKING:
+    from zdiag.tui.monitor_app import MonitorApp
+
+CHART_ROWS = 8
+
+HELP_TEXT = """\
+zdiag monitor: keys
+
+  Enter  open the selected rank: step history, compute/comm/idle
+         split, memory, last collective (Esc back)
+  s      sort by the next column      r  reverse the order
+  w      worst first: hung, failed, gone, stale, stragglers on top
+  j      next job (one job is shown at a time; the header says which)
+  f      show/hide findings           p  pause the display
+  ?      this help                    q, Ctrl-C  quit
+
+Click a column header to sort by it; by default the slowest step
+time is first. Statuses: ok, straggler, stale (no record for 5 s
+or 3 steps), gone (30 s or 10 steps), hung (the rank's watchdog
+says where), finished / failed (the rank ended).
+
+Esc, q or ? closes this help."""
+
+
+class HelpScreen(ModalScreen[None]):
+    """The keys and statuses."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        """The help text in a box."""
+        yield Static(HELP_TEXT, id="help")
+
+
+class RankScreen(Screen[None]):
+    """One rank of one job, redrawn from the app's state on the app's refresh timer."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,backspace", "app.pop_screen", "back"),
+        Binding("question_mark", "app.help", "help"),
+    ]
+
+    def __init__(self, rank: int, job: str) -> None:
+        """Show `rank` of `job`."""
+        super().__init__()
+        self.rank = rank
+        self.job = job
+
+    def compose(self) -> ComposeResult:
+        """Title, chart, figures, footer."""
+        with VerticalScroll():
+            yield Static(id="rank-title")
+            yield Static(id="rank-chart")
+            yield Static(id="rank-figures")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Draw at once."""
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Take the rank's figures from the app's state now."""
+        app: MonitorApp = self.app  # type: ignore[assignment]
+        detail = app.state.detail(self.rank, app.clock(), self.job)
+        title = self.query_one("#rank-title", Static)
+        if detail is None:
+            title.update(f"rank {self.rank}: no longer tracked (Esc back)")
+            return
+        title.update(detail_title(detail))
+        width = max(20, self.size.width - 2)
+        chart = [f"step time, last {len(detail.history)} steps", ""]
+        chart += step_chart(detail.history, width, CHART_ROWS)
+        self.query_one("#rank-chart", Static).update("\n".join(chart))
+        self.query_one("#rank-figures", Static).update("\n".join(detail_lines(detail)))
+
+    def on_resize(self) -> None:
+        """The chart's width follows the terminal."""
+        self.redraw()
