@@ -33,10 +33,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p zdiag
 	$(BIN)/mypy bench/*.py examples/*.py
 
-# Fast unit tests (no real processes, no browser): under a minute.
+# Fast unit tests (no real processes, training runs or browser), on every core: under a minute.
 UNIT_MARKERS := not dist and not browser and not slow
 unit: $(STAMP)
-	$(BIN)/pytest -m "$(UNIT_MARKERS)"
+	$(BIN)/pytest -m "$(UNIT_MARKERS)" -n auto
 
 # Real multi-process torch.distributed runs, the browser and the slow tests.
 integration: $(STAMP)

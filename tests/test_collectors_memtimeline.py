@@ -92,6 +92,7 @@ def _profiles_all_threads() -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_lost_free_falls_back_to_a_totals_timeline(tmp_path: Path) -> None:
     """A tensor freed on a thread the profiler does not watch: torch's memory profiler asserts
     (pytorch/pytorch#167838). `zdiag run` profiles all threads where torch can (>= 2.7), so the

@@ -325,6 +325,7 @@ def _run(cases: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_remedy_code_runs_on_the_model_it_names(tmp_path: Path) -> None:
     """FSDP2, checkpointing and DDP code runs a forward/backward after the change; FSDP1 code
     (which needs an accelerator to run) binds to FSDP's real signature and its policy wraps

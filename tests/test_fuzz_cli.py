@@ -26,6 +26,8 @@ import fuzz_inputs as fz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)
+
 CASE_SECONDS = 10.0
 
 

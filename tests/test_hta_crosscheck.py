@@ -29,6 +29,8 @@ import pytest
 from zdiag.analyzers.hta_adapter import HtaBreakdown, HtaFailed, hta_breakdown
 from zdiag.analyzers.pipeline import analyze_run, load_run
 
+pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)
+
 pytest.importorskip("hta", reason="HTA is not installed (pip install 'zdiag[hta]')")
 
 REL_TOL = 0.005

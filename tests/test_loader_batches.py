@@ -62,6 +62,7 @@ def _real_trace_files(root: Path) -> list[Path]:
 # --- identical results ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_batches_and_workers_match_one_shot_on_real_traces(real_traces: Path) -> None:
     files = _real_trace_files(real_traces)
     assert files

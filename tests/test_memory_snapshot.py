@@ -65,6 +65,7 @@ def _param_bytes(module: torch.nn.Module, recurse: bool = True) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters(recurse=recurse))
 
 
+@pytest.mark.slow
 def test_categories_match_the_model_state_of_the_real_run(snapshots: dict[str, Path]) -> None:
     mem = summarize_snapshot(read_snapshot(snapshots["none"]))
     cats = mem.category_bytes
@@ -89,6 +90,7 @@ def test_categories_match_the_model_state_of_the_real_run(snapshots: dict[str, P
     assert mem.oom_request_bytes and mem.has_stacks
 
 
+@pytest.mark.slow
 def test_checkpointing_keeps_only_block_inputs(snapshots: dict[str, Path]) -> None:
     full = summarize_snapshot(read_snapshot(snapshots["none"])).category_bytes["ACTIVATION"]
     ac = summarize_snapshot(read_snapshot(snapshots["block"])).category_bytes["ACTIVATION"]
@@ -148,6 +150,7 @@ def _cuda_oom_run(tmp_path: Path, snapshot: Path | None) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_a_cuda_oom_is_diagnosed_from_its_snapshot(
     tmp_path: Path, snapshots: dict[str, Path]
 ) -> None:
@@ -159,6 +162,7 @@ def test_a_cuda_oom_is_diagnosed_from_its_snapshot(
     assert finding.expected_gain_bytes and finding.expected_gain_bytes > 0
 
 
+@pytest.mark.slow
 def test_a_checkpointed_run_is_not_blamed_on_activations(
     tmp_path: Path, snapshots: dict[str, Path]
 ) -> None:
@@ -168,6 +172,7 @@ def test_a_checkpointed_run_is_not_blamed_on_activations(
     assert not [w for w in report.warnings if "snapshot" in w]
 
 
+@pytest.mark.slow
 def test_the_snapshot_is_read_on_the_device_the_rank_trained_on(
     tmp_path: Path, snapshots: dict[str, Path]
 ) -> None:
@@ -195,6 +200,7 @@ def test_the_snapshot_is_read_on_the_device_the_rank_trained_on(
     assert any("no allocation stacks" in w for w in report.warnings)
 
 
+@pytest.mark.slow
 def test_a_snapshot_without_stacks_says_what_to_do(
     tmp_path: Path, snapshots: dict[str, Path]
 ) -> None:
@@ -218,6 +224,7 @@ def test_a_pickle_naming_a_function_is_refused_without_running_it(tmp_path: Path
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_truncated_snapshot_is_a_warning_in_the_analysis(
     tmp_path: Path, snapshots: dict[str, Path]
 ) -> None:

@@ -36,6 +36,8 @@ from zdiag.collectors.model_schema import (
 )
 from zdiag.errors import InputError
 
+pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)
+
 SCRIPT = REPO_ROOT / "tests" / "data" / "model_description" / "train_model.py"
 TIMEOUT_S = 240
 

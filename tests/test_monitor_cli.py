@@ -71,6 +71,7 @@ def test_headless_with_nothing_received() -> None:
     assert res.stdout.count("zdiag monitor (listening") == 3  # two periodic, one final
 
 
+@pytest.mark.slow
 def test_relay_process_forwards_ranks_to_the_monitor() -> None:
     monitor_at = f"127.0.0.1:{free_port()}"
     relay_at = f"127.0.0.1:{free_port()}"

@@ -13,6 +13,8 @@ from zdiag.analyzers.summary_engines import RayEngine, make_engine
 from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
 from zdiag.errors import ConfigError
 
+pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)
+
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 
 

@@ -144,10 +144,16 @@ def test_every_renderer_renders_every_report(
 @pytest.mark.parametrize("report_name", list(REPORTS))
 @pytest.mark.parametrize("fmt", ["text", "html", "perfetto"])
 def test_zdiag_render_matches_the_renderer_on_the_saved_report(
-    fmt: str, report_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    fmt: str,
+    report_name: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`zdiag render saved.json --FORMAT` gives the bytes the renderer gives on the Report."""
     from zdiag.cli import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # the default width, as for a file (xdist sets it)
 
     # through JSON once: the sample builders put ints in some float fields, as JSON keeps them
     report = decode_report(encode_report(REPORTS[report_name]()))

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)
+
 TINY_HARNESS = ["--layers", "2", "--dim", "64", "--heads", "4", "--seq", "32", "--batch", "2"]
 TINY_HARNESS += ["--vocab", "256", "--device", "cpu"]
 TIMEOUT_S = 240

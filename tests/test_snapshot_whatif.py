@@ -51,6 +51,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"none": _history(tmp, "none"), "block": _history(tmp, "block", "--ac", "block")}
 
 
+@pytest.mark.slow
 def test_checkpointing_prediction_bounds_the_measured_peak(runs: dict[str, Path]) -> None:
     before, _ = analyze_snapshot(load_snapshot_data(runs["none"]), rank=0)
     after, _ = analyze_snapshot(load_snapshot_data(runs["block"]), rank=0)
@@ -65,6 +66,7 @@ def test_checkpointing_prediction_bounds_the_measured_peak(runs: dict[str, Path]
     assert again.saved_bytes == 0
 
 
+@pytest.mark.slow
 def test_harness_history_categories_match_the_model(runs: dict[str, Path]) -> None:
     b, timeline = analyze_snapshot(load_snapshot_data(runs["none"]), rank=0)
     with torch.device("meta"):
