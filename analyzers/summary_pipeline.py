@@ -20,7 +20,6 @@ from pathlib import Path
 
 import msgspec
 
-from zdiag import __version__
 from zdiag.analyzers import flight_recorder
 from zdiag.analyzers.pipeline import (
     Progress,
@@ -45,6 +44,7 @@ from zdiag.analyzers.summary_engines import Engine, LocalEngine
 from zdiag.analyzers.summary_map import MapOutput, MapTask, RunContexts
 from zdiag.analyzers.summary_store import (
     EMPTY_CONTEXT_KEY,
+    MAP_CODE_VERSION,
     StoredSummary,
     TraceFingerprint,
     apply_context,
@@ -104,7 +104,11 @@ def _stored_for(
     """The stored summary matching `trace` (in-job, else cache); None: a miss."""
     beside = summary_path_for(trace)
     stored = read_stored(beside)
-    if stored is not None and stored.trace.same_content(fp):
+    if (
+        stored is not None
+        and stored.trace.same_content(fp)
+        and stored.zdiag_version == MAP_CODE_VERSION
+    ):
         summary = _decoded(stored.summary_msgpack)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
             ctx = contexts.for_rank(summary.rank)
@@ -118,7 +122,7 @@ def _stored_for(
         if (
             stored is None
             or stored.trace != fp
-            or stored.zdiag_version != __version__
+            or stored.zdiag_version != MAP_CODE_VERSION
             or stored.context_key != contexts.key(stored.rank, manifest_rank)
         ):
             continue

@@ -8,7 +8,9 @@ show without inflating them; ~80 KB a rank where zlib would make 30 KB) plus wha
   (a checksum here, not a security measure) of its size and its first and last `FINGERPRINT_EDGE_BYTES` (64 KiB each). Reading 128 KiB per
   rank keeps the check cheap (1024 ranks: 128 MiB); a gzip trace's last bytes hold the CRC-32 and
   length of the whole content, and an uncompressed Kineto trace ends with its last events;
-- the summary schema (`SUMMARY_SCHEMA`) and the zdiag version that computed it;
+- the summary schema (`SUMMARY_SCHEMA`) and the code that computed it (`MAP_CODE_VERSION`: the
+  zdiag version plus a digest of the analyzer sources, so an analysis by changed code, a release
+  or a development checkout, never reuses a summary its map would now compute differently);
 - the **context key**: a digest of what the run said about the rank (its rank from the manifest,
   the world size, `RankContext`), since the same trace gives another summary in another context.
 
@@ -22,8 +24,9 @@ Where they live:
 - **the summary cache** (`zdiag analyze`, unless `--no-cache` or `ZDIAG_CACHE=off`): beside the
   traces in `<folder>/.zdiag-cache/<trace name>.zds` when that folder is writable, else in
   `$XDG_CACHE_HOME/zdiag/` (default `~/.cache/zdiag/`) under a digest of the trace's absolute
-  path. An entry is used when size, mtime and digest match, and the schema, zdiag version and
-  context key are the ones this analysis would use.
+  path. An entry is used when size, mtime and digest match, and the schema, code version and
+  context key are the ones this analysis would use (in-job summaries: the content and the code
+  version).
 
 Nothing here raises on a damaged or foreign file: it is a miss, and the trace is decoded.
 """
@@ -43,6 +46,23 @@ from zdiag.analyzers.fsdp_ledger import fill_missing_bytes
 from zdiag.analyzers.rank_analysis import RankContext
 from zdiag.analyzers.summary import SUMMARY_SCHEMA, RankSummary, decode_summary
 from zdiag.collectors.rundir import summary_path_for
+
+
+def _analyzer_digest() -> str:
+    """A digest of the analyzer package's Python sources (the map and what it calls)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha1(usedforsecurity=False)
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            continue
+    return h.hexdigest()[:12]
+
+
+MAP_CODE_VERSION = f"{__version__}+{_analyzer_digest()}"
+"""The code that computes a summary: stored with it, compared before reusing it."""
 
 STORED_KIND = "zdiag.stored-summary/1"
 FINGERPRINT_EDGE_BYTES = 64 * 1024
@@ -85,7 +105,7 @@ class StoredSummary(msgspec.Struct, kw_only=True):
 
     kind: str = STORED_KIND
     schema: str = SUMMARY_SCHEMA
-    zdiag_version: str = __version__
+    zdiag_version: str = msgspec.field(default_factory=lambda: MAP_CODE_VERSION)
     rank: int
     trace: TraceFingerprint
     context_key: str

@@ -112,7 +112,9 @@ def test_entries_of_another_version_or_damaged_are_misses(tmp_path: Path) -> Non
     entry = job / CACHE_DIR_NAME / "rank-0.json.zds"
     old = read_stored(entry)
     assert old is not None
-    old.zdiag_version = "0.0.1"
+    from zdiag import __version__
+
+    old.zdiag_version = f"{__version__}+000000000000"  # same release, other analyzer sources
     assert write_stored(entry, old)
     (job / CACHE_DIR_NAME / "rank-1.json.zds").write_bytes(b"\x93not a summary")
     other = StoredSummary(
