@@ -27,6 +27,13 @@ def _per_call_us(fn: object, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _wait(work: object) -> None:
+    """Wait on an async collective's Work (typed loosely: its stub differs across torch versions)."""
+    wait = getattr(work, "wait", None)
+    if wait is not None:
+        wait()
+
+
 def main() -> None:
     """Measure and print the table."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -37,7 +44,7 @@ def main() -> None:
     x = torch.ones(256)
     cases = {
         "blocking all_reduce": lambda: dist.all_reduce(x),
-        "async all_reduce + wait()": lambda: dist.all_reduce(x, async_op=True).wait(),  # type: ignore[union-attr]
+        "async all_reduce + wait()": lambda: _wait(dist.all_reduce(x, async_op=True)),
     }
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):

@@ -34,10 +34,11 @@ import sys
 import time
 from typing import Any
 
+from monitor_load import step_record
+
 LAG_BIN_MS = 0.1
 LAG_BINS = 200_000  # up to 20 s; later records land in the last bin
 DRAIN_S = 3.0  # the monitor keeps receiving this long after the last step
-STRAGGLER_RANK = 7
 
 
 def _rss_bytes() -> int:
@@ -128,29 +129,6 @@ def run_monitor(token: str, start: float, seconds: float) -> dict[str, Any]:
     }
 
 
-def _record(rank: int, node: int, tick: int, rng: random.Random) -> dict[str, Any]:
-    step_ms = 100.0 * (1.3 if rank == STRAGGLER_RANK else 1.0) * rng.uniform(0.97, 1.03)
-    return {
-        "kind": "step",
-        "rank": rank,
-        "host": f"node{node}",
-        "job": "bench",
-        "pid": 10_000 + rank,
-        "step": tick,
-        "ts": time.time(),
-        "seq": tick,
-        "step_time_ms": step_ms,
-        "compute_ms": step_ms * 0.7,
-        "comm_ms": step_ms * 0.4,
-        "exposed_comm_ms": step_ms * 0.1,
-        "mem_allocated_bytes": 20e9,
-        "mem_reserved_bytes": 24e9,
-        "mem_peak_bytes": 30e9,
-        "samples_per_s": 80.0,
-        "dropped": 0,
-    }
-
-
 def run_worker(args: argparse.Namespace, first_node: int, nodes: int, port: int) -> dict[str, Any]:
     """One worker process: `nodes` relays and their ranks, sending on the common schedule."""
     import zmq
@@ -186,7 +164,9 @@ def run_worker(args: argparse.Namespace, first_node: int, nodes: int, port: int)
                     time.sleep(wait)
                 behind_s = max(behind_s, -wait)
                 try:
-                    sock.send_multipart(encode(_record(rank, node, tick, rng), token), zmq.NOBLOCK)
+                    sock.send_multipart(
+                        encode(step_record(rank, node, tick, rng), token), zmq.NOBLOCK
+                    )
                     sent += 1
                 except zmq.Again:
                     dropped += 1

@@ -39,6 +39,33 @@ from zdiag.collectors.live import SEND_HWM, StepPublisher
 from zdiag.collectors.live_receive import LiveReceiver, Relay
 from zdiag.collectors.live_wire import SCHEMA, encode, parse_endpoint, push_socket
 
+STRAGGLER_RANK = 7
+"""The simulated rank whose steps are 30% slower (the monitor must flag it alone)."""
+
+
+def step_record(rank: int, node: int, tick: int, rng: random.Random) -> dict[str, Any]:
+    """One simulated rank's step record (wire fields of `zdiag.live/1`, 100 ms steps +-3%)."""
+    step_ms = 100.0 * (1.3 if rank == STRAGGLER_RANK else 1.0) * rng.uniform(0.97, 1.03)
+    return {
+        "kind": "step",
+        "rank": rank,
+        "host": f"node{node}",
+        "job": "bench",
+        "pid": 10_000 + rank,
+        "step": tick,
+        "ts": time.time(),
+        "seq": tick,
+        "step_time_ms": step_ms,
+        "compute_ms": step_ms * 0.7,
+        "comm_ms": step_ms * 0.4,
+        "exposed_comm_ms": step_ms * 0.1,
+        "mem_allocated_bytes": 20e9,
+        "mem_reserved_bytes": 24e9,
+        "mem_peak_bytes": 30e9,
+        "samples_per_s": 80.0,
+        "dropped": 0,
+    }
+
 
 def run_load(
     ranks: int, hz: float, seconds: float, target: str, relays: int, token: str
@@ -70,27 +97,7 @@ def run_load(
                 if wait > 0.001:
                     time.sleep(wait)
                 behind_s = max(behind_s, -wait)
-                step_ms = 100.0 * (1.3 if i == 7 else 1.0) * rng.uniform(0.97, 1.03)
-                record = {
-                    "kind": "step",
-                    "schema": SCHEMA,
-                    "rank": i,
-                    "host": f"node{i // 8}",
-                    "job": "bench",
-                    "pid": 10_000 + i,
-                    "step": tick,
-                    "ts": time.time(),
-                    "seq": tick,
-                    "step_time_ms": step_ms,
-                    "compute_ms": step_ms * 0.7,
-                    "comm_ms": step_ms * 0.4,
-                    "exposed_comm_ms": step_ms * 0.1,
-                    "mem_allocated_bytes": 20e9,
-                    "mem_reserved_bytes": 24e9,
-                    "mem_peak_bytes": 30e9,
-                    "samples_per_s": 80.0,
-                    "dropped": 0,
-                }
+                record = {"schema": SCHEMA, **step_record(i, i // 8, tick, rng)}
                 try:
                     sock.send_multipart(encode(record, token_b), flags=zmq.NOBLOCK)
                     sent += 1
