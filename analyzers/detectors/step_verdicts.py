@@ -129,10 +129,10 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
     exposed = sum(b.exposed_comm_ms for b in bds) / n
     comm = sum(b.comm_ms for b in bds) / n
     compute = sum(b.compute_ms for b in bds) / n
-    recommendation, code = _exposed_comm_advice(ctx)
-    gain = min(exposed, max(0.0, compute - (comm - exposed)))
     fw = known_framework(ctx)
     blocking = _blocking_on_cpu(ctx, fw)
+    recommendation, code = _exposed_comm_advice(ctx, fw, blocking)
+    gain = min(exposed, max(0.0, compute - (comm - exposed)))
     return [
         Finding(
             id="exposed-comm",
@@ -196,10 +196,12 @@ CPU_OVERLAP_NOTE = (
 )
 
 
-def _exposed_comm_advice(ctx: DetectorContext) -> tuple[str, str | None]:
-    """What to change, in the run's framework when it is known (only settings the run does not
-    already have), else for every framework; the CPU caveat on CPU-only runs."""
-    fw = known_framework(ctx)
+def _exposed_comm_advice(
+    ctx: DetectorContext, fw: Framework | None, blocking: bool
+) -> tuple[str, str | None]:
+    """What to change, in the run's framework `fw` when it is known (only settings the run does
+    not already have), else for every framework; the CPU caveat on CPU-only runs (`blocking`: its
+    gathers cannot overlap there at all)."""
     text, code = GENERIC_OVERLAP_ADVICE, None
     if fw is not None:
         remedy = fw.overlap(run_facts(ctx, fw))
@@ -211,7 +213,7 @@ def _exposed_comm_advice(ctx: DetectorContext) -> tuple[str, str | None]:
             )
         else:
             text, code = f"Compute could hide this communication. {remedy.text}", remedy.code
-    if fw is not None and _blocking_on_cpu(ctx, fw):
+    if fw is not None and blocking:
         text += (
             f" On CPU/gloo (this run) {fw.title}'s gathers block the training thread whatever "
             "these settings (FSDP2 overlaps there only with its unshard as an async op, "
