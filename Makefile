@@ -34,11 +34,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy bench/*.py examples/*.py
 
 # Fast unit tests (no real processes, training runs or browser), on every core: under a minute.
-UNIT_MARKERS := not dist and not browser and not slow
+UNIT_MARKERS := not dist and not browser and not slow and not tui
 unit: $(STAMP)
 	$(BIN)/pytest -m "$(UNIT_MARKERS)" -n auto
 
-# Real multi-process torch.distributed runs, the browser and the slow tests.
+# Real multi-process torch.distributed runs, the browser, Textual pilots and the slow tests.
 integration: $(STAMP)
 	$(BIN)/pytest -m "not ($(UNIT_MARKERS))"
 
