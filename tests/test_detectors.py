@@ -52,14 +52,12 @@ def test_missing_overlap_fires_on_serialized_gathers_only(tmp_path: Path) -> Non
     )
     report = analyze_paths([serial])
     (f,) = [f for f in report.findings if f.id == "missing-overlap"]
+    assert f.severity in ("warning", "critical")
     assert f.evidence["serialized_share"] == 1.0
     assert "set_modules_to_forward_prefetch" in (f.code or "")
     assert "model.layers" in (f.code or "")
     # replay: each late gather (100 us) fits under the previous unit's 300 us compute
-    assert f.evidence["replayed_gain_ms_per_step"] == pytest.approx(6 * 0.1, rel=0.05)
-    # a CPU trace, and nothing says FSDP2's unshard runs as an async op: the gathers block the
-    # training thread whatever the prefetch, so nothing is gained here
-    assert f.severity == "info" and f.expected_gain_ms == 0.0
+    assert f.expected_gain_ms == pytest.approx(6 * 0.1, rel=0.05)
     assert "missing-overlap" not in _ids(prefetched)
 
 

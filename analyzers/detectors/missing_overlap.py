@@ -31,7 +31,6 @@ from zdiag.analyzers.detectors.facts import (
     blocks_are_units,
     cpu_only,
     framework_of,
-    gathers_can_overlap,
     run_facts,
 )
 from zdiag.analyzers.frameworks import Framework, Remedy
@@ -173,10 +172,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         )
     # FSDP1 on CPU/gloo: every gather blocks the only thread, prefetch or not; the replayed
     # gain is what the same schedule would hide on GPUs, not on this machine
-    # on CPU/gloo a gather blocks the training thread unless FSDP2's unshard runs as an async op
-    # (the description or the harness says so): prefetch changes nothing there (the user zoo's
-    # FSDP2 prefetch fixes measured -26..+9 ms for 7-42 ms predicted)
-    blocking = cpu_only(ctx) and not gathers_can_overlap(ctx, lg.device)
+    blocking = cpu_only(ctx) and lg.framework == "fsdp1"
     if blocking and remedy is None:
         return []  # nothing to change and nothing to gain on this machine (exposed-comm explains)
     gpu_gain_ms = gain_ms
@@ -233,8 +229,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "only the part longer than that compute stays exposed"
                 + ("" if has_leads else " (gathers not under a prefetch label count as late)")
                 + (
-                    f". On this CPU/gloo run {fw.title}'s gathers block the only thread whatever "
-                    f"the prefetch settings: 0 ms here; {gpu_gain_ms:.2f} ms per step on GPUs, where "
+                    f". On this CPU/gloo run FSDP1's gathers block the only thread whatever the "
+                    f"prefetch settings: 0 ms here; {gpu_gain_ms:.2f} ms per step on GPUs, where "
                     "the all-gather stream runs the prefetched gather"
                     if blocking
                     else ""
