@@ -606,3 +606,38 @@ def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
 
     monkeypatch.setattr(missing_overlap, "run_facts", facts_with_prefetch)
     assert missing_overlap.detect(ctx) == []
+
+
+def test_exposed_comm_claims_nothing_when_the_run_has_every_overlap_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most steps exposed-comm on a DDP run: a warning with DDP's bucket settings and the overlap
+    gain; when the run already sets all of them, info with 0 ms (nothing to apply)."""
+    import dataclasses
+
+    from zdiag.analyzers.detectors import step_verdicts
+    from zdiag.analyzers.rank_analysis import RankFacts
+    from zdiag.analyzers.report import StepBreakdown
+
+    step = StepBreakdown(
+        step=1, duration_ms=100.0, compute_ms=60.0, comm_ms=40.0, overlapped_ms=10.0,
+        exposed_comm_ms=30.0, idle_ms=10.0, verdict="exposed-comm", kernel_count=5,
+    )  # fmt: skip
+    ctx = DetectorContext(
+        ledgers={},
+        breakdowns={0: [step, step], 1: [step, step]},
+        facts={0: RankFacts(framework="ddp"), 1: RankFacts(framework="ddp")},
+    )
+    (f,) = step_verdicts.detect_exposed_comm(ctx)
+    assert f.severity == "warning" and f.expected_gain_ms == 30.0
+    assert "bucket_cap_mb" in (f.code or "")
+    real = step_verdicts.run_facts
+    every = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "static_graph": True}
+
+    def with_every_setting(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(real(*args, **kwargs), settings=every)
+
+    monkeypatch.setattr(step_verdicts, "run_facts", with_every_setting)
+    (g,) = step_verdicts.detect_exposed_comm(ctx)
+    assert g.severity == "info" and g.expected_gain_ms == 0.0 and g.code is None
+    assert g.evidence["overlap_gain_ms_per_step"] == 30.0

@@ -131,12 +131,14 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
     compute = sum(b.compute_ms for b in bds) / n
     fw = known_framework(ctx)
     blocking = _blocking_on_cpu(ctx, fw)
-    recommendation, code = _exposed_comm_advice(ctx, fw, blocking)
+    recommendation, code, has_remedy = _exposed_comm_advice(ctx, fw, blocking)
     gain = min(exposed, max(0.0, compute - (comm - exposed)))
+    # nothing to gain here: the gathers block on CPU, or the run already has every setting
+    nothing_to_do = blocking or not has_remedy
     return [
         Finding(
             id="exposed-comm",
-            severity="info" if blocking else "warning",
+            severity="info" if nothing_to_do else "warning",
             title=(
                 f"{hit} of {n} steps have exposed communication: {exposed:.1f} ms per step of "
                 f"{comm:.1f} ms communication is not hidden behind {compute:.1f} ms compute"
@@ -154,7 +156,7 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
             },
             recommendation=recommendation,
             code=code,
-            expected_gain_ms=0.0 if blocking else round(gain, 3),
+            expected_gain_ms=0.0 if nothing_to_do else round(gain, 3),
             gain_method=(
                 "the exposed communication per step, up to the compute not already overlapping "
                 "communication (what perfect overlap could hide)"
@@ -162,6 +164,8 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
                     "; 0 on this CPU-only run, where the framework's collectives block the "
                     "training thread (overlap_gain_ms_per_step is the figure on GPUs)"
                     if blocking
+                    else "; 0: the run already has every overlap setting zdiag would propose"
+                    if not has_remedy
                     else ""
                 )
             ),
@@ -198,14 +202,15 @@ CPU_OVERLAP_NOTE = (
 
 def _exposed_comm_advice(
     ctx: DetectorContext, fw: Framework | None, blocking: bool
-) -> tuple[str, str | None]:
+) -> tuple[str, str | None, bool]:
     """What to change, in the run's framework `fw` when it is known (only settings the run does
     not already have), else for every framework; the CPU caveat on CPU-only runs (`blocking`: its
-    gathers cannot overlap there at all)."""
-    text, code = GENERIC_OVERLAP_ADVICE, None
+    gathers cannot overlap there at all). The flag: whether there is a change to propose."""
+    text, code, has_remedy = GENERIC_OVERLAP_ADVICE, None, True
     if fw is not None:
         remedy = fw.overlap(run_facts(ctx, fw))
         if remedy is None:
+            has_remedy = False
             text = (
                 f"The run already sets every {fw.title} overlap option zdiag would propose: the "
                 "communication stays exposed for another reason (message sizes, the interconnect, "
@@ -221,4 +226,4 @@ def _exposed_comm_advice(
         )
     elif cpu_only(ctx):
         text += CPU_OVERLAP_NOTE
-    return text, code
+    return text, code, has_remedy
