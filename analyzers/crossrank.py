@@ -520,20 +520,29 @@ def _late_in_most_steps(
     return hit >= STRAGGLER_PERSISTENT_STEP_SHARE * len(steps)
 
 
-def _own_excess_ms(rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float:
-    """The rank's compute plus idle per step above the other ranks' medians (0 when unknown):
-    the time its own work or its own waiting (sleep, data loading) adds to its step."""
+def _own_and_others(
+    rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]
+) -> dict[str, tuple[float, float]]:
+    """Per `compute_ms` / `idle_ms`: the rank's mean per step and the other ranks' median of
+    theirs ({} when the rank or the others have no steps; a field missing on either side is left
+    out)."""
     mine = breakdowns.get(rank) or []
     others = [b for r, b in breakdowns.items() if r != rank and b]
     if not mine or not others:
-        return 0.0
-    excess = 0.0
+        return {}
+    out = {}
     for attr in ("compute_ms", "idle_ms"):
         own = _per_step_mean(mine, attr)
         theirs = [v for b in others if (v := _per_step_mean(b, attr)) is not None]
         if own is not None and theirs:
-            excess += own - float(statistics.median(theirs))
-    return excess
+            out[attr] = (own, float(statistics.median(theirs)))
+    return out
+
+
+def _own_excess_ms(rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float:
+    """The rank's compute plus idle per step above the other ranks' medians (0 when unknown):
+    the time its own work or its own waiting (sleep, data loading) adds to its step."""
+    return sum(own - med for own, med in _own_and_others(rank, breakdowns).values())
 
 
 def _diagnosis(
@@ -543,18 +552,12 @@ def _diagnosis(
     gpu: bool = True,
 ) -> tuple[str, dict[str, float]]:
     """What the straggler's own breakdown suggests, with the numbers behind it."""
-    mine = breakdowns.get(rank) or []
-    others = [r for r in breakdowns if r != rank and breakdowns[r]]
-    if not mine or not others:
+    pairs = _own_and_others(rank, breakdowns)
+    if not pairs:
         return "", {}
     ev: dict[str, float] = {}
     hint = ""
-    for attr in ("compute_ms", "idle_ms"):
-        own = _per_step_mean(mine, attr)
-        theirs = [v for r in others if (v := _per_step_mean(breakdowns[r], attr)) is not None]
-        if own is None or not theirs:
-            continue
-        med = float(statistics.median(theirs))
+    for attr, (own, med) in pairs.items():
         ev[f"straggler_{attr}_per_step"] = round(own, 3)
         ev[f"others_median_{attr}_per_step"] = round(med, 3)
     own_c = ev.get("straggler_compute_ms_per_step")

@@ -207,17 +207,11 @@ def blocks_are_units(pattern: BlockPattern | None, units: Iterable[str]) -> bool
 
 def framework_of(ctx: DetectorContext, name: str | None = None) -> Framework:
     """The run's framework: the captured description's, else `name` (a ledger's), else the
-    manifest's, else the first whose labels a trace holds, else FSDP2."""
+    manifest's, else the first whose labels a trace holds (`known_framework`), else FSDP2."""
     model = captured(ctx)
-    if model is not None and model.framework in frameworks.BY_NAME:
-        return frameworks.get(model.framework)
-    if name:
+    if name and not (model is not None and model.framework in frameworks.BY_NAME):
         return frameworks.get(name)
-    found = frameworks.from_manifest(ctx.manifest)
-    for facts in ctx.facts.values():
-        if found is None and facts.framework:
-            found = frameworks.get(facts.framework)
-    return found or frameworks.get(None)
+    return known_framework(ctx) or frameworks.get(None)
 
 
 def run_facts(
