@@ -173,20 +173,30 @@ def test_markdown_tables_hold_every_case_and_detector() -> None:
 def test_fix_table_compares_prediction_and_measurement() -> None:
     case = next(c for c in uz.CASES if c.name == "cnn_fsdp2:prefetch-off")
     oom = next(c for c in uz.CASES if c.name == "trunk_ddp:act-oom")
+    sync = next(c for c in uz.CASES if c.name == "cnn_ddp:host-sync")
     rows = [
-        uz.FixRow(case, 10.0, None, 15.0, 0.0, True, True, 3),  # within 2x, finding gone
-        uz.FixRow(case, 10.0, None, 25.0, 0.0, True, False, 3),  # off by 2.5x, still there
+        uz.FixRow(case, 10.0, None, 15.0, 0.0, True, True, 3, 4.0),  # within 2x, finding gone
+        uz.FixRow(case, 10.0, None, 25.0, 0.0, True, False, 3, 4.0),  # off by 2.5x, still there
         uz.FixRow(oom, None, 30.0, None, 64.0, False, True, 3),  # never raised
+        uz.FixRow(sync, 0.01, None, -9.0, 0.0, True, True, 3, 20.0),  # both inside the spread
+        uz.FixRow(sync, 0.01, None, -30.0, 0.0, True, True, 3, 20.0),  # a change beyond it
     ]
-    lines = uz.markdown_fix(rows).splitlines()[2:]
+    text = uz.markdown_fix(rows)
+    lines = text.splitlines()[2:]
     assert lines[0].startswith(
-        "| `cnn_fsdp2:prefetch-off` | (the script's defaults) | 10.0 | 15.0 | yes"
+        "| `cnn_fsdp2:prefetch-off` | `--unshard-async` | 10.0 | 15.0 | 4.0 | yes"
     )
     assert lines[0].endswith("| yes |")
-    assert "| 25.0 | no |" in lines[1] and lines[1].endswith("| no |")
+    assert "| 25.0 | 4.0 | no |" in lines[1] and lines[1].endswith("| no |")
     assert "`--batch 1024 --mem-budget-mib 90 --checkpoint-cells`" in lines[2]
     assert "| 30.0 | 64.0 | no |" in lines[2]
     assert lines[2].endswith("| not raised before the fix |")
+    assert "| -9.0 | 20.0 | noise |" in lines[3]
+    assert "| -30.0 | 20.0 | no |" in lines[4]
+    assert "checkable (a positive prediction and a measurement, not both inside the" in text
+    assert "spread): 4; within 2x: 1. Inside the spread (neither confirmed nor refuted): 1." in (
+        " ".join(text.split())
+    )
 
 
 # ---- real runs (dist) ----------------------------------------------------------------------------

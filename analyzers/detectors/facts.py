@@ -137,8 +137,11 @@ def model_settings(model: ModelFacts) -> dict[str, Any]:
     units = [u for u in model.fsdp2_units if u.path]  # the root's own settings differ by design
     if units:
         _agree(out, "reshard_after_forward", [u.reshard_after_forward for u in units])
-        _agree(out, "forward_prefetch", [_set(u.forward_prefetch, u.path) for u in units])
-        _agree(out, "backward_prefetch", [_set(u.backward_prefetch, u.path) for u in units])
+        # the last unit in forward order has nothing to prefetch forward, the first nothing
+        # backward: a run that chains every other unit has the setting
+        fwd, bwd = (units[:-1], units[1:]) if len(units) > 1 else (units, units)
+        _agree(out, "forward_prefetch", [_set(u.forward_prefetch, u.path) for u in fwd])
+        _agree(out, "backward_prefetch", [_set(u.backward_prefetch, u.path) for u in bwd])
         _agree(
             out,
             "param_dtype",
@@ -146,6 +149,8 @@ def model_settings(model: ModelFacts) -> dict[str, Any]:
         )
         if all(u.hsdp for u in units):
             out["hsdp"] = True
+    if any(u.unshard_async_op for u in model.fsdp2_units):
+        out["unshard_async_op"] = True  # set on the root
     fsdp1 = model.fsdp1_instances
     if fsdp1:
         _agree(out, "forward_prefetch", [i.forward_prefetch for i in fsdp1])
@@ -269,10 +274,15 @@ def cpu_only(ctx: DetectorContext) -> bool:
 
 
 def gathers_can_overlap(ctx: DetectorContext, device: str | None = None) -> bool:
-    """Whether an FSDP/ZeRO gather can run under compute: on an accelerator (its own stream), or
-    on CPU when FSDP2's unshard async op is set (captured in the description; zdiag's harness
-    sets it). `device` is a ledger's device ("cpu", "cuda:0"); None: judged from the whole run."""
+    """Whether an FSDP/ZeRO gather can run under compute: on an accelerator (its own stream); on
+    CPU for ZeRO-3, which issues its all-gathers with `async_op=True` (gloo's worker thread runs
+    a prefetched one while the training thread computes), and for FSDP2 when its unshard async op
+    is set (captured in the description; zdiag's harness sets it). `device` is a ledger's device
+    ("cpu", "cuda:0"); None: judged from the whole run."""
     if not (device.startswith("cpu") if device else cpu_only(ctx)):
+        return True
+    fw = known_framework(ctx)
+    if fw is not None and fw.name == "deepspeed":
         return True
     model = captured(ctx)
     if model is not None:

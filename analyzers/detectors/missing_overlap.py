@@ -31,6 +31,7 @@ from zdiag.analyzers.detectors.facts import (
     blocks_are_units,
     cpu_only,
     framework_of,
+    gathers_can_overlap,
     run_facts,
 )
 from zdiag.analyzers.frameworks import Framework, Remedy
@@ -94,13 +95,50 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
     return gain
 
 
+CPU_NOTES = {
+    "fsdp2": (
+        " On CPU/gloo (this run) a prefetch setting alone overlaps nothing: FSDP2's default "
+        "all-gather blocks the only thread. Gathers overlap compute there only when the unshard "
+        "runs as an async op (`model._set_unshard_async_op(True)` on the root, a private API: "
+        "the code's last line), when gloo's worker thread runs the prefetched gather. On GPUs "
+        "the all-gather stream does it and that line is not needed."
+    ),
+    "fsdp1": (
+        " On CPU/gloo (this run) FSDP1's gathers block the only thread whatever the prefetch "
+        "settings: they pay off on GPUs, where the all-gather stream runs the prefetched gather."
+    ),
+    "deepspeed": (
+        " On CPU/gloo (this run) ZeRO-3 issues its gathers as async ops that gloo's worker "
+        "thread runs, so a prefetched gather overlaps compute, competing with it for the host's "
+        "cores; on GPUs its own stream runs them."
+    ),
+}
+ASYNC_OP_LINE = (
+    "model._set_unshard_async_op(True)  # CPU/gloo only: lets prefetched gathers overlap"
+)
+
+
+def _with_cpu_async_op(ctx: DetectorContext, fw: Framework, remedy: Remedy | None) -> Remedy | None:
+    """FSDP2 on CPU/gloo without its unshard async op: the prefetch remedy plus that setting
+    (without it nothing overlaps there); any other run: `remedy` as it is."""
+    if fw.name != "fsdp2" or not cpu_only(ctx) or gathers_can_overlap(ctx):
+        return remedy
+    if remedy is None:
+        return Remedy(
+            "Set FSDP2's unshard async op on the root (a private API): on CPU/gloo the run's "
+            "prefetch lists overlap nothing without it.",
+            ASYNC_OP_LINE,
+        )
+    return Remedy(remedy.text, f"{remedy.code}\n{ASYNC_OP_LINE}" if remedy.code else None)
+
+
 def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
     """The framework's overlap settings on the blocks the unit names show; when the blocks are
     not units yet (a finer wrap), the wrap comes first so the prefetch calls have units to name."""
     pattern = find_block_pattern(lg.unit_order)
     are_units = blocks_are_units(pattern, lg.unit_order)
     facts = run_facts(ctx, fw, block_set(pattern), are_units)
-    remedy = fw.overlap(facts)
+    remedy = _with_cpu_async_op(ctx, fw, fw.overlap(facts))
     if remedy is None or are_units is not False or not fw.wraps_units:
         return remedy
     wrap = fw.wrap_blocks(facts)
@@ -156,13 +194,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "gather ahead of time."
         )
     if cpu_only(ctx):
-        recommendation += (
-            " On CPU/gloo (this run) a prefetch setting alone overlaps nothing: the default "
-            "all-gather blocks the only thread. Gathers overlap compute there only when FSDP2's "
-            "unshard runs as an async op (`model._set_unshard_async_op(True)` on the root, a "
-            "private API) with explicit prefetch lists; FSDP1 cannot overlap on CPU. "
-            "On GPUs the all-gather stream does it."
-        )
+        recommendation += CPU_NOTES.get(lg.framework or "", "")
     host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
     if bds and host_bound_steps / len(bds) >= HOST_BOUND_STEP_SHARE:
         recommendation += (

@@ -14,7 +14,16 @@ from convnet import ConvNet, ConvUnit, random_images
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    add_fsdp2_args,
+    device,
+    init_distributed,
+    set_unshard_async,
+)
 
 
 def shard_model(model: ConvNet, wrap: str, prefetch: str) -> None:
@@ -54,6 +63,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--image-size", type=int, default=16)
     add_common_args(p, batch=16)
+    add_fsdp2_args(p)
     args = p.parse_args()
 
     rank, _world = init_distributed(timeout_s=args.pg_timeout_s)
@@ -64,6 +74,7 @@ def main() -> None:
         if isinstance(unit, ConvUnit):
             unit.debug_checks = args.nan_check
     shard_model(model, args.wrap, args.prefetch)
+    set_unshard_async(model, args.unshard_async)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))
     faults, log = Faults(args, rank), StepLog(rank)

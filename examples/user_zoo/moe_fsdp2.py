@@ -14,7 +14,16 @@ from moe import MoEModel, token_batch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    add_fsdp2_args,
+    device,
+    init_distributed,
+    set_unshard_async,
+)
 
 
 def main() -> None:
@@ -34,6 +43,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--seq", type=int, default=32)
     add_common_args(p, batch=8)
+    add_fsdp2_args(p)
     args = p.parse_args()
 
     rank, _ = init_distributed(timeout_s=args.pg_timeout_s)
@@ -62,6 +72,8 @@ def main() -> None:
         else:
             unit.set_modules_to_forward_prefetch([unit])
             unit.set_modules_to_backward_prefetch([unit])
+
+    set_unshard_async(model, args.unshard_async)
 
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=False)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

@@ -14,7 +14,16 @@ from recsys import CrossUnit, Recommender, click_batch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    add_fsdp2_args,
+    device,
+    init_distributed,
+    set_unshard_async,
+)
 
 
 def main() -> None:
@@ -28,6 +37,7 @@ def main() -> None:
     p.add_argument("--emb-dim", type=int, default=32)
     p.add_argument("--depth", type=int, default=3)
     add_common_args(p, batch=512)
+    add_fsdp2_args(p)
     args = p.parse_args()
 
     rank, _ = init_distributed(timeout_s=args.pg_timeout_s)
@@ -55,6 +65,8 @@ def main() -> None:
             u.set_modules_to_forward_prefetch(nxt if args.prefetch == "on" else [u])
             u.set_modules_to_backward_prefetch(prev if args.prefetch == "on" else [u])
     assert all(isinstance(t, CrossUnit) for t in model.interaction.towers)
+
+    set_unshard_async(model, args.unshard_async)
 
     opt = torch.optim.Adagrad(model.parameters(), lr=0.02)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

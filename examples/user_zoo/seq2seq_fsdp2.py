@@ -17,7 +17,16 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    add_fsdp2_args,
+    device,
+    init_distributed,
+    set_unshard_async,
+)
 
 
 def main() -> None:
@@ -30,6 +39,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
     add_common_args(p, batch=16)
+    add_fsdp2_args(p)
     args = p.parse_args()
 
     rank, _ = init_distributed(timeout_s=args.pg_timeout_s)
@@ -61,6 +71,8 @@ def main() -> None:
         for u in units:
             u.set_modules_to_forward_prefetch([u])
             u.set_modules_to_backward_prefetch([u])
+
+    set_unshard_async(model, args.unshard_async)
 
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

@@ -17,7 +17,16 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
 )
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    add_fsdp2_args,
+    device,
+    init_distributed,
+    set_unshard_async,
+)
 
 
 def apply_fsdp(model: TabularResNet, wrap: str, prefetch: str) -> None:
@@ -53,6 +62,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--depth", type=int, default=4)
     add_common_args(p, batch=256)
+    add_fsdp2_args(p)
     args = p.parse_args()
 
     rank, world = init_distributed(timeout_s=args.pg_timeout_s)
@@ -63,6 +73,7 @@ def main() -> None:
     if args.ac:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, ResidualMLP))
     apply_fsdp(model, args.wrap, args.prefetch)
+    set_unshard_async(model, args.unshard_async)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

@@ -50,6 +50,22 @@ def add_common_args(parser: argparse.ArgumentParser, steps: int = 6, batch: int 
     f.add_argument("--hang-at-step", type=int, default=2, help="step at which --hang-rank stops")
 
 
+def add_fsdp2_args(parser: argparse.ArgumentParser) -> None:
+    """`--unshard-async`: FSDP2's unshard as an async op on the root (a private API)."""
+    parser.add_argument(
+        "--unshard-async",
+        action="store_true",
+        help="FSDP2's unshard as an async op on the root (private API): on CPU/gloo the "
+        "prefetched all-gathers then overlap compute",
+    )
+
+
+def set_unshard_async(model: nn.Module, on: bool) -> None:
+    """Issue FSDP2's unshard as an async op (gloo's worker thread runs prefetched gathers)."""
+    if on:
+        model._set_unshard_async_op(True)  # type: ignore[operator]
+
+
 def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> tuple[int, int]:
     """Join the process group torchrun describes; returns (rank, world size)."""
     if not dist.is_initialized():
@@ -91,6 +107,17 @@ class Faults:
             time.sleep(10**6)  # stuck before the next collective; the others wait on it
 
 
+def _local_bytes(p: torch.Tensor) -> int:
+    """Bytes of this rank's shard of a parameter (FSDP2 DTensor, FSDP1 flat shard, ZeRO-3)."""
+    if isinstance(p, DTensor):
+        p = p.to_local()
+    elif hasattr(p, "_local_shard"):
+        p = p._local_shard
+    elif hasattr(p, "ds_tensor"):
+        p = p.ds_tensor
+    return p.numel() * p.element_size()
+
+
 class _Held:
     __slots__ = ("budget", "key", "tensor")
 
@@ -105,10 +132,12 @@ class ActivationBudget:
     """Counts this rank's device memory as a GPU would hold it and enforces a budget.
 
     In use = the local parameter shards x 4 (parameter, gradient, two AdamW moments) +
-    parameters FSDP2 has currently unsharded (plain tensors next to DTensor shards; FSDP1's and
-    DeepSpeed's gathered flat buffers are not seen) + the tensors
-    autograd saved for backward (each storage once, until autograd frees it). Past
-    `budget_bytes` (0: no limit) a new saved tensor raises `torch.OutOfMemoryError`.
+    the parameters gathered right now (FSDP2: plain tensors next to DTensor shards; FSDP1: flat
+    parameters whose data is not their local shard; ZeRO-3: parameters whose status is
+    AVAILABLE) + the tensors autograd saved for backward (each storage once, until autograd frees
+    it). Gradients are not counted. Build it after the model is sharded: the shard sizes are read
+    then, while every parameter is still sharded. Past `budget_bytes` (0: no limit) a new saved
+    tensor raises `torch.OutOfMemoryError`.
     """
 
     def __init__(self, model: nn.Module, budget_bytes: int = 0) -> None:
@@ -117,29 +146,34 @@ class ActivationBudget:
         self.saved_bytes = 0
         self.peak_bytes = 0
         self._live: dict[int, list[int]] = {}
-        self._state_bytes: int | None = None
-        self._sharded: bool | None = None
+        self._fsdp2 = any(isinstance(p, DTensor) for p in model.parameters())
+        # FSDP1's flat parameters (use_orig_params=True or not): the gathered buffers live there
+        flat = [getattr(m, "_flat_param", None) for m in model.modules()]
+        # sharded now: their data is the shard (the wrapper and its inner module both name it)
+        self._flat = list({id(f): f for f in flat if f is not None}.values())
+        state = self._flat or list(model.parameters())
+        self._state_bytes = 4 * sum(_local_bytes(p) for p in state)
 
     def unsharded_bytes(self) -> int:
-        """Parameters FSDP2 has gathered right now (plain tensors beside DTensor shards)."""
-        if self._sharded is None:
-            self._sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
-        if not self._sharded:
-            return 0
-        return sum(
-            p.numel() * p.element_size()
-            for p in self.model.parameters()
-            if not isinstance(p, DTensor)
-        )
+        """Parameters gathered right now, beyond their local shards."""
+        if self._flat:
+            return sum(
+                f.numel() * f.element_size()
+                for f in self._flat
+                if (shard := getattr(f, "_local_shard", None)) is not None
+                and f.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
+            )
+        total = 0
+        for p in self.model.parameters():
+            if self._fsdp2:
+                if not isinstance(p, DTensor):
+                    total += p.numel() * p.element_size()
+            elif hasattr(p, "ds_status") and p.ds_status.name == "AVAILABLE":  # ZeRO-3
+                total += p.ds_numel * p.element_size()  # type: ignore[attr-defined]
+        return total
 
     def state_bytes(self) -> int:
-        """Local parameters x 4, computed once."""
-        if self._state_bytes is None:
-            total = 0
-            for p in self.model.parameters():
-                local = p.to_local() if isinstance(p, DTensor) else p
-                total += local.numel() * local.element_size()
-            self._state_bytes = 4 * total
+        """Local parameter shards x 4, read when the budget was built."""
         return self._state_bytes
 
     def _acquire(self, t: torch.Tensor) -> int:

@@ -14,7 +14,16 @@ from tabular import GatedCell, MLPTrunkNet
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import checkpoint
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    add_fsdp2_args,
+    device,
+    init_distributed,
+    set_unshard_async,
+)
 
 
 class Recompute(nn.Module):
@@ -40,6 +49,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--depth", type=int, default=6)
     add_common_args(p, batch=256)
+    add_fsdp2_args(p)
     args = p.parse_args()
 
     rank, _ = init_distributed(timeout_s=args.pg_timeout_s)
@@ -68,6 +78,8 @@ def main() -> None:
             c.set_modules_to_forward_prefetch(cells[i + 1 : i + 2])
             c.set_modules_to_backward_prefetch(cells[i - 1 : i] if i else [])
     assert all(isinstance(m, GatedCell) or isinstance(m, Recompute) for m in model.trunk.cells)
+
+    set_unshard_async(model, args.unshard_async)
 
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))
