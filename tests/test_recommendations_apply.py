@@ -204,6 +204,16 @@ def test_settings_the_run_has_are_not_proposed() -> None:
     )
     got = model_settings(ModelFacts(ModelDescription(framework="fsdp2", fsdp2_units=units)))
     assert got["forward_prefetch"] is False and got["backward_prefetch"] is True
+    # a chain: the last block has nothing to prefetch forward, the first nothing backward
+    chain = (
+        Fsdp2Unit(path="", cls="M", unshard_async_op=True),
+        Fsdp2Unit(path="a.0", cls="B", forward_prefetch=("a.1",), backward_prefetch=()),
+        Fsdp2Unit(path="a.1", cls="B", forward_prefetch=("a.2",), backward_prefetch=("a.0",)),
+        Fsdp2Unit(path="a.2", cls="B", forward_prefetch=(), backward_prefetch=("a.1",)),
+    )
+    got = model_settings(ModelFacts(ModelDescription(framework="fsdp2", fsdp2_units=chain)))
+    assert got["forward_prefetch"] is True and got["backward_prefetch"] is True
+    assert got["unshard_async_op"] is True
     # FSDP1: every instance sets all three prefetch settings: no overlap remedy
     inst = Fsdp1Instance(
         path="", cls="M", forward_prefetch=True, backward_prefetch="BACKWARD_PRE",

@@ -282,3 +282,23 @@ def test_deepspeed_script_runs_under_zdiag(tmp_path: Path) -> None:
     assert r.exit_code == 0
     report = json.loads((Path(r.run_dir) / "report.json").read_text())
     assert len(report["ranks"]) == 2 and all(rank["steps"] for rank in report["ranks"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="needs Linux /proc")
+def test_a_timed_out_run_s_orphan_ranks_are_killed(tmp_path: Path) -> None:
+    """torchrun starts each rank in its own session: killing `zdiag run`'s process group leaves
+    a stuck rank alive, holding the runner's pipe. The runner finds it by its run directory."""
+    import subprocess
+
+    out = tmp_path / "run"
+    env = dict(os.environ, ZDIAG_RUN_DIR=str(out))
+    rank = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], env=dict(env, ZDIAG_RUN_DIR=str(out) + "x"))
+    try:
+        uz._kill_ranks_of(out)
+        assert rank.wait(timeout=10) == -9
+        assert other.poll() is None  # another run's process is left alone
+    finally:
+        rank.kill()
+        other.kill()
+        other.wait()

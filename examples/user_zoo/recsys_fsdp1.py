@@ -1,6 +1,6 @@
 """Train the recommender with FSDP1 (FULL_SHARD; the tables and each CrossUnit are units).
 
-torchrun --standalone --nproc-per-node 2 recsys_fsdp1.py [--wrap cross|whole|every-linear]
+torchrun --standalone --nproc-per-node 2 recsys_fsdp1.py [--wrap cross|cross-only|whole|every-linear]
     [--strategy SHARD_GRAD_OP|FULL_SHARD] [--backward-prefetch pre|none] [--validate]
 """
 
@@ -20,7 +20,9 @@ from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--wrap", choices=("cross", "whole", "every-linear"), default="cross")
+    p.add_argument(
+        "--wrap", choices=("cross", "cross-only", "whole", "every-linear"), default="cross"
+    )
     p.add_argument("--strategy", choices=("SHARD_GRAD_OP", "FULL_SHARD"), default="FULL_SHARD")
     p.add_argument("--backward-prefetch", choices=("pre", "none"), default="pre")
     p.add_argument("--validate", action="store_true")
@@ -38,6 +40,7 @@ def main() -> None:
         t.validate = args.validate or args.nan_check
     policy = {
         "cross": ModuleWrapPolicy({CrossUnit, SparseFeatures}),
+        "cross-only": ModuleWrapPolicy({CrossUnit}),  # the tables stay in the root unit
         "whole": None,
         "every-linear": ModuleWrapPolicy({nn.Linear, nn.EmbeddingBag}),
     }[args.wrap]

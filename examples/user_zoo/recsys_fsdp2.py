@@ -1,6 +1,6 @@
 """Train the embedding-heavy recommender with FSDP2 (tables and cross towers as units).
 
-torchrun --standalone --nproc-per-node 2 recsys_fsdp2.py [--units towers|root|leaf]
+torchrun --standalone --nproc-per-node 2 recsys_fsdp2.py [--units towers|towers-only|root|leaf]
     [--prefetch on|off] [--validate] [--ac]
 """
 
@@ -28,7 +28,7 @@ from trainkit import (
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--units", choices=("towers", "root", "leaf"), default="towers")
+    p.add_argument("--units", choices=("towers", "towers-only", "root", "leaf"), default="towers")
     p.add_argument("--prefetch", choices=("on", "off"), default="on")
     p.add_argument("--validate", action="store_true", help="check each tower's output")
     p.add_argument("--ac", action="store_true")
@@ -49,9 +49,10 @@ def main() -> None:
         if args.ac:
             fwd = t.forward
             t.forward = lambda x0, x, _f=fwd: checkpoint(_f, x0, x, use_reentrant=False)  # type: ignore[method-assign]
-    if args.units == "towers":
-        fully_shard(model.features)  # the embedding tables: one unit
-        for t in towers:
+    if args.units in ("towers", "towers-only"):
+        if args.units == "towers":
+            fully_shard(model.features)  # the embedding tables: one unit
+        for t in towers:  # towers-only: the tables stay in the root unit
             fully_shard(t)
     elif args.units == "leaf":
         for m in list(model.modules()):
@@ -59,7 +60,7 @@ def main() -> None:
                 fully_shard(m)
     fully_shard(model)
     units = [u for u in [model.features, *towers] if isinstance(u, FSDPModule)]
-    if args.units == "towers":
+    if args.units in ("towers", "towers-only"):
         for i, u in enumerate(units):
             nxt, prev = units[i + 1 : i + 2], units[i - 1 : i] if i else []
             u.set_modules_to_forward_prefetch(nxt if args.prefetch == "on" else [u])

@@ -14,6 +14,7 @@ import datetime
 import os
 import statistics
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -141,7 +142,11 @@ class ActivationBudget:
     """
 
     def __init__(self, model: nn.Module, budget_bytes: int = 0) -> None:
-        self.model = model
+        # a weak reference: the saved-tensor hooks hold this budget, and gloo's work objects
+        # hold the hooks (in their thread-local state) past the step. A strong reference to a
+        # DDP model made the last reference to its Reducer drop on gloo's worker thread at exit,
+        # where ~ProcessGroupGloo deadlocks (seen once in ~200 runs: the rank never exited)
+        self._model = weakref.ref(model)
         self.budget_bytes = budget_bytes
         self.saved_bytes = 0
         self.peak_bytes = 0
@@ -164,7 +169,8 @@ class ActivationBudget:
                 and f.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
             )
         total = 0
-        for p in self.model.parameters():
+        model = self._model()
+        for p in model.parameters() if model is not None else ():
             if self._fsdp2:
                 if not isinstance(p, DTensor):
                     total += p.numel() * p.element_size()
