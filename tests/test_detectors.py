@@ -504,6 +504,11 @@ def test_missing_overlap_proposes_no_prefetch_the_harness_run_already_sets(tmp_p
         f.code is None
         and "already sets every FSDP2 (fully_shard) prefetch option" in f.recommendation
     )
+    # on CPU: the harness sets the unshard async op, so no line for it, and the note says so
+    from zdiag.analyzers.detectors import missing_overlap
+
+    (g,) = missing_overlap.detect(_cpu_only(on))
+    assert g.code is None and "the unshard async op the run sets" in g.recommendation
 
 
 def test_missing_overlap_on_sub_block_units_wraps_the_blocks_before_prefetching(

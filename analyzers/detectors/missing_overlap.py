@@ -96,13 +96,6 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
 
 
 CPU_NOTES = {
-    "fsdp2": (
-        " On CPU/gloo (this run) a prefetch setting alone overlaps nothing: FSDP2's default "
-        "all-gather blocks the only thread. Gathers overlap compute there only when the unshard "
-        "runs as an async op (`model._set_unshard_async_op(True)` on the root, a private API: "
-        "the code's last line), when gloo's worker thread runs the prefetched gather. On GPUs "
-        "the all-gather stream does it and that line is not needed."
-    ),
     "fsdp1": (
         " On CPU/gloo (this run) FSDP1's gathers block the only thread whatever the prefetch "
         "settings: they pay off on GPUs, where the all-gather stream runs the prefetched gather."
@@ -113,9 +106,31 @@ CPU_NOTES = {
         "cores; on GPUs its own stream runs them."
     ),
 }
+
 ASYNC_OP_LINE = (
     "model._set_unshard_async_op(True)  # CPU/gloo only: lets prefetched gathers overlap"
 )
+
+
+def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> str:
+    """What overlaps on this CPU/gloo run, in its framework (FSDP2: whether the unshard async op
+    is set, or where the code sets it)."""
+    if framework != "fsdp2":
+        return CPU_NOTES.get(framework or "", "")
+    if gathers_can_overlap(ctx):
+        return (
+            " On CPU/gloo (this run) the unshard async op the run sets lets gloo's worker thread "
+            "run a prefetched gather while the training thread computes, competing with it for "
+            "the host's cores; on GPUs the all-gather stream does it."
+        )
+    where = "the code's last line" if code and ASYNC_OP_LINE in code else "a private API"
+    return (
+        " On CPU/gloo (this run) a prefetch setting alone overlaps nothing: FSDP2's default "
+        "all-gather blocks the only thread. Gathers overlap compute there only when the unshard "
+        f"runs as an async op (`model._set_unshard_async_op(True)` on the root, {where}), when "
+        "gloo's worker thread runs the prefetched gather. On GPUs the all-gather stream does it "
+        "and that setting is not needed."
+    )
 
 
 def _with_cpu_async_op(ctx: DetectorContext, fw: Framework, remedy: Remedy | None) -> Remedy | None:
@@ -194,7 +209,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "gather ahead of time."
         )
     if cpu_only(ctx):
-        recommendation += CPU_NOTES.get(lg.framework or "", "")
+        recommendation += _cpu_note(ctx, lg.framework, remedy.code if remedy else None)
     host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
     if bds and host_bound_steps / len(bds) >= HOST_BOUND_STEP_SHARE:
         recommendation += (
