@@ -437,15 +437,24 @@ def _run_script(
         result.error = f"zdiag run timed out after {timeout_s:.0f} s (killed)"
 
 
-def _kill_ranks_of(out: Path) -> None:
-    """SIGKILL every process whose environment names `out` as its zdiag run directory (Linux)."""
+def _kill_ranks_of(out: Path, tries: int = 5) -> int:
+    """SIGKILL every process whose environment names `out` as its zdiag run directory (Linux);
+    scans again (up to `tries` times, 0.2 s apart) until one is found. Returns how many."""
     needle = f"ZDIAG_RUN_DIR={out}".encode() + b"\0"
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            if needle in (proc_dir / "environ").read_bytes():
-                os.kill(int(proc_dir.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue  # gone, or not ours to read
+    killed = 0
+    for attempt in range(tries):
+        for proc_dir in Path("/proc").glob("[0-9]*"):
+            try:
+                if needle in (proc_dir / "environ").read_bytes():
+                    os.kill(int(proc_dir.name), signal.SIGKILL)
+                    killed += 1
+            except (OSError, ValueError):
+                continue  # gone, or not ours to read
+        if killed:
+            break
+        if attempt + 1 < tries:
+            time.sleep(0.2)
+    return killed
 
 
 def recorded_exit_and_peak(out: Path) -> tuple[int | None, float | None]:

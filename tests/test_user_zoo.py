@@ -295,7 +295,7 @@ def test_a_timed_out_run_s_orphan_ranks_are_killed(tmp_path: Path) -> None:
     rank = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
     other = subprocess.Popen(["sleep", "60"], env=dict(env, ZDIAG_RUN_DIR=str(out) + "x"))
     try:
-        uz._kill_ranks_of(out)
+        assert uz._kill_ranks_of(out) == 1
         assert rank.wait(timeout=10) == -9
         assert other.poll() is None  # another run's process is left alone
     finally:
