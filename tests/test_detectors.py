@@ -493,6 +493,19 @@ def test_whole_model_wrap_without_a_known_block_set_prints_no_guessed_code(
     assert f.code is None  # was `for block in model.layers:`, an attribute the model may lack
 
 
+def _cpu_only(ctx: DetectorContext) -> DetectorContext:
+    """`ctx` with a measured step without a device kernel: a CPU-only run."""
+    import dataclasses
+
+    from zdiag.analyzers.report import StepBreakdown
+
+    cpu_step = StepBreakdown(
+        step=1, duration_ms=10.0, compute_ms=5.0, comm_ms=5.0, overlapped_ms=0.0,
+        exposed_comm_ms=5.0, idle_ms=0.0, verdict="comm-bound",
+    )  # fmt: skip
+    return dataclasses.replace(ctx, breakdowns={0: [cpu_step]})
+
+
 def test_missing_overlap_proposes_no_prefetch_the_harness_run_already_sets(tmp_path: Path) -> None:
     doc = fsdp2_cpu_trace(BLOCKS, steps=2)
     off = _ctx(tmp_path, doc, manifest=Manifest.from_json({"harness": {"prefetch": "off"}}))
@@ -588,14 +601,8 @@ def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
     import dataclasses
 
     from zdiag.analyzers.detectors import missing_overlap
-    from zdiag.analyzers.report import StepBreakdown
 
-    ctx = _ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2)))
-    cpu_step = StepBreakdown(  # measured steps without a device kernel: a CPU-only run
-        step=1, duration_ms=10.0, compute_ms=5.0, comm_ms=5.0, overlapped_ms=0.0,
-        exposed_comm_ms=5.0, idle_ms=0.0, verdict="comm-bound",
-    )  # fmt: skip
-    ctx = dataclasses.replace(ctx, breakdowns={0: [cpu_step]})
+    ctx = _cpu_only(_ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2))))
     (f,) = missing_overlap.detect(ctx)
     assert f.severity == "info" and f.expected_gain_ms == 0.0
     real = missing_overlap.run_facts
@@ -648,23 +655,12 @@ def test_exposed_comm_claims_nothing_when_the_run_has_every_overlap_setting(
     assert g.evidence["overlap_gain_ms_per_step"] == 30.0
 
 
-def _cpu_only(ctx: DetectorContext) -> DetectorContext:
-    """`ctx` with a measured step without a device kernel: a CPU-only run."""
-    import dataclasses
-
-    from zdiag.analyzers.report import StepBreakdown
-
-    cpu_step = StepBreakdown(
-        step=1, duration_ms=10.0, compute_ms=5.0, comm_ms=5.0, overlapped_ms=0.0,
-        exposed_comm_ms=5.0, idle_ms=0.0, verdict="comm-bound",
-    )  # fmt: skip
-    return dataclasses.replace(ctx, breakdowns={0: [cpu_step]})
-
-
 def test_missing_overlap_on_cpu_fsdp2_sets_the_unshard_async_op(tmp_path: Path) -> None:
     """On CPU/gloo an FSDP2 prefetch list overlaps nothing without the unshard async op: the
     code sets it last (the zoo's fix verification applies it, the harness sets it itself); ZeRO
     runs on CPU get no FSDP advice, their gathers being async ops already."""
+    import dataclasses
+
     from zdiag.analyzers.detectors import missing_overlap
     from zdiag.analyzers.detectors.facts import gathers_can_overlap
     from zdiag.analyzers.rank_analysis import RankFacts
@@ -676,7 +672,5 @@ def test_missing_overlap_on_cpu_fsdp2_sets_the_unshard_async_op(tmp_path: Path) 
     assert "set_modules_to_forward_prefetch" in "\n".join(code)
     assert code[-1].startswith("model._set_unshard_async_op(True)")
     assert "the code's last line" in f.recommendation and "FSDP1" not in f.recommendation
-    import dataclasses
-
     zero = dataclasses.replace(ctx, facts={0: RankFacts(framework="deepspeed")})
     assert gathers_can_overlap(zero)

@@ -109,11 +109,10 @@ class Faults:
 
 
 def _local_bytes(p: torch.Tensor) -> int:
-    """Bytes of this rank's shard of a parameter (FSDP2 DTensor, FSDP1 flat shard, ZeRO-3)."""
+    """Bytes of this rank's shard of a sharded parameter (FSDP2 DTensor, ZeRO-3 partition; an
+    FSDP1 flat parameter's data is its shard while it is sharded)."""
     if isinstance(p, DTensor):
         p = p.to_local()
-    elif hasattr(p, "_local_shard"):
-        p = p._local_shard
     elif hasattr(p, "ds_tensor"):
         p = p.ds_tensor
     return p.numel() * p.element_size()
