@@ -83,9 +83,9 @@ class CollectiveRecord(msgspec.Struct, kw_only=True, array_like=True):
     needed_us: float | None = None  # when the consuming pre_forward / pre_backward started
     exposed_us: float = 0.0  # execution time not covered by compute
     prefetched: bool = False  # issued under an explicit FSDP prefetch label
-    # compute that ran between the previous gather of the same step and pass and this one
-    # (execution times): what a prefetch of this gather could hide it under
-    compute_before_us: float | None = None
+    # time between the previous gather of the same step and pass and this one (execution
+    # times) that no collective fills: what a prefetch of this gather could hide it under
+    window_before_us: float | None = None
 
     @property
     def dur_us(self) -> float:
@@ -373,7 +373,7 @@ def build_rank_ledger(
     _name_fsdp1_units([r for r in records if r.framework == "fsdp1"])
     _name_zero_units([r for r in records if r.framework == "deepspeed"])
     _attach_needs(records, labels)
-    _attach_compute_before(records, compute)
+    _attach_windows(records)
     ledger.records = records
     if unit_param_bytes:
         fill_missing_bytes(ledger, unit_param_bytes)
@@ -638,18 +638,24 @@ def _name_zero_units(records: list[CollectiveRecord]) -> None:
         counter[key] += 1
 
 
-def _attach_compute_before(records: list[CollectiveRecord], compute: intervals.IntervalSet) -> None:
-    """Each gather's `compute_before_us`: compute between the previous gather's execution end
-    (same step and pass, execution order) and this gather's execution start."""
+def _attach_windows(records: list[CollectiveRecord]) -> None:
+    """Each gather's `window_before_us`: the time between the previous gather's execution end
+    (same step and pass, execution order) and this gather's execution start that no collective
+    fills (compute, and idle time: a gather issued one unit ahead runs during both; another
+    collective, such as a reduce-scatter in backward, holds the same communicator)."""
     by_pass: dict[tuple[int, str], list[CollectiveRecord]] = defaultdict(list)
     for r in records:
         if r.family == GATHER_FAMILY:
             by_pass[(r.step, r.phase)].append(r)
+    comm = intervals.union(
+        np.array([r.start_us for r in records], dtype=float),
+        np.array([r.end_us for r in records], dtype=float),
+    )
     for recs in by_pass.values():
         recs.sort(key=lambda r: r.start_us)
         for prev, cur in itertools.pairwise(recs):
             lo, hi = prev.end_us, max(prev.end_us, cur.start_us)
-            cur.compute_before_us = intervals.total(intervals.clip(compute, lo, hi))
+            cur.window_before_us = (hi - lo) - intervals.total(intervals.clip(comm, lo, hi))
 
 
 def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label]]) -> None:

@@ -620,6 +620,25 @@ def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
     assert missing_overlap.detect(ctx) == []
 
 
+def test_missing_overlap_on_cpu_fsdp1_only_for_a_switched_off_backward_prefetch(
+    tmp_path: Path,
+) -> None:
+    """CPU FSDP1 on its defaults (backward gathers under `_pre_backward_prefetch`, forward ones
+    issued when needed): forward_prefetch would gain nothing on this machine, so no finding (a
+    healthy zoo script got a 0 ms info finding, and so did the fix of a prefetch-off one). With
+    the backward prefetch off as well, the info finding names the default to restore."""
+    from zdiag.analyzers.detectors import missing_overlap
+
+    ctx = _cpu_only(_ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2))))
+    backward = [r for lg in ctx.fsdp_ledgers() for r in lg.gathers if r.phase == "backward"]
+    assert backward and not any(r.prefetched for r in backward)
+    (f,) = missing_overlap.detect(ctx)
+    assert "BackwardPrefetch.BACKWARD_PRE" in (f.code or "")
+    for r in backward:
+        r.prefetched = True
+    assert missing_overlap.detect(ctx) == []
+
+
 def test_exposed_comm_claims_nothing_when_the_run_has_every_overlap_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

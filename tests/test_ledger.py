@@ -285,3 +285,22 @@ def test_zero3_scalar_all_reduce_without_shapes_on_gloo_is_not_known(tmp_path: P
     ledger = build_rank_ledger(load_rank_trace(write(tmp_path, doc)))
     assert [(f, p) for _, f, p in _zero3_phases(ledger)] == [*ZERO3_STEP, ("reduce", "backward")]
     assert all(r.bytes == -1 for r in ledger.records)
+
+
+def test_a_gathers_window_is_the_gap_before_it_less_other_collectives() -> None:
+    """What a prefetch one unit ahead could hide a gather under: the gap since the previous
+    gather of the same pass, compute and idle alike (a host-bound unit's idle time counts), less
+    the collectives in it (a reduce-scatter holds the communicator)."""
+    from zdiag.analyzers.fsdp_ledger import CollectiveRecord, _attach_windows
+
+    def rec(family: str, start: float, end: float) -> CollectiveRecord:
+        return CollectiveRecord(
+            unit="u", framework="fsdp2", family=family, kind=family, phase="backward", step=1,
+            issued_us=start, issue_end_us=start, start_us=start, end_us=end, bytes=-1, dtype="",
+        )  # fmt: skip
+
+    first, second = rec("all_gather", 0, 100), rec("all_gather", 1000, 1100)
+    reduce = rec("reduce", 300, 500)
+    _attach_windows([first, reduce, second])
+    assert first.window_before_us is None  # first of its pass: nothing before it to hide under
+    assert second.window_before_us == pytest.approx(900 - 200)

@@ -4,7 +4,8 @@ The measured side: the exposed all-gather time (not covered by compute) on the r
 The schedule side: a replay of the measured per-unit timeline with prefetch depth 1, in which
 each gather that was issued only when needed (lead = needed - issued <= 0; for FSDP1 / ZeRO,
 which name no consumer, a gather not under a prefetch label) runs during the previous unit's
-measured compute and stays exposed only for what does not fit in it. Gathers already prefetched
+measured window (its compute and idle time between the two gathers, less other collectives) and
+stays exposed only for what does not fit in it. Gathers already prefetched
 count for nothing. The finding fires when that replayed gain is worth chasing (at least
 MIN_GAIN_SHARE of the median step): a run whose gathers are already prefetched (every correct
 FSDP1 run with forward_prefetch / BACKWARD_PRE) has nothing to gain, however much of its
@@ -15,7 +16,8 @@ current unit's kernels. On CPU/gloo, FSDP1's and FSDP2's default all-gathers blo
 thread: nothing overlaps whatever the prefetch settings, unless the unshard is issued as an
 async op (FSDP2 `_set_unshard_async_op(True)` on the root, a private API), when gloo's worker
 thread runs the prefetched gather while the main thread computes. The recommendation says so on
-CPU-only runs. Time that another rank's late arrival makes this rank wait is not this
+CPU-only runs. On CPU FSDP1, where prefetching gains nothing, the finding fires only when the
+trace shows the backward pass's default prefetch switched off. Time that another rank's late arrival makes this rank wait is not this
 finding's: the reconcile step (detectors/__init__.py) gives it to `straggler`.
 """
 
@@ -74,10 +76,11 @@ def _serialized(gathers: list[CollectiveRecord]) -> tuple[int, int]:
 def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
     """Exposed gather time removed by prefetch depth 1, from the measured timeline.
 
-    In a serialized pass, unit i computes between its gather's end and the next gather's start
-    (the ledger's `compute_before_us`, measured on the compute lanes: device kernels on GPUs);
-    with prefetch the next gather runs during that compute: its exposed time becomes
-    max(0, exposed - compute_i).
+    In a serialized pass, unit i runs between its gather's end and the next gather's start: the
+    ledger's `window_before_us`, that interval less the collectives in it (compute, on the
+    compute lanes, and the idle time of a host-bound unit). With prefetch the next gather is
+    issued when unit i starts and runs during that window: its exposed time becomes
+    max(0, exposed - window_i).
     """
     by_pass: dict[tuple[int, str], list[CollectiveRecord]] = defaultdict(list)
     for r in gathers:
@@ -88,11 +91,19 @@ def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
         for prev, cur in itertools.pairwise(recs):
             if (cur.lead_us or 0.0) > 0.0 or (cur.lead_us is None and cur.prefetched):
                 continue  # already prefetched
-            compute = cur.compute_before_us
-            if compute is None:
-                compute = max(0.0, cur.issued_us - prev.end_us)
-            gain += cur.exposed_us - max(0.0, cur.exposed_us - compute)
+            window = cur.window_before_us
+            if window is None:
+                window = max(0.0, cur.issued_us - prev.end_us)
+            gain += cur.exposed_us - max(0.0, cur.exposed_us - window)
     return gain
+
+
+def _backward_prefetch_off(gathers: list[CollectiveRecord]) -> bool:
+    """Whether the backward pass gathers without prefetching: it has gathers and none is issued
+    under a prefetch label (FSDP1's default BACKWARD_PRE, and BACKWARD_POST, prefetch under
+    `_pre_backward_prefetch` / `_post_backward_prefetch`)."""
+    backward = [r for r in gathers if r.phase == "backward"]
+    return bool(backward) and not any(r.prefetched for r in backward)
 
 
 CPU_NOTES = {
@@ -220,8 +231,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     # FSDP1 on CPU/gloo: every gather blocks the only thread, prefetch or not; the replayed
     # gain is what the same schedule would hide on GPUs, not on this machine
     blocking = cpu_only(ctx) and lg.framework == "fsdp1"
-    if blocking and remedy is None:
-        return []  # nothing to change and nothing to gain on this machine (exposed-comm explains)
+    if blocking and (remedy is None or not _backward_prefetch_off(gathers)):
+        # nothing to gain on this machine and no default switched off: forward_prefetch, an
+        # opt-in whose gain only a GPU shows, is not proposed on a CPU run (exposed-comm explains)
+        return []
     gpu_gain_ms = gain_ms
     if blocking:
         gain_ms = 0.0
@@ -272,7 +285,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             expected_gain_ms=round(gain_ms, 3),
             gain_method=(
                 "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
-                "runs during the previous unit's measured compute (between the two gathers); "
+                "runs during the previous unit's measured window (compute and idle time between "
+                "the two gathers, less other collectives); "
                 "only the part longer than that compute stays exposed"
                 + ("" if has_leads else " (gathers not under a prefetch label count as late)")
                 + (
