@@ -201,10 +201,10 @@ def test_activation_oom_from_timeline_categories_and_the_manifest_oom_flag() -> 
     assert f.expected_gain_bytes == 50 * 2**30 - 50 * 2**30 // 8
 
 
-def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
-    tmp_path: Path,
-) -> None:
-    doc = fsdp2_cpu_trace([("", 20000)], steps=1)
+def _whole_wrap_with_decoder_layers(steps: int) -> dict[str, object]:
+    """A whole-model FSDP2 unit on CPU whose `with_stack` module events show three DecoderLayer
+    blocks, each with four Linears inside its calls."""
+    doc = fsdp2_cpu_trace([("", 20000)], steps=steps)
     events = doc["traceEvents"]
     assert isinstance(events, list)
     for k in range(3):
@@ -217,10 +217,27 @@ def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
                 {"ph": "X", "cat": "python_function", "name": f"nn.Module: Linear_{4 * k + j}",
                  "pid": 1, "tid": 100, "ts": 50_000 + 100 * k + 20 * j, "dur": 10, "args": {}}
             )  # fmt: skip
+    return doc
+
+
+def test_whole_model_wrap_names_the_repeated_module_class_from_a_stack_trace(
+    tmp_path: Path,
+) -> None:
+    doc = _whole_wrap_with_decoder_layers(steps=1)
     (f,) = [f for f in run_context(_ctx(tmp_path, doc)).findings if f.id == "whole-model-wrap"]
     assert "isinstance(module, DecoderLayer)" in (f.code or "")
     assert "DecoderLayer x3" in f.recommendation
     assert "Linear" not in (f.code or "")  # the leaf layer is the tiny-layer anti-pattern
+
+
+def test_whole_model_wrap_on_cpu_claims_memory_and_no_step_time(tmp_path: Path) -> None:
+    """On CPU/gloo without the unshard async op the gathers block: per-block units hide nothing
+    and add blocking collectives (the zoo's fixes ran 13-40 ms slower per step), so the finding
+    predicts no step time (not 0 ms) and says the step will get slower."""
+    ctx = _cpu_only(_ctx(tmp_path, _whole_wrap_with_decoder_layers(steps=2)))
+    (f,) = [f for f in run_context(ctx).findings if f.id == "whole-model-wrap"]
+    assert f.expected_gain_ms is None and "step time not predicted" in f.gain_method
+    assert "expect the step to get slower" in f.recommendation
 
 
 def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:

@@ -119,13 +119,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     # every later block's gather overlaps the previous block's compute.
     gain_ms = None
     method_ms = ""
-    if layers and not gathers_can_overlap(ctx, lg.device):
-        gain_ms = 0.0
+    blocking = bool(layers) and not gathers_can_overlap(ctx, lg.device)
+    if blocking:
         method_ms = (
-            "no step time: on CPU/gloo a gather blocks the training thread until it completes "
-            "(FSDP2 overlaps it only with its private unshard async op, which this run does not "
-            "set; FSDP1 never does), so per-block units hide none of the "
-            f"{exposed_ms:.2f} ms/step of exposed gather time here; the gain is memory"
+            "step time not predicted: on CPU/gloo a gather blocks the training thread until it "
+            "completes (FSDP2 overlaps it only with its private unshard async op, which this run "
+            "does not set; FSDP1 never does), so per-block units hide none of the "
+            f"{exposed_ms:.2f} ms/step of exposed gather time here, and they add blocking "
+            "collectives whose fixed cost a one-unit run does not show; the gain is memory"
         )
     elif layers:
         frac = block_fraction if block_fraction is not None else 1.0
@@ -176,6 +177,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 + ") "
                 "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
                 "each block's all-gather overlaps the previous block's compute."
+                + (
+                    " On this CPU/gloo run expect the step to get slower, not faster: each block "
+                    "adds blocking collectives (gathered again in backward, reduced on its own) "
+                    "and none of them overlaps here. The change pays in peak memory here, and in "
+                    "step time on GPUs."
+                    if blocking
+                    else ""
+                )
             ),
             code=remedy.code if remedy else None,
             expected_gain_ms=gain_ms,
