@@ -637,6 +637,34 @@ def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
     assert missing_overlap.detect(ctx) == []
 
 
+def test_missing_overlap_silent_without_a_remedy_or_measured_lateness(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """FSDP1 / ZeRO-3 name no consumer, so their lateness is the guess "not under a prefetch
+    label" (ZeRO-3 labels none). When the run already has every prefetch setting there is
+    nothing to change and nothing measured: no finding (a healthy ZeRO-3 zoo script got one)."""
+    import dataclasses
+
+    from zdiag.analyzers.detectors import missing_overlap
+
+    ctx = _ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2)))
+    assert not missing_overlap.cpu_only(ctx)  # judged as a GPU run: the gain is not zeroed
+    (f,) = missing_overlap.detect(ctx)
+    assert (f.expected_gain_ms or 0) > 0
+    real = missing_overlap.run_facts
+    every = {
+        "forward_prefetch": True,
+        "backward_prefetch": "BACKWARD_PRE",
+        "limit_all_gathers": True,
+    }
+
+    def facts_with_every_setting(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(real(*args, **kwargs), settings=every)
+
+    monkeypatch.setattr(missing_overlap, "run_facts", facts_with_every_setting)
+    assert missing_overlap.detect(ctx) == []
+
+
 def test_missing_overlap_on_cpu_fsdp1_only_for_a_switched_off_backward_prefetch(
     tmp_path: Path,
 ) -> None:

@@ -101,6 +101,7 @@ def test_from_manifest_reads_run_info_versions_and_harness() -> None:
         "reshard_after_forward": False,
         "forward_prefetch": False,
         "backward_prefetch": False,
+        "root_forward_prefetch": False,
     }
     named = Manifest(world_size=2, run_info={"framework": "ddp"})
     assert frameworks.from_manifest(named) is ddp.FRAMEWORK
@@ -152,10 +153,28 @@ def test_fsdp2_prefetch_proposes_only_the_missing_direction() -> None:
     assert both and both.code and "blocks = model.encoder.stages" in both.code
     assert "set_modules_to_forward_prefetch" in both.code
     assert "set_modules_to_backward_prefetch" in both.code
-    bwd_only = fsdp2.overlap(facts("fsdp2", forward_prefetch=True))
+    bwd_only = fsdp2.overlap(facts("fsdp2", forward_prefetch=True, root_forward_prefetch=True))
     assert bwd_only and bwd_only.code
     assert "forward_prefetch" not in bwd_only.code and "backward_prefetch" in bwd_only.code
-    assert fsdp2.overlap(facts("fsdp2", forward_prefetch=True, backward_prefetch=True)) is None
+    chained = facts("fsdp2", forward_prefetch=True, backward_prefetch=True)
+    root_only = fsdp2.overlap(replace(chained, first_unit="features"))
+    assert root_only and root_only.code == (
+        "# the root prefetches the first unit\nmodel.set_modules_to_forward_prefetch([model.features])"
+    )
+    assert fsdp2.overlap(facts("fsdp2", forward_prefetch=True, backward_prefetch=True,
+                               root_forward_prefetch=True)) is None  # fmt: skip
+
+
+def test_deepspeed_overlap_treats_a_zero_prefetch_bucket_as_off() -> None:
+    off = deepspeed.overlap(
+        facts("deepspeed", None, overlap_comm=True, stage3_prefetch_bucket_size=0,
+              stage3_max_live_parameters=1e9)
+    )  # fmt: skip
+    assert off and off.code and '"stage3_prefetch_bucket_size": 5e8' in off.code
+    assert "overlap_comm" not in off.code
+    on = facts("deepspeed", None, overlap_comm=True, stage3_prefetch_bucket_size="auto",
+               stage3_max_live_parameters=1e9)  # fmt: skip
+    assert deepspeed.overlap(on) is None
 
 
 def test_fsdp2_bf16_and_hsdp_skip_what_the_run_has() -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,9 @@ def test_every_remedy_runs_on_the_model_it_names() -> None:
             for remedy in ("wrap_blocks", "overlap", "bf16_comm", "checkpoint_blocks"):
                 assert (model, framework, remedy) in seen
         assert (model, "ddp", "overlap") in seen
+    # the root's link alone, to the first block by its path: on the models whose blocks sit in
+    # a container
+    assert sum(1 for s in seen if s[2] == "root_prefetch") >= 3
     for r in rows:
         assert r["params_with_grad"] > 0  # backward reached the parameters
         if r["framework"] == "ddp":
@@ -206,7 +210,7 @@ def test_settings_the_run_has_are_not_proposed() -> None:
     assert got["forward_prefetch"] is False and got["backward_prefetch"] is True
     # a chain: the last block has nothing to prefetch forward, the first nothing backward
     chain = (
-        Fsdp2Unit(path="", cls="M", unshard_async_op=True),
+        Fsdp2Unit(path="", cls="M", unshard_async_op=True, forward_prefetch=()),
         Fsdp2Unit(path="a.0", cls="B", forward_prefetch=("a.1",), backward_prefetch=()),
         Fsdp2Unit(path="a.1", cls="B", forward_prefetch=("a.2",), backward_prefetch=("a.0",)),
         Fsdp2Unit(path="a.2", cls="B", forward_prefetch=(), backward_prefetch=("a.1",)),
@@ -214,6 +218,11 @@ def test_settings_the_run_has_are_not_proposed() -> None:
     got = model_settings(ModelFacts(ModelDescription(framework="fsdp2", fsdp2_units=chain)))
     assert got["forward_prefetch"] is True and got["backward_prefetch"] is True
     assert got["unshard_async_op"] is True
+    # ... but its root prefetches nothing: the first block's gather is issued when needed
+    assert got["root_forward_prefetch"] is False
+    rooted = (replace(chain[0], forward_prefetch=("a.0",)), *chain[1:])
+    got = model_settings(ModelFacts(ModelDescription(framework="fsdp2", fsdp2_units=rooted)))
+    assert got["root_forward_prefetch"] is True
     # FSDP1: every instance sets all three prefetch settings: no overlap remedy
     inst = Fsdp1Instance(
         path="", cls="M", forward_prefetch=True, backward_prefetch="BACKWARD_PRE",

@@ -149,6 +149,11 @@ def model_settings(model: ModelFacts) -> dict[str, Any]:
         )
         if all(u.hsdp for u in units):
             out["hsdp"] = True
+    root = next((u for u in model.fsdp2_units if not u.path), None)
+    if units and root is not None and root.forward_prefetch is not None:
+        # the root's forward prefetch of the first unit: without it that unit's gather is
+        # issued when needed, whatever the chain between the other units
+        out["root_forward_prefetch"] = _set(root.forward_prefetch, root.path)
     if any(u.unshard_async_op for u in model.fsdp2_units):
         out["unshard_async_op"] = True  # set on the root
     fsdp1 = model.fsdp1_instances

@@ -23,6 +23,7 @@ finding's: the reconcile step (detectors/__init__.py) gives it to `straggler`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import defaultdict
 
@@ -164,6 +165,9 @@ def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | Non
     pattern = find_block_pattern(lg.unit_order)
     are_units = blocks_are_units(pattern, lg.unit_order)
     facts = run_facts(ctx, fw, block_set(pattern), are_units)
+    if fw.name == "fsdp2":
+        first = next((u for u in lg.unit_order if u), None)
+        facts = dataclasses.replace(facts, first_unit=first)
     remedy = _with_cpu_async_op(ctx, fw, fw.overlap(facts))
     if remedy is None or are_units is not False or not fw.wraps_units:
         return remedy
@@ -204,6 +208,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     syncs_per_step = syncs / n_steps
     host_bound = bool(units) and syncs_per_step >= HOST_SYNCS_PER_UNIT * len(units)
     remedy = _remedy(ctx, lg, fw)
+    if remedy is None and not has_leads:
+        # every prefetch setting is on and nothing measured which gathers came late (ZeRO-3
+        # labels no prefetch): the replay's "not under a prefetch label" guess has no ground
+        return []
     recommendation = (
         remedy.text
         if remedy

@@ -105,7 +105,8 @@ class RunFacts:
 
     `settings` maps the framework's own option names to the values the run uses: FSDP2
     `reshard_after_forward`, `forward_prefetch` / `backward_prefetch` (explicit
-    `set_modules_to_*_prefetch` lists set), `param_dtype`; FSDP1 `forward_prefetch`,
+    `set_modules_to_*_prefetch` lists set between the units), `root_forward_prefetch` (the
+    root's list names a unit), `param_dtype`; FSDP1 `forward_prefetch`,
     `backward_prefetch` ("BACKWARD_PRE"), `limit_all_gathers`, `param_dtype`; DeepSpeed config keys
     (`overlap_comm`, `stage3_prefetch_bucket_size`, `bf16`, ...); DDP constructor arguments
     (`bucket_cap_mb`, `gradient_as_bucket_view`, `static_graph`). A key that is absent is unknown,
@@ -116,6 +117,7 @@ class RunFacts:
     blocks: BlockSet | None = None
     blocks_are_units: bool | None = None  # each repeated block already its own FSDP unit
     settings: Mapping[str, Any] = field(default_factory=dict)
+    first_unit: str | None = None  # the first FSDP unit after the root in forward order
     nnodes: int | None = None
     world_size: int | None = None
 

@@ -38,13 +38,23 @@ _OVERLAP = (
 )
 
 
+def _size_set(facts: RunFacts, key: str) -> bool:
+    """Whether the config sets size `key` to something on: present and not a number <= 0 ("auto"
+    counts as set)."""
+    if key not in facts.settings:
+        return False
+    value = facts.settings[key]
+    return not (isinstance(value, int | float) and not isinstance(value, bool) and value <= 0)
+
+
 def overlap(facts: RunFacts) -> Remedy | None:
     """ZeRO-3's overlap keys (`overlap_comm`, a prefetch bucket and live-parameter budget): only
-    those the run's config does not set (a set bucket size counts as set); None when all are."""
+    those the run's config does not set (a positive size counts as set, any size as good as
+    zdiag's; 0 turns prefetching off); None when all are."""
     keys = [
         text
         for key, value, text in _OVERLAP
-        if not (facts.has(key, value) if value is not None else key in facts.settings)
+        if not (facts.has(key, value) if value is not None else _size_set(facts, key))
     ]
     if not keys:
         return None

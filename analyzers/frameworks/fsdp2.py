@@ -15,7 +15,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts, class_tuple
+from zdiag.analyzers.frameworks.base import (
+    Framework,
+    Remedy,
+    RunFacts,
+    attribute_path,
+    class_tuple,
+)
 
 NAME = "fsdp2"
 ANNOTATION_RE = re.compile(r"^FSDP::")
@@ -29,13 +35,15 @@ BF16_NAMES = ("bfloat16", "torch.bfloat16", "bf16")
 
 def settings_from_harness(harness: Mapping[str, Any]) -> dict[str, Any]:
     """The FSDP2 settings of a run of zdiag's harness, from its recorded options (`zero` 2 keeps
-    blocks unsharded after forward; `prefetch explicit` sets both prefetch lists)."""
+    blocks unsharded after forward; `prefetch explicit` sets both prefetch lists, the root's
+    included)."""
     out: dict[str, Any] = {}
     if harness.get("zero") in (2, 3):
         out["reshard_after_forward"] = harness["zero"] == 3
     if harness.get("prefetch") in ("explicit", "implicit", "off"):
         explicit = harness["prefetch"] == "explicit"
         out["forward_prefetch"] = out["backward_prefetch"] = explicit
+        out["root_forward_prefetch"] = explicit
     if harness.get("precision") in ("fp32", "bf16"):
         out["param_dtype"] = "bfloat16" if harness["precision"] == "bf16" else "float32"
     return out
@@ -85,12 +93,23 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
 
 def overlap(facts: RunFacts) -> Remedy | None:
     """Explicit forward and backward prefetch of depth 1 over the blocks (they must already be
-    FSDP units); only the directions the run does not set; None when both are set."""
+    FSDP units), and the root's forward prefetch of the first unit; only what the run does not
+    set; None when it sets all of it."""
     blocks = _blocks_expr(facts)
     fwd = not facts.has("forward_prefetch", True)
     bwd = not facts.has("backward_prefetch", True)
-    if not (fwd or bwd):
+    root_fwd = fwd or not facts.has("root_forward_prefetch", True)
+    if not (fwd or bwd or root_fwd):
         return None
+    first = attribute_path(facts.first_unit) if facts.first_unit else None
+    if not (fwd or bwd):
+        return Remedy(
+            "Prefetch the first unit's all-gather from the root: the run chains the other units, "
+            "but nothing issues the first one ahead of its use.",
+            f"# the root prefetches the first unit\nmodel.set_modules_to_forward_prefetch([{first}])"
+            if first
+            else None,
+        )
     lines = [*_class_imports(facts), f"blocks = {blocks}"]
     if fwd:
         lines += [
@@ -102,8 +121,11 @@ def overlap(facts: RunFacts) -> Remedy | None:
             "for i in range(1, len(blocks)):",
             "    blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])",
         ]
-    if fwd:
-        lines.append("model.set_modules_to_forward_prefetch([blocks[0]])  # root -> first block")
+    if root_fwd:
+        lines += [
+            "# the root prefetches the first unit",
+            f"model.set_modules_to_forward_prefetch([{first or 'blocks[0]'}])",
+        ]
     if bwd:
         lines.append("model.set_modules_to_backward_prefetch([blocks[-1]])")
     return Remedy(

@@ -16,6 +16,7 @@ forward and backward must run. Prints one JSON line per (model, framework, remed
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -150,6 +151,13 @@ def remedies(case: Case, framework: str) -> tuple[list[tuple[str, list[str]]], d
         out.append(
             ("overlap", [wrap_code, overlap.code] if framework == "fsdp2" else [overlap.code])
         )
+    if framework == "fsdp2" and facts.blocks is not None and facts.blocks.containers:
+        # a run that chains its blocks but not the root: only the root's link, to the first unit
+        chained = {**facts.settings, "forward_prefetch": True, "backward_prefetch": True}
+        first = f"{facts.blocks.containers[0]}.0"
+        root = fw.overlap(dataclasses.replace(facts, settings=chained, first_unit=first))
+        if root is not None and root.code:
+            out.append(("root_prefetch", [wrap_code, root.code]))
     bf16 = fw.bf16_comm(facts)
     if bf16 is not None and bf16.code and framework != "ddp":  # gloo all_reduce has no bf16 hook
         out.append(("bf16_comm", [bf16.code]))
