@@ -4,9 +4,9 @@ The measured side: the exposed all-gather time (not covered by compute) on the r
 The schedule side: a replay of the measured per-unit timeline with prefetch depth 1, in which
 each gather that was issued only when needed (lead = needed - issued <= 0; for FSDP1 / ZeRO,
 which name no consumer, a gather not under a prefetch label) runs during the previous unit's
-measured window (its compute and idle time between the two gathers, less other collectives) and
-stays exposed only for what does not fit in it. Gathers already prefetched
-count for nothing. The finding fires when that replayed gain is worth chasing (at least
+measured window (its compute and idle time between the two gathers, less other collectives)
+and stays exposed only for what does not fit in it. Gathers already prefetched count for
+nothing. The finding fires when that replayed gain is worth chasing (at least
 MIN_GAIN_SHARE of the median step): a run whose gathers are already prefetched (every correct
 FSDP1 run with forward_prefetch / BACKWARD_PRE) has nothing to gain, however much of its
 gather time is exposed, and stays quiet.
@@ -17,8 +17,9 @@ thread: nothing overlaps whatever the prefetch settings, unless the unshard is i
 async op (FSDP2 `_set_unshard_async_op(True)` on the root, a private API), when gloo's worker
 thread runs the prefetched gather while the main thread computes. The recommendation says so on
 CPU-only runs. On CPU FSDP1, where prefetching gains nothing, the finding fires only when the
-trace shows the backward pass's default prefetch switched off. Time that another rank's late arrival makes this rank wait is not this
-finding's: the reconcile step (detectors/__init__.py) gives it to `straggler`.
+trace shows the backward pass's default prefetch switched off. Time that another rank's late
+arrival makes this rank wait is not this finding's: the reconcile step (detectors/__init__.py)
+gives it to `straggler`.
 """
 
 from __future__ import annotations
@@ -295,7 +296,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
                 "runs during the previous unit's measured window (compute and idle time between "
                 "the two gathers, less other collectives); "
-                "only the part longer than that compute stays exposed"
+                "only the part longer than that window stays exposed"
                 + ("" if has_leads else " (gathers not under a prefetch label count as late)")
                 + (
                     f". On this CPU/gloo run FSDP1's gathers block the only thread whatever the "
