@@ -609,31 +609,38 @@ def test_missing_overlap_quiet_when_every_gather_is_already_prefetched(tmp_path:
     assert "missing-overlap" not in {f.id for f in run_context(ctx).findings}
 
 
+def _with_every_fsdp1_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """missing-overlap's facts say the run sets every FSDP1 prefetch option."""
+    import dataclasses
+
+    from zdiag.analyzers.detectors import missing_overlap
+
+    real = missing_overlap.run_facts
+    every = {
+        "forward_prefetch": True,
+        "backward_prefetch": "BACKWARD_PRE",
+        "limit_all_gathers": True,
+    }
+
+    def facts_with_every_setting(*args: Any, **kwargs: Any) -> Any:
+        facts = real(*args, **kwargs)
+        return dataclasses.replace(facts, settings={**facts.settings, **every})
+
+    monkeypatch.setattr(missing_overlap, "run_facts", facts_with_every_setting)
+
+
 def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CPU FSDP1 whose gathers are all late but whose run already sets forward_prefetch and
     BACKWARD_PRE: nothing to change and nothing to gain here, so no finding (a healthy zoo run
     got an info finding with 0 ms). Without those settings the info finding stays."""
-    import dataclasses
-
     from zdiag.analyzers.detectors import missing_overlap
 
     ctx = _cpu_only(_ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2))))
     (f,) = missing_overlap.detect(ctx)
     assert f.severity == "info" and f.expected_gain_ms == 0.0
-    real = missing_overlap.run_facts
-    prefetch = {
-        "forward_prefetch": True,
-        "backward_prefetch": "BACKWARD_PRE",
-        "limit_all_gathers": True,
-    }
-
-    def facts_with_prefetch(*args: Any, **kwargs: Any) -> Any:
-        facts = real(*args, **kwargs)
-        return dataclasses.replace(facts, settings={**facts.settings, **prefetch})
-
-    monkeypatch.setattr(missing_overlap, "run_facts", facts_with_prefetch)
+    _with_every_fsdp1_prefetch(monkeypatch)
     assert missing_overlap.detect(ctx) == []
 
 
@@ -643,25 +650,13 @@ def test_missing_overlap_silent_without_a_remedy_or_measured_lateness(
     """FSDP1 / ZeRO-3 name no consumer, so their lateness is the guess "not under a prefetch
     label" (ZeRO-3 labels none). When the run already has every prefetch setting there is
     nothing to change and nothing measured: no finding (a healthy ZeRO-3 zoo script got one)."""
-    import dataclasses
-
     from zdiag.analyzers.detectors import missing_overlap
 
     ctx = _ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2)))
     assert not missing_overlap.cpu_only(ctx)  # judged as a GPU run: the gain is not zeroed
     (f,) = missing_overlap.detect(ctx)
     assert (f.expected_gain_ms or 0) > 0
-    real = missing_overlap.run_facts
-    every = {
-        "forward_prefetch": True,
-        "backward_prefetch": "BACKWARD_PRE",
-        "limit_all_gathers": True,
-    }
-
-    def facts_with_every_setting(*args: Any, **kwargs: Any) -> Any:
-        return dataclasses.replace(real(*args, **kwargs), settings=every)
-
-    monkeypatch.setattr(missing_overlap, "run_facts", facts_with_every_setting)
+    _with_every_fsdp1_prefetch(monkeypatch)
     assert missing_overlap.detect(ctx) == []
 
 
