@@ -388,7 +388,9 @@ def test_comm_bound_recognizes_every_fp32_spelling_and_gives_complete_code() -> 
 
     for dtype in ("Float", "torch.float32", "fp32"):
         gather = SimpleNamespace(dtype=dtype)
-        ledger = SimpleNamespace(rank=0, framework="fsdp2", records=[gather], gathers=[gather])
+        ledger = SimpleNamespace(
+            rank=0, framework="fsdp2", records=[gather], gathers=[gather], unit_order=[]
+        )
         ctx = DetectorContext(ledgers={0: ledger}, breakdowns={0: [step(1), step(2)]})  # type: ignore[dict-item]
         (f,) = comm_bound.detect(ctx)
         assert "bf16" in f.recommendation
@@ -402,7 +404,9 @@ def test_flat_sharding_across_nodes_recommends_hsdp_with_runnable_code() -> None
     from zdiag.analyzers.detectors import flat_sharding
 
     record = SimpleNamespace(exposed_us=4000.0)
-    ledger = SimpleNamespace(rank=0, framework="fsdp2", records=[record], steps=[1, 2])
+    ledger = SimpleNamespace(
+        rank=0, framework="fsdp2", records=[record], steps=[1, 2], unit_order=[]
+    )
     manifest = Manifest.from_json({"world_size": 16, "nnodes": 2})
     ctx = DetectorContext(ledgers={0: ledger}, manifest=manifest)  # type: ignore[dict-item]
     (f,) = flat_sharding.detect(ctx)
@@ -428,7 +432,9 @@ def _comm_bound_ctx(framework: str) -> DetectorContext:
         for n in (1, 2)
     ]  # fmt: skip
     gather = SimpleNamespace(dtype="float")
-    ledger = SimpleNamespace(rank=0, framework=framework, records=[gather], gathers=[gather])
+    ledger = SimpleNamespace(
+        rank=0, framework=framework, records=[gather], gathers=[gather], unit_order=[]
+    )
     return DetectorContext(ledgers={0: ledger}, breakdowns={0: steps})  # type: ignore[dict-item]
 
 

@@ -233,7 +233,8 @@ def run_facts(
     """The RunFacts of a run for framework `fw`. With a captured model description: its blocks
     (replacing the inferred `blocks`), whether they are units, and its settings over the
     manifest's. Otherwise the inferred `blocks` / `are_units` and the settings the manifest
-    records (the harness's options for FSDP2). Node and world counts from the context."""
+    records (the harness's options for FSDP2). From the context: the first FSDP2 unit the trace
+    gathers, node and world counts."""
     settings = fw.manifest_settings(ctx.manifest) if ctx.manifest is not None else {}
     model = captured(ctx)
     if model is not None:
@@ -247,9 +248,19 @@ def run_facts(
         blocks=blocks,
         blocks_are_units=are_units,
         settings=settings,
+        first_unit=_first_fsdp2_unit(ctx),
         nnodes=ctx.nnodes,
         world_size=ctx.world_size,
     )
+
+
+def _first_fsdp2_unit(ctx: DetectorContext) -> str | None:
+    """The module path of the first FSDP2 unit after the root that the trace gathers (None when
+    the run shows no FSDP2 unit: FSDP1 / ZeRO units are named by position, not path)."""
+    ledgers = ctx.fsdp_ledgers()
+    if not ledgers or ledgers[0].framework != "fsdp2":
+        return None
+    return next((u for u in ledgers[0].unit_order if u), None)
 
 
 def known_framework(ctx: DetectorContext) -> Framework | None:

@@ -24,7 +24,6 @@ gives it to `straggler`.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import defaultdict
 
@@ -166,9 +165,6 @@ def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | Non
     pattern = find_block_pattern(lg.unit_order)
     are_units = blocks_are_units(pattern, lg.unit_order)
     facts = run_facts(ctx, fw, block_set(pattern), are_units)
-    if fw.name == "fsdp2":
-        first = next((u for u in lg.unit_order if u), None)
-        facts = dataclasses.replace(facts, first_unit=first)
     remedy = _with_cpu_async_op(ctx, fw, fw.overlap(facts))
     if remedy is None or are_units is not False or not fw.wraps_units:
         return remedy
