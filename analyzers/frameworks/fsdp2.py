@@ -102,13 +102,15 @@ def overlap(facts: RunFacts) -> Remedy | None:
     if not (fwd or bwd or root_fwd):
         return None
     first = attribute_path(facts.first_unit) if facts.first_unit else None
+    root_lines = [
+        "# the root prefetches the first unit",
+        f"model.set_modules_to_forward_prefetch([{first or 'blocks[0]'}])",
+    ]
     if not (fwd or bwd):
         return Remedy(
             "Prefetch the first unit's all-gather from the root: the run chains the other units, "
             "but nothing issues the first one ahead of its use.",
-            f"# the root prefetches the first unit\nmodel.set_modules_to_forward_prefetch([{first}])"
-            if first
-            else None,
+            "\n".join(root_lines) if first else None,
         )
     lines = [*_class_imports(facts), f"blocks = {blocks}"]
     if fwd:
@@ -122,10 +124,7 @@ def overlap(facts: RunFacts) -> Remedy | None:
             "    blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])",
         ]
     if root_fwd:
-        lines += [
-            "# the root prefetches the first unit",
-            f"model.set_modules_to_forward_prefetch([{first or 'blocks[0]'}])",
-        ]
+        lines += root_lines
     if bwd:
         lines.append("model.set_modules_to_backward_prefetch([blocks[-1]])")
     return Remedy(
