@@ -47,6 +47,7 @@ from zdiag.analyzers.summary_store import (
     MAP_CODE_VERSION,
     StoredSummary,
     TraceFingerprint,
+    Untrusted,
     apply_context,
     cache_candidates,
     cache_path_for_writing,
@@ -98,18 +99,57 @@ class _Found:
     origin: str
 
 
+class _Refusals:
+    """Stored summaries found but not used (not trusted, or damaged), for one warning each kind."""
+
+    def __init__(self) -> None:
+        self.untrusted: list[str] = []
+        self.damaged: list[str] = []
+
+    def read(self, place: Path) -> StoredSummary | None:
+        """`read_stored(place)`, an untrusted file noted and taken as a miss."""
+        try:
+            return read_stored(place)
+        except Untrusted as exc:
+            self.untrusted.append(str(exc))
+            return None
+
+    def decoded(self, stored: StoredSummary, place: Path) -> RankSummary | None:
+        """The stored summary without its spans, checked; a damaged one noted and taken as a miss."""
+        try:
+            return stored.decoded(spans=False)
+        except ValueError as exc:
+            self.damaged.append(f"{place}: {exc}")
+            return None
+
+    def warnings(self) -> list[str]:
+        """At most one warning per kind, naming the first file and how many more."""
+        out = []
+        for reasons, what in (
+            (self.untrusted, "not trusted (see docs/analyze.md, 'Trust')"),
+            (self.damaged, "damaged"),
+        ):
+            if reasons:
+                more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+                out.append(
+                    f"stored summary not used, {what}: {reasons[0]}{more}; the trace was decoded "
+                    "instead"
+                )
+        return out
+
+
 def _stored_for(
-    trace: Path, fp: TraceFingerprint, manifest_rank: int | None, contexts: RunContexts
+    trace: Path,
+    fp: TraceFingerprint,
+    manifest_rank: int | None,
+    contexts: RunContexts,
+    refusals: _Refusals,
 ) -> _Found | None:
     """The stored summary matching `trace` (in-job, else cache); None: a miss."""
     beside = summary_path_for(trace)
-    stored = read_stored(beside)
-    if (
-        stored is not None
-        and stored.trace.same_content(fp)
-        and stored.zdiag_version == MAP_CODE_VERSION
-    ):
-        summary = _decoded(stored.summary_msgpack)
+    stored = refusals.read(beside)
+    if stored is not None and stored.trace == fp and stored.zdiag_version == MAP_CODE_VERSION:
+        summary = refusals.decoded(stored, beside)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
             ctx = contexts.for_rank(summary.rank)
             summary = (
@@ -118,7 +158,7 @@ def _stored_for(
         if summary is not None:
             return _Found(_with_source(summary, trace), beside, "in-job")
     for place in cache_candidates(trace):
-        stored = read_stored(place)
+        stored = refusals.read(place)
         if (
             stored is None
             or stored.trace != fp
@@ -126,7 +166,7 @@ def _stored_for(
             or stored.context_key != contexts.key(stored.rank, manifest_rank)
         ):
             continue
-        summary = _decoded(stored.summary_msgpack)
+        summary = refusals.decoded(stored, place)
         if summary is not None:
             return _Found(_with_source(summary, trace), place, "cache")
     return None
@@ -135,13 +175,6 @@ def _stored_for(
 def _with_source(summary: RankSummary, trace: Path) -> RankSummary:
     """The summary naming the trace as this analysis was given it."""
     return msgspec.structs.replace(summary, source=str(trace))
-
-
-def _decoded(raw: bytes) -> RankSummary | None:
-    try:
-        return decode_summary_without_spans(raw, compressed=False)
-    except ValueError:
-        return None
 
 
 def _with_timelines(
@@ -169,14 +202,15 @@ def _full_timeline(where: bytes | Path) -> StepTimeline | None:
             stored = read_stored(where)
             return None if stored is None else stored.decoded().timeline
         return decode_summary(where).timeline
-    except ValueError:
+    except (ValueError, Untrusted):
         return None
 
 
-def _write_cache(out: MapOutput, raw: bytes) -> None:
+def _write_cache(out: MapOutput, raw: bytes, warnings: list[str]) -> None:
     """Write one map output to the cache (beside the trace, else the user cache); silent when
-    neither place can be written (the cache only saves time)."""
-    place = cache_path_for_writing(Path(out.path))
+    neither place can be written (the cache only saves time), a warning when the folder beside
+    the trace is not the user's own (cache_path_for_writing)."""
+    place = cache_path_for_writing(Path(out.path), warnings)
     if place is not None:
         write_stored(
             place,
@@ -277,6 +311,7 @@ def analyze_via_summaries(
     encoded: dict[str, bytes | Path] = {}
     tasks: list[MapTask] = []
     missing_bytes = 0
+    refusals = _Refusals()
     meter = _ByteProgress(
         progress, {str(t): _json_bytes(t) for t in found.traces} if progress else {}
     )
@@ -285,7 +320,7 @@ def analyze_via_summaries(
         hit = None
         if options.use_stored:
             try:
-                hit = _stored_for(trace, fingerprint(trace), manifest_rank, contexts)
+                hit = _stored_for(trace, fingerprint(trace), manifest_rank, contexts, refusals)
             except OSError:
                 hit = None
         if hit is not None:
@@ -315,7 +350,8 @@ def analyze_via_summaries(
         encoded[out.path] = out.summary  # compressed: the spans of a few are decoded later
         sources.mapped += 1
         if options.write_cache and out.events:
-            _write_cache(out, raw)
+            _write_cache(out, raw, warnings)
+    warnings += refusals.warnings()
     summaries = [by_path[str(t)] for t in found.traces]
     summaries.sort(key=lambda s: (s.rank, s.source))
     run = run_level_data(found, [s.rank for s in summaries], warnings)

@@ -1,13 +1,14 @@
 """Stored rank summaries: in-job summaries beside a trace, and the summary cache of any folder.
 
-A stored summary (`StoredSummary`, msgpack, kind `zdiag.stored-summary/1`) is a `RankSummary`
+A stored summary (`StoredSummary`, msgpack, kind `zdiag.stored-summary/2`) is a `RankSummary`
 (`summary_msgpack` bytes: uncompressed, so that the reduce can skip the timelines it does not
 show without inflating them; ~80 KB a rank where zlib would make 30 KB) plus what it was computed from:
 
-- the trace's **fingerprint** (`TraceFingerprint`): its size, its mtime (ns) and a SHA-1 digest
-  (a checksum here, not a security measure) of its size and its first and last `FINGERPRINT_EDGE_BYTES` (64 KiB each). Reading 128 KiB per
-  rank keeps the check cheap (1024 ranks: 128 MiB); a gzip trace's last bytes hold the CRC-32 and
-  length of the whole content, and an uncompressed Kineto trace ends with its last events;
+- the trace's **fingerprint** (`TraceFingerprint`): its size and the SHA-256 of its whole content
+  (a file edited anywhere, even with its size and mtime restored, no longer matches; hashing
+  costs ~0.7 s per GB here against ~10 s per GB of JSON to decode: docs/benchmarks.md,
+  "Stored summaries: trust and fingerprint cost"). mtime is not compared: copying a run
+  directory changes it, not the content;
 - the summary schema (`SUMMARY_SCHEMA`) and the code that computed it (`MAP_CODE_VERSION`: the
   zdiag version plus a digest of the analyzer sources, so an analysis by changed code, a release
   or a development checkout, never reuses a summary its map would now compute differently);
@@ -19,22 +20,34 @@ Where they live:
 - **in-job summaries** (`zdiag run`): `summary_path_for(trace)`, beside the trace
   (`traces/rank-N.summary.zds`), written by `python -m zdiag.analyzers.summarize_trace` right
   after the export, with an empty context (the run's final manifest does not exist yet). They are
-  used when the trace's size and digest match (mtime is not compared: copying a run directory
-  changes it) and the run's manifest can be applied to it without the trace (`apply_context`).
+  used when the trace's fingerprint matches and the run's manifest can be applied to it without
+  the trace (`apply_context`).
 - **the summary cache** (`zdiag analyze`, unless `--no-cache` or `ZDIAG_CACHE=off`): beside the
-  traces in `<folder>/.zdiag-cache/<trace name>.zds` when that folder is writable, else in
-  `$XDG_CACHE_HOME/zdiag/` (default `~/.cache/zdiag/`) under a digest of the trace's absolute
-  path. An entry is used when size, mtime and digest match, and the schema, code version and
-  context key are the ones this analysis would use (in-job summaries: the content and the code
-  version).
+  traces in `<folder>/.zdiag-cache/<trace name>.zds` when that folder is writable and
+  `.zdiag-cache` is a real folder of the invoking user, else in `$XDG_CACHE_HOME/zdiag/`
+  (default `~/.cache/zdiag/`) under a digest of the trace's absolute path. An entry is used when
+  the fingerprint, the schema, the code version and the context key are the ones this analysis
+  would use.
 
-Nothing here raises on a damaged or foreign file: it is a miss, and the trace is decoded.
+**Trust.** A stored summary replaces the trace it describes, so whoever can write one could
+change the findings. zdiag uses a stored summary only when the file is a regular file (not a
+symbolic link, FIFO or device), owned by the user running zdiag (the effective uid) and writable
+by nobody else (no group or other write bit): that is, a file this user wrote (`write_stored`
+creates them so) that no one else can have changed since. Anything else that stands where a
+stored summary would be is ignored with a warning (`Untrusted`) and the trace is decoded. Writes
+never follow a symbolic link: the folder is opened without following links and must belong to
+the user, the temporary file is created exclusively (`O_EXCL | O_NOFOLLOW`) and renamed over the
+entry (a rename replaces a planted link, never writes through it). A stored summary that is
+readable but damaged or inconsistent (`summary_checks.check_summary`) is likewise a warning and a
+decode, never an error.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +57,13 @@ import msgspec
 from zdiag import __version__
 from zdiag.analyzers.fsdp_ledger import fill_missing_bytes
 from zdiag.analyzers.rank_analysis import RankContext
-from zdiag.analyzers.summary import SUMMARY_SCHEMA, RankSummary, decode_summary
+from zdiag.analyzers.summary import (
+    SUMMARY_SCHEMA,
+    RankSummary,
+    decode_summary,
+    decode_summary_without_spans,
+)
+from zdiag.analyzers.summary_checks import check_summary
 from zdiag.collectors.rundir import summary_path_for
 
 
@@ -64,18 +83,28 @@ def _analyzer_digest() -> str:
 MAP_CODE_VERSION = f"{__version__}+{_analyzer_digest()}"
 """The code that computes a summary: stored with it, compared before reusing it."""
 
-STORED_KIND = "zdiag.stored-summary/1"
-FINGERPRINT_EDGE_BYTES = 64 * 1024
+STORED_KIND = "zdiag.stored-summary/2"
+"""/2: the fingerprint is a whole-content SHA-256 (/1 entries, edge digests, are misses)."""
+FINGERPRINT_ALGORITHM = "sha256"
+HASH_CHUNK_BYTES = 1 << 20
 CACHE_DIR_NAME = ".zdiag-cache"
 CACHE_SUFFIX = ".zds"
 CACHE_ENV = "ZDIAG_CACHE"
 """`ZDIAG_CACHE=off` disables the cache (as `--no-cache` does)."""
 MAX_STORED_BYTES = 256 * 1024 * 1024
 """A stored summary larger than this is taken as damage (a miss), never read whole."""
+STORED_FILE_MODE = 0o644
+"""Entries: readable by others (only their owner uses them), writable by the owner alone."""
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 __all__ = [
     "StoredSummary",
     "TraceFingerprint",
+    "Untrusted",
     "apply_context",
     "cache_candidates",
     "cache_disabled_by_env",
@@ -88,16 +117,16 @@ __all__ = [
 ]
 
 
+class Untrusted(Exception):
+    """A file stands where a stored summary would be, but zdiag will not use it (see the module
+    docstring, "Trust"); `str(exc)` says where and why, as one sentence for a warning."""
+
+
 class TraceFingerprint(msgspec.Struct, frozen=True, kw_only=True):
-    """A trace file's size, mtime and edge digest (see the module docstring)."""
+    """A trace file's size and the SHA-256 of its content (see the module docstring)."""
 
     size: int
-    mtime_ns: int
     digest: str
-
-    def same_content(self, other: TraceFingerprint) -> bool:
-        """Size and digest agree (mtime ignored: for summaries carried with a copied run)."""
-        return self.size == other.size and self.digest == other.digest
 
 
 class StoredSummary(msgspec.Struct, kw_only=True):
@@ -112,28 +141,50 @@ class StoredSummary(msgspec.Struct, kw_only=True):
     summary_msgpack: bytes  # summary.summary_msgpack(): uncompressed, so that reading many
     # summaries skips their timelines' spans without inflating them
 
-    def decoded(self) -> RankSummary:
-        """The RankSummary (ValueError when its bytes are damaged)."""
-        return decode_summary(self.summary_msgpack, compressed=False)
+    def decoded(self, *, spans: bool = True) -> RankSummary:
+        """The RankSummary, checked (`summary_checks.check_summary`); `spans=False` skips the
+        timeline's spans (`decode_summary_without_spans`). ValueError, saying why, when its bytes
+        are damaged or it is not a summary the map could have made."""
+        raw = self.summary_msgpack
+        if spans:
+            summary = decode_summary(raw, compressed=False)
+        else:
+            summary = decode_summary_without_spans(raw, compressed=False)
+        check_summary(summary)
+        if summary.rank != self.rank:
+            raise ValueError(f"it is stored as rank {self.rank} but holds rank {summary.rank}")
+        return summary
 
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(StoredSummary)
 
 
+def _open_regular_nonblocking(path: Path) -> int:
+    """A read-only descriptor of `path`, refusing a FIFO, device or socket without waiting on it
+    (O_NONBLOCK: opening a FIFO never blocks); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path}: not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def fingerprint(path: Path) -> TraceFingerprint:
-    """The fingerprint of a trace file (OSError when it cannot be read or is not a regular file:
-    a FIFO or a device is never opened here; the loader refuses it with one sentence)."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(f"{path}: not a regular file")
-    with path.open("rb") as f:
-        st = os.fstat(f.fileno())
-        h = hashlib.sha1(str(st.st_size).encode(), usedforsecurity=False)
-        h.update(f.read(FINGERPRINT_EDGE_BYTES))
-        if st.st_size > FINGERPRINT_EDGE_BYTES:
-            f.seek(max(FINGERPRINT_EDGE_BYTES, st.st_size - FINGERPRINT_EDGE_BYTES))
-            h.update(f.read(FINGERPRINT_EDGE_BYTES))
-    return TraceFingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, digest=h.hexdigest())
+    """The fingerprint of a trace file: its size and the SHA-256 of all its bytes (OSError when
+    it cannot be read or is not a regular file: a FIFO or a device is never read here; the loader
+    refuses it with one sentence)."""
+    fd = _open_regular_nonblocking(path)
+    with os.fdopen(fd, "rb") as f:
+        h = hashlib.new(FINGERPRINT_ALGORITHM)
+        size = 0
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            h.update(chunk)
+            size += len(chunk)
+    return TraceFingerprint(size=size, digest=h.hexdigest())
 
 
 def context_key(
@@ -198,31 +249,107 @@ def cache_candidates(trace: Path) -> Iterator[Path]:
     yield _user_cache_entry(trace)
 
 
-def cache_path_for_writing(trace: Path) -> Path | None:
-    """Where to write the cache entry of `trace`: beside it when its folder is writable
-    (creating `.zdiag-cache/`), else the user cache directory; None when neither can be made."""
-    beside = trace.parent / CACHE_DIR_NAME / (trace.name + CACHE_SUFFIX)
+def _euid() -> int | None:
+    """The effective uid (None where the platform has none: ownership is not checked there)."""
+    geteuid = getattr(os, "geteuid", None)
+    return None if geteuid is None else geteuid()
+
+
+def _not_yours(st: os.stat_result, what: str) -> str | None:
+    """Why a file or folder with this status does not belong to the invoking user."""
+    euid = _euid()
+    if euid is not None and st.st_uid != euid:
+        return f"{what} belongs to uid {st.st_uid}, not to you (uid {euid})"
+    return None
+
+
+def _not_yours_alone(st: os.stat_result, what: str) -> str | None:
+    """Why a file with this status is not one the invoking user alone can have written."""
+    reason = _not_yours(st, what)
+    if reason is None and st.st_mode & _OTHERS_WRITE:
+        reason = f"{what} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return reason
+
+
+def _own_folder_fd(folder: Path, *, create: bool) -> int:
+    """A descriptor of `folder`, opened without following a link at its last component, that
+    belongs to the invoking user; `create` makes it (mode 0755 less the umask) when absent.
+    Untrusted when it is a link or another user's, OSError when it cannot be opened. (Others
+    may be able to write into it: an entry they put there is theirs, and never read.)"""
+    if create:
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and folder.is_symlink():
+            raise Untrusted(f"{folder} is a symbolic link") from None
+        raise
+    try:
+        reason = _not_yours(os.fstat(fd), str(folder))
+    except BaseException:
+        os.close(fd)
+        raise
+    if reason is not None:
+        os.close(fd)
+        raise Untrusted(reason)
+    return fd
+
+
+def cache_path_for_writing(trace: Path, warnings: list[str] | None = None) -> Path | None:
+    """Where to write the cache entry of `trace`: beside it in `.zdiag-cache/` (made when
+    absent) when the trace's folder is writable and that `.zdiag-cache` is a real folder of the
+    invoking user, else the user cache directory; None when neither can be used. A
+    `.zdiag-cache` that is a link or another user's is left alone, with a warning appended to
+    `warnings`."""
+    beside = trace.parent / CACHE_DIR_NAME
     if os.access(trace.parent, os.W_OK):
         try:
-            beside.parent.mkdir(exist_ok=True)
-            return beside
+            os.close(_own_folder_fd(beside, create=True))
+            return beside / (trace.name + CACHE_SUFFIX)
+        except Untrusted as exc:
+            warning = (
+                f"the summary cache beside the traces was not used: {exc}; entries go to "
+                f"{user_cache_dir()} instead (remove {beside} if it is not yours)"
+            )
+            if warnings is not None and warning not in warnings:
+                warnings.append(warning)
         except OSError:
             pass
     user = _user_cache_entry(trace)
     try:
-        user.parent.mkdir(parents=True, exist_ok=True)
+        user.parent.parent.mkdir(parents=True, exist_ok=True)
+        os.close(_own_folder_fd(user.parent, create=True))
         return user
-    except OSError:
+    except (OSError, Untrusted):
         return None
 
 
 def read_stored(path: Path) -> StoredSummary | None:
-    """The stored summary at `path`, None when absent, damaged, foreign or of another schema."""
+    """The stored summary at `path`: None when absent, damaged, foreign or of another schema;
+    Untrusted when a file is there that zdiag will not use (a link, a FIFO or device, another
+    user's file, or one others can write). Reading never waits on a FIFO."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_STORED_BYTES + 1)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Untrusted(f"{path} is a symbolic link") from None
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Untrusted(f"{path} is not a regular file")
+        reason = _not_yours_alone(st, str(path))
+        if reason is not None:
+            raise Untrusted(reason)
+        try:
+            data = f.read(MAX_STORED_BYTES + 1)
+        except OSError:
+            return None
     if len(data) > MAX_STORED_BYTES:
         return None
     try:
@@ -235,15 +362,30 @@ def read_stored(path: Path) -> StoredSummary | None:
 
 
 def write_stored(path: Path, stored: StoredSummary) -> bool:
-    """Write atomically (temp file + rename); False when it cannot be written."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write `stored` to `path` atomically and without following links: the folder must be the
+    invoking user's own (not a link), the temporary file is created exclusively with
+    `STORED_FILE_MODE`, then renamed over `path`. False when it cannot be written so."""
     try:
-        tmp.write_bytes(_ENCODER.encode(stored))
-        os.replace(tmp, path)
+        dir_fd = _own_folder_fd(path.parent, create=False)
+    except (OSError, Untrusted):
+        return False
+    tmp = f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    try:
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
+            STORED_FILE_MODE,
+            dir_fd=dir_fd,
+        )
+        with os.fdopen(fd, "wb") as f:
+            f.write(_ENCODER.encode(stored))
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return True
     except OSError:
         try:
-            tmp.unlink(missing_ok=True)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         return False
+    finally:
+        os.close(dir_fd)

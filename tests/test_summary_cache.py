@@ -92,9 +92,22 @@ def test_changed_trace_is_decoded_again(tmp_path: Path) -> None:
     trace.write_bytes(bytes(data))
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert _sources([job]) == (0, 3, 1)
-    # touched only (mtime): a miss for the cache too
-    os.utime(job / "rank-3.json", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    # an edit in the middle, far from both ends (the old edge digest read 64 KiB of each),
+    # with size and mtime restored
+    big = job / "rank-3.json"
+    data = bytearray(big.read_bytes())
+    pad = b" " * (300 * 1024)
+    body = data.rstrip()[:-1] + b"," + b'"pad":"' + pad + b'"}'
+    big.write_bytes(bytes(body))
     assert _sources([job]) == (0, 3, 1)
+    st = big.stat()
+    middle = len(body) // 2
+    body[middle] = ord("x")
+    big.write_bytes(bytes(body))
+    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _sources([job]) == (0, 3, 1)
+    # touched only (mtime): the content is the same, so the entry is used
+    os.utime(job / "rank-0.json", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert _sources([job]) == (0, 4, 0)
 
 
