@@ -42,6 +42,7 @@ from zdiag.render import _details as details
 from zdiag.render.columns import StepColumn, shown_columns
 from zdiag.render.format import fmt_bytes, fmt_ms, fmt_share, known_bytes, unit_label
 from zdiag.render.memory_view import memory_lines
+from zdiag.render.printable import printable_report
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView, by_gain, failed_detectors, rank_stats
 
@@ -617,8 +618,9 @@ class ReportApp(App[None]):
 
 
 def browse(report: Report) -> None:
-    """Run the report browser in the terminal until the user quits."""
-    ReportApp(report).run()
+    """Run the report browser in the terminal until the user quits (names made `printable`:
+    Rich keeps most terminal controls in a Text)."""
+    ReportApp(printable_report(report)).run()
 
 
 class TuiRenderer(Renderer):

@@ -38,6 +38,7 @@ from zdiag.render.format import (
     unit_label,
 )
 from zdiag.render.memory_view import memory_lines
+from zdiag.render.printable import printable_report
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import (
     LARGE_RUN_RANKS,
@@ -467,7 +468,9 @@ def _thresholds(out: _Out, thresholds: dict[str, float]) -> None:
 
 
 def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False) -> str:
-    """The report as text `width` columns wide (code excepted), ending with a newline."""
+    """The report as text `width` columns wide (code excepted), ending with a newline; names
+    from the traces are made `printable` (no terminal control reaches the screen)."""
+    report = printable_report(report)
     if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
         from zdiag.render.text_large_run import render_large_run_text
 
