@@ -6,7 +6,9 @@ with `memory_snapshot.read_snapshot`, never torch). Tolerant of torch-version di
 
 - `segments[*].blocks[*]`: `state` is `active_allocated`, `active_pending_free` or `inactive`;
   the allocation stack is `frames` (torch >= 2.1) or the last `history` entry's `frames` (older);
-  a frame is a dict with `filename`, `line`, `name`. Missing fields count as absent, not errors.
+  a frame is a dict with `filename`, `line`, `name`. Missing fields count as absent, not errors;
+  damaged ones (a NaN or negative size, a double free, times running backwards) are read around
+  and counted (`Damage`: one warning per snapshot, the fallback in docs/memory.md).
 - `device_traces[d]`: the allocator's ring buffer of events, oldest first. `alloc` adds a block
   (with its stack), `free_completed` removes it (`free_requested` is used when a trace has no
   `free_completed`, as older torch wrote `free`); `segment_alloc`/`segment_free` (and
@@ -36,12 +38,24 @@ from typing import Any
 import numpy as np
 
 from zdiag.analyzers.memory import _peak_preserving
-from zdiag.analyzers.memory_snapshot import _RULES
+from zdiag.analyzers.memory_snapshot import (
+    _RULES,
+    MAX_DEVICE_BYTES,
+    MAX_SNAPSHOT_ITEMS,
+    MAX_STACK_FRAMES,
+)
 from zdiag.analyzers.report import AllocationSite, MemoryBreakdown, MemoryTimeline
 from zdiag.analyzers.snapshot_whatif import predict
+from zdiag.errors import InputError
 
 MAX_TIMELINE_POINTS = 2000
 MAX_SITES = 10
+MAX_MODULE_DEPTH = 32
+"""User `forward` calls kept in a module path (outermost first; deeper ones end in "...")."""
+MAX_LABEL_CHARS = 200
+"""Characters of a file name or function name kept in a site label."""
+MAX_DEVICE_INDEX = 1 << 16
+"""A segment's `device` beyond this is damaged (read as 0)."""
 
 PREEXISTING = "PREEXISTING"
 COMM_BUFFER = "COMM_BUFFER"
@@ -90,12 +104,21 @@ MAX_STACK_CACHE = 500_000
 """Stacks remembered by frame identity (torch shares frame dicts between stacks)."""
 
 
-class Categorizer:
-    """Categories, sites and module paths of allocation stacks.
+FrameInfo = tuple[int, bool, str, str]
+"""(rule rank, user code?, site label, module call line or "") of one frame."""
 
-    Memoized twice: per stack by the identities of its frame dicts (torch builds every stack
-    from one shared table of frames, so a pickle's stacks reuse the same dict objects and a
-    stack seen before costs one tuple hash), and per frame by (filename, name) for the rules.
+_NOT_A_FRAME: FrameInfo = (len(RULES), False, "", "")
+
+
+class Categorizer:
+    """Categories, sites and module paths of allocation stacks, within the snapshot's bounds.
+
+    Memoized three times: per stack by the identities of its frame dicts (torch builds every
+    stack from one shared table of frames, so a pickle's stacks reuse the same dict objects and
+    a stack seen before costs one tuple hash), per frame dict by identity, and per frame by
+    (filename, name, line) for the rules and labels (a long file name shared by many frames is
+    searched once). A stack is read up to MAX_STACK_FRAMES frames (`truncated` counts the longer
+    ones); the frames read, with `charge`'s other items, are bounded by MAX_SNAPSHOT_ITEMS.
     """
 
     def __init__(self) -> None:
@@ -103,6 +126,19 @@ class Categorizer:
         self._stacks: dict[tuple[int, ...], Described] = {}
         self._lists: dict[int, Described] = {}  # by the stack list's own identity
         self._keep: list[list[Any]] = []  # the frames behind cached ids stay alive
+        self._frame_ids: dict[int, FrameInfo] = {}
+        self._frame_keys: dict[tuple[str, str, int], FrameInfo] = {}
+        self.items = 0
+        self.truncated = 0
+
+    def charge(self, n: int) -> None:
+        """Count `n` more items read (InputError beyond MAX_SNAPSHOT_ITEMS)."""
+        self.items += n
+        if self.items > MAX_SNAPSHOT_ITEMS:
+            raise InputError(
+                f"the CUDA memory snapshot holds more than {MAX_SNAPSHOT_ITEMS:,} events, blocks "
+                "and stack frames, more than a snapshot is read for (a damaged or hostile file)."
+            )
 
     def describe(self, frames: list[Any]) -> Described:
         """(category, site, module path) of a stack; PREEXISTING without frames."""
@@ -111,17 +147,51 @@ class Categorizer:
         got = self._lists.get(id(frames))
         if got is not None:
             return got
-        key = tuple(map(id, frames))
+        stack = frames
+        if len(frames) > MAX_STACK_FRAMES:
+            self.truncated += 1
+            stack = frames[:MAX_STACK_FRAMES]
+        self.charge(len(stack))
+        key = tuple(map(id, stack))
         got = self._stacks.get(key)
         if got is None:
-            got = (self.category(frames), self.site(frames), self.module_path(frames))
+            infos = [self._info(f) for f in stack]
+            got = (self._category(infos), self._site(infos), self._module_path(infos))
             if len(self._stacks) >= MAX_STACK_CACHE:
                 self._stacks.clear()
                 self._lists.clear()
                 self._keep.clear()
+                self._frame_ids.clear()
             self._stacks[key] = got
         self._lists[id(frames)] = got
         self._keep.append(frames)
+        return got
+
+    def _info(self, f: Any) -> FrameInfo:
+        """One frame's rule rank, user-ness, label and module line (memoized)."""
+        got = self._frame_ids.get(id(f))
+        if got is not None:
+            return got
+        if not isinstance(f, dict):
+            return _NOT_A_FRAME
+        filename, name, line = f.get("filename", ""), f.get("name", "?"), f.get("line", 0)
+        # Not str() of a damaged field: a list nested 100k deep would recurse without end.
+        filename = filename if isinstance(filename, str) else ""
+        name = name if isinstance(name, str) else "?"
+        line = line if line.__class__ is int and 0 <= line < _LIMIT else 0
+        key = (filename, name, line)
+        got = self._frame_keys.get(key)
+        if got is None:
+            user = _is_user(filename)
+            where = f"{_short(filename)}:{line}"
+            got = (
+                self._frame_rank(filename, "" if name == "?" else name),
+                user,
+                f"{where} in {_clip(name)}",
+                where if user and name == "forward" else "",
+            )
+            self._frame_keys[key] = got
+        self._frame_ids[id(f)] = got
         return got
 
     def _frame_rank(self, filename: str, name: str) -> int:
@@ -136,52 +206,55 @@ class Categorizer:
             self._rank[key] = r
         return r
 
-    def category(self, frames: list[Any]) -> str:
-        """The block's category (PREEXISTING without frames)."""
-        if not frames:
-            return PREEXISTING
-        best = len(RULES)
-        for f in frames:
-            if isinstance(f, dict):
-                r = self._frame_rank(str(f.get("filename", "")), str(f.get("name", "")))
-                if r < best:
-                    best = r
-                    if r == 0:
-                        break
+    @staticmethod
+    def _category(infos: list[FrameInfo]) -> str:
+        best = min((i[0] for i in infos), default=len(RULES))
         return RULES[best][0] if best < len(RULES) else "UNKNOWN"
 
     @staticmethod
-    def site(frames: list[Any]) -> str:
-        """The innermost user frame, `file:line in name` (the stack's innermost frame when no
-        frame is user code; "" without frames)."""
+    def _site(infos: list[FrameInfo]) -> str:
         first = ""
-        for f in frames:
-            if not isinstance(f, dict):
+        for _rank, user, label, _ in infos:
+            if not label:
                 continue
-            filename = str(f.get("filename", ""))
-            label = f"{_short(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
-            if _is_user(filename):
+            if user:
                 return label
             first = first or label
         return first
 
     @staticmethod
-    def module_path(frames: list[Any]) -> str:
+    def _module_path(infos: list[FrameInfo]) -> str:
+        chain = [i[3] for i in reversed(infos) if i[3]]
+        if len(chain) > MAX_MODULE_DEPTH:
+            return " > ".join(chain[:MAX_MODULE_DEPTH]) + " > ..."
+        return " > ".join(chain)
+
+    def category(self, frames: list[Any]) -> str:
+        """The block's category (PREEXISTING without frames)."""
+        if not frames:
+            return PREEXISTING
+        return self._category([self._info(f) for f in frames[:MAX_STACK_FRAMES]])
+
+    def site(self, frames: list[Any]) -> str:
+        """The innermost user frame, `file:line in name` (the stack's innermost frame when no
+        frame is user code; "" without frames)."""
+        return self._site([self._info(f) for f in frames[:MAX_STACK_FRAMES]])
+
+    def module_path(self, frames: list[Any]) -> str:
         """The chain of user `forward` call lines, outermost first (`model.py:120 >
-        model.py:88`): the module call an activation was made under ("" when none)."""
-        chain = [
-            f"{_short(str(f.get('filename', '')))}:{f.get('line', 0)}"
-            for f in frames
-            if isinstance(f, dict)
-            and f.get("name") == "forward"
-            and _is_user(str(f.get("filename", "")))
-        ]
-        return " > ".join(reversed(chain))
+        model.py:88`): the module call an activation was made under ("" when none); at most
+        MAX_MODULE_DEPTH calls."""
+        return self._module_path([self._info(f) for f in frames[:MAX_STACK_FRAMES]])
+
+
+def _clip(text: str) -> str:
+    """`text`, its last MAX_LABEL_CHARS characters when longer."""
+    return text if len(text) <= MAX_LABEL_CHARS else "..." + text[-MAX_LABEL_CHARS:]
 
 
 def _short(filename: str) -> str:
-    parts = filename.replace("\\", "/").rsplit("/", 2)
-    return "/".join(parts[-2:]) if len(parts) > 1 else filename
+    parts = filename[-4 * MAX_LABEL_CHARS :].replace("\\", "/").rsplit("/", 2)
+    return _clip("/".join(parts[-2:]) if len(parts) > 1 else parts[0])
 
 
 def block_frames(block: dict[str, Any]) -> list[Any]:
@@ -200,13 +273,80 @@ def block_frames(block: dict[str, Any]) -> list[Any]:
 _LIMIT = 2**62
 
 
-def _int(v: Any) -> int:
-    """A non-negative byte count or address (anything else, or beyond 2**62, is 0)."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v if 0 <= v < _LIMIT else 0
-    if isinstance(v, float) and 0 <= v < _LIMIT:  # NaN fails both comparisons
-        return int(v)
-    return 0
+@dataclass
+class Damage:
+    """What in a snapshot was not as torch writes it, and how it was read (warnings)."""
+
+    values: int = 0  # sizes, addresses, devices: not a number in range, read as 0
+    truncated_stacks: int = 0  # stacks longer than MAX_STACK_FRAMES, read in part
+    double_frees: int = 0  # frees of a block the history had already freed: ignored
+    size_mismatches: int = 0  # frees whose size differs from their alloc's: the alloc's used
+    realloc_live: int = 0  # allocs of an address still live in the history
+    times_backwards: int = 0  # events whose time_us is before the previous event's
+    replay_dropped: str = ""  # why the history could not be replayed (peak = end state)
+
+    def size(self, v: Any) -> int:
+        """A byte count (0 when absent; anything negative, NaN, infinite, not a number or
+        beyond MAX_DEVICE_BYTES is counted and read as 0)."""
+        if v is None:
+            return 0
+        if v.__class__ is int and 0 <= v <= MAX_DEVICE_BYTES:
+            return v
+        if v.__class__ is float and 0 <= v <= MAX_DEVICE_BYTES:  # NaN fails both
+            return int(v)
+        self.values += 1
+        return 0
+
+    def address(self, v: Any, limit: int = _LIMIT) -> int:
+        """An address or index (0 when absent; anything else out of [0, limit) is counted and
+        read as 0)."""
+        if v is None:
+            return 0
+        if v.__class__ is int and 0 <= v < limit:
+            return v
+        if v.__class__ is float and 0 <= v < limit and v == int(v):
+            return int(v)
+        self.values += 1
+        return 0
+
+    def warnings(self) -> list[str]:
+        """One sentence per kind of damage found."""
+        out = []
+        if self.values:
+            out.append(
+                f"{self.values} size, address or device value(s) were not numbers in range "
+                "(negative, NaN, infinite or beyond 1 PiB) and were read as 0"
+            )
+        if self.truncated_stacks:
+            out.append(
+                f"{self.truncated_stacks} allocation stack(s) had more than {MAX_STACK_FRAMES} "
+                "frames; only their innermost frames were read"
+            )
+        if self.double_frees:
+            out.append(
+                f"{self.double_frees} free event(s) freed a block already freed; they were ignored"
+            )
+        if self.size_mismatches:
+            out.append(
+                f"{self.size_mismatches} free event(s) gave another size than their "
+                "allocation; the allocation's size was used"
+            )
+        if self.realloc_live:
+            out.append(
+                f"{self.realloc_live} alloc event(s) reused the address of a block still live "
+                "in the history"
+            )
+        if self.times_backwards:
+            out.append(
+                f"{self.times_backwards} event(s) are timed before the event preceding them; "
+                "the timeline is in event order"
+            )
+        if self.replay_dropped:
+            out.append(
+                f"the allocator history does not add up ({self.replay_dropped}); the peak is "
+                "the end state"
+            )
+        return out
 
 
 @dataclass(slots=True)
@@ -233,29 +373,35 @@ class _DeviceState:
     blocks: int = 0
 
 
-def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
+def _devices(data: dict[str, Any], cat: Categorizer, damage: Damage) -> dict[int, _DeviceState]:
     out: dict[int, _DeviceState] = {}
-    seen: set[int] = set()  # a segment or block the pickle references twice counts once
+    seen: set[int] = set()  # a segment, blocks list or block referenced twice counts once
     segments = data.get("segments")
-    for seg in segments if isinstance(segments, list) else []:
+    segments = segments if isinstance(segments, list) else []
+    cat.charge(len(segments))
+    for seg in segments:
         if not isinstance(seg, dict) or id(seg) in seen:
             continue
         seen.add(id(seg))
-        dev = _int(seg.get("device"))
+        dev = damage.address(seg.get("device"), MAX_DEVICE_INDEX)
         st = out.setdefault(dev, _DeviceState(device=dev))
-        st.reserved += _int(seg.get("total_size"))
+        st.reserved += damage.size(seg.get("total_size"))
         st.segments += 1
-        addr = _int(seg.get("address"))
+        addr = damage.address(seg.get("address"))
         seg_free = 0
         seg_active = False
         blocks = seg.get("blocks")
-        for block in blocks if isinstance(blocks, list) else []:
+        if not isinstance(blocks, list) or id(blocks) in seen:
+            continue
+        seen.add(id(blocks))
+        cat.charge(len(blocks))
+        for block in blocks:
             if not isinstance(block, dict) or id(block) in seen:
                 continue
             seen.add(id(block))
-            size = _int(block.get("size"))
+            size = damage.size(block.get("size"))
             state = block.get("state")
-            baddr = _int(block.get("address")) if "address" in block else addr
+            baddr = damage.address(block.get("address")) if "address" in block else addr
             addr = baddr + size
             if state == "inactive":
                 st.largest_free = max(st.largest_free, size)
@@ -275,6 +421,13 @@ def _devices(data: dict[str, Any], cat: Categorizer) -> dict[int, _DeviceState]:
             st.live[key] = _Live(size, *cat.describe(frames))
         if seg_active:
             st.fragmented += seg_free
+    for st in out.values():
+        if max(st.reserved, st.allocated + st.pending_free) > MAX_DEVICE_BYTES:
+            raise InputError(
+                f"the CUDA memory snapshot's segments on cuda:{st.device} add up to "
+                f"{max(st.reserved, st.allocated + st.pending_free):,} bytes, more than any "
+                "device holds, so it is damaged; re-create it or remove the file."
+            )
     return out
 
 
@@ -335,15 +488,22 @@ _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 _SEGMENT_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
 
-def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | None:
-    """Replay one device's trace from the end state `end` backwards (None without events).
+def replay(
+    entries: list[Any], end: _DeviceState, cat: Categorizer, damage: Damage | None = None
+) -> Replay | None:
+    """Replay one device's trace from the end state `end` backwards (None without events, or
+    when the history does not add up: `damage.replay_dropped` says why).
 
     One pass: each `alloc` is described (category, site, module) and remembered by address;
     each free is matched to its alloc (a free with none freed a block from before the window:
-    PREEXISTING). The allocated bytes before the first event are the end state's minus the
-    window's net change; the blocks live at the peak are the window's allocs not yet freed then,
-    the earlier blocks freed after it, and the end state's blocks the window never allocated.
+    PREEXISTING; a second free of a block is ignored; a free's size is its alloc's). The
+    allocated bytes before the first event are the end state's minus the window's net change;
+    the blocks live at the peak are the window's allocs not yet freed then, the earlier blocks
+    freed after it, and the end state's blocks the window never allocated. Times that run
+    backwards make the timeline one in event order.
     """
+    damage = damage if damage is not None else Damage()
+    cat.charge(len(entries))
     events = [e for e in entries if isinstance(e, dict)]
     n = len(events)
     if n == 0:
@@ -356,6 +516,7 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
     has_times = True
     oom = False
     open_alloc: dict[int, int] = {}  # addr -> index of its alloc event
+    freed: set[int] = set()  # addresses freed and not allocated again since
     described: dict[int, Described] = {}  # alloc index -> its stack's description
     freed_at: dict[int, int] = {}  # alloc index -> index of its free
     early_free: list[int] = []  # frees of blocks allocated before the window
@@ -363,11 +524,13 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
     describe = cat.describe
     cat_index = _CAT_INDEX
     gathered = _CAT_INDEX["PARAMETER_UNSHARDED"]
+    size_of = damage.size
+    address = damage.address
     burst = largest_burst = 0
     for i, e in enumerate(events):
         t = e.get("time_us")
-        if (t.__class__ is int and -_LIMIT < t < _LIMIT) or t.__class__ is float:
-            times[i] = t
+        if (t.__class__ is int or t.__class__ is float) and -_LIMIT < t < _LIMIT:
+            times[i] = t  # (NaN and infinities fail the comparison)
         else:
             has_times = False
         action = e.get("action")
@@ -375,37 +538,74 @@ def replay(entries: list[Any], end: _DeviceState, cat: Categorizer) -> Replay | 
             frames = e.get("frames")
             d = describe(frames if frames.__class__ is list else [])
             a = e.get("addr")
-            addr = a if a.__class__ is int and 0 <= a < _LIMIT else _int(a)
+            addr = a if a.__class__ is int and 0 <= a < _LIMIT else address(a)
+            if addr in open_alloc:
+                damage.realloc_live += 1
             open_alloc[addr] = i
+            freed.discard(addr)
             described[i] = d
             z = e.get("size")
-            delta[i] = z if z.__class__ is int and 0 <= z < _LIMIT else _int(z)
+            delta[i] = z if z.__class__ is int and 0 <= z <= MAX_DEVICE_BYTES else size_of(z)
             c = cats[i] = cat_index[d[0]]
             # one unit's gather: its allocations come one after the other
             burst = burst + int(delta[i]) if c == gathered else 0
             largest_burst = max(largest_burst, burst)
         elif action == free_action:
             a = e.get("addr")
-            j = open_alloc.pop(a if a.__class__ is int and 0 <= a < _LIMIT else _int(a), -1)
+            addr = a if a.__class__ is int and 0 <= a < _LIMIT else address(a)
+            j = open_alloc.pop(addr, -1)
+            if j < 0 and addr in freed:
+                damage.double_frees += 1  # the block is gone already: nothing to free
+                continue
+            freed.add(addr)
             z = e.get("size")
-            delta[i] = -(z if z.__class__ is int and 0 <= z < _LIMIT else _int(z))
+            size = z if z.__class__ is int and 0 <= z <= MAX_DEVICE_BYTES else size_of(z)
             if j < 0:
+                delta[i] = -size
                 early_free.append(i)
                 cats[i] = pre
             else:
+                if size != delta[j]:
+                    damage.size_mismatches += 1
+                delta[i] = -delta[j]
                 freed_at[j] = i
                 cats[i] = cats[j]
         elif action.__class__ is str and action in _SEGMENT_SIGN:
             z = e.get("size")
             seg[i] = _SEGMENT_SIGN[action] * (
-                z if z.__class__ is int and 0 <= z < _LIMIT else _int(z)
+                z if z.__class__ is int and 0 <= z <= MAX_DEVICE_BYTES else size_of(z)
             )
         elif action == "oom":
             oom = True
+    if has_times and n > 1:
+        backwards = int(np.count_nonzero(np.diff(times) < 0))
+        if backwards:
+            damage.times_backwards += backwards
+            has_times = False
     if not has_times:
         times = np.arange(n, dtype=np.float64)
+    # Totals in float first: a hostile history's sums could overflow int64.
+    moved = float(np.abs(delta.astype(np.float64)).sum())
+    if end.allocated + end.pending_free + moved > MAX_DEVICE_BYTES:
+        damage.replay_dropped = "its allocations and frees add up to more than any device holds"
+        return None
     start = end.allocated - int(delta.sum())
     after = start + np.cumsum(delta)
+    # Every other category's bytes are its allocs less their own frees (never below 0); the
+    # blocks from before the window, less their frees, must not go below 0 either.
+    before = start + np.cumsum(np.where(cats == pre, delta, 0))
+    low = min(start, int(before.min()))
+    if low < 0:
+        # Blocks freed (requested) but not yet completed are not in `end.allocated` while
+        # their allocs are in the history: up to their bytes, the deficit is theirs.
+        if free_action == "free_completed" and -low <= end.pending_free:
+            start -= low
+            after -= low  # (`before` is not used again)
+        else:
+            damage.replay_dropped = (
+                f"the snapshot's blocks hold {-low:,} bytes less than its events leave allocated"
+            )
+            return None
     peak_i = int(np.argmax(after))
     live: list[_Live] = []
     peak_index = -1
@@ -477,27 +677,32 @@ def analyze_snapshot(
     capacity_bytes: int | None = None,
     world_size: int | None = None,
     source: str = "",
+    warnings: list[str] | None = None,
 ) -> tuple[MemoryBreakdown, MemoryTimeline | None]:
     """One rank's snapshot -> its breakdown (now and at the peak) and, when the snapshot holds
     an allocator history, its memory timeline. `device`: the CUDA index the rank used (default:
-    the device with the most memory in use)."""
+    the device with the most memory in use). What was damaged in it, and how it was read, is
+    appended to `warnings` (one sentence each, without the file's name). InputError when it is
+    beyond the bounds of a snapshot (MAX_SNAPSHOT_ITEMS, sizes beyond any device)."""
     cat = Categorizer()
-    devices = _devices(data, cat)
+    damage = Damage()
+    devices = _devices(data, cat, damage)
     traces = data.get("device_traces")
     traces = traces if isinstance(traces, list) else []
     if device is None or device not in devices:
-        candidates = devices or {
-            i: _DeviceState(device=i) for i, t in enumerate(traces) if isinstance(t, list) and t
-        }
-        device = max(candidates.values(), key=lambda s: s.allocated).device if candidates else 0
+        if devices:
+            device = max(devices.values(), key=lambda s: s.allocated).device
+        else:  # no segments: the first device with a history (the list may repeat one millions
+            # of times by reference: no state is made per entry)
+            device = next((i for i, t in enumerate(traces) if isinstance(t, list) and t), 0)
     end = devices.get(device) or _DeviceState(device=device)
     entries = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
     now = _sum_by(end.live.values(), "category")
-    rp = replay(entries, end, cat)
+    rp = replay(entries, end, cat, damage)
     oom_request = None
     for e in reversed(entries):
         if isinstance(e, dict) and e.get("action") == "oom":
-            oom_request = _int(e.get("size"))
+            oom_request = damage.size(e.get("size"))
             break
     peak_live = rp.peak_live if rp is not None and rp.peak_index >= 0 else list(end.live.values())
     peak_bytes = sum(b.size for b in peak_live)
@@ -552,6 +757,9 @@ def analyze_snapshot(
         if rp is not None and rp.delta.any()
         else None
     )
+    damage.truncated_stacks = cat.truncated
+    if warnings is not None:
+        warnings.extend(damage.warnings())
     return breakdown, timeline
 
 

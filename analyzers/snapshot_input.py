@@ -4,12 +4,14 @@ A snapshot is the pickle `torch.cuda.memory._dump_snapshot(path)` writes (or `zd
 `memory/rank-N.snapshot.pickle`). `is_snapshot_file` recognizes one from its first bytes (a
 pickle of protocol 2 or later whose first keys include `segments` or `device_traces`), never
 from its name alone, and never unpickles to decide. `load_snapshot_data` reads the whole plain
-pickle with memory_snapshot's restricted unpickler (its bounded `load_plain_pickle` where the
-module has it), with Python's cyclic garbage collector paused: a 100 MB snapshot is ~1M event
-dicts and the collector's passes over them cost 5x the load itself. The breakdown needs the
-allocator history and frame lines that `read_snapshot`'s summary copy leaves out.
-`load_breakdowns` breaks each down (`snapshot_breakdown.analyze_snapshot`); an unreadable one is
-a warning, as a bad memory timeline is.
+pickle with memory_snapshot's restricted, bounded `load_plain_pickle`, with Python's cyclic
+garbage collector paused: a 100 MB snapshot is ~1M event dicts and the collector's passes over
+them cost 5x the load itself. The breakdown needs the allocator history and frame lines that
+`read_snapshot`'s summary copy leaves out. `load_breakdowns` breaks each down
+(`snapshot_breakdown.analyze_snapshot`) in a forked child process bounded in memory and time
+(`memory_snapshot.run_isolated`): only the breakdown and the timeline come back. An unreadable
+snapshot, or one beyond those bounds, is a warning, as a bad memory timeline is; damage that
+the breakdown reads around (a NaN size, a double free) is a warning beside the breakdown.
 """
 
 from __future__ import annotations
@@ -70,6 +72,35 @@ def load_snapshot_data(path: Path) -> dict[str, Any]:
     return data
 
 
+def _analyze_file(
+    path: Path,
+    rank: int,
+    device: int | None,
+    capacity_bytes: int | None,
+    world_size: int | None,
+) -> tuple[MemoryBreakdown, MemoryTimeline | None, list[str]]:
+    """Load and break down one snapshot: (breakdown, timeline, what was damaged in it)."""
+    damage: list[str] = []
+    # The collector stays paused until the loaded data is dropped: re-enabled while ~1M fresh
+    # containers are alive, its next young-generation pass would walk them all.
+    with gc_paused():
+        data = load_snapshot_data(path)
+        try:
+            breakdown, timeline = analyze_snapshot(
+                data,
+                rank,
+                device=device,
+                capacity_bytes=capacity_bytes,
+                world_size=world_size,
+                source="snapshot",
+                warnings=damage,
+            )
+        except InputError as exc:  # the breakdown's own sentences do not name the file
+            raise InputError(f"{path}: {exc.message}") from None
+        del data
+    return breakdown, timeline, damage
+
+
 @dataclass(frozen=True)
 class SnapshotResult:
     """The breakdowns and replayed timelines of the snapshots read, and what was skipped."""
@@ -93,23 +124,22 @@ def load_breakdowns(
     timelines: list[MemoryTimeline] = []
     warnings: list[str] = []
     for rank, path in sorted(snapshots.items()):
-        # The collector stays paused until the loaded data is dropped: re-enabled while ~1M
-        # fresh containers are alive, its next young-generation pass would walk them all.
-        with gc_paused():
-            try:
-                data = load_snapshot_data(path)
-            except InputError as exc:
-                warnings.append(f"memory snapshot skipped: {exc.message}")
-                continue
-            breakdown, timeline = analyze_snapshot(
-                data,
+        try:
+            breakdown, timeline, damage = memory_snapshot.run_isolated(
+                _analyze_file,
+                path,
                 rank,
-                device=(devices or {}).get(rank),
-                capacity_bytes=(capacity or {}).get(rank),
-                world_size=world_size,
-                source="snapshot",
+                (devices or {}).get(rank),
+                (capacity or {}).get(rank),
+                world_size,
+                path=path,
+                what="CUDA memory snapshot",
             )
-            del data
+        except InputError as exc:
+            warnings.append(f"memory snapshot skipped: {exc.message}")
+            continue
+        if damage:  # read around: one warning naming the file, the damage found in it
+            warnings.append(f"{path}: " + "; ".join(damage) + ".")
         if rank in oom_ranks:
             breakdown.oom = True
             if timeline is not None:

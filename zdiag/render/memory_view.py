@@ -60,11 +60,18 @@ def _series_total(tl: MemoryTimeline) -> list[int]:
     return [sum(v[i] for v in tl.bytes_by_category.values() if i < len(v)) for i in range(n)]
 
 
+def _level(v: float, top: float) -> str:
+    """The sparkline character for `v` on a scale whose top is `top` (> 0): values below 0
+    (a damaged history) draw as the lowest, above the top as the highest."""
+    frac = min(max(v, 0), top) / top
+    return SPARK[min(len(SPARK) - 1, max(0, round(frac * (len(SPARK) - 1))))]
+
+
 def timeline_lines(tl: MemoryTimeline, width: int = TIMELINE_WIDTH) -> list[str]:
     """A one-row sparkline of the total (max per column), scaled to the capacity when known,
     with the peak's column marked below it and the time span."""
     total = _series_total(tl)
-    if not total:
+    if not total or width < 1:
         return []
     n = len(total)
     cols = min(width, n)
@@ -72,15 +79,16 @@ def timeline_lines(tl: MemoryTimeline, width: int = TIMELINE_WIDTH) -> list[str]
         max(total[c * n // cols : max(c * n // cols + 1, (c + 1) * n // cols)]) for c in range(cols)
     ]
     top = max(max(buckets), tl.capacity_bytes or 0, 1)
-    spark = "".join(SPARK[min(len(SPARK) - 1, round(v / top * (len(SPARK) - 1)))] for v in buckets)
+    spark = "".join(_level(v, top) for v in buckets)
     peak_col = max(range(cols), key=lambda c: buckets[c])
     peak_i = max(range(n), key=lambda i: total[i])
     scale = f"top = capacity {fmt_bytes(tl.capacity_bytes)}" if tl.capacity_bytes else "top = peak"
-    span = tl.times_ms[-1] - tl.times_ms[0]
+    t0 = tl.times_ms[0]
+    span = tl.times_ms[-1] - t0
     unit = "events" if "event order" in tl.source else "ms"
     return [
         f"    |{spark}|  {scale}",
-        f"     {' ' * peak_col}^ peak {fmt_bytes(total[peak_i])} at {tl.times_ms[peak_i] - tl.times_ms[0]:.1f} {unit}"
+        f"     {' ' * peak_col}^ peak {fmt_bytes(total[peak_i])} at {tl.times_ms[peak_i] - t0:.1f} {unit}"
         f" (of {span:.1f} {unit})",
     ]
 
@@ -106,7 +114,7 @@ def stacked_bar(
     legend = []
     for c, v in items:
         letter = LETTERS.get(c, ".")
-        bar += letter * round(v / whole * width)
+        bar += letter * round(min(v, whole) / whole * width)  # (a part beyond the whole: cut)
         line = f"{letter} {category_name(c):<22} {fmt_bytes(v):>10} ({fmt_share(v, whole):>4})"
         if now is not None:
             line += f"   now {fmt_bytes(now.get(c, 0)):>10}"
