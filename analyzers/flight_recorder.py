@@ -38,18 +38,20 @@ flight-recorder.md has the details and the checks on real dumps.
 
 from __future__ import annotations
 
-import ast
+import bisect
 import functools
 import io
+import itertools
 import pickletools
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from zdiag import __version__
+from zdiag.analyzers.loader import MAX_RANK
 from zdiag.analyzers.memory_snapshot import _PlainUnpickler
 from zdiag.analyzers.report import Finding, Report
 from zdiag.errors import InputError
@@ -65,6 +67,21 @@ MAX_FINDING_GROUPS = 8
 
 SUPPORTED_MAJOR_VERSION = 2
 
+MAX_WORLD_SIZE = 2**18
+"""Most ranks one process group may list, the dumps of one job may name (listed or dumped), and
+dump files read at once: 262,144, above the largest torch.distributed jobs run (about 10^5 GPUs).
+More is a damaged or hostile dump, refused in one sentence (a group of 10^6 listed ranks took
+over 60 s and 1.2 GB before this bound)."""
+
+MAX_LISTED_RANKS_PER_DUMP = 16 * MAX_WORLD_SIZE
+"""Most group memberships one dump's `pg_config` may list in all (the sum of its groups' sizes):
+a rank sits in 10-20 groups (TP, PP, DP, EP, CP and their products). Bounds a pickle that shares
+one huge member list among thousands of groups at the cost of a few bytes each."""
+
+MAX_SEQ = 2**63 - 1
+"""Sequence numbers, record and op ids are 64-bit in torch; a number outside +-MAX_SEQ in a
+numeric field is read as absent (its default), as a non-number is."""
+
 # Collectives that cannot complete on any member before every member contributed its data: a
 # peer that completed one proves the others ran it (a rank still showing it pending is stuck).
 _NEEDS_ALL_DATA = re.compile(
@@ -75,6 +92,10 @@ _FREE_INPUT_SIZES = ("all_to_all", "alltoall", "scatter", "_v")
 _FREE_OUTPUT_SIZES = ("all_to_all", "alltoall", "gather", "_v")
 _TORCH_FRAME = re.compile(r"[/\\]torch[/\\]|^<frozen |^<string>|^\?\?$|^$")
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")  # "nccl_trace_rank_3", "fr_3.pkl"
+_NEGATIVE_RANK_IN_NAME = re.compile(r"(?<![A-Za-z0-9])-\d+(?:\.[A-Za-z]+)?$")  # "fr_-3"
+_LONG_NUMBER = re.compile(rf"\d{{{len(str(MAX_RANK)) + 1},}}", re.ASCII)  # more than a rank has
+# The member list torch writes as a string: "[0, 1, 2]" (digits only: no sign, no exponent).
+_RANK_LIST_TEXT = re.compile(r"\[\s*(?:\d+\s*,\s*)*(?:\d+\s*)?\]", re.ASCII)
 
 
 # --- the dump --------------------------------------------------------------------------------
@@ -216,27 +237,65 @@ def is_flight_recorder_dump(path: str | Path) -> bool:
 
 
 def _rank_from_name(path: Path) -> int | None:
+    """The rank the file name ends with (torch names dumps `<prefix><rank>`), None when it ends
+    with no number; InputError for a negative number or one beyond MAX_RANK."""
     m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
+    if m is None:
+        return None
+    digits = m.group(1).lstrip("0") or "0"
+    if (
+        _NEGATIVE_RANK_IN_NAME.search(path.name)
+        or len(digits) > len(str(MAX_RANK))
+        or (int(digits) > MAX_RANK)
+    ):
+        shown = path.name if len(path.name) <= 80 else path.name[:40] + "..." + path.name[-20:]
+        raise InputError(
+            f"{path.parent / shown}: the file name ends with a rank outside 0..{MAX_RANK}, which "
+            "no torch.distributed job has; rename the dump to <prefix><rank> with its real rank."
+        )
+    return int(digits)
 
 
 def _opt_int(value: Any) -> int | None:
-    return value if type(value) is int else None
+    return value if type(value) is int and -MAX_SEQ <= value <= MAX_SEQ else None
 
 
 def _int(value: Any, default: int) -> int:
+    """An integer field: ints within +-MAX_SEQ, and decimal strings of one (`pg_status` in the
+    JSON form); anything else (a float, NaN, a huge or malformed number) is `default`."""
     if type(value) is int:
-        return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():  # pg_status in the JSON form
-        return int(value)
+        return value if -MAX_SEQ <= value <= MAX_SEQ else default
+    if isinstance(value, str) and 0 < len(value) <= 20 and value.lstrip("-").isascii():
+        if value.lstrip("-").isdigit():
+            n = int(value)
+            return n if -MAX_SEQ <= n <= MAX_SEQ else default
     return default
 
 
-def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
-    """Sizes as tuples (only compared for equality, so elements are not checked one by one)."""
+def _text(value: Any, default: str = "") -> str:
+    """A string field; ints are written out, anything else (a list, a dict: a damaged dump,
+    whose str() could be huge) is `default`."""
+    if isinstance(value, str):
+        return value
+    if type(value) is int and -MAX_SEQ <= value <= MAX_SEQ:
+        return str(value)
+    return default
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """One tensor's sizes; () when it is not a list of ints (sizes are compared and hashed, so a
+    nested list or dict in a damaged dump must not get through)."""
     if not isinstance(value, list | tuple):
         return ()
-    return tuple(tuple(s) if isinstance(s, list | tuple) else () for s in value)
+    shape = tuple(value)
+    return shape if all(type(x) is int for x in shape) else ()
+
+
+def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
+    """Sizes as tuples of ints, () for anything that is not a list (a damaged dump)."""
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(map(_shape, value))
 
 
 MAX_FRAMES_PER_ENTRY = 256
@@ -248,7 +307,7 @@ def _frames(value: Any) -> tuple[Frame, ...]:
     if not isinstance(value, list | tuple):
         return ()
     return tuple(
-        Frame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line"), 0))
+        Frame(_text(f.get("name")), _text(f.get("filename")), _int(f.get("line"), 0))
         for f in value[:MAX_FRAMES_PER_ENTRY]
         if isinstance(f, dict)
     )
@@ -270,24 +329,30 @@ def _parse_op(profiling_name: str) -> tuple[str, int | None, int | None]:
     return op, src, dst
 
 
-def _entry(raw: Any, where: str) -> Entry:
+def _entry(raw: Any, where: str, frame_cache: dict[int, tuple[Frame, ...]]) -> Entry:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} is not a dict")
     get = raw.get
     pg = get("process_group")
     if not isinstance(pg, list | tuple) or len(pg) != 2:
         raise ValueError(f"{where} has no process_group (name, desc) pair")
-    name = str(get("profiling_name", ""))
+    name = _text(get("profiling_name"))
     try:
         op, src, dst = _parse_op(name)
     except ValueError as exc:
-        raise ValueError(f"{where} has an unreadable profiling_name {name!r}") from exc
+        raise ValueError(f"{where} has an unreadable profiling_name {name[:80]!r}") from exc
     frames = get("frames")
+    if frames:  # every entry of a dump may share one stack list: build its frames once
+        parsed_frames = frame_cache.get(id(frames))
+        if parsed_frames is None:
+            parsed_frames = frame_cache[id(frames)] = _frames(frames)
+    else:
+        parsed_frames = ()
     return Entry(
         record_id=_int(get("record_id"), 0),
         pg_id=_int(get("pg_id"), -1),
-        pg_name=str(pg[0]),
-        pg_desc=str(pg[1]),
+        pg_name=_text(pg[0]),
+        pg_desc=_text(pg[1]),
         # early 2.x writers numbered ops with one `seq_id`
         collective_seq_id=_int(get("collective_seq_id", get("seq_id")), 0),
         p2p_seq_id=_int(get("p2p_seq_id"), 0),
@@ -301,37 +366,100 @@ def _entry(raw: Any, where: str) -> Entry:
         output_sizes=_sizes(get("output_sizes")),
         input_dtypes=_dtypes(get("input_dtypes")),
         output_dtypes=_dtypes(get("output_dtypes")),
-        state=str(get("state", "")),
+        state=_text(get("state")),
         retired=bool(get("retired", False)),
         time_created_ns=_opt_int(get("time_created_ns")),
         time_started_ns=_opt_int(get("time_discovered_started_ns")),
         time_completed_ns=_opt_int(get("time_discovered_completed_ns")),
         timeout_ms=_opt_int(get("timeout_ms")),
-        thread_name=str(get("thread_name", "")),
-        frames=_frames(frames) if frames else (),
+        thread_name=_text(get("thread_name")),
+        frames=parsed_frames,
     )
 
 
 def _dtypes(value: Any) -> tuple[str, ...]:
     """A list of dtype names, () for anything that is not a list (a damaged dump)."""
-    return tuple(map(str, value)) if isinstance(value, list | tuple) else ()
+    return tuple(map(_text, value)) if isinstance(value, list | tuple) else ()
 
 
-def _groups(raw: Any) -> tuple[GroupConfig, ...]:
+class _RankLists:
+    """Member lists of `pg_config` parsed once per distinct text (every dump of a job repeats
+    its default group's list: 10,000 dumps of a 10,000-rank job parsed it 10,000 times), each
+    checked against MAX_WORLD_SIZE and MAX_RANK before it is built."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, tuple[int, ...]] = {}
+        self._sets: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
+
+    def members(self, ranks: tuple[int, ...]) -> frozenset[int]:
+        """`ranks` as a set, built once per member list (keyed by identity: the lists parsed
+        here are shared by every dump that repeats them)."""
+        hit = self._sets.get(id(ranks))
+        if hit is None or hit[0] is not ranks:
+            hit = self._sets[id(ranks)] = (ranks, frozenset(ranks))
+        return hit[1]
+
+    def parse(self, value: Any, where: str) -> tuple[int, ...]:
+        """The member ranks `value` lists ("[0, 1]" as torch writes it, or a list); ValueError
+        (a sentence without the file) when it is not a list of distinct ranks within bounds."""
+        if isinstance(value, str):
+            hit = self._parsed.get(value)
+            if hit is not None:
+                return hit
+            # count before building anything: 10^6 listed ranks are refused in milliseconds
+            _check_world(value.count(",") + 1, where)
+            if _LONG_NUMBER.search(value):  # before int(), which refuses 4300+ digits
+                raise ValueError(f"{where} lists a rank outside 0..{MAX_RANK}")
+            if not _RANK_LIST_TEXT.fullmatch(value):
+                raise ValueError(f"{where} lists its ranks as {value[:40]!r}, not a list of ranks")
+            ranks = tuple(int(x) for x in value[1:-1].split(",") if x.strip())
+            self._check(ranks, where)
+            self._parsed[value] = ranks
+            return ranks
+        if isinstance(value, list | tuple):
+            _check_world(len(value), where)
+            if not all(type(r) is int for r in value):
+                raise ValueError(f"{where} lists ranks that are not integers")
+            ranks = tuple(value)
+            self._check(ranks, where)
+            return ranks
+        raise ValueError(f"{where} has ranks of type {type(value).__name__}, not a list")
+
+    @staticmethod
+    def _check(ranks: tuple[int, ...], where: str) -> None:
+        if ranks and not 0 <= min(ranks) <= max(ranks) <= MAX_RANK:
+            raise ValueError(f"{where} lists a rank outside 0..{MAX_RANK}")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"{where} lists a rank twice")
+
+
+def _check_world(n: int, where: str) -> None:
+    if n > MAX_WORLD_SIZE:
+        raise ValueError(
+            f"{where} lists {n} ranks, more than the {MAX_WORLD_SIZE} (MAX_WORLD_SIZE) of any "
+            "torch.distributed job"
+        )
+
+
+def _groups(raw: Any, lists: _RankLists) -> tuple[GroupConfig, ...]:
+    """The groups of a `pg_config`; ValueError when a member list is damaged or the groups list
+    more than MAX_LISTED_RANKS_PER_DUMP memberships in all."""
     out = []
-    for key, cfg in (raw or {}).items() if isinstance(raw, dict) else ():
+    listed = 0
+    for key, cfg in raw.items() if isinstance(raw, dict) else ():
         if not isinstance(cfg, dict):
             continue
-        ranks: Any = cfg.get("ranks", [])
-        if isinstance(ranks, str):  # torch writes the member list as its repr: "[0, 1]"
-            try:
-                ranks = ast.literal_eval(ranks)
-            except (ValueError, SyntaxError):
-                ranks = []
-        members = tuple(r for r in ranks if isinstance(r, int)) if isinstance(ranks, list) else ()
-        name = str(cfg.get("name", key))
+        name = _text(cfg.get("name"), _text(key))
+        where = f"process group {name[:40]!r} of pg_config"
+        members = lists.parse(cfg.get("ranks", "[]"), where)
+        listed += len(members)
+        if listed > MAX_LISTED_RANKS_PER_DUMP:
+            raise ValueError(
+                f"pg_config lists more than {MAX_LISTED_RANKS_PER_DUMP} group memberships in all "
+                "(MAX_LISTED_RANKS_PER_DUMP)"
+            )
         if name or members:  # gloo writes one {'': ranks '[]'} placeholder
-            out.append(GroupConfig(name=name, desc=str(cfg.get("desc", "")), ranks=members))
+            out.append(GroupConfig(name=name, desc=_text(cfg.get("desc")), ranks=members))
     return tuple(out)
 
 
@@ -351,14 +479,18 @@ def _statuses(raw: Any) -> tuple[PgStatus, ...]:
 
 
 def read_dump(path: str | Path, rank: int | None = None) -> RankDump:
+    """One rank's dump (see `_read_dump`)."""
+    return _read_dump(Path(path), rank, _RankLists())
+
+
+def _read_dump(p: Path, rank: int | None, lists: _RankLists) -> RankDump:
     """One rank's dump. The rank is `rank`, else the number the file name ends with (torch names
     dumps `<prefix><rank>`), else the one rank all groups in its `pg_config` share.
 
     Empty or cut-short files give `readable=False` (a suspect rank). InputError (one sentence)
     for a file that is not a flight-recorder dump, names a class, has another major version or
-    whose rank cannot be told.
+    whose rank cannot be told, is out of bounds or contradicts its `pg_config`.
     """
-    p = Path(path)
     try:
         size = p.stat().st_size
         if size > MAX_DUMP_BYTES:
@@ -392,18 +524,18 @@ def read_dump(path: str | Path, rank: int | None = None) -> RankDump:
         raise InputError(
             f"{p}: not a plain flight-recorder dump ({exc}); zdiag reads only dumps made of "
             "plain containers."
-        ) from exc
-    return _parse_dump(raw, p, rank)
+        ) from None
+    return _parse_dump(raw, p, rank, lists)
 
 
 def dump_from_dict(raw: Any, *, source: str | Path, rank: int | None = None) -> RankDump:
     """A dump already decoded, e.g. the JSON form (`_dump_fr_trace_json()`, which zdiag run's
     hang watchdog stores in hang/rank-N.json): lists for tuples, 0 for unknown times, numbers
     as strings in `pg_status`. InputError as for `read_dump`."""
-    return _parse_dump(raw, Path(source), rank)
+    return _parse_dump(raw, Path(source), rank, _RankLists())
 
 
-def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:
+def _parse_dump(raw: Any, p: Path, rank: int | None, lists: _RankLists) -> RankDump:
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
         raise InputError(f"{p}: not a flight-recorder dump (no 'entries' list).")
     version = str(raw.get("version", ""))
@@ -412,9 +544,16 @@ def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:
         raise InputError(
             f"{p}: flight-recorder format {version!r} is not supported (zdiag reads 2.x)."
         )
-    groups = _groups(raw.get("pg_config"))
+    try:
+        groups = _groups(raw.get("pg_config"), lists)
+    except ValueError as exc:
+        raise InputError(
+            f"{p}: {exc}, so the dump is damaged or not torch's; remove it or re-dump that rank."
+        ) from None
     if rank is None:
         rank = _rank_from_name(p)
+    elif not 0 <= rank <= MAX_RANK:
+        raise InputError(f"{p}: rank {rank} is outside 0..{MAX_RANK}; pass the rank that wrote it.")
     if rank is None:
         common = set.intersection(*(set(g.ranks) for g in groups)) if groups else set()
         if len(common) != 1:
@@ -426,12 +565,24 @@ def _parse_dump(raw: Any, p: Path, rank: int | None) -> RankDump:
     try:
         # A pickle may reference one entry dict many times: parse each object once.
         parsed: dict[int, Entry] = {}
+        frame_cache: dict[int, tuple[Frame, ...]] = {}
         entries = tuple(
-            parsed[id(e)] if id(e) in parsed else parsed.setdefault(id(e), _entry(e, f"entry {i}"))
+            parsed[id(e)]
+            if id(e) in parsed
+            else parsed.setdefault(id(e), _entry(e, f"entry {i}", frame_cache))
             for i, e in enumerate(raw.get("entries") or [])
         )
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
-        raise InputError(f"{p}: malformed flight-recorder dump ({exc}).") from exc
+        raise InputError(f"{p}: malformed flight-recorder dump ({exc}).") from None
+    named = {g.name: g for g in groups}
+    for pg_name in {e.pg_name for e in entries}:  # a file renamed to another rank's name
+        g = named.get(pg_name)
+        if g is not None and g.ranks and rank not in lists.members(g.ranks):
+            raise InputError(
+                f"{p}: read as rank {rank}'s dump, but its process group {g.name[:40]!r} (where "
+                "it has entries) does not list that rank; name the file after the rank that "
+                "wrote it."
+            )
     return RankDump(
         rank=rank,
         path=str(p),
@@ -448,9 +599,10 @@ def _with_empty_siblings(found: list[Path], candidates: list[Path]) -> list[Path
     """`found` plus the candidates too short to be recognised that are named like the dumps
     (same name up to the trailing rank number): a rank frozen or killed while dumping."""
     prefixes = {_RANK_IN_NAME.sub("", x.name) for x in found}
+    seen = set(found)
     extra = []
     for x in candidates:
-        if x in found or not _RANK_IN_NAME.search(x.name):
+        if x in seen or not _RANK_IN_NAME.search(x.name):
             continue
         try:
             short = x.stat().st_size < SNIFF_BYTES
@@ -494,9 +646,10 @@ def find_dumps(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
     paths = list(paths)
     files = [p for p in paths if p.is_file()]
     dumps = _with_empty_siblings([p for p in files if is_flight_recorder_dump(p)], files)
+    given = set(dumps)
     rest: list[Path] = []
     for p in paths:
-        if p in dumps:
+        if p in given:
             continue
         if not p.is_dir():
             rest.append(p)
@@ -510,8 +663,16 @@ def find_dumps(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
 
 
 def read_dumps(paths: Iterable[Path]) -> list[RankDump]:
-    """Read dump files; InputError when none is readable or two claim the same rank."""
-    dumps = [read_dump(p) for p in paths]
+    """Read dump files; InputError when none is readable, two claim the same rank, or there are
+    more than MAX_WORLD_SIZE of them (refused before any is read)."""
+    paths = list(paths)
+    if len(paths) > MAX_WORLD_SIZE:
+        raise InputError(
+            f"{len(paths)} flight-recorder dumps given, more than the {MAX_WORLD_SIZE} ranks "
+            "(MAX_WORLD_SIZE) of any torch.distributed job; pass the dumps of one job."
+        )
+    lists = _RankLists()  # a job's dumps repeat the same member lists: parse each once
+    dumps = [_read_dump(Path(p), None, lists) for p in paths]
     if not dumps:
         raise InputError("no flight-recorder dump given.")
     by_rank: dict[int, RankDump] = {}
@@ -617,15 +778,24 @@ class _Group:
 def _collect_groups(dumps: list[RankDump]) -> dict[tuple[str, tuple[int, ...]], _Group]:
     """Process groups by (name, members), with each member's entries in them. A group that no
     pg_config lists (gloo writes none) gets the ranks that have entries in it as members, or
-    every dumped rank for the default group."""
+    every dumped rank for the default group. A member tuple is hashed and turned into a set
+    once per list object (`read_dumps` shares the lists its dumps repeat), not per dump or
+    entry: hashing the 10,000-rank default group per entry took seconds."""
     groups: dict[tuple[str, tuple[int, ...]], _Group] = {}
-    by_rank_name: dict[tuple[int, str], tuple[str, tuple[int, ...]]] = {}
+    by_rank_name: dict[tuple[int, str], _Group] = {}
+    member_sets: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
+    by_list: dict[tuple[int, str], _Group] = {}  # (id(ranks), name) -> its group
     for d in dumps:
         for g in d.groups:
-            key = (g.name, g.ranks)
-            groups.setdefault(key, _Group(g.name, g.desc, g.ranks, {}))
-            if d.rank in g.ranks:
-                by_rank_name[(d.rank, g.name)] = key
+            ranks = member_sets.get(id(g.ranks))
+            if ranks is None or ranks[0] is not g.ranks:
+                ranks = member_sets[id(g.ranks)] = (g.ranks, frozenset(g.ranks))
+            group = by_list.get((id(g.ranks), g.name))
+            if group is None:
+                group = groups.setdefault((g.name, g.ranks), _Group(g.name, g.desc, g.ranks, {}))
+                by_list[(id(g.ranks), g.name)] = group
+            if d.rank in ranks[1]:
+                by_rank_name[(d.rank, g.name)] = group
     unlisted: dict[str, set[int]] = defaultdict(set)
     descs: dict[str, str] = {}
     for d in dumps:
@@ -635,14 +805,13 @@ def _collect_groups(dumps: list[RankDump]) -> dict[tuple[str, tuple[int, ...]], 
                 descs[e.pg_name] = e.pg_desc
     everyone = tuple(sorted(d.rank for d in dumps))
     for name, members in unlisted.items():
-        ranks = everyone if descs[name] == "default_pg" else tuple(sorted(members))
-        key = (name, ranks)
-        groups.setdefault(key, _Group(name, descs[name], ranks, {}))
-        for r in ranks:
-            by_rank_name.setdefault((r, name), key)
+        ranks_t = everyone if descs[name] == "default_pg" else tuple(sorted(members))
+        group = groups.setdefault((name, ranks_t), _Group(name, descs[name], ranks_t, {}))
+        for r in members:  # the ranks with entries in it: the only ones looked up below
+            by_rank_name.setdefault((r, name), group)
     for d in dumps:
         for e in d.entries:
-            groups[by_rank_name[(d.rank, e.pg_name)]].entries.setdefault(d.rank, []).append(e)
+            by_rank_name[(d.rank, e.pg_name)].entries.setdefault(d.rank, []).append(e)
     return groups
 
 
@@ -662,10 +831,14 @@ def _at(rank: int, status: str, last: int | None, e: Entry | None) -> RankAtOp:
 
 
 def _collective_analysis(
-    g: _Group, readable: set[int], edges: dict[int, set[int]]
+    g: _Group, readable: set[int], edges: dict[int, set[int]], node_ids: Iterator[int]
 ) -> tuple[Disagreement | None, dict[int, str]]:
     """The group's first disagreement among its collectives, the blame per rank ("stuck",
-    "mismatched"), and the wait edges (waiting rank -> ranks it waits for) added to `edges`."""
+    "mismatched"), and the wait edges (waiting rank -> ranks it waits for) added to `edges`.
+
+    Waiters that wait for the same set of members share one node standing for that set (a
+    negative id from `node_ids`), so the edges grow with the members, not with members x
+    waiters (every rank of a 10,000-rank job waiting in one all-reduce made 10^8 of them)."""
     coll = {r: {e.collective_seq_id: e for e in es if not e.is_p2p} for r, es in g.entries.items()}
     # The last collective each member enqueued: p2p entries carry the collective counter too.
     last = {r: max(e.collective_seq_id for e in es) for r, es in g.entries.items() if es}
@@ -689,32 +862,70 @@ def _collective_analysis(
         return s <= frontier or (r in readable and last.get(r, -1) >= s)
 
     blame: dict[int, str] = {}
-    points: list[tuple[int, str]] = []  # (seq, kind) where members disagree
+    points: set[tuple[int, str]] = set()  # (seq, kind) where members disagree
     newest = {r: es[-1].record_id for r, es in g.entries.items() if es}
+    # Every waiter waits at or before frontier + 1 (the frontier counts its own completed ops),
+    # and every member reached the frontier: only waiters at frontier + 1 can miss anyone.
+    beyond = frontier + 1
+    top_waiters = [w for w, s_w in first_pending.items() if s_w == beyond]
+    if top_waiters:
+        missing = [m for m in g.ranks if not reached(m, beyond)]  # never enqueued it
+        if missing:
+            node = next(node_ids)
+            edges[node].update(missing)
+            for w in top_waiters:
+                edges[w].add(node)
+            points.add((beyond, "missing"))
+
+    # A member m still showing s_m pending that a waiter at s_w > s_m completed: for an op that
+    # needs every member's data, m's part ran, so m's device or progress stopped: m is stuck, if
+    # it went on issuing ops after s_m (a rank's last op may show pending only because the
+    # backend marks completion late, as gloo's `retired` does). Below the frontier every member
+    # went on; at frontier + 1, only those that enqueued it or issued later ops.
+    def went_on_beyond(m: int) -> bool:
+        return reached(m, beyond) or newest[m] > coll[m][first_pending[m]].record_id
+
+    pending_at = sorted(set(first_pending.values()))
+    for m, s_m in first_pending.items():
+        nxt = bisect.bisect_right(pending_at, s_m)  # the next waiting point after s_m
+        if nxt == len(pending_at):
+            continue
+        if pending_at[nxt] <= frontier or went_on_beyond(m):
+            points.add((s_m, "stuck"))
+            if _NEEDS_ALL_DATA.match(coll[m][s_m].op):
+                blame[m] = "stuck"
+    # Waiters below the frontier wait for every member pending earlier: a chain of nodes, the
+    # node of the i-th waiting point standing for the members pending at it or before.
+    by_point: dict[int, list[int]] = defaultdict(list)
+    for m, s_m in first_pending.items():
+        by_point[s_m].append(m)
+    chain: list[int] = []
     for w, s_w in first_pending.items():
-        for m in g.ranks:
-            if m == w:
-                continue
-            if not reached(m, s_w):  # never enqueued the collective w waits in
-                edges[w].add(m)
-                points.append((s_w, "missing"))
-            s_m = first_pending.get(m)
-            if s_m is None or s_m >= s_w:
-                continue
-            # w completed s_m, which m still shows pending. For an op that needs every
-            # member's data, m's part ran, so m's device or progress stopped: m is stuck, if it
-            # went on issuing ops after s_m (a rank's last op may show pending only because the
-            # backend marks completion late, as gloo's `retired` does).
-            stuck_at = coll[m][s_m]
-            went_on = reached(m, s_w) or newest[m] > stuck_at.record_id
-            if went_on:
-                edges[w].add(m)
-                points.append((s_m, "stuck"))
-                if _NEEDS_ALL_DATA.match(stuck_at.op):
-                    blame[m] = "stuck"
+        if s_w > frontier:
+            continue
+        i = bisect.bisect_left(pending_at, s_w) - 1  # the last waiting point before s_w
+        while len(chain) <= i:  # built only as far as a waiter needs it
+            node = next(node_ids)
+            edges[node].update(by_point[pending_at[len(chain)]])
+            if chain:
+                edges[node].add(chain[-1])
+            chain.append(node)
+        if i >= 0:
+            edges[w].add(chain[i])
+    if top_waiters:
+        behind = [m for m, s_m in first_pending.items() if s_m < beyond and went_on_beyond(m)]
+        if behind:
+            node = next(node_ids)
+            edges[node].update(behind)
+            for w in top_waiters:
+                edges[w].add(node)
     # Mismatches: members holding the same sequence number with different ops, sizes or dtypes.
-    for s in sorted({s for by_seq in coll.values() for s in by_seq}):
-        held = {r: by_seq[s] for r, by_seq in coll.items() if s in by_seq}
+    held_at: dict[int, dict[int, Entry]] = defaultdict(dict)
+    for r, by_seq in coll.items():
+        for s, e in by_seq.items():
+            held_at[s][r] = e
+    for s in sorted(held_at):
+        held = held_at[s]
         if len(held) < 2 or all(e.completed for e in held.values()):
             continue  # what completed everywhere did not hang the job
         sigs: dict[tuple[Any, ...], list[int]] = defaultdict(list)
@@ -727,7 +938,7 @@ def _collective_analysis(
                 odd = [r for rs in ranked for r in rs]
             for r in odd:
                 blame[r] = "mismatched"
-            points.append((s, "mismatch"))
+            points.add((s, "mismatch"))
             break
     if not points:
         return None, blame
@@ -772,7 +983,7 @@ def _p2p_analysis(g: _Group, readable: set[int], edges: dict[int, set[int]]) -> 
         for e in es:
             if not e.is_p2p or e.completed or e.src is None or e.dst is None:
                 continue
-            if max(e.src, e.dst) >= len(g.ranks):
+            if min(e.src, e.dst) < 0 or max(e.src, e.dst) >= len(g.ranks):
                 continue
             src, dst = g.ranks[e.src], g.ranks[e.dst]
             pending[(src, dst, e.op)].append((r, e))
@@ -812,9 +1023,12 @@ def _p2p_analysis(g: _Group, readable: set[int], edges: dict[int, set[int]]) -> 
 
 
 def _terminal_components(nodes: set[int], edges: dict[int, set[int]]) -> list[set[int]]:
-    """Strongly connected components with no edge leaving them (iterative Kosaraju)."""
+    """Strongly connected components with no edge leaving them (iterative Kosaraju). A node
+    with no edge out (a rank without a dump, say: there may be 10^5 of them) is one such
+    component by itself and is not walked."""
+    sinks = {n for n in nodes if not edges.get(n)}
     order: list[int] = []
-    seen: set[int] = set()
+    seen: set[int] = set(sinks)
     for start in sorted(nodes):
         if start in seen:
             continue
@@ -832,7 +1046,8 @@ def _terminal_components(nodes: set[int], edges: dict[int, set[int]]) -> list[se
     reverse: dict[int, set[int]] = defaultdict(set)
     for a, bs in edges.items():
         for b in bs:
-            reverse[b].add(a)
+            if b not in sinks:
+                reverse[b].add(a)
     comp: dict[int, int] = {}
     comps: list[set[int]] = []
     for root in reversed(order):
@@ -850,20 +1065,32 @@ def _terminal_components(nodes: set[int], edges: dict[int, set[int]]) -> list[se
                     todo.append(m)
         comps.append(members)
     return [
-        c for i, c in enumerate(comps) if all(comp[b] == i for a in c for b in edges.get(a, ()))
-    ]
+        c for i, c in enumerate(comps) if all(comp.get(b) == i for a in c for b in edges[a])
+    ] + [{n} for n in sorted(sinks)]
 
 
 def analyze_dumps(dumps: list[RankDump]) -> HangAnalysis:
-    """The first disagreement per process group and the culprit ranks (see the module doc)."""
+    """The first disagreement per process group and the culprit ranks (see the module doc).
+    InputError when the groups and dumps name more than MAX_WORLD_SIZE ranks in all."""
     readable = {d.rank for d in dumps if d.readable}
     groups = _collect_groups([d for d in dumps if d.readable])
-    edges: dict[int, set[int]] = defaultdict(set)  # waiting rank -> the ranks it waits for
+    expected_set = {d.rank for d in dumps}
+    for ranks in {id(g.ranks): g.ranks for g in groups.values()}.values():
+        expected_set.update(ranks)
+        if len(expected_set) > MAX_WORLD_SIZE:
+            raise InputError(
+                f"{dumps[0].path}: the process groups of these dumps name more than "
+                f"{MAX_WORLD_SIZE} ranks (MAX_WORLD_SIZE), more than any torch.distributed job "
+                "has; pass the dumps of one job."
+            )
+    # waiting rank -> the ranks it waits for; negative ids are nodes standing for a set of ranks
+    edges: dict[int, set[int]] = defaultdict(set)
+    node_ids = itertools.count(-1, -1)
     p2p_edges: dict[int, set[int]] = defaultdict(set)
     blame: dict[int, str] = {}
     found: list[Disagreement] = []
     for g in groups.values():
-        dis, group_blame = _collective_analysis(g, readable, edges)
+        dis, group_blame = _collective_analysis(g, readable, edges, node_ids)
         for r, why in group_blame.items():
             blame.setdefault(r, why)
         p2p = _p2p_analysis(g, readable, p2p_edges)
@@ -874,29 +1101,27 @@ def analyze_dumps(dumps: list[RankDump]) -> HangAnalysis:
     for w, bs in p2p_edges.items():
         sure.setdefault(w, set()).update(b for b in bs if b in readable)
         edges[w] |= bs
-    awaited = {b for bs in edges.values() for b in bs}
-    nodes = set(edges) | awaited
+    awaited = {b for bs in edges.values() for b in bs if b >= 0}
+    nodes = set(edges) | {b for bs in edges.values() for b in bs}
     culprit_reason: dict[int, str] = dict(blame)
     for comp in _terminal_components(nodes, sure):
         roots = comp & awaited
         for r in roots:
             if r not in readable:
                 culprit_reason.setdefault(r, "no dump")
-            elif len(comp) > 1:
+            elif sum(x >= 0 for x in comp) > 1:
                 culprit_reason.setdefault(r, "deadlock")
             else:
                 culprit_reason.setdefault(r, "missing")
     last_entry = {d.rank: d.entries[-1] for d in dumps if d.entries}
+    at_fault: dict[int, set[str]] = defaultdict(set)  # rank -> groups where it is a cause
+    for x in found:
+        for at in x.ranks:
+            if at.status not in ("waiting", "completed") and at.rank in culprit_reason:
+                at_fault[at.rank].add(f"{x.pg_name}:{x.pg_desc}")
     culprits = []
     for r, why in sorted(culprit_reason.items()):
-        where = sorted(
-            {
-                f"{x.pg_name}:{x.pg_desc}"
-                for x in found
-                for at in x.ranks
-                if at.rank == r and at.status not in ("waiting", "completed")
-            }
-        )
+        where = sorted(at_fault.get(r, ()))
         e = last_entry.get(r)
         culprits.append(
             Culprit(
@@ -916,7 +1141,7 @@ def analyze_dumps(dumps: list[RankDump]) -> HangAnalysis:
             x.pg_name,
         )
     )
-    expected = sorted({r for g in groups.values() for r in g.ranks} | {d.rank for d in dumps})
+    expected = sorted(expected_set)
     first_readable = next(d for d in dumps if d.readable)
     return HangAnalysis(
         ranks=tuple(d.rank for d in dumps),
@@ -924,7 +1149,9 @@ def analyze_dumps(dumps: list[RankDump]) -> HangAnalysis:
         expected_ranks=tuple(expected),
         disagreements=tuple(found),
         culprits=tuple(culprits),
-        waiting=tuple(sorted(w for w, bs in edges.items() if bs and w not in culprit_set)),
+        waiting=tuple(
+            sorted(w for w, bs in edges.items() if bs and w >= 0 and w not in culprit_set)
+        ),
         version=first_readable.version,
         comm_lib_version=first_readable.comm_lib_version,
     )
@@ -934,8 +1161,21 @@ def analyze_dumps(dumps: list[RankDump]) -> HangAnalysis:
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
+    """ "rank 3", "ranks 1, 3", runs of three or more as "ranks 2-999" (a finding may name every
+    rank of a large job that left no dump)."""
     rs = sorted(ranks)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+    parts = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{rs[i]}-{rs[j]}")
+        else:
+            parts.extend(map(str, rs[i : j + 1]))
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
 
 
 def _group_evidence(d: Disagreement) -> dict[str, Any]:
