@@ -469,7 +469,7 @@ def _statuses(raw: Any) -> tuple[PgStatus, ...]:
         if isinstance(st, dict):
             out.append(
                 PgStatus(
-                    pg_id=str(key),
+                    pg_id=_text(key),
                     last_enqueued=_int(st.get("last_enqueued_collective"), -1),
                     last_started=_int(st.get("last_started_collective"), -1),
                     last_completed=_int(st.get("last_completed_collective"), -1),
@@ -538,7 +538,7 @@ def dump_from_dict(raw: Any, *, source: str | Path, rank: int | None = None) -> 
 def _parse_dump(raw: Any, p: Path, rank: int | None, lists: _RankLists) -> RankDump:
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
         raise InputError(f"{p}: not a flight-recorder dump (no 'entries' list).")
-    version = str(raw.get("version", ""))
+    version = _text(raw.get("version"))
     major = version.split(".", 1)[0]
     if not major.isdigit() or int(major) != SUPPORTED_MAJOR_VERSION:
         raise InputError(
@@ -588,7 +588,7 @@ def _parse_dump(raw: Any, p: Path, rank: int | None, lists: _RankLists) -> RankD
         path=str(p),
         readable=True,
         version=version,
-        comm_lib_version=str(raw.get("comm_lib_version") or raw.get("nccl_version") or ""),
+        comm_lib_version=_text(raw.get("comm_lib_version") or raw.get("nccl_version")),
         groups=groups,
         pg_status=_statuses(raw.get("pg_status")),
         entries=tuple(sorted(entries, key=lambda e: e.record_id)),

@@ -356,6 +356,18 @@ HOSTILE: list[tuple[str, Callable[[dict[str, Any]], None], int, str]] = [
     ("ranks of booleans", _set_ranks([0, True]), 2, "not integers"),
     ("ranks a huge number", _set_ranks("[0, 1, " + "9" * 5000 + "]"), 2, "outside"),
     ("ranks not a list", _set_ranks("{0: 1}"), 2, "not a list of ranks"),
+    (
+        "library version a shared list",
+        lambda d: d.update(comm_lib_version=[[_BIG] * 1000] * 1000),
+        0,
+        "",
+    ),
+    (
+        "pg_status keyed by a shared tuple",
+        lambda d: d["pg_status"].update({tuple([tuple(_BIG)] * 1000): {}}),
+        0,
+        "",
+    ),
     ("pg_config entry not a dict", lambda d: d["pg_config"].update(x=[1]), 0, ""),
 ]
 
