@@ -46,12 +46,11 @@ from zdiag.analyzers.summary_store import (
     EMPTY_CONTEXT_KEY,
     MAP_CODE_VERSION,
     StoredSummary,
-    TraceFingerprint,
+    TraceIdentity,
     Untrusted,
     apply_context,
     cache_candidates,
     cache_path_for_writing,
-    fingerprint,
     read_stored,
     summary_path_for,
     write_stored,
@@ -139,16 +138,18 @@ class _Refusals:
 
 
 def _stored_for(
-    trace: Path,
-    fp: TraceFingerprint,
-    manifest_rank: int | None,
-    contexts: RunContexts,
-    refusals: _Refusals,
+    trace: Path, manifest_rank: int | None, contexts: RunContexts, refusals: _Refusals
 ) -> _Found | None:
-    """The stored summary matching `trace` (in-job, else cache); None: a miss."""
+    """The stored summary matching `trace` (in-job, else cache); None: a miss (OSError when the
+    trace cannot be read to check its content)."""
+    identity = TraceIdentity(trace)
     beside = summary_path_for(trace)
     stored = refusals.read(beside)
-    if stored is not None and stored.trace == fp and stored.zdiag_version == MAP_CODE_VERSION:
+    if (
+        stored is not None
+        and stored.zdiag_version == MAP_CODE_VERSION
+        and identity.matches(stored.trace)
+    ):
         summary = refusals.decoded(stored, beside)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
             ctx = contexts.for_rank(summary.rank)
@@ -161,9 +162,9 @@ def _stored_for(
         stored = refusals.read(place)
         if (
             stored is None
-            or stored.trace != fp
             or stored.zdiag_version != MAP_CODE_VERSION
             or stored.context_key != contexts.key(stored.rank, manifest_rank)
+            or not identity.matches(stored.trace)
         ):
             continue
         summary = refusals.decoded(stored, place)
@@ -320,7 +321,7 @@ def analyze_via_summaries(
         hit = None
         if options.use_stored:
             try:
-                hit = _stored_for(trace, fingerprint(trace), manifest_rank, contexts, refusals)
+                hit = _stored_for(trace, manifest_rank, contexts, refusals)
             except OSError:
                 hit = None
         if hit is not None:

@@ -425,3 +425,47 @@ def test_an_in_job_summary_is_not_reused_after_its_trace_was_edited(tmp_path: Pa
     assert trace.stat().st_size == size
     rc, stderr, _ = fz.run_zdiag(["analyze", "-q", str(run_dir)])
     assert rc == 2 and "rank-1.json.gz" in stderr, stderr
+
+
+# --- the stamp: an unchanged trace is not hashed again, a changed one always is --------------
+
+
+def test_a_settled_stamp_skips_the_hash_and_any_change_defeats_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zdiag.analyzers import summary_store
+
+    monkeypatch.setattr(summary_store, "SETTLED_NS", 0)  # as if hashed long after the writes
+    job = _job(tmp_path / "job")
+    _analyze([job])
+
+    def no_hashing(path: Path) -> summary_store.TraceFingerprint:
+        raise AssertionError(f"{path} was hashed although its stamp vouches for it")
+
+    with monkeypatch.context() as m:
+        m.setattr(summary_store, "fingerprint", no_hashing)
+        assert _analyze([job], write_cache=False).sources.cache == 4
+    # an edit in place with the size and mtime restored: the ctime moved, so it is hashed
+    trace = job / "rank-1.json"
+
+    def flip(data: bytearray) -> None:
+        at = data.index(b"4200") + 3
+        data[at] = ord("1")
+
+    _edit_in_place(trace, flip)
+    assert _analyze([job], write_cache=False).sources.mapped == 1
+    # a copy (another inode, new ctime), same bytes: hashed, and used
+    copy = tmp_path / "copy"
+    shutil.copytree(job, copy, symlinks=True)
+    assert _analyze([copy], write_cache=False).sources.mapped == 1  # rank 1's entry is stale
+
+
+def test_a_stamp_taken_too_soon_after_a_change_does_not_vouch(tmp_path: Path) -> None:
+    from zdiag.analyzers.summary_store import SETTLED_NS, FileStamp
+
+    path = tmp_path / "t"
+    path.write_bytes(b"x")
+    st = path.stat()
+    settled = FileStamp.of(st, st.st_ctime_ns + SETTLED_NS)
+    racy = FileStamp.of(st, st.st_ctime_ns + SETTLED_NS - 1)
+    assert settled.still(st) and not racy.still(st)
