@@ -33,7 +33,12 @@ from zdiag.analyzers.rank_analysis import analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
 from zdiag.analyzers.report import MemoryTimeline, Report
 from zdiag.analyzers.run_data import Analysis, RunData
-from zdiag.analyzers.snapshot_input import SnapshotResult, is_snapshot_file, load_breakdowns
+from zdiag.analyzers.snapshot_input import (
+    SNAPSHOT_SKIPPED,
+    SnapshotResult,
+    is_snapshot_file,
+    load_breakdowns,
+)
 from zdiag.analyzers.summary import RankSummary, summarize
 from zdiag.analyzers.summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
 from zdiag.analyzers.summary_map import RunContexts, assign_rank
@@ -476,6 +481,9 @@ def run_facts(
     their files here)."""
     memory, memory_warnings = _memory_timelines(run, summaries)
     snap = _snapshot_breakdowns(run, summaries)
+    if run.snapshots and not (summaries or memory or snap.breakdowns or run.run_dir):
+        # snapshots were the whole input and none could be read: bad input, not an empty report
+        raise InputError(snap.warnings[0].removeprefix(SNAPSHOT_SKIPPED))
     have = {m.rank for m in memory}
     memory += [t for t in snap.timelines if t.rank not in have]
     memory.sort(key=lambda m: m.rank)

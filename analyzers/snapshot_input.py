@@ -101,6 +101,10 @@ def _analyze_file(
     return breakdown, timeline, damage
 
 
+SNAPSHOT_SKIPPED = "memory snapshot skipped: "
+"""How the warning for a snapshot that could not be read starts (the reason follows)."""
+
+
 @dataclass(frozen=True)
 class SnapshotResult:
     """The breakdowns and replayed timelines of the snapshots read, and what was skipped."""
@@ -136,7 +140,7 @@ def load_breakdowns(
                 what="CUDA memory snapshot",
             )
         except InputError as exc:
-            warnings.append(f"memory snapshot skipped: {exc.message}")
+            warnings.append(SNAPSHOT_SKIPPED + exc.message)
             continue
         if damage:  # read around: one warning naming the file, the damage found in it
             warnings.append(f"{path}: " + "; ".join(damage) + ".")

@@ -22,6 +22,7 @@ from zdiag.analyzers.snapshot_breakdown import analyze_snapshot
 from zdiag.analyzers.snapshot_input import is_snapshot_file
 from zdiag.cli import main
 
+REPO = Path(__file__).resolve().parent.parent
 MIB = 1024**2
 USER = {"filename": "/home/me/train.py", "line": 10, "name": "forward"}
 CALL = {
@@ -193,14 +194,22 @@ def test_snapshot_beside_a_trace_in_a_run_directory(tmp_path: Path) -> None:
     assert all(src == "kineto memory events" for r, src in sources.items() if r != rank)
 
 
-def test_a_pickle_that_names_a_class_is_refused_as_a_warning(tmp_path: Path) -> None:
+def test_a_pickle_that_names_a_class_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "evil.pickle"
     # a snapshot-looking dict whose payload names a class: never loaded
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [Path("/")]}, protocol=4))
     assert is_snapshot_file(path)
-    report = analyze_paths([path])
-    assert report.memory_breakdowns == []
-    assert any("memory snapshot skipped" in w for w in report.warnings)
+    # beside a trace: a warning, the trace analyzed
+    trace = REPO / "sample_traces" / "none" / "traces" / "rank-0.json.gz"
+    report = analyze_paths([trace, path])
+    assert report.memory_breakdowns == [] and len(report.ranks) == 1
+    assert any("memory snapshot skipped" in w and "refusing to load" in w for w in report.warnings)
+    # the only input: bad input, one sentence and exit 2
+    assert main(["analyze", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing to load pathlib" in err and str(path) in err
 
 
 def test_not_a_snapshot_is_one_sentence_and_exit_2(
