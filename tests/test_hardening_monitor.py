@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import socket
 import threading
 import time
@@ -302,3 +303,156 @@ def test_end_of_run_and_last_collective_fields() -> None:
     assert decode(frames({**base, "last_collective": 5}))["last_collective"] is None
     assert decode(frames({**base, "mem_source": "process"}))["mem_source"] == "process"
     assert decode(frames({**base, "mem_source": "disk"}))["mem_source"] is None
+
+
+# --- issue 24: names from the wire reach the terminal as text --------------------------------
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x9b31m\u202eevil\ngpu-0 fake row\t[bold red]x[/]"
+"""Clear the screen, retitle the window (OSC ... BEL), a C1 CSI, a bidi override, a newline that
+would forge a table row, a tab, and Textual/Rich markup."""
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Terminal controls (tab and newline apart: checked per line) and bidi controls."""
+
+
+def hostile_records() -> list[dict[str, Any]]:
+    now = time.time()
+    return [
+        dict(
+            good(rank=rank, step=step),
+            host=HOSTILE,
+            job="job\x1b]8;;http://x\x1b\\link",
+            ts=now,
+            recv_ts=now,
+            step_time_ms=10.0,
+            **({"hung_in": "all_gather \x1b[31m\u2066x"} if rank == 1 and step == 3 else {}),
+        )
+        for step in range(4)
+        for rank in (0, 1)
+    ]
+
+
+def test_text_summary_shows_hostile_names_as_escapes() -> None:
+    state = MonitorState()
+    state.ingest(hostile_records(), time.time())
+    text = render_summary(state.view(time.time()))
+    assert not UNSAFE.search(text), ascii(text)
+    assert "\t" not in text
+    assert "\\x1b[2J\\x1b]0;pwned\\x07\\x9b31m\\u202eevil\\ngpu-0 fake row\\t[bold red]x[/]" in text
+    assert "job job\\x1b]8;;http://x\\x1b\\link" in text
+    assert "hung in all_gather \\x1b[31m\\u2066x" in text
+    assert not any(line.startswith("gpu-0") for line in text.splitlines())  # no forged row
+    table = text.split("\n\n")[-1].splitlines()
+    assert len(table) == 3 and table[0].startswith("rank")  # header + one line per rank
+
+
+def test_headless_text_mode_prints_no_escape_from_the_wire() -> None:
+    port = _free_port()
+    stop = threading.Event()
+
+    def send() -> None:
+        ctx: zmq.Context[Any] = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        try:
+            while not stop.is_set():
+                for record in hostile_records():
+                    sock.send_multipart(encode(record, b""))
+                time.sleep(0.1)
+        finally:
+            sock.close()
+            ctx.term()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    out = io.StringIO()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(
+                ["monitor", "--headless", "--duration", "1.5", "--listen", f"127.0.0.1:{port}"]
+            )
+    finally:
+        stop.set()
+        sender.join(5)
+    text = out.getvalue()
+    assert rc == 0, err.getvalue()
+    assert "pwned" in text, text  # the records arrived ...
+    assert not UNSAFE.search(text), ascii(text)  # ... and no control reached the terminal
+    assert "\\x1b]0;pwned\\x07" in text and "\\u202eevil" in text
+
+
+@pytest.mark.tui
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_textual_table_and_header_show_markup_and_escapes_as_text() -> None:
+    from textual.widgets import DataTable, Static
+
+    from zdiag.tui.monitor_app import MonitorApp
+
+    now = time.time()
+
+    class Source:
+        rejected = 0
+
+        def __init__(self) -> None:
+            self.batches = [hostile_records()]
+
+        def poll(self) -> list[dict[str, Any]]:
+            return self.batches.pop(0) if self.batches else []
+
+        def close(self) -> None:
+            pass
+
+    app = MonitorApp(Source(), clock=lambda: now, poll_interval_s=0.05, refresh_interval_s=3600)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.pause()
+        app.refresh_view()
+        await pilot.pause()
+        cell = app.query_one("#ranks", DataTable).get_row_at(0)[1]
+        assert str(cell).endswith("[bold red]x[/]") and not cell.spans  # literal, unstyled
+        assert not UNSAFE.search(str(cell))
+        header = str(app.query_one("#header", Static).render())
+        assert "job job\\x1b]8;;http://x\\x1b\\link" in header and not UNSAFE.search(header)
+
+
+@pytest.mark.tui
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="the rank screen (tui/monitor_screens.py, tui/monitor_detail.py, outside issue 24's "
+    "files) passes the host and last collective to Static.update as markup strings, unescaped",
+)
+async def test_textual_rank_screen_shows_hostile_names_as_text() -> None:
+    from textual.widgets import Static
+
+    from zdiag.tui.monitor_app import MonitorApp
+
+    now = time.time()
+    records = [dict(r, last_collective="[@click=app.quit]c[/]") for r in hostile_records()]
+
+    class Source:
+        rejected = 0
+
+        def __init__(self) -> None:
+            self.batches = [records]
+
+        def poll(self) -> list[dict[str, Any]]:
+            return self.batches.pop(0) if self.batches else []
+
+        def close(self) -> None:
+            pass
+
+    app = MonitorApp(Source(), clock=lambda: now, poll_interval_s=0.05, refresh_interval_s=3600)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        app.refresh_view()
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        shown = [w.render() for w in app.screen.query(Static)]
+        text = "\n".join(str(r) for r in shown)
+        assert "[bold red]x[/]" in text and "[@click=app.quit]c[/]" in text
+        assert not any(getattr(r, "spans", None) for r in shown)
+        assert not UNSAFE.search(text.replace("\n", ""))

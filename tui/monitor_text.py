@@ -2,6 +2,11 @@
 
 No Textual here; the Textual app reuses the cell formatters. Durations and sizes are formatted
 by the view layer's one formatting module (zdiag.render.format), like the report.
+
+Host and job names, `hung_in` and finding titles come from the wire: every one that these
+renderers put in a line goes through `shown` (zdiag.render.printable's `printable`, plus newline
+and tab), so an escape sequence in a name reaches the terminal as text, never as a command.
+The JSON output keeps the names exactly (JSON escapes them itself).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 import msgspec
 
 from zdiag.render.format import fmt_bytes, fmt_ms
+from zdiag.render.printable import printable
 from zdiag.tui.monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
@@ -27,6 +33,16 @@ STATUS_ORDER = {  # worst first
 }
 NOT_REPORTING = ("stale", "gone", "hung", "finished", "failed")
 """Statuses of ranks that no longer send steps (the header counts the others as reporting)."""
+
+
+def shown(text: str) -> str:
+    """A name from the wire as one line of inert text: `printable` (C0/C1 controls, DEL and bidi
+    overrides as visible escapes) with newline and tab escaped too, so a name cannot break or
+    shift the table's lines."""
+    text = printable(text)
+    if "\n" in text or "\t" in text:
+        text = text.replace("\n", "\\n").replace("\t", "\\t")
+    return text
 
 
 def fmt_age(seconds: float) -> str:
@@ -85,8 +101,8 @@ def header_line(view: MonitorView, listen: str = "") -> str:
 
 
 def job_label(job: str) -> str:
-    """A job id as shown ("(no job id)" for records without one)."""
-    return job or "(no job id)"
+    """A job id as shown (printable; "(no job id)" for records without one)."""
+    return shown(job) if job else "(no job id)"
 
 
 def _by_reason(rejections: dict[str, int]) -> str:
@@ -110,7 +126,7 @@ def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[s
     """
     return (
         str(row.rank),
-        row.host,
+        shown(row.host),
         str(row.step),
         fmt_ms(row.step_time_ms),
         fmt_ms(row.exposed_comm_ms),
@@ -123,7 +139,7 @@ def row_cells(row: RankRow, scale: tuple[float, float] | None = None) -> tuple[s
 
 def _status_cell(row: RankRow) -> str:
     if row.status == "hung":
-        return f"hung in {row.hung_in}"
+        return f"hung in {shown(row.hung_in or '?')}"
     if row.status in ("ok", "straggler", "finished", "failed"):
         return row.status
     return f"{row.status} {fmt_age(row.age_s)}"
@@ -156,7 +172,8 @@ def render_summary(view: MonitorView, *, source: str = "", max_rows: int = 64) -
     if view.findings:
         lines.append("findings:")
         for f in view.findings:
-            lines.append(f"  [{f.severity}] {f.id}: {f.title} (ranks {_ranks(f.ranks)})")
+            title = shown(f"[{f.severity}] {f.id}: {f.title}")
+            lines.append(f"  {title} (ranks {_ranks(f.ranks)})")
     else:
         lines.append("findings: none")
     lines.append("")
