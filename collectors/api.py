@@ -14,6 +14,9 @@ It writes the same run directory as `zdiag run` (traces/, steps/, memory/, manif
 `zdiag run` the options are ignored: the handle drives the session `zdiag run` already started, and
 the first `prof.step()` switches it from optimizer-hook step detection to your explicit steps.
 An out-of-memory error inside the block writes memory data, marks the manifest, and propagates.
+A child forked inside the block records nothing and never writes the parent's files; it should
+end with `os._exit` (as multiprocessing's children do): torch's profiler makes a forked child's
+normal exit hang in C++ static destructors (docs/run.md, "Forked children").
 """
 
 from __future__ import annotations
@@ -96,8 +99,8 @@ class Profile:
         tb: TracebackType | None,
     ) -> None:
         session = self._session
-        if session is None:
-            return None
+        if session is None or not session.owned_here():
+            return None  # (a forked child leaves the block: the session is its parent's)
         if exc is not None and memory.is_out_of_memory(exc):
             session.on_out_of_memory(exc)
         if not self._owned:

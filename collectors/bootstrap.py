@@ -8,6 +8,11 @@ from the environment (`ZDIAG_RUN_DIR`, `ZDIAG_CONFIG`), starts a `RankSession`, 
 `__main__` with runpy (sys.argv and sys.path[0] as Python would set them), and records how it ended.
 Out of memory: the memory data is written first, then the error propagates. Every exception and
 exit code of the script passes through unchanged.
+
+A child the script forks (`os.fork()`) and that then returns or raises comes back here too: it
+never finishes the parent's session (the session is disarmed in the child) and ends with its
+own exit code through `session.exit_forked_child`, as `python SCRIPT` would end it, but without
+the C++ static destructors that hang in a forked child once torch's profiler has run.
 """
 
 from __future__ import annotations
@@ -15,7 +20,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from zdiag.collectors.session import RankSession
 
 USAGE = "usage: python -m zdiag.collectors.bootstrap (SCRIPT | -m MODULE) [ARGS...]"
 
@@ -27,6 +37,25 @@ def _exit_code(exc: SystemExit) -> int:
     if isinstance(code, int):
         return code
     return 1  # sys.exit("message") prints the message and exits 1
+
+
+def _end_forked_child(exc: BaseException | None) -> NoReturn:
+    """A forked child came back from the script: report as Python would, then end it with its
+    exit code, never touching the parent's session."""
+    from zdiag.collectors.session import exit_forked_child
+
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = _exit_code(exc)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)  # sys.exit("message"), as Python prints it
+    elif exc is not None:
+        try:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            traceback.print_exception(exc)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    exit_forked_child(code)
 
 
 def run_target(target: str, args: Sequence[str], *, as_module: bool) -> None:
@@ -58,7 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_target(target, args, as_module=as_module)
         return 0
 
-    from zdiag.collectors import memory
     from zdiag.collectors.session import RankSession
 
     run_dir, config = found
@@ -74,21 +102,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         run_target(target, args, as_module=as_module)
         return 0
+    pid = os.getpid()
     try:
         run_target(target, args, as_module=as_module)
-    except SystemExit as exc:
-        session.finish(_exit_code(exc))
-        raise
-    except KeyboardInterrupt:
-        session.finish(130, "KeyboardInterrupt")
-        raise
     except BaseException as exc:
+        if os.getpid() != pid:
+            _end_forked_child(exc)
+        _finish_after(session, exc)
+        raise
+    if os.getpid() != pid:
+        _end_forked_child(None)
+    session.finish(0)
+    return 0
+
+
+def _finish_after(session: RankSession, exc: BaseException) -> None:
+    """Finish the session for the exception the script ended with (it is re-raised after)."""
+    from zdiag.collectors import memory
+
+    if isinstance(exc, SystemExit):
+        session.finish(_exit_code(exc))
+    elif isinstance(exc, KeyboardInterrupt):
+        session.finish(130, "KeyboardInterrupt")
+    else:
         if memory.is_out_of_memory(exc):
             session.on_out_of_memory(exc)
         session.finish(1, f"{type(exc).__name__}: {str(exc)[:500]}", exc)
-        raise
-    session.finish(0)
-    return 0
 
 
 if __name__ == "__main__":

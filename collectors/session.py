@@ -11,10 +11,18 @@ optional NVTX push/pop (with CUDA, also closing FSDP unit ranges left open, see 
 while the profiler window is open, `profiler.step()`. Once the window
 is written the profiler is stopped. Any collector error is reported once on stderr, collection
 stops on that rank, and training continues.
+
+A forked child (`os.fork`, multiprocessing's "fork" start method, DataLoader workers) inherits the
+session but none of its threads: `os.register_at_fork` disarms it in the child at once (hooks
+removed, signal handler and wakeup fd put back, step log descriptor closed, no profiler call), and
+every path that writes checks the process id, so a child never writes the parent's files, runs
+its teardown, or waits on a thread that exists only in the parent. `exit_forked_child` ends such
+a child without C `exit()` (see there why).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -22,8 +30,9 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -52,11 +61,51 @@ from zdiag.collectors.steplog import StepLog
 MAX_COLLECTOR_ERRORS = 10
 
 _ACTIVE: RankSession | None = None
+_SESSIONS: weakref.WeakSet[RankSession] = weakref.WeakSet()
+"""Started sessions of this process (and, in a forked child, of its parent: disarmed)."""
 
 
 def active_session() -> RankSession | None:
-    """The session collecting in this process, if any."""
+    """The session collecting in this process, if any (in a forked child: the parent's,
+    disarmed, so `zdiag.profile` there drives nothing)."""
     return _ACTIVE
+
+
+def _after_fork_in_child() -> None:
+    """`os.register_at_fork(after_in_child=...)`: the sessions now in memory are the parent's."""
+    for session in list(_SESSIONS):
+        try:
+            session.disarm_in_forked_child()
+        except Exception:  # nothing may stop the child: the pid checks still hold
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def exit_forked_child(code: int) -> NoReturn:
+    """End a forked child of a collecting process as Python's exit would, without C `exit()`.
+
+    Python's own duties come first: wait for the child's non-daemon threads, run its atexit
+    handlers, flush stdout and stderr. Then `os._exit(code)`, skipping the C++ static
+    destructors: torch's profiler (kineto) keeps a thread waiting on a condition variable in the
+    parent; in the child that thread does not exist, and the destructor of kineto's
+    `ConfigLoader` waits in `pthread_cond_destroy` for it forever (a child that returned or
+    called `sys.exit()` hung in every try here). multiprocessing ends its forked children with
+    `os._exit` too."""
+    for duty in (threading._shutdown, atexit._run_exitfuncs):  # type: ignore[attr-defined]
+        try:
+            duty()
+        except BaseException:  # as Python: a failing atexit handler does not change the code
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BaseException:
+            pass
+    os._exit(code)
 
 
 def torch_versions() -> dict[str, str | None]:
@@ -142,6 +191,10 @@ class RankSession:
         self.error_source: rundir.SourceLine | None = None
         self._signals = SignalFlush(self._flush_on_signal)
         self._watchdog: HangWatchdog | None = None
+        self._step_log_failed = False
+        self._pid = os.getpid()  # the process that owns the run directory's files for this rank
+        self.forked_child = False  # set in a forked child by `disarm_in_forked_child`
+        self._inherited: tuple[Any, ...] = ()  # the parent's objects, kept alive, never touched
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> RankSession:
@@ -150,6 +203,7 @@ class RankSession:
         rundir.make_run_dir(self.run_dir)
         self._write_part(exit_code=None, error=None)
         _ACTIVE = self
+        _SESSIONS.add(self)
         self._remove_listener = runinfo.add_listener(self._on_run_info)
         self._on_run_info(runinfo.current_run_info())
         self._guard("live publisher", self._start_publisher)
@@ -181,7 +235,7 @@ class RankSession:
 
         `exc`, the exception the script raised, gives the user's line it came from."""
         global _ACTIVE
-        if self._finished:
+        if self._finished or not self.owned_here():
             return
         self._finished = True
         if self._watchdog is not None:
@@ -217,7 +271,55 @@ class RankSession:
         self._guard("manifest part", self._write_part, exit_code, error)
         if _ACTIVE is self:
             _ACTIVE = None
+        _SESSIONS.discard(self)
         self._signals.end_deferral()
+
+    def owned_here(self) -> bool:
+        """Whether this process is the one that started the session (False in a forked child)."""
+        return not self.forked_child and os.getpid() == self._pid
+
+    def disarm_in_forked_child(self) -> None:
+        """In a forked child, right after the fork: the session is the parent's. Switch it off
+        without touching what the parent owns: no file written, no profiler call (kineto's state
+        belongs to the parent's threads), no thread joined, no lock taken that one of the
+        parent's threads may have held at the fork. Hooks are removed (plain dict removals), the
+        signal handler and wakeup fd are put back, the child's copy of the step log descriptor
+        is closed. Training in the child goes on untouched; it is just not recorded."""
+        if self.forked_child:
+            return
+        self.forked_child = True
+        self._finished = True  # finish(), step() and the hooks do nothing from now on
+        self._broken = True
+        self._profiler_pending = False
+        self._lock = threading.RLock()  # the parent's may be held by a thread that is not here
+        # Kept alive, never called: dropping the last reference would run their destructors.
+        self._inherited = (self._prof, self._timeline_pending, self._publisher, self._watchdog)
+        self._prof = self._timeline_pending = self._publisher = self._watchdog = None
+        for undo in (
+            self._signals.disarm_in_forked_child,
+            self._step_log.detach,
+            self._remove_hooks,
+        ):
+            try:
+                undo()
+            except Exception:
+                pass
+
+    def _remove_hooks(self) -> None:
+        """Remove the optimizer, forward and model hooks, the comm split and the run-info
+        listener (in a forked child)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._remove_forward_hook()
+        if self._model is not None:
+            self._model.disarm()
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
+        if self._comm_timer is not None:
+            self._comm_timer.uninstall()
+            self._comm_timer = None
 
     # ----------------------------------------------------------------- steps
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -232,7 +334,7 @@ class RankSession:
     def step(self) -> None:
         """Mark the end of a training step by hand (switches off the optimizer-hook detection)."""
         self.manual = True
-        if not self._broken and not self._finished:
+        if not self._broken and not self._finished and self.owned_here():
             self._end_step()
 
     def _end_step(self) -> None:
@@ -250,7 +352,11 @@ class RankSession:
                 self._guard("memory reader", memory.read_device_memory, self._cuda)
                 or memory.NO_READING
             )
-            self._step_log.write_step(step, time.time(), duration_ms, allocated, reserved, peak)
+            log = self._step_log
+            if not log.write_step(step, time.time(), duration_ms, allocated, reserved, peak):
+                if log.error is not None and not self._step_log_failed:
+                    self._step_log_failed = True  # only the step log stops; the rest goes on
+                    self._report(f"step log write failed ({log.error}); the step log stops here")
             if self._publisher is not None:
                 self._publish(step, now - duration_ms / 1000.0, now, allocated, reserved, peak)
             if self.backend is None and self._dist and dist.is_initialized():
@@ -412,6 +518,8 @@ class RankSession:
         return threading.get_ident() == self._main_thread or self._prof_all_threads
 
     def _on_trace_ready(self, prof: Any) -> None:
+        if not self.owned_here():
+            return
         try:
             trace = self.run_dir / rundir.trace_relpath(self.rank)
             write_atomically(trace, prof.export_chrome_trace, suffix=".json.gz")
@@ -457,6 +565,8 @@ class RankSession:
     # ----------------------------------------------------------------- OOM
     def on_out_of_memory(self, exc: BaseException) -> None:
         """Write the memory data first (profiler window, snapshot, OOM record), then mark the rank."""
+        if not self.owned_here():
+            return
         self.oom = True
         allocated, reserved, peak = (
             self._guard("memory reading", memory.read_device_memory, self._cuda)
@@ -497,6 +607,8 @@ class RankSession:
         while stuck outside any collective is how a hang ends when a collective timeout fires
         first), then write the partial window, the step log and the manifest part now, before
         torchrun's SIGKILL (docs/run.md gives the time budget)."""
+        if not self.owned_here():
+            return
         self.ended_by = reason
         self._guard("stack at the signal", self._note_where_stopped)
         self._write_what_was_recorded(f"ended by {reason}")
@@ -512,6 +624,8 @@ class RankSession:
     def _on_hang(self, stalled_s: float, timeout_s: float) -> None:
         """The watchdog's callback (its own thread): dump the stacks, the collective and the
         flight recorder, then write the partial window, the step log and the manifest part."""
+        if not self.owned_here():
+            return
         dump = describe_hang(self._main_thread)
         path = self.run_dir / rundir.hang_relpath(self.rank)
         self.hang = hang_record(
@@ -625,6 +739,8 @@ class RankSession:
         return None if device == "cpu" and not self._finished else device
 
     def _write_part(self, exit_code: int | None, error: str | None) -> None:
+        if not self.owned_here():  # a forked child never writes the parent's part
+            return
         ended = self._finished
         files = self._memory_files()
         entry = rundir.RankEntry(

@@ -16,6 +16,16 @@ SIGINT keeps Python's KeyboardInterrupt (the bootstrap finishes the session on i
 only writes the data if the training thread does not, and never ends the process, so a script
 that catches KeyboardInterrupt to stop gracefully keeps doing so. A handler the script installs
 itself for SIGTERM replaces zdiag's: then the watcher writes the data and leaves the rest to it.
+
+A second SIGTERM while the flush runs (a launcher, `timeout` or Slurm signalling the whole process
+group while `zdiag run` forwards its own) is remembered, not run: the flush in progress completes
+and the process then ends by the signal. (A handler re-entered on the same thread used to wait
+for its own flush to finish, forever.)
+
+In a forked child, `disarm_in_forked_child` puts SIGTERM and the wakeup fd back as they were
+before zdiag: the wakeup pipe is shared with the parent, so a signal to the child (a
+multiprocessing worker's `terminate()`) would otherwise wake the parent's watcher, which flushed
+and ended the *parent* with 143.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class SignalFlush:
         self._installed = False
         self._deferring = False
         self._pending: int | None = None
+        self._flushing_thread: int | None = None  # the thread running the flush, while it runs
 
     def install(self) -> bool:
         """Install the SIGTERM handler and the watcher (True), or do nothing off the main thread."""
@@ -104,18 +115,53 @@ class SignalFlush:
             first = not self._started.is_set()
             self._started.set()
         if not first:
-            self._done.wait()
+            if self._flushing_thread != threading.get_ident():
+                self._done.wait()  # (on the flushing thread itself this would wait forever)
             return
+        self._flushing_thread = threading.get_ident()
         try:
             self._flush(reason)
         except Exception:
             pass
         finally:
+            self._flushing_thread = None
             self._done.set()
+
+    def disarm_in_forked_child(self) -> None:
+        """In a forked child: SIGTERM and the wakeup fd as they were before `install`, and the
+        child's copies of the pipe closed; the parent's handler and watcher are untouched."""
+        if not self._installed:
+            return
+        self._installed = False
+        self._deferring = False
+        self._pending = None
+        try:
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+        try:
+            current = signal.set_wakeup_fd(-1)
+            # Someone else's wakeup fd set after ours stays; ours gives way to the one before it.
+            signal.set_wakeup_fd(self._previous_wakeup if current == self._write_fd else current)
+        except (ValueError, OSError):
+            pass
+        for fd in (self._read_fd, self._write_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._read_fd = self._write_fd = None
 
     # --- the two paths -------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self._deferring:  # the session is finishing on this thread: let it complete first
+            self._pending = signum
+            return
+        if self._flushing_thread == threading.get_ident():
+            # A second SIGTERM inside this thread's flush: the outer handler ends the process
+            # once the flush is done.
             self._pending = signum
             return
         self.flush_once("SIGTERM")

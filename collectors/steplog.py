@@ -1,16 +1,22 @@
 """The per-rank step log: one JSON object per line, capped in length.
 
-Lines are buffered and flushed at most once a second (and when the log closes), so a step costs a
-string format and a buffered write, not a system call; a rank killed with SIGKILL loses at most
-the last second of lines.
+Each line reaches the file when its step ends: one `os.write` of about 150 bytes to a file opened
+with `O_APPEND` (no Python-side buffer), so whatever way the rank ends (an exception, `os._exit`,
+SIGKILL, a hang) the steps it finished are in the file. The write goes to the kernel's page cache
+and does not wait for the disk (3.9 µs per line against 2.7 µs for the buffered writes it
+replaced, docs/run.md). A write that fails (a full disk, the folder removed) stops the log, once,
+with the error kept in `error`: it never raises into the training step.
+
+In a forked child the log belongs to the parent: `detach()` closes the child's copy of the file
+descriptor without writing anything, and the child's session writes no line.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import IO
 
-FLUSH_INTERVAL_S = 1.0
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
 def _int_or_null(value: int | None) -> str:
@@ -25,13 +31,14 @@ class StepLog:
         self.max_lines = max_lines
         self.lines = 0
         self.truncated = False
-        self._file: IO[str] | None = None
-        self._last_flush = 0.0
+        self.error: str | None = None  # the write error that stopped the log, if any
+        self._fd: int | None = None
+        self._closed = False
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")
-        return self._file
+        self._fd = os.open(self.path, _FLAGS, 0o644)
+        return self._fd
 
     def write_step(
         self,
@@ -41,24 +48,32 @@ class StepLog:
         allocated: int | None,
         reserved: int | None,
         peak: int | None,
-    ) -> None:
-        """Append one step line (the step log schema), formatted without json for speed."""
+    ) -> bool:
+        """Append one step line (the step log schema), formatted without json for speed.
+
+        False when the line was not written: past `max_lines`, closed, or a write error (then
+        `error` says why and the log stays stopped). Never raises OSError."""
+        if self._closed or self.error is not None:
+            return False
         if self.lines >= self.max_lines:
             self.truncated = True
-            return
-        f = self._file or self._open()
-        f.write(
+            return False
+        line = (
             f'{{"step":{int(step)},"time_unix":{time_unix!r},"duration_ms":{round(duration_ms, 4)!r},'
             f'"mem_allocated_bytes":{_int_or_null(allocated)},"mem_reserved_bytes":{_int_or_null(reserved)},'
             f'"mem_peak_bytes":{_int_or_null(peak)}}}\n'
-        )
-        self._after_write(time_unix)
-
-    def _after_write(self, now: float) -> None:
+        ).encode()
+        try:
+            fd = self._fd if self._fd is not None else self._open()
+            written = os.write(fd, line)
+            if written != len(line):  # only a full disk shortens a write to a regular file
+                raise OSError(f"short write ({written} of {len(line)} bytes)")
+        except OSError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._close_fd()
+            return False
         self.lines += 1
-        if now - self._last_flush >= FLUSH_INTERVAL_S and self._file is not None:
-            self._file.flush()
-            self._last_flush = now
+        return True
 
     @property
     def written(self) -> bool:
@@ -66,12 +81,22 @@ class StepLog:
         return self.lines > 0
 
     def flush(self) -> None:
-        """Write the buffered lines to the file now (a failure path: a signal, a hang)."""
-        if self._file is not None:
-            self._file.flush()
+        """Nothing to do: every line is in the file when `write_step` returns (kept for the
+        failure paths, which call it)."""
 
     def close(self) -> None:
-        """Flush and close the file (idempotent)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the file (idempotent); later steps write nothing."""
+        self._closed = True
+        self._close_fd()
+
+    def detach(self) -> None:
+        """In a forked child: close this process's copy of the descriptor, write nothing more."""
+        self.close()
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -14,9 +14,12 @@ docs/run-dir.md the run directory contract.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -35,11 +38,15 @@ from zdiag.collectors.live_wire import ENV_JOB, ENV_MONITOR
 from zdiag.collectors.manifest import build_manifest, merge_manifest, utc_now_iso
 from zdiag.collectors.rundir import (
     MANIFEST,
+    PARTS_DIR,
+    RANK_PART_GLOB,
     LauncherPart,
     Manifest,
+    RankPart,
     launcher_part_path,
     make_run_dir,
     remove_unfinished_writes,
+    step_log_relpath,
 )
 from zdiag.errors import ConfigError, InputError
 
@@ -51,6 +58,33 @@ MAX_RANKS_PER_CPU = 4
 FLIGHT_RECORDER_ENTRIES = 2000
 """TORCH_FR_BUFFER_SIZE set for the ranks (unless the user set it): the last 2000 collectives, a
 few hundred KB per rank, recorded by torch at the cost of a ring-buffer write per collective."""
+MAX_STEP_LOG_BYTES = 64 * 1024 * 1024
+"""The most of a step log read to count its lines (100 000 lines of about 200 bytes: 20 MB)."""
+
+
+def count_step_lines(path: Path) -> int:
+    """Complete lines (ending in a newline) in the step log at `path`: 0 when it is absent, not
+    a regular file (a link is not followed) or unreadable; read in 1 MiB chunks, at most
+    `MAX_STEP_LOG_BYTES`."""
+    try:
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
+    except OSError:
+        return 0
+    lines = 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0
+        left = MAX_STEP_LOG_BYTES
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            lines += chunk.count(b"\n")
+            left -= len(chunk)
+    except OSError:
+        return lines
+    finally:
+        os.close(fd)
+    return lines
 
 
 def usable_cpus() -> int:
@@ -210,6 +244,7 @@ class LaunchPlan:
         self.node_rank = node_rank
         self.expected_world_size = expected_world_size
         self.argv = argv
+        self._child: subprocess.Popen[bytes] | None = None
 
     # ----------------------------------------------------------------- validation
     @classmethod
@@ -416,19 +451,35 @@ class LaunchPlan:
         """
         started = utc_now_iso()
         self._prepare_out(started)
-        code, error = self._run_child()
+        # SIGTERM to zdiag run (alone, or with its whole process group, as `timeout` and Slurm
+        # send it) is forwarded while the training runs; once it has ended, the run directory is
+        # still completed (well under a second), so a terminated run keeps its manifest.
+        previous = signal.signal(signal.SIGTERM, self._forward_sigterm)
         try:
-            code = self._training_code(code)
-            self._finish_run_dir(started, code, error)
-        except Exception as exc:  # the training's outcome is never replaced by zdiag's own
-            reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-            print(
-                f"zdiag run: the run directory {self.out} could not be completed ({reason}); "
-                f"the training's exit code {code} is returned.",
-                file=sys.stderr,
-                flush=True,
-            )
+            code, error = self._run_child()
+            try:
+                code = self._training_code(code)
+                self._finish_run_dir(started, code, error)
+            except Exception as exc:  # the training's outcome is never replaced by zdiag's own
+                reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+                print(
+                    f"zdiag run: the run directory {self.out} could not be completed ({reason}); "
+                    f"the training's exit code {code} is returned.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         return code
+
+    def _forward_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM handler of the launcher: pass it to the training while it runs."""
+        child = self._child
+        if child is not None and child.returncode is None:
+            try:
+                child.send_signal(signum)
+            except OSError:  # it ended meanwhile
+                pass
 
     def _training_code(self, code: int) -> int:
         """The training's exit code: under torchrun, which exits 1 for any failed worker, the
@@ -449,40 +500,63 @@ class LaunchPlan:
                 file=sys.stderr,
                 flush=True,
             )
+        unfinished = self._complete_unfinished_parts()
         part = launcher_part_path(self.out, self.node_rank)
         write_json_atomically(part, self._launcher_part(started, code, error).to_json())
-        self._summary(merge_manifest(self.out), code)
+        self._summary(merge_manifest(self.out), code, unfinished)
+
+    def _complete_unfinished_parts(self) -> int:
+        """Ranks of this node that did not finish (`os._exit`, SIGKILL, an interpreter crash, or
+        a signal or hang after which they ran on) left a part written earlier: its `steps` (and
+        `step_log`, null before the first write) are brought up to the step log, whose lines reach
+        the file step by step. Returns how many ended with no zdiag write at all (no end, no
+        signal flush, no hang dump)."""
+        silent = 0
+        for path in sorted((self.out / PARTS_DIR).glob(RANK_PART_GLOB)):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                part = RankPart.from_json(data, path.name, [])
+            except (OSError, ValueError, RecursionError, ConfigError, InputError):
+                continue
+            entry = part.entry
+            if entry.ended_at is not None or entry.node_rank not in (None, self.node_rank):
+                continue
+            if entry.ended_by is None and entry.hang is None:
+                silent += 1
+            rel = step_log_relpath(entry.rank)
+            lines = count_step_lines(self.out / rel)
+            if lines > entry.steps or (lines and entry.step_log is None):
+                entry = dataclasses.replace(entry, steps=max(lines, entry.steps), step_log=rel)
+                write_json_atomically(path, dataclasses.replace(part, entry=entry).to_json())
+        return silent
 
     def _run_child(self) -> tuple[int, str | None]:
         try:
-            child = subprocess.Popen(self.command(), env=self.environment())
+            child = self._child = subprocess.Popen(self.command(), env=self.environment())
         except OSError as exc:
             return 127, f"could not start {self.command()[0]}: {exc}"
-
-        def forward(signum: int, frame: FrameType | None) -> None:
-            if child.poll() is None:
-                child.send_signal(signum)
-
-        previous = signal.signal(signal.SIGTERM, forward)
-        try:
-            while True:
-                try:
-                    rc = child.wait()
-                    break
-                except KeyboardInterrupt:  # the child got the same SIGINT; let it end cleanly
-                    continue
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        while True:
+            try:
+                rc = child.wait()
+                break
+            except KeyboardInterrupt:  # the child got the same SIGINT; let it end cleanly
+                continue
         if rc < 0:
             return 128 - rc, f"training ended by signal {-rc}"
         return rc, None if rc == 0 else f"training exited with code {rc}"
 
-    def _summary(self, manifest: Manifest, code: int) -> None:
+    def _summary(self, manifest: Manifest, code: int, unfinished: int = 0) -> None:
         ranks = manifest.ranks
         traces = sum(1 for r in ranks if r.trace)
         notes = []
         if manifest.exit.oom:
             notes.append("out of memory (memory data written)")
+        if unfinished:
+            notes.append(
+                f"{unfinished} rank(s) ended without zdiag's end-of-run writes (os._exit, SIGKILL, "
+                "or a crash of the interpreter): their steps are counted from their step logs, "
+                "and a profiler window still open then is lost"
+            )
         if self.config.profile and traces < len(ranks) and not manifest.exit.oom:
             steps = min(r.steps for r in ranks) if ranks else 0
             notes.append(
