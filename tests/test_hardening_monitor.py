@@ -419,11 +419,6 @@ async def test_textual_table_and_header_show_markup_and_escapes_as_text() -> Non
 @pytest.mark.tui
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="the rank screen (tui/monitor_screens.py, tui/monitor_detail.py, outside issue 24's "
-    "files) passes the host and last collective to Static.update as markup strings, unescaped",
-)
 async def test_textual_rank_screen_shows_hostile_names_as_text() -> None:
     from textual.widgets import Static
 

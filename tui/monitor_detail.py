@@ -11,7 +11,7 @@ import math
 from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.tui.monitor_history import WINDOW_STEPS
 from zdiag.tui.monitor_state import RankDetail
-from zdiag.tui.monitor_text import fmt_age, job_label
+from zdiag.tui.monitor_text import fmt_age, job_label, shown
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -54,7 +54,7 @@ def detail_title(d: RankDetail) -> str:
     """The detail's first line: who the rank is and how it stands."""
     parts = [
         f"rank {d.rank}",
-        d.host,
+        shown(d.host),
         f"job {job_label(d.job)}",
         f"pid {d.pid if d.pid is not None else '?'}",
         f"{d.status} (last record {fmt_age(d.age_s)} ago)",
@@ -75,10 +75,10 @@ def detail_lines(d: RankDetail) -> list[str]:
         f"exposed {fmt_ms(d.exposed_comm_ms)}",
         f"memory: allocated {fmt_bytes(d.mem_allocated_bytes)} · reserved "
         f"{fmt_bytes(d.mem_reserved_bytes)} · peak {fmt_bytes(d.mem_peak_bytes)} · " + _creep(d),
-        f"last collective: {d.last_collective or '-'}",
+        f"last collective: {shown(d.last_collective or '-')}",
     ]
     if d.hung_in:
-        lines.append(f"hung in {d.hung_in}")
+        lines.append(f"hung in {shown(d.hung_in)}")
     return lines
 
 

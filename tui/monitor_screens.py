@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
@@ -82,12 +83,12 @@ class RankScreen(Screen[None]):
         if detail is None:
             title.update(f"rank {self.rank}: no longer tracked (Esc back)")
             return
-        title.update(detail_title(detail))
+        title.update(Text(detail_title(detail)))
         width = max(20, self.size.width - 2)
         chart = [f"step time, last {len(detail.history)} steps", ""]
         chart += step_chart(detail.history, width, CHART_ROWS)
         self.query_one("#rank-chart", Static).update("\n".join(chart))
-        self.query_one("#rank-figures", Static).update("\n".join(detail_lines(detail)))
+        self.query_one("#rank-figures", Static).update(Text("\n".join(detail_lines(detail))))
 
     def on_resize(self) -> None:
         """The chart's width follows the terminal."""
