@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import fuzz_inputs as fz
 import msgspec
 import pytest
 
-from support.traces import TraceBuilder
+from support.traces import TraceBuilder, small_job
 from zdiag.analyzers.report import Report, encode_report
 from zdiag.analyzers.summarize_trace import main as summarize_main
 from zdiag.analyzers.summary_pipeline import SummaryOptions, SummaryRun, analyze_via_summaries
@@ -49,25 +50,9 @@ def _cache_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return xdg
 
 
-def _job(folder: Path, late_rank: int | None = 2, ranks: int = 4) -> Path:
-    """A small job; `late_rank` arrives 3 ms late at every all-reduce (a straggler finding)."""
-    folder.mkdir(parents=True)
-    for r in range(ranks):
-        b = TraceBuilder(rank=r, world_size=ranks)
-        for step in range(3):
-            t0 = step * 10_000.0
-            b.step(step, t0, 9_000)
-            b.kernel("sm90_gemm", t0 + 100, 4_000, launch_at=t0 + 50)
-            late = 3_000.0 if r == late_rank else 0.0
-            b.kernel(
-                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-                t0 + 4_200 + late,
-                3_500 - late,
-                stream=20,
-                launch_at=t0 + 4_150,
-            )
-        b.write(folder / f"rank-{r}.json")
-    return folder
+def _job(folder: Path, late_rank: int | None = 2) -> Path:
+    """Four small traces; `late_rank` arrives late at every all-reduce (a straggler finding)."""
+    return small_job(folder, ranks=4, late=late_rank)
 
 
 def _analyze(paths: list[Path], **kw: Any) -> SummaryRun:
@@ -258,6 +243,17 @@ def test_a_fifo_in_place_of_an_entry_or_in_job_summary_does_not_hang(tmp_path: P
 # --- crafted entries of the user's own: a warning and the trace decoded, never exit 70 -------
 
 
+def _rewrite_summary(entry: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Edit the summary inside a stored entry (as plain msgpack data) and store it again, as
+    the user who owns it: trusted, only its content is crafted."""
+    stored = read_stored(entry)
+    assert stored is not None
+    tree = msgspec.msgpack.decode(stored.summary_msgpack)
+    edit(tree)
+    payload = msgspec.msgpack.encode(tree)
+    assert write_stored(entry, msgspec.structs.replace(stored, summary_msgpack=payload))
+
+
 def _craft(tree: dict[str, Any], how: str) -> None:
     calls = tree["collectives"]
     if how == "odd-length buffer":
@@ -326,13 +322,8 @@ def test_a_crafted_entry_is_a_warning_and_the_trace_decoded(
 ) -> None:
     job = tmp_path / "job"
     shutil.copytree(sample_entries[0], job)
-    entry = job / "traces" / CACHE_DIR_NAME / "rank-0.json.gz.zds"
-    stored = read_stored(entry)
-    assert stored is not None
-    tree = msgspec.msgpack.decode(stored.summary_msgpack)
-    _craft(tree, how)
-    assert write_stored(
-        entry, msgspec.structs.replace(stored, summary_msgpack=msgspec.msgpack.encode(tree))
+    _rewrite_summary(
+        job / "traces" / CACHE_DIR_NAME / "rank-0.json.gz.zds", partial(_craft, how=how)
     )
     run = _analyze([job], write_cache=False)
     assert (run.sources.cache, run.sources.mapped) == (1, 1)
@@ -379,13 +370,10 @@ def test_an_escape_sequence_in_a_host_name_is_shown_as_text(
         path.write_bytes(msgspec.json.encode(doc))
     else:
         shutil.copytree(sample_entries[0], job)
-        entry = job / "traces" / CACHE_DIR_NAME / "rank-0.json.gz.zds"
-        stored = read_stored(entry)
-        assert stored is not None
-        tree = msgspec.msgpack.decode(stored.summary_msgpack)
-        tree["host"] = evil
-        payload = msgspec.msgpack.encode(tree)
-        assert write_stored(entry, msgspec.structs.replace(stored, summary_msgpack=payload))
+        _rewrite_summary(
+            job / "traces" / CACHE_DIR_NAME / "rank-0.json.gz.zds",
+            lambda tree: tree.update(host=evil),
+        )
     run = _analyze([job], write_cache=False)
     assert any(r.host == evil for r in run.report.ranks)  # the data keeps the name exactly
     text = render_text(run.report, color=True)

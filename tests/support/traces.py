@@ -177,9 +177,9 @@ class TraceBuilder:
         return path
 
 
-def small_job(folder: Path, ranks: int = 6, late: int = 4) -> Path:
-    """A GPU job of `ranks` small traces (3 steps) where rank `late` reaches each all-reduce
-    2.5 ms after the others, written to a new `folder`."""
+def small_job(folder: Path, ranks: int = 6, late: int | None = 4) -> Path:
+    """A GPU job of `ranks` small traces (3 steps) where rank `late` (None: none) reaches each
+    all-reduce 2.5 ms after the others, written to a new `folder`."""
     folder.mkdir()
     for r in range(ranks):
         b = TraceBuilder(rank=r, world_size=ranks)
