@@ -7,7 +7,10 @@ Public entry points:
 - `analyze_run(run, *, ranks=None) -> Analysis`: the map on each rank (`analyze_rank`:
   steps, breakdown, collectives, FSDP ledger, timeline), then the reduce on their summaries
   (`reduce_run`: cross-rank matching, detectors, the Report assembled once).
-- `analyze_paths(paths, *, progress=None, ranks=None) -> Report`: both of the above.
+
+What `zdiag analyze` runs, and what tests call, is `summary_pipeline.analyze_via_summaries` /
+`summary_pipeline.analyze_paths`: the same map and reduce through rank summaries. `load_run` and
+`analyze_run` remain for tests that inspect the decoded traces and per-rank analyses.
 
 `progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
 Rank of a trace: `distributedInfo.rank`, else the run manifest, else the file name (rank-3,
@@ -31,7 +34,7 @@ from zdiag.analyzers.memory import load_memory_timeline
 from zdiag.analyzers.model_facts import ModelFacts, facts_from_run_dir
 from zdiag.analyzers.rank_analysis import analyze_rank
 from zdiag.analyzers.reduce import RunFacts, reduce_run
-from zdiag.analyzers.report import MemoryTimeline, Report
+from zdiag.analyzers.report import MemoryTimeline
 from zdiag.analyzers.run_data import Analysis, RunData
 from zdiag.analyzers.snapshot_input import (
     SNAPSHOT_SKIPPED,
@@ -523,19 +526,6 @@ def _snapshot_breakdowns(run: RunData, summaries: list[RankSummary]) -> Snapshot
         world_size=world,
         oom_ranks=frozenset(r for r, e in entries.items() if e.oom),
     )
-
-
-def analyze_paths(
-    paths: list[Path], *, progress: Progress | None = None, ranks: list[int] | None = None
-) -> Report:
-    """Load and analyze; the Report that `zdiag analyze` prints. Flight-recorder dumps among
-    the inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
-    dumps, paths = flight_recorder.find_dumps([Path(p) for p in paths])
-    if dumps and not paths:
-        return flight_recorder.flight_recorder_report(dumps, ranks=ranks)
-    run = load_run(paths, progress=progress)
-    attach_flight_recorder(run, dumps)
-    return analyze_run(run, ranks=ranks).report
 
 
 def attach_flight_recorder(run: RunData, dumps: list[Path]) -> None:

@@ -9,8 +9,10 @@
    machine's processes, or Ray); their summaries are written to the cache (`write_cache`);
 4. the reduce (`reduce.reduce_run`) on all summaries, in rank order.
 
-It gives the Report that `pipeline.analyze_paths` gives (tests/test_summary_cache.py compares
-them); only the traces that have no matching stored summary are decoded.
+Only the traces that have no matching stored summary are decoded; the Report is the same
+either way (tests/test_summary_cache.py). `analyze_paths(paths)` is this pipeline without stored
+summaries (nothing read, nothing written): what tests and benchmarks call, so that they run the
+path users run.
 """
 
 from __future__ import annotations
@@ -370,3 +372,16 @@ def analyze_via_summaries(
     summaries = _with_timelines(summaries, encoded)
     reduction = reduce_run(summaries, run_facts(run, summaries, model, model_warnings))
     return SummaryRun(report=reduction.report, summaries=summaries, sources=sources)
+
+
+def analyze_paths(
+    paths: list[Path] | list[str],
+    *,
+    progress: Progress | None = None,
+    ranks: list[int] | None = None,
+) -> Report:
+    """The Report `zdiag analyze --no-cache` gives for `paths` (every trace decoded; no stored
+    summary read or written), keeping only `ranks` when given. Flight-recorder dumps among the
+    inputs (or filling a folder) add the `hang` finding (analyzers/flight_recorder.py)."""
+    options = SummaryOptions(use_stored=False, write_cache=False, ranks=ranks)
+    return analyze_via_summaries(paths, options, progress=progress).report

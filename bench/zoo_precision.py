@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
-from zdiag.analyzers.pipeline import analyze_paths
+from zdiag.analyzers.summary_pipeline import analyze_paths
 
 # Healthy variants (label "none": none of the four may fire) and one reported apart:
 # "ac-fixed" is the activation-oom preset and budget with the fix applied (--ac block);

@@ -12,8 +12,8 @@ from support.traces import TraceBuilder
 from zdiag.analyzers import intervals as iv
 from zdiag.analyzers import verdict
 from zdiag.analyzers.loader import load_rank_trace
-from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import StepBreakdown
+from zdiag.analyzers.summary_pipeline import analyze_paths
 
 
 def _set(pairs: list[tuple[float, float]]) -> iv.IntervalSet:

@@ -22,9 +22,10 @@ from zdiag.analyzers.crossrank import (
     match_collectives,
     straggler_stats,
 )
-from zdiag.analyzers.pipeline import analyze_paths, analyze_run, load_run
+from zdiag.analyzers.pipeline import analyze_run, load_run
 from zdiag.analyzers.report import Finding, StepBreakdown
 from zdiag.analyzers.run_data import Analysis
+from zdiag.analyzers.summary_pipeline import analyze_paths
 
 STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
 LAYERS = 4  # collectives per step

@@ -15,8 +15,8 @@ from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.loader import load_rank_trace
 from zdiag.analyzers.misconfigs import MISCONFIGS
-from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.rank_analysis import rank_facts
+from zdiag.analyzers.summary_pipeline import analyze_paths
 from zdiag.collectors.rundir import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import encode_report
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
+from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_paths, analyze_via_summaries
 from zdiag.collectors.rundir import summary_path_for
 from zdiag.collectors.summary_job import summary_command
 

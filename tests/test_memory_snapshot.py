@@ -21,7 +21,7 @@ import torch
 
 from conftest import REPO_ROOT
 from zdiag.analyzers.memory_snapshot import categorize, read_snapshot, summarize_snapshot
-from zdiag.analyzers.pipeline import analyze_paths
+from zdiag.analyzers.summary_pipeline import analyze_paths
 from zdiag.errors import InputError
 from zdiag.harness.model import ModelArgs, Transformer
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.run_data import StepWindows
 from zdiag.analyzers.steps import drop_unfinished_tail
+from zdiag.analyzers.summary_pipeline import analyze_paths
 
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "2"]
 TINY += ["--vocab", "128", "--device", "cpu"]

@@ -16,10 +16,9 @@ import pytest
 
 from support.traces import TraceBuilder
 from zdiag.analyzers import summary_store
-from zdiag.analyzers.pipeline import analyze_paths
 from zdiag.analyzers.report import encode_report
 from zdiag.analyzers.summarize_trace import main as summarize_main
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
+from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_paths, analyze_via_summaries
 from zdiag.analyzers.summary_store import (
     CACHE_DIR_NAME,
     StoredSummary,

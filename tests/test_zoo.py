@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
-from zdiag.analyzers.pipeline import analyze_paths
+from zdiag.analyzers.summary_pipeline import analyze_paths
 
 # Small enough for 2 shared CPU cores; different depth, width, vocabulary and ZeRO mode.
 SHAPES: dict[str, list[str]] = {
