@@ -9,9 +9,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from zdiag.render import perfetto
+from zdiag.render import perfetto_overlay as perfetto
 from zdiag.render._sample import HOSTILE, empty_report, sample_report
-from zdiag.render.perfetto import OVERLAY_PID_BASE, write_overlay
+from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE, write_overlay
 
 
 def _load(path: Path) -> list[dict[str, Any]]:

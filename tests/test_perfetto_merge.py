@@ -10,8 +10,9 @@ import pytest
 
 from zdiag.analyzers.report import Report
 from zdiag.render._sample import sample_report
-from zdiag.render.perfetto import OVERLAY_PID_BASE, PerfettoRenderer
+from zdiag.render.perfetto import PerfettoRenderer
 from zdiag.render.perfetto_merge import collective_kind, read_trace_events
+from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE
 from zdiag.render.renderer import Destination
 
 RUN = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
@@ -109,7 +110,7 @@ def test_collective_names() -> None:
 
 
 def test_the_root_unit_is_named_root_in_the_tracks() -> None:
-    from zdiag.render.perfetto import overlay_events
+    from zdiag.render.perfetto_overlay import overlay_events
 
     report = sample_report(ranks=1, steps=1)
     report.findings[0].units = ["", "layers.0"]

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from zdiag.analyzers.report import Finding, Report
-from zdiag.render.perfetto import OVERLAY_PID_BASE, overlay_events
+from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE, overlay_events
 from zdiag.render.stats import RankView
 
 MAX_MERGED_RANKS = 8

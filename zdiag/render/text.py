@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from zdiag.analyzers.report import Finding, Report, StepBreakdown
+from zdiag.analyzers.report import Report, StepBreakdown
 from zdiag.render.columns import StepColumn, shown_columns, step_cells, step_headers
 from zdiag.render.format import (
-    evidence_item,
     fmt_bytes,
     fmt_gain,
-    fmt_ints,
-    fmt_list,
     fmt_ms,
     fmt_ranks,
     fmt_share,
@@ -52,12 +49,18 @@ from zdiag.render.stats import (
 )
 from zdiag.render.terminal import (
     DEFAULT_WIDTH,
-    SEVERITY_STYLE,
-    VERDICT_STYLE,
     color_enabled,
     paint,
     terminal_width,
 )
+from zdiag.render.text_blocks import (
+    CellPainter,
+    TextOut,
+    add_finding,
+    add_thresholds,
+    fit_table,
+)
+from zdiag.render.text_large_run import render_large_run_text
 
 MAX_STEP_ROWS = 40
 """Per-step rows shown per rank; longer runs show the first and last rows and say so."""
@@ -69,109 +72,13 @@ MAX_DETAILED_RANKS = 8
 totals) for 8 of them."""
 MAX_STRAGGLER_ROWS = 8
 """Straggler table rows: the ranks causing the most waiting (all of them are in --json)."""
-MAX_EVIDENCE_ITEMS = 10
-MIN_TEXT_CELL = 12
-"""A table's text column (unit names) is cut to no fewer characters than this to fit."""
-
-CellPainter = Callable[[int, str, str], str]
-"""(column index, plain cell, padded cell) -> the padded cell, maybe coloured."""
-
-
-class _Out:
-    """Lines being written, at a width, with or without colour."""
-
-    def __init__(self, width: int, color: bool) -> None:
-        self.width = width
-        self.color = color
-        self.lines: list[str] = []
-
-    def add(self, *lines: str) -> None:
-        self.lines.extend(lines)
-
-    def wrap(self, text: str, indent: str = "", hang: str = "    ") -> None:
-        """`text` word-wrapped at the width; continuation lines indented by indent + hang."""
-        self.lines.extend(
-            textwrap.wrap(
-                text,
-                width=self.width,
-                initial_indent=indent,
-                subsequent_indent=indent + hang,
-                break_long_words=True,
-                break_on_hyphens=False,
-            )
-            or [indent.rstrip()]
-        )
-
-    def heading(self, title: str) -> None:
-        self.lines += ["", paint(title, "bold", self.color)]
-
-    def verdict(self, verdict: str) -> str:
-        return paint(verdict, VERDICT_STYLE.get(verdict, ""), self.color)
-
-    def badge(self, severity: str) -> str:
-        return paint(f"[{severity.upper()}]", SEVERITY_STYLE.get(severity, "bold"), self.color)
 
 
 def _pct(share: float | None) -> str:
     return fmt_share(share, 1.0) if share is not None else "-"
 
 
-def _fit_table(
-    out: _Out,
-    header: list[str],
-    rows: list[list[str]],
-    right: set[int],
-    *,
-    indent: str = "  ",
-    shrink: int | None = None,
-    painter: CellPainter | None = None,
-) -> list[str]:
-    """Append an aligned table fitting the width; returns the headers of columns it dropped.
-
-    Column `shrink` (a text column such as unit names) is cut first, with "…"; then trailing
-    columns are dropped until the table fits.
-    """
-    header, rows = list(header), [list(r) for r in rows]
-    room = out.width - len(indent)
-
-    def widths() -> list[int]:
-        return [
-            max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-            for i, h in enumerate(header)
-        ]
-
-    def total(ws: list[int]) -> int:
-        return sum(ws) + 2 * (len(ws) - 1)
-
-    ws = widths()
-    if shrink is not None and total(ws) > room:
-        cut = max(MIN_TEXT_CELL, ws[shrink] - (total(ws) - room), len(header[shrink]))
-        for r in rows:
-            if len(r[shrink]) > cut:
-                r[shrink] = r[shrink][: cut - 1] + "…"
-        ws = widths()
-    dropped: list[str] = []
-    while len(header) > 2 and total(ws) > room:
-        dropped.insert(0, header.pop())
-        for r in rows:
-            r.pop()
-        ws = ws[:-1]
-
-    def line(cells: list[str], paint_cells: bool) -> str:
-        shown = []
-        for i, c in enumerate(cells):
-            padded = c.rjust(ws[i]) if i in right else c.ljust(ws[i])
-            shown.append(painter(i, c, padded) if painter and paint_cells else padded)
-        return (indent + "  ".join(shown)).rstrip()
-
-    out.add(line(header, False), line(["-" * w for w in ws], False))
-    out.add(*(line(r, True) for r in rows))
-    if dropped:
-        out.add(f"{indent}({', '.join(dropped)} not shown at {out.width} columns; --json has them)")
-    return dropped
-
-
-def _verdict_painter(out: _Out, column: int) -> CellPainter:
+def _verdict_painter(out: TextOut, column: int) -> CellPainter:
     """Colour the cells of one column as verdicts."""
 
     def paint_cell(i: int, plain: str, padded: str) -> str:
@@ -193,7 +100,7 @@ def _run_line(report: Report) -> str:
     return head + f" · {nf} finding{'s' if nf != 1 else ''}"
 
 
-def _summary(out: _Out, report: Report) -> None:
+def _summary(out: TextOut, report: Report) -> None:
     out.heading("Summary")
     groups = rank_groups(report.ranks)
     if not groups:
@@ -246,7 +153,7 @@ def _summary(out: _Out, report: Report) -> None:
         )
 
 
-def _large_run_section(out: _Out, report: Report) -> list[RankView]:
+def _large_run_section(out: TextOut, report: Report) -> list[RankView]:
     """The section for runs too large to detail rank by rank; returns the ranks detailed below.
 
     Today: one line per rank and the choice of MAX_DETAILED_RANKS ranks to detail. This is where
@@ -271,7 +178,7 @@ def _large_run_section(out: _Out, report: Report) -> list[RankView]:
             ]
         )
     header = ["rank", "device", "steps", "median ms", "compute", "exposed", "idle", "verdict"]
-    _fit_table(out, header, rows, {2, 3, 4, 5, 6}, painter=_verdict_painter(out, 7))
+    fit_table(out, header, rows, {2, 3, 4, 5, 6}, painter=_verdict_painter(out, 7))
     detailed: list[RankView] = list(detailed_ranks(report.ranks, MAX_DETAILED_RANKS))
     out.add("")
     out.wrap(
@@ -281,7 +188,7 @@ def _large_run_section(out: _Out, report: Report) -> list[RankView]:
     return detailed
 
 
-def _rank_detail(out: _Out, rank: RankView, columns: Sequence[StepColumn]) -> None:
+def _rank_detail(out: TextOut, rank: RankView, columns: Sequence[StepColumn]) -> None:
     where = f" on {rank.host}" if rank.host else ""
     out.add("", paint(f"Rank {rank.rank} ({rank.device}{where})", "bold", out.color))
     out.wrap(f"source: {rank.source}", "  ")
@@ -314,7 +221,7 @@ def _rank_detail(out: _Out, rank: RankView, columns: Sequence[StepColumn]) -> No
     shown, hidden = _step_rows(rank.steps)
     out.add("")
     verdict_col = next(i for i, c in enumerate(columns) if c.kind == "verdict")
-    _fit_table(
+    fit_table(
         out,
         step_headers(columns),
         [step_cells(s, columns) for s in shown],
@@ -333,7 +240,7 @@ def _step_rows(steps: list[StepBreakdown]) -> tuple[list[StepBreakdown], int]:
     return shown, len(steps) - len(shown)
 
 
-def _collectives(out: _Out, report: Report, detailed: list[RankView]) -> None:
+def _collectives(out: TextOut, report: Report, detailed: list[RankView]) -> None:
     if not report.collectives:
         return
     collectives = report.collectives
@@ -354,7 +261,7 @@ def _collectives(out: _Out, report: Report, detailed: list[RankView]) -> None:
         for c in collectives
     ]
     header = ["rank", "kind", "count", "bytes", "total ms", "exposed ms", "dtypes"]
-    _fit_table(out, header, rows, {2, 3, 4, 5}, shrink=1)
+    fit_table(out, header, rows, {2, 3, 4, 5}, shrink=1)
     if len(collectives) < len(report.collectives):
         out.add(
             f"  (the {len(detailed)} ranks detailed above; the other "
@@ -362,7 +269,7 @@ def _collectives(out: _Out, report: Report, detailed: list[RankView]) -> None:
         )
 
 
-def _units(out: _Out, report: Report) -> None:
+def _units(out: TextOut, report: Report) -> None:
     if not report.fsdp_units:
         return
     out.heading("FSDP units (most exposed wait first; the root module is (root))")
@@ -381,12 +288,12 @@ def _units(out: _Out, report: Report) -> None:
         for u in units
     ]
     header = ["rank", "unit", "kind", "gathered", "reduced", "gather ms", "reduce ms", "exposed ms"]
-    _fit_table(out, header, rows, {3, 4, 5, 6, 7}, shrink=1)
+    fit_table(out, header, rows, {3, 4, 5, 6, 7}, shrink=1)
     if len(report.fsdp_units) > MAX_UNIT_ROWS:
         out.add(f"  ({len(report.fsdp_units) - MAX_UNIT_ROWS} more units; use --json)")
 
 
-def _stragglers(out: _Out, report: Report) -> None:
+def _stragglers(out: TextOut, report: Report) -> None:
     if not report.stragglers:
         return
     out.heading("Stragglers (last arrivals at matched collectives; wait summed over all steps)")
@@ -402,69 +309,11 @@ def _stragglers(out: _Out, report: Report) -> None:
         for s in ordered[:MAX_STRAGGLER_ROWS]
     ]
     header = ["rank", "last", "matched", "wait caused ms", "mean late ms"]
-    _fit_table(out, header, rows, {1, 2, 3, 4})
+    fit_table(out, header, rows, {1, 2, 3, 4})
     if len(report.stragglers) > MAX_STRAGGLER_ROWS:
         out.add(
             f"  ({len(report.stragglers) - MAX_STRAGGLER_ROWS} ranks causing less wait; use --json)"
         )
-
-
-def _finding(out: _Out, f: Finding) -> None:
-    where = []
-    if f.ranks:
-        where.append(fmt_ranks(f.ranks))
-    if f.steps:
-        where.append(("step " if len(set(f.steps)) == 1 else "steps ") + fmt_ints(f.steps, 16))
-    if f.units:
-        where.append(
-            ("unit " if len(f.units) == 1 else "units ")
-            + fmt_list([unit_label(u) for u in f.units], 8)
-        )
-    badge = f"[{f.severity.upper()}]"
-    head = f"{badge} {f.id}: {f.title}" + (f" ({'; '.join(where)})" if where else "")
-    lines = textwrap.wrap(
-        head, out.width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False
-    )
-    lines[0] = lines[0].replace(badge, out.badge(f.severity), 1)
-    out.add("", *lines)
-    shown = [(k, v) for k, v in f.evidence.items() if v not in (None, {}, [])]
-    if shown:
-        out.add("    evidence:")
-        items = [evidence_item(k, v) for k, v in shown[:MAX_EVIDENCE_ITEMS]]
-        pad = min(max(len(label) for label, _ in items), 28)
-        for label, value in items:
-            out.wrap(f"{label:<{pad}}  {value}", "      ", " " * (pad + 2))
-        if len(shown) > MAX_EVIDENCE_ITEMS:
-            out.add(f"      (+{len(shown) - MAX_EVIDENCE_ITEMS} more in --json)")
-    if f.recommendation:
-        out.wrap(f"do: {f.recommendation}", "    ", "    ")
-    if f.code:
-        out.add(*(f"      {line}".rstrip() for line in f.code.splitlines()))
-    if f.expected_gain_ms is not None:
-        how = f" ({f.gain_method})" if f.gain_method else ""
-        out.wrap(f"expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}", "    ", "    ")
-    if f.expected_gain_bytes is not None:
-        out.wrap(f"expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory", "    ")
-
-
-STRAGGLER_PREFIX = "straggler_"
-"""Report.thresholds keys that belong to the cross-rank straggler ranking (crossrank.py); the
-others are the per-step verdict's (verdict.py)."""
-
-
-def _thresholds(out: _Out, thresholds: dict[str, float]) -> None:
-    """The verdict thresholds and the straggler thresholds, each labelled."""
-    verdict = {k: v for k, v in thresholds.items() if not k.startswith(STRAGGLER_PREFIX)}
-    straggler = {
-        k.removeprefix(STRAGGLER_PREFIX): v
-        for k, v in thresholds.items()
-        if k.startswith(STRAGGLER_PREFIX)
-    }
-    if verdict or straggler:
-        out.add("")
-    for label, values in (("Verdict", verdict), ("Straggler", straggler)):
-        if values:
-            out.wrap(f"{label} thresholds: " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
 
 
 def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False) -> str:
@@ -472,10 +321,8 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
     from the traces are made `printable` (no terminal control reaches the screen)."""
     report = printable_report(report)
     if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
-        from zdiag.render.text_large_run import render_large_run_text
-
         return render_large_run_text(report)
-    out = _Out(width, color)
+    out = TextOut(width, color)
     out.wrap(_run_line(report), hang="  ")
     if report.run:
         bits = [f"{k}={v}" for k, v in report.run.items() if isinstance(v, str | int | float)]
@@ -496,7 +343,7 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
     out.add(*memory_lines(report))
     out.heading(f"Findings ({len(report.findings)})")
     for f in sorted(report.findings, key=by_gain):
-        _finding(out, f)
+        add_finding(out, f)
     if not report.findings:
         out.add(
             "  none"
@@ -512,32 +359,8 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
         out.heading("Warnings")
         for w in warnings:
             out.wrap(f"- {w}", "  ")
-    _thresholds(out, report.thresholds)
+    add_thresholds(out, report.thresholds)
     return "\n".join(out.lines) + "\n"
-
-
-# Line builders for text_large_run.py (the large-run text): plain, unwrapped lines.
-
-
-def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    """An aligned table as lines (no width limit, no indent)."""
-    out = _Out(1 << 30, False)
-    _fit_table(out, header, rows, right, indent="")
-    return out.lines
-
-
-def _finding_lines(f: Finding) -> list[str]:
-    """One finding as lines (head, evidence, what to change, code, gain), indented from 0."""
-    out = _Out(DEFAULT_WIDTH, False)
-    _finding(out, f)
-    return [line[2:] for line in out.lines[1:]]
-
-
-def _threshold_lines(thresholds: dict[str, float]) -> list[str]:
-    """The verdict and straggler thresholds, a blank line first."""
-    out = _Out(DEFAULT_WIDTH, False)
-    _thresholds(out, thresholds)
-    return out.lines
 
 
 class TextRenderer(Renderer):

@@ -15,6 +15,7 @@ from collections import defaultdict
 from zdiag.analyzers.report import ProcessGroupStats, Report
 from zdiag.render.format import fmt_ints, fmt_ms, fmt_ranks
 from zdiag.render.stats import LargeRunStats, Outlier, Spread, large_run_stats, worst_first
+from zdiag.render.text_blocks import finding_lines, table_lines, threshold_lines
 
 MAX_LINES = 150
 """The target: the whole report of a 1024-rank run in at most this many lines."""
@@ -195,8 +196,6 @@ def _collectives(report: Report, table) -> list[str]:  # type: ignore[no-untyped
 
 def render_large_run_text(report: Report) -> str:
     """The text report of a large run (see the module docstring), ending with a newline."""
-    from zdiag.render.text import _finding_lines, _table, _threshold_lines
-
     st = large_run_stats(report)
     out: list[str] = [f"zdiag {report.zdiag_version} - {report.schema}"]
     if report.run:
@@ -219,10 +218,10 @@ def render_large_run_text(report: Report) -> str:
             f"  fewer steps than the usual {st.usual_step_count} (trace ended early: hung, "
             f"crashed or killed?): {shown}" + (f" and {more} more" if more > 0 else "")
         )
-    out += _outlier_rows("Slowest ranks by median step time", st.slowest_ranks, _table)
-    out += _outlier_rows("Most exposed communication per step", st.most_exposed_ranks, _table)
-    out += _nodes(st, _table)
-    out += _process_groups(report, _table)
+    out += _outlier_rows("Slowest ranks by median step time", st.slowest_ranks, table_lines)
+    out += _outlier_rows("Most exposed communication per step", st.most_exposed_ranks, table_lines)
+    out += _nodes(st, table_lines)
+    out += _process_groups(report, table_lines)
     out += _heatmap(st)
     if report.stragglers:
         rows = [
@@ -238,15 +237,15 @@ def render_large_run_text(report: Report) -> str:
         out += ["", "Stragglers (the ranks causing the most waiting)"]
         out += [
             "  " + line
-            for line in _table(
+            for line in table_lines(
                 ["rank", "last", "matched", "wait caused ms", "mean late ms"], rows, {1, 2, 3, 4}
             )
         ]
-    out += _collectives(report, _table)
+    out += _collectives(report, table_lines)
     findings = sorted(report.findings, key=worst_first)
     out += ["", f"Findings ({len(findings)})"]
     for f in findings[:MAX_FINDINGS]:
-        out.extend("  " + line for line in _finding_lines(f))
+        out.extend("  " + line for line in finding_lines(f))
     if len(findings) > MAX_FINDINGS:
         out.append(f"  ({len(findings) - MAX_FINDINGS} more findings; use --json)")
     if not findings:
@@ -262,5 +261,5 @@ def render_large_run_text(report: Report) -> str:
         out.extend(f"  - {w}" for w in warnings[:MAX_WARNING_LINES])
         if len(warnings) > MAX_WARNING_LINES:
             out.append(f"  ({len(warnings) - MAX_WARNING_LINES} more warnings; use --json)")
-    out.extend(_threshold_lines(report.thresholds))
+    out.extend(threshold_lines(report.thresholds))
     return "\n".join(out) + "\n"
