@@ -73,13 +73,6 @@ class _Rank:
         """The rank's collectives of its i-th key, in start order."""
         return self.order[self.bounds[i] : self.bounds[i + 1]]
 
-    def rows_of(self, code: int) -> I32Array | None:
-        """The rank's collectives of key `code` (None: it holds none)."""
-        i = int(np.searchsorted(self.ukeys, code))
-        if i < len(self.ukeys) and self.ukeys[i] == code:
-            return self.key_rows(i)
-        return None
-
 
 @dataclass
 class _Key:

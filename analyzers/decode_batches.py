@@ -90,11 +90,6 @@ class Scan:
     spans: list[Span]
     bare_array: bool  # the document is a bare JSON array of events
 
-    @property
-    def n_events(self) -> int:
-        """All events in the trace (before any filtering)."""
-        return sum(s.count for s in self.spans)
-
 
 # --- errors ---------------------------------------------------------------------------------
 

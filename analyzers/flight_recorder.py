@@ -195,11 +195,6 @@ class RankDump:
     pg_status: tuple[PgStatus, ...] = ()
     entries: tuple[Entry, ...] = ()
 
-    @property
-    def lists_completed(self) -> bool:
-        """Whether the dump lists completed ops (a full dump) or only active ones (onlyActive)."""
-        return any(e.completed for e in self.entries)
-
 
 def _sniff(head: bytes) -> bool:
     """Whether `head` starts a pickled dict whose first item is ('version', '2.x'-like str)."""

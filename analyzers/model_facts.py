@@ -73,12 +73,6 @@ class BlockCandidate:
     block_share: float | None  # bytes_per_block_max / model bytes
     too_fine: bool
 
-    @property
-    def block_paths_hint(self) -> str:
-        """The first container's path as a Python attribute chain (`model.encoder.stages`)."""
-        first = self.containers[0] if self.containers else ""
-        return python_path(first)
-
 
 @dataclass(frozen=True)
 class ModelFacts:

@@ -817,10 +817,6 @@ class Manifest:
             "exit": self.exit.to_json(),
         }
 
-    def rank_entry(self, rank: int) -> RankEntry | None:
-        """The entry of `rank` (None when the manifest has none)."""
-        return next((r for r in self.ranks if r.rank == rank), None)
-
     def unit_param_bytes(self) -> dict[str, int]:
         """{unit fqn: parameter bytes} of the recorded FSDP units that have a positive size."""
         return {u.name: u.param_bytes for u in self.fsdp_units if u.param_bytes}
