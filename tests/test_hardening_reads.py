@@ -10,7 +10,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,12 @@ import fuzz_inputs as fz
 import pytest
 
 from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.memory_snapshot import load_plain_pickle, read_snapshot, summarize_snapshot
+from zdiag.analyzers.memory_snapshot import (
+    _SnapshotReader,
+    load_plain_pickle,
+    read_snapshot,
+    summarize_snapshot,
+)
 from zdiag.analyzers.safe_read import (
     GIB,
     gunzip_capped,
@@ -56,11 +60,9 @@ def test_a_fifo_among_the_traces_is_refused_not_read(tmp_path: Path) -> None:
     good_trace(tmp_path, "rank-0.json")
     fifo = tmp_path / "rank-1.json"
     os.mkfifo(fifo)
-    start = time.monotonic()
-    proc = zdiag("analyze", "-q", str(tmp_path))  # discovery leaves the FIFO out
-    assert proc.returncode == 0, proc.stderr
+    proc = zdiag("analyze", "-q", str(tmp_path))  # discovery leaves the FIFO out (no hang:
+    assert proc.returncode == 0, proc.stderr  # zdiag() times out at 60 s)
     proc = zdiag("analyze", "-q", str(tmp_path / "rank-0.json"), str(fifo))  # named: refused
-    assert time.monotonic() - start < 30
     assert proc.returncode == 2, proc.stderr
     assert "FIFO" in proc.stderr and "not a regular file" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -263,19 +265,19 @@ def test_shared_references_are_walked_once(tmp_path: Path) -> None:
     assert len(data) < 70_000  # ... that a naive walk visits 10**9 frames of
     path = tmp_path / "snap.pickle"
     path.write_bytes(data)
-    start = time.monotonic()
+    reader = _SnapshotReader(path)  # the work, counted: each container and frame once
+    reader.read(pickle.loads(data))
+    assert reader.items < 10_000, reader.items
     mem = summarize_snapshot(read_snapshot(path))
-    assert time.monotonic() - start < 5
     assert mem.blocks == 1 and mem.in_use_bytes == 1 << 20  # one block, referenced 10**6 times
 
 
 def test_a_doubling_list_bomb_is_bounded(tmp_path: Path) -> None:
     path = tmp_path / "snap.pickle"
     path.write_bytes(fz.shared_reference_bomb(40))  # 2**40 leaves if walked naively
-    start = time.monotonic()
-    with pytest.raises(InputError):
+    # refused for its shape, never walked (not by the time bound, which would say "longer than")
+    with pytest.raises(InputError, match="no 'segments' list"):
         read_snapshot(path)
-    assert time.monotonic() - start < 5
 
 
 def test_a_pickle_naming_a_function_is_refused_and_not_run(tmp_path: Path) -> None:

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -243,10 +242,9 @@ def test_a_tuple_hash_bomb_is_stopped_at_the_time_bound(
     """A 300-byte pickle whose dict key hashes 2**45 items (days): killed after the bound."""
     path = write(tmp_path, tuple_hash_bomb(45))
     monkeypatch.setattr(ms, "MAX_SNAPSHOT_SECONDS", 1.0)
-    start = time.monotonic()
-    # the only input and unreadable: one sentence and exit 2 (beside a trace: a warning)
+    # the only input and unreadable: one sentence and exit 2 (beside a trace: a warning); the
+    # message says the time bound stopped it (without the bound it would run for days)
     rc, stderr, _ = fz.run_zdiag(["analyze", "-q", str(path)])
-    assert time.monotonic() - start < 60  # a 1 s bound, on a loaded machine
     assert fz.verdict(rc, stderr) is None and rc == 2, stderr
     assert "longer than the 1 s" in stderr and str(path) in stderr
 
