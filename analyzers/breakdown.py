@@ -27,12 +27,12 @@ import re
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers import intervals as iv
-from zdiag.analyzers.collectives import host_comm_events
-from zdiag.analyzers.events import EventKind, RankTrace
-from zdiag.analyzers.report import CollectiveKindStats, StepBreakdown
-from zdiag.analyzers.run_data import StepWindows
-from zdiag.analyzers.verdict import decide
+from . import intervals as iv
+from .collectives import host_comm_events
+from .events import EventKind, RankTrace
+from .report import CollectiveKindStats, StepBreakdown
+from .run_data import StepWindows
+from .verdict import decide
 
 US_PER_MS = 1000.0
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from zdiag.analyzers.events import (
+from zdiag.errors import InputError
+
+from .events import (
     COLLECTIVE_KINDS,
     Collectives,
     EnclosingIndex,
@@ -24,7 +26,6 @@ from zdiag.analyzers.events import (
     collective_kind,
     dtype_size,
 )
-from zdiag.errors import InputError
 
 _BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
 _INT64_MAX = 2**63 - 1

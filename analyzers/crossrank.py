@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers.report import Finding, StepBreakdown, StragglerStat
+from .report import Finding, StepBreakdown, StragglerStat
 
 if TYPE_CHECKING:
-    from zdiag.analyzers.events import RankTrace
-    from zdiag.analyzers.run_data import StepWindows
+    from .events import RankTrace
+    from .run_data import StepWindows
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -432,7 +432,7 @@ class CrossRankResult:
 def match_collectives(ranks: Iterable[RankCollectives | RankColumns]) -> CrossRankResult:
     """Match collectives across ranks (see the module docstring; crossrank_match.py streams
     them); pure, any number of ranks in any order (a rank given twice: the later is matched)."""
-    from zdiag.analyzers.crossrank_match import match_collectives as streamed
+    from .crossrank_match import match_collectives as streamed
 
     return streamed(ranks)
 

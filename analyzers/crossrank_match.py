@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers.crossrank import (
+from .crossrank import (
     END_MATCH_MIN_TOL_US,
     END_MATCH_REL_TOL,
     OFFSET_INDEX_WINDOW,

@@ -51,10 +51,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from zdiag import __version__
-from zdiag.analyzers.loader import MAX_RANK
-from zdiag.analyzers.memory_snapshot import _PlainUnpickler
-from zdiag.analyzers.report import Finding, Report
 from zdiag.errors import InputError
+
+from .loader import MAX_RANK
+from .memory_snapshot import _PlainUnpickler
+from .report import Finding, Report
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 """Largest dump read (a 20k-entry buffer with C++ stacks is tens of MB); larger is refused."""

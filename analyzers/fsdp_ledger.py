@@ -40,12 +40,12 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers import intervals
-from zdiag.analyzers.breakdown import ActivitySets
-from zdiag.analyzers.collectives import input_dtype, input_tensors
-from zdiag.analyzers.events import EventKind, RankTrace, collective_kind, dtype_size
-from zdiag.analyzers.frameworks import deepspeed, fsdp1, fsdp2
-from zdiag.analyzers.report import FsdpUnit
+from . import intervals
+from .breakdown import ActivitySets
+from .collectives import input_dtype, input_tensors
+from .events import EventKind, RankTrace, collective_kind, dtype_size
+from .frameworks import deepspeed, fsdp1, fsdp2
+from .report import FsdpUnit
 
 # Framework labels and ZeRO-3's autograd Functions: analyzers/frameworks/ (one module each).
 _FSDP2_RE = fsdp2.LABEL_RE

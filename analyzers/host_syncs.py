@@ -31,8 +31,8 @@ from collections import Counter
 import msgspec
 import numpy as np
 
-from zdiag.analyzers.events import EventKind, RankTrace
-from zdiag.analyzers.frameworks.deepspeed import AUTOGRAD_FUNCTION_RE
+from .events import EventKind, RankTrace
+from .frameworks.deepspeed import AUTOGRAD_FUNCTION_RE
 
 HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 """Host ops that block the CPU on a device value (`.item()`); counted with CPU_SYNC events."""

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers.events import EventKind, MemoryEvents, RankTrace
-from zdiag.analyzers.memory import _peak_preserving
-from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline
-from zdiag.analyzers.snapshot_whatif import predict
+from .events import EventKind, MemoryEvents, RankTrace
+from .memory import _peak_preserving
+from .report import MemoryBreakdown, MemoryTimeline
+from .snapshot_whatif import predict
 
 MAX_TIMELINE_POINTS = 2000
 REPLAY_TOLERANCE = 0.01

@@ -33,8 +33,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from zdiag.analyzers.collectives import build_collectives
-from zdiag.analyzers.decode_batches import (
+from zdiag.errors import InputError
+
+from .collectives import build_collectives
+from .decode_batches import (
     BATCH_EVENTS,
     Buffer,
     TraceHeader,
@@ -42,7 +44,7 @@ from zdiag.analyzers.decode_batches import (
     decode_spans,
     scan_trace,
 )
-from zdiag.analyzers.events import (
+from .events import (
     EventKind,
     Lane,
     MemoryEvents,
@@ -51,14 +53,13 @@ from zdiag.analyzers.events import (
     classify,
     is_device_category,
 )
-from zdiag.analyzers.safe_read import (
+from .safe_read import (
     GZIP_MAGIC,
     current_limits,
     open_regular,
     read_capped,
     read_open,
 )
-from zdiag.errors import InputError
 
 # --- the decode schema: only what analysis reads --------------------------------------------
 

@@ -26,9 +26,10 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers.loader import read_trace_bytes
-from zdiag.analyzers.report import MemoryTimeline
 from zdiag.errors import InputError
+
+from .loader import read_trace_bytes
+from .report import MemoryTimeline
 
 CATEGORIES = (
     "PARAMETER",

@@ -60,8 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from zdiag.analyzers.safe_read import current_limits, open_regular, read_capped
 from zdiag.errors import InputError
+
+from .safe_read import current_limits, open_regular, read_capped
 
 T = TypeVar("T")
 
@@ -297,7 +298,7 @@ def load_plain_pickle(path: str | Path, what: str, root: Path | None = None) -> 
 
 def fork_available() -> bool:
     """Whether `run_isolated` can fork (Linux, one thread, not a daemonic process)."""
-    from zdiag.analyzers.decode_batches import fork_available as available
+    from .decode_batches import fork_available as available
 
     return available()
 

@@ -39,8 +39,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zdiag.analyzers.frameworks.fsdp1 import unit_name as fsdp1_unit_name
-from zdiag.collectors.model_schema import (
+from zdiag.errors import InputError
+
+from ..collectors.model_schema import (
     DdpConfig,
     DeepSpeedConfig,
     Fsdp1Instance,
@@ -48,8 +49,8 @@ from zdiag.collectors.model_schema import (
     ModelDescription,
     RepeatedSet,
 )
-from zdiag.collectors.rundir import model_description_relpath, read_run_json
-from zdiag.errors import InputError
+from ..collectors.rundir import model_description_relpath, read_run_json
+from .frameworks.fsdp1 import unit_name as fsdp1_unit_name
 
 MIN_BLOCK_SHARE = 0.002  # a block under 0.2 % of the model's parameter bytes is too fine
 COVERAGE_TIE = 0.10  # coverages this close to the best count as a tie (finest class wins)

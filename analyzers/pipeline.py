@@ -26,26 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zdiag.analyzers import flight_recorder
-from zdiag.analyzers.decode_batches import auto_workers
-from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
-from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.model_facts import ModelFacts, facts_from_run_dir
-from zdiag.analyzers.rank_analysis import analyze_rank
-from zdiag.analyzers.reduce import RunFacts, reduce_run
-from zdiag.analyzers.report import MemoryTimeline
-from zdiag.analyzers.run_data import Analysis, RunData
-from zdiag.analyzers.snapshot_input import (
-    SNAPSHOT_SKIPPED,
-    SnapshotResult,
-    is_snapshot_file,
-    load_breakdowns,
-)
-from zdiag.analyzers.summary import RankSummary, summarize
-from zdiag.analyzers.summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
-from zdiag.analyzers.summary_map import RunContexts, assign_rank
-from zdiag.collectors.rundir import (
+from zdiag.errors import InputError
+
+from ..collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
     OOM_RECORD_GLOB,
@@ -60,7 +43,25 @@ from zdiag.collectors.rundir import (
     run_file,
     step_log_relpath,
 )
-from zdiag.errors import InputError
+from . import flight_recorder
+from .decode_batches import auto_workers
+from .events import RankTrace
+from .loader import load_rank_trace, rank_from_file_name
+from .memory import load_memory_timeline
+from .model_facts import ModelFacts, facts_from_run_dir
+from .rank_analysis import analyze_rank
+from .reduce import RunFacts, reduce_run
+from .report import MemoryTimeline
+from .run_data import Analysis, RunData
+from .snapshot_input import (
+    SNAPSHOT_SKIPPED,
+    SnapshotResult,
+    is_snapshot_file,
+    load_breakdowns,
+)
+from .summary import RankSummary, summarize
+from .summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
+from .summary_map import RunContexts, assign_rank
 
 Progress = Callable[[int, int, str], None]
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from zdiag.analyzers.crossrank import SKEW_NOISE_US
-from zdiag.analyzers.report import ProcessGroupStats
+from .crossrank import SKEW_NOISE_US
+from .report import ProcessGroupStats
 
 if TYPE_CHECKING:
-    from zdiag.analyzers.crossrank import MatchTable, RankColumns
+    from .crossrank import MatchTable, RankColumns
 
 
 class ProcessGroupInfo(msgspec.Struct, kw_only=True):

@@ -20,25 +20,25 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from zdiag.analyzers import frameworks
-from zdiag.analyzers.breakdown import ActivitySets, breakdown_rank, collective_stats
-from zdiag.analyzers.crossrank import RankCollectives, rank_collectives
-from zdiag.analyzers.detectors.blocks import repeated_module_class
-from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
-from zdiag.analyzers.host_syncs import HostSyncSites, host_sync_sites
-from zdiag.analyzers.kineto_memory import kineto_memory
-from zdiag.analyzers.process_groups import ProcessGroupInfo, declared_groups
-from zdiag.analyzers.report import (
+from . import frameworks
+from .breakdown import ActivitySets, breakdown_rank, collective_stats
+from .crossrank import RankCollectives, rank_collectives
+from .detectors.blocks import repeated_module_class
+from .events import RankTrace
+from .fsdp_ledger import RankLedger, build_rank_ledger
+from .host_syncs import HostSyncSites, host_sync_sites
+from .kineto_memory import kineto_memory
+from .process_groups import ProcessGroupInfo, declared_groups
+from .report import (
     CollectiveKindStats,
     MemoryBreakdown,
     MemoryTimeline,
     StepBreakdown,
     StepTimeline,
 )
-from zdiag.analyzers.run_data import StepWindows
-from zdiag.analyzers.steps import drop_unfinished_tail, find_steps
-from zdiag.analyzers.timeline import step_timeline
+from .run_data import StepWindows
+from .steps import drop_unfinished_tail, find_steps
+from .timeline import step_timeline
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from zdiag import __version__
-from zdiag.analyzers import crossrank, verdict
-from zdiag.analyzers.crossrank import CrossRankResult, match_collectives
-from zdiag.analyzers.detectors import build_context, run_context
-from zdiag.analyzers.flight_recorder import HangAnalysis
-from zdiag.analyzers.model_facts import ModelFacts
-from zdiag.analyzers.process_groups import process_group_stats
-from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
-from zdiag.analyzers.summary import RankSummary
-from zdiag.analyzers.timeline import select_timelines
-from zdiag.collectors.rundir import Manifest
+
+from ..collectors.rundir import Manifest
+from . import crossrank, verdict
+from .crossrank import CrossRankResult, match_collectives
+from .detectors import build_context, run_context
+from .flight_recorder import HangAnalysis
+from .model_facts import ModelFacts
+from .process_groups import process_group_stats
+from .report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
+from .summary import RankSummary
+from .timeline import select_timelines
 
 
 @dataclass(frozen=True)

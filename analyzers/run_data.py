@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.flight_recorder import HangAnalysis
-from zdiag.collectors.rundir import Manifest
+from ..collectors.rundir import Manifest
+from .events import RankTrace
+from .flight_recorder import HangAnalysis
 
 if TYPE_CHECKING:
-    from zdiag.analyzers.crossrank import CrossRankResult
-    from zdiag.analyzers.rank_analysis import RankAnalysis
-    from zdiag.analyzers.report import Report, StepBreakdown
-    from zdiag.analyzers.summary import RankSummary
+    from .crossrank import CrossRankResult
+    from .rank_analysis import RankAnalysis
+    from .report import Report, StepBreakdown
+    from .summary import RankSummary
 
 
 @dataclass

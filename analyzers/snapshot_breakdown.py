@@ -37,16 +37,17 @@ from typing import Any
 
 import numpy as np
 
-from zdiag.analyzers.memory import _peak_preserving
-from zdiag.analyzers.memory_snapshot import (
+from zdiag.errors import InputError
+
+from .memory import _peak_preserving
+from .memory_snapshot import (
     _RULES,
     MAX_DEVICE_BYTES,
     MAX_SNAPSHOT_ITEMS,
     MAX_STACK_FRAMES,
 )
-from zdiag.analyzers.report import AllocationSite, MemoryBreakdown, MemoryTimeline
-from zdiag.analyzers.snapshot_whatif import predict
-from zdiag.errors import InputError
+from .report import AllocationSite, MemoryBreakdown, MemoryTimeline
+from .snapshot_whatif import predict
 
 MAX_TIMELINE_POINTS = 2000
 MAX_SITES = 10

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zdiag.analyzers import memory_snapshot
-from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline
-from zdiag.analyzers.snapshot_breakdown import analyze_snapshot
 from zdiag.errors import InputError
+
+from . import memory_snapshot
+from .report import MemoryBreakdown, MemoryTimeline
+from .snapshot_breakdown import analyze_snapshot
 
 PEEK_BYTES = 64 * 1024
 """Bytes read to recognize a snapshot: the dict's first keys are in the first pickle frame."""

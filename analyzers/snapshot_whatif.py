@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from zdiag.analyzers.report import WhatIf
+from .report import WhatIf
 
 MIB = 1024**2
 

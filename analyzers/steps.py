@@ -29,10 +29,11 @@ import re
 import numpy as np
 import numpy.typing as npt
 
-from zdiag.analyzers import frameworks
-from zdiag.analyzers.events import DEVICE_KINDS, EventKind, RankTrace
-from zdiag.analyzers.run_data import StepWindows
 from zdiag.errors import InputError
+
+from . import frameworks
+from .events import DEVICE_KINDS, EventKind, RankTrace
+from .run_data import StepWindows
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RE = r"^Optimizer\.step#"

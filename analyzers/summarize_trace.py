@@ -38,9 +38,9 @@ def lower_priority() -> None:
 
 def summarize_to(trace: Path, out: Path) -> None:
     """Summarize `trace` into `out` (InputError when the trace cannot be read)."""
-    from zdiag.analyzers.summary import inflate_summary
-    from zdiag.analyzers.summary_map import MapTask, RunContexts, map_trace
-    from zdiag.analyzers.summary_store import (
+    from .summary import inflate_summary
+    from .summary_map import MapTask, RunContexts, map_trace
+    from .summary_store import (
         EMPTY_CONTEXT_KEY,
         StoredSummary,
         fingerprint,

@@ -24,10 +24,10 @@ import zlib
 import msgspec
 import numpy as np
 
-from zdiag.analyzers.crossrank import RankCollectives, RankColumns
-from zdiag.analyzers.fsdp_ledger import RankLedger
-from zdiag.analyzers.rank_analysis import RankAnalysis, RankFacts
-from zdiag.analyzers.report import (
+from .crossrank import RankCollectives, RankColumns
+from .fsdp_ledger import RankLedger
+from .rank_analysis import RankAnalysis, RankFacts
+from .report import (
     CollectiveKindStats,
     MemoryBreakdown,
     MemoryTimeline,

@@ -25,11 +25,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from zdiag.analyzers.kineto_memory import MAX_TIMELINE_POINTS
-from zdiag.analyzers.loader import MAX_RANK
-from zdiag.analyzers.summary import RankSummary
-from zdiag.analyzers.timeline import MAX_TIMELINE_SPANS
-from zdiag.collectors.rundir import MAX_WORLD_SIZE
+from ..collectors.rundir import MAX_WORLD_SIZE
+from .kineto_memory import MAX_TIMELINE_POINTS
+from .loader import MAX_RANK
+from .summary import RankSummary
+from .timeline import MAX_TIMELINE_SPANS
 
 MAX_STEP = 2**31 - 1
 """Step numbers are ProfilerStep#N counters: 32-bit, as in the loader."""

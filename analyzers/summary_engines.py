@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Protocol
 
-from zdiag.analyzers.summary_map import MapOutput, MapTask, map_trace
 from zdiag.errors import ConfigError
+
+from .summary_map import MapOutput, MapTask, map_trace
 
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 """Summarize in worker processes only when the traces hold this much JSON together: below

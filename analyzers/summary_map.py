@@ -15,15 +15,15 @@ from pathlib import Path
 
 import msgspec
 
-from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
-from zdiag.analyzers.model_facts import ModelFacts
-from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
-from zdiag.analyzers.remote_traces import fetched, is_url
-from zdiag.analyzers.safe_read import open_regular
-from zdiag.analyzers.summary import decode_summary, encode_summary, summarize
-from zdiag.analyzers.summary_store import TraceFingerprint, context_key, fingerprint
-from zdiag.collectors.rundir import Manifest, check_rank
+from ..collectors.rundir import Manifest, check_rank
+from .events import RankTrace
+from .loader import load_rank_trace, rank_from_file_name
+from .model_facts import ModelFacts
+from .rank_analysis import RankContext, analyze_rank
+from .remote_traces import fetched, is_url
+from .safe_read import open_regular
+from .summary import decode_summary, encode_summary, summarize
+from .summary_store import TraceFingerprint, context_key, fingerprint
 
 MAX_COLLECTOR_ERRORS_SHOWN = 5
 

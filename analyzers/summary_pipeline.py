@@ -22,8 +22,10 @@ from pathlib import Path
 
 import msgspec
 
-from zdiag.analyzers import flight_recorder
-from zdiag.analyzers.pipeline import (
+from zdiag.errors import InputError
+
+from . import flight_recorder
+from .pipeline import (
     Progress,
     _json_bytes,
     attach_flight_recorder,
@@ -33,18 +35,18 @@ from zdiag.analyzers.pipeline import (
     run_facts,
     run_level_data,
 )
-from zdiag.analyzers.reduce import RunFacts, reduce_run
-from zdiag.analyzers.remote_traces import is_url, list_remote_traces
-from zdiag.analyzers.report import Report, StepTimeline
-from zdiag.analyzers.summary import (
+from .reduce import RunFacts, reduce_run
+from .remote_traces import is_url, list_remote_traces
+from .report import Report, StepTimeline
+from .summary import (
     RankSummary,
     decode_summary,
     decode_summary_without_spans,
     inflate_summary,
 )
-from zdiag.analyzers.summary_engines import Engine, LocalEngine
-from zdiag.analyzers.summary_map import MapOutput, MapTask, RunContexts
-from zdiag.analyzers.summary_store import (
+from .summary_engines import Engine, LocalEngine
+from .summary_map import MapOutput, MapTask, RunContexts
+from .summary_store import (
     EMPTY_CONTEXT_KEY,
     MAP_CODE_VERSION,
     StoredSummary,
@@ -57,8 +59,7 @@ from zdiag.analyzers.summary_store import (
     summary_path_for,
     write_stored,
 )
-from zdiag.analyzers.timeline import select_timelines
-from zdiag.errors import InputError
+from .timeline import select_timelines
 
 
 @dataclass(frozen=True)

@@ -56,16 +56,17 @@ from pathlib import Path
 import msgspec
 
 from zdiag import __version__
-from zdiag.analyzers.fsdp_ledger import fill_missing_bytes
-from zdiag.analyzers.rank_analysis import RankContext
-from zdiag.analyzers.summary import (
+
+from ..collectors.rundir import summary_path_for
+from .fsdp_ledger import fill_missing_bytes
+from .rank_analysis import RankContext
+from .summary import (
     SUMMARY_SCHEMA,
     RankSummary,
     decode_summary,
     decode_summary_without_spans,
 )
-from zdiag.analyzers.summary_checks import check_summary
-from zdiag.collectors.rundir import summary_path_for
+from .summary_checks import check_summary
 
 
 def _analyzer_digest() -> str:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from zdiag.analyzers import intervals as iv
-from zdiag.analyzers.breakdown import ActivitySets
-from zdiag.analyzers.events import EventKind, RankTrace
-from zdiag.analyzers.report import StepBreakdown, StepTimeline, TimelineSpan
-from zdiag.analyzers.run_data import StepWindows
+from . import intervals as iv
+from .breakdown import ActivitySets
+from .events import EventKind, RankTrace
+from .report import StepBreakdown, StepTimeline, TimelineSpan
+from .run_data import StepWindows
 
 MAX_TIMELINE_SPANS = 3000
 """Spans kept per timeline (the longest ones)."""

@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from zdiag.collectors import memory
-from zdiag.collectors.config import CollectorConfig
-from zdiag.collectors.manifest import merge_manifest
-from zdiag.collectors.rundir import MANIFEST
-from zdiag.collectors.session import RankSession, active_session
 from zdiag.errors import ConfigError
+
+from . import memory
+from .config import CollectorConfig
+from .manifest import merge_manifest
+from .rundir import MANIFEST
+from .session import RankSession, active_session
 
 
 def default_out_dir() -> Path:

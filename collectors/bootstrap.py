@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from zdiag.collectors.session import RankSession
+    from .session import RankSession
 
 USAGE = "usage: python -m zdiag.collectors.bootstrap (SCRIPT | -m MODULE) [ARGS...]"
 
@@ -42,7 +42,7 @@ def _exit_code(exc: SystemExit) -> int:
 def _end_forked_child(exc: BaseException | None) -> NoReturn:
     """A forked child came back from the script: report as Python would, then end it with its
     exit code, never touching the parent's session."""
-    from zdiag.collectors.session import exit_forked_child
+    from .session import exit_forked_child
 
     code = 0
     if isinstance(exc, SystemExit):
@@ -80,14 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     target, args = argv[0], argv[1:]
 
-    from zdiag.collectors.config import config_from_env
+    from .config import config_from_env
 
     found = config_from_env()
     if found is None:  # not under zdiag run: behave exactly like python SCRIPT
         run_target(target, args, as_module=as_module)
         return 0
 
-    from zdiag.collectors.session import RankSession
+    from .session import RankSession
 
     run_dir, config = found
     command = [sys.executable, *(["-m"] if as_module else []), target, *args]
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _finish_after(session: RankSession, exc: BaseException) -> None:
     """Finish the session for the exception the script ended with (it is re-raised after)."""
-    from zdiag.collectors import memory
+    from . import memory
 
     if isinstance(exc, SystemExit):
         session.finish(_exit_code(exc))

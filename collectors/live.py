@@ -31,7 +31,7 @@ from typing import Any
 
 import zmq
 
-from zdiag.collectors.live_wire import (
+from .live_wire import (
     ENV_JOB,
     ENV_MONITOR,
     ENV_TOKEN,

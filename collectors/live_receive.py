@@ -36,8 +36,10 @@ from typing import Any
 
 import zmq
 
-from zdiag.collectors.live_auth import HandshakeGuard
-from zdiag.collectors.live_wire import (
+from zdiag.errors import ConfigError
+
+from .live_auth import HandshakeGuard
+from .live_wire import (
     ENV_MONITOR,
     ENV_TOKEN,
     MAX_FRAME_BYTES,
@@ -53,7 +55,6 @@ from zdiag.collectors.live_wire import (
     push_socket,
     token_matches,
 )
-from zdiag.errors import ConfigError
 
 RCV_HWM = 256
 """Complete messages zmq may buffer per connection (zmq's ``RCVHWM`` holds for each peer, not

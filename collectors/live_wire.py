@@ -141,7 +141,7 @@ def push_socket(
     """
     import zmq
 
-    from zdiag.collectors.live_auth import secure_sender
+    from .live_auth import secure_sender
 
     sock = ctx.socket(zmq.PUSH)
     secure_sender(sock, token)

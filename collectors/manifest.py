@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from zdiag import __version__
-from zdiag.collectors.fsio import write_json_atomically
-from zdiag.collectors.rundir import (
+from zdiag.errors import InputError
+
+from .fsio import write_json_atomically
+from .rundir import (
     LAUNCHER_PART_GLOB,
     MANIFEST,
     MANIFEST_SCHEMA,
@@ -34,8 +36,7 @@ from zdiag.collectors.rundir import (
     RankEntry,
     RankPart,
 )
-from zdiag.collectors.runinfo import memory_budget_bytes
-from zdiag.errors import InputError
+from .runinfo import memory_budget_bytes
 
 # run_info keys that the manifest lifts to fields of their own.
 _LIFTED_RUN_INFO = ("harness", "fsdp_units", "memory_budget_bytes")

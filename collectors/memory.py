@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from zdiag.collectors import rundir, runinfo
-from zdiag.collectors.fsio import write_atomically, write_json_atomically
+from . import rundir, runinfo
+from .fsio import write_atomically, write_json_atomically
 
 MemoryReading = tuple[int | None, int | None, int | None]
 NO_READING: MemoryReading = (None, None, None)

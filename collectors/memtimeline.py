@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from zdiag.collectors.fsio import write_atomically
+from .fsio import write_atomically
 
 TIMELINE_COLUMNS = 9
 """Columns of a coalesced timeline row: an unused 0, seven categories, then "unknown" (torch's)."""

@@ -51,10 +51,10 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from zdiag.collectors import rundir
-from zdiag.collectors.compile_safe import eager_or_opaque
-from zdiag.collectors.fsio import write_atomically
-from zdiag.collectors.model_schema import (
+from . import rundir
+from .compile_safe import eager_or_opaque
+from .fsio import write_atomically
+from .model_schema import (
     KEEP_REPEATED_CHILDREN,
     MAX_FSDP_UNITS,
     MAX_MODULES,

@@ -60,7 +60,7 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
-from zdiag.collectors.compile_safe import eager_or_opaque
+from .compile_safe import eager_or_opaque
 
 NO_GRAPH_TASK = -1
 """`torch._C._current_graph_task_id()` outside backward."""

@@ -40,23 +40,23 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
-from zdiag.collectors import memory, memtimeline, rundir, runinfo, summary_job
-from zdiag.collectors.compile_safe import eager_or_opaque
-from zdiag.collectors.config import CollectorConfig
-from zdiag.collectors.fsio import write_atomically, write_json_atomically
-from zdiag.collectors.hang import (
+from . import memory, memtimeline, rundir, runinfo, summary_job
+from .compile_safe import eager_or_opaque
+from .config import CollectorConfig
+from .fsio import write_atomically, write_json_atomically
+from .hang import (
     HangWatchdog,
     describe_hang,
     hang_line,
     hang_record,
     raised_at,
 )
-from zdiag.collectors.live_wire import ENV_MONITOR
-from zdiag.collectors.manifest import hostname, process_env_info, utc_now_iso
-from zdiag.collectors.model_capture import ModelCapture
-from zdiag.collectors.nvtx import StepRanges, UnitRanges
-from zdiag.collectors.signals import SignalFlush
-from zdiag.collectors.steplog import StepLog
+from .live_wire import ENV_MONITOR
+from .manifest import hostname, process_env_info, utc_now_iso
+from .model_capture import ModelCapture
+from .nvtx import StepRanges, UnitRanges
+from .signals import SignalFlush
+from .steplog import StepLog
 
 MAX_COLLECTOR_ERRORS = 10
 
@@ -666,13 +666,13 @@ class RankSession:
         if not os.environ.get(ENV_MONITOR):
             return
         try:
-            from zdiag.collectors.live import publisher_from_env
+            from .live import publisher_from_env
         except ImportError as exc:
             self._report(f"live metrics are off: {exc}")
             return
         self._publisher = publisher_from_env(self.rank, self.host)
         if self._publisher is not None:
-            from zdiag.collectors.comm_split import CommTimer
+            from .comm_split import CommTimer
 
             self._comm_timer = CommTimer().install()
 

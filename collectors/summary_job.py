@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zdiag.collectors.rundir import summary_path_for
+from .rundir import summary_path_for
 
 SUMMARIZER_MODULE = "zdiag.analyzers.summarize_trace"
 ENV_SWITCH = "ZDIAG_INJOB_SUMMARY"

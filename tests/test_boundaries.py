@@ -8,26 +8,21 @@
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT
+from support.imports import module_imports as _imports
 
 STDLIB = set(sys.stdlib_module_names)
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
-    return found
+def test_relative_imports_resolve_to_the_installed_names() -> None:
+    path = REPO_ROOT / "analyzers" / "detectors" / "context.py"
+    names = {name for _, name in _imports(path)}
+    assert "zdiag.collectors.rundir" in names and "zdiag.analyzers.fsdp_ledger" in names
 
 
 def _sources(folder: str) -> list[Path]:

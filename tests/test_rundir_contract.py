@@ -4,7 +4,6 @@ through the confined, capped reader."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
+from support.imports import module_imports
 from zdiag.analyzers.pipeline import discover, load_run, manifest_ranks
 from zdiag.cli import main
 from zdiag.collectors import rundir
@@ -68,11 +68,9 @@ def test_importing_the_contract_does_not_import_torch() -> None:
 def test_analyzers_take_only_the_contract_from_the_collectors() -> None:
     found = []
     for path in sorted((REPO_ROOT / "analyzers").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "zdiag.collectors"
-            ):
-                found.append((path.name, node.module))
+        for _, name in module_imports(path):
+            if name.startswith("zdiag.collectors"):
+                found.append((path.name, name))
     # the run-dir contract, and the model description's schema (stdlib only, issue 12)
     contract = {"zdiag.collectors.rundir", "zdiag.collectors.model_schema"}
     assert found and {m for _, m in found} <= contract

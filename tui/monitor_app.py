@@ -20,9 +20,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
-from zdiag.tui.monitor_screens import HelpScreen, RankScreen
-from zdiag.tui.monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
-from zdiag.tui.monitor_text import (
+from .monitor_screens import HelpScreen, RankScreen
+from .monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
+from .monitor_text import (
     COLUMNS,
     STATUS_ORDER,
     fmt_ms,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 
 from zdiag.render.format import fmt_bytes, fmt_ms
-from zdiag.tui.monitor_history import WINDOW_STEPS
-from zdiag.tui.monitor_state import RankDetail
-from zdiag.tui.monitor_text import fmt_age, job_label, shown
+
+from .monitor_history import WINDOW_STEPS
+from .monitor_state import RankDetail
+from .monitor_text import fmt_age, job_label, shown
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 

@@ -11,10 +11,10 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
-from zdiag.tui.monitor_detail import detail_lines, detail_title, step_chart
+from .monitor_detail import detail_lines, detail_title, step_chart
 
 if TYPE_CHECKING:
-    from zdiag.tui.monitor_app import MonitorApp
+    from .monitor_app import MonitorApp
 
 CHART_ROWS = 8
 

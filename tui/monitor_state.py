@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from zdiag.analyzers.report import Finding
-from zdiag.tui.monitor_findings import comm_bound, floor_growth_per_step, memory_creep, stragglers
-from zdiag.tui.monitor_history import (
+from ..analyzers.report import Finding
+from .monitor_findings import comm_bound, floor_growth_per_step, memory_creep, stragglers
+from .monitor_history import (
     HISTORY_STEPS,
     LAST_FIELDS,
     NUMBER_LAST_FIELDS,

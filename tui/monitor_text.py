@@ -19,7 +19,8 @@ import msgspec
 
 from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.render.printable import printable
-from zdiag.tui.monitor_state import MonitorView, RankRow
+
+from .monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 STATUS_ORDER = {  # worst first

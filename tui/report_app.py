@@ -36,7 +36,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
-from zdiag.analyzers.report import Finding, Report, StepBreakdown, StepTimeline
 from zdiag.errors import ConfigError
 from zdiag.render import _details as details
 from zdiag.render.columns import StepColumn, shown_columns
@@ -45,6 +44,8 @@ from zdiag.render.memory_view import memory_lines
 from zdiag.render.printable import printable_report
 from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView, by_gain, failed_detectors, rank_stats
+
+from ..analyzers.report import Finding, Report, StepBreakdown, StepTimeline
 
 MAX_OP_ROWS = 500
 """Aggregated kernel/op rows shown for one step (the largest total time first)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zdiag.analyzers.detectors import (
+from ..report import Finding
+from . import (
     activation_oom,
     comm_bound,
     crash,
@@ -30,9 +31,8 @@ from zdiag.analyzers.detectors import (
     tiny_layer_wrap,
     whole_model_wrap,
 )
-from zdiag.analyzers.detectors.context import DetectorContext, build_context
-from zdiag.analyzers.detectors.reconcile import reconcile
-from zdiag.analyzers.report import Finding
+from .context import DetectorContext, build_context
+from .reconcile import reconcile
 
 Detector = Callable[[DetectorContext], list[Finding]]
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 
-from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_pattern
-from zdiag.analyzers.detectors.context import MIB, DetectorContext, MemoryEvidence
-from zdiag.analyzers.detectors.facts import block_set, framework_of
-from zdiag.analyzers.frameworks import checkpoint_blocks
-from zdiag.analyzers.report import Finding, WhatIf
+from ..frameworks import checkpoint_blocks
+from ..report import Finding, WhatIf
+from .blocks import find_block_pattern, harness_block_pattern
+from .context import MIB, DetectorContext, MemoryEvidence
+from .facts import block_set, framework_of
 
 # "Dominated": activations are at least half of the memory in use at the peak / the failure,
 # so no other category (parameters, gradients, optimizer state) could be the bigger lever.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zdiag.analyzers.events import EnclosingIndex, EventKind, RankTrace
+from ..events import EnclosingIndex, EventKind, RankTrace
 
 _INDEX_RE = re.compile(r"^(?P<list>(?:[A-Za-z_][\w]*\.)*?[A-Za-z_][\w]*)\.(?P<idx>\d+)(?:\.|$)")
 

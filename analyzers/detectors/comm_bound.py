@@ -7,9 +7,9 @@ more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.fp32_collectives import bf16_remedy, is_fp32
-from zdiag.analyzers.report import Finding
+from ..report import Finding
+from .context import DetectorContext
+from .fp32_collectives import bf16_remedy, is_fp32
 
 NO_OVERLAP_FIX = (
     "No prefetch or overlap setting can fix this: communication is longer than the compute it "

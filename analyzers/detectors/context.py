@@ -14,12 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zdiag.analyzers.fsdp_ledger import RankLedger
-from zdiag.analyzers.host_syncs import HostSyncSites
-from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
-from zdiag.analyzers.model_facts import ModelFacts
-from zdiag.analyzers.report import MemoryBreakdown, MemoryTimeline, StepBreakdown
-from zdiag.collectors.rundir import (
+from zdiag.errors import InputError
+
+from ...collectors.rundir import (
     FsdpUnitRecord,
     Manifest,
     OomRecord,
@@ -27,13 +24,17 @@ from zdiag.collectors.rundir import (
     read_run_json,
     run_file,
 )
-from zdiag.errors import InputError
+from ..fsdp_ledger import RankLedger
+from ..host_syncs import HostSyncSites
+from ..memory_snapshot import read_snapshot, summarize_snapshot
+from ..model_facts import ModelFacts
+from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 
 if TYPE_CHECKING:
-    from zdiag.analyzers.crossrank import CrossRankResult
-    from zdiag.analyzers.flight_recorder import HangAnalysis
-    from zdiag.analyzers.rank_analysis import RankFacts
-    from zdiag.analyzers.summary import RankSummary
+    from ..crossrank import CrossRankResult
+    from ..flight_recorder import HangAnalysis
+    from ..rank_analysis import RankFacts
+    from ..summary import RankSummary
 
 MIB = 1024**2
 

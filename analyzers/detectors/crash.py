@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.failures import COLLATERAL_ERRORS, timeout_hang
-from zdiag.analyzers.report import Finding
-from zdiag.collectors.rundir import RankEntry
+from ...collectors.rundir import RankEntry
+from ..report import Finding
+from .context import DetectorContext
+from .failures import COLLATERAL_ERRORS, timeout_hang
 
 MAX_ERROR_CHARS = 300
 

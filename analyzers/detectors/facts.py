@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from zdiag.analyzers import frameworks
-from zdiag.analyzers.detectors.blocks import BlockPattern
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.frameworks import BlockSet, Framework, RunFacts
-from zdiag.analyzers.model_facts import BlockCandidate, ModelFacts
+from .. import frameworks
+from ..frameworks import BlockSet, Framework, RunFacts
+from ..model_facts import BlockCandidate, ModelFacts
+from .blocks import BlockPattern
+from .context import DetectorContext
 
 MODEL_SOURCE = "model description"
 

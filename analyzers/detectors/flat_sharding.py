@@ -7,9 +7,9 @@ one gradient all-reduce across nodes, as long as the model state fits a node's m
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import framework_of, run_facts
-from zdiag.analyzers.report import Finding
+from ..report import Finding
+from .context import DetectorContext
+from .facts import framework_of, run_facts
 
 # HSDP replaces cross-node gathers with intra-node ones. NVLink/xGMI is typically >= 4x the
 # per-GPU network bandwidth; we claim only half of that: the exposed FSDP comm time halves.

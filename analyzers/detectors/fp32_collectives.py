@@ -7,11 +7,11 @@ fp32 if asked): half the bytes on the wire and in the unsharded parameter memory
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import framework_of, run_facts
-from zdiag.analyzers.frameworks import Remedy
-from zdiag.analyzers.report import Finding
+from ..frameworks import Remedy
+from ..report import Finding
+from .comm_model import fit_alpha_beta
+from .context import DetectorContext
+from .facts import framework_of, run_facts
 
 FP32_NAMES = ("float", "float32", "torch.float32", "fp32")
 

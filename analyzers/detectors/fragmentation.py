@@ -12,9 +12,9 @@ splitting, which returns most of it; the gain is the fragmented bytes.
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.memory_common import MIB
-from zdiag.analyzers.report import Finding, Severity
+from ..report import Finding, Severity
+from .context import DetectorContext
+from .memory_common import MIB
 
 FRAGMENTATION_SHARE = 0.3
 """Reserved-but-unallocated share of reserved memory from which fragmentation is reported."""

@@ -21,11 +21,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.failures import timeout_hang
-from zdiag.analyzers.flight_recorder import hang_findings
-from zdiag.analyzers.report import Finding
-from zdiag.collectors.rundir import HangRecord, RankEntry
+from ...collectors.rundir import HangRecord, RankEntry
+from ..flight_recorder import hang_findings
+from ..report import Finding
+from .context import DetectorContext
+from .failures import timeout_hang
 
 
 def _frame(h: HangRecord | None) -> str:

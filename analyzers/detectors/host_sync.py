@@ -13,8 +13,8 @@ ahead); on CPU it only costs what the check itself computes.
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.report import Finding, Severity
+from ..report import Finding, Severity
+from .context import DetectorContext
 
 # At least one sync per step inside the model (the loop's own logging sync is outside it).
 MIN_MODEL_SYNCS_PER_STEP = 1.0

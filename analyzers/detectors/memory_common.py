@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.report import MemoryBreakdown, WhatIf
+from ..report import MemoryBreakdown, WhatIf
+from .context import DetectorContext
 
 MIB = 1024**2
 

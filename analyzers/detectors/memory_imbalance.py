@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import statistics
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.memory_common import MIB, rank_peaks
-from zdiag.analyzers.report import Finding, Severity
+from ..report import Finding, Severity
+from .context import DetectorContext
+from .memory_common import MIB, rank_peaks
 
 IMBALANCE_RATIO = 1.2
 """Worst rank's peak over the median rank's peak from which the imbalance is reported."""

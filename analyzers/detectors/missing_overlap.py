@@ -27,9 +27,12 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
-from zdiag.analyzers.detectors.blocks import find_block_pattern
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import (
+from ..frameworks import Framework, Remedy
+from ..fsdp_ledger import CollectiveRecord, RankLedger
+from ..report import Finding
+from .blocks import find_block_pattern
+from .context import DetectorContext
+from .facts import (
     block_set,
     blocks_are_units,
     cpu_only,
@@ -37,9 +40,6 @@ from zdiag.analyzers.detectors.facts import (
     gathers_can_overlap,
     run_facts,
 )
-from zdiag.analyzers.frameworks import Framework, Remedy
-from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
-from zdiag.analyzers.report import Finding
 
 # The replayed gain (exposed gather time prefetch depth 1 would hide) must be at least 2% of the
 # median step (and 0.1 ms): below that the change is not worth making (the straggler rule's bar).

@@ -9,9 +9,9 @@ is known and the state is not already sharded, else offloading.
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.memory_common import MIB, rank_peaks
-from zdiag.analyzers.report import Finding, Severity
+from ..report import Finding, Severity
+from .context import DetectorContext
+from .memory_common import MIB, rank_peaks
 
 OPTIMIZER_SHARE = 0.4
 """Optimizer state's share of the peak from which it is called dominant."""

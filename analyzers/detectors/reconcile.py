@@ -28,8 +28,8 @@ every detector ran, most specific cause first:
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.comm_bound import NO_OVERLAP_FIX
-from zdiag.analyzers.report import Finding
+from ..report import Finding
+from .comm_bound import NO_OVERLAP_FIX
 
 # The order in which findings claim exposed communication time: earlier claims first.
 CLAIM_ORDER = ("straggler", "missing-overlap", "comm-bound")

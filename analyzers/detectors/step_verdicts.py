@@ -17,15 +17,15 @@ mostly host-bound or exposed-comm must not end without a finding that says why a
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import (
+from ..frameworks import Framework
+from ..report import Finding
+from .context import DetectorContext
+from .facts import (
     cpu_only,
     gathers_can_overlap,
     known_framework,
     run_facts,
 )
-from zdiag.analyzers.frameworks import Framework
-from zdiag.analyzers.report import Finding
 
 HOST_BOUND_STEP_SHARE = 0.5
 EXPOSED_COMM_STEP_SHARE = 0.5

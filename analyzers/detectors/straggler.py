@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from zdiag.analyzers.crossrank import find_stragglers
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import cpu_only
-from zdiag.analyzers.report import Finding
+from ..crossrank import find_stragglers
+from ..report import Finding
+from .context import DetectorContext
+from .facts import cpu_only
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:

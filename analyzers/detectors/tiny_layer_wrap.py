@@ -12,19 +12,19 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 
-from zdiag.analyzers.detectors.blocks import find_block_pattern
-from zdiag.analyzers.detectors.comm_model import AlphaBeta, fit_alpha_beta
-from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.facts import (
+from ..frameworks import BlockSet
+from ..fsdp_ledger import GATHER_FAMILY, CollectiveRecord
+from ..report import Finding
+from .blocks import find_block_pattern
+from .comm_model import AlphaBeta, fit_alpha_beta
+from .context import DetectorContext
+from .facts import (
     block_set,
     captured,
     framework_of,
     model_block_set,
     run_facts,
 )
-from zdiag.analyzers.frameworks import BlockSet
-from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY, CollectiveRecord
-from zdiag.analyzers.report import Finding
 
 # A block split into >= 2 units is finer than the block: the block itself is the natural unit
 # (its parameters are needed together, by one forward call).

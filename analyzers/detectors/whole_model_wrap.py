@@ -7,9 +7,11 @@ two blocks unsharded at a time and lets each block's gather overlap the previous
 
 from __future__ import annotations
 
-from zdiag.analyzers.detectors.blocks import find_block_pattern, harness_block_pattern
-from zdiag.analyzers.detectors.context import MIB, DetectorContext
-from zdiag.analyzers.detectors.facts import (
+from ..fsdp_ledger import GATHER_FAMILY
+from ..report import Finding
+from .blocks import find_block_pattern, harness_block_pattern
+from .context import MIB, DetectorContext
+from .facts import (
     MODEL_SOURCE,
     block_set,
     captured,
@@ -18,8 +20,6 @@ from zdiag.analyzers.detectors.facts import (
     run_facts,
     wrap_candidates,
 )
-from zdiag.analyzers.fsdp_ledger import GATHER_FAMILY
-from zdiag.analyzers.report import Finding
 
 # A unit holding >= 90% of the gathered parameter bytes is "the whole model". Per-block
 # wrapping of any model with >= 2 blocks leaves the largest unit well below that: a block of an

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from zdiag.analyzers.frameworks import ddp, deepspeed, fsdp1, fsdp2
-from zdiag.analyzers.frameworks.base import BlockSet, Framework, Remedy, RunFacts, checkpoint_blocks
-from zdiag.collectors.rundir import Manifest
+from ...collectors.rundir import Manifest
+from . import ddp, deepspeed, fsdp1, fsdp2
+from .base import BlockSet, Framework, Remedy, RunFacts, checkpoint_blocks
 
 REGISTRY: tuple[Framework, ...] = (
     fsdp2.FRAMEWORK,

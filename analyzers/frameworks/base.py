@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zdiag.collectors.rundir import Manifest
+from ...collectors.rundir import Manifest
 
 
 @dataclass(frozen=True)

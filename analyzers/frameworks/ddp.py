@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts
+from .base import Framework, Remedy, RunFacts
 
 NAME = "ddp"
 LABEL_RE = re.compile(r"^DistributedDataParallel\.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts
+from .base import Framework, Remedy, RunFacts
 
 NAME = "deepspeed"
 ANNOTATION_RE = re.compile(r"^(DeepSpeedZeRO|ZeRO|deepspeed)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from zdiag.analyzers.frameworks.base import Framework, Remedy, RunFacts
+from .base import Framework, Remedy, RunFacts
 
 NAME = "fsdp1"
 ANNOTATION_RE = re.compile(r"^FullyShardedDataParallel\.")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zdiag.analyzers.frameworks.base import (
+from .base import (
     Framework,
     Remedy,
     RunFacts,
