@@ -21,7 +21,14 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
 from .monitor_screens import HelpScreen, RankScreen
-from .monitor_state import Clock, MonitorSource, MonitorState, MonitorView, RankRow
+from .monitor_state import (
+    Clock,
+    MonitorSource,
+    MonitorState,
+    MonitorView,
+    RankDetail,
+    RankRow,
+)
 from .monitor_text import (
     COLUMNS,
     STATUS_ORDER,
@@ -248,10 +255,14 @@ class MonitorApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
+    def _detail(self, rank: int, job: str) -> RankDetail | None:
+        """A rank's detail now (what the rank screen shows)."""
+        return self.state.detail(rank, self.clock(), job)
+
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a row opens that rank."""
         if self.last_view is not None and event.row_key.value is not None:
-            self.push_screen(RankScreen(int(event.row_key.value), self.last_view.job))
+            self.push_screen(RankScreen(int(event.row_key.value), self.last_view.job, self._detail))
 
     def action_toggle_findings(self) -> None:
         """Show or hide the findings panel."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,9 +13,10 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from .monitor_detail import detail_lines, detail_title, step_chart
+from .monitor_state import RankDetail
 
-if TYPE_CHECKING:
-    from .monitor_app import MonitorApp
+DetailSource = Callable[[int, str], RankDetail | None]
+"""(rank, job) -> the rank's detail now, None when it is no longer tracked."""
 
 CHART_ROWS = 8
 
@@ -57,11 +59,12 @@ class RankScreen(Screen[None]):
         Binding("question_mark", "app.help", "help"),
     ]
 
-    def __init__(self, rank: int, job: str) -> None:
-        """Show `rank` of `job`."""
+    def __init__(self, rank: int, job: str, detail_of: DetailSource) -> None:
+        """Show `rank` of `job`, whose figures `detail_of` gives at each redraw."""
         super().__init__()
         self.rank = rank
         self.job = job
+        self.detail_of = detail_of
 
     def compose(self) -> ComposeResult:
         """Title, chart, figures, footer."""
@@ -76,9 +79,8 @@ class RankScreen(Screen[None]):
         self.redraw()
 
     def redraw(self) -> None:
-        """Take the rank's figures from the app's state now."""
-        app: MonitorApp = self.app  # type: ignore[assignment]
-        detail = app.state.detail(self.rank, app.clock(), self.job)
+        """Take the rank's figures from the source now."""
+        detail = self.detail_of(self.rank, self.job)
         title = self.query_one("#rank-title", Static)
         if detail is None:
             title.update(f"rank {self.rank}: no longer tracked (Esc back)")
