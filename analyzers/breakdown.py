@@ -31,7 +31,7 @@ from . import intervals as iv
 from .collectives import host_comm_events
 from .events import EventKind, RankTrace
 from .report import CollectiveKindStats, StepBreakdown
-from .run_data import StepWindows
+from .steps import StepWindows
 from .verdict import decide
 
 US_PER_MS = 1000.0

@@ -22,8 +22,8 @@ kernels (or gloo ops) start early and sit idle until it arrives. This module
    `straggler` Finding.
 
 Everything here is a pure function of values: `rank_collectives(trace, windows)` is the map's
-per-rank input (kept in the rank's summary), `match_collectives(ranks)` returns the matching
-(crossrank_match.py: ranks are consumed one at a time and the matches kept as columns, a
+per-rank input (kept in the rank's summary), `crossrank_match.match_collectives(ranks)` returns
+the matching (ranks are consumed one at a time and the matches kept as columns, a
 `MatchTable`, so memory stays O(ranks x collectives) in numpy arrays),
 `straggler_stats(result)` the Report's per-rank table, and `find_stragglers(result, breakdowns)`
 the `straggler` finding (called by the straggler detector on the reduce's matching); both read
@@ -37,16 +37,14 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from .events import RankTrace
 from .report import Finding, StepBreakdown, StragglerStat
-
-if TYPE_CHECKING:
-    from .events import RankTrace
-    from .run_data import StepWindows
+from .steps import StepWindows
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -427,14 +425,6 @@ class CrossRankResult:
             late_us_per_rank=late,
             member_detail=lambda: list(matched),
         )
-
-
-def match_collectives(ranks: Iterable[RankCollectives | RankColumns]) -> CrossRankResult:
-    """Match collectives across ranks (see the module docstring; crossrank_match.py streams
-    them); pure, any number of ranks in any order (a rank given twice: the later is matched)."""
-    from .crossrank_match import match_collectives as streamed
-
-    return streamed(ranks)
 
 
 # --- ranking --------------------------------------------------------------------------------

@@ -20,16 +20,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 
-from .crossrank import SKEW_NOISE_US
+from .crossrank import SKEW_NOISE_US, MatchTable, RankColumns
 from .report import ProcessGroupStats
-
-if TYPE_CHECKING:
-    from .crossrank import MatchTable, RankColumns
 
 
 class ProcessGroupInfo(msgspec.Struct, kw_only=True):

@@ -36,8 +36,7 @@ from .report import (
     StepBreakdown,
     StepTimeline,
 )
-from .run_data import StepWindows
-from .steps import drop_unfinished_tail, find_steps
+from .steps import StepWindows, drop_unfinished_tail, find_steps
 from .timeline import step_timeline
 
 

@@ -17,7 +17,8 @@ from zdiag import __version__
 
 from ..collectors.rundir import Manifest
 from . import crossrank, verdict
-from .crossrank import CrossRankResult, match_collectives
+from .crossrank import CrossRankResult
+from .crossrank_match import match_collectives
 from .detectors import build_context, run_context
 from .flight_recorder import HangAnalysis
 from .model_facts import ModelFacts

@@ -3,55 +3,23 @@
 `RunData` is everything loaded from disk (one `RankTrace` per rank, the run manifest, memory
 timelines). `Analysis` is what `pipeline.analyze_run` returns: the per-rank map's results
 (`RankAnalysis`, rank_analysis.py), their summaries (summary.py), and the reduce's results (the
-cross-rank matching and the finished `Report`, reduce.py). `StepWindows` is one rank's step
-segmentation (steps.py).
+cross-rank matching and the finished `Report`, reduce.py). Nothing the map or the reduce
+computes with imports this module: it only holds their results.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import numpy as np
-import numpy.typing as npt
 
 from ..collectors.rundir import Manifest
+from .crossrank import CrossRankResult
 from .events import RankTrace
 from .flight_recorder import HangAnalysis
-
-if TYPE_CHECKING:
-    from .crossrank import CrossRankResult
-    from .rank_analysis import RankAnalysis
-    from .report import Report, StepBreakdown
-    from .summary import RankSummary
-
-
-@dataclass
-class StepWindows:
-    """One rank's steps: step number and [start_us, end_us) on the trace clock.
-
-    `source` says how the steps were found: "ProfilerStep", "optimizer step",
-    "step log", or "whole trace" (no step markers: one window with a warning).
-    `cpu_start_us`/`cpu_end_us` are the host-side marker spans; `start_us`/`end_us` are the
-    windows used for the device breakdown (see steps.py for how GPU lag is handled).
-    """
-
-    step: npt.NDArray[np.int64]
-    start_us: npt.NDArray[np.float64]
-    end_us: npt.NDArray[np.float64]
-    cpu_start_us: npt.NDArray[np.float64]
-    cpu_end_us: npt.NDArray[np.float64]
-    source: str
-
-    def __len__(self) -> int:
-        return len(self.step)
-
-    def index_of(self, ts_us: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
-        """For each time, the index of the window holding it, or -1 when none does."""
-        pos = np.searchsorted(self.start_us, ts_us, side="right") - 1
-        ok = (pos >= 0) & (ts_us < self.end_us[np.clip(pos, 0, None)])
-        return np.where(ok, pos, -1)
+from .rank_analysis import RankAnalysis
+from .report import Report, StepBreakdown
+from .steps import StepWindows
+from .summary import RankSummary
 
 
 @dataclass

@@ -25,6 +25,7 @@ step (GPU idle while the CPU prepares) keeps its idle time. Host-only runs use t
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +34,6 @@ from zdiag.errors import InputError
 
 from . import frameworks
 from .events import DEVICE_KINDS, EventKind, RankTrace
-from .run_data import StepWindows
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RE = r"^Optimizer\.step#"
@@ -42,6 +42,33 @@ _OPTIMIZER_RE = r"^Optimizer\.step#"
 _FORWARD_MARKERS = (*frameworks.forward_markers(), r"^## forward ##$")
 
 Arr = npt.NDArray[np.float64]
+
+
+@dataclass
+class StepWindows:
+    """One rank's steps: step number and [start_us, end_us) on the trace clock.
+
+    `source` says how the steps were found: "ProfilerStep", "optimizer step",
+    "step log", or "whole trace" (no step markers: one window with a warning).
+    `cpu_start_us`/`cpu_end_us` are the host-side marker spans; `start_us`/`end_us` are the
+    windows used for the device breakdown (see steps.py for how GPU lag is handled).
+    """
+
+    step: npt.NDArray[np.int64]
+    start_us: npt.NDArray[np.float64]
+    end_us: npt.NDArray[np.float64]
+    cpu_start_us: npt.NDArray[np.float64]
+    cpu_end_us: npt.NDArray[np.float64]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def index_of(self, ts_us: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        """For each time, the index of the window holding it, or -1 when none does."""
+        pos = np.searchsorted(self.start_us, ts_us, side="right") - 1
+        ok = (pos >= 0) & (ts_us < self.end_us[np.clip(pos, 0, None)])
+        return np.where(ok, pos, -1)
 
 
 def find_steps(trace: RankTrace) -> tuple[StepWindows, list[str]]:

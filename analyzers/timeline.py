@@ -21,7 +21,7 @@ from . import intervals as iv
 from .breakdown import ActivitySets
 from .events import EventKind, RankTrace
 from .report import StepBreakdown, StepTimeline, TimelineSpan
-from .run_data import StepWindows
+from .steps import StepWindows
 
 MAX_TIMELINE_SPANS = 3000
 """Spans kept per timeline (the longest ones)."""

@@ -33,6 +33,10 @@ import json, resource, sys, time
 import numpy as np
 from zdiag.analyzers import crossrank
 from zdiag.analyzers.summary import CollectiveCalls
+try:
+    from zdiag.analyzers.crossrank_match import match_collectives
+except ImportError:  # older code (--code): the matcher lived in crossrank
+    match_collectives = crossrank.match_collectives
 
 n_ranks, n_coll, straggler = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
@@ -60,9 +64,9 @@ base = rss_mb("VmRSS")
 t = time.perf_counter()
 cpu = time.process_time()
 if hasattr(CollectiveCalls, "columns"):
-    result = crossrank.match_collectives(c.columns(r) for r, c in enumerate(calls))
+    result = match_collectives(c.columns(r) for r, c in enumerate(calls))
 else:
-    result = crossrank.match_collectives([c.to_rank_collectives(r) for r, c in enumerate(calls)])
+    result = match_collectives([c.to_rank_collectives(r) for r, c in enumerate(calls)])
 stats = crossrank.straggler_stats(result)
 found = crossrank.find_stragglers(result)
 wall = time.perf_counter() - t

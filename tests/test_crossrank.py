@@ -19,9 +19,9 @@ from zdiag.analyzers import crossrank
 from zdiag.analyzers.crossrank import (
     RankCollectives,
     find_stragglers,
-    match_collectives,
     straggler_stats,
 )
+from zdiag.analyzers.crossrank_match import match_collectives
 from zdiag.analyzers.pipeline import analyze_run, load_run
 from zdiag.analyzers.report import Finding, StepBreakdown
 from zdiag.analyzers.run_data import Analysis

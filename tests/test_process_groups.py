@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zdiag.analyzers.crossrank import RankColumns, match_collectives
+from zdiag.analyzers.crossrank import RankColumns
+from zdiag.analyzers.crossrank_match import match_collectives
 from zdiag.analyzers.process_groups import (
     ProcessGroupInfo,
     declared_groups,

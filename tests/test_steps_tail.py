@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.run_data import StepWindows
-from zdiag.analyzers.steps import drop_unfinished_tail
+from zdiag.analyzers.steps import StepWindows, drop_unfinished_tail
 from zdiag.analyzers.summary_pipeline import analyze_paths
 
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "2"]
