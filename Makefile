@@ -27,6 +27,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # mypy follows zdiag.analyzers (a symlink to analyzers/) on the checkout itself.
 typecheck: $(STAMP)

@@ -23,11 +23,11 @@ import numpy as np
 from . import frameworks
 from .breakdown import ActivitySets, breakdown_rank, collective_stats
 from .crossrank import RankCollectives, rank_collectives
-from .detectors.blocks import repeated_module_class
 from .events import RankTrace
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
 from .kineto_memory import kineto_memory
+from .module_classes import repeated_module_class
 from .process_groups import ProcessGroupInfo, declared_groups
 from .report import (
     CollectiveKindStats,
