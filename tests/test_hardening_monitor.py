@@ -215,8 +215,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> None:
-    port = _free_port()
+@contextlib.contextmanager
+def _sending(port: int, messages: list[list[bytes]]) -> Iterator[None]:
+    """A PUSH socket on a thread sending `messages` to the port every 0.1 s inside the block."""
     stop = threading.Event()
 
     def send() -> None:
@@ -226,10 +227,8 @@ def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> N
         sock.connect(f"tcp://127.0.0.1:{port}")
         try:
             while not stop.is_set():
-                sock.send_multipart([SCHEMA_FRAME, b"", NESTED_60KB])
-                sock.send_multipart([SCHEMA_FRAME, b"", b"c" * (MAX_MESSAGE_BYTES + 10)])
-                sock.send_multipart(encode(good(step=1, step_time_ms=1.7e308), b""))
-                sock.send_multipart(encode(good(step=2, step_time_ms=5.0), b""))
+                for frames in messages:
+                    sock.send_multipart(frames)
                 time.sleep(0.1)
         finally:
             sock.close()
@@ -237,22 +236,39 @@ def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> N
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
-    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(
-                [
-                    *("monitor", "--headless", "--json", "--duration", "1.5"),
-                    *("--listen", f"127.0.0.1:{port}"),
-                ]
-            )
+        yield
     finally:
         stop.set()
         sender.join(5)
+
+
+def _headless(port: int, *extra: str) -> tuple[int, str, str]:
+    """`zdiag monitor --headless` for 1.5 s on the port: (exit code, stdout, stderr)."""
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    err = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(
+            [
+                *("monitor", "--headless", *extra, "--duration", "1.5"),
+                *("--listen", f"127.0.0.1:{port}"),
+            ]
+        )
     out.seek(0)
-    text = out.read()
-    assert rc == 0, err.getvalue()
+    return rc, out.read(), err.getvalue()
+
+
+def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> None:
+    port = _free_port()
+    messages = [
+        [SCHEMA_FRAME, b"", NESTED_60KB],
+        [SCHEMA_FRAME, b"", b"c" * (MAX_MESSAGE_BYTES + 10)],
+        encode(good(step=1, step_time_ms=1.7e308), b""),
+        encode(good(step=2, step_time_ms=5.0), b""),
+    ]
+    with _sending(port, messages):
+        rc, text, err = _headless(port, "--json")
+    assert rc == 0, err
 
     def no_constants(name: str) -> None:
         raise AssertionError(f"--json printed {name}")
@@ -347,36 +363,9 @@ def test_text_summary_shows_hostile_names_as_escapes() -> None:
 
 def test_headless_text_mode_prints_no_escape_from_the_wire() -> None:
     port = _free_port()
-    stop = threading.Event()
-
-    def send() -> None:
-        ctx: zmq.Context[Any] = zmq.Context()
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        try:
-            while not stop.is_set():
-                for record in hostile_records():
-                    sock.send_multipart(encode(record, b""))
-                time.sleep(0.1)
-        finally:
-            sock.close()
-            ctx.term()
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    out = io.StringIO()
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(
-                ["monitor", "--headless", "--duration", "1.5", "--listen", f"127.0.0.1:{port}"]
-            )
-    finally:
-        stop.set()
-        sender.join(5)
-    text = out.getvalue()
-    assert rc == 0, err.getvalue()
+    with _sending(port, [encode(record, b"") for record in hostile_records()]):
+        rc, text, err = _headless(port)
+    assert rc == 0, err
     assert "pwned" in text, text  # the records arrived ...
     assert not UNSAFE.search(text), ascii(text)  # ... and no control reached the terminal
     assert "\\x1b]0;pwned\\x07" in text and "\\u202eevil" in text
