@@ -49,6 +49,7 @@ from .summary_map import MapOutput, MapTask, RunContexts
 from .summary_store import (
     EMPTY_CONTEXT_KEY,
     MAP_CODE_VERSION,
+    StoredReads,
     StoredSummary,
     TraceIdentity,
     Untrusted,
@@ -101,59 +102,20 @@ class _Found:
     origin: str
 
 
-class _Refusals:
-    """Stored summaries found but not used (not trusted, or damaged), for one warning each kind."""
-
-    def __init__(self) -> None:
-        self.untrusted: list[str] = []
-        self.damaged: list[str] = []
-
-    def read(self, place: Path) -> StoredSummary | None:
-        """`read_stored(place)`, an untrusted file noted and taken as a miss."""
-        try:
-            return read_stored(place)
-        except Untrusted as exc:
-            self.untrusted.append(str(exc))
-            return None
-
-    def decoded(self, stored: StoredSummary, place: Path) -> RankSummary | None:
-        """The stored summary without its spans, checked; a damaged one noted and taken as a miss."""
-        try:
-            return stored.decoded(spans=False)
-        except ValueError as exc:
-            self.damaged.append(f"{place}: {exc}")
-            return None
-
-    def warnings(self) -> list[str]:
-        """At most one warning per kind, naming the first file and how many more."""
-        out = []
-        for reasons, what in (
-            (self.untrusted, "not trusted (see docs/analyze.md, 'Trust')"),
-            (self.damaged, "damaged"),
-        ):
-            if reasons:
-                more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
-                out.append(
-                    f"stored summary not used, {what}: {reasons[0]}{more}; the trace was decoded "
-                    "instead"
-                )
-        return out
-
-
 def _stored_for(
-    trace: Path, manifest_rank: int | None, contexts: RunContexts, refusals: _Refusals
+    trace: Path, manifest_rank: int | None, contexts: RunContexts, reads: StoredReads
 ) -> _Found | None:
     """The stored summary matching `trace` (in-job, else cache); None: a miss (OSError when the
     trace cannot be read to check its content)."""
     identity = TraceIdentity(trace)
     beside = summary_path_for(trace)
-    stored = refusals.read(beside)
+    stored = reads.read(beside)
     if (
         stored is not None
         and stored.zdiag_version == MAP_CODE_VERSION
         and identity.matches(stored.trace)
     ):
-        summary = refusals.decoded(stored, beside)
+        summary = reads.decoded(stored, beside)
         if summary is not None and stored.context_key != contexts.key(summary.rank, manifest_rank):
             ctx = contexts.for_rank(summary.rank)
             summary = (
@@ -162,7 +124,7 @@ def _stored_for(
         if summary is not None:
             return _Found(_with_source(summary, trace), beside, "in-job")
     for place in cache_candidates(trace):
-        stored = refusals.read(place)
+        stored = reads.read(place)
         if (
             stored is None
             or stored.zdiag_version != MAP_CODE_VERSION
@@ -170,7 +132,7 @@ def _stored_for(
             or not identity.matches(stored.trace)
         ):
             continue
-        summary = refusals.decoded(stored, place)
+        summary = reads.decoded(stored, place)
         if summary is not None:
             return _Found(_with_source(summary, trace), place, "cache")
     return None
@@ -315,7 +277,7 @@ def analyze_via_summaries(
     encoded: dict[str, bytes | Path] = {}
     tasks: list[MapTask] = []
     missing_bytes = 0
-    refusals = _Refusals()
+    reads = StoredReads()
     meter = _ByteProgress(
         progress, {str(t): _json_bytes(t) for t in found.traces} if progress else {}
     )
@@ -324,7 +286,7 @@ def analyze_via_summaries(
         hit = None
         if options.use_stored:
             try:
-                hit = _stored_for(trace, manifest_rank, contexts, refusals)
+                hit = _stored_for(trace, manifest_rank, contexts, reads)
             except OSError:
                 hit = None
         if hit is not None:
@@ -355,7 +317,7 @@ def analyze_via_summaries(
         sources.mapped += 1
         if options.write_cache and out.events:
             _write_cache(out, raw, warnings)
-    warnings += refusals.warnings()
+    warnings += reads.warnings()
     summaries = [by_path[str(t)] for t in found.traces]
     summaries.sort(key=lambda s: (s.rank, s.source))
     run = run_level_data(found, [s.rank for s in summaries], warnings)

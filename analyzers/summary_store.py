@@ -108,6 +108,7 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 __all__ = [
     "FileStamp",
+    "StoredReads",
     "StoredSummary",
     "TraceFingerprint",
     "TraceIdentity",
@@ -473,3 +474,43 @@ def write_stored(path: Path, stored: StoredSummary) -> bool:
         return False
     finally:
         os.close(dir_fd)
+
+
+class StoredReads:
+    """Reads stored summaries for one analysis, and remembers those found but not used (not
+    trusted, or damaged) for one warning of each kind."""
+
+    def __init__(self) -> None:
+        self.untrusted: list[str] = []
+        self.damaged: list[str] = []
+
+    def read(self, place: Path) -> StoredSummary | None:
+        """`read_stored(place)`, an untrusted file noted and taken as a miss."""
+        try:
+            return read_stored(place)
+        except Untrusted as exc:
+            self.untrusted.append(str(exc))
+            return None
+
+    def decoded(self, stored: StoredSummary, place: Path) -> RankSummary | None:
+        """The stored summary without its spans, checked; a damaged one noted and taken as a miss."""
+        try:
+            return stored.decoded(spans=False)
+        except ValueError as exc:
+            self.damaged.append(f"{place}: {exc}")
+            return None
+
+    def warnings(self) -> list[str]:
+        """At most one warning per kind, naming the first file and how many more."""
+        out = []
+        for reasons, what in (
+            (self.untrusted, "not trusted (see docs/analyze.md, 'Trust')"),
+            (self.damaged, "damaged"),
+        ):
+            if reasons:
+                more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+                out.append(
+                    f"stored summary not used, {what}: {reasons[0]}{more}; the trace was decoded "
+                    "instead"
+                )
+        return out
