@@ -78,13 +78,6 @@ class _ProgressBar:
             self.stream.flush()
 
 
-WRITTEN = {
-    "html": "the HTML report",
-    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
-}
-"""How the line on stderr names each file written (the path follows it)."""
-
-
 class AnalyzeCommand:
     """`zdiag analyze`."""
 
@@ -168,7 +161,7 @@ class AnalyzeCommand:
         from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
         from zdiag.analyzers.summary_store import cache_disabled_by_env
         from zdiag.render.output import OutputTarget, check_outputs
-        from zdiag.render.renderer import STDOUT, Destination, get_renderer
+        from zdiag.render.renderer import STDOUT, Destination, get_renderer, write_files
         from zdiag.render.terminal import check_tui_possible
 
         if not args.paths:
@@ -221,13 +214,7 @@ class AnalyzeCommand:
             main.render(report, Destination(args.output))
         elif not args.tui or args.json:
             main.render(report, STDOUT)
-        for name, target in (("html", args.html), ("perfetto", args.perfetto)):
-            if target is not None:
-                renderer = get_renderer(name)
-                renderer.render(report, Destination(target))
-                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
-                for note in getattr(renderer, "notes", []):
-                    print(f"zdiag: note: {note}", file=sys.stderr)
+        write_files(report, [("html", args.html), ("perfetto", args.perfetto)])
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         if args.fail_on and report.findings_at_least(args.fail_on):

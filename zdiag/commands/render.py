@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import stat
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,13 +29,6 @@ examples:
   zdiag render report.json --tui                    # browse it in the terminal
   zdiag render report.json --text -o report.txt     # the text report into a file
 """
-
-
-WRITTEN = {
-    "html": "the HTML report",
-    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
-}
-"""How the line on stderr names each file written (the path follows it)."""
 
 
 def load_report(path: Path) -> Report:
@@ -98,7 +90,7 @@ class RenderCommand:
     def run(self, args: argparse.Namespace) -> int:
         """Load the report, then write each asked-for format; returns the exit code."""
         from zdiag.render.output import OutputTarget, check_outputs
-        from zdiag.render.renderer import STDOUT, Destination, get_renderer
+        from zdiag.render.renderer import STDOUT, Destination, get_renderer, write_files
         from zdiag.render.terminal import check_tui_possible
 
         if args.report is None:
@@ -126,13 +118,7 @@ class RenderCommand:
         if text_wanted:
             destination = STDOUT if args.output is None else Destination(args.output)
             get_renderer("text").render(report, destination)
-        for name, target in (("html", args.html), ("perfetto", args.perfetto)):
-            if target is not None:
-                renderer = get_renderer(name)
-                renderer.render(report, Destination(target))
-                print(f"zdiag: wrote {WRITTEN[name]} to {target}", file=sys.stderr)
-                for note in getattr(renderer, "notes", []):
-                    print(f"zdiag: note: {note}", file=sys.stderr)
+        write_files(report, [("html", args.html), ("perfetto", args.perfetto)])
         if args.tui:
             get_renderer("tui").render(report, STDOUT)
         return 0

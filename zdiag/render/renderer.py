@@ -9,12 +9,15 @@ draws on the terminal and accepts only standard output as its destination.
 
 Adding a renderer: a subclass of `Renderer` (so mypy checks it) with `name` and
 `render(report, destination)` in its own module, and one line in `RENDERERS`;
-tests/test_renderers.py then runs it on every test Report.
+tests/test_renderers.py then runs it on every test Report. `write_files` renders a Report to the
+files the commands' options name and says on stderr what it wrote, with each renderer's `notes`.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -51,6 +54,8 @@ class Renderer(Protocol):
 
     name: str
     """The format: "text", "json", "html", "perfetto", "tui"."""
+    notes: Sequence[str] = ()
+    """What the user should know after `render` (shown on stderr), e.g. ranks left out."""
 
     def render(self, report: Report, destination: Destination) -> None:
         """Render `report` and write it to `destination` (raise UserError for what the user can fix)."""
@@ -82,3 +87,23 @@ def get_renderer(name: str) -> Renderer:
     module_name, class_name = RENDERERS[name]
     renderer: Renderer = getattr(importlib.import_module(module_name), class_name)()
     return renderer
+
+
+WRITTEN = {
+    "html": "the HTML report",
+    "perfetto": "the trace for ui.perfetto.dev (traces and zdiag tracks)",
+}
+"""How the line on stderr names each file written (the path follows it)."""
+
+
+def write_files(report: Report, targets: Sequence[tuple[str, Path | None]]) -> None:
+    """Render `report` with each (renderer name, file) whose file is given, and say on stderr
+    what was written, then the renderer's notes."""
+    for name, target in targets:
+        if target is None:
+            continue
+        renderer = get_renderer(name)
+        renderer.render(report, Destination(target))
+        print(f"zdiag: wrote {WRITTEN.get(name, name)} to {target}", file=sys.stderr)
+        for note in renderer.notes:
+            print(f"zdiag: note: {note}", file=sys.stderr)
