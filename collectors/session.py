@@ -658,7 +658,6 @@ class RankSession:
                         f"{why}: the profiler window could not be written from another thread "
                         "(this torch has no profile_all_threads)"
                     )
-        self._guard("step log", self._step_log.flush)
         self._guard("manifest part", self._write_part, None, None)
 
     # ----------------------------------------------------------------- helpers

@@ -80,10 +80,6 @@ class StepLog:
         """Whether the file exists (at least one line was written)."""
         return self.lines > 0
 
-    def flush(self) -> None:
-        """Nothing to do: every line is in the file when `write_step` returns (kept for the
-        failure paths, which call it)."""
-
     def close(self) -> None:
         """Close the file (idempotent); later steps write nothing."""
         self._closed = True
