@@ -330,6 +330,21 @@ UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e
 """Terminal controls (tab and newline apart: checked per line) and bidi controls."""
 
 
+class _OneBatch:
+    """A monitor source that yields `records` once, then nothing."""
+
+    rejected = 0
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.batches = [records]
+
+    def poll(self) -> list[dict[str, Any]]:
+        return self.batches.pop(0) if self.batches else []
+
+    def close(self) -> None:
+        pass
+
+
 def hostile_records() -> list[dict[str, Any]]:
     now = time.time()
     return [
@@ -381,19 +396,12 @@ async def test_textual_table_and_header_show_markup_and_escapes_as_text() -> Non
 
     now = time.time()
 
-    class Source:
-        rejected = 0
-
-        def __init__(self) -> None:
-            self.batches = [hostile_records()]
-
-        def poll(self) -> list[dict[str, Any]]:
-            return self.batches.pop(0) if self.batches else []
-
-        def close(self) -> None:
-            pass
-
-    app = MonitorApp(Source(), clock=lambda: now, poll_interval_s=0.05, refresh_interval_s=3600)
+    app = MonitorApp(
+        _OneBatch(hostile_records()),
+        clock=lambda: now,
+        poll_interval_s=0.05,
+        refresh_interval_s=3600,
+    )
     async with app.run_test(size=(160, 30)) as pilot:
         await pilot.pause()
         app.refresh_view()
@@ -416,19 +424,9 @@ async def test_textual_rank_screen_shows_hostile_names_as_text() -> None:
     now = time.time()
     records = [dict(r, last_collective="[@click=app.quit]c[/]") for r in hostile_records()]
 
-    class Source:
-        rejected = 0
-
-        def __init__(self) -> None:
-            self.batches = [records]
-
-        def poll(self) -> list[dict[str, Any]]:
-            return self.batches.pop(0) if self.batches else []
-
-        def close(self) -> None:
-            pass
-
-    app = MonitorApp(Source(), clock=lambda: now, poll_interval_s=0.05, refresh_interval_s=3600)
+    app = MonitorApp(
+        _OneBatch(records), clock=lambda: now, poll_interval_s=0.05, refresh_interval_s=3600
+    )
     async with app.run_test(size=(160, 40)) as pilot:
         await pilot.pause()
         app.refresh_view()
