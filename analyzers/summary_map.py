@@ -21,7 +21,6 @@ from .loader import load_rank_trace, rank_from_file_name
 from .model_facts import ModelFacts
 from .rank_analysis import RankContext, analyze_rank
 from .remote_traces import fetched, is_url
-from .safe_read import open_regular
 from .summary import decode_summary, encode_summary, summarize
 from .summary_store import TraceFingerprint, context_key, fingerprint
 
@@ -156,9 +155,7 @@ def map_trace(task: MapTask, on_fraction: Callable[[float], None] | None = None)
             task.path, out.rank, encode_summary(summary), out.trace, out.context_key, out.events
         )
     path = Path(task.path)
-    with open_regular(path, "trace"):  # a FIFO or device is one sentence, never read
-        pass
-    before = fingerprint(path)
+    before = fingerprint(path)  # a missing file, FIFO or device is one sentence, never read
     trace = load_rank_trace(path, workers=task.decode_workers, on_fraction=on_fraction)
     assign_rank(trace, task.manifest_rank, task.contexts.world_size)
     summary = summarize(analyze_rank(trace, task.contexts.for_rank(trace.rank)))

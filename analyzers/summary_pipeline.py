@@ -105,8 +105,8 @@ class _Found:
 def _stored_for(
     trace: Path, manifest_rank: int | None, contexts: RunContexts, reads: StoredReads
 ) -> _Found | None:
-    """The stored summary matching `trace` (in-job, else cache); None: a miss (OSError when the
-    trace cannot be read to check its content)."""
+    """The stored summary matching `trace` (in-job, else cache); None: a miss (OSError or
+    InputError when the trace cannot be read to check its content)."""
     identity = TraceIdentity(trace)
     beside = summary_path_for(trace)
     stored = reads.read(beside)
@@ -287,7 +287,7 @@ def analyze_via_summaries(
         if options.use_stored:
             try:
                 hit = _stored_for(trace, manifest_rank, contexts, reads)
-            except OSError:
+            except (OSError, InputError):  # unreadable now: the map says so in one sentence
                 hit = None
         if hit is not None:
             by_path[str(trace)] = hit.summary

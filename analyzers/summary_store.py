@@ -60,6 +60,7 @@ from zdiag import __version__
 from ..collectors.rundir import summary_path_for
 from .fsdp_ledger import fill_missing_bytes
 from .rank_analysis import RankContext
+from .safe_read import open_regular
 from .summary import (
     SUMMARY_SCHEMA,
     RankSummary,
@@ -194,7 +195,8 @@ class TraceIdentity:
         return self._stat
 
     def matches(self, stored: TraceFingerprint) -> bool:
-        """Whether the trace's content is the one `stored` fingerprints (OSError: unreadable)."""
+        """Whether the trace's content is the one `stored` fingerprints (OSError or InputError:
+        unreadable)."""
         st = self._status()
         if stored.size != st.st_size:
             return False
@@ -236,33 +238,20 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(StoredSummary)
 
 
-def _open_regular_nonblocking(path: Path) -> int:
-    """A read-only descriptor of `path`, refusing a FIFO, device or socket without waiting on it
-    (O_NONBLOCK: opening a FIFO never blocks); OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"{path}: not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def fingerprint(path: Path) -> TraceFingerprint:
     """The fingerprint of a trace file: its size and the SHA-256 of all its bytes, with its stamp
-    (None when the file changed while it was hashed). OSError when it cannot be read or is not a
-    regular file: a FIFO or a device is never read here; the loader refuses it with one sentence."""
+    (None when the file changed while it was hashed). InputError, the loader's one sentence, when
+    it is missing, unreadable or not a regular file (`safe_read.open_regular`: a FIFO or a device
+    is never read)."""
     started_ns = time.time_ns()
-    fd = _open_regular_nonblocking(path)
-    with os.fdopen(fd, "rb") as f:
-        before = os.fstat(fd)
+    with open_regular(path, "trace") as f:
+        before = os.fstat(f.fileno())
         h = hashlib.new(FINGERPRINT_ALGORITHM)
         size = 0
         while chunk := f.read(HASH_CHUNK_BYTES):
             h.update(chunk)
             size += len(chunk)
-        after = os.fstat(fd)
+        after = os.fstat(f.fileno())
     unchanged = (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == (
         after.st_size,
         after.st_mtime_ns,
