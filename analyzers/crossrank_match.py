@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from .collective_columns import RankCollectives, RankColumns
 from .crossrank import (
     END_MATCH_MIN_TOL_US,
     END_MATCH_REL_TOL,
@@ -39,8 +40,6 @@ from .crossrank import (
     CrossRankResult,
     MatchedCollective,
     MatchTable,
-    RankCollectives,
-    RankColumns,
 )
 
 FloatArray = npt.NDArray[np.float64]

@@ -18,45 +18,15 @@ Two sources, both already in the rank summaries:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-import msgspec
 import numpy as np
 
-from .crossrank import SKEW_NOISE_US, MatchTable, RankColumns
+from .collective_columns import RankColumns
+from .crossrank import SKEW_NOISE_US, MatchTable
+from .declared_groups import ProcessGroupInfo
 from .report import ProcessGroupStats
-
-
-class ProcessGroupInfo(msgspec.Struct, kw_only=True):
-    """One `distributedInfo.pg_config` entry: the group's name, description and declared size."""
-
-    name: str
-    description: str = ""
-    size: int | None = None
-
-
-def declared_groups(info: Mapping[str, Any] | None) -> list[ProcessGroupInfo]:
-    """The process groups a trace header declares (`distributedInfo.pg_config`), tolerant of
-    missing or malformed entries (skipped)."""
-    entries = (info or {}).get("pg_config")
-    if not isinstance(entries, list):
-        return []
-    out = []
-    for pg in entries:
-        if not isinstance(pg, dict) or not isinstance(pg.get("pg_name"), str | int):
-            continue
-        size = pg.get("pg_size")
-        desc = pg.get("pg_desc")
-        out.append(
-            ProcessGroupInfo(
-                name=str(pg["pg_name"]),
-                description=desc if isinstance(desc, str) else "",
-                size=size if isinstance(size, int) and not isinstance(size, bool) else None,
-            )
-        )
-    return out
 
 
 @dataclass

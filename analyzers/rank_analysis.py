@@ -22,13 +22,13 @@ import numpy as np
 
 from . import frameworks
 from .breakdown import ActivitySets, breakdown_rank, collective_stats
-from .crossrank import RankCollectives, rank_collectives
+from .collective_columns import RankCollectives, rank_collectives
+from .declared_groups import ProcessGroupInfo, declared_groups
 from .events import RankTrace
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
 from .kineto_memory import kineto_memory
 from .module_classes import repeated_module_class
-from .process_groups import ProcessGroupInfo, declared_groups
 from .report import (
     CollectiveKindStats,
     MemoryBreakdown,

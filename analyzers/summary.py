@@ -24,7 +24,7 @@ import zlib
 import msgspec
 import numpy as np
 
-from .crossrank import RankCollectives, RankColumns
+from .collective_columns import RankCollectives, RankColumns
 from .fsdp_ledger import RankLedger
 from .rank_analysis import RankAnalysis, RankFacts
 from .report import (

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from zdiag.analyzers import crossrank
+from zdiag.analyzers.collective_columns import RankCollectives
 from zdiag.analyzers.crossrank import (
-    RankCollectives,
     find_stragglers,
     straggler_stats,
 )

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from zdiag.analyzers.crossrank import RankColumns
+from zdiag.analyzers.collective_columns import RankColumns
 from zdiag.analyzers.crossrank_match import match_collectives
-from zdiag.analyzers.process_groups import (
-    ProcessGroupInfo,
-    declared_groups,
-    process_group_stats,
-)
+from zdiag.analyzers.declared_groups import ProcessGroupInfo, declared_groups
+from zdiag.analyzers.process_groups import process_group_stats
 
 
 def _rank(rank: int, calls: list[tuple[str, float, float]]) -> RankColumns:
