@@ -17,7 +17,7 @@ SCHEMA = "zdiag.report/1"
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 
-# Verdicts, one per rank and step (thresholds: analyzers/verdict.py).
+# Verdicts, one per rank and step (thresholds: analyzers/rank/verdict.py).
 VERDICTS = ("compute-bound", "comm-bound", "exposed-comm", "host-bound")
 
 
@@ -98,7 +98,7 @@ class StragglerStat(msgspec.Struct, kw_only=True):
 
 
 class ProcessGroupStats(msgspec.Struct, kw_only=True):
-    """One process group over the run (analyzers/process_groups.py), for the large-run views.
+    """One process group over the run (analyzers/run/process_groups.py), for the large-run views.
 
     `name` is the traces' "Process Group Name" ("" when they do not say); `description` and
     `declared_size` come from `distributedInfo.pg_config` when the traces record it; `ranks`

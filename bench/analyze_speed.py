@@ -458,7 +458,7 @@ def _child_hta(paths: list[str]) -> None:
     in compact JSON (such as the inflated files) and silently analyzes nothing.
     """
     sys.path.insert(0, str(REPO))
-    from zdiag.analyzers.hta_adapter import hta_breakdown
+    from zdiag.analyzers.inputs.hta_adapter import hta_breakdown
 
     t0 = time.perf_counter()
     files = [Path(p) for p in paths]

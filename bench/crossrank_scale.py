@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 import numpy as np
-from zdiag.analyzers import crossrank
-from zdiag.analyzers.summary import CollectiveCalls
+from zdiag.analyzers.run import crossrank
+from zdiag.analyzers.rank.summary import CollectiveCalls
 try:
-    from zdiag.analyzers.crossrank_match import match_collectives
+    from zdiag.analyzers.run.crossrank_match import match_collectives
 except ImportError:  # older code (--code): the matcher lived in crossrank
     match_collectives = crossrank.match_collectives
 

@@ -2,7 +2,7 @@
 (issue 24; figures in docs/benchmarks.md, "Stored summaries: trust and fingerprint cost")
 
 A stored summary is reused only when the trace's size and SHA-256 match
-(analyzers/summary_store.py `fingerprint`). This times, on the same files:
+(analyzers/engine/summary_store.py `fingerprint`). This times, on the same files:
 
 - `fingerprint(path)`: the whole-content SHA-256 (the file read from the page cache, as on a
   second analysis right after the first);
@@ -61,8 +61,8 @@ def timed(fn: Callable[[], object], repeats: int) -> list[float]:
 
 def main() -> int:
     """Build the inputs, time the three operations, print a Markdown table."""
-    from zdiag.analyzers.summary_map import MapTask, RunContexts, map_trace
-    from zdiag.analyzers.summary_store import fingerprint
+    from zdiag.analyzers.engine.summary_map import MapTask, RunContexts, map_trace
+    from zdiag.analyzers.engine.summary_store import fingerprint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-mb", type=int, default=500)

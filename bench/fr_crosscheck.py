@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zdiag.analyzers import flight_recorder as fr
-from zdiag.analyzers.memory_snapshot import _PlainUnpickler
+from zdiag.analyzers.memory.memory_snapshot import _PlainUnpickler
+from zdiag.analyzers.run import flight_recorder as fr
 
 
 def _raw_details(folder: Path) -> tuple[dict[str, dict[str, Any]], str]:

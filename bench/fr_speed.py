@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.flight_recorder import FakeJob
-from zdiag.analyzers import flight_recorder as fr
+from zdiag.analyzers.run import flight_recorder as fr
 
 
 def _time(paths: list[Path]) -> tuple[float, float, tuple[int, ...]]:

@@ -38,10 +38,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.memory.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.report import Report
-from zdiag.analyzers.summary_pipeline import analyze_paths
 from zdiag.collectors import rundir
 
 GIB = 1024**3

@@ -1,6 +1,6 @@
 """Does the in-job summary slow training down?  (issue 16.1; figures in docs/benchmarks.md)
 
-`zdiag run` starts `nice -n 19 python -m zdiag.analyzers.summarize_trace` right after a rank
+`zdiag run` starts `nice -n 19 python -m zdiag.analyzers.engine.summarize_trace` right after a rank
 exports its trace. This runs the built-in harness (1 CPU rank, OMP_NUM_THREADS=1) under
 `zdiag run --profile-steps W:U:A` with the in-job summary on (default) and off
 (`ZDIAG_INJOB_SUMMARY=0`), runs interleaved, and compares the step times of the steps after the

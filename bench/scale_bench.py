@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
-from zdiag.analyzers.summary_engines import LocalEngine, RayEngine
+from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
+from zdiag.analyzers.engine.summary_engines import LocalEngine, RayEngine
 path, files, workers = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 ray = path.endswith("@ray")
 path = path.removesuffix("@ray")
@@ -83,7 +83,7 @@ def measure(job: Path, files: list[str], workers: int, mode: str, ray: bool) -> 
 def make_in_job(job: Path, files: list[Path]) -> None:
     """In-job summaries beside the traces that lack one (summarize_trace.summarize_to)."""
     sys.path.insert(0, str(ROOT))
-    from zdiag.analyzers.summarize_trace import summarize_to
+    from zdiag.analyzers.engine.summarize_trace import summarize_to
     from zdiag.collectors.rundir import summary_path_for
 
     for t in files:

@@ -29,9 +29,9 @@ sys.path.insert(0, str(HERE))
 
 import inflate_trace  # noqa: E402  (bench/inflate_trace.py, next to this file)
 
-from zdiag.analyzers.loader import load_rank_trace  # noqa: E402
-from zdiag.analyzers.rank_analysis import analyze_rank  # noqa: E402
-from zdiag.analyzers.summary import RankSummary, encode_summary, summarize  # noqa: E402
+from zdiag.analyzers.inputs.loader import load_rank_trace  # noqa: E402
+from zdiag.analyzers.rank.rank_analysis import analyze_rank  # noqa: E402
+from zdiag.analyzers.rank.summary import RankSummary, encode_summary, summarize  # noqa: E402
 
 PARTS = ("collectives", "ledger", "timeline", "steps", "collective_stats", "warnings")
 

@@ -1,7 +1,7 @@
 """Precision and recall of the misconfiguration detectors over a grid of harness shapes.
 
 Every grid cell is the harness under `zdiag run` (2 CPU ranks, gloo) with one `--misconfig`
-(or `none`), analyzed with `zdiag.analyzers.pipeline.analyze_paths`. For each of the four
+(or `none`), analyzed with `zdiag.analyzers.engine.pipeline.analyze_paths`. For each of the four
 misconfiguration detectors: a true positive is its finding on a run injected with its
 misconfiguration, a false positive its finding on any other run (healthy or another
 misconfiguration), a false negative its silence on its own misconfiguration.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
-from zdiag.analyzers.summary_pipeline import analyze_paths
 
 # Healthy variants (label "none": none of the four may fire) and one reported apart:
 # "ac-fixed" is the activation-oom preset and budget with the fix applied (--ac block);

@@ -1,7 +1,7 @@
 """The model description a rank records at its first forward (schema `zdiag.model/1`).
 
 Standard library only: the collectors write it (`model_capture.py`, which imports torch) and the
-analyzers read it (`analyzers/model_facts.py`, which never imports torch) through these same types.
+analyzers read it (`analyzers/inputs/model_facts.py`, which never imports torch) through these same types.
 
 Bytes are logical: a parameter's full (unsharded) size times its element size, whatever the
 sharding (FSDP2 DTensors, FSDP1 flat parameters, DeepSpeed ZeRO-3 `ds_numel`); a shared (tied)

@@ -1,7 +1,7 @@
 """Start a rank's in-job summary: a background process, at the lowest CPU priority.
 
 Right after a rank exports its trace, `start_summary(trace)` starts
-`nice -n 19 python -m zdiag.analyzers.summarize_trace TRACE OUT` (OUT: `rundir.summary_path_for`)
+`nice -n 19 python -m zdiag.analyzers.engine.summarize_trace TRACE OUT` (OUT: `rundir.summary_path_for`)
 in its own session and returns at once: the training process never decodes the trace, and
 collectors never import the analyzers (the module is named, not imported). The summary is only
 a shortcut for `zdiag analyze`: when the process fails or has not finished, the trace is decoded
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .rundir import summary_path_for
 
-SUMMARIZER_MODULE = "zdiag.analyzers.summarize_trace"
+SUMMARIZER_MODULE = "zdiag.analyzers.engine.summarize_trace"
 ENV_SWITCH = "ZDIAG_INJOB_SUMMARY"
 
 

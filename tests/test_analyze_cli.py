@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from support.traces import TraceBuilder
-from zdiag.analyzers import summary_pipeline
+from zdiag.analyzers.engine import summary_pipeline
+from zdiag.analyzers.engine.summary_pipeline import SummaryRun
 from zdiag.analyzers.report import Finding, Report, decode_report
-from zdiag.analyzers.summary_pipeline import SummaryRun
 from zdiag.cli import main
 
 
@@ -310,8 +310,8 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
 
 
 def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> None:
-    from zdiag.analyzers.crossrank import thresholds as straggler_thresholds
-    from zdiag.analyzers.verdict import thresholds as verdict_thresholds
+    from zdiag.analyzers.rank.verdict import thresholds as verdict_thresholds
+    from zdiag.analyzers.run.crossrank import thresholds as straggler_thresholds
     from zdiag.render.text import render_text
 
     report = Report(

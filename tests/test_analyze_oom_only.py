@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.cli import main
 
 

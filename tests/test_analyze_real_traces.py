@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from zdiag.analyzers.events import EventKind
-from zdiag.analyzers.pipeline import analyze_run, load_run
+from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from zdiag.analyzers.inputs.events import EventKind
 from zdiag.analyzers.report import VERDICTS, Report, decode_report, encode_report
 
 # path -> (rank, device, ProfilerStep numbers or None, collective kinds expected on the device)

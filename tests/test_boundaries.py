@@ -2,7 +2,7 @@
 
 - collectors/ runs inside training: only the standard library, torch, zmq and zdiag's own
   collectors/errors may be imported.
-- analyzers/ never imports torch; only analyzers/hta_adapter.py imports hta.
+- analyzers/ never imports torch; only analyzers/inputs/hta_adapter.py imports hta.
 - analysis never prints or draws: no plotly/textual in analyzers/.
 """
 
@@ -22,7 +22,7 @@ STDLIB = set(sys.stdlib_module_names)
 def test_relative_imports_resolve_to_the_installed_names() -> None:
     path = REPO_ROOT / "analyzers" / "detectors" / "context.py"
     names = {name for _, name in _imports(path)}
-    assert "zdiag.collectors.rundir" in names and "zdiag.analyzers.fsdp_ledger" in names
+    assert "zdiag.collectors.rundir" in names and "zdiag.analyzers.rank.fsdp_ledger" in names
 
 
 def _sources(folder: str) -> list[Path]:
@@ -135,16 +135,16 @@ def test_layer_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
     planted.write_text(
         "from zdiag.render.text import render_text\n"
-        "import zdiag.analyzers.pipeline\n"
+        "import zdiag.analyzers.engine.pipeline\n"
         "from zdiag.analyzers.report import Report\n"
     )
     assert layer_violations(planted, LAYER_RULES["analyzers"]) == [(1, "zdiag.render.text")]
     assert [n for _, n in layer_violations(planted, LAYER_RULES["collectors"])] == [
         "zdiag.render.text",
-        "zdiag.analyzers.pipeline",
+        "zdiag.analyzers.engine.pipeline",
         "zdiag.analyzers.report",
     ]
-    assert tui_violations(planted) == [(2, "zdiag.analyzers.pipeline")]
+    assert tui_violations(planted) == [(2, "zdiag.analyzers.engine.pipeline")]
 
 
 def test_no_test_module_imports_another() -> None:

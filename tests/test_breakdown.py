@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from support.traces import TraceBuilder
-from zdiag.analyzers import intervals as iv
-from zdiag.analyzers import verdict
-from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.rank import intervals as iv
+from zdiag.analyzers.rank import verdict
 from zdiag.analyzers.report import StepBreakdown
-from zdiag.analyzers.summary_pipeline import analyze_paths
 
 
 def _set(pairs: list[tuple[float, float]]) -> iv.IntervalSet:
@@ -236,7 +236,7 @@ def test_two_gpus_in_one_trace_are_flagged(tmp_path: Path) -> None:
 
 
 def test_timeline_of_the_median_step_and_rank_cap(tmp_path: Path) -> None:
-    from zdiag.analyzers.timeline import MAX_TIMELINE_RANKS
+    from zdiag.analyzers.rank.timeline import MAX_TIMELINE_RANKS
 
     for r in range(MAX_TIMELINE_RANKS + 2):
         b = TraceBuilder(rank=r)

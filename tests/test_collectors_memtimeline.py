@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.memory import load_memory_timeline
+from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
 from zdiag.collectors.memtimeline import TIMELINE_COLUMNS, totals_timeline
 
 MB = 1 << 20

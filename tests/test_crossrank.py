@@ -15,17 +15,17 @@ import msgspec
 import numpy as np
 import pytest
 
-from zdiag.analyzers import crossrank
-from zdiag.analyzers.collective_columns import RankCollectives
-from zdiag.analyzers.crossrank import (
+from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.rank.collective_columns import RankCollectives
+from zdiag.analyzers.report import Finding, StepBreakdown
+from zdiag.analyzers.run import crossrank
+from zdiag.analyzers.run.crossrank import (
     find_stragglers,
     straggler_stats,
 )
-from zdiag.analyzers.crossrank_match import match_collectives
-from zdiag.analyzers.pipeline import analyze_run, load_run
-from zdiag.analyzers.report import Finding, StepBreakdown
-from zdiag.analyzers.run_data import Analysis
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.run.crossrank_match import match_collectives
+from zdiag.analyzers.run.run_data import Analysis
 
 STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
 LAYERS = 4  # collectives per step

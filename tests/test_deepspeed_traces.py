@@ -31,17 +31,17 @@ from typing import Any
 
 import pytest
 
-from zdiag.analyzers.fsdp_ledger import (
+from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from zdiag.analyzers.misconfigs import MISCONFIGS
+from zdiag.analyzers.rank.fsdp_ledger import (
     GATHER_FAMILY,
     REDUCE_FAMILY,
     CollectiveRecord,
     RankLedger,
     build_rank_ledger,
 )
-from zdiag.analyzers.misconfigs import MISCONFIGS
-from zdiag.analyzers.pipeline import analyze_run, load_run
 from zdiag.analyzers.report import Report
-from zdiag.analyzers.run_data import Analysis, RunData
+from zdiag.analyzers.run.run_data import Analysis, RunData
 
 DATA = Path(__file__).parent / "data"
 ZERO3 = DATA / "deepspeed_zero3"

@@ -12,11 +12,11 @@ from zdiag.analyzers.detectors import DETECTORS, FSDP_FINDING_IDS, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
-from zdiag.analyzers.fsdp_ledger import build_rank_ledger
-from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.misconfigs import MISCONFIGS
-from zdiag.analyzers.rank_analysis import rank_facts
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
+from zdiag.analyzers.rank.rank_analysis import rank_facts
 from zdiag.collectors.rundir import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
@@ -319,8 +319,8 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     import shutil
 
     from conftest import REPO_ROOT
-    from zdiag.analyzers.pipeline import analyze_run
-    from zdiag.analyzers.run_data import RunData
+    from zdiag.analyzers.engine.pipeline import analyze_run
+    from zdiag.analyzers.run.run_data import RunData
 
     sample = REPO_ROOT / "sample_traces" / "activation-oom"
     if not (sample / "manifest.json").is_file():
@@ -461,7 +461,7 @@ def test_comm_bound_bf16_advice_per_framework(framework: str) -> None:
 @pytest.mark.parametrize("framework", sorted(BF16_NAMES))
 def test_fp32_collectives_bf16_advice_per_framework(framework: str) -> None:
     from zdiag.analyzers.detectors import fp32_collectives
-    from zdiag.analyzers.fsdp_ledger import CollectiveRecord, RankLedger
+    from zdiag.analyzers.rank.fsdp_ledger import CollectiveRecord, RankLedger
 
     gathers = [
         CollectiveRecord(unit=f"u{k}", framework=framework, family="all_gather",
@@ -693,7 +693,7 @@ def test_exposed_comm_claims_nothing_when_the_run_has_every_overlap_setting(
     import dataclasses
 
     from zdiag.analyzers.detectors import step_verdicts
-    from zdiag.analyzers.rank_analysis import RankFacts
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
     from zdiag.analyzers.report import StepBreakdown
 
     step = StepBreakdown(
@@ -728,7 +728,7 @@ def test_missing_overlap_on_cpu_fsdp2_sets_the_unshard_async_op(tmp_path: Path) 
 
     from zdiag.analyzers.detectors import missing_overlap
     from zdiag.analyzers.detectors.facts import gathers_can_overlap
-    from zdiag.analyzers.rank_analysis import RankFacts
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
 
     ctx = _cpu_only(_ctx(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
     assert not gathers_can_overlap(ctx)

@@ -10,7 +10,7 @@ from typing import Any
 from conftest import REPO_ROOT
 from zdiag.analyzers.detectors import crash, hang
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.collectors.rundir import Manifest
 
 GLOO_PEER = (

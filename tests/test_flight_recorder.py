@@ -12,8 +12,8 @@ import pytest
 
 from conftest import REAL_TRACES
 from support.flight_recorder import TORCH_PY, FakeJob, frame
-from zdiag.analyzers import flight_recorder as fr
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.run import flight_recorder as fr
 from zdiag.cli import main
 from zdiag.errors import InputError
 

@@ -15,7 +15,6 @@ import pytest
 
 from conftest import REPO_ROOT
 from zdiag.analyzers import frameworks
-from zdiag.analyzers.events import EventKind, classify
 from zdiag.analyzers.frameworks import (
     BlockSet,
     Framework,
@@ -26,6 +25,7 @@ from zdiag.analyzers.frameworks import (
     fsdp1,
     fsdp2,
 )
+from zdiag.analyzers.inputs.events import EventKind, classify
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
 from zdiag.collectors.rundir import Manifest
 from zdiag.harness.config import MISCONFIG_PRESETS
@@ -426,8 +426,8 @@ def test_steps_split_at_a_registered_framework_forward_marker(
     """Without ProfilerStep or optimizer markers, steps run from one forward label to the next:
     the labels come from the registry (DDP's from ddp.py)."""
     from support.traces import TraceBuilder
-    from zdiag.analyzers.loader import load_rank_trace
-    from zdiag.analyzers.steps import find_steps
+    from zdiag.analyzers.inputs.loader import load_rank_trace
+    from zdiag.analyzers.rank.steps import find_steps
 
     b = TraceBuilder(gpu_name=None)
     for k in range(3):

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from support.flight_recorder import FakeJob, frame
-from zdiag.analyzers import flight_recorder as fr
-from zdiag.analyzers.loader import MAX_RANK
+from zdiag.analyzers.inputs.loader import MAX_RANK
+from zdiag.analyzers.run import flight_recorder as fr
 from zdiag.cli import main
 from zdiag.errors import InputError
 

@@ -14,9 +14,9 @@ import fuzz_inputs as fz
 import numpy as np
 import pytest
 
-from zdiag.analyzers.loader import load_rank_trace
-from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
+from zdiag.analyzers.memory.memory_snapshot import read_snapshot, summarize_snapshot
 from zdiag.errors import InputError
 
 

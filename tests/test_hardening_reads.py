@@ -17,19 +17,19 @@ from typing import Any
 import fuzz_inputs as fz
 import pytest
 
-from zdiag.analyzers.memory import load_memory_timeline
-from zdiag.analyzers.memory_snapshot import (
-    _SnapshotReader,
-    load_plain_pickle,
-    read_snapshot,
-    summarize_snapshot,
-)
-from zdiag.analyzers.safe_read import (
+from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
+from zdiag.analyzers.inputs.safe_read import (
     GIB,
     gunzip_capped,
     open_regular,
     read_input_bytes,
     use_limits,
+)
+from zdiag.analyzers.memory.memory_snapshot import (
+    _SnapshotReader,
+    load_plain_pickle,
+    read_snapshot,
+    summarize_snapshot,
 )
 from zdiag.errors import InputError
 
@@ -143,7 +143,7 @@ def test_gunzip_peak_is_about_the_data_not_twice(tmp_path: Path) -> None:
         f"""
         import resource
         from pathlib import Path
-        from zdiag.analyzers.safe_read import gunzip_capped
+        from zdiag.analyzers.inputs.safe_read import gunzip_capped
         data = Path({str(bomb)!r}).read_bytes()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = gunzip_capped(data, Path("x"), "trace", 1 << 30)
@@ -173,7 +173,7 @@ def test_gunzip_capped_stops_at_the_cap() -> None:
 def test_a_gzip_bomb_stops_at_the_compression_ratio_unless_the_flag_is_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zdiag.analyzers.safe_read as safe_read
+    import zdiag.analyzers.inputs.safe_read as safe_read
 
     monkeypatch.setattr(safe_read, "GZIP_RATIO_FLOOR_BYTES", 1 << 20)
     bomb = _gzip_bomb(tmp_path / "rank-0.json.gz", 8)  # ~8 KB expanding 1000x
@@ -221,7 +221,7 @@ def test_a_ten_byte_memo_bomb_is_refused_without_taking_memory(tmp_path: Path) -
     assert len(bomb.read_bytes()) <= 10
     out, grown = _child_peak(
         f"""
-        from zdiag.analyzers.memory_snapshot import read_snapshot
+        from zdiag.analyzers.memory.memory_snapshot import read_snapshot
         from zdiag.errors import InputError
         try:
             read_snapshot({str(bomb)!r})
@@ -244,7 +244,7 @@ def test_a_memo_bomb_as_a_flight_recorder_dump_is_refused_without_taking_memory(
     )
     out, grown = _child_peak(
         f"""
-        from zdiag.analyzers.flight_recorder import read_dump
+        from zdiag.analyzers.run.flight_recorder import read_dump
         from zdiag.errors import InputError
         try:
             read_dump({str(bomb)!r})

@@ -28,9 +28,10 @@ import fuzz_inputs as fz
 import pytest
 
 from support.snapshots import generate_snapshot
-from zdiag.analyzers import memory_snapshot as ms
-from zdiag.analyzers import snapshot_breakdown as sb
-from zdiag.analyzers.memory_snapshot import (
+from zdiag.analyzers.inputs.safe_read import use_limits
+from zdiag.analyzers.memory import memory_snapshot as ms
+from zdiag.analyzers.memory import snapshot_breakdown as sb
+from zdiag.analyzers.memory.memory_snapshot import (
     MAX_STACK_FRAMES,
     PickleTimeError,
     _PlainUnpickler,
@@ -38,15 +39,14 @@ from zdiag.analyzers.memory_snapshot import (
     read_snapshot,
     summarize_snapshot,
 )
-from zdiag.analyzers.report import MemoryTimeline
-from zdiag.analyzers.safe_read import use_limits
-from zdiag.analyzers.snapshot_breakdown import (
+from zdiag.analyzers.memory.snapshot_breakdown import (
     MAX_LABEL_CHARS,
     MAX_MODULE_DEPTH,
     Categorizer,
     analyze_snapshot,
 )
-from zdiag.analyzers.snapshot_input import load_breakdowns
+from zdiag.analyzers.memory.snapshot_input import load_breakdowns
+from zdiag.analyzers.report import MemoryTimeline
 from zdiag.errors import InputError
 from zdiag.render.memory_view import stacked_bar, timeline_lines
 
@@ -208,7 +208,7 @@ def test_a_load_beyond_the_memory_budget_is_refused(tmp_path: Path) -> None:
     path.write_bytes(dup_frames_snapshot(4 * MIB))  # a 32 MiB list from a 4 MiB pickle
     code = f"""
         import io
-        from zdiag.analyzers import memory_snapshot as ms
+        from zdiag.analyzers.memory import memory_snapshot as ms
         ms.PICKLE_MEMORY_BASE_BYTES = 8 * 2**20
         ms.PICKLE_MEMORY_PER_BYTE = 1
         try:

@@ -22,16 +22,20 @@ import msgspec
 import pytest
 
 from support.traces import TraceBuilder, small_job
-from zdiag.analyzers.report import Report, encode_report
-from zdiag.analyzers.summarize_trace import main as summarize_main
-from zdiag.analyzers.summary_pipeline import SummaryOptions, SummaryRun, analyze_via_summaries
-from zdiag.analyzers.summary_store import (
+from zdiag.analyzers.engine.summarize_trace import main as summarize_main
+from zdiag.analyzers.engine.summary_pipeline import (
+    SummaryOptions,
+    SummaryRun,
+    analyze_via_summaries,
+)
+from zdiag.analyzers.engine.summary_store import (
     CACHE_DIR_NAME,
     StoredSummary,
     read_stored,
     summary_path_for,
     write_stored,
 )
+from zdiag.analyzers.report import Report, encode_report
 from zdiag.render.text import render_text
 
 REPO = Path(__file__).resolve().parent.parent
@@ -421,7 +425,7 @@ def test_an_in_job_summary_is_not_reused_after_its_trace_was_edited(tmp_path: Pa
 def test_a_settled_stamp_skips_the_hash_and_any_change_defeats_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zdiag.analyzers import summary_store
+    from zdiag.analyzers.engine import summary_store
 
     monkeypatch.setattr(summary_store, "SETTLED_NS", 0)  # as if hashed long after the writes
     job = _job(tmp_path / "job")
@@ -449,7 +453,7 @@ def test_a_settled_stamp_skips_the_hash_and_any_change_defeats_it(
 
 
 def test_a_stamp_taken_too_soon_after_a_change_does_not_vouch(tmp_path: Path) -> None:
-    from zdiag.analyzers.summary_store import SETTLED_NS, FileStamp
+    from zdiag.analyzers.engine.summary_store import SETTLED_NS, FileStamp
 
     path = tmp_path / "t"
     path.write_bytes(b"x")

@@ -1,4 +1,4 @@
-"""Host syncs attributed to their caller (analyzers/host_syncs.py) and the `host-sync` finding."""
+"""Host syncs attributed to their caller (analyzers/rank/host_syncs.py) and the `host-sync` finding."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 from zdiag.analyzers.detectors import DETECTORS, run_context
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.host_syncs import host_sync_sites
-from zdiag.analyzers.loader import load_rank_trace
-from zdiag.analyzers.rank_analysis import rank_facts
+from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.rank.host_syncs import host_sync_sites
+from zdiag.analyzers.rank.rank_analysis import rank_facts
 
 
 def _x(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict[str, object]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zdiag.analyzers import hta_adapter
-from zdiag.analyzers.hta_adapter import HtaFailed, HtaUnavailable, hta_breakdown, import_hta
+from zdiag.analyzers.inputs import hta_adapter
+from zdiag.analyzers.inputs.hta_adapter import HtaFailed, HtaUnavailable, hta_breakdown, import_hta
 from zdiag.errors import InputError, UserError
 
 

@@ -168,7 +168,7 @@ def test_memory_chart_units_follow_the_data() -> None:
 
 
 def test_a_two_rank_run_stays_within_the_3_mb_budget() -> None:
-    from zdiag.analyzers.summary_pipeline import analyze_paths
+    from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
     run = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
     page = render_html(analyze_paths([run])).encode("utf-8")

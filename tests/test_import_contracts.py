@@ -67,7 +67,15 @@ def test_a_collector_importing_the_analysis_breaks_lint(tree: Path) -> None:
 
 def test_an_import_circle_breaks_lint(tree: Path) -> None:
     # report.py is imported by most of the analysis; importing the summary back closes a circle
-    _append(tree / "analyzers" / "report.py", "from . import summary  # noqa")
+    _append(tree / "analyzers" / "report.py", "from .rank import summary  # noqa")
     done = _lint(tree)
     assert done.returncode == 1
     assert "no import circle among sibling modules or packages BROKEN" in done.stdout
+
+
+def test_a_stage_importing_a_stage_above_it_breaks_lint(tree: Path) -> None:
+    # the map (rank/) must not reach the reduce (run/)
+    _append(tree / "analyzers" / "rank" / "steps.py", "from ..run import crossrank  # noqa")
+    done = _lint(tree)
+    assert done.returncode == 1
+    assert "the analysis stages: each imports only the stages below it BROKEN" in done.stdout

@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
+from zdiag.analyzers.engine.summary_pipeline import (
+    SummaryOptions,
+    analyze_paths,
+    analyze_via_summaries,
+)
 from zdiag.analyzers.report import encode_report
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_paths, analyze_via_summaries
 from zdiag.collectors.rundir import summary_path_for
 from zdiag.collectors.summary_job import summary_command
 
@@ -24,7 +28,7 @@ pytestmark = pytest.mark.dist
 def test_summary_command_is_niced_and_names_the_module(tmp_path: Path) -> None:
     cmd = summary_command(tmp_path / "traces" / "rank-3.json.gz")
     assert cmd[-3:] == [
-        "zdiag.analyzers.summarize_trace",
+        "zdiag.analyzers.engine.summarize_trace",
         str(tmp_path / "traces" / "rank-3.json.gz"),
         str(tmp_path / "traces" / "rank-3.summary.zds"),
     ]

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.kineto_memory import kineto_memory
-from zdiag.analyzers.loader import load_rank_trace
-from zdiag.analyzers.memory import CATEGORIES, load_memory_timeline
-from zdiag.analyzers.rank_analysis import analyze_rank
-from zdiag.analyzers.summary import decode_summary, encode_summary, summarize
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.inputs.memory_timeline import CATEGORIES, load_memory_timeline
+from zdiag.analyzers.memory.kineto_memory import kineto_memory
+from zdiag.analyzers.rank.rank_analysis import analyze_rank
+from zdiag.analyzers.rank.summary import decode_summary, encode_summary, summarize
 
 SAMPLE = REPO_ROOT / "sample_traces" / "activation-oom"
 

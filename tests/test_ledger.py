@@ -19,8 +19,8 @@ from support.ledger_traces import (
     write,
     zero3_cpu_trace,
 )
-from zdiag.analyzers.fsdp_ledger import RankLedger, build_rank_ledger
-from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.rank.fsdp_ledger import RankLedger, build_rank_ledger
 
 
 def test_units_bytes_and_counts_per_block(tmp_path: Path) -> None:
@@ -291,7 +291,7 @@ def test_a_gathers_window_is_the_gap_before_it_less_other_collectives() -> None:
     """What a prefetch one unit ahead could hide a gather under: the gap since the previous
     gather of the same pass, compute and idle alike (a host-bound unit's idle time counts), less
     the collectives in it (a reduce-scatter holds the communicator)."""
-    from zdiag.analyzers.fsdp_ledger import CollectiveRecord, _attach_windows
+    from zdiag.analyzers.rank.fsdp_ledger import CollectiveRecord, _attach_windows
 
     def rec(family: str, start: float, end: float) -> CollectiveRecord:
         return CollectiveRecord(

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from support.traces import TraceBuilder
-from zdiag.analyzers.events import EventKind, classify, collective_kind
-from zdiag.analyzers.loader import load_rank_trace, rank_from_file_name
-from zdiag.analyzers.pipeline import load_run
+from zdiag.analyzers.engine.pipeline import load_run
+from zdiag.analyzers.inputs.events import EventKind, classify, collective_kind
+from zdiag.analyzers.inputs.loader import load_rank_trace, rank_from_file_name
 from zdiag.errors import InputError
 
 
@@ -307,7 +307,7 @@ def test_memory_timeline_coalesced_format_in_a_run_dir(tmp_path: Path) -> None:
     data = json.dumps([[base + 10, base + 20, base + 30], sizes]).encode()
     (run_dir / "memory" / "rank-0.timeline.json.gz").write_bytes(gzip.compress(data))
     (run_dir / "memory" / "rank-0.oom.json").write_text("{}")
-    from zdiag.analyzers.pipeline import analyze_run
+    from zdiag.analyzers.engine.pipeline import analyze_run
 
     report = analyze_run(load_run([run_dir])).report
     (mem,) = report.memory
@@ -331,7 +331,7 @@ def test_memory_timeline_raw_format_passed_explicitly(tmp_path: Path) -> None:
     ]
     mem_path = tmp_path / "memory_timeline.raw.gz"
     mem_path.write_bytes(gzip.compress(json.dumps(raw).encode()))
-    from zdiag.analyzers.pipeline import analyze_run
+    from zdiag.analyzers.engine.pipeline import analyze_run
 
     report = analyze_run(load_run([trace, mem_path])).report
     (mem,) = report.memory
@@ -348,7 +348,7 @@ def test_a_bad_memory_timeline_is_a_warning(tmp_path: Path) -> None:
     trace = _small(rank=0).write(tmp_path / "trace.json")
     bad = tmp_path / "rank-0.timeline.json"
     bad.write_text('{"not": "a timeline"}')
-    from zdiag.analyzers.pipeline import analyze_run
+    from zdiag.analyzers.engine.pipeline import analyze_run
 
     report = analyze_run(load_run([trace, bad])).report
     assert report.memory == []
@@ -356,7 +356,7 @@ def test_a_bad_memory_timeline_is_a_warning(tmp_path: Path) -> None:
 
 
 def test_real_raw_memory_timeline(real_traces: Path) -> None:
-    from zdiag.analyzers.memory import MAX_MEMORY_POINTS, load_memory_timeline
+    from zdiag.analyzers.inputs.memory_timeline import MAX_MEMORY_POINTS, load_memory_timeline
 
     mem = load_memory_timeline(real_traces / "hta" / "memory_timeline.raw.gz", 0)
     assert 0 < len(mem.times_ms) <= MAX_MEMORY_POINTS
@@ -368,7 +368,7 @@ def test_real_raw_memory_timeline(real_traces: Path) -> None:
 def test_parallel_load_matches_sequential_and_reports_bad_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zdiag.analyzers import pipeline
+    from zdiag.analyzers.engine import pipeline
 
     for r in (0, 1):
         _small(rank=r).write(tmp_path / f"rank-{r}.json.gz")
@@ -417,7 +417,7 @@ def test_memory_timeline_on_the_epoch_clock_is_aligned_with_base_time(tmp_path: 
     data = [[epoch_us + 50, epoch_us + 60], [[0, 10, 0, 0, 0, 0, 0, 0, 0]] * 2]
     mem_path = tmp_path / "rank-0.timeline.json"
     mem_path.write_text(json.dumps(data))
-    from zdiag.analyzers.pipeline import analyze_run
+    from zdiag.analyzers.engine.pipeline import analyze_run
 
     (mem,) = analyze_run(load_run([trace, mem_path])).report.memory
     assert mem.times_ms == [pytest.approx(0.05), pytest.approx(0.06)]

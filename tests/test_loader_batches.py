@@ -1,4 +1,4 @@
-"""The batched and parallel decode (analyzers/decode_batches.py) gives the one-shot RankTrace.
+"""The batched and parallel decode (analyzers/inputs/decode_batches.py) gives the one-shot RankTrace.
 
 "One shot" is `batch_events` larger than the trace in this process: one batch of every event,
 as the whole-document decode did. Small batches (forced through `batch_events`) and forked
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from support.traces import TraceBuilder
-from zdiag.analyzers import decode_batches
-from zdiag.analyzers.events import RankTrace
-from zdiag.analyzers.loader import load_rank_trace
+from zdiag.analyzers.inputs import decode_batches
+from zdiag.analyzers.inputs.events import RankTrace
+from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.errors import InputError
 
 ONE_SHOT = 10**9

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.pipeline import MAX_COLLECTOR_ERRORS_SHOWN
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.pipeline import MAX_COLLECTOR_ERRORS_SHOWN
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
 
 def test_collector_errors_become_rank_warnings(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.memory_snapshot import categorize, read_snapshot, summarize_snapshot
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.memory.memory_snapshot import categorize, read_snapshot, summarize_snapshot
 from zdiag.errors import InputError
 from zdiag.harness.model import ModelArgs, Transformer
 

@@ -1,5 +1,5 @@
 """The model description (issue 12 part 1): captured from the live model at the first forward by
-`zdiag run` and `zdiag.profile`, read back by analyzers/model_facts.py without torch.
+`zdiag run` and `zdiag.profile`, read back by analyzers/inputs/model_facts.py without torch.
 
 Real processes: FSDP2, FSDP1 and DDP on 2 gloo ranks, one plain process, `zdiag.profile` in a
 custom loop and a planted failure, all on a user-style model whose repeated blocks live at
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.model_facts import (
+from zdiag.analyzers.inputs.model_facts import (
     MIN_BLOCK_SHARE,
     facts_from_run_dir,
     inferred_facts,
@@ -263,7 +263,7 @@ def test_tied_parameters_count_once_and_optimizer_options() -> None:
 
 def test_schema_module_does_not_import_torch() -> None:
     code = (
-        "import sys; import zdiag.collectors.model_schema, zdiag.analyzers.model_facts; "
+        "import sys; import zdiag.collectors.model_schema, zdiag.analyzers.inputs.model_facts; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run(

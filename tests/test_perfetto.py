@@ -96,7 +96,7 @@ def test_large_runs_keep_the_file_compact(tmp_path: Path, monkeypatch: Any) -> N
 
 def test_overlay_lines_up_with_the_original_trace(real_traces: Path, tmp_path: Path) -> None:
     """Each step slice starts exactly where the trace's ProfilerStep#N annotation starts."""
-    from zdiag.analyzers.summary_pipeline import analyze_paths
+    from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
     source = real_traces / "hta" / "sampled_128" / "rank-0.json.gz"
     write_overlay(analyze_paths([source]), tmp_path / "o.json")

@@ -20,7 +20,7 @@ RUN = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
 
 @pytest.fixture(scope="module")
 def report() -> Report:
-    from zdiag.analyzers.summary_pipeline import analyze_paths
+    from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
     return analyze_paths([RUN])
 

@@ -1,13 +1,13 @@
-"""Process groups across a run (analyzers/process_groups.py): members, communication, waiting."""
+"""Process groups across a run (analyzers/run/process_groups.py): members, communication, waiting."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from zdiag.analyzers.collective_columns import RankColumns
-from zdiag.analyzers.crossrank_match import match_collectives
-from zdiag.analyzers.declared_groups import ProcessGroupInfo, declared_groups
-from zdiag.analyzers.process_groups import process_group_stats
+from zdiag.analyzers.rank.collective_columns import RankColumns
+from zdiag.analyzers.rank.declared_groups import ProcessGroupInfo, declared_groups
+from zdiag.analyzers.run.crossrank_match import match_collectives
+from zdiag.analyzers.run.process_groups import process_group_stats
 
 
 def _rank(rank: int, calls: list[tuple[str, float, float]]) -> RankColumns:

@@ -14,18 +14,18 @@ import pytest
 
 from conftest import REPO_ROOT
 from support.ledger_traces import BLOCKS, MAIN, fsdp2_cpu_trace, write
-from zdiag.analyzers.loader import load_rank_trace
-from zdiag.analyzers.pipeline import analyze_run, load_run, run_facts
-from zdiag.analyzers.rank_analysis import RankContext, analyze_rank
-from zdiag.analyzers.reduce import reduce_run
-from zdiag.analyzers.report import encode_report
-from zdiag.analyzers.summary import (
+from zdiag.analyzers.engine.pipeline import analyze_run, load_run, run_facts
+from zdiag.analyzers.engine.reduce import reduce_run
+from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.rank.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.rank.summary import (
     SUMMARY_SCHEMA,
     RankSummary,
     decode_summary,
     encode_summary,
     summarize,
 )
+from zdiag.analyzers.report import encode_report
 
 RUNS = [
     REPO_ROOT / "sample_traces" / "tiny-layer-wrap",

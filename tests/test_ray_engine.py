@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from support.traces import small_job
+from zdiag.analyzers.engine.summary_engines import RayEngine, make_engine
+from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
 from zdiag.analyzers.report import encode_report
-from zdiag.analyzers.summary_engines import RayEngine, make_engine
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
 from zdiag.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)

@@ -29,7 +29,7 @@ from zdiag.analyzers.detectors.facts import (
     run_facts,
 )
 from zdiag.analyzers.frameworks import fsdp1, fsdp2
-from zdiag.analyzers.model_facts import ModelFacts
+from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.collectors.model_schema import (
     Fsdp1Instance,
     Fsdp2Unit,
@@ -264,7 +264,7 @@ def test_fsdp1_trace_units_map_to_instances_in_pre_order() -> None:
 
 
 def test_a_damaged_description_is_a_warning_and_the_analysis_infers(tmp_path: Path) -> None:
-    from zdiag.analyzers.pipeline import load_model_facts
+    from zdiag.analyzers.engine.pipeline import load_model_facts
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "rank-0.json").write_text('{"schema": "zdiag.model/9"}')

@@ -60,8 +60,8 @@ def test_bad_verdicts_on_most_steps_come_with_a_finding() -> None:
     reconcile step when a more specific finding (here comm-bound) explains the time."""
     from zdiag.analyzers.detectors import run_context
     from zdiag.analyzers.detectors.context import DetectorContext
-    from zdiag.analyzers.host_syncs import HostSyncSites
-    from zdiag.analyzers.rank_analysis import RankFacts
+    from zdiag.analyzers.rank.host_syncs import HostSyncSites
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
     from zdiag.analyzers.report import StepBreakdown
 
     def step(i: int, verdict: str, idle: float, exposed: float) -> StepBreakdown:

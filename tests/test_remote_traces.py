@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from support.traces import small_job
-from zdiag.analyzers.remote_traces import is_url, list_remote_traces
+from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
+from zdiag.analyzers.inputs.remote_traces import is_url, list_remote_traces
 from zdiag.analyzers.report import encode_report
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
 from zdiag.errors import InputError
 
 fsspec = pytest.importorskip("fsspec")

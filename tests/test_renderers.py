@@ -206,7 +206,7 @@ def test_renderers_leave_no_temporary_files(tmp_path: Path) -> None:
 
 def test_every_renderer_renders_a_real_report(real_traces: Path, tmp_path: Path) -> None:
     """The same contract on a Report analyzed from real traces (2 ranks, HTA's sampled_128)."""
-    from zdiag.analyzers.summary_pipeline import analyze_paths
+    from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
     report = analyze_paths([real_traces / "hta" / "sampled_128"])
     assert report.ranks and all(r.steps for r in report.ranks)

@@ -148,7 +148,7 @@ def test_harness_on_two_gloo_ranks(tmp_path: Path) -> None:
 def test_memory_timeline_on_two_gloo_ranks(tmp_path: Path) -> None:
     # torch's categorized export can fail on a gloo rank (a free on gloo's thread it did not
     # record, pytorch/pytorch#167838): every rank still gets a timeline, and says which kind.
-    from zdiag.analyzers.memory import load_memory_timeline
+    from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
 
     out = tmp_path / "run"
     proc = zdiag_run(

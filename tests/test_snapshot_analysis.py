@@ -16,10 +16,10 @@ import pytest
 from support.snapshots import generate_snapshot, write_snapshot
 from zdiag.analyzers.detectors import run_context
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.memory.snapshot_breakdown import analyze_snapshot
+from zdiag.analyzers.memory.snapshot_input import is_snapshot_file
 from zdiag.analyzers.report import decode_report, encode_report
-from zdiag.analyzers.snapshot_breakdown import analyze_snapshot
-from zdiag.analyzers.snapshot_input import is_snapshot_file
-from zdiag.analyzers.summary_pipeline import analyze_paths
 from zdiag.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from conftest import REPO_ROOT
-from zdiag.analyzers.steps import StepWindows, drop_unfinished_tail
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.rank.steps import StepWindows, drop_unfinished_tail
 
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "2"]
 TINY += ["--vocab", "128", "--device", "cpu"]

@@ -15,17 +15,21 @@ from pathlib import Path
 import pytest
 
 from support.traces import TraceBuilder
-from zdiag.analyzers import summary_store
-from zdiag.analyzers.report import encode_report
-from zdiag.analyzers.summarize_trace import main as summarize_main
-from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_paths, analyze_via_summaries
-from zdiag.analyzers.summary_store import (
+from zdiag.analyzers.engine import summary_store
+from zdiag.analyzers.engine.summarize_trace import main as summarize_main
+from zdiag.analyzers.engine.summary_pipeline import (
+    SummaryOptions,
+    analyze_paths,
+    analyze_via_summaries,
+)
+from zdiag.analyzers.engine.summary_store import (
     CACHE_DIR_NAME,
     StoredSummary,
     read_stored,
     summary_path_for,
     write_stored,
 )
+from zdiag.analyzers.report import encode_report
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_traces" / "none"
@@ -179,7 +183,7 @@ def test_summarizer_refuses_a_bad_trace(tmp_path: Path) -> None:
     bad.write_text("{not json")
     out = summary_path_for(bad)
     proc = subprocess.run(
-        [sys.executable, "-m", "zdiag.analyzers.summarize_trace", str(bad), str(out)],
+        [sys.executable, "-m", "zdiag.analyzers.engine.summarize_trace", str(bad), str(out)],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(REPO)),

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from zdiag.analyzers.summary_pipeline import analyze_paths
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -45,7 +45,7 @@ def test_every_line_fits_the_width(width: int) -> None:
 
 
 def test_real_run_fits_80_columns() -> None:
-    from zdiag.analyzers.summary_pipeline import analyze_paths
+    from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
     text = render_text(analyze_paths([SAMPLE_RUN]), width=80)
     assert max(len(x) for x in text.splitlines()) <= 80

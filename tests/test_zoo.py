@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
-from zdiag.analyzers.summary_pipeline import analyze_paths
 
 # Small enough for 2 shared CPU cores; different depth, width, vocabulary and ZeRO mode.
 SHAPES: dict[str, list[str]] = {

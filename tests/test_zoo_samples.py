@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO_ROOT
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
-from zdiag.analyzers.summary_pipeline import analyze_paths
 
 SAMPLES = REPO_ROOT / "sample_traces"
 

@@ -1,6 +1,6 @@
 """Misconfiguration detectors: pure functions of the analyzed run, returning Findings.
 
-The reduce (analyzers/reduce.py) builds one `DetectorContext` from values (FSDP ledgers per
+The reduce (analyzers/engine/reduce.py) builds one `DetectorContext` from values (FSDP ledgers per
 rank, step tables, detector facts, manifest facts, memory evidence, the cross-rank matching)
 and `run_context(ctx)` runs every detector in `DETECTORS`, returning their findings and
 warnings. Each detector lives in its own module with its thresholds as named constants next to

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fsdp_ledger import CollectiveRecord
+from ..rank.fsdp_ledger import CollectiveRecord
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What every detector reads, computed once per analysis: FSDP ledgers, manifest facts, memory.
 
 Detectors are pure functions of a `DetectorContext`, a value built by `build_context` from the
-ranks' summaries (analyzers/summary.py), the cross-rank matching, the run manifest and the small
+ranks' summaries (analyzers/rank/summary.py), the cross-rank matching, the run manifest and the small
 run-dir files it points to (OOM records, CUDA snapshots); it holds no trace and no reference to
 the pipeline's objects, so detectors can be tested on hand-built contexts.
 """
@@ -24,17 +24,17 @@ from ...collectors.rundir import (
     read_run_json,
     run_file,
 )
-from ..fsdp_ledger import RankLedger
-from ..host_syncs import HostSyncSites
-from ..memory_snapshot import read_snapshot, summarize_snapshot
-from ..model_facts import ModelFacts
+from ..inputs.model_facts import ModelFacts
+from ..memory.memory_snapshot import read_snapshot, summarize_snapshot
+from ..rank.fsdp_ledger import RankLedger
+from ..rank.host_syncs import HostSyncSites
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 
 if TYPE_CHECKING:
-    from ..crossrank import CrossRankResult
-    from ..flight_recorder import HangAnalysis
-    from ..rank_analysis import RankFacts
-    from ..summary import RankSummary
+    from ..rank.rank_analysis import RankFacts
+    from ..rank.summary import RankSummary
+    from ..run.crossrank import CrossRankResult
+    from ..run.flight_recorder import HangAnalysis
 
 MIB = 1024**2
 
@@ -115,7 +115,7 @@ class DetectorContext:
         return f.host_sync_sites.in_model if f is not None else 0
 
     def host_sync_sites(self, rank: int) -> HostSyncSites:
-        """The rank's host syncs by caller (analyzers/host_syncs.py); empty when unknown."""
+        """The rank's host syncs by caller (analyzers/rank/host_syncs.py); empty when unknown."""
         f = self.facts.get(rank)
         return f.host_sync_sites if f is not None else HostSyncSites()
 

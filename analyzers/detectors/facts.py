@@ -1,7 +1,7 @@
 """The facts about a user's run that the detectors hand to the framework remedies.
 
 First from the model description captured from the live model (`ctx.model`, see
-analyzers/model_facts.py): the repeated blocks to wrap, chosen by model_facts' granularity rule
+analyzers/inputs/model_facts.py): the repeated blocks to wrap, chosen by model_facts' granularity rule
 and named by the user's own container paths and classes, whether they already are FSDP units,
 and the settings the run has (so no remedy proposes one of them). Without a description (traces
 recorded elsewhere) the same `BlockSet` / `RunFacts` values are inferred from trace labels (FSDP
@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import frameworks
 from ..frameworks import BlockSet, Framework, RunFacts
-from ..model_facts import BlockCandidate, ModelFacts
+from ..inputs.model_facts import BlockCandidate, ModelFacts
 from .blocks import BlockPattern
 from .context import DetectorContext
 

@@ -1,6 +1,6 @@
 """`host-sync`: the user's model code blocks the host on device values every step.
 
-The map attributes every host sync to its caller (analyzers/host_syncs.py): the optimizer's own
+The map attributes every host sync to its caller (analyzers/rank/host_syncs.py): the optimizer's own
 internals (AdamW's step-counter `.item()` inside `Optimizer.step#AdamW.step`: not the user's to
 remove, never counted here), the model's code (inside an FSDP unit's forward/backward, named by
 the unit, or inside a DDP / FSDP1 forward range) and the training loop (loss logging outside the

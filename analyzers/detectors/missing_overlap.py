@@ -28,7 +28,7 @@ import itertools
 from collections import defaultdict
 
 from ..frameworks import Framework, Remedy
-from ..fsdp_ledger import CollectiveRecord, RankLedger
+from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding
 from .blocks import find_block_pattern
 from .context import DetectorContext

@@ -1,6 +1,6 @@
 """`host-bound` and `exposed-comm`: most steps carry a bad verdict that no other finding explains.
 
-The step verdicts (analyzers/verdict.py) say what limited each step; a run whose steps are
+The step verdicts (analyzers/rank/verdict.py) say what limited each step; a run whose steps are
 mostly host-bound or exposed-comm must not end without a finding that says why and what to do.
 
 - `host-bound` (>= HOST_BOUND_STEP_SHARE of all ranks' steps): the device idles waiting for the

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..crossrank import find_stragglers
 from ..report import Finding
+from ..run.crossrank import find_stragglers
 from .context import DetectorContext
 from .facts import cpu_only
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from ..frameworks import BlockSet
-from ..fsdp_ledger import GATHER_FAMILY, CollectiveRecord
+from ..rank.fsdp_ledger import GATHER_FAMILY, CollectiveRecord
 from ..report import Finding
 from .blocks import find_block_pattern
 from .comm_model import AlphaBeta, fit_alpha_beta

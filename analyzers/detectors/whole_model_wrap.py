@@ -7,7 +7,7 @@ two blocks unsharded at a time and lets each block's gather overlap the previous
 
 from __future__ import annotations
 
-from ..fsdp_ledger import GATHER_FAMILY
+from ..rank.fsdp_ledger import GATHER_FAMILY
 from ..report import Finding
 from .blocks import find_block_pattern, harness_block_pattern
 from .context import MIB, DetectorContext

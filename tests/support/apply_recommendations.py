@@ -41,7 +41,7 @@ from zdiag.analyzers import frameworks  # noqa: E402
 from zdiag.analyzers.detectors.context import DetectorContext  # noqa: E402
 from zdiag.analyzers.detectors.facts import run_facts  # noqa: E402
 from zdiag.analyzers.frameworks import checkpoint_blocks  # noqa: E402
-from zdiag.analyzers.model_facts import ModelFacts  # noqa: E402
+from zdiag.analyzers.inputs.model_facts import ModelFacts  # noqa: E402
 from zdiag.collectors.model_capture import describe_model  # noqa: E402
 
 

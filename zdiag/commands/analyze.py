@@ -7,7 +7,7 @@ analysis succeeded. `--fail-on` turns findings into an exit code for CI: 1 when 
 that severity or worse exists.
 
 Summaries: each rank's map result is read from its in-job summary or the summary cache when one
-matches its trace, and written to the cache otherwise (analyzers/summary_store.py; `--no-cache`
+matches its trace, and written to the cache otherwise (analyzers/engine/summary_store.py; `--no-cache`
 decodes every trace and writes nothing). `--engine ray` runs the map as Ray tasks.
 """
 
@@ -155,11 +155,11 @@ class AnalyzeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
-        from zdiag.analyzers.remote_traces import is_url
-        from zdiag.analyzers.safe_read import GIB, use_limits
-        from zdiag.analyzers.summary_engines import make_engine
-        from zdiag.analyzers.summary_pipeline import SummaryOptions, analyze_via_summaries
-        from zdiag.analyzers.summary_store import cache_disabled_by_env
+        from zdiag.analyzers.engine.summary_engines import make_engine
+        from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
+        from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
+        from zdiag.analyzers.inputs.remote_traces import is_url
+        from zdiag.analyzers.inputs.safe_read import GIB, use_limits
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.renderer import STDOUT, Destination, get_renderer, write_files
         from zdiag.render.terminal import check_tui_possible

@@ -8,7 +8,7 @@ Adding a step column touches at most 3 files:
 
 1. `analyzers/report.py`: the field on `StepBreakdown`, with a default so old reports load
    (e.g. `host_launch_ms: float = 0.0`);
-2. the analyzer that computes it (for `host_launch_ms`: `analyzers/breakdown.py`);
+2. the analyzer that computes it (for `host_launch_ms`: `analyzers/rank/breakdown.py`);
 3. this file: one line in `STEP_COLUMNS`.
 
 Text, TUI, HTML and Perfetto pick it up from here; tests/test_renderers.py checks that each of
