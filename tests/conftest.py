@@ -31,3 +31,31 @@ def _no_summary_cache(
     monkeypatch.setenv("ZDIAG_CACHE", "off")
     monkeypatch.setenv("ZDIAG_INJOB_SUMMARY", "0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+PROCESS_MARKERS = ("slow", "dist", "browser", "tui")
+"""A test that starts a program (`subprocess`: the CLI, torchrun, a browser) carries one of
+these markers, so `make unit` (which deselects them) never starts one. Forking is not counted:
+the analysis forks workers to isolate an unpickler or decode batches in milliseconds."""
+
+
+class UnmarkedProcessError(AssertionError):
+    """Raised when a test without a process marker starts a program."""
+
+
+@pytest.fixture(autouse=True)
+def _processes_need_a_marker(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail a test that starts a program without one of PROCESS_MARKERS."""
+    if any(request.node.get_closest_marker(m) for m in PROCESS_MARKERS):
+        return
+    import subprocess
+
+    def refuse(self: object, args: object, *rest: object, **kwargs: object) -> None:
+        raise UnmarkedProcessError(
+            f"{request.node.nodeid} starts a program ({args!r}) without a marker: "
+            f"mark it with one of {', '.join(PROCESS_MARKERS)}"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

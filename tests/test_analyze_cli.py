@@ -219,6 +219,7 @@ def test_bad_input_is_one_line_naming_the_file(
     assert not html.exists()
 
 
+@pytest.mark.slow  # starts a program
 def test_bad_input_in_a_real_process(tmp_path: Path) -> None:
     bad = tmp_path / "t.json.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00garbage")

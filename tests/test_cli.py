@@ -17,18 +17,21 @@ def zdiag(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # starts a program
 def test_version() -> None:
     res = zdiag("--version")
     assert res.returncode == 0
     assert res.stdout.strip() == f"zdiag {__version__}"
 
 
+@pytest.mark.slow  # starts a program
 def test_no_command_prints_help_and_fails() -> None:
     res = zdiag()
     assert res.returncode == 2
     assert "COMMAND" in res.stderr
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_each_subcommand_has_help(command: str) -> None:
     res = zdiag(command, "--help")
@@ -36,6 +39,7 @@ def test_each_subcommand_has_help(command: str) -> None:
     assert res.stdout.startswith(f"usage: zdiag {command}")
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_unknown_option_is_one_line_error(command: str) -> None:
     res = zdiag(command, "--no-such-option")
@@ -46,6 +50,7 @@ def test_unknown_option_is_one_line_error(command: str) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow  # starts a program
 def test_unknown_command_is_one_line_error() -> None:
     res = zdiag("frobnicate")
     assert res.returncode == 2

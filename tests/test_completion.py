@@ -45,6 +45,7 @@ def test_the_command_prints_each_script(capsys: pytest.CaptureFixture[str]) -> N
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completes_commands_options_and_choices(bash_script: Path, tmp_path: Path) -> None:
     assert "analyze" in _bash_complete(bash_script, "an")
@@ -59,6 +60,7 @@ def test_bash_completes_commands_options_and_choices(bash_script: Path, tmp_path
     ]
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.parametrize("shell", ["zsh", "fish", "bash"])
 def test_scripts_parse_in_their_shell(shell: str, tmp_path: Path) -> None:
     if shutil.which(shell) is None:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from zdiag.collectors import hang
 from zdiag.collectors.rundir import make_run_dir, remove_unfinished_writes
 
@@ -121,6 +123,7 @@ def _run(script: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(path), str(tmp_path / "flushed")])
 
 
+@pytest.mark.slow  # starts a program
 def test_sigterm_flushes_then_ends_the_process_by_sigterm(tmp_path: Path) -> None:
     proc = _run(
         """
@@ -145,6 +148,7 @@ def test_sigterm_flushes_then_ends_the_process_by_sigterm(tmp_path: Path) -> Non
     assert (tmp_path / "flushed").read_text() == "SIGTERM"
 
 
+@pytest.mark.slow  # starts a program
 def test_sigterm_while_the_session_finishes_waits_for_it_then_ends(tmp_path: Path) -> None:
     proc = _run(
         """

@@ -56,6 +56,7 @@ def good_trace(folder: Path, name: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # starts a program
 def test_a_fifo_among_the_traces_is_refused_not_read(tmp_path: Path) -> None:
     good_trace(tmp_path, "rank-0.json")
     fifo = tmp_path / "rank-1.json"
@@ -68,6 +69,7 @@ def test_a_fifo_among_the_traces_is_refused_not_read(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # starts a program
 @needs_dev_zero
 def test_a_link_to_dev_zero_as_a_trace_is_refused(tmp_path: Path) -> None:
     (tmp_path / "rank-0.json.gz").symlink_to("/dev/zero")
@@ -137,6 +139,7 @@ def test_the_cap_applies_to_plain_files_and_to_timelines(tmp_path: Path) -> None
         read_input_bytes(timeline, "memory timeline")
 
 
+@pytest.mark.slow  # starts a program
 def test_gunzip_peak_is_about_the_data_not_twice(tmp_path: Path) -> None:
     bomb = _gzip_bomb(tmp_path / "big.json.gz", 200)
     script = textwrap.dedent(
@@ -214,6 +217,7 @@ def _child_peak(code: str) -> tuple[str, int]:
     return "\n".join(lines), int(grown)
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.skipif(sys.platform != "linux", reason="the memory budget is an RLIMIT_AS (Linux)")
 def test_a_ten_byte_memo_bomb_is_refused_without_taking_memory(tmp_path: Path) -> None:
     bomb = tmp_path / "rank-0.snapshot.pickle"
@@ -233,6 +237,7 @@ def test_a_ten_byte_memo_bomb_is_refused_without_taking_memory(tmp_path: Path) -
     assert grown < 300 << 20, f"grew {grown >> 20} MiB"
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.skipif(sys.platform != "linux", reason="the memory budget is an RLIMIT_AS (Linux)")
 def test_a_memo_bomb_as_a_flight_recorder_dump_is_refused_without_taking_memory(
     tmp_path: Path,

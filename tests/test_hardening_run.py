@@ -139,6 +139,7 @@ print("not ended by SIGTERM")
 """
 
 
+@pytest.mark.slow  # starts a program
 def test_a_second_sigterm_during_the_flush_ends_the_process_after_it(tmp_path: Path) -> None:
     out = tmp_path / "flush.txt"
     script = tmp_path / "twice.py"

@@ -200,6 +200,7 @@ def test_memory_budget_is_per_byte_with_a_fixed_cap() -> None:
         )
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.skipif(sys.platform != "linux", reason="the memory budget is an RLIMIT_AS (Linux)")
 def test_a_load_beyond_the_memory_budget_is_refused(tmp_path: Path) -> None:
     """In a fresh interpreter: the budget limits address-space growth, and a process that has

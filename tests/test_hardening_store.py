@@ -225,6 +225,7 @@ def test_entries_are_written_for_their_owner_alone(tmp_path: Path) -> None:
 # --- reads never wait: FIFOs where stored summaries go ---------------------------------------
 
 
+@pytest.mark.slow  # starts a program
 def test_a_fifo_in_place_of_an_entry_or_in_job_summary_does_not_hang(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(SAMPLE, run_dir)

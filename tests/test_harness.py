@@ -75,6 +75,7 @@ def test_dataclass_validates_choices_too() -> None:
         HarnessConfig(zero=1)
 
 
+@pytest.mark.slow  # starts a program
 def test_bad_option_is_one_line_exit_2_without_traceback() -> None:
     for argv in (["--dim", "250"], ["--wrap", "nope"], ["--steps", "x"]):
         proc = subprocess.run(

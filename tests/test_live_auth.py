@@ -119,6 +119,7 @@ def wrong_token_peer(port: int) -> None:
         ctx.term()
 
 
+@pytest.mark.slow  # starts a program
 def test_without_a_token_the_many_frame_message_is_buffered_whole() -> None:
     """The control: the attack is real and the measurement sees it (loopback, no token)."""
     report = attacked(raw_null_peer, token="")
@@ -127,6 +128,7 @@ def test_without_a_token_the_many_frame_message_is_buffered_whole() -> None:
     assert report["steps"]
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.parametrize("attack", [raw_null_peer, wrong_token_peer], ids=["no-token", "wrong"])
 def test_monitor_takes_no_frame_from_a_peer_without_the_token(attack: Any) -> None:
     report = attacked(attack)
@@ -136,6 +138,7 @@ def test_monitor_takes_no_frame_from_a_peer_without_the_token(attack: Any) -> No
     assert set(rejections) == {"handshake"}, rejections  # the attack never reached a check
 
 
+@pytest.mark.slow  # starts a program
 def test_relay_takes_no_frame_from_a_peer_without_the_token() -> None:
     monitor = LiveReceiver("127.0.0.1:0", token=TOKEN)
     try:

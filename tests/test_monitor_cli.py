@@ -37,6 +37,7 @@ def zdiag(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
         (("--every", "1"), "--headless"),
     ],
 )
+@pytest.mark.slow  # starts a program
 def test_mistakes_are_one_line(args: tuple[str, ...], needle: str) -> None:
     res = zdiag("monitor", *args)
     assert res.returncode == 2
@@ -44,11 +45,13 @@ def test_mistakes_are_one_line(args: tuple[str, ...], needle: str) -> None:
     assert len(lines) == 1 and needle in lines[0], res.stderr
 
 
+@pytest.mark.slow  # starts a program
 def test_tui_needs_a_terminal() -> None:
     res = zdiag("monitor", "--listen", f"127.0.0.1:{free_port()}")
     assert res.returncode == 2 and "--headless" in res.stderr
 
 
+@pytest.mark.slow  # starts a program
 def test_busy_port_is_one_line() -> None:
     port = free_port()
     first = start_monitor(f"127.0.0.1:{port}", 20)
@@ -60,6 +63,7 @@ def test_busy_port_is_one_line() -> None:
         reap(first)
 
 
+@pytest.mark.slow  # starts a program
 def test_headless_with_nothing_received() -> None:
     port = free_port()
     res = zdiag(

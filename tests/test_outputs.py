@@ -266,6 +266,7 @@ def _full_device(tmp_path: Path) -> Path:
     return full
 
 
+@pytest.mark.slow  # starts a program
 def test_a_full_disk_on_stdout_is_one_sentence(run_dir: Path, tmp_path: Path) -> None:
     """`zdiag analyze X --json > /dev/full` and `zdiag render R > /dev/full`."""
     full = _full_device(tmp_path)

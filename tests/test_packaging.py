@@ -46,6 +46,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
     assert not any(n.startswith(("tests/", "bench/", "sample_traces/")) for n in names)
 
 
+@pytest.mark.slow  # starts a program
 def test_wheel_installs_and_imports_in_fresh_env(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "env"
     venv.create(env_dir, with_pip=False)

@@ -67,6 +67,7 @@ def test_existing_finished_run_is_refused(
     assert "already holds a finished run" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a program
 def test_wrong_usage_from_the_real_command_line(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
@@ -112,6 +113,7 @@ def _read_only_mount(path: Path) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.parametrize("case", ["file in the path", "/proc", "no permission"])
 def test_unusable_out_is_a_user_error_before_training(
     case: str, script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -145,6 +147,7 @@ def test_unusable_out_is_a_user_error_before_training(
     assert not out.exists()
 
 
+@pytest.mark.slow  # starts a program
 def test_unusable_out_from_the_real_command_line(script: Path, tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     proc = subprocess.run(

@@ -55,6 +55,7 @@ def _manifest(**top: Any) -> dict[str, Any]:
 # --- layering ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts a program
 def test_importing_the_contract_does_not_import_torch() -> None:
     code = (
         "import sys, zdiag.collectors.rundir, zdiag.collectors.manifest\n"
@@ -237,6 +238,7 @@ def test_a_manifest_trace_linked_outside_is_not_used(tmp_path: Path) -> None:
     assert warnings and "outside the run directory" in warnings[0]
 
 
+@pytest.mark.slow  # starts a program
 def test_an_oom_record_that_is_a_fifo_is_a_warning_not_a_hang(tmp_path: Path) -> None:
     run_dir = REPO_ROOT / "sample_traces" / "activation-oom"
     copy = tmp_path / "run"

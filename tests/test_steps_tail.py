@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import REPO_ROOT
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
@@ -44,6 +45,7 @@ def _run(tmp_path: Path, name: str, *extra: str) -> Path:
     return out
 
 
+@pytest.mark.slow  # starts a program
 def test_a_run_ending_inside_the_window_reports_only_its_training_steps(tmp_path: Path) -> None:
     run = _run(tmp_path, "tail", "--steps", "4")
     manifest = json.loads((run / "manifest.json").read_text())

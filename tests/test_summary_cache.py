@@ -178,6 +178,7 @@ def test_in_job_summaries_are_used_when_they_match(tmp_path: Path) -> None:
     assert _sources([run_dir], write_cache=False) == (1, 0, 1)
 
 
+@pytest.mark.slow  # starts a program
 def test_summarizer_refuses_a_bad_trace(tmp_path: Path) -> None:
     bad = tmp_path / "rank-0.json"
     bad.write_text("{not json")
@@ -193,6 +194,7 @@ def test_summarizer_refuses_a_bad_trace(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow  # starts a program
 def test_cli_no_cache_and_engine_options(tmp_path: Path) -> None:
     job = _job(tmp_path / "job")
     env = dict(os.environ, PYTHONPATH=str(REPO))

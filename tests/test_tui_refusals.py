@@ -28,6 +28,7 @@ def _zdiag(*args: str, stdin: int | None = None) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.parametrize("command", ["analyze", "render"])
 def test_tui_without_a_terminal_is_refused(command: str, tmp_path: Path) -> None:
     target = str(RUN)
@@ -42,6 +43,7 @@ def test_tui_without_a_terminal_is_refused(command: str, tmp_path: Path) -> None
     assert done.stdout == b""  # no escape codes written into the pipe
 
 
+@pytest.mark.slow  # starts a program
 def test_tui_with_json_to_stdout_is_refused() -> None:
     done = _zdiag("analyze", str(RUN), "--tui", "--json")
     assert done.returncode == 2

@@ -284,6 +284,7 @@ def test_deepspeed_script_runs_under_zdiag(tmp_path: Path) -> None:
     assert len(report["ranks"]) == 2 and all(rank["steps"] for rank in report["ranks"])
 
 
+@pytest.mark.slow  # starts a program
 @pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="needs Linux /proc")
 def test_a_timed_out_run_s_orphan_ranks_are_killed(tmp_path: Path) -> None:
     """torchrun starts each rank in its own session: killing `zdiag run`'s process group leaves
