@@ -13,7 +13,6 @@ import base64
 import functools
 import gzip
 import re
-from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -24,8 +23,7 @@ from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
 from zdiag.render._html_large_run import large_run_section
 from zdiag.render._html_parts import e
-from zdiag.render.output import write_output
-from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.renderer import Destination, Rendered, Renderer
 from zdiag.render.stats import LARGE_RUN_RANKS
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -221,16 +219,11 @@ def render_html(report: Report) -> str:
     )
 
 
-def write_html(report: Report, path: Path) -> None:
-    """Write the self-contained HTML report to `path` (see zdiag.render.output for how)."""
-    write_output(Path(path), render_html(report).encode("utf-8"))
-
-
 class HtmlRenderer(Renderer):
     """The self-contained interactive HTML page."""
 
     name = "html"
 
-    def render(self, report: Report, destination: Destination) -> None:
-        """Write the page as UTF-8."""
-        destination.write(render_html(report).encode("utf-8"))
+    def render(self, report: Report, destination: Destination) -> Rendered:
+        """The page as UTF-8."""
+        return Rendered.one(destination, render_html(report).encode("utf-8"))
