@@ -70,8 +70,9 @@ def _rank_path(path: Path, rank: int) -> Path:
 
 
 def _per_rank(report: Report, path: Path) -> Rendered:
-    """One file per rank (`{rank}` in `path`), each made when the writer asks for it."""
-    rendered = Rendered(tuple(_rank_path(path, r.rank) for r in report.ranks), ())
+    """One file per rank (`{rank}` in `path`), each made when the writer asks for it; the note
+    on ranks without a readable trace comes once all are made."""
+    notes: list[str] = []
 
     def outputs() -> Iterator[Output]:
         missing: list[int] = []
@@ -81,10 +82,9 @@ def _per_rank(report: Report, path: Path) -> Rendered:
             target = _rank_path(path, rank.rank)
             yield Output(target, _encode(data, target))
             missing += lost
-        rendered.notes += _missing_note(missing)
+        notes.extend(_missing_note(missing))
 
-    rendered.outputs = outputs()
-    return rendered
+    return Rendered(tuple(_rank_path(path, r.rank) for r in report.ranks), outputs(), notes)
 
 
 def _missing_note(missing: list[int]) -> list[str]:

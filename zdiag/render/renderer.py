@@ -59,7 +59,7 @@ class Output:
     data: bytes
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rendered:
     """What a renderer made, for `zdiag.render.output.write_rendered` to write.
 
