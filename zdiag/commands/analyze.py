@@ -4,8 +4,9 @@ Text by default; `--json` writes the versioned Report to stdout. `--html`, `--pe
 `--tui` hand the same Report to the renderers and the viewer (the output flags come from the
 registry of formats: zdiag/commands/outputs.py). Output paths are checked before the analysis
 (an output never overwrites an input: zdiag.render.output); files are written only after the
-analysis succeeded, within the same read limits (the Perfetto merge reads the traces again). `--fail-on` turns findings into an exit code for CI: 1 when a finding at
-that severity or worse exists.
+analysis succeeded, within the same read limits (the Perfetto merge reads the traces again).
+`--fail-on` turns findings into an exit code for CI: 1 when a finding at that severity or worse
+exists.
 
 Summaries: each rank's map result is read from its in-job summary or the summary cache when one
 matches its trace, and written to the cache otherwise (analyzers/engine/summary_store.py; `--no-cache`
