@@ -8,11 +8,12 @@ from pathlib import Path
 import plotly
 import pytest
 
+from support.rendering import render_file
 from zdiag.collectors import fsio
 from zdiag.errors import UserError
 from zdiag.render import html as html_mod
 from zdiag.render._sample import HOSTILE, empty_report, sample_report
-from zdiag.render.html import render_html, write_html
+from zdiag.render.html import render_html
 
 SECTIONS = ("summary", "findings", "steps", "timeline", "fsdp", "memory", "collectives", "run")
 
@@ -83,7 +84,7 @@ def test_unsafe_plotly_output_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_pa
         html_mod.pio, "to_html", lambda *a, **k: "<div></div><script>x</script><script>y"
     )
     with pytest.raises(RuntimeError, match="unsafe script block"):
-        write_html(sample_report(ranks=2, steps=2), tmp_path / "r.html")
+        render_file("html", sample_report(ranks=2, steps=2), tmp_path / "r.html")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -114,10 +115,10 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     target.write_text("old")
     monkeypatch.setattr(html_mod, "render_html", lambda report: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        write_html(sample_report(ranks=1, steps=1), target)
+        render_file("html", sample_report(ranks=1, steps=1), target)
     assert target.read_text() == "old"
     monkeypatch.undo()
-    write_html(sample_report(ranks=1, steps=1), target)
+    render_file("html", sample_report(ranks=1, steps=1), target)
     assert target.read_text().startswith("<!DOCTYPE html>")
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 
@@ -133,14 +134,14 @@ def test_failed_rename_leaves_the_old_file_and_no_temporary(
 
     monkeypatch.setattr(fsio.os, "replace", refuse)
     with pytest.raises(UserError, match="cannot write"):
-        write_html(sample_report(ranks=1, steps=1), target)
+        render_file("html", sample_report(ranks=1, steps=1), target)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 
 
 def test_missing_folder_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
-        write_html(empty_report(), tmp_path / "nope" / "report.html")
+        render_file("html", empty_report(), tmp_path / "nope" / "report.html")
 
 
 def test_memory_chart_units_follow_the_data() -> None:

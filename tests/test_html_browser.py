@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from support.browser import dump_dom
+from support.rendering import render_file
 from zdiag.render._sample import HOSTILE, sample_report
-from zdiag.render.html import write_html
 
 pytestmark = pytest.mark.browser
 
@@ -33,7 +33,7 @@ def test_the_detector_sees_an_injection(tmp_path: Path) -> None:
 
 def test_figures_render_and_hostile_names_stay_text(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    write_html(sample_report(hostile=True), page)
+    render_file("html", sample_report(hostile=True), page)
     source = page.read_text()
     dom = dump_dom(page, tmp_path / "profile")
 
@@ -71,7 +71,7 @@ def test_timeline_draws_every_lane_of_every_rank_across_the_whole_step(tmp_path:
 
     report = sample_report(ranks=8, steps=4, timeline_spans=1200)  # more spans than drawn
     page = tmp_path / "report.html"
-    write_html(report, page)
+    render_file("html", report, page)
     page.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
     dom = dump_dom(page, tmp_path / "profile")
     probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1))

@@ -8,9 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from support.rendering import render_file
 from zdiag.analyzers.report import ProcessGroupStats, Report
 from zdiag.render._sample import sample_report
-from zdiag.render.html import render_html, write_html
+from zdiag.render.html import render_html
 from zdiag.render.stats import HEATMAP_GROUPS, LARGE_RUN_RANKS, large_run_stats
 from zdiag.render.text import render_text
 from zdiag.render.text_large_run import MAX_LINES
@@ -152,7 +153,7 @@ def test_html_of_1024_ranks_renders_in_chromium(big: Report, tmp_path: Path) -> 
     from support.browser import dump_dom
 
     page = tmp_path / "big.html"
-    write_html(big, page)
+    render_file("html", big, page)
     source = page.read_text()
     dom = dump_dom(page, tmp_path / "profile")
     figures = re.findall(r'<div id="(fig-[a-z0-9-]+)" class="plotly-graph-div', source)

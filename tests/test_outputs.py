@@ -107,6 +107,19 @@ def test_symlinks_and_hard_links_to_an_input_are_refused(
     assert sym.is_symlink() and os.readlink(sym) == str(manifest)
 
 
+def test_a_file_per_rank_over_the_run_directory_traces_is_refused(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--perfetto DIR/rank-{rank}.json.gz` names the ranks' own traces only once the ranks are
+    known: each file is checked before the first is written (it used to overwrite them)."""
+    before = _snapshot(run_dir)
+    target = run_dir / "traces" / "rank-{rank}.json.gz"
+    code, _, err = _zdiag(["analyze", str(run_dir), "-q", "--perfetto", str(target)], capsys)
+    assert code == 2 and "--perfetto" in err and "is an input" in err, err
+    assert err.strip().splitlines()[-1].startswith("zdiag analyze: error: ")
+    assert _snapshot(run_dir) == before
+
+
 def test_a_new_file_inside_the_run_directory_is_allowed(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

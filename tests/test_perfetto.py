@@ -9,9 +9,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from zdiag.analyzers.report import Report
 from zdiag.render import perfetto_overlay as perfetto
 from zdiag.render._sample import HOSTILE, empty_report, sample_report
-from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE, write_overlay
+from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE, overlay_events
+
+
+def _write_overlay(report: Report, path: Path) -> None:
+    path.write_bytes(msgspec.json.encode(overlay_events(report)))
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -28,7 +35,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 def test_tracks_per_rank_aligned_to_trace_timestamps(tmp_path: Path) -> None:
     report = sample_report(ranks=4, steps=6)
-    write_overlay(report, tmp_path / "o.json")
+    _write_overlay(report, tmp_path / "o.json")
     events = _load(tmp_path / "o.json")
     names = {
         ev["pid"]: ev["args"]["name"]
@@ -55,7 +62,7 @@ def test_tracks_per_rank_aligned_to_trace_timestamps(tmp_path: Path) -> None:
 def test_slices_on_a_track_never_overlap(tmp_path: Path) -> None:
     report = sample_report(ranks=2, steps=5)
     report.ranks[0].steps[2].duration_ms += 50.0  # runs into the next step (bad input)
-    write_overlay(report, tmp_path / "o.json")
+    _write_overlay(report, tmp_path / "o.json")
     by_track: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for ev in _load(tmp_path / "o.json"):
         if ev["ph"] == "X":
@@ -68,7 +75,7 @@ def test_slices_on_a_track_never_overlap(tmp_path: Path) -> None:
 def test_findings_are_instant_markers_with_evidence(tmp_path: Path) -> None:
     report = sample_report(ranks=3, steps=4, hostile=True)
     report.findings[2].ranks = []  # a finding about no rank in particular: a global marker
-    write_overlay(report, tmp_path / "o.json")
+    _write_overlay(report, tmp_path / "o.json")
     markers = [ev for ev in _load(tmp_path / "o.json") if ev["ph"] == "i"]
     overlap = [m for m in markers if m["name"] == "critical: missing-overlap"]
     assert {m["pid"] - OVERLAY_PID_BASE for m in overlap} == {0, 1, 2}
@@ -82,13 +89,13 @@ def test_findings_are_instant_markers_with_evidence(tmp_path: Path) -> None:
 
 
 def test_empty_report_gives_an_empty_valid_trace(tmp_path: Path) -> None:
-    write_overlay(empty_report(), tmp_path / "o.json")
+    _write_overlay(empty_report(), tmp_path / "o.json")
     assert _load(tmp_path / "o.json") == []
 
 
 def test_large_runs_keep_the_file_compact(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(perfetto, "MAX_DETAILED_STEPS", 10)
-    write_overlay(sample_report(ranks=2, steps=8), tmp_path / "o.json")
+    _write_overlay(sample_report(ranks=2, steps=8), tmp_path / "o.json")
     trace = json.loads((tmp_path / "o.json").read_text())
     assert trace["otherData"]["step_args"].startswith("none")
     assert all("args" not in ev for ev in trace["traceEvents"] if ev["ph"] == "X")
@@ -99,7 +106,7 @@ def test_overlay_lines_up_with_the_original_trace(real_traces: Path, tmp_path: P
     from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
     source = real_traces / "hta" / "sampled_128" / "rank-0.json.gz"
-    write_overlay(analyze_paths([source]), tmp_path / "o.json")
+    _write_overlay(analyze_paths([source]), tmp_path / "o.json")
     with gzip.open(source, "rt") as fh:
         original = json.load(fh)["traceEvents"]
     annotated = {
@@ -118,7 +125,7 @@ def test_non_finite_numbers_do_not_break_the_json(tmp_path: Path) -> None:
     report.ranks[0].steps[1].duration_ms = float("nan")
     report.ranks[0].steps[2].start_ms = float("inf")
     report.ranks[0].steps[0].exposed_comm_ms = float("nan")
-    write_overlay(report, tmp_path / "o.json")
+    _write_overlay(report, tmp_path / "o.json")
     for ev in _load(tmp_path / "o.json"):
         if ev["ph"] == "X":
             assert ev["dur"] >= 0 and ev["ts"] == ev["ts"]  # numbers, not null/NaN

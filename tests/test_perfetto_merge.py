@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from support.rendering import render_file
+from zdiag.analyzers.inputs.raw_events import read_raw_events
 from zdiag.analyzers.report import Report
 from zdiag.render._sample import sample_report
-from zdiag.render.perfetto import PerfettoRenderer
-from zdiag.render.perfetto_merge import collective_kind, read_trace_events
+from zdiag.render.perfetto_merge import collective_kind
 from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE
-from zdiag.render.renderer import Destination
 
 RUN = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
 
@@ -27,9 +27,7 @@ def report() -> Report:
 
 def test_one_file_holds_every_rank_trace_and_the_overlay(report: Report, tmp_path: Path) -> None:
     out = tmp_path / "merged.json.gz"
-    renderer = PerfettoRenderer()
-    renderer.render(report, Destination(out))
-    assert renderer.notes == []
+    assert render_file("perfetto", report, out).notes == []
     trace = json.loads(gzip.decompress(out.read_bytes()))
     events = trace["traceEvents"]
     names = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
@@ -37,7 +35,7 @@ def test_one_file_holds_every_rank_trace_and_the_overlay(report: Report, tmp_pat
     assert any(n.startswith("rank 0 · ") for n in names)
     assert any(n.startswith("rank 1 · ") for n in names)
     # every original event of both ranks is there, on processes of its own rank
-    originals = {r.rank: read_trace_events(Path(r.source)) or [] for r in report.ranks}
+    originals = {r.rank: read_raw_events(Path(r.source)) for r in report.ranks}
     for rank, raw in originals.items():
         mine = [
             e
@@ -53,13 +51,13 @@ def test_one_file_holds_every_rank_trace_and_the_overlay(report: Report, tmp_pat
 
 def test_finding_markers_sit_on_the_gathers_they_are_about(report: Report, tmp_path: Path) -> None:
     out = tmp_path / "merged.json"
-    PerfettoRenderer().render(report, Destination(out))
+    render_file("perfetto", report, out)
     events = json.loads(out.read_text())["traceEvents"]
     finding = next(f for f in report.findings if f.id == "missing-overlap")
     marks = [e for e in events if e.get("cat") == "zdiag.finding" and e["ph"] == "X"]
     assert marks
     for rank in report.ranks:
-        raw = read_trace_events(Path(rank.source)) or []
+        raw = read_raw_events(Path(rank.source))
         steps = [s for s in rank.steps if s.step in finding.steps]
         windows = [
             (
@@ -81,7 +79,7 @@ def test_finding_markers_sit_on_the_gathers_they_are_about(report: Report, tmp_p
 
 
 def test_rank_placeholder_writes_one_file_per_rank(report: Report, tmp_path: Path) -> None:
-    PerfettoRenderer().render(report, Destination(tmp_path / "rank-{rank}.json"))
+    render_file("perfetto", report, tmp_path / "rank-{rank}.json")
     for rank in (0, 1):
         events = json.loads((tmp_path / f"rank-{rank}.json").read_text())["traceEvents"]
         zdiag = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
@@ -90,9 +88,8 @@ def test_rank_placeholder_writes_one_file_per_rank(report: Report, tmp_path: Pat
 
 
 def test_missing_traces_give_the_overlay_alone_and_say_so(tmp_path: Path) -> None:
-    renderer = PerfettoRenderer()
-    renderer.render(sample_report(ranks=2, steps=2), Destination(tmp_path / "o.json"))
-    assert any("no readable trace for ranks 0–1" in n for n in renderer.notes)
+    rendered = render_file("perfetto", sample_report(ranks=2, steps=2), tmp_path / "o.json")
+    assert any("no readable trace for ranks 0–1" in n for n in rendered.notes)
     assert (
         json.loads((tmp_path / "o.json").read_text())["otherData"]["ranks_with_their_trace"] == []
     )
@@ -118,3 +115,44 @@ def test_the_root_unit_is_named_root_in_the_tracks() -> None:
     events = overlay_events(report)["traceEvents"]
     units = [e["args"]["units"] for e in events if e.get("args", {}).get("units")]
     assert units and units[0] == ["(root)", "layers.0"]
+
+
+def test_traces_are_read_through_the_bounded_input_reader(report: Report, tmp_path: Path) -> None:
+    """A FIFO as a rank's trace is never opened for a blocking read, and a trace over the size
+    limit in force is not read: both ranks get their zdiag tracks alone, and a note says so."""
+    import os
+
+    import msgspec
+
+    from zdiag.analyzers.inputs.safe_read import use_limits
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    odd = msgspec.structs.replace(
+        report,
+        ranks=[
+            msgspec.structs.replace(report.ranks[0], source=str(fifo)),
+            report.ranks[1],
+        ],
+    )
+    with use_limits(max_bytes=1000):  # the real trace of rank 1 is larger
+        rendered = render_file("perfetto", odd, tmp_path / "o.json")
+    assert any("no readable trace for ranks 0–1" in n for n in rendered.notes)
+    merged = json.loads((tmp_path / "o.json").read_text())
+    assert merged["otherData"]["ranks_with_their_trace"] == []
+
+
+def test_the_renderer_writes_nothing_and_makes_rank_files_one_at_a_time(
+    report: Report, tmp_path: Path
+) -> None:
+    from zdiag.render.perfetto import PerfettoRenderer
+    from zdiag.render.renderer import Destination
+
+    pattern = tmp_path / "rank-{rank}.json"
+    rendered = PerfettoRenderer().render(report, Destination(pattern))
+    assert rendered.paths == (tmp_path / "rank-0.json", tmp_path / "rank-1.json")
+    assert list(tmp_path.iterdir()) == []
+    outputs = iter(rendered.outputs)
+    first = next(outputs)
+    assert first.path == tmp_path / "rank-0.json" and json.loads(first.data)["traceEvents"]
+    assert list(tmp_path.iterdir()) == []  # bytes handed over, never written by the renderer

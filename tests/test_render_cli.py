@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 from pathlib import Path
@@ -100,3 +101,77 @@ def test_several_formats_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert html.read_text().startswith("<!DOCTYPE html>") and overlay.read_bytes().startswith(b"{")
     code, out, _ = _render([str(saved), "--html", str(html)], capsys)
     assert code == 0 and out == ""  # no text unless asked, when another format is
+
+
+def _options(command: str) -> dict[str, argparse.Action]:
+    """The options of `zdiag COMMAND`, by flag."""
+    from zdiag.cli import build_parser
+
+    top = build_parser([command])
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return {flag: a for a in sub.choices[command]._actions for flag in a.option_strings}
+
+
+def test_output_flags_come_from_the_registry() -> None:
+    from zdiag.render.renderer import FORMATS
+
+    for command in ("analyze", "render"):
+        options = _options(command)
+        offered = [fmt for fmt in FORMATS if command in fmt.commands]
+        assert {"--html", "--perfetto", "--tui"} <= {fmt.flag for fmt in offered}
+        for fmt in offered:
+            action = options[fmt.flag]
+            assert action.help == fmt.help and action.metavar == fmt.metavar
+            assert (action.type is Path) == (fmt.kind == "file")
+        assert "-o" in options
+    assert "--json" in _options("analyze") and "--json" not in _options("render")
+    assert "--text" in _options("render") and "--text" not in _options("analyze")
+
+
+def test_a_new_format_is_one_renderer_and_one_registry_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A made-up CSV format, registered with one line, gets its flag in `zdiag render`, the
+    refusal to overwrite the input, and the writer's line on stderr."""
+    import sys
+    import types
+
+    from zdiag.analyzers.report import Report
+    from zdiag.render import renderer as registry
+    from zdiag.render.renderer import Destination, OutputFormat, Rendered
+
+    class CsvRenderer:
+        name = "csv"
+
+        def render(self, report: Report, destination: Destination) -> Rendered:
+            rows = [f"{r.rank},{len(r.steps)}" for r in report.ranks]
+            return Rendered.one(destination, ("rank,steps\n" + "\n".join(rows) + "\n").encode())
+
+    module = types.ModuleType("zdiag_test_csv")
+    module.CsvRenderer = CsvRenderer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "zdiag_test_csv", module)
+    line = OutputFormat("csv", "zdiag_test_csv", "CsvRenderer", "file", "write CSV", "the CSV")
+    monkeypatch.setattr(registry, "FORMATS", (*registry.FORMATS, line))
+    saved = tmp_path / "r.json"
+    saved.write_bytes(encode_report(sample_report(ranks=2, steps=3)))
+    code, out, err = _render([str(saved), "--csv", str(tmp_path / "r.csv")], capsys)
+    assert code == 0 and out == "", err
+    assert (tmp_path / "r.csv").read_text() == "rank,steps\n0,3\n1,3\n"
+    assert f"zdiag: wrote the CSV to {tmp_path / 'r.csv'}" in err
+    code, _, err = _render([str(saved), "--csv", str(saved)], capsys)
+    assert code == 2 and "--csv" in err and "is an input" in err
+    assert saved.read_bytes() == encode_report(sample_report(ranks=2, steps=3))
+
+
+def test_a_file_per_rank_never_overwrites_the_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--perfetto DIR/rank-{rank}.json` names files only once the ranks are known: each is
+    checked against the inputs before the first is written."""
+    saved = tmp_path / "rank-1.json"
+    data = encode_report(sample_report(ranks=2, steps=3))
+    saved.write_bytes(data)
+    code, _, err = _render([str(saved), "--perfetto", str(tmp_path / "rank-{rank}.json")], capsys)
+    assert code == 2 and "is an input" in err and len(err.strip().splitlines()) == 1
+    assert saved.read_bytes() == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-1.json"]  # rank 0 not written

@@ -1,8 +1,8 @@
 """One renderer contract: every renderer runs on the same Reports, the empty one included.
 
-Renderers: every entry of `zdiag.render.renderer.RENDERERS` (text, JSON, HTML, Perfetto overlay,
-TUI), each through the `Renderer` protocol, plus `zdiag render` re-rendering the same Report from
-its saved JSON. The shared step-column spec is checked in every view: text, TUI, HTML, Perfetto.
+Formats: every entry of `zdiag.render.renderer.FORMATS` (text, JSON, HTML, Perfetto; the TUI
+viewer), each renderer through the `Renderer` protocol and the one writer, plus `zdiag render`
+re-rendering the same Report from its saved JSON, and the flags the commands make of the registry. The shared step-column spec is checked in every view: text, TUI, HTML, Perfetto.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from support.rendering import render_file
 from zdiag.analyzers.report import Report, decode_report, encode_report
 from zdiag.render._sample import empty_report, sample_report
 from zdiag.render.columns import STEP_COLUMNS
-from zdiag.render.renderer import RENDERERS, STDOUT, Destination, Renderer, get_renderer
+from zdiag.render.renderer import FORMATS, Destination, Renderer, get_renderer, get_viewer
 
 DURATION = next(c for c in STEP_COLUMNS if c.key == "duration_ms")
 
@@ -49,7 +50,7 @@ def _strip(report: Report) -> Report:
 def _to_file(name: str, report: Report, tmp: Path, file_name: str) -> str:
     """Run renderer `name` through the protocol into a file; its text."""
     path = tmp / file_name
-    get_renderer(name).render(report, Destination(path))
+    render_file(name, report, path)
     return path.read_text(encoding="utf-8")
 
 
@@ -112,11 +113,16 @@ RENDERERS_UNDER_TEST: dict[str, Callable[[Report, Path], str]] = {
 }
 
 
-def test_every_registered_renderer_is_tested_and_implements_the_protocol() -> None:
-    assert set(RENDERERS) == set(RENDERERS_UNDER_TEST)
-    for name in RENDERERS:
-        renderer = get_renderer(name)
-        assert isinstance(renderer, Renderer) and renderer.name == name
+def test_every_registered_format_is_tested_and_implements_the_protocol() -> None:
+    assert {fmt.name for fmt in FORMATS} == set(RENDERERS_UNDER_TEST)
+    for fmt in FORMATS:
+        if fmt.kind == "viewer":
+            assert callable(get_viewer(fmt.name))
+            with pytest.raises(KeyError):
+                get_renderer(fmt.name)
+        else:
+            renderer = get_renderer(fmt.name)
+            assert isinstance(renderer, Renderer) and renderer.name == fmt.name
 
 
 @pytest.mark.parametrize("report_name", list(REPORTS))
@@ -188,13 +194,17 @@ def test_zdiag_render_tui_browses_the_saved_report(
     assert browsed == [report]
 
 
-def test_the_tui_renderer_refuses_a_file(tmp_path: Path) -> None:
-    from zdiag.errors import UserError
-
-    with pytest.raises(UserError, match="terminal"):
-        get_renderer("tui").render(empty_report(), Destination(tmp_path / "x"))
-    assert not (tmp_path / "x").exists()
-    assert STDOUT.is_stdout
+@pytest.mark.parametrize("fmt", [f.name for f in FORMATS if f.kind != "viewer"])
+def test_renderers_return_bytes_and_write_nothing(fmt: str, tmp_path: Path) -> None:
+    report = sample_report(ranks=2, steps=3)
+    target = tmp_path / "out"
+    rendered = get_renderer(fmt).render(report, Destination(target))
+    assert rendered.paths == (target,)
+    data = rendered.data()
+    assert isinstance(data, bytes) and data
+    assert list(tmp_path.iterdir()) == []  # only zdiag.render.output writes
+    on_stdout = get_renderer(fmt).render(report, Destination.stdout())
+    assert on_stdout.paths == (None,)
 
 
 def test_renderers_leave_no_temporary_files(tmp_path: Path) -> None:

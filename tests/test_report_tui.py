@@ -66,7 +66,7 @@ async def _rank_then_step_drill_down() -> None:
 
 def test_aggregate_ops_adds_up_spans_by_name() -> None:
     from zdiag.analyzers.report import StepTimeline, TimelineSpan
-    from zdiag.tui.report_app import aggregate_ops
+    from zdiag.render.step_ops import aggregate_ops
 
     timeline = StepTimeline(
         rank=0,

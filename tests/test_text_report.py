@@ -11,7 +11,8 @@ import pytest
 from zdiag.analyzers.report import Finding, Report
 from zdiag.render._sample import sample_report
 from zdiag.render.format import evidence_item
-from zdiag.render.renderer import STDOUT
+from zdiag.render.output import write_stdout
+from zdiag.render.renderer import Destination
 from zdiag.render.terminal import color_enabled, terminal_width
 from zdiag.render.text import TextRenderer, render_text
 
@@ -125,7 +126,7 @@ def test_stdout_honours_no_color_and_columns(
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("NO_COLOR", "1")
-    TextRenderer().render(_long_prose(), STDOUT)
+    write_stdout(TextRenderer().render(_long_prose(), Destination.stdout()).data())
     out = capsysbinary.readouterr().out.decode()
     assert "\x1b[" not in out
     from zdiag.render.memory_view import memory_lines

@@ -1,29 +1,28 @@
 """The terminal report browser (`zdiag analyze PATH --tui`, `zdiag render REPORT --tui`).
 
-`ReportApp(report)` takes the Report as its data source. Tabs (key in brackets):
+A viewer: `browse(report)` (the `tui` entry of zdiag/render/renderer.py's FORMATS) shows a
+Report and computes nothing; every number comes from the Report through the view layer
+(zdiag/render: stats, columns, step_ops, _details, memory_view). Tabs (key in brackets):
 
 - Steps [s]: the ranks; highlighting a rank fills its step table; highlighting a step shows its
   breakdown, verdict, the findings that concern it, and the step's kernels and ops aggregated by
-  name (count, total, longest, share of the step) when the Report holds that step's timeline.
+  name (render/step_ops.py: count, total, longest) when the Report holds that step's timeline.
   Enter moves right (ranks -> steps -> ops), Escape moves back.
 - Findings [f]: largest expected gain first (as the text summary); the highlighted finding's
   evidence, recommendation, code and gain.
 - Units [u], Collectives [c], Stragglers [t]: the FSDP unit ledger, collective totals and the
   straggler ranking, one row per rank and unit / kind / rank.
-- Memory [y] (only when the Report has memory data): per rank the peak by category, top
-  allocation sites, what-if predictions and the timeline with the peak marked
-  (render/memory_view.py, the text report's section).
+- Memory [y] (when the Report has memory data): the text report's memory section per rank
+  (render/memory_view.py: peak by category, top sites, what-ifs, the timeline, its peak).
 - Summary [m]: verdict counts, warnings, run facts, thresholds and inputs.
 
 Every table sorts (`o`: next column, `O`: reverse) and filters (`/`: rows containing the text,
 Escape clears). `?` shows the keys, `q` or Ctrl-C quits. The layout works from 80x24 up.
-Cells and texts built from trace names
-are Rich `Text` objects (never parsed as markup).
+Cells and texts built from trace names are Rich `Text` objects (never parsed as markup).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -36,14 +35,13 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
-from zdiag.errors import ConfigError
 from zdiag.render import _details as details
 from zdiag.render.columns import StepColumn, shown_columns
 from zdiag.render.format import fmt_bytes, fmt_ms, fmt_share, known_bytes, unit_label
 from zdiag.render.memory_view import memory_lines
 from zdiag.render.printable import printable_report
-from zdiag.render.renderer import Destination, Renderer
 from zdiag.render.stats import RankView, by_gain, failed_detectors, rank_stats
+from zdiag.render.step_ops import aggregate_ops
 
 from ..analyzers.report import Finding, Report, StepBreakdown, StepTimeline
 
@@ -68,29 +66,6 @@ class Row:
         """Whether any cell contains `query` (case-insensitive)."""
         q = query.lower()
         return any(q in c.plain.lower() for c in self.cells)
-
-
-@dataclass(frozen=True)
-class OpTotal:
-    """The spans of one name on one lane of a step timeline, added up."""
-
-    lane: str
-    name: str
-    count: int
-    total_ms: float
-    max_ms: float
-
-
-def aggregate_ops(timeline: StepTimeline) -> list[OpTotal]:
-    """A step's timeline spans grouped by lane and name, the largest total time first."""
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for span in timeline.spans:
-        groups[(span.lane, span.name)].append(span.dur_ms)
-    totals = [
-        OpTotal(lane, name, len(durs), sum(durs), max(durs))
-        for (lane, name), durs in groups.items()
-    ]
-    return sorted(totals, key=lambda o: (-o.total_ms, o.lane, o.name))
 
 
 def _short(name: str) -> str:
@@ -622,17 +597,3 @@ def browse(report: Report) -> None:
     """Run the report browser in the terminal until the user quits (names made `printable`:
     Rich keeps most terminal controls in a Text)."""
     ReportApp(printable_report(report)).run()
-
-
-class TuiRenderer(Renderer):
-    """The report browser as a renderer: it draws on the terminal (standard output only)."""
-
-    name = "tui"
-
-    def render(self, report: Report, destination: Destination) -> None:
-        """Browse `report` until the user quits; a file destination is refused."""
-        if not destination.is_stdout:
-            raise ConfigError(
-                f"the terminal UI draws on the terminal; it cannot be written to {destination.path}."
-            )
-        browse(report)

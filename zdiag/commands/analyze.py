@@ -1,10 +1,12 @@
 """`zdiag analyze PATH...`: where each rank's step time went, and what to change.
 
 Text by default; `--json` writes the versioned Report to stdout. `--html`, `--perfetto` and
-`--tui` hand the same Report to the renderers. Output paths are checked before the analysis
+`--tui` hand the same Report to the renderers and the viewer (the output flags come from the
+registry of formats: zdiag/commands/outputs.py). Output paths are checked before the analysis
 (an output never overwrites an input: zdiag.render.output); files are written only after the
-analysis succeeded. `--fail-on` turns findings into an exit code for CI: 1 when a finding at
-that severity or worse exists.
+analysis succeeded, within the same read limits (the Perfetto merge reads the traces again).
+`--fail-on` turns findings into an exit code for CI: 1 when a finding at that severity or worse
+exists.
 
 Summaries: each rank's map result is read from its in-job summary or the summary cache when one
 matches its trace, and written to the cache otherwise (analyzers/engine/summary_store.py; `--no-cache`
@@ -18,10 +20,15 @@ import sys
 import time
 import unicodedata
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from zdiag.commands.outputs import Asked, add_output_flags, asked, file_plan, produce
 from zdiag.errors import ConfigError
+from zdiag.render.renderer import Destination, OutputFormat, output_format
 from zdiag.render.terminal import terminal_width
+
+if TYPE_CHECKING:
+    from zdiag.analyzers.engine.summary_pipeline import SummaryOptions
 
 EXIT_FINDINGS = 1
 MAX_PROGRESS_WIDTH = 80
@@ -94,9 +101,7 @@ class AnalyzeCommand:
                 "traces in object storage (s3://..., read through fsspec)"
             ),
         )
-        parser.add_argument(
-            "--json", action="store_true", help="write the Report as JSON to stdout"
-        )
+        add_output_flags(parser, "analyze")
         parser.add_argument(
             "--output",
             "-o",
@@ -112,13 +117,6 @@ class AnalyzeCommand:
             metavar="N",
             help="analyze only rank N (repeatable)",
         )
-        parser.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML report")
-        parser.add_argument(
-            "--perfetto",
-            type=Path,
-            metavar="FILE",
-            help="also write a Perfetto/Chrome-trace overlay (step verdicts, findings)",
-        )
         parser.add_argument(
             "--max-trace-gb",
             type=float,
@@ -127,7 +125,6 @@ class AnalyzeCommand:
             help="refuse an input file, or a .gz file's decompressed content, over N GiB "
             "(default 16, and a .gz file may expand at most 100x; giving N lifts that check)",
         )
-        parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
         parser.add_argument(
             "--no-cache",
             action="store_true",
@@ -155,71 +152,72 @@ class AnalyzeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         """Analyze, then print / write the outputs; returns the exit code."""
-        from zdiag.analyzers.engine.summary_engines import make_engine
-        from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
-        from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
+        from zdiag.analyzers.engine.summary_pipeline import analyze_via_summaries
         from zdiag.analyzers.inputs.remote_traces import is_url
         from zdiag.analyzers.inputs.safe_read import GIB, use_limits
-        from zdiag.render.output import OutputTarget, check_outputs
-        from zdiag.render.renderer import STDOUT, Destination, get_renderer, write_files
-        from zdiag.render.terminal import check_tui_possible
+        from zdiag.render.output import check_outputs
 
-        if not args.paths:
-            raise ConfigError(
-                "no input given; pass a trace file (.json or .json.gz), several, or a run directory."
-            )
-        if args.rank is not None and any(r < 0 for r in args.rank):
-            raise ConfigError("--rank must be 0 or more.")
-        if args.tui:
-            check_tui_possible(json_to_stdout=args.json and args.output is None)
-        max_gb = args.max_trace_gb
-        if max_gb is not None and not 0 < max_gb < 1 << 20:
-            raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
-        if args.ray_address and args.engine != "ray":
-            raise ConfigError("--ray-address needs --engine ray.")
-        use_cache = not (args.no_cache or cache_disabled_by_env())
-        options = SummaryOptions(
-            use_stored=use_cache,
-            write_cache=use_cache,
-            ranks=args.rank,
-            engine=make_engine(args.engine, args.ray_address),
-        )
-        check_outputs(
-            [
-                OutputTarget(option, target)
-                for option, target in (
-                    ("--output", args.output),
-                    ("--html", args.html),
-                    ("--perfetto", args.perfetto),
-                )
-                if target is not None
-            ],
-            inputs=[Path(p) for p in args.paths if not is_url(p)],
-        )
+        wanted = asked(args)
+        options = _options(args)
+        inputs = [Path(p) for p in args.paths if not is_url(p)]
+        check_outputs(wanted.targets(), inputs=inputs)
         progress = None
         if not args.quiet and sys.stderr.isatty():
             progress = _ProgressBar(sys.stderr)
-        max_bytes = None if max_gb is None else int(max_gb * GIB)
-        try:
-            paths = [p if is_url(p) else Path(p) for p in args.paths]
-            with use_limits(max_bytes=max_bytes):
+        max_bytes = None if args.max_trace_gb is None else int(args.max_trace_gb * GIB)
+        with use_limits(max_bytes=max_bytes):  # the Perfetto merge reads the traces again
+            try:
+                paths = [p if is_url(p) else Path(p) for p in args.paths]
                 report = analyze_via_summaries(paths, options, progress=progress).report
-        finally:
-            if progress is not None:
-                progress.close()
-
-        # Outputs only after the analysis succeeded.
-        main = get_renderer("json" if args.json else "text")
-        if args.output is not None:
-            main.render(report, Destination(args.output))
-        elif not args.tui or args.json:
-            main.render(report, STDOUT)
-        write_files(report, [("html", args.html), ("perfetto", args.perfetto)])
-        if args.tui:
-            get_renderer("tui").render(report, STDOUT)
+            finally:
+                if progress is not None:
+                    progress.close()
+            # Outputs only after the analysis succeeded.
+            produce(report, _plan(wanted), wanted.viewers, inputs)
         if args.fail_on and report.findings_at_least(args.fail_on):
             return EXIT_FINDINGS
         return 0
+
+
+def _options(args: argparse.Namespace) -> SummaryOptions:
+    """The analysis options `args` give, after refusing the combinations that cannot work."""
+    from zdiag.analyzers.engine.summary_engines import make_engine
+    from zdiag.analyzers.engine.summary_pipeline import SummaryOptions
+    from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
+    from zdiag.render.terminal import check_tui_possible
+
+    if not args.paths:
+        raise ConfigError(
+            "no input given; pass a trace file (.json or .json.gz), several, or a run directory."
+        )
+    if args.rank is not None and any(r < 0 for r in args.rank):
+        raise ConfigError("--rank must be 0 or more.")
+    if args.tui:
+        check_tui_possible(json_to_stdout=args.json and args.output is None)
+    max_gb = args.max_trace_gb
+    if max_gb is not None and not 0 < max_gb < 1 << 20:
+        raise ConfigError(f"--max-trace-gb must be a positive number of GiB, got {max_gb}.")
+    if args.ray_address and args.engine != "ray":
+        raise ConfigError("--ray-address needs --engine ray.")
+    use_cache = not (args.no_cache or cache_disabled_by_env())
+    return SummaryOptions(
+        use_stored=use_cache,
+        write_cache=use_cache,
+        ranks=args.rank,
+        engine=make_engine(args.engine, args.ray_address),
+    )
+
+
+def _plan(wanted: Asked) -> list[tuple[OutputFormat, Destination]]:
+    """The text (or the `--json` Report) to -o FILE or stdout (not with a viewer on the terminal
+    unless a stream format was asked for), then the files the options name."""
+    stream = wanted.stream or output_format("text")
+    plan = file_plan(wanted)
+    if wanted.output is not None:
+        return [(stream, Destination(wanted.output)), *plan]
+    if not wanted.viewers or wanted.stream is not None:
+        return [(stream, Destination.stdout()), *plan]
+    return plan
 
 
 COMMAND = AnalyzeCommand()

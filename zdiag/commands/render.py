@@ -15,7 +15,9 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from zdiag.commands.outputs import add_output_flags, asked, file_plan, produce
 from zdiag.errors import ConfigError, InputError
+from zdiag.render.renderer import Destination, output_format
 
 if TYPE_CHECKING:
     from zdiag.analyzers.report import Report
@@ -70,57 +72,33 @@ class RenderCommand:
             metavar="REPORT.json",
             help="a report saved with 'zdiag analyze ... --json -o REPORT.json' (zdiag.report/1)",
         )
-        parser.add_argument(
-            "--text",
-            action="store_true",
-            help="the text report, to stdout or -o FILE (the default when nothing else is asked)",
-        )
+        add_output_flags(parser, "render")
         parser.add_argument(
             "--output", "-o", type=Path, metavar="FILE", help="write the text report to FILE"
         )
-        parser.add_argument("--html", type=Path, metavar="FILE", help="write the HTML report")
-        parser.add_argument(
-            "--perfetto",
-            type=Path,
-            metavar="FILE",
-            help="write the Perfetto/Chrome-trace overlay (step verdicts, findings)",
-        )
-        parser.add_argument("--tui", action="store_true", help="browse the report in a terminal UI")
 
     def run(self, args: argparse.Namespace) -> int:
         """Load the report, then write each asked-for format; returns the exit code."""
-        from zdiag.render.output import OutputTarget, check_outputs
-        from zdiag.render.renderer import STDOUT, Destination, get_renderer, write_files
+        from zdiag.render.output import check_outputs
         from zdiag.render.terminal import check_tui_possible
 
         if args.report is None:
             raise ConfigError(
                 "no report given; pass a file saved with 'zdiag analyze ... --json -o FILE'."
             )
-        if args.tui and args.output is not None:
+        wanted = asked(args)
+        if wanted.viewers and args.output is not None:
             raise ConfigError("--tui draws on the terminal; drop -o or --tui.")
         if args.tui:
             check_tui_possible()
-        files = [
-            OutputTarget(option, target)
-            for option, target in (
-                ("--output", args.output),
-                ("--html", args.html),
-                ("--perfetto", args.perfetto),
-            )
-            if target is not None
-        ]
-        check_outputs(files, inputs=[args.report])
+        check_outputs(wanted.targets(), inputs=[args.report])
         report = load_report(args.report)
-        text_wanted = (
-            args.text or args.output is not None or not (args.html or args.perfetto or args.tui)
-        )
-        if text_wanted:
-            destination = STDOUT if args.output is None else Destination(args.output)
-            get_renderer("text").render(report, destination)
-        write_files(report, [("html", args.html), ("perfetto", args.perfetto)])
-        if args.tui:
-            get_renderer("tui").render(report, STDOUT)
+        plan = file_plan(wanted)
+        if wanted.stream or wanted.output is not None or not (plan or wanted.viewers):
+            text = output_format("text")  # the text, unless only other formats are asked for
+            destination = Destination.stdout() if args.output is None else Destination(args.output)
+            plan.insert(0, (text, destination))
+        produce(report, plan, wanted.viewers, inputs=[args.report])
         return 0
 
 

@@ -393,61 +393,22 @@ def timelines_by_step(report: Report) -> tuple[list[tuple[int, list[StepTimeline
     return sorted(groups.items())[:MAX_TIMELINE_STEPS], notes
 
 
-def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
-    """Per FSDP unit: bytes gathered and reduced (mean over ranks), exposed wait (mean and max)."""
-    if not report.fsdp_units:
-        return None, []
-    grouped: dict[str, list[FsdpUnit]] = {}
-    for u in report.fsdp_units:
-        grouped.setdefault(u.name, []).append(u)
+def _shown_units(grouped: dict[str, list[FsdpUnit]]) -> tuple[list[str], Notes]:
+    """The unit names drawn: all, or the MAX_UNITS with the largest exposed wait (noted)."""
     names = list(grouped)
-    notes: Notes = []
-    if len(names) > MAX_UNITS:
-        keep = set(
-            sorted(names, key=lambda n: max(u.exposed_wait_ms for u in grouped[n]), reverse=True)[
-                :MAX_UNITS
-            ]
-        )
-        notes.append(
-            f"FSDP units: the {MAX_UNITS} of {len(names)} units with the largest exposed wait are shown."
-        )
-        names = [n for n in names if n in keep]
+    if len(names) <= MAX_UNITS:
+        return names, []
+    keep = set(
+        sorted(names, key=lambda n: max(u.exposed_wait_ms for u in grouped[n]), reverse=True)[
+            :MAX_UNITS
+        ]
+    )
+    note = f"FSDP units: the {MAX_UNITS} of {len(names)} units with the largest exposed wait are shown."
+    return [n for n in names if n in keep], [note]
 
-    def mean(n: str, get: Callable[[FsdpUnit], float | None]) -> float | None:
-        known = [v for v in (get(u) for u in grouped[n]) if v is not None]
-        return sum(known) / len(known) if known else None  # None: a gap, not a 0 bar
 
-    def mib(total: int, count: int) -> float | None:
-        known = known_bytes(total, count)
-        return None if known is None else known / MIB
-
-    labels = [esc(unit_label(n)) for n in names]
-    nranks = len({u.rank for u in report.fsdp_units})
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    bars: list[tuple[str, Callable[[FsdpUnit], float | None], str, str, int]] = [
-        # name, value per unit (MiB or ms), color, hover text, subplot row
-        (
-            "all-gather (MiB)",
-            lambda u: mib(u.all_gather_bytes, u.all_gather_count),
-            "#4c78a8",
-            "MiB gathered",
-            1,
-        ),
-        (
-            "reduce (MiB)",
-            lambda u: mib(u.reduce_bytes, u.reduce_count),
-            "#72b7b2",
-            "MiB reduced",
-            1,
-        ),
-        (
-            "exposed wait (ms, mean over ranks)",
-            lambda u: u.exposed_wait_ms,
-            "#e45756",
-            "ms exposed wait (mean)",
-            2,
-        ),
-    ]
+def _unknown_sizes(grouped: dict[str, list[FsdpUnit]], names: list[str]) -> Notes:
+    """A note naming the units some of whose collectives have no recorded size."""
     unknown = [
         unit_label(n)
         for n in names
@@ -457,13 +418,59 @@ def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
             for u in grouped[n]
         )
     ]
-    if unknown:
-        notes.append(
-            f"FSDP units: the traces did not record the size of some collectives of "
-            f"{len(unknown)} unit(s) ({', '.join(unknown[:5])}{', …' if len(unknown) > 5 else ''}); "
-            "their bytes are unknown and left out of the byte bars."
-        )
-    for name, get, color, hover, row in bars:
+    if not unknown:
+        return []
+    return [
+        f"FSDP units: the traces did not record the size of some collectives of "
+        f"{len(unknown)} unit(s) ({', '.join(unknown[:5])}{', …' if len(unknown) > 5 else ''}); "
+        "their bytes are unknown and left out of the byte bars."
+    ]
+
+
+def _mib(total: int, count: int) -> float | None:
+    known = known_bytes(total, count)
+    return None if known is None else known / MIB
+
+
+UNIT_BARS: list[tuple[str, Callable[[FsdpUnit], float | None], str, str, int]] = [
+    # name, value per unit (MiB or ms), color, hover text, subplot row
+    (
+        "all-gather (MiB)",
+        lambda u: _mib(u.all_gather_bytes, u.all_gather_count),
+        "#4c78a8",
+        "MiB gathered",
+        1,
+    ),
+    ("reduce (MiB)", lambda u: _mib(u.reduce_bytes, u.reduce_count), "#72b7b2", "MiB reduced", 1),
+    (
+        "exposed wait (ms, mean over ranks)",
+        lambda u: u.exposed_wait_ms,
+        "#e45756",
+        "ms exposed wait (mean)",
+        2,
+    ),
+]
+"""The bars of the FSDP units figure (each the mean over ranks)."""
+
+
+def fsdp_units(report: Report) -> tuple[go.Figure | None, Notes]:
+    """Per FSDP unit: bytes gathered and reduced (mean over ranks), exposed wait (mean and max)."""
+    if not report.fsdp_units:
+        return None, []
+    grouped: dict[str, list[FsdpUnit]] = {}
+    for u in report.fsdp_units:
+        grouped.setdefault(u.name, []).append(u)
+    names, notes = _shown_units(grouped)
+    notes += _unknown_sizes(grouped, names)
+
+    def mean(n: str, get: Callable[[FsdpUnit], float | None]) -> float | None:
+        known = [v for v in (get(u) for u in grouped[n]) if v is not None]
+        return sum(known) / len(known) if known else None  # None: a gap, not a 0 bar
+
+    labels = [esc(unit_label(n)) for n in names]
+    nranks = len({u.rank for u in report.fsdp_units})
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    for name, get, color, hover, row in UNIT_BARS:
         fig.add_trace(
             go.Bar(
                 name=name,

@@ -13,7 +13,6 @@ import base64
 import functools
 import gzip
 import re
-from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -24,8 +23,7 @@ from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
 from zdiag.render._html_large_run import large_run_section
 from zdiag.render._html_parts import e
-from zdiag.render.output import write_output
-from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.renderer import Destination, Rendered, Renderer
 from zdiag.render.stats import LARGE_RUN_RANKS
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -122,20 +120,26 @@ def _section(anchor: str, title: str, body: list[str], empty: str) -> str:
     return f'<section id="{anchor}"><h2>{e(title)}</h2>{inner}</section>'
 
 
-def render_html(report: Report) -> str:
-    """The complete page as a string (see the module docstring)."""
-    notes: list[str] = []
-    n_figs = 0
+class _Figures:
+    """The page's figures as they are added: how many, and the notes on what was cut."""
 
-    def add(result: tuple[go.Figure | None, list[str]], div_id: str) -> list[str]:
-        nonlocal n_figs
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.count = 0
+
+    def add(self, result: tuple[go.Figure | None, list[str]], div_id: str) -> list[str]:
+        """The figure's HTML (none when there is nothing to draw); its notes are kept."""
         fig, fig_notes = result
-        notes.extend(fig_notes)
+        self.notes.extend(fig_notes)
         if fig is None:
             return []
-        n_figs += 1
+        self.count += 1
         return [_figure_html(fig, div_id)]
 
+
+def _chart_sections(report: Report, figures: _Figures) -> list[str]:
+    """The Steps, Timeline, FSDP units and Memory sections."""
+    add = figures.add
     steps_body = add(
         figs.heatmap(
             report, lambda s: s.duration_ms, "Step time per rank and step (ms)", "Step time"
@@ -155,7 +159,7 @@ def render_html(report: Report) -> str:
     steps_body += parts.step_tables(report)
     timeline_body: list[str] = []
     timeline_groups, timeline_notes = figs.timelines_by_step(report)
-    notes.extend(timeline_notes)
+    figures.notes.extend(timeline_notes)
     for i, (step, timelines) in enumerate(timeline_groups):
         timeline_body += add(figs.timeline(step, timelines), f"fig-timeline-{i}")
     units_body = add(figs.fsdp_units(report), "fig-fsdp-units")
@@ -163,36 +167,21 @@ def render_html(report: Report) -> str:
     for i, mem in enumerate(sorted(report.memory, key=lambda m: m.rank)[: figs.MAX_MEMORY_RANKS]):
         memory_body += add(figs.memory(mem), f"fig-memory-{i}")
     if len(report.memory) > figs.MAX_MEMORY_RANKS:
-        notes.append(
+        figures.notes.append(
             f"Memory: the first {figs.MAX_MEMORY_RANKS} of {len(report.memory)} ranks are shown."
         )
     memory_body += parts.memory_breakdowns(report)
-
-    sections = [
-        parts.summary(report),
-        parts.findings(report),
+    return [
         _section("steps", "Steps", steps_body, "No steps to chart."),
         _section("timeline", "Timeline", timeline_body, "The report holds no step timeline."),
         _section("fsdp", "FSDP units", units_body, "No FSDP units were found in the traces."),
         _section("memory", "Memory", memory_body, "The run has no memory timeline."),
-        parts.collectives(report),
-        parts.run_facts(report),
     ]
-    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: a summarizing section (issue 16.4)
-        sections.insert(2, large_run_section(report))
-    if notes:
-        sections.insert(
-            1,
-            '<section id="notes"><h2>Notes</h2><p>Parts of this report are aggregated or truncated to keep the page responsive:</p>'
-            '<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul></section>",
-        )
-    script = (
-        f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
-        f"<script>{PLOTLY_LOADER}</script>"
-        if n_figs
-        else ""
-    )
-    nav = "".join(
+
+
+def _nav(report: Report) -> str:
+    """The links to the sections."""
+    return "".join(
         f'<a href="#{a}">{t}</a>'
         for a, t in (
             ("summary", "Summary"),
@@ -206,24 +195,51 @@ def render_html(report: Report) -> str:
             ("run", "Run"),
         )
     )
+
+
+def _subtitle(report: Report) -> str:
     subtitle = f"{len(report.ranks)} rank(s), {len(report.findings)} finding(s)"
     if report.inputs:
         subtitle += f" — from {report.inputs[0]}" + (
             f" and {len(report.inputs) - 1} more" if len(report.inputs) > 1 else ""
         )
+    return subtitle
+
+
+def render_html(report: Report) -> str:
+    """The complete page as a string (see the module docstring)."""
+    figures = _Figures()
+    sections = [
+        parts.summary(report),
+        parts.findings(report),
+        *_chart_sections(report, figures),
+        parts.collectives(report),
+        parts.run_facts(report),
+    ]
+    if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: a summarizing section (issue 16.4)
+        sections.insert(2, large_run_section(report))
+    if figures.notes:
+        sections.insert(
+            1,
+            '<section id="notes"><h2>Notes</h2><p>Parts of this report are aggregated or truncated to keep the page responsive:</p>'
+            '<ul class="notes">'
+            + "".join(f"<li>{e(n)}</li>" for n in figures.notes)
+            + "</ul></section>",
+        )
+    script = (
+        f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
+        f"<script>{PLOTLY_LOADER}</script>"
+        if figures.count
+        else ""
+    )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<title>zdiag report</title>"
         f"<style>{CSS}</style></head><body>"
-        f"<header><h1>zdiag report</h1><p>{e(subtitle)}</p></header>"
-        f"<nav>{nav}</nav><main>{''.join(sections)}</main>{script}</body></html>"
+        f"<header><h1>zdiag report</h1><p>{e(_subtitle(report))}</p></header>"
+        f"<nav>{_nav(report)}</nav><main>{''.join(sections)}</main>{script}</body></html>"
     )
-
-
-def write_html(report: Report, path: Path) -> None:
-    """Write the self-contained HTML report to `path` (see zdiag.render.output for how)."""
-    write_output(Path(path), render_html(report).encode("utf-8"))
 
 
 class HtmlRenderer(Renderer):
@@ -231,6 +247,6 @@ class HtmlRenderer(Renderer):
 
     name = "html"
 
-    def render(self, report: Report, destination: Destination) -> None:
-        """Write the page as UTF-8."""
-        destination.write(render_html(report).encode("utf-8"))
+    def render(self, report: Report, destination: Destination) -> Rendered:
+        """The page as UTF-8."""
+        return Rendered.one(destination, render_html(report).encode("utf-8"))

@@ -1,4 +1,5 @@
-"""Where rendered output goes, with one rule set for every output of every command.
+"""Where rendered output goes, with one rule set for every output of every command: the one
+place that writes what the renderers make (`write_rendered`).
 
 - An output never overwrites an input of the same command: `check_outputs` refuses, before any
   work, a target that is an input file or any existing file inside an input folder (compared by
@@ -12,6 +13,10 @@
   never replaced by a regular file. Block devices, sockets and folders are refused.
 - Standard output and files report a full disk (or any other write error) as one sentence
   (`UserError`, exit 2).
+- Files a renderer names beyond the one it was given (Perfetto's `{rank}` file per rank) obey
+  the same refusal: they are checked against the inputs before the first one is written.
+- Each file written is named on stderr (`zdiag: wrote the HTML report to FILE`), then the
+  renderer's notes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from zdiag.collectors.fsio import write_atomically
 from zdiag.errors import ConfigError, UserError
+from zdiag.render.renderer import Destination, OutputFormat, Rendered
 
 MAX_INPUT_FILES_COMPARED = 200_000
 """Files of an input folder whose inodes are compared with an existing output (a bound on the walk)."""
@@ -218,3 +224,30 @@ def write_stdout(data: bytes) -> None:
     except OSError as exc:
         _silence_stdout()
         raise _write_error("to standard output", exc) from exc
+
+
+def write_rendered(
+    rendered: Rendered, destination: Destination, fmt: OutputFormat, inputs: Sequence[Path] = ()
+) -> None:
+    """Write what a renderer of `fmt` made for `destination` (`check_outputs` has passed it),
+    then name the file on stderr (`fmt.wrote`) and print the renderer's notes.
+
+    Files the renderer named beside `destination` are refused first when they would overwrite
+    one of `inputs` (or cannot be written), before anything is written."""
+    option = "--output" if fmt.kind == "stream" else fmt.flag
+    extra = [p for p in rendered.paths if p is not None and p != destination.path]
+    if extra:
+        check_outputs([OutputTarget(option, p) for p in extra], inputs)
+    for output in rendered.outputs:
+        if output.path not in rendered.paths:
+            raise RuntimeError(
+                f"the {fmt.name} renderer wrote {output.path}, which it did not name"
+            )
+        if output.path is None:
+            write_stdout(output.data)
+        else:
+            write_output(output.path, output.data)
+    if fmt.wrote and destination.path is not None:
+        print(f"zdiag: wrote {fmt.wrote} to {destination.path}", file=sys.stderr)
+    for note in rendered.notes:
+        print(f"zdiag: note: {note}", file=sys.stderr)

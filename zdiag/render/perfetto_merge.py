@@ -1,9 +1,10 @@
 """One file for ui.perfetto.dev: the ranks' own Kineto traces with zdiag's overlay merged in.
 
 `merged_trace(report, ranks)` reads each chosen rank's trace (`RankReport.source`, .json or
-.json.gz) as it is, moves its processes to their own ids (GPU "processes" are device numbers,
-equal on every rank; flow ids repeat across ranks too) and names them "rank N · <name>", then
-adds the overlay of `zdiag.render.perfetto` (step verdicts, exposed-comm counter, findings) and
+.json.gz) as it is, through the analysis' bounded input reader (`analyzers/inputs/raw_events.py`:
+regular files only, within the size limits), moves its processes to their own ids (GPU
+"processes" are device numbers, equal on every rank; flow ids repeat across ranks too) and names
+them "rank N · <name>", then adds the overlay of `perfetto_overlay.py` (step verdicts, exposed-comm counter, findings) and
 **finding markers on the events they are about**: for each finding, a track "finding: <id>" in
 the rank's zdiag process with one slice over each event the finding concerns, in the steps it
 names (`MARKED_KINDS`): the all-gathers of `missing-overlap` and the wrap findings, every
@@ -16,15 +17,14 @@ Nothing here analyses: events are matched by their names (collective annotations
 
 from __future__ import annotations
 
-import gzip
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
+from zdiag.analyzers.inputs.raw_events import read_raw_events
 from zdiag.analyzers.report import Finding, Report
+from zdiag.errors import InputError
 from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE, overlay_events
 from zdiag.render.stats import RankView
 
@@ -73,17 +73,15 @@ def collective_kind(name: str) -> str | None:
     return None
 
 
-def read_trace_events(path: Path) -> list[dict[str, Any]] | None:
-    """The `traceEvents` of a Kineto trace file, or None when it cannot be read."""
-    try:
-        data = path.read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        decoded = msgspec.json.decode(data)
-    except (OSError, EOFError, ValueError, msgspec.DecodeError):
+def _trace_events(source: str) -> list[dict[str, Any]] | None:
+    """The events of the rank's trace file `source` (read within the input limits), or None
+    when there is none or it cannot be read."""
+    if not source:
         return None
-    events = decoded.get("traceEvents") if isinstance(decoded, dict) else decoded
-    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else None
+    try:
+        return read_raw_events(Path(source))
+    except (InputError, OSError):
+        return None
 
 
 def _relabel(rank: int, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -204,7 +202,7 @@ def merged_trace(report: Report, ranks: Sequence[RankView]) -> tuple[dict[str, A
     missing: list[int] = []
     merged: list[int] = []
     for rank in ranks:
-        raw = read_trace_events(Path(rank.source)) if rank.source else None
+        raw = _trace_events(rank.source)
         if raw is None:
             missing.append(rank.rank)
             continue

@@ -20,15 +20,11 @@ docs/reports.md). Process ids are OVERLAY_PID_BASE + rank so they never collide 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from zdiag.analyzers.report import Finding, Report, StepBreakdown
 from zdiag.render.columns import step_values
 from zdiag.render.format import fmt_ints, unit_label
-from zdiag.render.output import write_output
 from zdiag.render.stats import RankView
 
 OVERLAY_PID_BASE = 1_000_000_000  # above any real pid (Linux pid_max <= 2**22)
@@ -228,8 +224,3 @@ def overlay_events(report: Report) -> dict[str, Any]:
             "inputs": report.inputs[:64],
         },
     }
-
-
-def write_overlay(report: Report, path: Path) -> None:
-    """Write the overlay trace JSON to `path` (see zdiag.render.output for how files are written)."""
-    write_output(Path(path), msgspec.json.encode(overlay_events(report)))

@@ -19,7 +19,6 @@ them (ProfilerStep#N, 0-based); the root FSDP unit prints as "(root)" (it is "" 
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from collections.abc import Sequence
 
@@ -36,7 +35,7 @@ from zdiag.render.format import (
 )
 from zdiag.render.memory_view import memory_lines
 from zdiag.render.printable import printable_report
-from zdiag.render.renderer import Destination, Renderer
+from zdiag.render.renderer import Destination, Rendered, Renderer
 from zdiag.render.stats import (
     LARGE_RUN_RANKS,
     RankStats,
@@ -47,12 +46,7 @@ from zdiag.render.stats import (
     rank_groups,
     rank_stats,
 )
-from zdiag.render.terminal import (
-    DEFAULT_WIDTH,
-    color_enabled,
-    paint,
-    terminal_width,
-)
+from zdiag.render.terminal import DEFAULT_WIDTH, paint
 from zdiag.render.text_blocks import (
     CellPainter,
     TextOut,
@@ -368,13 +362,8 @@ class TextRenderer(Renderer):
 
     name = "text"
 
-    def render(self, report: Report, destination: Destination) -> None:
-        """Write the text as UTF-8: on a terminal at its width and in colour (unless NO_COLOR),
-        into files and pipes at DEFAULT_WIDTH columns without colour."""
-        if destination.is_stdout:
-            text = render_text(
-                report, width=terminal_width(sys.stdout), color=color_enabled(sys.stdout)
-            )
-        else:
-            text = render_text(report)
-        destination.write(text.encode("utf-8"))
+    def render(self, report: Report, destination: Destination) -> Rendered:
+        """The text as UTF-8 at the destination's width and colour: on a terminal its width and
+        colour (unless NO_COLOR), in files and pipes DEFAULT_WIDTH columns without colour."""
+        text = render_text(report, width=destination.width, color=destination.color)
+        return Rendered.one(destination, text.encode("utf-8"))
