@@ -21,20 +21,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zdiag.analyzers.memory.memory_snapshot import _PlainUnpickler
-from zdiag.analyzers.run import flight_recorder as fr
+from zdiag.analyzers.inputs.flight_dumps import find_dumps, read_dump, read_dumps
+from zdiag.analyzers.inputs.plain_pickle import PlainUnpickler
+from zdiag.analyzers.run.wait_graph import analyze_dumps
 
 
 def _raw_details(folder: Path) -> tuple[dict[str, dict[str, Any]], str]:
     """What torch's `read_dir` returns, read safely: {file name: {rank, entries, ...}}."""
     details: dict[str, dict[str, Any]] = {}
     version = ""
-    for path in fr.find_dumps([folder])[0]:
-        dump = fr.read_dump(path)
+    for path in find_dumps([folder])[0]:
+        dump = read_dump(path)
         if not dump.readable:
             continue  # torch's loader would raise on it
         with path.open("rb") as f:
-            raw = _PlainUnpickler(f).load()
+            raw = PlainUnpickler(f).load()
         details[path.name] = {
             "host_name": f"host_rank{dump.rank}",
             "rank": dump.rank,
@@ -101,7 +102,7 @@ def torch_report(folder: Path) -> dict[str, Any]:
 
 def zdiag_report(folder: Path) -> dict[str, Any]:
     """zdiag's culprits and first disagreements on `folder`."""
-    analysis, _ = fr.analyze_flight_recorder(fr.find_dumps([folder])[0])
+    analysis = analyze_dumps(read_dumps(find_dumps([folder])[0]))
     return {
         "culprits": {c.rank: c.reason for c in analysis.culprits},
         "waiting": list(analysis.waiting),

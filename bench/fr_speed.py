@@ -18,14 +18,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.flight_recorder import FakeJob
-from zdiag.analyzers.run import flight_recorder as fr
+from zdiag.analyzers.inputs.flight_dumps import find_dumps, read_dumps
+from zdiag.analyzers.run.wait_graph import analyze_dumps
 
 
 def _time(paths: list[Path]) -> tuple[float, float, tuple[int, ...]]:
     t0 = time.perf_counter()
-    dumps = fr.read_dumps(paths)
+    dumps = read_dumps(paths)
     t1 = time.perf_counter()
-    analysis = fr.analyze_dumps(dumps)
+    analysis = analyze_dumps(dumps)
     return t1 - t0, time.perf_counter() - t1, analysis.culprit_ranks
 
 
@@ -37,7 +38,7 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=1000)
     args = parser.parse_args()
     for folder in args.folders:
-        read_s, analyze_s, culprits = _time(fr.find_dumps([folder])[0])
+        read_s, analyze_s, culprits = _time(find_dumps([folder])[0])
         print(
             f"{folder}: read {read_s * 1000:.1f} ms, analyze {analyze_s * 1000:.1f} ms, culprits {culprits}"
         )

@@ -45,7 +45,7 @@ SECTION = "## Fuzzing: the long run (issue 14)"
 KNOWN_SLOW = (
     "Known slow shape (not a failure at this size): the flight-recorder family includes a 29 KB "
     "dump whose one entry, with a 500-frame stack, is referenced 5000 times; "
-    "`flight_recorder.read_dump` builds every reference (2.5M frames): 5 s alone, up to 22 s on "
+    "`flight_dumps.read_dump` builds every reference (2.5M frames): 5 s alone, up to 22 s on "
     "the loaded machine, ~320 MiB. The cost is linear in references, so a larger dump of that "
     "shape passes 30 s; that reader should visit each shared entry once, as `memory_snapshot` "
     "does."

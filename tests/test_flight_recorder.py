@@ -12,8 +12,10 @@ import pytest
 
 from conftest import REAL_TRACES
 from support.flight_recorder import TORCH_PY, FakeJob, frame
+from zdiag.analyzers.detectors import hang_finding
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.analyzers.run import flight_recorder as fr
+from zdiag.analyzers.inputs import flight_dump_parse, flight_dumps
+from zdiag.analyzers.run import wait_graph
 from zdiag.cli import main
 from zdiag.errors import InputError
 
@@ -21,8 +23,8 @@ FR_REAL = REAL_TRACES / "flight_recorder"
 GROUND_TRUTH = {"gpu_error_1st": (12, 14), "lock_gil_1st": (9, 14)}
 
 
-def _analyze(paths: list[Path]) -> fr.HangAnalysis:
-    return fr.analyze_dumps(fr.read_dumps(paths))
+def _analyze(paths: list[Path]) -> wait_graph.HangAnalysis:
+    return wait_graph.analyze_dumps(flight_dumps.read_dumps(paths))
 
 
 def _four_ranks_hung_at_4(missing: tuple[int, ...] = (2,)) -> FakeJob:
@@ -39,7 +41,7 @@ def _four_ranks_hung_at_4(missing: tuple[int, ...] = (2,)) -> FakeJob:
 
 def test_dump_is_recognised_by_content_not_name(tmp_path: Path) -> None:
     (path,) = FakeJob(1).write(tmp_path, prefix="whatever_")
-    assert fr.is_flight_recorder_dump(path)
+    assert flight_dumps.is_flight_recorder_dump(path)
     other = tmp_path / "trace.json"
     other.write_text("{}")
     snapshot = tmp_path / "snap.pickle"
@@ -49,7 +51,7 @@ def test_dump_is_recognised_by_content_not_name(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     for p in (other, snapshot, plain_list, empty, tmp_path):
-        assert not fr.is_flight_recorder_dump(p), p
+        assert not flight_dumps.is_flight_recorder_dump(p), p
 
 
 def test_read_dump_fields(tmp_path: Path) -> None:
@@ -57,7 +59,7 @@ def test_read_dump_fields(tmp_path: Path) -> None:
     pp = job.group("5", "PIPELINE_MODEL_PARALLEL_GROUP", [0, 1])
     job.collective(sizes=[[4, 8]], dtype="BFloat16")
     job.p2p(pp, 0, 1, state="scheduled")
-    d = fr.read_dump(job.write(tmp_path)[0])
+    d = flight_dumps.read_dump(job.write(tmp_path)[0])
     assert d.rank == 0 and d.readable and d.version == "2.9"
     assert d.comm_lib_version == "2.27.3"
     assert {g.name: g.ranks for g in d.groups} == {"0": (0, 1), "5": (0, 1)}
@@ -72,7 +74,7 @@ def test_read_dump_fields(tmp_path: Path) -> None:
 def test_gloo_style_version_2_10_reads(tmp_path: Path) -> None:
     job = FakeJob(2, version="2.10", backend="gloo")
     job.collective()
-    d = fr.read_dump(job.write(tmp_path)[1])
+    d = flight_dumps.read_dump(job.write(tmp_path)[1])
     assert d.version == "2.10" and d.comm_lib_version == "2.27.3"
     assert d.entries[0].profiling_name == "gloo:all_reduce"
 
@@ -112,14 +114,16 @@ def test_json_form_of_the_dump(tmp_path: Path) -> None:
         raw["pg_status"] = {
             k: {n: str(v) for n, v in st.items()} for k, st in raw["pg_status"].items()
         }
-        dumps.append(fr.dump_from_dict(raw, source=f"hang/rank-{rank}.json", rank=rank))
+        dumps.append(
+            flight_dump_parse.dump_from_dict(raw, source=f"hang/rank-{rank}.json", rank=rank)
+        )
     assert dumps[0].pg_status[0].last_enqueued == 4
-    assert fr.analyze_dumps(dumps).culprit_ranks == (2,)
+    assert wait_graph.analyze_dumps(dumps).culprit_ranks == (2,)
 
 
 def test_empty_and_cut_short_dumps_are_suspects_not_errors(tmp_path: Path) -> None:
     paths = FakeJob(3).write(tmp_path, empty=(1,), truncated=(2,))
-    dumps = fr.read_dumps(paths)
+    dumps = flight_dumps.read_dumps(paths)
     assert [(d.rank, d.readable, d.problem) for d in dumps] == [
         (0, True, ""),
         (1, False, "empty"),
@@ -131,12 +135,12 @@ def test_a_pickle_naming_a_class_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "fr_0"
     bad.write_bytes(pickle.dumps(OrderedDict(version="2.9", entries=[]), protocol=2))
     # OrderedDict is rebuilt through a global: not a plain dump. It does not even sniff as one.
-    assert not fr.is_flight_recorder_dump(bad)
+    assert not flight_dumps.is_flight_recorder_dump(bad)
     evil = tmp_path / "fr_1"
     evil.write_bytes(pickle.dumps({"version": "2.9", "entries": [OrderedDict(a=1)]}, protocol=2))
-    assert fr.is_flight_recorder_dump(evil)
+    assert flight_dumps.is_flight_recorder_dump(evil)
     with pytest.raises(InputError, match="plain"):
-        fr.read_dump(evil)
+        flight_dumps.read_dump(evil)
 
 
 @pytest.mark.parametrize(
@@ -151,22 +155,22 @@ def test_bad_dumps_name_the_problem(tmp_path: Path, data: dict[str, object], mat
     p = tmp_path / "fr_0"
     p.write_bytes(pickle.dumps(data, protocol=2))
     with pytest.raises(InputError, match=match):
-        fr.read_dump(p)
+        flight_dumps.read_dump(p)
 
 
 def test_oversized_dump_is_refused_before_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (path,) = FakeJob(1).write(tmp_path)
-    monkeypatch.setattr(fr, "MAX_DUMP_BYTES", 100)
+    monkeypatch.setattr(flight_dumps, "MAX_DUMP_BYTES", 100)
     with pytest.raises(InputError, match="limit"):
-        fr.read_dump(path)
+        flight_dumps.read_dump(path)
 
 
 def test_rank_from_a_name_with_an_extension(tmp_path: Path) -> None:
     p = tmp_path / "fr_dump_7.pkl"
     p.write_bytes(pickle.dumps(FakeJob(8).dump_dict(7), protocol=2))
-    assert fr.read_dump(p).rank == 7
+    assert flight_dumps.read_dump(p).rank == 7
 
 
 def test_rank_from_pg_config_when_the_name_has_none(tmp_path: Path) -> None:
@@ -177,20 +181,20 @@ def test_rank_from_pg_config_when_the_name_has_none(tmp_path: Path) -> None:
     data = pickle.dumps(job.dump_dict(2), protocol=2)
     p = tmp_path / "dump.pkl"
     p.write_bytes(data)
-    assert fr.read_dump(p).rank == 2
+    assert flight_dumps.read_dump(p).rank == 2
     q = tmp_path / "other.pkl"
     q.write_bytes(pickle.dumps(job.dump_dict(3), protocol=2))  # in TP [2, 3] and default only
     with pytest.raises(InputError, match="which rank"):
-        fr.read_dump(q)
+        flight_dumps.read_dump(q)
 
 
 def test_two_dumps_of_one_rank_and_all_empty_are_errors(tmp_path: Path) -> None:
     a = FakeJob(1).write(tmp_path / "a")
     b = FakeJob(1).write(tmp_path / "b")
     with pytest.raises(InputError, match="both are dumps of rank 0"):
-        fr.read_dumps(a + b)
+        flight_dumps.read_dumps(a + b)
     with pytest.raises(InputError, match="every flight-recorder dump"):
-        fr.read_dumps(FakeJob(2).write(tmp_path / "c", empty=(0, 1)))
+        flight_dumps.read_dumps(FakeJob(2).write(tmp_path / "c", empty=(0, 1)))
 
 
 # --- the analysis ----------------------------------------------------------------------------
@@ -221,7 +225,7 @@ def test_rank_behind_by_two_is_named_with_its_lag(tmp_path: Path) -> None:
     job.collective(ranks=[0, 1, 2], state="scheduled")
     a = _analyze(job.write(tmp_path))
     assert a.culprit_ranks == (3,)
-    (finding,) = fr.hang_findings(a)
+    (finding,) = hang_finding.hang_findings(a)
     assert finding.evidence["first_group"]["seq"] == 3
     assert finding.evidence["first_group"]["behind_by"] == {"3": 2}
 
@@ -251,7 +255,7 @@ def test_all_to_all_sizes_may_differ(tmp_path: Path) -> None:
     job = FakeJob(2)
     job.collective(op="all_to_all", sizes={0: [[10, 4]], 1: [[12, 4]]})
     a = _analyze(job.write(tmp_path))
-    assert a.culprits == () and fr.hang_findings(a) == []
+    assert a.culprits == () and hang_finding.hang_findings(a) == []
 
 
 def test_empty_dump_of_a_frozen_rank_makes_it_the_suspect(tmp_path: Path) -> None:
@@ -259,7 +263,7 @@ def test_empty_dump_of_a_frozen_rank_makes_it_the_suspect(tmp_path: Path) -> Non
     a = _analyze(job.write(tmp_path, empty=(2,)))
     assert a.culprit_ranks == (2,) and a.culprits[0].reason == "no dump"
     assert a.unreadable == (2,)
-    (finding,) = fr.hang_findings(a)
+    (finding,) = hang_finding.hang_findings(a)
     assert finding.evidence["unreadable_dumps"] == [2]
 
 
@@ -351,7 +355,7 @@ def test_healthy_dumps_have_no_finding(tmp_path: Path) -> None:
     job.collective(state="scheduled")  # in flight on every rank: no disagreement
     a = _analyze(job.write(tmp_path))
     assert a.culprits == () and a.disagreements == ()
-    assert fr.hang_findings(a) == []
+    assert hang_finding.hang_findings(a) == []
 
 
 def test_gloo_dumps_without_pg_config(tmp_path: Path) -> None:
@@ -380,7 +384,7 @@ def test_culprit_frame_is_the_innermost_user_frame(tmp_path: Path) -> None:
     a = _analyze(job.write(tmp_path))
     assert a.culprit_ranks == (1,)
     assert str(a.culprits[0].frame) == "/home/me/train.py:42 in train_step"
-    (finding,) = fr.hang_findings(a)
+    (finding,) = hang_finding.hang_findings(a)
     assert finding.evidence["culprit_frames"] == {"1": "/home/me/train.py:42 in train_step"}
     assert finding.evidence["first_group"]["frames"] == {
         "0": "/home/me/train.py:42 in train_step",  # waiting there
@@ -389,7 +393,9 @@ def test_culprit_frame_is_the_innermost_user_frame(tmp_path: Path) -> None:
 
 
 def test_hang_finding_fields(tmp_path: Path) -> None:
-    (f,) = fr.hang_findings(_analyze(_four_ranks_hung_at_4(missing=(1, 3)).write(tmp_path)))
+    (f,) = hang_finding.hang_findings(
+        _analyze(_four_ranks_hung_at_4(missing=(1, 3)).write(tmp_path))
+    )
     assert f.id == "hang" and f.severity == "critical"
     assert f.ranks == [1, 3]
     assert "ranks 1, 3 never arrived" in f.title and "collective #4" in f.title
@@ -404,14 +410,14 @@ def test_hang_finding_fields(tmp_path: Path) -> None:
 def test_find_dumps_in_folders_and_beside_traces(tmp_path: Path) -> None:
     paths = _four_ranks_hung_at_4().write(tmp_path / "fr", prefix="_dump_", empty=(2,))
     (tmp_path / "fr" / "notes.txt").write_text("hello")
-    dumps, rest = fr.find_dumps([tmp_path / "fr"])
+    dumps, rest = flight_dumps.find_dumps([tmp_path / "fr"])
     assert sorted(dumps) == sorted(paths) and rest == []  # the empty _dump_2 included
     (tmp_path / "fr" / "rank-0.json").write_text("{}")
-    dumps, rest = fr.find_dumps([tmp_path / "fr"])
+    dumps, rest = flight_dumps.find_dumps([tmp_path / "fr"])
     assert len(dumps) == 4 and rest == [tmp_path / "fr"]
-    dumps, rest = fr.find_dumps([paths[0], tmp_path / "fr" / "notes.txt"])
+    dumps, rest = flight_dumps.find_dumps([paths[0], tmp_path / "fr" / "notes.txt"])
     assert dumps == [paths[0]] and rest == [tmp_path / "fr" / "notes.txt"]
-    dumps, rest = fr.find_dumps(paths)  # `zdiag analyze fr/_dump_*`: the empty one too
+    dumps, rest = flight_dumps.find_dumps(paths)  # `zdiag analyze fr/_dump_*`: the empty one too
     assert dumps == sorted(paths) and rest == []
 
 
@@ -421,7 +427,7 @@ def test_find_dumps_below_a_run_directory(tmp_path: Path) -> None:
     (run / "manifest.json").write_text("{}")
     (run / "traces" / "rank-0.json.gz").write_bytes(b"")
     paths = _four_ranks_hung_at_4().write(run / "hang" / "flight_recorder", prefix="fr_")
-    dumps, rest = fr.find_dumps([run])
+    dumps, rest = flight_dumps.find_dumps([run])
     assert dumps == sorted(paths) and rest == [run]
 
 
@@ -510,14 +516,16 @@ def test_real_dumps_when_faulty_ranks_left_empty_dumps(
     for rank in frozen:
         (work / f"_dump_{rank}").chmod(0o644)
         (work / f"_dump_{rank}").write_bytes(b"")
-    a = _analyze(fr.find_dumps([work])[0])
+    a = _analyze(flight_dumps.find_dumps([work])[0])
     assert a.culprit_ranks == GROUND_TRUTH[name]
     assert a.unreadable == frozen
     assert {c.rank for c in a.culprits if c.reason == "no dump"} == set(frozen)
 
 
 def test_real_dumps_with_a_culprit_dump_absent() -> None:
-    paths = [p for p in fr.find_dumps([_real("gpu_error_1st")])[0] if p.name != "_dump_14"]
+    paths = [
+        p for p in flight_dumps.find_dumps([_real("gpu_error_1st")])[0] if p.name != "_dump_14"
+    ]
     a = _analyze(paths)
     assert a.culprit_ranks == (12, 14)
     assert {c.rank: c.reason for c in a.culprits} == {12: "stuck", 14: "no dump"}
@@ -554,7 +562,7 @@ def test_torch_analyzer_on_gpu_error_sees_only_arrivals() -> None:
     for group in ("41:TENSOR_MODEL_PARALLEL_GROUP", "74:EXPERT_MODEL_PARALLEL_GROUP"):
         assert missing[group] == [12]
     assert 14 not in set().union(*map(set, missing.values()))
-    assert _analyze(fr.find_dumps([_real("gpu_error_1st")])[0]).culprit_ranks == (12, 14)
+    assert _analyze(flight_dumps.find_dumps([_real("gpu_error_1st")])[0]).culprit_ranks == (12, 14)
 
 
 # --- a real 2-rank gloo job (torch 2.13 records gloo collectives in the flight recorder) ------
@@ -622,12 +630,12 @@ def test_real_gloo_hang_dump_names_the_absent_rank(tmp_path: Path) -> None:
     logs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), logs
     dumps = sorted(out.glob("fr_?"))
-    assert len(dumps) == 2 and all(fr.is_flight_recorder_dump(p) for p in dumps)
-    read = fr.read_dumps(dumps)
+    assert len(dumps) == 2 and all(flight_dumps.is_flight_recorder_dump(p) for p in dumps)
+    read = flight_dumps.read_dumps(dumps)
     assert read[0].version.startswith("2.") and read[0].entries[0].profiling_name.startswith(
         "gloo:"
     )
-    a = fr.analyze_dumps(read)
+    a = wait_graph.analyze_dumps(read)
     assert a.culprit_ranks == (1,) and a.waiting == (0,)
     (d,) = a.disagreements
     assert (d.kind, d.seq, d.profiling_name) == ("missing", 4, "gloo:all_reduce")

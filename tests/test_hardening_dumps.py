@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from support.flight_recorder import FakeJob, frame
+from zdiag.analyzers.detectors import hang_finding
+from zdiag.analyzers.inputs import flight_dump_parse, flight_dumps
 from zdiag.analyzers.inputs.loader import MAX_RANK
-from zdiag.analyzers.run import flight_recorder as fr
+from zdiag.analyzers.run import wait_graph
 from zdiag.cli import main
 from zdiag.errors import InputError
 
@@ -87,8 +89,9 @@ def _lines_run(fn: Callable[[], object]) -> int:
 
 def _analyze_work(paths: list[Path]) -> int:
     def run() -> None:
-        a = fr.analyze_dumps(fr.read_dumps(paths))
-        fr.dump_warnings(a, fr.hang_findings(a))
+        a = wait_graph.analyze_dumps(flight_dumps.read_dumps(paths))
+        hang_finding.hang_findings(a)
+        hang_finding.dump_warnings(a)
 
     return _lines_run(run)
 
@@ -108,7 +111,7 @@ def test_a_group_listing_a_million_ranks_is_refused_in_one_sentence(
     rc, out, err = _cli(["analyze", str(tmp_path)], capsys)
     assert rc == 2 and out == ""
     line = _one_sentence(err)
-    assert "lists 1000000 ranks" in line and str(fr.MAX_WORLD_SIZE) in line
+    assert "lists 1000000 ranks" in line and str(flight_dump_parse.MAX_WORLD_SIZE) in line
 
 
 def test_work_grows_linearly_with_the_ranks_a_group_lists(tmp_path: Path) -> None:
@@ -121,12 +124,12 @@ def test_work_grows_linearly_with_the_ranks_a_group_lists(tmp_path: Path) -> Non
         for d in dumps.values():
             d["pg_config"]["0"]["ranks"] = str(list(range(n)))
         paths = _write(tmp_path / str(n), dumps)
-        a = fr.analyze_dumps(fr.read_dumps(paths))
+        a = wait_graph.analyze_dumps(flight_dumps.read_dumps(paths))
         assert a.culprit_ranks == tuple(range(2, n))
         assert {c.reason for c in a.culprits} == {"no dump"}
-        (f,) = fr.hang_findings(a)
+        (f,) = hang_finding.hang_findings(a)
         assert f"ranks 2-{n - 1} never arrived" in f.title
-        assert any(f"ranks 2-{n - 1} of the {n}" in w for w in fr.dump_warnings(a, [f]))
+        assert any(f"ranks 2-{n - 1} of the {n}" in w for w in hang_finding.dump_warnings(a))
         work[n] = _analyze_work(paths)
     assert work[6000] < 2.5 * work[3000], work
 
@@ -135,14 +138,14 @@ def test_the_cap_on_the_ranks_the_dumps_name_in_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Groups each under MAX_WORLD_SIZE whose union is over it are refused too."""
-    monkeypatch.setattr(fr, "MAX_WORLD_SIZE", 6)
+    monkeypatch.setattr(wait_graph, "MAX_WORLD_SIZE", 6)
     job = FakeJob(4)
     job.group("7", "TP", [0, 1])
     job.collective()
     dumps = {r: job.dump_dict(r) for r in range(4)}
     dumps[0]["pg_config"]["7"]["ranks"] = "[0, 10, 11, 12, 13, 14]"
     with pytest.raises(InputError, match="more than 6 ranks"):
-        fr.analyze_dumps(fr.read_dumps(_write(tmp_path, dumps)))
+        wait_graph.analyze_dumps(flight_dumps.read_dumps(_write(tmp_path, dumps)))
 
 
 def test_many_groups_sharing_one_member_list_are_bounded(
@@ -150,13 +153,13 @@ def test_many_groups_sharing_one_member_list_are_bounded(
 ) -> None:
     """A pickle can reference one long member list from thousands of groups for a few bytes
     each: the memberships a dump lists in all are capped."""
-    monkeypatch.setattr(fr, "MAX_LISTED_RANKS_PER_DUMP", 100)
+    monkeypatch.setattr(flight_dump_parse, "MAX_LISTED_RANKS_PER_DUMP", 100)
     members = str(list(range(40)))
     dumps = _job(2)
     for i in range(3):  # 3 x 40 memberships, sharing one string object
         dumps[0]["pg_config"][f"g{i}"] = {"name": f"g{i}", "desc": "x", "ranks": members}
     with pytest.raises(InputError, match="MAX_LISTED_RANKS_PER_DUMP"):
-        fr.read_dumps(_write(tmp_path, dumps))
+        flight_dumps.read_dumps(_write(tmp_path, dumps))
 
 
 # --- 2. many dumps of a large job ------------------------------------------------------------
@@ -169,7 +172,7 @@ def test_work_grows_linearly_with_the_number_of_dumps(tmp_path: Path) -> None:
     work = {}
     for n in (150, 300):
         paths = _write(tmp_path / str(n), _job(n, missing=5))
-        a = fr.analyze_dumps(fr.read_dumps(paths))
+        a = wait_graph.analyze_dumps(flight_dumps.read_dumps(paths))
         assert a.culprit_ranks == (5,) and len(a.waiting) == n - 1
         work[n] = _analyze_work(paths)
     assert work[300] < 2.5 * work[150], work
@@ -182,19 +185,19 @@ def test_wait_edges_grow_with_members_not_members_times_waiters(
     in the next one: each waiter waits for every stuck rank. The wait graph shares one node per
     waiting point, so its edges stay linear (n/2 x n/2 edges before)."""
     sizes: dict[int, int] = {}
-    real = fr._terminal_components
+    real = wait_graph._terminal_components
 
     def spy(nodes: set[int], edges: dict[int, set[int]]) -> list[set[int]]:
         sizes[len([x for x in nodes if x >= 0])] = sum(map(len, edges.values()))
         return real(nodes, edges)
 
-    monkeypatch.setattr(fr, "_terminal_components", spy)
+    monkeypatch.setattr(wait_graph, "_terminal_components", spy)
     for n in (100, 200):
         job = FakeJob(n)
         job.collective()
         job.collective(state={r: "completed" for r in range(n // 2, n)})  # 0..n/2-1 stuck
         job.collective(state="scheduled")
-        a = fr.analyze_dumps(fr.read_dumps(job.write(tmp_path / str(n))))
+        a = wait_graph.analyze_dumps(flight_dumps.read_dumps(job.write(tmp_path / str(n))))
         assert a.culprit_ranks == tuple(range(n // 2))
         assert {c.reason for c in a.culprits} == {"stuck"}
     assert sizes[200] < 2.5 * sizes[100], sizes
@@ -202,17 +205,17 @@ def test_wait_edges_grow_with_members_not_members_times_waiters(
 
 
 def test_member_lists_repeated_by_every_dump_are_parsed_once(tmp_path: Path) -> None:
-    dumps = fr.read_dumps(_write(tmp_path, _job(8)))
+    dumps = flight_dumps.read_dumps(_write(tmp_path, _job(8)))
     assert len({id(d.groups[0].ranks) for d in dumps}) == 1
 
 
 def test_too_many_dump_files_are_refused_before_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fr, "MAX_WORLD_SIZE", 3)
+    monkeypatch.setattr(flight_dumps, "MAX_WORLD_SIZE", 3)
     never_read = [tmp_path / f"absent_{r}" for r in range(4)]  # reading any would fail
     with pytest.raises(InputError, match="4 flight-recorder dumps given, more than the 3"):
-        fr.read_dumps(never_read)
+        flight_dumps.read_dumps(never_read)
 
 
 @pytest.mark.slow
@@ -291,7 +294,7 @@ def test_the_largest_rank_is_read(tmp_path: Path) -> None:
     dump = _job(2)[0]
     dump["pg_config"]["0"]["ranks"] = f"[0, {MAX_RANK}]"
     p.write_bytes(pickle.dumps(dump, protocol=2))
-    assert fr.read_dump(p).rank == MAX_RANK
+    assert flight_dumps.read_dump(p).rank == MAX_RANK
 
 
 # --- hostile dumps ---------------------------------------------------------------------------
@@ -410,4 +413,4 @@ def test_dump_named_for_another_rank_is_refused(
 
 def test_a_rank_passed_out_of_bounds_is_refused() -> None:
     with pytest.raises(InputError, match="outside"):
-        fr.dump_from_dict(_job(2)[0], source="hang/rank-0.json", rank=-1)
+        flight_dump_parse.dump_from_dict(_job(2)[0], source="hang/rank-0.json", rank=-1)

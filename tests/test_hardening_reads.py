@@ -249,7 +249,7 @@ def test_a_memo_bomb_as_a_flight_recorder_dump_is_refused_without_taking_memory(
     )
     out, grown = _child_peak(
         f"""
-        from zdiag.analyzers.run.flight_recorder import read_dump
+        from zdiag.analyzers.inputs.flight_dumps import read_dump
         from zdiag.errors import InputError
         try:
             read_dump({str(bomb)!r})

@@ -28,14 +28,13 @@ import fuzz_inputs as fz
 import pytest
 
 from support.snapshots import generate_snapshot
+from zdiag.analyzers.inputs import plain_pickle as pp
+from zdiag.analyzers.inputs.plain_pickle import PickleTimeError, PlainUnpickler, memory_budget
 from zdiag.analyzers.inputs.safe_read import use_limits
 from zdiag.analyzers.memory import memory_snapshot as ms
 from zdiag.analyzers.memory import snapshot_breakdown as sb
 from zdiag.analyzers.memory.memory_snapshot import (
     MAX_STACK_FRAMES,
-    PickleTimeError,
-    _PlainUnpickler,
-    memory_budget,
     read_snapshot,
     summarize_snapshot,
 )
@@ -190,13 +189,13 @@ def test_the_item_cap_skips_a_snapshot_with_a_warning(
 
 def test_memory_budget_is_per_byte_with_a_fixed_cap() -> None:
     small = memory_budget(10 * MIB)
-    assert small == ms.PICKLE_MEMORY_BASE_BYTES + ms.PICKLE_MEMORY_PER_BYTE * 10 * MIB
+    assert small == pp.PICKLE_MEMORY_BASE_BYTES + pp.PICKLE_MEMORY_PER_BYTE * 10 * MIB
     huge = memory_budget(100 << 30)
-    assert huge <= ms.PICKLE_MEMORY_MAX_BYTES
-    assert huge < ms.PICKLE_MEMORY_PER_BYTE * (100 << 30)
+    assert huge <= pp.PICKLE_MEMORY_MAX_BYTES
+    assert huge < pp.PICKLE_MEMORY_PER_BYTE * (100 << 30)
     with use_limits(max_bytes=200 << 30):  # the user vouches for the input: per byte only
         assert memory_budget(100 << 30) == (
-            ms.PICKLE_MEMORY_BASE_BYTES + ms.PICKLE_MEMORY_PER_BYTE * (100 << 30)
+            pp.PICKLE_MEMORY_BASE_BYTES + pp.PICKLE_MEMORY_PER_BYTE * (100 << 30)
         )
 
 
@@ -209,13 +208,13 @@ def test_a_load_beyond_the_memory_budget_is_refused(tmp_path: Path) -> None:
     path.write_bytes(dup_frames_snapshot(4 * MIB))  # a 32 MiB list from a 4 MiB pickle
     code = f"""
         import io
-        from zdiag.analyzers.memory import memory_snapshot as ms
-        ms.PICKLE_MEMORY_BASE_BYTES = 8 * 2**20
-        ms.PICKLE_MEMORY_PER_BYTE = 1
+        from zdiag.analyzers.inputs import plain_pickle as pp
+        pp.PICKLE_MEMORY_BASE_BYTES = 8 * 2**20
+        pp.PICKLE_MEMORY_PER_BYTE = 1
         try:
-            ms._PlainUnpickler(io.BytesIO(open({str(path)!r}, "rb").read())).load()
+            pp.PlainUnpickler(io.BytesIO(open({str(path)!r}, "rb").read())).load()
             print("loaded")
-        except ms.PickleMemoryError as exc:
+        except pp.PickleMemoryError as exc:
             print("refused:", exc)
     """
     proc = subprocess.run(
@@ -231,9 +230,9 @@ def test_a_load_beyond_the_memory_budget_is_refused(tmp_path: Path) -> None:
 def test_an_in_process_load_stops_at_its_deadline() -> None:
     data = pickle.dumps(generate_snapshot(layers=2, steps=1), protocol=4)
     with pytest.raises(PickleTimeError, match="longer than 0 s"):
-        _PlainUnpickler(io.BytesIO(data), seconds=0.0).load()
+        PlainUnpickler(io.BytesIO(data), seconds=0.0).load()
     # the flight-recorder reader's call: no keyword, default deadline, same result
-    assert _PlainUnpickler(io.BytesIO(data)).load() == pickle.loads(data)
+    assert PlainUnpickler(io.BytesIO(data)).load() == pickle.loads(data)
 
 
 @needs_fork

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
     from ..rank.summary import RankSummary
     from ..run.crossrank import CrossRankResult
-    from ..run.flight_recorder import HangAnalysis
+    from ..run.wait_graph import HangAnalysis
 
 MIB = 1024**2
 

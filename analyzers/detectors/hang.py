@@ -23,9 +23,9 @@ from typing import Any
 
 from ...collectors.rundir import HangRecord, RankEntry
 from ..report import Finding
-from ..run.flight_recorder import hang_findings
 from .context import DetectorContext
 from .failures import timeout_hang
+from .hang_finding import hang_findings
 
 
 def _frame(h: HangRecord | None) -> str:

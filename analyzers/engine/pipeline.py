@@ -43,8 +43,10 @@ from ...collectors.rundir import (
     run_file,
     step_log_relpath,
 )
+from ..detectors.hang_finding import dump_warnings
 from ..inputs.decode_batches import auto_workers
 from ..inputs.events import RankTrace
+from ..inputs.flight_dumps import read_dumps
 from ..inputs.loader import load_rank_trace, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
@@ -57,8 +59,8 @@ from ..memory.snapshot_input import (
 from ..rank.rank_analysis import analyze_rank
 from ..rank.summary import RankSummary, summarize
 from ..report import MemoryTimeline
-from ..run import flight_recorder
 from ..run.run_data import Analysis, RunData
+from ..run.wait_graph import analyze_dumps
 from .reduce import RunFacts, reduce_run
 from .summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
 from .summary_map import RunContexts, assign_rank
@@ -534,10 +536,10 @@ def attach_flight_recorder(run: RunData, dumps: list[Path]) -> None:
     `hang` detector reads it), their paths and what they could not tell."""
     if not dumps:
         return
-    hangs, findings = flight_recorder.analyze_flight_recorder(dumps)
+    hangs = analyze_dumps(read_dumps(dumps))
     run.flight_recorder = hangs
     run.flight_recorder_inputs = [str(p) for p in dumps]
-    run.warnings += flight_recorder.dump_warnings(hangs, findings)
+    run.warnings += dump_warnings(hangs)
 
 
 def _memory_timelines(

@@ -25,8 +25,8 @@ from ..report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from ..run import crossrank
 from ..run.crossrank import CrossRankResult
 from ..run.crossrank_match import match_collectives
-from ..run.flight_recorder import HangAnalysis
 from ..run.process_groups import process_group_stats
+from ..run.wait_graph import HangAnalysis
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class RunFacts:
       versions; `pipeline.manifest_summary`).
     - `flight_recorder` / `flight_recorder_inputs`: the analysis of torch.distributed
       flight-recorder dumps given with the traces, and their paths (the `hang` detector reads it).
+    - `flight_recorder_only`: the run is known from its flight-recorder dumps alone (no trace,
+      manifest or snapshot): `Report.run` gives the world size their process groups name and
+      their versions, and no threshold is reported (no step was analyzed).
     """
 
     inputs: tuple[str, ...] = ()
@@ -57,6 +60,7 @@ class RunFacts:
     manifest_summary: Mapping[str, Any] = field(default_factory=dict)
     flight_recorder: HangAnalysis | None = None
     flight_recorder_inputs: tuple[str, ...] = ()
+    flight_recorder_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
     )
     detected = run_context(ctx)
 
-    thresholds = verdict.thresholds()
+    thresholds = {} if run.flight_recorder_only else verdict.thresholds()
     if multi_rank:
         thresholds.update(crossrank.thresholds())
     warnings = list(run.warnings)
@@ -152,6 +156,8 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
     backend = next((s.backend for s in summaries if s.backend), None)
     if backend:
         summary["backend"] = backend
+    if run.flight_recorder_only and run.flight_recorder is not None:
+        summary.update(_dumps_summary(run.flight_recorder))
     if run.run_dir is not None:
         summary["run_dir"] = str(run.run_dir)
     summary.update(run.manifest_summary)
@@ -167,3 +173,15 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
     if "model_facts" in summary:  # one line for the text view, which shows scalars only
         summary["facts"] = summary["model_facts"]["source"]
     return summary or None
+
+
+def _dumps_summary(analysis: HangAnalysis) -> dict[str, Any]:
+    """`Report.run` of flight-recorder dumps alone: the ranks their process groups name, the
+    dump format's and the communication library's versions."""
+    out: dict[str, Any] = {
+        "world_size": len(analysis.expected_ranks),
+        "flight_recorder_version": analysis.version,
+    }
+    if analysis.comm_lib_version:
+        out["comm_lib_version"] = analysis.comm_lib_version
+    return out

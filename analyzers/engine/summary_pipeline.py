@@ -24,6 +24,8 @@ import msgspec
 
 from zdiag.errors import InputError
 
+from ..detectors.hang_finding import dump_warnings
+from ..inputs.flight_dumps import find_dumps, read_dumps
 from ..inputs.remote_traces import is_url, list_remote_traces
 from ..rank.summary import (
     RankSummary,
@@ -33,7 +35,7 @@ from ..rank.summary import (
 )
 from ..rank.timeline import select_timelines
 from ..report import Report, StepTimeline
-from ..run import flight_recorder
+from ..run.wait_graph import analyze_dumps
 from .pipeline import (
     Progress,
     _json_bytes,
@@ -218,6 +220,26 @@ def _analyze_urls(
     )
 
 
+def _analyze_dumps_alone(dumps: list[Path], options: SummaryOptions) -> SummaryRun:
+    """Flight-recorder dumps without a profiler trace: the reduce on no rank summaries, the
+    dumps' wait graph being what the run recorded (the `hang` detector reads it). `--rank` is
+    not applied: who waits for whom needs every rank's dump."""
+    analysis = analyze_dumps(read_dumps(dumps))
+    warnings = dump_warnings(analysis)
+    if options.ranks:
+        warnings.append(
+            "--rank is not applied to flight-recorder dumps: every rank's dump is analyzed"
+        )
+    facts = RunFacts(
+        warnings=tuple(warnings),
+        flight_recorder=analysis,
+        flight_recorder_inputs=tuple(str(p) for p in dumps),
+        flight_recorder_only=True,
+    )
+    report = reduce_run([], facts).report
+    return SummaryRun(report=report, summaries=[], sources=SummarySources())
+
+
 class _ByteProgress:
     """`progress(done, total, label)` in bytes of JSON: a trace counts its size when its summary
     is found or mapped, and a trace decoded in this process moves the line batch by batch
@@ -259,10 +281,17 @@ def analyze_via_summaries(
         raise InputError(
             f"{urls[0]}: URLs and local paths cannot be mixed in one analysis; pass either."
         )
-    dumps, local_paths = flight_recorder.find_dumps(local_paths)
+    dumps, local_paths = find_dumps(local_paths)
     if dumps and not local_paths:
-        report = flight_recorder.flight_recorder_report(dumps, ranks=options.ranks)
-        return SummaryRun(report=report, summaries=[], sources=SummarySources())
+        return _analyze_dumps_alone(dumps, options)
+    return _analyze_local(local_paths, dumps, options, progress)
+
+
+def _analyze_local(
+    local_paths: list[Path], dumps: list[Path], options: SummaryOptions, progress: Progress | None
+) -> SummaryRun:
+    """The Report of local traces (and the flight-recorder `dumps` found beside them): stored
+    summaries where they match, the map for the rest, then the reduce."""
     found = discover(local_paths)
     warnings = list(found.warnings)
     manifest_map = (
@@ -345,6 +374,6 @@ def analyze_paths(
 ) -> Report:
     """The Report `zdiag analyze --no-cache` gives for `paths` (every trace decoded; no stored
     summary read or written), keeping only `ranks` when given. Flight-recorder dumps among the
-    inputs (or filling a folder) add the `hang` finding (analyzers/run/flight_recorder.py)."""
+    inputs (or filling a folder) add the `hang` finding (analyzers/run/wait_graph.py)."""
     options = SummaryOptions(use_stored=False, write_cache=False, ranks=ranks)
     return analyze_via_summaries(paths, options, progress=progress).report

@@ -19,7 +19,7 @@ from ..rank.steps import StepWindows
 from ..rank.summary import RankSummary
 from ..report import Report, StepBreakdown
 from .crossrank import CrossRankResult
-from .flight_recorder import HangAnalysis
+from .wait_graph import HangAnalysis
 
 
 @dataclass
