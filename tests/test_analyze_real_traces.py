@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from support.stages import load_run
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.events import EventKind
 from zdiag.analyzers.report import VERDICTS, Report, decode_report, encode_report
 
@@ -63,8 +64,7 @@ def _check_consistent(report: Report) -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_real_trace(name: str, real_traces: Path) -> None:
     rank, device, steps, kinds = EXPECTED[name]
-    run = load_run([real_traces / name])
-    report = analyze_run(run).report
+    report = analyze_paths([real_traces / name])
     (summary,) = report.ranks
     assert summary.rank == rank
     assert summary.device == device
@@ -86,7 +86,7 @@ def test_sampled_128_rank_job(real_traces: Path) -> None:
     run = load_run([real_traces / "hta" / "sampled_128"])
     assert [t.rank for t in run.ranks] == [0, 1]
     assert all(t.world_size == 128 for t in run.ranks)
-    report = analyze_run(run).report
+    report = analyze_paths([real_traces / "hta" / "sampled_128"])
     assert [[s.step for s in r.steps] for r in report.ranks] == [[551, 552], [551, 552]]
     assert {c.kind for c in report.collectives} >= {"all_to_all", "all_reduce", "all_gather"}
     _check_consistent(report)
@@ -124,7 +124,7 @@ def test_own_harness_samples(scenario: str) -> None:
     """The project's own FSDP2 runs (CPU/gloo, 2 ranks): steps, gloo comm, FSDP units."""
     run = load_run([SAMPLES / scenario])
     assert run.manifest is not None and run.run_dir is not None
-    report = analyze_run(run).report
+    report = analyze_paths([SAMPLES / scenario])
     assert len(report.ranks) >= 2
     assert all(r.step_source == "ProfilerStep" for r in report.ranks)
     assert all(r.device == "cpu" for r in report.ranks)

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from support.stages import Analysis, analyze_run, load_run
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.rank.collective_columns import RankCollectives
 from zdiag.analyzers.report import Finding, StepBreakdown
@@ -25,7 +25,6 @@ from zdiag.analyzers.run.crossrank import (
     straggler_stats,
 )
 from zdiag.analyzers.run.crossrank_match import match_collectives
-from zdiag.analyzers.run.run_data import Analysis
 
 STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
 LAYERS = 4  # collectives per step

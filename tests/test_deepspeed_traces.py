@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from support.stages import Analysis, analyze_run, load_run
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.rank.fsdp_ledger import (
     GATHER_FAMILY,
@@ -41,7 +41,7 @@ from zdiag.analyzers.rank.fsdp_ledger import (
     build_rank_ledger,
 )
 from zdiag.analyzers.report import Report
-from zdiag.analyzers.run.run_data import Analysis, RunData
+from zdiag.analyzers.run.run_data import RunData
 
 DATA = Path(__file__).parent / "data"
 ZERO3 = DATA / "deepspeed_zero3"

@@ -319,7 +319,7 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     import shutil
 
     from conftest import REPO_ROOT
-    from zdiag.analyzers.engine.pipeline import analyze_run
+    from support.stages import analyze_run
     from zdiag.analyzers.run.run_data import RunData
 
     sample = REPO_ROOT / "sample_traces" / "activation-oom"

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from zdiag.analyzers.engine.pipeline import analyze_run, load_run
+from support.stages import analyze_run, load_run
 from zdiag.analyzers.inputs.hta_adapter import HtaBreakdown, HtaFailed, hta_breakdown
 
 pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)

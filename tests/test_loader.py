@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.stages import load_run
 from support.traces import TraceBuilder
-from zdiag.analyzers.engine.pipeline import load_run
+from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.events import EventKind, classify, collective_kind
 from zdiag.analyzers.inputs.loader import load_rank_trace, rank_from_file_name
 from zdiag.errors import InputError
@@ -307,9 +308,8 @@ def test_memory_timeline_coalesced_format_in_a_run_dir(tmp_path: Path) -> None:
     data = json.dumps([[base + 10, base + 20, base + 30], sizes]).encode()
     (run_dir / "memory" / "rank-0.timeline.json.gz").write_bytes(gzip.compress(data))
     (run_dir / "memory" / "rank-0.oom.json").write_text("{}")
-    from zdiag.analyzers.engine.pipeline import analyze_run
 
-    report = analyze_run(load_run([run_dir])).report
+    report = analyze_paths([run_dir])
     (mem,) = report.memory
     assert mem.rank == 0 and mem.oom
     assert mem.peak_bytes == 800
@@ -331,9 +331,8 @@ def test_memory_timeline_raw_format_passed_explicitly(tmp_path: Path) -> None:
     ]
     mem_path = tmp_path / "memory_timeline.raw.gz"
     mem_path.write_bytes(gzip.compress(json.dumps(raw).encode()))
-    from zdiag.analyzers.engine.pipeline import analyze_run
 
-    report = analyze_run(load_run([trace, mem_path])).report
+    report = analyze_paths([trace, mem_path])
     (mem,) = report.memory
     assert mem.peak_bytes == 400
     # the pre-existing allocation is placed at the first real time, like torch's own plot
@@ -348,9 +347,8 @@ def test_a_bad_memory_timeline_is_a_warning(tmp_path: Path) -> None:
     trace = _small(rank=0).write(tmp_path / "trace.json")
     bad = tmp_path / "rank-0.timeline.json"
     bad.write_text('{"not": "a timeline"}')
-    from zdiag.analyzers.engine.pipeline import analyze_run
 
-    report = analyze_run(load_run([trace, bad])).report
+    report = analyze_paths([trace, bad])
     assert report.memory == []
     assert any("memory timeline skipped" in w for w in report.warnings)
 
@@ -365,26 +363,13 @@ def test_real_raw_memory_timeline(real_traces: Path) -> None:
     assert max(mem.bytes_by_category["ACTIVATION"]) > 0
 
 
-def test_parallel_load_matches_sequential_and_reports_bad_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from zdiag.analyzers.engine import pipeline
-
+def test_a_damaged_trace_among_several_is_named(tmp_path: Path) -> None:
     for r in (0, 1):
         _small(rank=r).write(tmp_path / f"rank-{r}.json.gz")
-    sequential = load_run([tmp_path])
-    monkeypatch.setattr(pipeline, "PARALLEL_MIN_BYTES", 0)
-    seen: list[tuple[int, int]] = []
-    parallel = load_run([tmp_path], progress=lambda d, t, _label: seen.append((d, t)))
-    assert [t.rank for t in parallel.ranks] == [t.rank for t in sequential.ranks]
-    assert all(
-        np.array_equal(a.ts_us, b.ts_us)
-        for a, b in zip(parallel.ranks, sequential.ranks, strict=True)
-    )
-    assert seen[-1] == (2, 2)
+    assert [t.rank for t in load_run([tmp_path]).ranks] == [0, 1]
     (tmp_path / "rank-1.json.gz").write_bytes(b"\x1f\x8b broken")
     with pytest.raises(InputError, match=r"rank-1\.json\.gz"):
-        load_run([tmp_path])
+        analyze_paths([tmp_path])
 
 
 def test_gloo_op_sizes_from_recorded_shapes(tmp_path: Path) -> None:
@@ -417,7 +402,6 @@ def test_memory_timeline_on_the_epoch_clock_is_aligned_with_base_time(tmp_path: 
     data = [[epoch_us + 50, epoch_us + 60], [[0, 10, 0, 0, 0, 0, 0, 0, 0]] * 2]
     mem_path = tmp_path / "rank-0.timeline.json"
     mem_path.write_text(json.dumps(data))
-    from zdiag.analyzers.engine.pipeline import analyze_run
 
-    (mem,) = analyze_run(load_run([trace, mem_path])).report.memory
+    (mem,) = analyze_paths([trace, mem_path]).memory
     assert mem.times_ms == [pytest.approx(0.05), pytest.approx(0.06)]

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import REPO_ROOT
 from support.ledger_traces import BLOCKS, MAIN, fsdp2_cpu_trace, write
-from zdiag.analyzers.engine.pipeline import analyze_run, load_run, run_facts
+from support.stages import analyze_run, load_run
+from zdiag.analyzers.engine.pipeline import run_facts
 from zdiag.analyzers.engine.reduce import reduce_run
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.rank.rank_analysis import RankContext, analyze_rank

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import REPO_ROOT
 from support.imports import module_imports
-from zdiag.analyzers.engine.pipeline import discover, load_run, manifest_ranks
+from support.stages import load_run
+from zdiag.analyzers.engine.pipeline import discover, manifest_ranks
 from zdiag.cli import main
 from zdiag.collectors import rundir
 from zdiag.collectors.manifest import build_manifest

@@ -1,18 +1,12 @@
-"""From paths to a Report: discover inputs, load ranks, segment steps, break down, assemble.
+"""The engine's input side: find the inputs under paths, and what the run recorded around them.
 
-Public entry points:
+`discover(paths)` finds the traces (files, run directories, folders of per-rank traces), the
+manifest, flight-recorder dumps, snapshots and memory timelines; `run_level_data` gathers what
+the run recorded beside the traces (manifest, OOM records, memory timelines, snapshots, dumps);
+`run_facts` hands it to the reduce. The one pipeline that runs the map and the reduce is
+`summary_pipeline.analyze_via_summaries` (what `zdiag analyze` runs; `analyze_paths` is it
+without stored summaries, for tests and benchmarks).
 
-- `load_run(paths, *, progress=None) -> RunData`: find the traces (files, run directories, or
-  folders of per-rank traces), decode each into a `RankTrace`, assign ranks.
-- `analyze_run(run, *, ranks=None) -> Analysis`: the map on each rank (`analyze_rank`:
-  steps, breakdown, collectives, FSDP ledger, timeline), then the reduce on their summaries
-  (`reduce_run`: cross-rank matching, detectors, the Report assembled once).
-
-What `zdiag analyze` runs, and what tests call, is `summary_pipeline.analyze_via_summaries` /
-`summary_pipeline.analyze_paths`: the same map and reduce through rank summaries. `load_run` and
-`analyze_run` remain for tests that inspect the decoded traces and per-rank analyses.
-
-`progress`, when given, is called as `progress(done, total, label)` after each file is loaded.
 Rank of a trace: `distributedInfo.rank`, else the run manifest, else the file name (rank-3,
 rank3, rank_3, _3_of_8), else 0 with a warning.
 """
@@ -21,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +37,8 @@ from ...collectors.rundir import (
     step_log_relpath,
 )
 from ..detectors.hang_finding import dump_warnings
-from ..inputs.decode_batches import auto_workers
-from ..inputs.events import RankTrace
 from ..inputs.flight_dumps import read_dumps
-from ..inputs.loader import load_rank_trace, rank_from_file_name
+from ..inputs.loader import rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
 from ..memory.snapshot_input import (
@@ -56,23 +47,17 @@ from ..memory.snapshot_input import (
     is_snapshot_file,
     load_breakdowns,
 )
-from ..rank.rank_analysis import analyze_rank
-from ..rank.summary import RankSummary, summarize
+from ..rank.summary import RankSummary
 from ..report import MemoryTimeline
-from ..run.run_data import Analysis, RunData
+from ..run.run_data import RunData
 from ..run.wait_graph import analyze_dumps
-from .reduce import RunFacts, reduce_run
+from .reduce import RunFacts
 from .summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
-from .summary_map import RunContexts, assign_rank
 
 Progress = Callable[[int, int, str], None]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
-PARALLEL_MIN_BYTES = 32 * 1024 * 1024
-"""Load files in worker processes only when there are several and they hold this much JSON
-(uncompressed): below that, starting workers costs more than it saves."""
-
 
 # --- discovering inputs ---------------------------------------------------------------------
 
@@ -261,7 +246,7 @@ def _folder_snapshots(folder: Path) -> list[Path]:
 # --- loading --------------------------------------------------------------------------------
 
 
-def _json_bytes(path: Path) -> int:
+def json_bytes(path: Path) -> int:
     """Size of the JSON text: the file size, or for gzip its trailer's ISIZE (size mod 4 GiB)."""
     try:
         size = path.stat().st_size
@@ -274,46 +259,6 @@ def _json_bytes(path: Path) -> int:
             return max(size, int.from_bytes(f.read(4), "little"))
     except OSError:
         return 0
-
-
-def _load_file(path: Path, workers: int) -> RankTrace:
-    """`load_rank_trace` with a given number of decode processes (for the per-file pool)."""
-    return load_rank_trace(path, workers=workers)
-
-
-def load_run(paths: list[Path], *, progress: Progress | None = None) -> RunData:
-    """Load every trace under `paths` (files, run directories, folders) into a RunData."""
-    found = discover([Path(p) for p in paths])
-    files, manifest, run_dir = found.traces, found.manifest, found.run_dir
-    total_bytes = sum(_json_bytes(f) for f in files)
-    traces: list[RankTrace] = []
-    if len(files) > 1 and total_bytes >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
-        workers = min(len(files), os.cpu_count() or 1)
-        # One process per file; a big file decodes in several only with the cores left over.
-        share = max(1, (os.cpu_count() or 1) // workers)
-        inner = [auto_workers(_json_bytes(f), cores=share) for f in files]
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for done, trace in enumerate(pool.map(_load_file, files, inner), start=1):
-                traces.append(trace)
-                if progress:
-                    progress(done, len(files), trace.source.name)
-    else:
-        for done, f in enumerate(files, start=1):
-            if progress:
-                progress(done - 1, len(files), f"reading {f.name}")
-            traces.append(load_rank_trace(f))
-            if progress:
-                progress(done, len(files), f.name)
-    warnings = list(found.warnings)
-    manifest_map = manifest_ranks(manifest, run_dir, warnings) if manifest and run_dir else {}
-    for t in traces:
-        assign_rank(
-            t, manifest_map.get(t.source.resolve()), manifest.world_size if manifest else None
-        )
-    traces.sort(key=lambda t: (t.rank, str(t.source)))
-    run = run_level_data(found, [t.rank for t in traces], warnings)
-    run.ranks = traces
-    return run
 
 
 def run_level_data(found: Inputs, ranks: list[int], warnings: list[str]) -> RunData:
@@ -429,39 +374,6 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
 
 
 # --- analysis -------------------------------------------------------------------------------
-
-
-def analyze_run(run: RunData, *, ranks: list[int] | None = None) -> Analysis:
-    """The map on every rank (`analyze_rank`), then the reduce on their summaries (`reduce_run`).
-
-    `ranks` keeps only those ranks (run.ranks is narrowed in place; InputError naming the ranks
-    present when one is missing). InputError when no trace holds a timed event.
-    """
-    if ranks:
-        missing = sorted(set(ranks) - {t.rank for t in run.ranks})
-        if missing:
-            have = ", ".join(str(t.rank) for t in run.ranks)
-            raise InputError(
-                f"rank(s) {', '.join(map(str, missing))} not found in the input (it has rank(s) {have}); pick one of those with --rank."
-            )
-        run.ranks = [t for t in run.ranks if t.rank in set(ranks)]
-    if run.ranks and all(len(t) == 0 for t in run.ranks):
-        names = ", ".join(str(t.source) for t in run.ranks[:3])
-        raise InputError(
-            f"{names}: the trace holds no timed events; the profiler recorded nothing (check that "
-            "its schedule reached an active step and that prof.step() is called)."
-        )
-    model, model_warnings = load_model_facts(run.run_dir)
-    contexts = RunContexts.of(run.manifest, model)
-    analyses = [analyze_rank(t, contexts.for_rank(t.rank)) for t in run.ranks]
-    summaries = [summarize(a) for a in analyses]
-    reduction = reduce_run(summaries, run_facts(run, summaries, model, model_warnings))
-    return Analysis(
-        ranks=analyses,
-        summaries=summaries,
-        crossrank=reduction.crossrank,
-        report=reduction.report,
-    )
 
 
 def load_model_facts(run_dir: Path | None) -> tuple[ModelFacts | None, list[str]]:

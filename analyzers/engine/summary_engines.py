@@ -29,7 +29,7 @@ from .summary_map import MapOutput, MapTask, map_trace
 
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 """Summarize in worker processes only when the traces hold this much JSON together: below
-that, starting workers costs more than it saves (the same bound as pipeline.load_run's)."""
+that, starting workers costs more than it saves."""
 
 Progress = Callable[[int, int, str], None]
 OnFraction = Callable[[str, float], None]

@@ -38,9 +38,9 @@ from ..report import Report, StepTimeline
 from ..run.wait_graph import analyze_dumps
 from .pipeline import (
     Progress,
-    _json_bytes,
     attach_flight_recorder,
     discover,
+    json_bytes,
     load_model_facts,
     manifest_ranks,
     run_facts,
@@ -308,7 +308,7 @@ def _analyze_local(
     missing_bytes = 0
     reads = StoredReads()
     meter = _ByteProgress(
-        progress, {str(t): _json_bytes(t) for t in found.traces} if progress else {}
+        progress, {str(t): json_bytes(t) for t in found.traces} if progress else {}
     )
     for trace in found.traces:
         manifest_rank = manifest_map.get(trace.resolve())
@@ -328,7 +328,7 @@ def _analyze_local(
             meter.done(str(trace), f"{hit.origin} {trace.name}")
             continue
         tasks.append(MapTask(str(trace), manifest_rank, contexts))
-        missing_bytes += _json_bytes(trace)
+        missing_bytes += json_bytes(trace)
     outputs: list[MapOutput] = []
     for out in options.engine.run(tasks, missing_bytes, meter.reading):
         outputs.append(out)

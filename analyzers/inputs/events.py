@@ -28,8 +28,7 @@ element counts, dtype, bytes, group size and process group when the trace says s
 
 Example (count all-gather kernels on rank 0):
 
-    run = load_run([Path("trace.json.gz")])
-    t = run.ranks[0]
+    t = load_rank_trace(Path("trace.json.gz"))  # analyzers/inputs/loader.py
     n = int((t.collectives.kind == t.collectives.kinds.index("all_gather")).sum())
 """
 

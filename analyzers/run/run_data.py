@@ -1,10 +1,9 @@
 """The loaded run and its analysis.
 
-`RunData` is everything loaded from disk (one `RankTrace` per rank, the run manifest, memory
-timelines). `Analysis` is what `pipeline.analyze_run` returns: the per-rank map's results
-(`RankAnalysis`, rank_analysis.py), their summaries (summary.py), and the reduce's results (the
-cross-rank matching and the finished `Report`, reduce.py). Nothing the map or the reduce
-computes with imports this module: it only holds their results.
+`RunData` is everything loaded from disk around the traces (the run manifest, memory
+timelines, snapshots, OOM records, flight-recorder dumps; `ranks` holds decoded `RankTrace`s
+only where a test decodes them, tests/support/stages.py). Nothing the map or the reduce
+computes with imports this module: it only holds inputs.
 """
 
 from __future__ import annotations
@@ -14,11 +13,6 @@ from pathlib import Path
 
 from ...collectors.rundir import Manifest
 from ..inputs.events import RankTrace
-from ..rank.rank_analysis import RankAnalysis
-from ..rank.steps import StepWindows
-from ..rank.summary import RankSummary
-from ..report import Report, StepBreakdown
-from .crossrank import CrossRankResult
 from .wait_graph import HangAnalysis
 
 
@@ -55,29 +49,3 @@ class RunData:
             if t.rank == rank:
                 return t
         raise KeyError(rank)
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """The analysis of a RunData (every stage's result, none written into another's).
-
-    - `ranks`: the map's result per trace, in the run's rank order
-    - `summaries`: their `RankSummary`s, what the reduce read
-    - `crossrank`: the collectives matched across ranks
-    - `report`: the Report assembled from all of the above
-    """
-
-    ranks: list[RankAnalysis]
-    summaries: list[RankSummary]
-    crossrank: CrossRankResult
-    report: Report
-
-    @property
-    def steps(self) -> dict[int, StepWindows]:
-        """rank -> its step windows."""
-        return {a.rank: a.windows for a in self.ranks}
-
-    @property
-    def breakdowns(self) -> dict[int, list[StepBreakdown]]:
-        """rank -> its step table (the Report's `ranks[*].steps`)."""
-        return {a.rank: list(a.breakdown) for a in self.ranks}
