@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from support.monitor_records import NOW, job, rec
-from zdiag.tui import monitor_state as ms
-from zdiag.tui.monitor_state import MonitorState
+from zdiag.live import state as ms
+from zdiag.live.state import MonitorState
 from zdiag.tui.monitor_text import render_summary, view_to_json
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
+from zdiag.live.history import WINDOW_STEPS
+from zdiag.live.state import RankDetail
 from zdiag.render.format import fmt_bytes, fmt_ms
 
-from .monitor_history import WINDOW_STEPS
-from .monitor_state import RankDetail
 from .monitor_text import fmt_age, job_label, shown
 
 BLOCKS = " ▁▂▃▄▅▆▇█"

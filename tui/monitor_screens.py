@@ -12,8 +12,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
+from zdiag.live.state import RankDetail
+
 from .monitor_detail import detail_lines, detail_title, step_chart
-from .monitor_state import RankDetail
 
 DetailSource = Callable[[int, str], RankDetail | None]
 """(rank, job) -> the rank's detail now, None when it is no longer tracked."""

@@ -1,6 +1,6 @@
 """What the live monitor keeps of one rank: compact, bounded step samples and its last record.
 
-Shared by the state (`monitor_state`), the live findings (`monitor_findings`) and the rank detail.
+Shared by the state (`state`), the live findings (`findings`) and the rank detail.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from ..analyzers.report import Finding
-from .monitor_history import WINDOW_STEPS, RankState
+from zdiag.analyzers.report import Finding
+from zdiag.live.history import WINDOW_STEPS, RankState
 
 STRAGGLER_RATIO = 1.25  # rank's recent median compute (else step) time vs. the job's median
 STRAGGLER_MIN_EXCESS_MS = 2.0  # ... and at least this much slower in absolute terms
