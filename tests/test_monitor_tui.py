@@ -107,7 +107,7 @@ async def test_header_table_and_findings_show_the_job() -> None:
         assert table.row_count == 16
         ids = [f.id for f in app.last_view.findings] if app.last_view else []
         assert ids == ["straggler", "memory-creep"]
-        assert "[warning] straggler" in str(app.query_one("#findings", Static).render())
+        assert "[critical] straggler" in str(app.query_one("#findings", Static).render())
     assert app.source.closed  # type: ignore[attr-defined]
 
 

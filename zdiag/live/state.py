@@ -227,7 +227,7 @@ class MonitorState:
         pid = rec.get("pid")
         last = {k: rec.get(k) for k in LAST_FIELDS}
         last["dropped"] = int(last["dropped"] or 0)
-        numbers = (recv, *sample[1:], *(last[k] for k in NUMBER_LAST_FIELDS))
+        numbers = (recv, *sample.numbers(), *(last[k] for k in NUMBER_LAST_FIELDS))
         if not all(v is None or math.isfinite(v) for v in numbers):
             raise ValueError("a non-finite number")
         ended = last["ended"]
