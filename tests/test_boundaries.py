@@ -1,8 +1,8 @@
 """The architecture's import boundaries, checked on the source (AST), not by convention.
 
 - collectors/ runs inside training: only the standard library, torch, zmq and zdiag's own
-  collectors/errors and the live stream's training side (`TRAINING_LIVE`) may be imported; that
-  side itself imports only the standard library, zmq, zdiag.errors and itself.
+  collectors/errors and the live stream's training side (`TRAINING_LIVE`) may be imported; the
+  stream (`LIVE_STREAM`) itself imports only the standard library, zmq, zdiag.errors and itself.
 - the Textual apps (tui/) only draw: the Report, the view layer and the live monitor's model.
 - analyzers/ never imports torch; only analyzers/inputs/hta_adapter.py imports hta.
 - analysis never prints or draws: no plotly/textual in analyzers/.
@@ -60,10 +60,14 @@ def test_collectors_import_only_stdlib_torch_zmq(path: Path) -> None:
     assert not bad, f"{path} imports outside the collectors' boundary: {bad}"
 
 
-@pytest.mark.parametrize("module", TRAINING_LIVE)
-def test_the_live_training_side_imports_only_stdlib_zmq_and_itself(module: str) -> None:
+LIVE_STREAM = (*TRAINING_LIVE, "zdiag.live.receiver")
+"""The stream's modules: the training side, and the receiver (its relay may run inside a rank)."""
+
+
+@pytest.mark.parametrize("module", LIVE_STREAM)
+def test_the_live_stream_imports_only_stdlib_zmq_and_itself(module: str) -> None:
     path = REPO_ROOT.joinpath(*module.split(".")).with_suffix(".py")
-    allowed = ("zdiag.errors", *TRAINING_LIVE)
+    allowed = ("zdiag.errors", *LIVE_STREAM)
     bad = training_violations(path, STDLIB | {"zmq", "__future__"}, allowed)
     assert not bad, f"{path} imports outside the training side's boundary: {bad}"
 

@@ -86,7 +86,7 @@ def test_the_live_training_side_importing_the_analysis_breaks_lint(tree: Path) -
     _append(tree / "zdiag" / "live" / "wire.py", "from zdiag.analyzers import report  # noqa")
     done = _lint(tree)
     assert done.returncode == 1
-    assert "live training side (wire, auth, publisher) imports no analysis or UI BROKEN" in (
+    assert "live stream (wire, auth, publisher, receiver) imports no analysis or UI BROKEN" in (
         done.stdout
     )
 

@@ -9,7 +9,8 @@ Training side (imported by the collectors inside every rank; only the standard l
 
 Monitor side (never imports the UI or the CLI):
 
-- `receiver`: `LiveReceiver` (the monitor's socket) and `Relay` (one node's fan-in).
+- `receiver`: `LiveReceiver` (the monitor's socket) and `Relay` (one node's fan-in, which may run
+  inside a rank: it too imports no analysis).
 - `history`: what the monitor keeps of one rank (bounded step samples).
 - `findings`: the live findings, on the analyzers' thresholds.
 - `state`: `MonitorState`, folding records into per-job views the TUI (`zdiag.tui`) only draws.
