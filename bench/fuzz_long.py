@@ -148,8 +148,8 @@ def live_case(rng: random.Random) -> int:
     """Decode 50 mutated payloads, fold the valid ones into a monitor state and render it."""
     import json as json_
 
-    from zdiag.collectors.live_wire import SCHEMA_FRAME, WireError, decode
-    from zdiag.tui.monitor_state import MonitorState
+    from zdiag.live.state import MonitorState
+    from zdiag.live.wire import SCHEMA_FRAME, WireError, decode
     from zdiag.tui.monitor_text import render_summary, view_to_json
 
     records = []

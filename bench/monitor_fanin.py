@@ -6,7 +6,7 @@
 Topology, all on 127.0.0.1: every simulated node has a `Relay` (the real class, as
 ``relay_from_env`` runs it inside a node's local-rank-0 process) and ``--ranks-per-node`` rank
 sockets connected to it, set up as a real rank's publisher sets its socket up
-(`live_wire.push_socket`, CURVE with ``--token``); the relays forward to one monitor process.
+(`wire.push_socket`, CURVE with ``--token``); the relays forward to one monitor process.
 The nodes are spread over ``--workers`` processes (each runs its nodes' relay threads and one
 loop sending for all its ranks), because the machine has only a few cores.
 
@@ -65,8 +65,8 @@ def _percentile_ms(hist: array.array[int], q: float) -> float | None:
 
 def run_monitor(token: str, start: float, seconds: float) -> dict[str, Any]:
     """The monitor process: receive, fold in, view once a second; print its port first."""
-    from zdiag.collectors.live_receive import LiveReceiver
-    from zdiag.tui.monitor_state import MonitorState
+    from zdiag.live.receiver import LiveReceiver
+    from zdiag.live.state import MonitorState
 
     rx = LiveReceiver("127.0.0.1:0", token=token)
     state = MonitorState()
@@ -133,9 +133,9 @@ def run_worker(args: argparse.Namespace, first_node: int, nodes: int, port: int)
     """One worker process: `nodes` relays and their ranks, sending on the common schedule."""
     import zmq
 
-    from zdiag.collectors.live import SEND_HWM
-    from zdiag.collectors.live_receive import Relay
-    from zdiag.collectors.live_wire import Endpoint, encode, push_socket
+    from zdiag.live.publisher import SEND_HWM
+    from zdiag.live.receiver import Relay
+    from zdiag.live.wire import Endpoint, encode, push_socket
 
     monitor = Endpoint("127.0.0.1", port)
     token = args.token.encode()

@@ -5,7 +5,7 @@
     python bench/monitor_load.py --publish-cost
 
 Each simulated rank has its own ZeroMQ PUSH socket (as a real rank's publisher has) and sends
-wire-format step records (`zdiag.collectors.live_wire.encode`) spread evenly over each period;
+wire-format step records (`zdiag.live.wire.encode`) spread evenly over each period;
 with ``--relays K`` the ranks connect to K in-process `Relay`s that forward to the target, as
 per-node relays would. With ``--spawn-monitor`` the script starts
 ``zdiag monitor --headless --json`` on the target, and reports what it saw: records received vs
@@ -35,9 +35,9 @@ from typing import Any
 
 import zmq
 
-from zdiag.collectors.live import SEND_HWM, StepPublisher
-from zdiag.collectors.live_receive import LiveReceiver, Relay
-from zdiag.collectors.live_wire import SCHEMA, encode, parse_endpoint, push_socket
+from zdiag.live.publisher import SEND_HWM, StepPublisher
+from zdiag.live.receiver import LiveReceiver, Relay
+from zdiag.live.wire import SCHEMA, encode, parse_endpoint, push_socket
 
 STRAGGLER_RANK = 7
 """The simulated rank whose steps are 30% slower (the monitor must flag it alone)."""

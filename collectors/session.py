@@ -40,6 +40,8 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
+from zdiag.live.wire import ENV_MONITOR
+
 from . import memory, memtimeline, rundir, runinfo, summary_job
 from .compile_safe import eager_or_opaque
 from .config import CollectorConfig
@@ -51,7 +53,6 @@ from .hang import (
     hang_record,
     raised_at,
 )
-from .live_wire import ENV_MONITOR
 from .manifest import hostname, process_env_info, utc_now_iso
 from .model_capture import ModelCapture
 from .nvtx import StepRanges, UnitRanges
@@ -665,7 +666,7 @@ class RankSession:
         if not os.environ.get(ENV_MONITOR):
             return
         try:
-            from .live import publisher_from_env
+            from zdiag.live.publisher import publisher_from_env
         except ImportError as exc:
             self._report(f"live metrics are off: {exc}")
             return

@@ -1,7 +1,9 @@
 """The architecture's import boundaries, checked on the source (AST), not by convention.
 
 - collectors/ runs inside training: only the standard library, torch, zmq and zdiag's own
-  collectors/errors may be imported.
+  collectors/errors and the live stream's training side (`TRAINING_LIVE`) may be imported; the
+  stream (`LIVE_STREAM`) itself imports only the standard library, zmq, zdiag.errors and itself.
+- the Textual apps (tui/) only draw: the Report, the view layer and the live monitor's model.
 - analyzers/ never imports torch; only analyzers/inputs/hta_adapter.py imports hta.
 - analysis never prints or draws: no plotly/textual in analyzers/.
 """
@@ -29,19 +31,45 @@ def _sources(folder: str) -> list[Path]:
     return sorted((REPO_ROOT / folder).rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", _sources("collectors"), ids=lambda p: p.name)
-def test_collectors_import_only_stdlib_torch_zmq(path: Path) -> None:
-    allowed_roots = STDLIB | {"torch", "zmq", "__future__"}
-    allowed_zdiag = ("zdiag.collectors", "zdiag.errors")
+TRAINING_LIVE = ("zdiag.live.wire", "zdiag.live.auth", "zdiag.live.publisher")
+"""The live modules the training side needs (the stream's format, its keys, the publisher)."""
+
+
+def training_violations(
+    path: Path, allowed_roots: set[str], allowed_zdiag: tuple[str, ...]
+) -> list[tuple[int, str]]:
+    """Imports in `path` outside `allowed_roots` (top-level names) and `allowed_zdiag` (zdiag
+    modules, with their submodules)."""
     bad = []
     for line, name in _imports(path):
         root = name.split(".")[0]
         if root == "zdiag":
-            if not (name == "zdiag" or name.startswith(allowed_zdiag)):
+            if not (
+                name == "zdiag" or any(name == a or name.startswith(a + ".") for a in allowed_zdiag)
+            ):
                 bad.append((line, name))
         elif root not in allowed_roots:
             bad.append((line, name))
+    return bad
+
+
+@pytest.mark.parametrize("path", _sources("collectors"), ids=lambda p: p.name)
+def test_collectors_import_only_stdlib_torch_zmq(path: Path) -> None:
+    allowed = ("zdiag.collectors", "zdiag.errors", *TRAINING_LIVE)
+    bad = training_violations(path, STDLIB | {"torch", "zmq", "__future__"}, allowed)
     assert not bad, f"{path} imports outside the collectors' boundary: {bad}"
+
+
+LIVE_STREAM = (*TRAINING_LIVE, "zdiag.live.receiver")
+"""The stream's modules: the training side, and the receiver (its relay may run inside a rank)."""
+
+
+@pytest.mark.parametrize("module", LIVE_STREAM)
+def test_the_live_stream_imports_only_stdlib_zmq_and_itself(module: str) -> None:
+    path = REPO_ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    allowed = ("zdiag.errors", *LIVE_STREAM)
+    bad = training_violations(path, STDLIB | {"zmq", "__future__"}, allowed)
+    assert not bad, f"{path} imports outside the training side's boundary: {bad}"
 
 
 @pytest.mark.parametrize("path", _sources("analyzers"), ids=lambda p: p.name)
@@ -89,11 +117,22 @@ LAYER_RULES: dict[str, tuple[str, ...]] = {
         "zdiag.harness",
         "zdiag.cli",
     ),
+    # the live stream and the monitor's model: the Textual app draws it, never the reverse
+    "zdiag/live": ("zdiag.tui", "zdiag.commands", "zdiag.harness", "zdiag.cli"),
 }
 """Folder -> zdiag modules its files must not import (the folder's layer sits below them)."""
 
-TUI_ALLOWED = ("zdiag.tui", "zdiag.analyzers.report", "zdiag.render", "zdiag.errors")
-"""The Textual apps see the Report (a value), the view layer and their own modules only."""
+TUI_ALLOWED = (
+    "zdiag.tui",
+    "zdiag.analyzers.report",
+    "zdiag.render",
+    "zdiag.errors",
+    "zdiag.live.state",
+    "zdiag.live.history",
+    "zdiag.live.findings",
+)
+"""The Textual apps see the Report (a value), the view layer, the live monitor's model (its views,
+and the constants they show) and their own modules only: no analysis, no sockets."""
 
 
 def layer_violations(path: Path, forbidden: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -145,6 +184,28 @@ def test_layer_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
         "zdiag.analyzers.report",
     ]
     assert tui_violations(planted) == [(2, "zdiag.analyzers.engine.pipeline")]
+
+
+def test_the_training_boundary_catches_a_live_module_beyond_the_publisher(tmp_path: Path) -> None:
+    """The collectors may import the publisher, not the monitor's receiver or its model."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from zdiag.live.publisher import publisher_from_env\n"
+        "from zdiag.live.receiver import LiveReceiver\n"
+        "import zdiag.live.state\n"
+        "import zdiag.live_wire\n"
+    )
+    allowed = ("zdiag.collectors", "zdiag.errors", *TRAINING_LIVE)
+    assert training_violations(planted, STDLIB, allowed) == [
+        (2, "zdiag.live.receiver"),
+        (3, "zdiag.live.state"),
+        (4, "zdiag.live_wire"),
+    ]
+    assert [n for _, n in tui_violations(planted)] == [
+        "zdiag.live.publisher",
+        "zdiag.live.receiver",
+        "zdiag.live_wire",
+    ]
 
 
 def test_no_test_module_imports_another() -> None:

@@ -20,15 +20,15 @@ import fuzz_inputs as fz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zdiag.collectors.live_receive import LiveReceiver
-from zdiag.collectors.live_wire import (
+from zdiag.live.receiver import LiveReceiver
+from zdiag.live.state import MonitorState
+from zdiag.live.wire import (
     RELAY_FIELDS,
     SCHEMA_FRAME,
     STEP_FIELDS,
     WireError,
     decode,
 )
-from zdiag.tui.monitor_state import MonitorState
 from zdiag.tui.monitor_text import render_summary, view_to_json
 
 FIELDS = (*STEP_FIELDS, "junk", "recv_ts")

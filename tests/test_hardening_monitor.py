@@ -18,8 +18,9 @@ import pytest
 import zmq
 
 from zdiag.cli import main
-from zdiag.collectors.live_receive import LiveReceiver, Relay
-from zdiag.collectors.live_wire import (
+from zdiag.live.receiver import LiveReceiver, Relay
+from zdiag.live.state import LAST_FIELDS, MonitorState
+from zdiag.live.wire import (
     MAX_MESSAGE_BYTES,
     SCHEMA_FRAME,
     STEP_FIELDS,
@@ -27,7 +28,6 @@ from zdiag.collectors.live_wire import (
     decode,
     encode,
 )
-from zdiag.tui.monitor_state import LAST_FIELDS, MonitorState
 from zdiag.tui.monitor_text import header_line, render_summary, spark, view_to_json
 
 NESTED_60KB = b'{"kind":"step","rank":0,"step":1,"ts":1.0,"x":' + b"[" * 30000 + b"]" * 30000 + b"}"
@@ -298,7 +298,7 @@ def test_header_shows_rejections_by_reason() -> None:
 
 
 def test_hung_in_is_a_bounded_string_or_none() -> None:
-    from zdiag.collectors.live_wire import SCHEMA_FRAME, decode
+    from zdiag.live.wire import SCHEMA_FRAME, decode
 
     base = {"kind": "step", "rank": 0, "step": 3, "ts": 1.0}
     frames = lambda obj: [SCHEMA_FRAME, b"", json.dumps(obj).encode()]  # noqa: E731
@@ -308,7 +308,7 @@ def test_hung_in_is_a_bounded_string_or_none() -> None:
 
 
 def test_end_of_run_and_last_collective_fields() -> None:
-    from zdiag.collectors.live_wire import SCHEMA_FRAME, decode
+    from zdiag.live.wire import SCHEMA_FRAME, decode
 
     base = {"kind": "step", "rank": 0, "step": 3, "ts": 1.0}
     frames = lambda obj: [SCHEMA_FRAME, b"", json.dumps(obj).encode()]  # noqa: E731

@@ -79,3 +79,21 @@ def test_a_stage_importing_a_stage_above_it_breaks_lint(tree: Path) -> None:
     done = _lint(tree)
     assert done.returncode == 1
     assert "the analysis stages: each imports only the stages below it BROKEN" in done.stdout
+
+
+def test_the_live_training_side_importing_the_analysis_breaks_lint(tree: Path) -> None:
+    # the wire is imported inside every rank: it must not pull the analysis in
+    _append(tree / "zdiag" / "live" / "wire.py", "from zdiag.analyzers import report  # noqa")
+    done = _lint(tree)
+    assert done.returncode == 1
+    assert "live stream (wire, auth, publisher, receiver) imports no analysis or UI BROKEN" in (
+        done.stdout
+    )
+
+
+def test_the_live_package_importing_the_tui_breaks_lint(tree: Path) -> None:
+    # the monitor's model is drawn by the Textual app, never the reverse
+    _append(tree / "zdiag" / "live" / "state.py", "from zdiag.tui import monitor_text  # noqa")
+    done = _lint(tree)
+    assert done.returncode == 1
+    assert "the live package never imports the UI or the CLI BROKEN" in done.stdout

@@ -15,11 +15,11 @@ import zmq
 
 from support.live import collect, record
 from support.zmtp import send_null_peer
-from zdiag.collectors import live_auth
-from zdiag.collectors.live import StepPublisher
-from zdiag.collectors.live_receive import LiveReceiver
-from zdiag.collectors.live_wire import SCHEMA_FRAME, Endpoint
 from zdiag.errors import ConfigError
+from zdiag.live import auth
+from zdiag.live.publisher import StepPublisher
+from zdiag.live.receiver import LiveReceiver
+from zdiag.live.wire import SCHEMA_FRAME, Endpoint
 
 TOKEN = "job-token-1234"
 ATTACK = [SCHEMA_FRAME, b"", *([b"x" * (200 * 1024)] * 200)]  # 200 frames x 200 KiB: 40 MiB
@@ -31,7 +31,7 @@ MIB = 1 << 20
 # received; relay: forwarded) and prints what it saw as JSON.
 RECEIVER = r"""
 import json, sys, time
-from zdiag.collectors.live_receive import LiveReceiver, Relay
+from zdiag.live.receiver import LiveReceiver, Relay
 
 def peak_kib():
     with open("/proc/self/status") as f:
@@ -109,7 +109,7 @@ def wrong_token_peer(port: int) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
-    live_auth.secure_sender(sock, b"not-the-token")
+    auth.secure_sender(sock, b"not-the-token")
     sock.connect(f"tcp://127.0.0.1:{port}")
     try:
         sock.send_multipart(ATTACK)
@@ -179,7 +179,7 @@ def test_a_publisher_whose_security_setup_fails_only_drops(monkeypatch: Any) -> 
     def no_curve(token: bytes, role: str) -> tuple[bytes, bytes]:
         raise zmq.ZMQError(zmq.ENOTSUP)
 
-    monkeypatch.setattr(live_auth, "curve_keys", no_curve)
+    monkeypatch.setattr(auth, "curve_keys", no_curve)
     pub = StepPublisher(Endpoint("127.0.0.1", 9), rank=0, host="h", token=TOKEN)
     try:
         deadline = time.monotonic() + 5
@@ -196,14 +196,14 @@ def test_a_receiver_without_curve_support_says_so(monkeypatch: Any) -> None:
     def no_curve(token: bytes, role: str) -> tuple[bytes, bytes]:
         raise zmq.ZMQError(zmq.ENOTSUP)
 
-    monkeypatch.setattr(live_auth, "curve_keys", no_curve)
+    monkeypatch.setattr(auth, "curve_keys", no_curve)
     with pytest.raises(ConfigError, match="CURVE"):
         LiveReceiver("127.0.0.1:0", token=TOKEN)
     LiveReceiver("127.0.0.1:0").close()  # without a token, no CURVE is needed
 
 
 def test_derived_keys_differ_by_token_and_role() -> None:
-    keys = {live_auth.curve_keys(t, r) for t in (b"a", b"b") for r in ("receiver", "sender")}
+    keys = {auth.curve_keys(t, r) for t in (b"a", b"b") for r in ("receiver", "sender")}
     assert len(keys) == 4
-    assert live_auth.curve_keys(b"a", "sender") == live_auth.curve_keys(b"a", "sender")
+    assert auth.curve_keys(b"a", "sender") == auth.curve_keys(b"a", "sender")
     assert all(len(public) == len(secret) == 40 for public, secret in keys)

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from support.live import finish, free_port, reap, record, start_monitor, start_rank
-from zdiag.collectors.live import StepPublisher
+from zdiag.live.publisher import StepPublisher
 
 pytestmark = pytest.mark.slow
 

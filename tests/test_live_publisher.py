@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from support.live import collect, free_port, record
-from zdiag.collectors.live import StepPublisher, publisher_from_env
-from zdiag.collectors.live_receive import LiveReceiver
-from zdiag.collectors.live_wire import encode, parse_endpoint
 from zdiag.errors import ConfigError
+from zdiag.live.publisher import StepPublisher, publisher_from_env
+from zdiag.live.receiver import LiveReceiver
+from zdiag.live.wire import encode, parse_endpoint
 
 
 def test_from_env_is_none_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from support.live import free_port, record
-from zdiag.collectors.live import StepPublisher, publisher_from_env
-from zdiag.collectors.live_receive import LiveReceiver, Relay
 from zdiag.errors import ConfigError
+from zdiag.live.publisher import StepPublisher, publisher_from_env
+from zdiag.live.receiver import LiveReceiver, Relay
 
 
 def test_relay_fans_in_ranks_and_reports_its_counters() -> None:
@@ -71,7 +71,7 @@ def test_relay_without_monitor_drops_and_counts() -> None:
 
 
 def test_relay_from_env_in_local_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zdiag.collectors.live_receive import relay_from_env
+    from zdiag.live.receiver import relay_from_env
 
     relay_at = f"127.0.0.1:{free_port()}"
     monitor = LiveReceiver("127.0.0.1:0")

@@ -6,8 +6,11 @@ import json
 from typing import Any
 
 from support.monitor_records import NOW, job, rec
-from zdiag.tui import monitor_state as ms
-from zdiag.tui.monitor_state import MonitorState
+from zdiag.analyzers.detectors import comm_bound as comm_bound_rule
+from zdiag.analyzers.rank import verdict
+from zdiag.analyzers.run import crossrank
+from zdiag.live import state as ms
+from zdiag.live.state import MonitorState
 from zdiag.tui.monitor_text import render_summary, view_to_json
 
 
@@ -30,6 +33,9 @@ def test_straggler_uses_compute_time_when_sent() -> None:
     (finding,) = view.findings
     assert finding.id == "straggler" and finding.ranks == [5]
     assert finding.evidence["metric"] == "compute_ms"
+    assert finding.evidence["others_median_ms"] == {"5": 70.0}
+    assert finding.expected_gain_ms == 25.0  # what the others wait for it, per step
+    assert finding.severity == "critical"  # 25 ms is >= 10% of the 100 ms step
     assert [r.status for r in view.rows if r.rank == 5] == ["straggler"]
 
 
@@ -44,17 +50,88 @@ def test_straggler_falls_back_to_step_time() -> None:
     assert finding.evidence["metric"] == "step_time_ms"
 
 
-def test_memory_creep_and_comm_bound() -> None:
+def _straggler(compute_ms: float, *, one_cpu_host: bool = False, ranks: int = 8) -> Any:
+    """The straggler finding (or None) of a job whose rank 1 computes `compute_ms` per 100 ms
+    step, the others 70 ms; `one_cpu_host`: every rank on one host, sending process RSS."""
+    records = job(ranks=ranks, r1={"compute_ms": compute_ms})
+    if one_cpu_host:
+        records = [dict(r, host="node0", mem_source="process") for r in records]
+    state = MonitorState()
+    state.ingest(records, NOW)
+    return next((f for f in state.view(NOW).findings if f.id == "straggler"), None)
+
+
+def test_straggler_is_judged_on_the_analyzers_thresholds() -> None:
+    """1 + UNEVEN_WORK_SHARE times the others' median, an excess of at least
+    STRAGGLER_MIN_GAIN_SHARE of the step, critical from STRAGGLER_CRITICAL_GAIN_SHARE."""
+    others, step = 70.0, 100.0
+    at_ratio = (1 + crossrank.UNEVEN_WORK_SHARE) * others
+    assert at_ratio - others >= crossrank.STRAGGLER_MIN_GAIN_SHARE * step  # the ratio decides
+    assert _straggler(at_ratio * 0.999) is None
+    found = _straggler(at_ratio)
+    assert found is not None and found.ranks == [1] and found.severity == "warning"
+    assert found.evidence["min_excess_share"] == crossrank.UNEVEN_WORK_SHARE
+    assert found.evidence["min_gain_ms_per_step"] == crossrank.STRAGGLER_MIN_GAIN_SHARE * step
+    critical = others + crossrank.STRAGGLER_CRITICAL_GAIN_SHARE * step
+    assert _straggler(critical - 0.5).severity == "warning"
+    assert _straggler(critical + 0.5).severity == "critical"
+    # two ranks: the straggler is compared with the other rank, not with a median it is part of
+    two = _straggler(at_ratio, ranks=2)
+    assert two is not None and two.ranks == [1]
+
+
+def test_straggler_on_one_shared_cpu_host_needs_the_analyzers_larger_gain() -> None:
+    """Ranks on the CPUs of one host compete for its cores: STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE
+    of the step, and never critical (as `zdiag analyze` judges them)."""
+    others, step = 70.0, 100.0
+    needed = others + crossrank.STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE * step
+    assert _straggler(needed - 0.5, one_cpu_host=True) is None
+    assert _straggler(needed - 0.5) is not None  # on GPUs or several hosts it is one
+    found = _straggler(needed + 0.5, one_cpu_host=True)
+    assert found is not None and found.severity == "warning" and found.evidence["shared_cpu_host"]
+
+
+def test_memory_creep() -> None:
     state = MonitorState()
     grow = {"mem_allocated_bytes": lambda s: float(2 << 30) + s * 64 * 2**20}
-    state.ingest(job(r1=grow, r3={"comm_ms": 90.0, "compute_ms": 70.0}), NOW)
+    state.ingest(job(r1=grow), NOW)
     found = {f.id: f for f in state.view(NOW).findings}
-    assert set(found) == {"memory-creep", "comm-bound"}
+    assert set(found) == {"memory-creep"}
     assert found["memory-creep"].ranks == [1]
     assert found["memory-creep"].evidence["bytes_per_step"]["1"] == 64 * 2**20
-    assert found["comm-bound"].ranks == [3]
     assert state.detail(1, NOW) is not None
     assert state.detail(1, NOW).mem_creep_bytes_per_step == 64 * 2**20  # type: ignore[union-attr]
+
+
+def _comm_bound(bound_ranks: int, **split: float) -> Any:
+    """The comm-bound finding (or None) of 8 ranks with 100 ms steps, `bound_ranks` of them with
+    the `split` (compute_ms, comm_ms, exposed_comm_ms), the others with the healthy default."""
+    state = MonitorState()
+    overrides: dict[str, Any] = {f"r{r}": dict(split) for r in range(bound_ranks)}
+    state.ingest(job(**overrides), NOW)
+    return next((f for f in state.view(NOW).findings if f.id == "comm-bound"), None)
+
+
+def test_comm_bound_follows_the_analyzers_step_verdict_and_step_share() -> None:
+    """A step is comm-bound by `verdict.decide` (comm >= COMM_BOUND_COMM_TO_COMPUTE x compute,
+    exposed >= MIN_EXPOSED_FRACTION of the step, idle under HOST_BOUND_IDLE_FRACTION); the job when
+    COMM_BOUND_STEP_SHARE of the recent steps, all ranks together, are."""
+    compute, step = 70.0, 100.0
+    comm = verdict.COMM_BOUND_COMM_TO_COMPUTE * compute
+    exposed = verdict.MIN_EXPOSED_FRACTION * step
+    half = round(8 * comm_bound_rule.COMM_BOUND_STEP_SHARE)
+    bound = {"compute_ms": compute, "comm_ms": comm, "exposed_comm_ms": exposed}
+    found = _comm_bound(half, **bound)
+    assert found is not None and found.ranks == list(range(half))
+    assert found.evidence["comm_bound_steps"] == half * 10 and found.evidence["steps"] == 80
+    assert found.evidence["threshold_step_share"] == comm_bound_rule.COMM_BOUND_STEP_SHARE
+    assert _comm_bound(half - 1, **bound) is None  # a minority of the steps
+    assert _comm_bound(8, **{**bound, "comm_ms": comm * 0.99}) is None  # compute can hide it
+    assert _comm_bound(8, **{**bound, "exposed_comm_ms": exposed * 0.99}) is None  # it is hidden
+    idle = verdict.HOST_BOUND_IDLE_FRACTION * step
+    host_bound = {**bound, "compute_ms": step - exposed - idle, "comm_ms": step}
+    assert _comm_bound(8, **host_bound) is None  # host-bound first, as the analyzers decide
+    assert _comm_bound(8, **{**host_bound, "compute_ms": host_bound["compute_ms"] + 1}) is not None
 
 
 def test_memory_creep_ignores_warm_up_and_a_noisy_plateau() -> None:

@@ -107,7 +107,7 @@ async def test_header_table_and_findings_show_the_job() -> None:
         assert table.row_count == 16
         ids = [f.id for f in app.last_view.findings] if app.last_view else []
         assert ids == ["straggler", "memory-creep"]
-        assert "[warning] straggler" in str(app.query_one("#findings", Static).render())
+        assert "[critical] straggler" in str(app.query_one("#findings", Static).render())
     assert app.source.closed  # type: ignore[attr-defined]
 
 
@@ -180,8 +180,8 @@ async def test_a_failing_source_does_not_crash_the_app() -> None:
 
 
 async def test_app_on_a_real_receiver_follows_a_real_publisher() -> None:
-    from zdiag.collectors.live import StepPublisher
-    from zdiag.collectors.live_receive import LiveReceiver
+    from zdiag.live.publisher import StepPublisher
+    from zdiag.live.receiver import LiveReceiver
 
     receiver = LiveReceiver("127.0.0.1:0")
     app = MonitorApp(receiver, poll_interval_s=0.05, refresh_interval_s=0.1)

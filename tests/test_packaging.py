@@ -41,7 +41,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
     roots = {n.split("/")[0] for n in names}
     dist_info = {r for r in roots if r.endswith(".dist-info")}
     assert roots - dist_info == {"zdiag"}, roots
-    for sub in ("collectors", "analyzers", "tui", "commands"):
+    for sub in ("collectors", "analyzers", "tui", "commands", "live"):
         assert f"zdiag/{sub}/__init__.py" in names
     assert not any(n.startswith(("tests/", "bench/", "sample_traces/")) for n in names)
 

@@ -286,7 +286,7 @@ def test_exit_code_and_exceptions_pass_through(tmp_path: Path) -> None:
 
 
 def test_monitor_receives_live_step_records(tmp_path: Path) -> None:
-    live_receive = pytest.importorskip("zdiag.collectors.live_receive")
+    live_receive = pytest.importorskip("zdiag.live.receiver")
     receiver = live_receive.LiveReceiver("127.0.0.1:0")
     try:
         out = tmp_path / "run"

@@ -20,8 +20,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
-from .monitor_screens import HelpScreen, RankScreen
-from .monitor_state import (
+from zdiag.live.state import (
     Clock,
     MonitorSource,
     MonitorState,
@@ -29,6 +28,8 @@ from .monitor_state import (
     RankDetail,
     RankRow,
 )
+
+from .monitor_screens import HelpScreen, RankScreen
 from .monitor_text import (
     COLUMNS,
     STATUS_ORDER,

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 
+from zdiag.live.findings import PROCESS_MEMORY
+from zdiag.live.history import WINDOW_STEPS
+from zdiag.live.state import RankDetail
 from zdiag.render.format import fmt_bytes, fmt_ms
 
-from .monitor_history import WINDOW_STEPS
-from .monitor_state import RankDetail
 from .monitor_text import fmt_age, job_label, shown
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -85,7 +86,7 @@ def detail_lines(d: RankDetail) -> list[str]:
 
 def _creep(d: RankDetail) -> str:
     """What the memory-creep rule says of the rank."""
-    if d.mem_source == "process":
+    if d.mem_source == PROCESS_MEMORY:
         return "process RSS: creep not judged"
     if d.mem_creep_bytes_per_step is None:
         return "not creeping"

@@ -12,15 +12,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
+from zdiag.live.state import GONE_AFTER_S, GONE_STEPS, STALE_AFTER_S, STALE_STEPS, RankDetail
+
 from .monitor_detail import detail_lines, detail_title, step_chart
-from .monitor_state import RankDetail
 
 DetailSource = Callable[[int, str], RankDetail | None]
 """(rank, job) -> the rank's detail now, None when it is no longer tracked."""
 
 CHART_ROWS = 8
 
-HELP_TEXT = """\
+HELP_TEXT = f"""\
 zdiag monitor: keys
 
   Enter  open the selected rank: step history, compute/comm/idle
@@ -32,8 +33,8 @@ zdiag monitor: keys
   ?      this help                    q, Ctrl-C  quit
 
 Click a column header to sort by it; by default the slowest step
-time is first. Statuses: ok, straggler, stale (no record for 5 s
-or 3 steps), gone (30 s or 10 steps), hung (the rank's watchdog
+time is first. Statuses: ok, straggler, stale (no record for {STALE_AFTER_S:g} s
+or {STALE_STEPS:g} steps), gone ({GONE_AFTER_S:g} s or {GONE_STEPS:g} steps), hung (the rank's watchdog
 says where), finished / failed (the rank ended).
 
 Esc, q or ? closes this help."""

@@ -17,10 +17,9 @@ from typing import Any
 
 import msgspec
 
+from zdiag.live.state import MonitorView, RankRow
 from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.render.printable import printable
-
-from .monitor_state import MonitorView, RankRow
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 STATUS_ORDER = {  # worst first

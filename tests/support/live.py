@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from zdiag.collectors.live_receive import LiveReceiver
+from zdiag.live.receiver import LiveReceiver
 
 
 def record(rank: int = 0, step: int = 0, host: str = "node0") -> dict[str, Any]:
@@ -45,7 +45,7 @@ def free_port() -> int:
 
 RANK = r"""
 import json, os, sys, time
-from zdiag.collectors.live import publisher_from_env
+from zdiag.live.publisher import publisher_from_env
 rank, steps, dt = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 pub = publisher_from_env(rank, "node0")
 costs = []

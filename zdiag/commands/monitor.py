@@ -22,8 +22,8 @@ import time
 from types import FrameType
 from typing import Any
 
-from zdiag.collectors.live_wire import ENV_TOKEN
 from zdiag.errors import ConfigError, UserError
+from zdiag.live.wire import ENV_TOKEN
 
 DEFAULT_LISTEN = "127.0.0.1:5577"
 
@@ -119,7 +119,7 @@ class MonitorCommand:
             return self._relay(args, token)
         if args.forward:
             raise ConfigError("--forward is only for --relay.")
-        from zdiag.collectors.live_receive import LiveReceiver
+        from zdiag.live.receiver import LiveReceiver
 
         receiver = LiveReceiver(args.listen, token=token)
         if args.headless:
@@ -134,7 +134,7 @@ class MonitorCommand:
         return 0
 
     def _headless(self, receiver: Any, args: argparse.Namespace) -> int:
-        from zdiag.tui.monitor_state import MonitorState
+        from zdiag.live.state import MonitorState
 
         duration = args.duration if args.duration is not None else 10.0
         stop = _Stop()
@@ -188,7 +188,7 @@ class MonitorCommand:
             print(render_summary(view, source=f"listening on {receiver.endpoint}"), flush=True)
 
     def _relay(self, args: argparse.Namespace, token: str) -> int:
-        from zdiag.collectors.live_receive import Relay
+        from zdiag.live.receiver import Relay
 
         relay = Relay(args.listen, args.forward, token=token)
         previous = signal.signal(signal.SIGTERM, lambda s, f: relay.stop(timeout_s=0))

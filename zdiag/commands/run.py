@@ -34,7 +34,6 @@ from zdiag.collectors.config import (
     parse_profile_steps,
 )
 from zdiag.collectors.fsio import write_json_atomically
-from zdiag.collectors.live_wire import ENV_JOB, ENV_MONITOR
 from zdiag.collectors.manifest import build_manifest, merge_manifest, utc_now_iso
 from zdiag.collectors.rundir import (
     MANIFEST,
@@ -49,6 +48,7 @@ from zdiag.collectors.rundir import (
     step_log_relpath,
 )
 from zdiag.errors import ConfigError, InputError
+from zdiag.live.wire import ENV_JOB, ENV_MONITOR
 
 BOOTSTRAP_MODULE = "zdiag.collectors.bootstrap"
 HARNESS_MODULE = "zdiag.harness"

@@ -15,7 +15,7 @@ Guarantees, for the training step:
   running drop count, so the monitor shows what was lost.
 - memory is bounded: ``queue_size`` records here plus ``SEND_HWM`` messages inside zmq, and
   zmq's ``IMMEDIATE`` option keeps nothing queued for a peer that is not connected.
-- zmq reconnects by itself (`live_wire.push_socket`: every ``RECONNECT_IVL_MS``, backing off),
+- zmq reconnects by itself (`wire.push_socket`: every ``RECONNECT_IVL_MS``, backing off),
   so a monitor that starts late, or is killed and restarted, just starts receiving.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import zmq
 
-from .live_wire import (
+from zdiag.live.wire import (
     ENV_JOB,
     ENV_MONITOR,
     ENV_TOKEN,

@@ -1,10 +1,10 @@
-"""The live monitor's model: pure logic, no Textual, no sockets (the TUI and headless mode share it).
+"""The live monitor's model: pure logic, no Textual, no sockets (the TUI and headless mode draw it).
 
-`MonitorState.ingest(records, now)` folds step records (from `zdiag.collectors.live_receive`, or
+`MonitorState.ingest(records, now)` folds step records (from `zdiag.live.receiver`, or
 a fake source in tests) into bounded per-job, per-rank histories; `MonitorState.view(now, job)`
 returns an immutable `MonitorView` of one job (the most recently active one unless named): the
 header figures, one `RankRow` per rank with its status, and live `Finding`s
-(`tui/monitor_findings.py`). `MonitorState.detail(rank, now, job)` is one rank's `RankDetail`.
+(`zdiag.live.findings`). `MonitorState.detail(rank, now, job)` is one rank's `RankDetail`.
 Time is always passed in, so tests freeze it.
 
 Findings look at the ranks still reporting and the ones that finished; once no rank of the job
@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..analyzers.report import Finding
-from .monitor_findings import comm_bound, floor_growth_per_step, memory_creep, stragglers
-from .monitor_history import (
+from zdiag.analyzers.report import Finding
+from zdiag.live.findings import comm_bound, floor_growth_per_step, memory_creep, stragglers
+from zdiag.live.history import (
     HISTORY_STEPS,
     LAST_FIELDS,
     NUMBER_LAST_FIELDS,
@@ -207,7 +207,7 @@ class MonitorState:
         """Fold decoded records in (``recv_ts`` defaults to `now`).
 
         A record that cannot be folded in (a source that does not decode into
-        `live_wire.decode`'s schema) is counted in `unusable_records` and skipped; the others of
+        `wire.decode`'s schema) is counted in `unusable_records` and skipped; the others of
         the batch are not affected.
         """
         for rec in records:
@@ -227,7 +227,7 @@ class MonitorState:
         pid = rec.get("pid")
         last = {k: rec.get(k) for k in LAST_FIELDS}
         last["dropped"] = int(last["dropped"] or 0)
-        numbers = (recv, *sample[1:], *(last[k] for k in NUMBER_LAST_FIELDS))
+        numbers = (recv, *sample.numbers(), *(last[k] for k in NUMBER_LAST_FIELDS))
         if not all(v is None or math.isfinite(v) for v in numbers):
             raise ValueError("a non-finite number")
         ended = last["ended"]

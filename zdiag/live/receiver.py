@@ -1,12 +1,12 @@
 """The receiving end of the live stream: the monitor's receiver and the per-node relay.
 
 `LiveReceiver` binds a ZeroMQ PULL socket, checks each message's token and schema, and returns
-records decoded into the fixed schema of `live_wire.decode`, stamped with their receive time.
+records decoded into the fixed schema of `wire.decode`, stamped with their receive time.
 Every refused message is counted by reason (`rejections`: handshake, token, schema, oversize,
-json, nested, field, range; see `live_wire.REJECT_REASONS`), and one bad message costs only
+json, nested, field, range; see `wire.REJECT_REASONS`), and one bad message costs only
 itself. Binding anywhere but loopback requires a token.
 
-Peers authenticate before they can send (`live_auth`): with a token, a peer that does not hold it
+Peers authenticate before they can send (`auth`): with a token, a peer that does not hold it
 fails the CURVE handshake and zmq takes no message frame from it (counted "handshake"), so it
 cannot make zmq buffer anything; without a token only this machine's processes can connect.
 
@@ -37,9 +37,8 @@ from typing import Any
 import zmq
 
 from zdiag.errors import ConfigError
-
-from .live_auth import HandshakeGuard
-from .live_wire import (
+from zdiag.live.auth import HandshakeGuard
+from zdiag.live.wire import (
     ENV_MONITOR,
     ENV_TOKEN,
     MAX_FRAME_BYTES,

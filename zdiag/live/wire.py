@@ -5,7 +5,7 @@ One message is three ZeroMQ frames: ``[SCHEMA, token, payload]``.
 - ``SCHEMA`` is ``b"zdiag.live/1"``. New record fields may be added; none is renamed or removed.
 - ``token`` is the shared secret (``ZDIAG_MONITOR_TOKEN``), empty when none is set. With a
   token, peers also authenticate at the connection's handshake with CURVE keys derived from it
-  (`live_auth`), so a peer without it delivers no frame at all, and the stream is encrypted.
+  (`auth`), so a peer without it delivers no frame at all, and the stream is encrypted.
 - ``payload`` is one JSON object. A step record carries ``kind="step"``, ``rank``, ``host``,
   ``step``, ``step_time_ms``, ``mem_allocated_bytes``, ``mem_reserved_bytes``, ``mem_peak_bytes``,
   ``samples_per_s``, optionally ``compute_ms``, ``comm_ms``, ``exposed_comm_ms``, and the publisher
@@ -137,11 +137,11 @@ def push_socket(
     nothing is queued for a peer that is not connected (``IMMEDIATE``: a connection counts once
     its handshake succeeded), and zmq reconnects by itself every ``RECONNECT_IVL_MS`` (backing
     off to ``RECONNECT_IVL_MAX_MS``). With a `token` it authenticates with the CURVE keys
-    derived from it (`live_auth`); a receiver with another token, or none, refuses the handshake.
+    derived from it (`auth`); a receiver with another token, or none, refuses the handshake.
     """
     import zmq
 
-    from .live_auth import secure_sender
+    from zdiag.live.auth import secure_sender
 
     sock = ctx.socket(zmq.PUSH)
     secure_sender(sock, token)
