@@ -21,7 +21,8 @@ built on first access. Kept keys: External id, correlation, Collective name, In/
 dtype, Group size, Process Group Name/Description/Ranks, Input Dims, Input type (ask for
 more in loader._Args: every key is a field there, and each costs memory on huge traces).
 
-`collectives` is one row per communication event that counts as device communication (comm
+`collectives` (built by the map, `rank.collective_table.collectives_of`, not by the reader) is
+one row per communication event that counts as device communication (comm
 kernels on GPU runs; `gloo:*`/`nccl:*` ops on host-only runs) with its collective kind
 (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`, `broadcast`, `send_recv`, ...),
 element counts, dtype, bytes, group size and process group when the trace says so.
@@ -30,7 +31,8 @@ Example (count all-gather kernels on rank 0):
 
     run = load_run([Path("trace.json.gz")])
     t = run.ranks[0]
-    n = int((t.collectives.kind == t.collectives.kinds.index("all_gather")).sum())
+    c = collectives_of(t)
+    n = int((c.kind == c.kinds.index("all_gather")).sum())
 """
 
 from __future__ import annotations
@@ -190,7 +192,9 @@ class RankTrace:
     correlation: IntArray
     external_id: IntArray
     args: Mapping[int, dict[str, Any]] = field(default_factory=dict)
-    collectives: Collectives = field(default_factory=Collectives.empty)
+    # The map's table of communication events (`rank.collective_table.collectives_of` builds it
+    # on first use; the reader leaves it None).
+    collectives: Collectives | None = None
     distributed_info: dict[str, Any] | None = None
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     host: str | None = None

@@ -35,7 +35,6 @@ import numpy as np
 
 from zdiag.errors import InputError
 
-from .collectives import build_collectives
 from .decode_batches import (
     BATCH_EVENTS,
     Buffer,
@@ -714,7 +713,6 @@ def build_rank_trace(cols: _Columns, header: TraceHeader, path: Path) -> RankTra
         memory_events=MemoryEvents.of_rows(cols.memory) if cols.memory else None,
     )
     trace.device = _device_kind(trace)
-    trace.collectives = build_collectives(trace)
     return trace
 
 

@@ -41,11 +41,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ..frameworks import deepspeed, fsdp1, fsdp2
-from ..inputs.collectives import input_dtype, input_tensors
 from ..inputs.events import EventKind, RankTrace, collective_kind, dtype_size
 from ..report import FsdpUnit
 from . import intervals
 from .breakdown import ActivitySets
+from .collective_table import collectives_of, input_dtype, input_tensors
 
 # Framework labels and ZeRO-3's autograd Functions: analyzers/frameworks/ (one module each).
 _FSDP2_RE = fsdp2.LABEL_RE
@@ -270,7 +270,7 @@ def _message(
     an all-gather is known (the list form `c10d::allgather_`, or `gloo:all_gather`) it is the
     shard: times the group size. A gloo run without `record_shapes` records none of these.
     """
-    coll = trace.collectives
+    coll = collectives_of(trace)
     group = int(coll.group_size[row]) if row is not None else 0
     group = group if group > 0 else (trace.world_size or 1)
     row_dt = coll.dtype[row] if row is not None else ""
@@ -359,7 +359,7 @@ def build_rank_ledger(
     if not issues:
         return ledger
     execs = _executions(trace, issues)
-    coll_row = {int(e): j for j, e in enumerate(trace.collectives.event)}
+    coll_row = {int(e): j for j, e in enumerate(collectives_of(trace).event)}
     if trace.has_device_events:
         pairing = _pair_by_correlation(trace, issues, execs)
     else:
@@ -414,8 +414,8 @@ def _executions(trace: RankTrace, issues: list[int]) -> list[int]:
 def _exec_kind(trace: RankTrace, coll_row: dict[int, int], e: int) -> str:
     """The collective kind of an execution (its collectives-table row, else its name)."""
     j = coll_row.get(e)
-    if j is not None and trace.collectives.kind_name(j) != "unknown":
-        return trace.collectives.kind_name(j)
+    if j is not None and collectives_of(trace).kind_name(j) != "unknown":
+        return collectives_of(trace).kind_name(j)
     return collective_kind(trace.name(e))
 
 

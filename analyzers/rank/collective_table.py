@@ -1,5 +1,7 @@
-"""The communication events of a rank as a table (`RankTrace.collectives`).
+"""The communication events of a rank as a table (`collectives_of(trace)`), built by the map.
 
+The reader (`inputs/loader.py`) returns events only; this table is derived from them on first
+use and kept on the trace (`RankTrace.collectives`) so every part of the map reads the same one.
 Which events count (comm kernels on GPU runs; backend ops such as `gloo:*` on host-only runs),
 and their collective kind, element counts, bytes, dtype, group size and process group, from
 whatever the trace records (see `build_collectives`).
@@ -16,7 +18,7 @@ import numpy as np
 
 from zdiag.errors import InputError
 
-from .events import (
+from ..inputs.events import (
     COLLECTIVE_KINDS,
     Collectives,
     EnclosingIndex,
@@ -55,6 +57,14 @@ def _has_collective_name(trace: RankTrace) -> Callable[[int], bool]:
     if callable(value):
         return lambda i: value(i, "Collective name") is not None
     return lambda i: "Collective name" in args.get(i, {})
+
+
+def collectives_of(trace: RankTrace) -> Collectives:
+    """The rank's collectives table (`build_collectives`), built on first use and kept on the
+    trace."""
+    if trace.collectives is None:
+        trace.collectives = build_collectives(trace)
+    return trace.collectives
 
 
 def build_collectives(trace: RankTrace) -> Collectives:
