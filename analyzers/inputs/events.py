@@ -19,7 +19,7 @@ ops, `record_param_comms`, `nccl:*`/`gloo:*`/`c10d::*` ops, `FSDP::*` / `Profile
 annotations); look it up with `trace.args.get(i, {})`. It is a read-only Mapping whose dicts are
 built on first access. Kept keys: External id, correlation, Collective name, In/Out msg nelems,
 dtype, Group size, Process Group Name/Description/Ranks, Input Dims, Input type (ask for
-more in loader._Args: every key is a field there, and each costs memory on huge traces).
+more in kineto_batches.EventArgs: every key is a field there, and each costs memory on huge traces).
 
 `collectives` (built by the map, `rank.collective_table.collectives_of`, not by the reader) is
 one row per communication event that counts as device communication (comm
