@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zdiag.analyzers.memory.memory_snapshot import _PlainUnpickler
+from zdiag.analyzers.inputs.plain_pickle import PlainUnpickler
 from zdiag.analyzers.run import flight_recorder as fr
 
 
@@ -34,7 +34,7 @@ def _raw_details(folder: Path) -> tuple[dict[str, dict[str, Any]], str]:
         if not dump.readable:
             continue  # torch's loader would raise on it
         with path.open("rb") as f:
-            raw = _PlainUnpickler(f).load()
+            raw = PlainUnpickler(f).load()
         details[path.name] = {
             "host_name": f"host_rank{dump.rank}",
             "rank": dump.rank,

@@ -28,17 +28,12 @@ import fuzz_inputs as fz
 import pytest
 
 from support.snapshots import generate_snapshot
+from zdiag.analyzers.inputs import plain_pickle as pp
+from zdiag.analyzers.inputs.cuda_snapshot import MAX_DEVICE_BYTES, MAX_STACK_FRAMES, read_snapshot
+from zdiag.analyzers.inputs.plain_pickle import PickleTimeError, PlainUnpickler, memory_budget
 from zdiag.analyzers.inputs.safe_read import use_limits
-from zdiag.analyzers.memory import memory_snapshot as ms
 from zdiag.analyzers.memory import snapshot_breakdown as sb
-from zdiag.analyzers.memory.memory_snapshot import (
-    MAX_STACK_FRAMES,
-    PickleTimeError,
-    _PlainUnpickler,
-    memory_budget,
-    read_snapshot,
-    summarize_snapshot,
-)
+from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
 from zdiag.analyzers.memory.snapshot_breakdown import (
     MAX_LABEL_CHARS,
     MAX_MODULE_DEPTH,
@@ -132,7 +127,7 @@ def write(tmp_path: Path, doc: Any, name: str = "rank-0.pickle") -> Path:
 
 
 needs_fork = pytest.mark.skipif(
-    not ms.fork_available(), reason="the time bound on a snapshot needs a forked child"
+    not pp.fork_available(), reason="the time bound on a snapshot needs a forked child"
 )
 
 
@@ -190,13 +185,13 @@ def test_the_item_cap_skips_a_snapshot_with_a_warning(
 
 def test_memory_budget_is_per_byte_with_a_fixed_cap() -> None:
     small = memory_budget(10 * MIB)
-    assert small == ms.PICKLE_MEMORY_BASE_BYTES + ms.PICKLE_MEMORY_PER_BYTE * 10 * MIB
+    assert small == pp.PICKLE_MEMORY_BASE_BYTES + pp.PICKLE_MEMORY_PER_BYTE * 10 * MIB
     huge = memory_budget(100 << 30)
-    assert huge <= ms.PICKLE_MEMORY_MAX_BYTES
-    assert huge < ms.PICKLE_MEMORY_PER_BYTE * (100 << 30)
+    assert huge <= pp.PICKLE_MEMORY_MAX_BYTES
+    assert huge < pp.PICKLE_MEMORY_PER_BYTE * (100 << 30)
     with use_limits(max_bytes=200 << 30):  # the user vouches for the input: per byte only
         assert memory_budget(100 << 30) == (
-            ms.PICKLE_MEMORY_BASE_BYTES + ms.PICKLE_MEMORY_PER_BYTE * (100 << 30)
+            pp.PICKLE_MEMORY_BASE_BYTES + pp.PICKLE_MEMORY_PER_BYTE * (100 << 30)
         )
 
 
@@ -208,13 +203,13 @@ def test_a_load_beyond_the_memory_budget_is_refused(tmp_path: Path) -> None:
     path.write_bytes(dup_frames_snapshot(4 * MIB))  # a 32 MiB list from a 4 MiB pickle
     code = f"""
         import io
-        from zdiag.analyzers.memory import memory_snapshot as ms
-        ms.PICKLE_MEMORY_BASE_BYTES = 8 * 2**20
-        ms.PICKLE_MEMORY_PER_BYTE = 1
+        from zdiag.analyzers.inputs import plain_pickle as pp
+        pp.PICKLE_MEMORY_BASE_BYTES = 8 * 2**20
+        pp.PICKLE_MEMORY_PER_BYTE = 1
         try:
-            ms._PlainUnpickler(io.BytesIO(open({str(path)!r}, "rb").read())).load()
+            pp.PlainUnpickler(io.BytesIO(open({str(path)!r}, "rb").read())).load()
             print("loaded")
-        except ms.PickleMemoryError as exc:
+        except pp.PickleMemoryError as exc:
             print("refused:", exc)
     """
     proc = subprocess.run(
@@ -230,9 +225,9 @@ def test_a_load_beyond_the_memory_budget_is_refused(tmp_path: Path) -> None:
 def test_an_in_process_load_stops_at_its_deadline() -> None:
     data = pickle.dumps(generate_snapshot(layers=2, steps=1), protocol=4)
     with pytest.raises(PickleTimeError, match="longer than 0 s"):
-        _PlainUnpickler(io.BytesIO(data), seconds=0.0).load()
+        PlainUnpickler(io.BytesIO(data), seconds=0.0).load()
     # the flight-recorder reader's call: no keyword, default deadline, same result
-    assert _PlainUnpickler(io.BytesIO(data)).load() == pickle.loads(data)
+    assert PlainUnpickler(io.BytesIO(data)).load() == pickle.loads(data)
 
 
 @needs_fork
@@ -241,7 +236,7 @@ def test_a_tuple_hash_bomb_is_stopped_at_the_time_bound(
 ) -> None:
     """A 300-byte pickle whose dict key hashes 2**45 items (days): killed after the bound."""
     path = write(tmp_path, tuple_hash_bomb(45))
-    monkeypatch.setattr(ms, "MAX_SNAPSHOT_SECONDS", 1.0)
+    monkeypatch.setattr(pp, "MAX_SNAPSHOT_SECONDS", 1.0)
     # the only input and unreadable: one sentence and exit 2 (beside a trace: a warning); the
     # message says the time bound stopped it (without the bound it would run for days)
     rc, stderr, _ = fz.run_zdiag(["analyze", "-q", str(path)])
@@ -254,7 +249,7 @@ def test_the_summary_reader_is_time_bounded_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write(tmp_path, tuple_hash_bomb(45))
-    monkeypatch.setattr(ms, "MAX_SNAPSHOT_SECONDS", 1.0)
+    monkeypatch.setattr(pp, "MAX_SNAPSHOT_SECONDS", 1.0)
     with pytest.raises(InputError, match="longer than the 1 s"):
         read_snapshot(path)
 
@@ -343,7 +338,7 @@ def test_damaged_numbers_are_a_warning_never_an_internal_error(tmp_path: Path, c
     warnings: list[str] = []
     b, timeline = analyze_snapshot(copy.deepcopy(snap), 0, warnings=warnings)
     assert any(expected in w for w in warnings), warnings
-    assert b.peak_bytes is not None and 0 <= b.peak_bytes <= ms.MAX_DEVICE_BYTES
+    assert b.peak_bytes is not None and 0 <= b.peak_bytes <= MAX_DEVICE_BYTES
     if timeline is not None:
         assert all(0 <= v for series in timeline.bytes_by_category.values() for v in series)
         assert timeline.times_ms == sorted(timeline.times_ms)
@@ -401,7 +396,7 @@ def test_the_summary_reader_refuses_impossible_sizes_in_one_sentence(
 def test_the_summary_reader_refuses_device_totals_beyond_any_device(tmp_path: Path) -> None:
     snap = hand_snapshot()
     for b in snap["segments"][0]["blocks"]:
-        b["size"] = ms.MAX_DEVICE_BYTES
+        b["size"] = MAX_DEVICE_BYTES
     with pytest.raises(InputError, match="more than any device holds"):
         read_snapshot(write(tmp_path, snap))
 
@@ -485,7 +480,7 @@ def test_a_reader_killed_or_failing_is_a_sentence_or_a_reported_bug(tmp_path: Pa
         raise KeyError("a bug, not the input's fault")
 
     with pytest.raises(InputError, match=r"stopped without a result \(signal 9\)"):
-        ms.run_isolated(killed, path=path, what="CUDA memory snapshot")
+        pp.run_isolated(killed, path=path, what="CUDA memory snapshot")
     with pytest.raises(RuntimeError, match="KeyError"):
-        ms.run_isolated(buggy, path=path, what="CUDA memory snapshot")
-    assert ms.run_isolated(len, [1, 2], path=path, what="CUDA memory snapshot") == 2
+        pp.run_isolated(buggy, path=path, what="CUDA memory snapshot")
+    assert pp.run_isolated(len, [1, 2], path=path, what="CUDA memory snapshot") == 2

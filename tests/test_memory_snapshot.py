@@ -21,7 +21,8 @@ import torch
 
 from conftest import REPO_ROOT
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.analyzers.memory.memory_snapshot import categorize, read_snapshot, summarize_snapshot
+from zdiag.analyzers.inputs.cuda_snapshot import read_snapshot
+from zdiag.analyzers.memory.memory_snapshot import categorize, summarize_snapshot
 from zdiag.errors import InputError
 from zdiag.harness.model import ModelArgs, Transformer
 

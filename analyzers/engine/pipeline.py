@@ -43,17 +43,13 @@ from ...collectors.rundir import (
     run_file,
     step_log_relpath,
 )
+from ..inputs.cuda_snapshot import is_snapshot_file
 from ..inputs.decode_batches import auto_workers
 from ..inputs.events import RankTrace
 from ..inputs.loader import load_rank_trace, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
-from ..memory.snapshot_input import (
-    SNAPSHOT_SKIPPED,
-    SnapshotResult,
-    is_snapshot_file,
-    load_breakdowns,
-)
+from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.rank_analysis import analyze_rank
 from ..rank.summary import RankSummary, summarize
 from ..report import MemoryTimeline

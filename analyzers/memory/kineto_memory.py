@@ -3,8 +3,8 @@
 
 Each event is one allocation (`Bytes` > 0) or free (`Bytes` < 0) of the caching allocator, with
 the allocator's `Total Allocated` and `Total Reserved` after it, on a thread at a time. There is
-no stack, so the category comes from the host ranges around the event on its thread, in the
-snapshot categorizer's precedence (first match wins):
+no stack, so the category comes from the host ranges around the event on its thread, by the
+range rules of the one category table (`categories.py`), first match wins:
 
 1. `OPTIMIZER_STATE`: inside `Optimizer.step` / `Optimizer.zero_grad` ranges;
 2. `PARAMETER_UNSHARDED`: inside FSDP ranges that gather (`all_gather`, `unshard`, FSDP2's
@@ -36,39 +36,12 @@ import numpy.typing as npt
 from ..inputs.events import EventKind, MemoryEvents, RankTrace
 from ..inputs.memory_timeline import _peak_preserving
 from ..report import MemoryBreakdown, MemoryTimeline
+from .categories import RANGE_CATEGORIES, RANGE_RULES
 from .snapshot_whatif import predict
 
 MAX_TIMELINE_POINTS = 2000
 REPLAY_TOLERANCE = 0.01
 """Replayed `Bytes` may differ from `Total Allocated` by this share before a warning."""
-
-CATEGORIES = (
-    "OPTIMIZER_STATE",
-    "PARAMETER_UNSHARDED",
-    "GRADIENT",
-    "COMM_BUFFER",
-    "AUTOGRAD_DETAIL",
-    "ACTIVATION",
-    "UNKNOWN",
-    "PREEXISTING",
-)
-
-_RANGE_RULES: tuple[tuple[str, tuple[EventKind, ...], tuple[str, ...]], ...] = (
-    (
-        "OPTIMIZER_STATE",
-        (EventKind.USER_ANNOTATION, EventKind.CPU_OP),
-        ("Optimizer.step", "Optimizer.zero_grad"),
-    ),
-    (
-        "PARAMETER_UNSHARDED",
-        (EventKind.FSDP_ANNOTATION,),
-        ("all_gather", "unshard", "pre_forward", "pre_backward"),
-    ),
-    ("GRADIENT", (EventKind.CPU_OP, EventKind.FSDP_ANNOTATION), ("AccumulateGrad", "reduce")),
-    ("COMM_BUFFER", (EventKind.COMM_OP,), ("",)),
-    ("AUTOGRAD_DETAIL", (EventKind.CPU_OP,), ("autograd::engine::evaluate_function",)),
-    ("ACTIVATION", (EventKind.PROFILER_STEP,), ("",)),
-)
 
 
 def _lane_index(trace: RankTrace) -> dict[tuple[object, object], int]:
@@ -140,14 +113,14 @@ def kineto_memory(
     event_lane = np.fromiter(
         (lane_of.get((mem.pid[r], mem.tid[r]), -1) for r in rows.tolist()), np.int64, len(rows)
     )
-    cat = np.full(len(rows), CATEGORIES.index("UNKNOWN"), dtype=np.int16)
+    cat = np.full(len(rows), RANGE_CATEGORIES.index("UNKNOWN"), dtype=np.int16)
     decided = np.zeros(len(rows), dtype=bool)
-    for name, kinds, parts in _RANGE_RULES:
+    for name, kinds, parts in RANGE_RULES:
         hit = _inside(trace, event_lane, ts, kinds, parts) & ~decided
-        cat[hit] = CATEGORIES.index(name)
+        cat[hit] = RANGE_CATEGORIES.index(name)
         decided |= hit
     # frees take their allocation's category
-    pre = CATEGORIES.index("PREEXISTING")
+    pre = RANGE_CATEGORIES.index("PREEXISTING")
     open_alloc: dict[int, int] = {}
     addrs = mem.addr[rows].tolist()
     for i, (a, d) in enumerate(zip(addrs, delta.tolist(), strict=True)):
@@ -172,7 +145,7 @@ def kineto_memory(
     by_cat: dict[str, list[int]] = {}
     peak_cat: dict[str, int] = {}
     now_cat: dict[str, int] = {}
-    for j, name in enumerate(CATEGORIES):
+    for j, name in enumerate(RANGE_CATEGORIES):
         mask = cat == j
         if not mask.any() and name != "PREEXISTING":
             continue

@@ -2,7 +2,7 @@
 allocated, top allocation sites, and the peak replayed from the allocator's event history.
 
 Input: the dict `torch.cuda.memory._snapshot()` returns (what `_dump_snapshot()` pickles; read
-with `memory_snapshot.read_snapshot`, never torch). Tolerant of torch-version differences:
+with `inputs/cuda_snapshot.load_snapshot_data`, never torch). Tolerant of torch-version differences:
 
 - `segments[*].blocks[*]`: `state` is `active_allocated`, `active_pending_free` or `inactive`;
   the allocation stack is `frames` (torch >= 2.1) or the last `history` entry's `frames` (older);
@@ -15,7 +15,7 @@ with `memory_snapshot.read_snapshot`, never torch). Tolerant of torch-version di
   `segment_map`/`segment_unmap` for expandable segments) change the reserved bytes; `oom` marks
   the failure. Other actions (`snapshot`, ...) are ignored.
 
-Categories (first match wins; `memory_snapshot.categorize`'s rules, extended):
+Categories (first match wins; the stack rules of `categories.py`):
 `OPTIMIZER_STATE`, `PARAMETER_UNSHARDED` (FSDP gathers), `GRADIENT` (FSDP reduce),
 `COMM_BUFFER` (c10d collectives' own allocations, DDP's gradient buckets), `ACTIVATION`,
 `AUTOGRAD_DETAIL` (backward temporaries, activation gradients), `MODEL_STATE` (sharded
@@ -39,13 +39,15 @@ import numpy as np
 
 from zdiag.errors import InputError
 
+from ..inputs.cuda_snapshot import MAX_DEVICE_BYTES, MAX_SNAPSHOT_ITEMS, MAX_STACK_FRAMES
 from ..inputs.memory_timeline import _peak_preserving
 from ..report import AllocationSite, MemoryBreakdown, MemoryTimeline
-from .memory_snapshot import (
-    _RULES,
-    MAX_DEVICE_BYTES,
-    MAX_SNAPSHOT_ITEMS,
-    MAX_STACK_FRAMES,
+from .categories import (
+    PREEXISTING,
+    STACK_CATEGORIES,
+    STACK_RULES,
+    stack_category,
+    stack_rule_rank,
 )
 from .snapshot_whatif import predict
 
@@ -57,33 +59,6 @@ MAX_LABEL_CHARS = 200
 """Characters of a file name or function name kept in a site label."""
 MAX_DEVICE_INDEX = 1 << 16
 """A segment's `device` beyond this is damaged (read as 0)."""
-
-PREEXISTING = "PREEXISTING"
-COMM_BUFFER = "COMM_BUFFER"
-CATEGORIES = (
-    "OPTIMIZER_STATE",
-    "PARAMETER_UNSHARDED",
-    "GRADIENT",
-    COMM_BUFFER,
-    "ACTIVATION",
-    "AUTOGRAD_DETAIL",
-    "MODEL_STATE",
-    "UNKNOWN",
-    PREEXISTING,
-)
-"""Every category a snapshot block can fall in, in display order."""
-
-
-# The collectives' own frames (c10d's Python API, functional collectives) and DDP's buckets.
-_COMM_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (COMM_BUFFER, "/torch/distributed/distributed_c10d.py", ("",)),
-    (COMM_BUFFER, "/torch/distributed/_functional_collectives.py", ("",)),
-    (COMM_BUFFER, "/torch/nn/parallel/distributed.py", ("__init__", "_ddp_init_helper")),
-    (COMM_BUFFER, "/deepspeed/runtime/comm/", ("",)),
-)
-RULES = _RULES[:3] + _COMM_RULES + _RULES[3:]
-"""The categorizer's rules with the communication rules after FSDP's own (an FSDP gather's
-output stays an unsharded parameter even though it passes through c10d)."""
 
 _NOT_USER = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/python3")
 _CPP_SUFFIXES = (".cpp", ".h", ".cc", ".cu", ".hpp")
@@ -108,7 +83,7 @@ MAX_STACK_CACHE = 500_000
 FrameInfo = tuple[int, bool, str, str]
 """(rule rank, user code?, site label, module call line or "") of one frame."""
 
-_NOT_A_FRAME: FrameInfo = (len(RULES), False, "", "")
+_NOT_A_FRAME: FrameInfo = (len(STACK_RULES), False, "", "")
 
 
 class Categorizer:
@@ -199,18 +174,12 @@ class Categorizer:
         key = (filename, name)
         r = self._rank.get(key)
         if r is None:
-            r = len(RULES)
-            for i, (_, file_part, name_parts) in enumerate(RULES):
-                if file_part in filename and any(p in name for p in name_parts):
-                    r = i
-                    break
-            self._rank[key] = r
+            r = self._rank[key] = stack_rule_rank(filename, name)
         return r
 
     @staticmethod
     def _category(infos: list[FrameInfo]) -> str:
-        best = min((i[0] for i in infos), default=len(RULES))
-        return RULES[best][0] if best < len(RULES) else "UNKNOWN"
+        return stack_category(min((i[0] for i in infos), default=len(STACK_RULES)))
 
     @staticmethod
     def _site(infos: list[FrameInfo]) -> str:
@@ -475,7 +444,7 @@ class Replay:
 
     time_us: np.ndarray  # float64 per event (event index when the trace has no times)
     delta: np.ndarray  # int64 allocated-bytes change per event
-    category: np.ndarray  # int16 into CATEGORIES
+    category: np.ndarray  # int16 into STACK_CATEGORIES
     start_bytes: int  # allocated before the first kept event
     peak_index: int  # -1: the peak is the end state (the snapshot itself)
     peak_live: list[_Live]
@@ -485,7 +454,7 @@ class Replay:
     peak_reserved: int | None = None  # reserved bytes at the peak (segment events replayed)
 
 
-_CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+_CAT_INDEX = {c: i for i, c in enumerate(STACK_CATEGORIES)}
 _SEGMENT_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
 
@@ -644,7 +613,7 @@ def _timeline(rp: Replay, rank: int, capacity: int | None, oom: bool) -> MemoryT
     by_cat: dict[str, list[int]] = {}
     peak_cat: dict[str, int] = {}
     peak_at = int(np.argmax(after))
-    for j, name in enumerate(CATEGORIES):
+    for j, name in enumerate(STACK_CATEGORIES):
         mask = rp.category == j
         if not mask.any() and name != PREEXISTING:
             continue

@@ -12,7 +12,7 @@ last enqueued / started / completed sequence number), `nccl_version` or `comm_li
 `state` ("scheduled", "started", "completed"), `retired`, timestamps and `frames` (the issuing
 stack, innermost frame first).
 
-Reading (`read_dump`) uses the plain-container unpickler of `memory_snapshot` (a file naming any
+Reading (`read_dump`) uses the plain-container unpickler of `inputs/plain_pickle.py` (a file naming any
 class or function is refused) after a size check, and never imports torch. A dump that is empty
 or cut short is not an error: the rank's process was frozen or killed while writing, and the
 rank becomes a suspect (`RankDump.readable` is False).
@@ -54,7 +54,7 @@ from zdiag import __version__
 from zdiag.errors import InputError
 
 from ..inputs.loader import MAX_RANK
-from ..memory.memory_snapshot import _PlainUnpickler
+from ..inputs.plain_pickle import PlainUnpickler
 from ..report import Finding, Report
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
@@ -509,7 +509,7 @@ def _read_dump(p: Path, rank: int | None, lists: _RankLists) -> RankDump:
             "'version'); pass the files written by TORCH_FR_DUMP_TEMP_FILE or _dump_fr_trace()."
         )
     try:
-        raw = _PlainUnpickler(io.BytesIO(data)).load()
+        raw = PlainUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # names a class, corrupt opcode: the same to the user
         if isinstance(exc, EOFError) or "truncated" in str(exc):
             if name_rank is None:
