@@ -43,12 +43,14 @@ from ...collectors.rundir import (
     run_file,
     step_log_relpath,
 )
+from ..inputs import cuda_snapshot, memory_timeline
 from ..inputs.cuda_snapshot import is_snapshot_file
 from ..inputs.decode_batches import auto_workers
 from ..inputs.events import RankTrace
-from ..inputs.loader import load_rank_trace, rank_from_file_name
+from ..inputs.loader import TRACE_SUFFIXES, is_trace_name, load_rank_trace, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
+from ..inputs.registry import reader_for
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.rank_analysis import analyze_rank
 from ..rank.summary import RankSummary, summarize
@@ -61,8 +63,6 @@ from .summary_map import RunContexts, assign_rank
 
 Progress = Callable[[int, int, str], None]
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-_NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 """Load files in worker processes only when there are several and they hold this much JSON
 (uncompressed): below that, starting workers costs more than it saves."""
@@ -73,10 +73,7 @@ PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 
 def _is_trace_name(path: Path) -> bool:
     """Trace-like file names in folders; hidden and temporary files (being written) are skipped."""
-    name = path.name.lower()
-    if name.startswith(".") or ".tmp" in name or name.endswith("~"):
-        return False
-    return name.endswith(TRACE_SUFFIXES) and not any(x in name for x in _NOT_TRACES)
+    return is_trace_name(path.name)
 
 
 def _read_manifest(run_dir: Path) -> Manifest | None:
@@ -107,12 +104,6 @@ def manifest_ranks(
             continue
         found[path] = entry.rank
     return found
-
-
-def is_memory_timeline_name(path: Path) -> bool:
-    """File names that `export_memory_timeline` outputs usually get (not Kineto traces)."""
-    name = path.name.lower()
-    return "timeline" in name or name.endswith((".raw.json.gz", ".raw.gz", ".raw.json"))
 
 
 @dataclass
@@ -216,12 +207,14 @@ def discover(paths: list[Path]) -> Inputs:
                     "torch.profiler traces or of torch.cuda.memory snapshots."
                 )
             files.extend(found)
-        elif is_memory_timeline_name(p):
-            memory.append(p)
-        elif is_snapshot_file(p):
-            snapshots.append(p)
         else:
-            files.append(p)
+            reader = reader_for(p)
+            if reader is memory_timeline.READER:
+                memory.append(p)
+            elif reader is cuda_snapshot.READER:
+                snapshots.append(p)
+            else:
+                files.append(p)  # a trace, or none: the trace reader says what is wrong
     if not files and memory and not snapshots:
         raise InputError(
             f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "

@@ -35,6 +35,7 @@ from typing import Any
 from zdiag.errors import InputError
 
 from .plain_pickle import MAX_SNAPSHOT_SECONDS, load_plain_pickle, run_isolated
+from .reader import Reader
 
 MAX_SNAPSHOT_ITEMS = 100_000_000
 """Containers, history events and stack frames a snapshot's readers visit at most (a 100 MB
@@ -62,6 +63,11 @@ def is_snapshot_file(path: Path) -> bool:
             head = f.read(PEEK_BYTES)
     except OSError:
         return False
+    return is_snapshot_head(head)
+
+
+def is_snapshot_head(head: bytes) -> bool:
+    """Whether a file's first bytes are a pickle (protocol 2 or later) of a snapshot's dict."""
     return len(head) > 2 and head[0] == 0x80 and head[1] >= 2 and any(k in head for k in _KEYS)
 
 
@@ -261,3 +267,11 @@ class SnapshotReader:
                 out.append(copy)
         self.frames[id(value)] = out
         return out
+
+
+READER = Reader(
+    name="cuda-snapshot",
+    what="CUDA memory snapshot (torch.cuda.memory._dump_snapshot's pickle)",
+    sniff=lambda path, head: is_snapshot_head(head),
+    read=load_snapshot_data,
+)

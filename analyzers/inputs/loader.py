@@ -53,6 +53,7 @@ from .events import (
 )
 from .kineto_batches import EVENTS_DECODER, Batch, KeptArgs, columns_of_batch, kind_code
 from .kineto_columns import Columns, drop_time_outliers, join_batches
+from .reader import Reader
 from .safe_read import (
     GZIP_MAGIC,
     current_limits,
@@ -102,6 +103,27 @@ def open_trace_buffer(path: Path) -> Iterator[Buffer]:
                 mm.close()
             except BufferError:  # a view is still alive (only on an error path): GC closes it
                 pass
+
+
+# --- recognizing a trace --------------------------------------------------------------------
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
+
+
+def is_trace_name(name: str) -> bool:
+    """Whether a file name is a trace's (`*.json`, `*.json.gz`, not a manifest, memory timeline,
+    snapshot, OOM record, report or metrics file); hidden and temporary files (being written)
+    are not."""
+    low = name.lower()
+    if low.startswith(".") or ".tmp" in low or low.endswith("~"):
+        return False
+    return low.endswith(TRACE_SUFFIXES) and not any(x in low for x in _NOT_TRACES)
+
+
+def _sniff(path: str | Path, head: bytes) -> bool:
+    """A trace's file name, or content that starts as gzip or as a JSON object."""
+    return is_trace_name(Path(path).name) or head[:2] == GZIP_MAGIC or head.lstrip()[:1] == b"{"
 
 
 # --- rank inference -------------------------------------------------------------------------
@@ -333,3 +355,11 @@ def load_rank_trace(
             if gc_was_enabled:
                 gc.enable()
     return build_rank_trace(cols, scan.header, path)
+
+
+READER = Reader(
+    name="kineto-trace",
+    what="Kineto trace (torch.profiler's JSON or JSON.gz export)",
+    sniff=_sniff,
+    read=load_rank_trace,
+)

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..inputs.events import EventKind, MemoryEvents, RankTrace
-from ..inputs.memory_timeline import _peak_preserving
+from ..inputs.memory_timeline import peak_preserving
 from ..report import MemoryBreakdown, MemoryTimeline
 from .categories import RANGE_CATEGORIES, RANGE_RULES
 from .snapshot_whatif import predict
@@ -141,7 +141,7 @@ def kineto_memory(
                 f"Allocated' by up to {worst} bytes (events lost?); totals are the allocator's"
             )
     peak_at = int(np.argmax(series))
-    keep = _peak_preserving(series, MAX_TIMELINE_POINTS)
+    keep = peak_preserving(series, MAX_TIMELINE_POINTS)
     by_cat: dict[str, list[int]] = {}
     peak_cat: dict[str, int] = {}
     now_cat: dict[str, int] = {}

@@ -40,7 +40,7 @@ import numpy as np
 from zdiag.errors import InputError
 
 from ..inputs.cuda_snapshot import MAX_DEVICE_BYTES, MAX_SNAPSHOT_ITEMS, MAX_STACK_FRAMES
-from ..inputs.memory_timeline import _peak_preserving
+from ..inputs.memory_timeline import peak_preserving
 from ..report import AllocationSite, MemoryBreakdown, MemoryTimeline
 from .categories import (
     PREEXISTING,
@@ -608,7 +608,7 @@ def replay(
 
 def _timeline(rp: Replay, rank: int, capacity: int | None, oom: bool) -> MemoryTimeline:
     after = rp.start_bytes + np.cumsum(rp.delta)
-    keep = _peak_preserving(after, MAX_TIMELINE_POINTS)
+    keep = peak_preserving(after, MAX_TIMELINE_POINTS)
     t0 = float(rp.time_us[0]) if len(rp.time_us) else 0.0
     by_cat: dict[str, list[int]] = {}
     peak_cat: dict[str, int] = {}
