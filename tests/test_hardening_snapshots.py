@@ -32,15 +32,16 @@ from zdiag.analyzers.inputs import plain_pickle as pp
 from zdiag.analyzers.inputs.cuda_snapshot import MAX_DEVICE_BYTES, MAX_STACK_FRAMES, read_snapshot
 from zdiag.analyzers.inputs.plain_pickle import PickleTimeError, PlainUnpickler, memory_budget
 from zdiag.analyzers.inputs.safe_read import use_limits
-from zdiag.analyzers.memory import snapshot_breakdown as sb
+from zdiag.analyzers.memory import stack_categorizer as sc
 from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
-from zdiag.analyzers.memory.snapshot_breakdown import (
+from zdiag.analyzers.memory.snapshot_breakdown import analyze_snapshot
+from zdiag.analyzers.memory.snapshot_input import load_breakdowns
+from zdiag.analyzers.memory.snapshot_replay import Damage, device_states
+from zdiag.analyzers.memory.stack_categorizer import (
     MAX_LABEL_CHARS,
     MAX_MODULE_DEPTH,
     Categorizer,
-    analyze_snapshot,
 )
-from zdiag.analyzers.memory.snapshot_input import load_breakdowns
 from zdiag.analyzers.report import MemoryTimeline
 from zdiag.errors import InputError
 from zdiag.render.memory_view import stacked_bar, timeline_lines
@@ -173,7 +174,7 @@ def test_the_item_cap_skips_a_snapshot_with_a_warning(
 ) -> None:
     snap = generate_snapshot(layers=2, steps=1)
     events = len(snap["device_traces"][0])
-    monkeypatch.setattr(sb, "MAX_SNAPSHOT_ITEMS", events // 2)
+    monkeypatch.setattr(sc, "MAX_SNAPSHOT_ITEMS", events // 2)
     with pytest.raises(InputError, match="more than"):
         analyze_snapshot(snap, 0)
     path = write(tmp_path, snap)
@@ -259,7 +260,7 @@ def test_segments_sharing_one_blocks_list_are_read_once(tmp_path: Path) -> None:
     blocks = [block] * 2000
     segs = [{"device": 0, "total_size": 1 << 20, "blocks": blocks} for _ in range(20_000)]
     cat = Categorizer()
-    devices = sb._devices({"segments": segs}, cat, sb.Damage())
+    devices = device_states({"segments": segs}, cat, Damage())
     assert devices[0].blocks == 1 and devices[0].segments == 20_000
     assert cat.items < 30_000  # not 40M: the shared list is walked once
 

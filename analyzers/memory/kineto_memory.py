@@ -92,23 +92,15 @@ def _device(mem: MemoryEvents) -> tuple[npt.NDArray[np.int64], int | None]:
     return np.flatnonzero(mem.device_type == 0), None
 
 
-def kineto_memory(
-    trace: RankTrace, capacity_bytes: int | None = None
-) -> tuple[MemoryBreakdown | None, MemoryTimeline | None, list[str]]:
-    """The rank's memory breakdown and timeline from its `[memory]` events (None, None when it
-    has none), and warnings."""
-    mem = trace.memory_events
-    if mem is None or not len(mem):
-        return None, None, []
-    rows, dev = _device(mem)
-    rows = rows[np.isfinite(mem.ts_us[rows])]
-    if not rows.size:
-        return None, None, []
-    rows = rows[np.argsort(mem.ts_us[rows], kind="stable")]
-    ts = mem.ts_us[rows]
-    delta = mem.nbytes[rows]
-    total = mem.total_allocated[rows]
-    reserved = mem.total_reserved[rows]
+def _categories(
+    trace: RankTrace,
+    mem: MemoryEvents,
+    rows: npt.NDArray[np.int64],
+    ts: npt.NDArray[np.float64],
+    delta: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int16]:
+    """Each event's index into RANGE_CATEGORIES: the first range rule that covers an
+    allocation; a free takes its allocation's category (PREEXISTING without one)."""
     lane_of = _lane_index(trace)
     event_lane = np.fromiter(
         (lane_of.get((mem.pid[r], mem.tid[r]), -1) for r in rows.tolist()), np.int64, len(rows)
@@ -128,20 +120,18 @@ def kineto_memory(
             open_alloc[a] = int(cat[i])
         elif d < 0:
             cat[i] = open_alloc.pop(a, pre)
-    have_total = bool((total >= 0).all())
-    start = int(total[0] - delta[0]) if have_total else 0
-    replayed = start + np.cumsum(delta)
-    warnings = []
-    series = total if have_total else replayed
-    if have_total:
-        worst = int(np.max(np.abs(replayed - total)))
-        if worst > REPLAY_TOLERANCE * max(1, int(total.max())):
-            warnings.append(
-                f"memory events: the replayed allocations differ from the allocator's 'Total "
-                f"Allocated' by up to {worst} bytes (events lost?); totals are the allocator's"
-            )
-    peak_at = int(np.argmax(series))
-    keep = peak_preserving(series, MAX_TIMELINE_POINTS)
+    return cat
+
+
+def _by_category(
+    cat: npt.NDArray[np.int16],
+    delta: npt.NDArray[np.int64],
+    start: int,
+    keep: npt.NDArray[np.int64],
+    peak_at: int,
+) -> tuple[dict[str, list[int]], dict[str, int], dict[str, int]]:
+    """Bytes by category: the kept points of the series, at the peak, and at the end (the
+    bytes from before the first event are PREEXISTING's)."""
     by_cat: dict[str, list[int]] = {}
     peak_cat: dict[str, int] = {}
     now_cat: dict[str, int] = {}
@@ -156,6 +146,42 @@ def kineto_memory(
             peak_cat[name] = int(cum[peak_at])
         if cum[-1]:
             now_cat[name] = int(cum[-1])
+    return by_cat, peak_cat, now_cat
+
+
+def kineto_memory(
+    trace: RankTrace, capacity_bytes: int | None = None
+) -> tuple[MemoryBreakdown | None, MemoryTimeline | None, list[str]]:
+    """The rank's memory breakdown and timeline from its `[memory]` events (None, None when it
+    has none), and warnings."""
+    mem = trace.memory_events
+    if mem is None or not len(mem):
+        return None, None, []
+    rows, dev = _device(mem)
+    rows = rows[np.isfinite(mem.ts_us[rows])]
+    if not rows.size:
+        return None, None, []
+    rows = rows[np.argsort(mem.ts_us[rows], kind="stable")]
+    ts = mem.ts_us[rows]
+    delta = mem.nbytes[rows]
+    total = mem.total_allocated[rows]
+    reserved = mem.total_reserved[rows]
+    cat = _categories(trace, mem, rows, ts, delta)
+    have_total = bool((total >= 0).all())
+    start = int(total[0] - delta[0]) if have_total else 0
+    replayed = start + np.cumsum(delta)
+    warnings = []
+    series = total if have_total else replayed
+    if have_total:
+        worst = int(np.max(np.abs(replayed - total)))
+        if worst > REPLAY_TOLERANCE * max(1, int(total.max())):
+            warnings.append(
+                f"memory events: the replayed allocations differ from the allocator's 'Total "
+                f"Allocated' by up to {worst} bytes (events lost?); totals are the allocator's"
+            )
+    peak_at = int(np.argmax(series))
+    keep = peak_preserving(series, MAX_TIMELINE_POINTS)
+    by_cat, peak_cat, now_cat = _by_category(cat, delta, start, keep, peak_at)
     origin = trace.trace_start_us
     timeline = MemoryTimeline(
         rank=trace.rank,
