@@ -196,7 +196,7 @@ def load_plain_pickle(path: str | Path, what: str, root: Path | None = None) -> 
     function (refused: nothing runs), a memory budget and PICKLE_LOAD_SECONDS while loading.
 
     The loaded object may still share containers (pickle's memo): walk it visiting each
-    container once (see `_SnapshotReader`). InputError, one sentence naming `what`, otherwise.
+    container once (see `cuda_snapshot.SnapshotReader`). InputError, one sentence naming `what`, otherwise.
     """
     p = Path(path)
     with open_regular(p, what, root) as f:

@@ -3,7 +3,7 @@
 A category says what an allocation holds (`OPTIMIZER_STATE`, `PARAMETER_UNSHARDED`, ...), in the
 names torch's memory timeline uses where one fits. Each rule names its category and what it
 matches: the frames of an allocation's stack (CUDA snapshots: `memory_snapshot.categorize` and
-`snapshot_breakdown.Categorizer`), or the host ranges around an allocation on its thread
+`stack_categorizer.Categorizer`), or the host ranges around an allocation on its thread
 (Kineto `[memory]` events, which have no stack: `kineto_memory`). The table is in precedence
 order: an allocation gets the category of the first rule that matches it, and a categorizer
 reads only the rules of its kind (`STACK_RULES`, `RANGE_RULES`), in that order.

@@ -146,7 +146,7 @@ class RankLedger(msgspec.Struct, kw_only=True):
 def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str, int]:
     """(largest tensor's element count, dtype, tensors with known shapes) from an op's
     `Input Dims` / `Input type` args (-1, "", 0 without `record_shapes`); see
-    `collectives.input_tensors` (a TensorList is one tensor, a 0-dim tensor one element)."""
+    `collective_table.input_tensors` (a TensorList is one tensor, a 0-dim tensor one element)."""
     a = trace.args.get(int(i), {})
     tensors = input_tensors(a)
     best = max((n for n, _ in tensors), default=-1)
