@@ -37,6 +37,10 @@ try:
     from zdiag.analyzers.run.crossrank_match import match_collectives
 except ImportError:  # older code (--code): the matcher lived in crossrank
     match_collectives = crossrank.match_collectives
+try:
+    from zdiag.analyzers.run.stragglers import find_stragglers, straggler_stats
+except ImportError:  # older code (--code): the ranking lived in crossrank
+    find_stragglers, straggler_stats = crossrank.find_stragglers, crossrank.straggler_stats
 
 n_ranks, n_coll, straggler = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
@@ -67,8 +71,8 @@ if hasattr(CollectiveCalls, "columns"):
     result = match_collectives(c.columns(r) for r, c in enumerate(calls))
 else:
     result = match_collectives([c.to_rank_collectives(r) for r, c in enumerate(calls)])
-stats = crossrank.straggler_stats(result)
-found = crossrank.find_stragglers(result)
+stats = straggler_stats(result)
+found = find_stragglers(result)
 wall = time.perf_counter() - t
 print(json.dumps({
     "wall_s": round(wall, 2), "cpu_s": round(time.process_time() - cpu, 2),

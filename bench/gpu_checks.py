@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.analyzers.memory.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.inputs.cuda_snapshot import read_snapshot
+from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.report import Report
 from zdiag.collectors import rundir

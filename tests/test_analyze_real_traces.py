@@ -14,6 +14,7 @@ import pytest
 from support.stages import load_run
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.events import EventKind
+from zdiag.analyzers.rank.collective_table import collectives_of
 from zdiag.analyzers.report import VERDICTS, Report, decode_report, encode_report
 
 # path -> (rank, device, ProfilerStep numbers or None, collective kinds expected on the device)
@@ -95,7 +96,7 @@ def test_sampled_128_rank_job(real_traces: Path) -> None:
 def test_ddp_allreduce_has_sizes_from_collective_args(real_traces: Path) -> None:
     run = load_run([real_traces / "hta" / "a100_ddp_collective_args_rank0_of_2.json.gz"])
     t = run.ranks[0]
-    c = t.collectives
+    c = collectives_of(t)
     ar = [i for i in range(len(c)) if c.kind_name(i) == "all_reduce"]
     assert ar and all(c.bytes[i] > 0 and c.dtype[i] == "Float" for i in ar)
     assert all(c.group_size[i] == 2 for i in ar)
@@ -107,7 +108,7 @@ def test_ddp_allreduce_has_sizes_from_collective_args(real_traces: Path) -> None
 def test_gloo_cpu_only_comm_is_on_worker_threads(real_traces: Path) -> None:
     run = load_run([real_traces / "hta" / "cpu_only_gloo_rank34_of_300.json.gz"])
     t = run.ranks[0]
-    lanes = {t.lanes[int(t.lane_id[int(e)])].tid for e in t.collectives.event}
+    lanes = {t.lanes[int(t.lane_id[int(e)])].tid for e in collectives_of(t).event}
     assert lanes == {3553, 3554}  # the worker threads, not the main thread 1074
 
 

@@ -20,11 +20,8 @@ from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.rank.collective_columns import RankCollectives
 from zdiag.analyzers.report import Finding, StepBreakdown
 from zdiag.analyzers.run import crossrank
-from zdiag.analyzers.run.crossrank import (
-    find_stragglers,
-    straggler_stats,
-)
 from zdiag.analyzers.run.crossrank_match import match_collectives
+from zdiag.analyzers.run.stragglers import chance_of_last, find_stragglers, straggler_stats
 
 STEP_US = 40_000.0  # synthetic step length (room for the longest delays used below)
 LAYERS = 4  # collectives per step
@@ -385,7 +382,7 @@ def test_too_few_collectives_are_not_evidence() -> None:
     result = match_collectives([_columns(0, starts0, ends0), _columns(1, starts1, ends0)])
     stats = {s.rank: s for s in straggler_stats(result)}
     assert stats[1].last_arrivals == 4
-    assert crossrank.chance_of_last(4, 5, 2) == pytest.approx(6 / 32)
+    assert chance_of_last(4, 5, 2) == pytest.approx(6 / 32)
     assert find_stragglers(result) == []
     # the same lateness at all of 8 collectives is (p = 1/256)
     starts0 = [i * 100_000.0 for i in range(8)]

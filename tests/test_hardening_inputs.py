@@ -14,9 +14,10 @@ import fuzz_inputs as fz
 import numpy as np
 import pytest
 
+from zdiag.analyzers.inputs.cuda_snapshot import read_snapshot
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
-from zdiag.analyzers.memory.memory_snapshot import read_snapshot, summarize_snapshot
+from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
 from zdiag.errors import InputError
 
 

@@ -17,7 +17,9 @@ from typing import Any
 import fuzz_inputs as fz
 import pytest
 
+from zdiag.analyzers.inputs.cuda_snapshot import SnapshotReader, read_snapshot
 from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
+from zdiag.analyzers.inputs.plain_pickle import load_plain_pickle
 from zdiag.analyzers.inputs.safe_read import (
     GIB,
     gunzip_capped,
@@ -25,12 +27,7 @@ from zdiag.analyzers.inputs.safe_read import (
     read_input_bytes,
     use_limits,
 )
-from zdiag.analyzers.memory.memory_snapshot import (
-    _SnapshotReader,
-    load_plain_pickle,
-    read_snapshot,
-    summarize_snapshot,
-)
+from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
 from zdiag.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +222,7 @@ def test_a_ten_byte_memo_bomb_is_refused_without_taking_memory(tmp_path: Path) -
     assert len(bomb.read_bytes()) <= 10
     out, grown = _child_peak(
         f"""
-        from zdiag.analyzers.memory.memory_snapshot import read_snapshot
+        from zdiag.analyzers.inputs.cuda_snapshot import read_snapshot
         from zdiag.errors import InputError
         try:
             read_snapshot({str(bomb)!r})
@@ -270,7 +267,7 @@ def test_shared_references_are_walked_once(tmp_path: Path) -> None:
     assert len(data) < 70_000  # ... that a naive walk visits 10**9 frames of
     path = tmp_path / "snap.pickle"
     path.write_bytes(data)
-    reader = _SnapshotReader(path)  # the work, counted: each container and frame once
+    reader = SnapshotReader(path)  # the work, counted: each container and frame once
     reader.read(pickle.loads(data))
     assert reader.items < 10_000, reader.items
     mem = summarize_snapshot(read_snapshot(path))

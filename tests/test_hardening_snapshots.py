@@ -29,22 +29,19 @@ import pytest
 
 from support.snapshots import generate_snapshot
 from zdiag.analyzers.inputs import plain_pickle as pp
+from zdiag.analyzers.inputs.cuda_snapshot import MAX_DEVICE_BYTES, MAX_STACK_FRAMES, read_snapshot
 from zdiag.analyzers.inputs.plain_pickle import PickleTimeError, PlainUnpickler, memory_budget
 from zdiag.analyzers.inputs.safe_read import use_limits
-from zdiag.analyzers.memory import memory_snapshot as ms
-from zdiag.analyzers.memory import snapshot_breakdown as sb
-from zdiag.analyzers.memory.memory_snapshot import (
-    MAX_STACK_FRAMES,
-    read_snapshot,
-    summarize_snapshot,
-)
-from zdiag.analyzers.memory.snapshot_breakdown import (
+from zdiag.analyzers.memory import stack_categorizer as sc
+from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
+from zdiag.analyzers.memory.snapshot_breakdown import analyze_snapshot
+from zdiag.analyzers.memory.snapshot_input import load_breakdowns
+from zdiag.analyzers.memory.snapshot_replay import Damage, device_states
+from zdiag.analyzers.memory.stack_categorizer import (
     MAX_LABEL_CHARS,
     MAX_MODULE_DEPTH,
     Categorizer,
-    analyze_snapshot,
 )
-from zdiag.analyzers.memory.snapshot_input import load_breakdowns
 from zdiag.analyzers.report import MemoryTimeline
 from zdiag.errors import InputError
 from zdiag.render.memory_view import stacked_bar, timeline_lines
@@ -131,7 +128,7 @@ def write(tmp_path: Path, doc: Any, name: str = "rank-0.pickle") -> Path:
 
 
 needs_fork = pytest.mark.skipif(
-    not ms.fork_available(), reason="the time bound on a snapshot needs a forked child"
+    not pp.fork_available(), reason="the time bound on a snapshot needs a forked child"
 )
 
 
@@ -177,7 +174,7 @@ def test_the_item_cap_skips_a_snapshot_with_a_warning(
 ) -> None:
     snap = generate_snapshot(layers=2, steps=1)
     events = len(snap["device_traces"][0])
-    monkeypatch.setattr(sb, "MAX_SNAPSHOT_ITEMS", events // 2)
+    monkeypatch.setattr(sc, "MAX_SNAPSHOT_ITEMS", events // 2)
     with pytest.raises(InputError, match="more than"):
         analyze_snapshot(snap, 0)
     path = write(tmp_path, snap)
@@ -241,7 +238,7 @@ def test_a_tuple_hash_bomb_is_stopped_at_the_time_bound(
 ) -> None:
     """A 300-byte pickle whose dict key hashes 2**45 items (days): killed after the bound."""
     path = write(tmp_path, tuple_hash_bomb(45))
-    monkeypatch.setattr(ms, "MAX_SNAPSHOT_SECONDS", 1.0)
+    monkeypatch.setattr(pp, "MAX_SNAPSHOT_SECONDS", 1.0)
     # the only input and unreadable: one sentence and exit 2 (beside a trace: a warning); the
     # message says the time bound stopped it (without the bound it would run for days)
     rc, stderr, _ = fz.run_zdiag(["analyze", "-q", str(path)])
@@ -254,7 +251,7 @@ def test_the_summary_reader_is_time_bounded_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write(tmp_path, tuple_hash_bomb(45))
-    monkeypatch.setattr(ms, "MAX_SNAPSHOT_SECONDS", 1.0)
+    monkeypatch.setattr(pp, "MAX_SNAPSHOT_SECONDS", 1.0)
     with pytest.raises(InputError, match="longer than the 1 s"):
         read_snapshot(path)
 
@@ -264,7 +261,7 @@ def test_segments_sharing_one_blocks_list_are_read_once(tmp_path: Path) -> None:
     blocks = [block] * 2000
     segs = [{"device": 0, "total_size": 1 << 20, "blocks": blocks} for _ in range(20_000)]
     cat = Categorizer()
-    devices = sb._devices({"segments": segs}, cat, sb.Damage())
+    devices = device_states({"segments": segs}, cat, Damage())
     assert devices[0].blocks == 1 and devices[0].segments == 20_000
     assert cat.items < 30_000  # not 40M: the shared list is walked once
 
@@ -343,7 +340,7 @@ def test_damaged_numbers_are_a_warning_never_an_internal_error(tmp_path: Path, c
     warnings: list[str] = []
     b, timeline = analyze_snapshot(copy.deepcopy(snap), 0, warnings=warnings)
     assert any(expected in w for w in warnings), warnings
-    assert b.peak_bytes is not None and 0 <= b.peak_bytes <= ms.MAX_DEVICE_BYTES
+    assert b.peak_bytes is not None and 0 <= b.peak_bytes <= MAX_DEVICE_BYTES
     if timeline is not None:
         assert all(0 <= v for series in timeline.bytes_by_category.values() for v in series)
         assert timeline.times_ms == sorted(timeline.times_ms)
@@ -401,7 +398,7 @@ def test_the_summary_reader_refuses_impossible_sizes_in_one_sentence(
 def test_the_summary_reader_refuses_device_totals_beyond_any_device(tmp_path: Path) -> None:
     snap = hand_snapshot()
     for b in snap["segments"][0]["blocks"]:
-        b["size"] = ms.MAX_DEVICE_BYTES
+        b["size"] = MAX_DEVICE_BYTES
     with pytest.raises(InputError, match="more than any device holds"):
         read_snapshot(write(tmp_path, snap))
 
@@ -485,7 +482,7 @@ def test_a_reader_killed_or_failing_is_a_sentence_or_a_reported_bug(tmp_path: Pa
         raise KeyError("a bug, not the input's fault")
 
     with pytest.raises(InputError, match=r"stopped without a result \(signal 9\)"):
-        ms.run_isolated(killed, path=path, what="CUDA memory snapshot")
+        pp.run_isolated(killed, path=path, what="CUDA memory snapshot")
     with pytest.raises(RuntimeError, match="KeyError"):
-        ms.run_isolated(buggy, path=path, what="CUDA memory snapshot")
-    assert ms.run_isolated(len, [1, 2], path=path, what="CUDA memory snapshot") == 2
+        pp.run_isolated(buggy, path=path, what="CUDA memory snapshot")
+    assert pp.run_isolated(len, [1, 2], path=path, what="CUDA memory snapshot") == 2

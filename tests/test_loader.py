@@ -14,6 +14,7 @@ from support.traces import TraceBuilder
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.events import EventKind, classify, collective_kind
 from zdiag.analyzers.inputs.loader import load_rank_trace, rank_from_file_name
+from zdiag.analyzers.rank.collective_table import collectives_of
 from zdiag.errors import InputError
 
 
@@ -171,10 +172,10 @@ def test_lanes_events_ids_and_kept_args(tmp_path: Path) -> None:
     assert t.name(call) == "cudaLaunchKernel"
     mm = int(t.matching(r"^aten::mm$")[0])
     assert mm not in t.args  # plain ops keep no args
-    assert len(t.collectives) == 1
-    assert t.collectives.kind_name(0) == "all_gather"
-    assert t.collectives.bytes[0] == 1024 * 2
-    assert t.collectives.dtype[0] == "BFloat16"
+    assert len(collectives_of(t)) == 1
+    assert collectives_of(t).kind_name(0) == "all_gather"
+    assert collectives_of(t).bytes[0] == 1024 * 2
+    assert collectives_of(t).dtype[0] == "BFloat16"
 
 
 def test_generic_nccl_kernel_gets_its_kind_from_the_launching_op(tmp_path: Path) -> None:
@@ -186,7 +187,7 @@ def test_generic_nccl_kernel_gets_its_kind_from_the_launching_op(tmp_path: Path)
         "ncclDevKernel_Generic_1(ncclDevKernelArgsStorage<4096ul>)", 40, 50, stream=20, launch_at=15
     )
     t = load_rank_trace(b.write(tmp_path / "t.json"))
-    assert t.collectives.kind_name(0) == "reduce_scatter"
+    assert collectives_of(t).kind_name(0) == "reduce_scatter"
 
 
 def test_kernel_args_carry_collective_sizes(tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_kernel_args_carry_collective_sizes(tmp_path: Path) -> None:
         },
     )
     t = load_rank_trace(b.write(tmp_path / "t.json"))
-    c = t.collectives
+    c = collectives_of(t)
     assert (c.kind_name(0), int(c.bytes[0]), int(c.group_size[0]), c.process_group[0]) == (
         "all_reduce",
         400,
@@ -383,7 +384,7 @@ def test_gloo_op_sizes_from_recorded_shapes(tmp_path: Path) -> None:
         args={"Input Dims": [[32896], []], "Input type": ["float", "Scalar"]},
     )
     t = load_rank_trace(b.write(tmp_path / "t.json"))
-    c = t.collectives
+    c = collectives_of(t)
     assert (c.kind_name(0), int(c.in_nelems[0]), int(c.bytes[0]), c.dtype[0]) == (
         "all_gather",
         32896,

@@ -21,6 +21,7 @@ from support.traces import TraceBuilder
 from zdiag.analyzers.inputs import decode_batches
 from zdiag.analyzers.inputs.events import RankTrace
 from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.rank.collective_table import collectives_of
 from zdiag.errors import InputError
 
 ONE_SHOT = 10**9
@@ -49,8 +50,8 @@ def assert_same_trace(a: RankTrace, b: RankTrace) -> None:
         assert x.dtype == y.dtype and np.array_equal(x, y), name
     assert list(a.args) == list(b.args)
     assert all(a.args[i] == b.args[i] for i in a.args)
-    for f in dataclasses.fields(a.collectives):
-        x, y = getattr(a.collectives, f.name), getattr(b.collectives, f.name)
+    for f in dataclasses.fields(collectives_of(a)):
+        x, y = getattr(collectives_of(a), f.name), getattr(collectives_of(b), f.name)
         same = np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
         assert same, f"collectives.{f.name}"
 

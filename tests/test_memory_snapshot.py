@@ -21,7 +21,10 @@ import torch
 
 from conftest import REPO_ROOT
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.analyzers.memory.memory_snapshot import categorize, read_snapshot, summarize_snapshot
+from zdiag.analyzers.inputs.cuda_snapshot import read_snapshot
+from zdiag.analyzers.memory import categories
+from zdiag.analyzers.memory.memory_snapshot import categorize, summarize_snapshot
+from zdiag.analyzers.memory.stack_categorizer import Categorizer
 from zdiag.errors import InputError
 from zdiag.harness.model import ModelArgs, Transformer
 
@@ -119,6 +122,33 @@ def test_categorize_rules() -> None:
     forward_cpp = f("", "torch::autograd::VariableType::(anonymous namespace)::mm(...)")
     assert categorize([forward_cpp, module_call]) == "ACTIVATION"
     assert categorize([f("/home/me/train.py", "main")]) == "UNKNOWN"
+
+
+def test_every_stack_categorizer_reads_the_one_rule_table() -> None:
+    """The OOM summary (`categorize`) and the breakdown (`Categorizer`) give a stack the same
+    category, communication buffers included; the Kineto categorizer's rules come from the same
+    table, in the same precedence."""
+    cases = [
+        [{"filename": "/x/torch/distributed/distributed_c10d.py", "name": "all_gather"}],
+        [
+            {"filename": "/x/torch/distributed/fsdp/_fsdp_collectives.py", "name": "unshard"},
+            {"filename": "/x/torch/distributed/distributed_c10d.py", "name": "all_gather"},
+        ],
+        [{"filename": "/x/torch/nn/modules/module.py", "name": "_call_impl"}],
+        [{"filename": "/home/me/train.py", "name": "main"}],
+    ]
+    got = [categorize(frames) for frames in cases]
+    assert got == [Categorizer().category(frames) for frames in cases]
+    assert got == ["COMM_BUFFER", "PARAMETER_UNSHARDED", "ACTIVATION", "UNKNOWN"]
+    # each source's display order is its rules' order in the table (reports list categories so)
+    assert categories.STACK_CATEGORIES == (
+        *("OPTIMIZER_STATE", "PARAMETER_UNSHARDED", "GRADIENT", "COMM_BUFFER", "ACTIVATION"),
+        *("AUTOGRAD_DETAIL", "MODEL_STATE", "UNKNOWN", "PREEXISTING"),
+    )
+    assert categories.RANGE_CATEGORIES == (
+        *("OPTIMIZER_STATE", "PARAMETER_UNSHARDED", "GRADIENT", "COMM_BUFFER"),
+        *("AUTOGRAD_DETAIL", "ACTIVATION", "UNKNOWN", "PREEXISTING"),
+    )
 
 
 def _cuda_oom_run(tmp_path: Path, snapshot: Path | None) -> Path:

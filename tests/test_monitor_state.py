@@ -8,7 +8,7 @@ from typing import Any
 from support.monitor_records import NOW, job, rec
 from zdiag.analyzers.detectors import comm_bound as comm_bound_rule
 from zdiag.analyzers.rank import verdict
-from zdiag.analyzers.run import crossrank
+from zdiag.analyzers.run import stragglers
 from zdiag.live import state as ms
 from zdiag.live.state import MonitorState
 from zdiag.tui.monitor_text import render_summary, view_to_json
@@ -65,14 +65,14 @@ def test_straggler_is_judged_on_the_analyzers_thresholds() -> None:
     """1 + UNEVEN_WORK_SHARE times the others' median, an excess of at least
     STRAGGLER_MIN_GAIN_SHARE of the step, critical from STRAGGLER_CRITICAL_GAIN_SHARE."""
     others, step = 70.0, 100.0
-    at_ratio = (1 + crossrank.UNEVEN_WORK_SHARE) * others
-    assert at_ratio - others >= crossrank.STRAGGLER_MIN_GAIN_SHARE * step  # the ratio decides
+    at_ratio = (1 + stragglers.UNEVEN_WORK_SHARE) * others
+    assert at_ratio - others >= stragglers.STRAGGLER_MIN_GAIN_SHARE * step  # the ratio decides
     assert _straggler(at_ratio * 0.999) is None
     found = _straggler(at_ratio)
     assert found is not None and found.ranks == [1] and found.severity == "warning"
-    assert found.evidence["min_excess_share"] == crossrank.UNEVEN_WORK_SHARE
-    assert found.evidence["min_gain_ms_per_step"] == crossrank.STRAGGLER_MIN_GAIN_SHARE * step
-    critical = others + crossrank.STRAGGLER_CRITICAL_GAIN_SHARE * step
+    assert found.evidence["min_excess_share"] == stragglers.UNEVEN_WORK_SHARE
+    assert found.evidence["min_gain_ms_per_step"] == stragglers.STRAGGLER_MIN_GAIN_SHARE * step
+    critical = others + stragglers.STRAGGLER_CRITICAL_GAIN_SHARE * step
     assert _straggler(critical - 0.5).severity == "warning"
     assert _straggler(critical + 0.5).severity == "critical"
     # two ranks: the straggler is compared with the other rank, not with a median it is part of
@@ -84,7 +84,7 @@ def test_straggler_on_one_shared_cpu_host_needs_the_analyzers_larger_gain() -> N
     """Ranks on the CPUs of one host compete for its cores: STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE
     of the step, and never critical (as `zdiag analyze` judges them)."""
     others, step = 70.0, 100.0
-    needed = others + crossrank.STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE * step
+    needed = others + stragglers.STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE * step
     assert _straggler(needed - 0.5, one_cpu_host=True) is None
     assert _straggler(needed - 0.5) is not None  # on GPUs or several hosts it is one
     found = _straggler(needed + 0.5, one_cpu_host=True)

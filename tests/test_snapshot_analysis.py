@@ -17,8 +17,8 @@ from support.snapshots import generate_snapshot, write_snapshot
 from zdiag.analyzers.detectors import run_context
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+from zdiag.analyzers.inputs.cuda_snapshot import is_snapshot_file
 from zdiag.analyzers.memory.snapshot_breakdown import analyze_snapshot
-from zdiag.analyzers.memory.snapshot_input import is_snapshot_file
 from zdiag.analyzers.report import decode_report, encode_report
 from zdiag.cli import main
 

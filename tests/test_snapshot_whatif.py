@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
+from zdiag.analyzers.inputs.cuda_snapshot import load_snapshot_data
 from zdiag.analyzers.memory.snapshot_breakdown import analyze_snapshot
-from zdiag.analyzers.memory.snapshot_input import load_snapshot_data
 from zdiag.harness.model import ModelArgs, Transformer
 
 UPPER_BOUND_FACTOR = 1.5

@@ -24,8 +24,9 @@ from ...collectors.rundir import (
     read_run_json,
     run_file,
 )
+from ..inputs.cuda_snapshot import read_snapshot
 from ..inputs.model_facts import ModelFacts
-from ..memory.memory_snapshot import read_snapshot, summarize_snapshot
+from ..memory.memory_snapshot import summarize_snapshot
 from ..rank.fsdp_ledger import RankLedger
 from ..rank.host_syncs import HostSyncSites
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown

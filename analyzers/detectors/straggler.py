@@ -1,9 +1,9 @@
-"""`straggler`: ranks that arrive last at collectives and make the others wait (crossrank.py)."""
+"""`straggler`: ranks that arrive last at collectives and make the others wait (run/stragglers.py)."""
 
 from __future__ import annotations
 
 from ..report import Finding
-from ..run.crossrank import find_stragglers
+from ..run.stragglers import find_stragglers
 from .context import DetectorContext
 from .facts import cpu_only
 

@@ -37,16 +37,14 @@ from ...collectors.rundir import (
     step_log_relpath,
 )
 from ..detectors.hang_finding import dump_warnings
+from ..inputs import cuda_snapshot, memory_timeline
+from ..inputs.cuda_snapshot import is_snapshot_file
 from ..inputs.flight_dumps import read_dumps
-from ..inputs.loader import rank_from_file_name
+from ..inputs.loader import TRACE_SUFFIXES, is_trace_name, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
-from ..memory.snapshot_input import (
-    SNAPSHOT_SKIPPED,
-    SnapshotResult,
-    is_snapshot_file,
-    load_breakdowns,
-)
+from ..inputs.registry import reader_for
+from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
 from ..report import MemoryTimeline
 from ..run.run_data import RunData
@@ -56,18 +54,13 @@ from .summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOW
 
 Progress = Callable[[int, int, str], None]
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-_NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
 
 # --- discovering inputs ---------------------------------------------------------------------
 
 
 def _is_trace_name(path: Path) -> bool:
     """Trace-like file names in folders; hidden and temporary files (being written) are skipped."""
-    name = path.name.lower()
-    if name.startswith(".") or ".tmp" in name or name.endswith("~"):
-        return False
-    return name.endswith(TRACE_SUFFIXES) and not any(x in name for x in _NOT_TRACES)
+    return is_trace_name(path.name)
 
 
 def _read_manifest(run_dir: Path) -> Manifest | None:
@@ -98,12 +91,6 @@ def manifest_ranks(
             continue
         found[path] = entry.rank
     return found
-
-
-def is_memory_timeline_name(path: Path) -> bool:
-    """File names that `export_memory_timeline` outputs usually get (not Kineto traces)."""
-    name = path.name.lower()
-    return "timeline" in name or name.endswith((".raw.json.gz", ".raw.gz", ".raw.json"))
 
 
 @dataclass
@@ -207,12 +194,14 @@ def discover(paths: list[Path]) -> Inputs:
                     "torch.profiler traces or of torch.cuda.memory snapshots."
                 )
             files.extend(found)
-        elif is_memory_timeline_name(p):
-            memory.append(p)
-        elif is_snapshot_file(p):
-            snapshots.append(p)
         else:
-            files.append(p)
+            reader = reader_for(p)
+            if reader is memory_timeline.READER:
+                memory.append(p)
+            elif reader is cuda_snapshot.READER:
+                snapshots.append(p)
+            else:
+                files.append(p)  # a trace, or none: the trace reader says what is wrong
     if not files and memory and not snapshots:
         raise InputError(
             f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "

@@ -22,7 +22,7 @@ from ..rank import verdict
 from ..rank.summary import RankSummary
 from ..rank.timeline import select_timelines
 from ..report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
-from ..run import crossrank
+from ..run import stragglers
 from ..run.crossrank import CrossRankResult
 from ..run.crossrank_match import match_collectives
 from ..run.process_groups import process_group_stats
@@ -90,7 +90,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
 
     thresholds = {} if run.flight_recorder_only else verdict.thresholds()
     if multi_rank:
-        thresholds.update(crossrank.thresholds())
+        thresholds.update(stragglers.thresholds())
     warnings = list(run.warnings)
     if multi_rank:
         warnings += [f"cross-rank: {w}" for w in matching.warnings]
@@ -110,7 +110,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         memory=memory,
         memory_breakdowns=breakdowns,
         fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
-        stragglers=crossrank.straggler_stats(matching) if multi_rank else [],
+        stragglers=stragglers.straggler_stats(matching) if multi_rank else [],
         process_groups=(
             process_group_stats(
                 ((s.collective_columns(), len(s.steps), s.facts.process_groups) for s in summaries),

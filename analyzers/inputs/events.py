@@ -19,9 +19,10 @@ ops, `record_param_comms`, `nccl:*`/`gloo:*`/`c10d::*` ops, `FSDP::*` / `Profile
 annotations); look it up with `trace.args.get(i, {})`. It is a read-only Mapping whose dicts are
 built on first access. Kept keys: External id, correlation, Collective name, In/Out msg nelems,
 dtype, Group size, Process Group Name/Description/Ranks, Input Dims, Input type (ask for
-more in loader._Args: every key is a field there, and each costs memory on huge traces).
+more in kineto_batches.EventArgs: every key is a field there, and each costs memory on huge traces).
 
-`collectives` is one row per communication event that counts as device communication (comm
+`collectives` (built by the map, `rank.collective_table.collectives_of`, not by the reader) is
+one row per communication event that counts as device communication (comm
 kernels on GPU runs; `gloo:*`/`nccl:*` ops on host-only runs) with its collective kind
 (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`, `broadcast`, `send_recv`, ...),
 element counts, dtype, bytes, group size and process group when the trace says so.
@@ -29,7 +30,8 @@ element counts, dtype, bytes, group size and process group when the trace says s
 Example (count all-gather kernels on rank 0):
 
     t = load_rank_trace(Path("trace.json.gz"))  # analyzers/inputs/loader.py
-    n = int((t.collectives.kind == t.collectives.kinds.index("all_gather")).sum())
+    c = collectives_of(t)  # analyzers/rank/collective_table.py
+    n = int((c.kind == c.kinds.index("all_gather")).sum())
 """
 
 from __future__ import annotations
@@ -189,7 +191,9 @@ class RankTrace:
     correlation: IntArray
     external_id: IntArray
     args: Mapping[int, dict[str, Any]] = field(default_factory=dict)
-    collectives: Collectives = field(default_factory=Collectives.empty)
+    # The map's table of communication events (`rank.collective_table.collectives_of` builds it
+    # on first use; the reader leaves it None).
+    collectives: Collectives | None = None
     distributed_info: dict[str, Any] | None = None
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     host: str | None = None

@@ -29,6 +29,7 @@ from .flight_dump_parse import (
     rank_from_name,
 )
 from .plain_pickle import PlainUnpickler
+from .reader import Reader
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 """Largest dump read (a 20k-entry buffer with C++ stacks is tens of MB); larger is refused."""
@@ -216,3 +217,13 @@ def read_dumps(paths: Iterable[Path]) -> list[RankDump]:
             "to analyze."
         )
     return sorted(dumps, key=lambda d: d.rank)
+
+
+READER = Reader(
+    name="flight-recorder-dump",
+    what="torch.distributed flight-recorder dump",
+    sniff=lambda _path, head: _sniff(head[:SNIFF_BYTES]),
+    read=read_dump,
+)
+"""Flight-recorder dumps in the input registry (recognized by content: a pickled dict whose
+first item is its format version)."""

@@ -102,23 +102,7 @@ def hta_breakdown(
     from hta.common.trace import Trace
     from hta.trace_analysis import TraceAnalysis
 
-    if isinstance(paths, Path):
-        if not paths.is_dir():
-            raise InputError(f"{paths}: not a folder of traces")
-        trace_dir = str(paths)
-        trace_files: dict[int, str] | None = None
-        label = str(paths)
-    else:
-        given = [Path(p) for p in paths]
-        files = [p.resolve() for p in given]  # HTA needs one real folder holding them all
-        if not files:
-            raise InputError("no trace files given to HTA")
-        rank_list = list(ranks) if ranks is not None else list(range(len(files)))
-        if len(rank_list) != len(files) or len(set(rank_list)) != len(rank_list):
-            raise InputError("give one distinct rank per trace file")
-        trace_files = {r: str(f) for r, f in zip(rank_list, files, strict=True)}
-        trace_dir = str(files[0].parent)
-        label = ", ".join(str(p) for p in given)  # errors name the paths the user gave
+    trace_dir, trace_files, label = _hta_inputs(paths, ranks)
 
     from hta.configs.env_options import HTAEnvOptions
 
@@ -152,6 +136,32 @@ def hta_breakdown(
         hta_logger.setLevel(saved_level)
         options.set_disable_ns_rounding(saved_rounding_off)
 
+    return _breakdowns(breakdown, overlap)
+
+
+def _hta_inputs(
+    paths: Sequence[Path] | Path, ranks: Sequence[int] | None
+) -> tuple[str, dict[int, str] | None, str]:
+    """(HTA's trace folder, its rank -> file map or None for the whole folder, the paths as
+    errors name them); InputError for what HTA cannot be given."""
+    if isinstance(paths, Path):
+        if not paths.is_dir():
+            raise InputError(f"{paths}: not a folder of traces")
+        return str(paths), None, str(paths)
+    given = [Path(p) for p in paths]
+    files = [p.resolve() for p in given]  # HTA needs one real folder holding them all
+    if not files:
+        raise InputError("no trace files given to HTA")
+    rank_list = list(ranks) if ranks is not None else list(range(len(files)))
+    if len(rank_list) != len(files) or len(set(rank_list)) != len(rank_list):
+        raise InputError("give one distinct rank per trace file")
+    trace_files = {r: str(f) for r, f in zip(rank_list, files, strict=True)}
+    label = ", ".join(str(p) for p in given)  # errors name the paths the user gave
+    return str(files[0].parent), trace_files, label
+
+
+def _breakdowns(breakdown: Any, overlap: Any) -> list[HtaBreakdown]:
+    """HTA's temporal breakdown and overlap tables as HtaBreakdowns, by rank."""
     # HTA returns the overlap as a percentage rounded to 0.01
     ratio_by_rank: dict[int, float | None] = {}
     for r, pct in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"], strict=True):

@@ -30,6 +30,7 @@ from zdiag.errors import InputError
 
 from ..report import MemoryTimeline
 from .loader import read_trace_bytes
+from .reader import Reader
 
 CATEGORIES = (
     "PARAMETER",
@@ -47,6 +48,12 @@ MAX_MEMORY_POINTS = 2000
 """Points kept per memory timeline (peak-preserving reduction)."""
 
 _ACTION_PREEXISTING, _ACTION_CREATE, _ACTION_INCREMENT, _ACTION_DESTROY = 1, 2, 3, 4
+
+
+def is_memory_timeline_name(path: str | Path) -> bool:
+    """File names that `export_memory_timeline` outputs usually get (not Kineto traces)."""
+    name = Path(path).name.lower()
+    return "timeline" in name or name.endswith((".raw.json.gz", ".raw.gz", ".raw.json"))
 
 
 def load_memory_timeline(
@@ -138,7 +145,7 @@ def summarize(
         return MemoryTimeline(rank=rank, source="memory_timeline", capacity_bytes=capacity_bytes)
     total = by_cat.sum(axis=1)
     peak_at = int(np.argmax(total))
-    keep = _peak_preserving(total, MAX_MEMORY_POINTS)
+    keep = peak_preserving(total, MAX_MEMORY_POINTS)
     if origin_us is None:
         origin = float(times_us[0])
     elif isinstance(origin_us, list):
@@ -162,7 +169,7 @@ def summarize(
     )
 
 
-def _peak_preserving(total: npt.NDArray[np.int64], limit: int) -> npt.NDArray[np.int64]:
+def peak_preserving(total: npt.NDArray[np.int64], limit: int) -> npt.NDArray[np.int64]:
     """Indices to keep: all when few, else the max of each of `limit` equal buckets."""
     n = len(total)
     if n <= limit:
@@ -174,3 +181,11 @@ def _peak_preserving(total: npt.NDArray[np.int64], limit: int) -> npt.NDArray[np
         if hi > lo
     ]
     return np.asarray(keep, dtype=np.int64)
+
+
+READER = Reader(
+    name="memory-timeline",
+    what="torch.profiler memory timeline (export_memory_timeline's JSON, coalesced or raw)",
+    sniff=lambda path, head: is_memory_timeline_name(path),
+    read=load_memory_timeline,
+)

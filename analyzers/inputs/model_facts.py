@@ -42,6 +42,7 @@ from pathlib import Path
 from zdiag.errors import InputError
 
 from ...collectors.model_schema import (
+    MODEL_SCHEMA,
     DdpConfig,
     DeepSpeedConfig,
     Fsdp1Instance,
@@ -51,6 +52,7 @@ from ...collectors.model_schema import (
 )
 from ...collectors.rundir import model_description_relpath, read_run_json
 from ..frameworks.fsdp1 import unit_name as fsdp1_unit_name
+from .reader import Reader
 
 MIN_BLOCK_SHARE = 0.002  # a block under 0.2 % of the model's parameter bytes is too fine
 COVERAGE_TIE = 0.10  # coverages this close to the best count as a tie (finest class wins)
@@ -341,3 +343,24 @@ def python_path(module_path: str, root: str = "model") -> str:
     for part in module_path.split(".") if module_path else ():
         out += f"[{part}]" if part.isdigit() else f".{part}"
     return out
+
+
+_DESCRIPTION_NAME = re.compile(r"rank-\d+\.json")
+
+
+def _is_description(path: str | Path, head: bytes) -> bool:
+    """A run directory's `model/rank-<N>.json` whose first bytes name the schema."""
+    p = Path(path)
+    return (
+        p.parent.name == "model"
+        and _DESCRIPTION_NAME.fullmatch(p.name) is not None
+        and MODEL_SCHEMA.encode() in head
+    )
+
+
+READER = Reader(
+    name="model-description",
+    what=f"model description ({MODEL_SCHEMA}, a run directory's model/rank-<N>.json)",
+    sniff=_is_description,
+    read=load_description,
+)

@@ -1,12 +1,22 @@
-"""Loading plain pickles with bounds: no class or function, a memory budget, a time limit.
+"""Plain pickles, read with bounds: no class or function loads, under a memory budget and a
+time limit, optionally in a forked child process.
 
-`PlainUnpickler` accepts only the pickle protocol's own containers and scalars (dict, list,
-tuple, str, bytes, numbers, None): a file that names any class or function is refused, so a
-crafted pickle cannot run code. Its `load` runs under an address-space budget,
-`memory_budget(size)` (a 10-byte pickle can otherwise ask for gigabytes of memo table), and,
-for in-memory input, stops after PICKLE_LOAD_SECONDS. CUDA memory snapshots
-(analyzers/memory/memory_snapshot.py) and flight-recorder dumps (flight_dumps.py) are read
-with it.
+Used for CUDA memory snapshots (`cuda_snapshot.py`) and flight-recorder dumps. The unpickler
+accepts plain containers only (dict, list, str, int, float, bool, None): a file that names any
+class or function is refused, so a crafted pickle can not run code. torch is never imported.
+
+- **Memory.** `load_plain_pickle` reads only a regular file within the size cap of `safe_read`
+  and loads it under a memory budget, `memory_budget(size)`: PICKLE_MEMORY_BASE_BYTES +
+  PICKLE_MEMORY_PER_BYTE x the file's size, never more than PICKLE_MEMORY_MAX_BYTES nor
+  PICKLE_MEMORY_MAX_SHARE of the machine's memory (a 10-byte pickle can otherwise ask the
+  unpickler for gigabytes of memo table).
+- **Time.** `run_isolated` reads (and analyzes) a file in a forked child process under the
+  memory budget, killed after MAX_SNAPSHOT_SECONDS: work inside the C unpickler (hashing a
+  tuple that nests itself 2**40 times, as a 200-byte pickle can ask) cannot be interrupted
+  in-process. Without fork (not Linux, or other threads running) the work runs in this process
+  and the unpickler checks PICKLE_LOAD_SECONDS between input chunks.
+
+Any bound exceeded is an InputError (one sentence).
 """
 
 from __future__ import annotations
@@ -15,12 +25,21 @@ import io
 import os
 import pickle
 import resource
+import select
+import signal
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
 
-from .safe_read import current_limits
+from zdiag.errors import InputError
+
+from .decode_batches import fork_available
+from .safe_read import current_limits, open_regular, read_capped
+
+T = TypeVar("T")
 
 PICKLE_MEMORY_BASE_BYTES = 256 << 20
 PICKLE_MEMORY_PER_BYTE = 16
@@ -36,6 +55,10 @@ vouches for the input) lifts both caps; the per-byte budget stays."""
 PICKLE_LOAD_SECONDS = 60.0
 """An in-process load stops after this long (checked each time the unpickler asks for more
 input, every 64 KiB frame of a pickle protocol 4 file)."""
+MAX_SNAPSHOT_SECONDS = 60.0
+"""Wall time to read and analyze one snapshot (`run_isolated` kills the work after it; a
+100 MB snapshot takes ~4 s)."""
+_RESULT_MAX_BYTES = 1 << 30  # what a child process may send back (a summary, not the data)
 
 
 class PlainUnpickler(pickle.Unpickler):
@@ -63,7 +86,7 @@ class PlainUnpickler(pickle.Unpickler):
         """The unpickled object (`PickleMemoryError` beyond the budget, `PickleTimeError`
         beyond the time)."""
         try:
-            with address_space_budget(memory_budget(self._input_bytes)):
+            with _memory_budget(memory_budget(self._input_bytes)):
                 return super().load()
         except MemoryError:
             raise PickleMemoryError(
@@ -144,7 +167,7 @@ def memory_budget(input_bytes: int) -> int:
 
 
 @contextmanager
-def address_space_budget(extra_bytes: int) -> Iterator[None]:
+def _memory_budget(extra_bytes: int) -> Iterator[None]:
     """Let the process grow by at most `extra_bytes` of address space inside the block (Linux;
     a no-op where the limit cannot be read or set). Allocations past it raise MemoryError."""
     try:
@@ -165,3 +188,139 @@ def address_space_budget(extra_bytes: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, old)
+
+
+def load_plain_pickle(path: str | Path, what: str, root: Path | None = None) -> Any:
+    """The plain data (dict, list, str, bytes, numbers, None) pickled in `path`, read with
+    bounds: a regular file (inside `root`, when given) within `safe_read`'s size cap, no class or
+    function (refused: nothing runs), a memory budget and PICKLE_LOAD_SECONDS while loading.
+
+    The loaded object may still share containers (pickle's memo): walk it visiting each
+    container once (see `cuda_snapshot.SnapshotReader`). InputError, one sentence naming `what`, otherwise.
+    """
+    p = Path(path)
+    with open_regular(p, what, root) as f:
+        data = read_capped(f, p, what, current_limits().max_bytes)
+    try:
+        return PlainUnpickler(io.BytesIO(data)).load()
+    except (PickleMemoryError, PickleTimeError) as exc:
+        raise InputError(f"{p}: the {what} was not loaded: {exc}.") from None
+    except RecursionError:
+        raise InputError(
+            f"{p}: the {what} is nested too deep to read; it was not loaded."
+        ) from None
+    except Exception as exc:  # truncated, corrupt, or names a class: all the same to the user
+        raise InputError(
+            f"{p}: not a readable {what} ({type(exc).__name__}: {str(exc)[:100]}); "
+            "re-create it or remove the file."
+        ) from None
+
+
+def run_isolated(fn: Callable[..., T], *args: Any, path: Path, what: str) -> T:
+    """`fn(*args)` in a forked child process, its result sent back pickled: the child may grow
+    by `memory_budget(size of path)` and is killed after MAX_SNAPSHOT_SECONDS, whatever it is
+    doing (InputError, naming `path` and `what`, when it is). An InputError in the child is
+    raised here; any other exception is a RuntimeError (a bug, not the input's fault). Without
+    fork, `fn(*args)` runs here (the unpickler's own bounds still apply)."""
+    if not fork_available():
+        return fn(*args)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0  # the child's open says why
+    budget = memory_budget(size)
+    seconds = MAX_SNAPSHOT_SECONDS
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        _child(fn, args, w, r, budget)
+    os.close(w)
+    try:
+        payload, code = _collect(r, pid, seconds, path, what)
+    finally:
+        os.close(r)
+    try:
+        status, value = pickle.loads(payload)
+    except Exception:  # no result: killed (the kernel's out-of-memory killer) or crashed
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        status, value = "died", f"the process reading it stopped without a result ({how})"
+    if status == "ok":
+        return value
+    if status == "input":
+        raise InputError(value)
+    if status == "memory":
+        raise InputError(
+            f"{path}: the {what} was not read: it needs more than the {budget >> 20} MiB of "
+            f"memory its {size} bytes may take (a damaged or hostile file; if it is genuine, "
+            "--max-trace-gb lifts the fixed cap)."
+        )
+    if status == "died":
+        raise InputError(f"{path}: the {what} was not read: {value}.")
+    raise RuntimeError(f"reading {path} failed: {value}")
+
+
+def _child(fn: Callable[..., Any], args: tuple[Any, ...], w: int, r: int, budget: int) -> None:
+    """The forked child: run `fn` under the memory budget, send (status, value), exit."""
+    code = 0
+    try:
+        os.close(r)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            with _memory_budget(budget):
+                out: tuple[str, Any] = ("ok", fn(*args))
+        except InputError as exc:
+            out = ("input", exc.message)
+        except MemoryError:
+            out = ("memory", "")
+        except RecursionError:
+            out = ("died", "it is nested too deep to read")
+        except BaseException as exc:  # a bug: the parent reports it as one
+            out = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        try:
+            payload = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            payload = pickle.dumps(("error", f"result not picklable: {exc}"))
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(w, view) :]
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _collect(r: int, pid: int, seconds: float, path: Path, what: str) -> tuple[bytes, int]:
+    """The child's whole output and its exit code (negative: the signal that ended it); kills
+    it once `seconds` have passed (InputError then)."""
+    deadline = time.monotonic() + seconds
+    chunks: list[bytes] = []
+    got = 0
+    done = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise InputError(
+                    f"{path}: the {what} was not read: it takes longer than the "
+                    f"{seconds:g} s a snapshot may take (a damaged or hostile file)."
+                )
+            ready, _, _ = select.select([r], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > _RESULT_MAX_BYTES:
+                raise InputError(f"{path}: the {what} gives a result too large to keep.")
+            chunks.append(chunk)
+        _, status = os.waitpid(pid, 0)
+        done = True
+    finally:
+        if not done:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    return b"".join(chunks), os.waitstatus_to_exitcode(status)

@@ -21,9 +21,10 @@ from typing import Any
 
 from zdiag.errors import ConfigError, InputError
 
+from .loader import is_trace_name
+from .reader import Reader
+
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
-TRACE_SUFFIXES = (".json", ".json.gz")
-_NOT_TRACES = ("manifest", "timeline", "snapshot", ".oom.", "report", "metrics")
 
 
 def is_url(text: str | Path) -> bool:
@@ -42,13 +43,6 @@ def _fsspec() -> Any:
         ) from None
 
 
-def _is_trace_name(name: str) -> bool:
-    low = name.lower()
-    if low.startswith(".") or ".tmp" in low:
-        return False
-    return low.endswith(TRACE_SUFFIXES) and not any(x in low for x in _NOT_TRACES)
-
-
 def _filesystem(fsspec: Any, url: str) -> tuple[Any, str]:
     """fsspec's filesystem for `url`; ConfigError when its package is missing (e.g. s3fs)."""
     try:
@@ -65,7 +59,7 @@ def list_remote_traces(url: str) -> list[str]:
         fs, root = _filesystem(fsspec, url)
         if fs.isfile(root):
             return [url]
-        found = [p for p in fs.find(root) if _is_trace_name(PurePosixPath(p).name)]
+        found = [p for p in fs.find(root) if is_trace_name(PurePosixPath(p).name)]
     except (OSError, ValueError) as exc:
         raise InputError(
             f"{url}: cannot be listed ({exc}); check the URL and credentials."
@@ -93,3 +87,11 @@ def fetched(url: str) -> Iterator[Path]:
                 f"{url}: cannot be read ({exc}); check the URL and credentials."
             ) from None
         yield local
+
+
+READER = Reader(
+    name="remote",
+    what="a trace behind a URL (s3://, gs://, ... through fsspec), copied to a local file",
+    sniff=lambda path, head: is_url(path),
+    read=fetched,
+)

@@ -3,8 +3,8 @@
 
 Each event is one allocation (`Bytes` > 0) or free (`Bytes` < 0) of the caching allocator, with
 the allocator's `Total Allocated` and `Total Reserved` after it, on a thread at a time. There is
-no stack, so the category comes from the host ranges around the event on its thread, in the
-snapshot categorizer's precedence (first match wins):
+no stack, so the category comes from the host ranges around the event on its thread, by the
+range rules of the one category table (`categories.py`), first match wins:
 
 1. `OPTIMIZER_STATE`: inside `Optimizer.step` / `Optimizer.zero_grad` ranges;
 2. `PARAMETER_UNSHARDED`: inside FSDP ranges that gather (`all_gather`, `unshard`, FSDP2's
@@ -34,41 +34,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..inputs.events import EventKind, MemoryEvents, RankTrace
-from ..inputs.memory_timeline import _peak_preserving
+from ..inputs.memory_timeline import peak_preserving
 from ..report import MemoryBreakdown, MemoryTimeline
+from .categories import RANGE_CATEGORIES, RANGE_RULES
 from .snapshot_whatif import predict
 
 MAX_TIMELINE_POINTS = 2000
 REPLAY_TOLERANCE = 0.01
 """Replayed `Bytes` may differ from `Total Allocated` by this share before a warning."""
-
-CATEGORIES = (
-    "OPTIMIZER_STATE",
-    "PARAMETER_UNSHARDED",
-    "GRADIENT",
-    "COMM_BUFFER",
-    "AUTOGRAD_DETAIL",
-    "ACTIVATION",
-    "UNKNOWN",
-    "PREEXISTING",
-)
-
-_RANGE_RULES: tuple[tuple[str, tuple[EventKind, ...], tuple[str, ...]], ...] = (
-    (
-        "OPTIMIZER_STATE",
-        (EventKind.USER_ANNOTATION, EventKind.CPU_OP),
-        ("Optimizer.step", "Optimizer.zero_grad"),
-    ),
-    (
-        "PARAMETER_UNSHARDED",
-        (EventKind.FSDP_ANNOTATION,),
-        ("all_gather", "unshard", "pre_forward", "pre_backward"),
-    ),
-    ("GRADIENT", (EventKind.CPU_OP, EventKind.FSDP_ANNOTATION), ("AccumulateGrad", "reduce")),
-    ("COMM_BUFFER", (EventKind.COMM_OP,), ("",)),
-    ("AUTOGRAD_DETAIL", (EventKind.CPU_OP,), ("autograd::engine::evaluate_function",)),
-    ("ACTIVATION", (EventKind.PROFILER_STEP,), ("",)),
-)
 
 
 def _lane_index(trace: RankTrace) -> dict[tuple[object, object], int]:
@@ -119,6 +92,63 @@ def _device(mem: MemoryEvents) -> tuple[npt.NDArray[np.int64], int | None]:
     return np.flatnonzero(mem.device_type == 0), None
 
 
+def _categories(
+    trace: RankTrace,
+    mem: MemoryEvents,
+    rows: npt.NDArray[np.int64],
+    ts: npt.NDArray[np.float64],
+    delta: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int16]:
+    """Each event's index into RANGE_CATEGORIES: the first range rule that covers an
+    allocation; a free takes its allocation's category (PREEXISTING without one)."""
+    lane_of = _lane_index(trace)
+    event_lane = np.fromiter(
+        (lane_of.get((mem.pid[r], mem.tid[r]), -1) for r in rows.tolist()), np.int64, len(rows)
+    )
+    cat = np.full(len(rows), RANGE_CATEGORIES.index("UNKNOWN"), dtype=np.int16)
+    decided = np.zeros(len(rows), dtype=bool)
+    for name, kinds, parts in RANGE_RULES:
+        hit = _inside(trace, event_lane, ts, kinds, parts) & ~decided
+        cat[hit] = RANGE_CATEGORIES.index(name)
+        decided |= hit
+    # frees take their allocation's category
+    pre = RANGE_CATEGORIES.index("PREEXISTING")
+    open_alloc: dict[int, int] = {}
+    addrs = mem.addr[rows].tolist()
+    for i, (a, d) in enumerate(zip(addrs, delta.tolist(), strict=True)):
+        if d > 0:
+            open_alloc[a] = int(cat[i])
+        elif d < 0:
+            cat[i] = open_alloc.pop(a, pre)
+    return cat
+
+
+def _by_category(
+    cat: npt.NDArray[np.int16],
+    delta: npt.NDArray[np.int64],
+    start: int,
+    keep: npt.NDArray[np.int64],
+    peak_at: int,
+) -> tuple[dict[str, list[int]], dict[str, int], dict[str, int]]:
+    """Bytes by category: the kept points of the series, at the peak, and at the end (the
+    bytes from before the first event are PREEXISTING's)."""
+    by_cat: dict[str, list[int]] = {}
+    peak_cat: dict[str, int] = {}
+    now_cat: dict[str, int] = {}
+    for j, name in enumerate(RANGE_CATEGORIES):
+        mask = cat == j
+        if not mask.any() and name != "PREEXISTING":
+            continue
+        cum = np.cumsum(np.where(mask, delta, 0)) + (start if name == "PREEXISTING" else 0)
+        if cum[keep].any():
+            by_cat[name] = [int(v) for v in cum[keep]]
+        if cum[peak_at]:
+            peak_cat[name] = int(cum[peak_at])
+        if cum[-1]:
+            now_cat[name] = int(cum[-1])
+    return by_cat, peak_cat, now_cat
+
+
 def kineto_memory(
     trace: RankTrace, capacity_bytes: int | None = None
 ) -> tuple[MemoryBreakdown | None, MemoryTimeline | None, list[str]]:
@@ -136,25 +166,7 @@ def kineto_memory(
     delta = mem.nbytes[rows]
     total = mem.total_allocated[rows]
     reserved = mem.total_reserved[rows]
-    lane_of = _lane_index(trace)
-    event_lane = np.fromiter(
-        (lane_of.get((mem.pid[r], mem.tid[r]), -1) for r in rows.tolist()), np.int64, len(rows)
-    )
-    cat = np.full(len(rows), CATEGORIES.index("UNKNOWN"), dtype=np.int16)
-    decided = np.zeros(len(rows), dtype=bool)
-    for name, kinds, parts in _RANGE_RULES:
-        hit = _inside(trace, event_lane, ts, kinds, parts) & ~decided
-        cat[hit] = CATEGORIES.index(name)
-        decided |= hit
-    # frees take their allocation's category
-    pre = CATEGORIES.index("PREEXISTING")
-    open_alloc: dict[int, int] = {}
-    addrs = mem.addr[rows].tolist()
-    for i, (a, d) in enumerate(zip(addrs, delta.tolist(), strict=True)):
-        if d > 0:
-            open_alloc[a] = int(cat[i])
-        elif d < 0:
-            cat[i] = open_alloc.pop(a, pre)
+    cat = _categories(trace, mem, rows, ts, delta)
     have_total = bool((total >= 0).all())
     start = int(total[0] - delta[0]) if have_total else 0
     replayed = start + np.cumsum(delta)
@@ -168,21 +180,8 @@ def kineto_memory(
                 f"Allocated' by up to {worst} bytes (events lost?); totals are the allocator's"
             )
     peak_at = int(np.argmax(series))
-    keep = _peak_preserving(series, MAX_TIMELINE_POINTS)
-    by_cat: dict[str, list[int]] = {}
-    peak_cat: dict[str, int] = {}
-    now_cat: dict[str, int] = {}
-    for j, name in enumerate(CATEGORIES):
-        mask = cat == j
-        if not mask.any() and name != "PREEXISTING":
-            continue
-        cum = np.cumsum(np.where(mask, delta, 0)) + (start if name == "PREEXISTING" else 0)
-        if cum[keep].any():
-            by_cat[name] = [int(v) for v in cum[keep]]
-        if cum[peak_at]:
-            peak_cat[name] = int(cum[peak_at])
-        if cum[-1]:
-            now_cat[name] = int(cum[-1])
+    keep = peak_preserving(series, MAX_TIMELINE_POINTS)
+    by_cat, peak_cat, now_cat = _by_category(cat, delta, start, keep, peak_at)
     origin = trace.trace_start_us
     timeline = MemoryTimeline(
         rank=trace.rank,

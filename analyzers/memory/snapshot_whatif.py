@@ -37,7 +37,7 @@ MIB = 1024**2
 
 
 class LiveBlock(Protocol):
-    """A block live at the peak (snapshot_breakdown._Live)."""
+    """A block live at the peak (`snapshot_replay.Live`)."""
 
     size: int
     category: str
@@ -86,141 +86,148 @@ def predict(
     world_size: int | None = None,
 ) -> list[WhatIf]:
     """The what-if predictions for one rank's peak (see the module docstring)."""
-    cats = peak_category_bytes
-    out: list[WhatIf] = []
+    peak = _Peak(peak_bytes, peak_category_bytes, capacity_bytes)
+    out = [_checkpointing(live, peak)]
+    micro = _micro_batch(peak)
+    if micro is not None:
+        out.append(micro)
+    if peak.unsharded:
+        out.append(_reshard(peak, unit_gather_bytes))
+    if peak.cat("OPTIMIZER_STATE"):
+        out += _optimizer(peak, world_size)
+    bf16 = _bf16(peak)
+    if bf16 is not None:
+        out.append(bf16)
+    return out
+
+
+class _Peak:
+    """The peak a prediction starts from: its bytes, its bytes by category, the capacity."""
+
+    def __init__(self, bytes_: int, cats: dict[str, int], capacity: int | None) -> None:
+        self.bytes = bytes_
+        self.cats = cats
+        self.capacity = capacity
+        self.unsharded = cats.get("PARAMETER_UNSHARDED", 0)
+
+    def cat(self, name: str) -> int:
+        """The peak's bytes of one category (0 when none)."""
+        return self.cats.get(name, 0)
+
+    def predicted(
+        self, change: str, pred: int, arithmetic: str, saved: int | None = None
+    ) -> WhatIf:
+        """A prediction of `pred` bytes at the peak (saved: the peak less it, unless given)."""
+        return WhatIf(
+            change=change,
+            predicted_peak_bytes=pred,
+            saved_bytes=self.bytes - pred if saved is None else saved,
+            arithmetic=arithmetic,
+            fits=_fits(pred, self.capacity),
+        )
+
+
+def _unknown(change: str, why: str) -> WhatIf:
+    """A fix whose effect cannot be predicted from what was recorded."""
+    return WhatIf(change=change, predicted_peak_bytes=None, saved_bytes=None, arithmetic=why)
+
+
+def _checkpointing(live: Sequence[LiveBlock], peak: _Peak) -> WhatIf:
+    """Activation checkpointing per block, from the repeated blocks at the peak."""
+    change = "activation checkpointing per block"
     rep = repeated_blocks(live)
-    if rep is not None:
-        root, n, a_blocks, inp = rep
-        per_block = a_blocks // n
-        raw = peak_bytes - a_blocks + n * inp + per_block
-        pred = min(raw, peak_bytes)
-        note = "" if raw < peak_bytes else " >= the peak: no saving (already checkpointed?)"
-        out.append(
-            WhatIf(
-                change="activation checkpointing per block",
-                predicted_peak_bytes=pred,
-                saved_bytes=peak_bytes - pred,
-                arithmetic=(
-                    f"{_mib(peak_bytes)} peak - {_mib(a_blocks)} activations of {n} blocks "
-                    f"(called at {root}) + {n} x {_mib(inp)} kept inputs + {_mib(per_block)} "
-                    f"one block recomputed = {_mib(raw)}{note}"
-                ),
-                fits=_fits(pred, capacity_bytes),
-            )
+    if rep is None:
+        return _unknown(
+            change,
+            "no repeated block call found among the activations' stacks "
+            "(no stacks, or no module called more than once)",
+        )
+    root, n, a_blocks, inp = rep
+    per_block = a_blocks // n
+    raw = peak.bytes - a_blocks + n * inp + per_block
+    note = "" if raw < peak.bytes else " >= the peak: no saving (already checkpointed?)"
+    return peak.predicted(
+        change,
+        min(raw, peak.bytes),
+        f"{_mib(peak.bytes)} peak - {_mib(a_blocks)} activations of {n} blocks "
+        f"(called at {root}) + {n} x {_mib(inp)} kept inputs + {_mib(per_block)} "
+        f"one block recomputed = {_mib(raw)}{note}",
+    )
+
+
+def _micro_batch(peak: _Peak) -> WhatIf | None:
+    """The micro-batch halved: activations and autograd temporaries halve."""
+    act, tmp = peak.cat("ACTIVATION"), peak.cat("AUTOGRAD_DETAIL")
+    if not act + tmp:
+        return None
+    pred = peak.bytes - (act + tmp) // 2
+    return peak.predicted(
+        "micro-batch halved (2x gradient accumulation)",
+        pred,
+        f"{_mib(peak.bytes)} - ({_mib(act)} activations + {_mib(tmp)} autograd "
+        f"temporaries) / 2 = {_mib(pred)}",
+    )
+
+
+def _reshard(peak: _Peak, unit_gather_bytes: int | None) -> WhatIf:
+    """reshard_after_forward=True: only one unit stays gathered."""
+    change = "reshard_after_forward=True"
+    if not unit_gather_bytes:
+        return _unknown(change, "unknown: one unit's gathered size needs the allocator history")
+    one = min(unit_gather_bytes, peak.unsharded)
+    pred = peak.bytes - (peak.unsharded - one)
+    return peak.predicted(
+        change,
+        pred,
+        f"{_mib(peak.bytes)} - ({_mib(peak.unsharded)} gathered - {_mib(one)} of one "
+        f"unit) = {_mib(pred)}",
+    )
+
+
+def _optimizer(peak: _Peak, world_size: int | None) -> list[WhatIf]:
+    """The optimizer state sharded over the ranks, and offloaded to the CPU."""
+    opt = peak.cat("OPTIMIZER_STATE")
+    if peak.unsharded:
+        sharded = peak.predicted(
+            "optimizer state sharded",
+            peak.bytes,
+            "FSDP gathers parameters here, so its optimizer state is already sharded",
+        )
+    elif world_size and world_size > 1:
+        pred = peak.bytes - opt + opt // world_size
+        sharded = peak.predicted(
+            f"optimizer state sharded over {world_size} ranks",
+            pred,
+            f"{_mib(peak.bytes)} - {_mib(opt)} x (1 - 1/{world_size}) = {_mib(pred)}",
         )
     else:
-        out.append(
-            WhatIf(
-                change="activation checkpointing per block",
-                predicted_peak_bytes=None,
-                saved_bytes=None,
-                arithmetic="no repeated block call found among the activations' stacks "
-                "(no stacks, or no module called more than once)",
-            )
+        sharded = _unknown(
+            "optimizer state sharded",
+            "unknown: the world size is not known (pass the traces or the run directory)",
         )
-    act = cats.get("ACTIVATION", 0)
-    tmp = cats.get("AUTOGRAD_DETAIL", 0)
-    if act + tmp:
-        pred = peak_bytes - (act + tmp) // 2
-        out.append(
-            WhatIf(
-                change="micro-batch halved (2x gradient accumulation)",
-                predicted_peak_bytes=pred,
-                saved_bytes=peak_bytes - pred,
-                arithmetic=(
-                    f"{_mib(peak_bytes)} - ({_mib(act)} activations + {_mib(tmp)} autograd "
-                    f"temporaries) / 2 = {_mib(pred)}"
-                ),
-                fits=_fits(pred, capacity_bytes),
-            )
-        )
-    unsharded = cats.get("PARAMETER_UNSHARDED", 0)
-    if unsharded:
-        if unit_gather_bytes:
-            one = min(unit_gather_bytes, unsharded)
-            pred = peak_bytes - (unsharded - one)
-            out.append(
-                WhatIf(
-                    change="reshard_after_forward=True",
-                    predicted_peak_bytes=pred,
-                    saved_bytes=peak_bytes - pred,
-                    arithmetic=(
-                        f"{_mib(peak_bytes)} - ({_mib(unsharded)} gathered - {_mib(one)} of one "
-                        f"unit) = {_mib(pred)}"
-                    ),
-                    fits=_fits(pred, capacity_bytes),
-                )
-            )
-        else:
-            out.append(
-                WhatIf(
-                    change="reshard_after_forward=True",
-                    predicted_peak_bytes=None,
-                    saved_bytes=None,
-                    arithmetic="unknown: one unit's gathered size needs the allocator history",
-                )
-            )
-    opt = cats.get("OPTIMIZER_STATE", 0)
-    if opt:
-        if unsharded:
-            out.append(
-                WhatIf(
-                    change="optimizer state sharded",
-                    predicted_peak_bytes=peak_bytes,
-                    saved_bytes=0,
-                    arithmetic="FSDP gathers parameters here, so its optimizer state is "
-                    "already sharded",
-                    fits=_fits(peak_bytes, capacity_bytes),
-                )
-            )
-        elif world_size and world_size > 1:
-            pred = peak_bytes - opt + opt // world_size
-            out.append(
-                WhatIf(
-                    change=f"optimizer state sharded over {world_size} ranks",
-                    predicted_peak_bytes=pred,
-                    saved_bytes=peak_bytes - pred,
-                    arithmetic=(
-                        f"{_mib(peak_bytes)} - {_mib(opt)} x (1 - 1/{world_size}) = {_mib(pred)}"
-                    ),
-                    fits=_fits(pred, capacity_bytes),
-                )
-            )
-        else:
-            out.append(
-                WhatIf(
-                    change="optimizer state sharded",
-                    predicted_peak_bytes=None,
-                    saved_bytes=None,
-                    arithmetic="unknown: the world size is not known (pass the traces or the "
-                    "run directory)",
-                )
-            )
-        pred = peak_bytes - opt
-        out.append(
-            WhatIf(
-                change="optimizer state offloaded to the CPU",
-                predicted_peak_bytes=pred,
-                saved_bytes=opt,
-                arithmetic=f"{_mib(peak_bytes)} - {_mib(opt)} optimizer state = {_mib(pred)}",
-                fits=_fits(pred, capacity_bytes),
-            )
-        )
-    params = cats.get("MODEL_STATE", 0) + cats.get("PARAMETER", 0)
-    half = (unsharded + params + act) // 2
-    if half:
-        pred = peak_bytes - half
-        out.append(
-            WhatIf(
-                change="bf16 parameters and compute (if fp32 now)",
-                predicted_peak_bytes=pred,
-                saved_bytes=half,
-                arithmetic=(
-                    f"{_mib(peak_bytes)} - ({_mib(unsharded)} gathered + {_mib(params)} "
-                    f"parameters + {_mib(act)} activations) / 2 = {_mib(pred)} (at most: a "
-                    "memory record has no dtypes)"
-                ),
-                fits=_fits(pred, capacity_bytes),
-            )
-        )
-    return out
+    pred = peak.bytes - opt
+    offloaded = peak.predicted(
+        "optimizer state offloaded to the CPU",
+        pred,
+        f"{_mib(peak.bytes)} - {_mib(opt)} optimizer state = {_mib(pred)}",
+        saved=opt,
+    )
+    return [sharded, offloaded]
+
+
+def _bf16(peak: _Peak) -> WhatIf | None:
+    """bf16 parameters and compute: parameters and activations halve (at most)."""
+    params = peak.cat("MODEL_STATE") + peak.cat("PARAMETER")
+    act = peak.cat("ACTIVATION")
+    half = (peak.unsharded + params + act) // 2
+    if not half:
+        return None
+    pred = peak.bytes - half
+    return peak.predicted(
+        "bf16 parameters and compute (if fp32 now)",
+        pred,
+        f"{_mib(peak.bytes)} - ({_mib(peak.unsharded)} gathered + {_mib(params)} "
+        f"parameters + {_mib(act)} activations) / 2 = {_mib(pred)} (at most: a "
+        "memory record has no dtypes)",
+        saved=half,
+    )

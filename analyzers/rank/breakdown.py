@@ -27,10 +27,10 @@ import re
 import numpy as np
 import numpy.typing as npt
 
-from ..inputs.collectives import host_comm_events
 from ..inputs.events import EventKind, RankTrace
 from ..report import CollectiveKindStats, StepBreakdown
 from . import intervals as iv
+from .collective_table import collectives_of, host_comm_events
 from .steps import StepWindows
 from .verdict import decide
 
@@ -199,7 +199,7 @@ def collective_stats(
     trace: RankTrace, windows: StepWindows, sets: ActivitySets | None = None
 ) -> list[CollectiveKindStats]:
     """Totals per collective kind on one rank, over the step windows (all steps together)."""
-    coll = trace.collectives
+    coll = collectives_of(trace)
     if not len(coll) or not len(windows):
         return []
     sets = sets or ActivitySets(trace)

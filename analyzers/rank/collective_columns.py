@@ -1,6 +1,6 @@
 """One rank's collectives as columns: the map's per-rank input to the cross-rank matching.
 
-`rank_collectives(trace, windows)` takes the rank's collective table (`RankTrace.collectives`)
+`rank_collectives(trace, windows)` takes the rank's collective table (`collectives_of(trace)`)
 and the step windows; the result (`RankCollectives`) is kept in the rank's summary and handed to
 the matching (`run/crossrank_match.py`) as coded columns (`RankColumns`).
 """
@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..inputs.events import RankTrace
+from .collective_table import collectives_of
 from .steps import StepWindows
 
 FloatArray = npt.NDArray[np.float64]
@@ -97,8 +98,8 @@ class RankCollectives:
 
 
 def rank_collectives(trace: RankTrace, windows: StepWindows | None = None) -> RankCollectives:
-    """A rank's collectives (B1's `RankTrace.collectives` table) with their steps."""
-    col = trace.collectives
+    """A rank's collectives (`collectives_of(trace)`) with their steps."""
+    col = collectives_of(trace)
     idx = np.asarray(col.event, dtype=np.int64)
     start = np.asarray(trace.ts_us, dtype=np.float64)[idx]
     end = start + np.asarray(trace.dur_us, dtype=np.float64)[idx]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,24 +39,20 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ..frameworks import deepspeed, fsdp1, fsdp2
-from ..inputs.collectives import input_dtype, input_tensors
 from ..inputs.events import EventKind, RankTrace, collective_kind, dtype_size
 from ..report import FsdpUnit
 from . import intervals
 from .breakdown import ActivitySets
-
-# Framework labels and ZeRO-3's autograd Functions: analyzers/frameworks/ (one module each).
-_FSDP2_RE = fsdp2.LABEL_RE
-_FSDP1_RE = fsdp1.LABEL_RE
-_DEEPSPEED_RE = deepspeed.LABEL_RE
-_ZERO3_OP_RE = deepspeed.AUTOGRAD_FUNCTION_RE
-# The autograd engine's per-node op: what runs inside one is backward work.
-_BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function: "
-# Host ops that issue a collective (the outermost comm op on the training thread).
-_ISSUE_RE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms$)")
-# Host-only runs: the op that executes a collective on a backend worker thread.
-_EXEC_RE = re.compile(r"^(gloo|nccl|mpi|ucc|rccl):")
+from .collective_table import collectives_of, input_dtype, input_tensors
+from .fsdp_labels import (
+    Label,
+    backward_spans,
+    enclosing_by_issue,
+    executions,
+    issue_ops,
+    labels_by_lane,
+    zero3_lanes,
+)
 
 GATHER_FAMILY = "all_gather"
 REDUCE_FAMILY = "reduce"
@@ -148,109 +143,10 @@ class RankLedger(msgspec.Struct, kw_only=True):
         return out
 
 
-@dataclass
-class _Label:
-    start: float
-    end: float
-    framework: str
-    phase: str  # FSDP2 phase ("all_gather", "post_backward_reduce", ...) or the FSDP1/DS name
-    fqn: str | None  # FSDP2 module fqn ("" root), None when the label names no module
-
-
-def _parse_label(name: str) -> tuple[str, str, str | None] | None:
-    """(framework, phase, fqn) of a framework label, None for other names."""
-    m = _FSDP2_RE.match(name)
-    if m:
-        fqn = m.group("fqn")
-        target = m.group("target")
-        return "fsdp2", m.group("phase"), fqn if fqn is not None else (target or "")
-    if _FSDP1_RE.match(name):
-        return "fsdp1", name.split(".", 1)[1], None
-    if _DEEPSPEED_RE.search(name):
-        return "deepspeed", name, None
-    return None
-
-
-def _labels_by_lane(trace: RankTrace) -> dict[int, list[_Label]]:
-    """Framework labels (FSDP2/FSDP1 annotations, DeepSpeed Python ranges) per lane, by start."""
-    cand = trace.of_kind(EventKind.FSDP_ANNOTATION, EventKind.USER_ANNOTATION)
-    py = trace.of_kind(EventKind.PYTHON_FUNCTION)
-    out: dict[int, list[_Label]] = defaultdict(list)
-    parsed: dict[int, tuple[str, str, str | None] | None] = {}
-    for idx in (cand, py):
-        for i in idx:
-            nid = int(trace.name_id[i])
-            if nid not in parsed:
-                name = trace.names[nid]
-                p = _parse_label(name)
-                if p is not None and p[0] == "fsdp2" and idx is py:
-                    p = None
-                if p is not None and p[0] == "deepspeed" and idx is not py:
-                    p = p if "deepspeed" in name.lower() or "fetch" in name else None
-                parsed[nid] = p
-            p = parsed[nid]
-            if p is None:
-                continue
-            s = float(trace.ts_us[i])
-            out[int(trace.lane_id[i])].append(_Label(s, s + float(trace.dur_us[i]), *p))
-    for labels in out.values():
-        labels.sort(key=lambda lab: (lab.start, -(lab.end - lab.start)))
-    return out
-
-
-def _enclosing_labels(labels: list[_Label], times: list[float]) -> list[list[_Label]]:
-    """For each time (ascending), the labels enclosing it, outermost first.
-
-    One sweep with a stack: record_function ranges on one thread nest properly, so a label
-    that ended before t has every label above it on the stack ended too.
-    """
-    out: list[list[_Label]] = []
-    stack: list[_Label] = []
-    k = 0
-    for t in times:
-        while k < len(labels) and labels[k].start <= t:
-            while stack and stack[-1].end < labels[k].start:
-                stack.pop()
-            stack.append(labels[k])
-            k += 1
-        while stack and stack[-1].end < t:
-            stack.pop()
-        out.append([lab for lab in stack if lab.end >= t])
-    return out
-
-
-def _zero3_lanes(trace: RankTrace) -> set[int]:
-    """Threads that run DeepSpeed ZeRO-3's per-module autograd Functions (their cpu_ops)."""
-    ids = np.array([j for j, n in enumerate(trace.names) if _ZERO3_OP_RE.match(n)], dtype=np.int32)
-    if not ids.size:
-        return set()
-    ops = trace.of_kind(EventKind.CPU_OP)
-    hit = ops[np.isin(trace.name_id[ops], ids)]
-    return {int(x) for x in np.unique(trace.lane_id[hit])}
-
-
-def _backward_spans(trace: RankTrace, lanes: set[int]) -> dict[int, intervals.IntervalSet]:
-    """Per lane, where the autograd engine ran a node (`autograd::engine::evaluate_function:`
-    ops, union): a collective issued inside one was issued by backward work (a module's
-    backward pre-hook refetching its parameters, a gradient hook, recomputation)."""
-    ids = np.array(
-        [j for j, n in enumerate(trace.names) if n.startswith(_BACKWARD_OP_PREFIX)],
-        dtype=np.int32,
-    )
-    ops = trace.of_kind(EventKind.CPU_OP)
-    ops = ops[np.isin(trace.name_id[ops], ids)] if ids.size else ops[:0]
-    end_us = trace.end_us
-    out = {}
-    for lane in lanes:
-        on = ops[trace.lane_id[ops] == lane]
-        out[lane] = intervals.union(trace.ts_us[on], end_us[on])
-    return out
-
-
 def _elems_and_dtype(trace: RankTrace, i: int) -> tuple[int, str, int]:
     """(largest tensor's element count, dtype, tensors with known shapes) from an op's
     `Input Dims` / `Input type` args (-1, "", 0 without `record_shapes`); see
-    `collectives.input_tensors` (a TensorList is one tensor, a 0-dim tensor one element)."""
+    `collective_table.input_tensors` (a TensorList is one tensor, a 0-dim tensor one element)."""
     a = trace.args.get(int(i), {})
     tensors = input_tensors(a)
     best = max((n for n, _ in tensors), default=-1)
@@ -270,7 +166,7 @@ def _message(
     an all-gather is known (the list form `c10d::allgather_`, or `gloo:all_gather`) it is the
     shard: times the group size. A gloo run without `record_shapes` records none of these.
     """
-    coll = trace.collectives
+    coll = collectives_of(trace)
     group = int(coll.group_size[row]) if row is not None else 0
     group = group if group > 0 else (trace.world_size or 1)
     row_dt = coll.dtype[row] if row is not None else ""
@@ -350,16 +246,16 @@ def build_rank_ledger(
     `fsdp_units`) sizes the collectives the trace recorded without shapes (`fill_missing_bytes`).
     """
     ledger = RankLedger(rank=trace.rank, framework=None, device=trace.device)
-    labels = _labels_by_lane(trace)
+    labels = labels_by_lane(trace)
     fsdp_labelled = any(lab.framework != "deepspeed" for labs in labels.values() for lab in labs)
-    zero3 = set() if fsdp_labelled else _zero3_lanes(trace)
+    zero3 = set() if fsdp_labelled else zero3_lanes(trace)
     if not labels and not zero3:
         return ledger
-    issues = _issue_ops(trace, labels, zero3)
+    issues = issue_ops(trace, labels, zero3)
     if not issues:
         return ledger
-    execs = _executions(trace, issues)
-    coll_row = {int(e): j for j, e in enumerate(trace.collectives.event)}
+    execs = executions(trace, issues)
+    coll_row = {int(e): j for j, e in enumerate(collectives_of(trace).event)}
     if trace.has_device_events:
         pairing = _pair_by_correlation(trace, issues, execs)
     else:
@@ -381,41 +277,11 @@ def build_rank_ledger(
     return ledger
 
 
-def _issue_ops(trace: RankTrace, labels: dict[int, list[_Label]], zero3: set[int]) -> list[int]:
-    """The outermost collective-issuing host ops on labelled (or ZeRO-3) threads, time-ordered."""
-    end_us = trace.end_us  # a computed column: take it once
-    issues: list[int] = []
-    open_end: dict[int, float] = {}
-    for i in trace.of_kind(EventKind.COMM_OP):
-        name = trace.name(int(i))
-        lane = int(trace.lane_id[i])
-        if not _ISSUE_RE.match(name) or (lane not in labels and lane not in zero3):
-            continue
-        if float(trace.ts_us[i]) < open_end.get(lane, -np.inf):
-            continue  # nested inside an issuing op
-        open_end[lane] = float(end_us[i])
-        issues.append(int(i))
-    return issues
-
-
-def _executions(trace: RankTrace, issues: list[int]) -> list[int]:
-    """The events that execute collectives: device comm kernels, else backend ops (`gloo:*`,
-    ...) on threads other than the issuing ones."""
-    if trace.has_device_events:
-        return [int(i) for i in trace.of_kind(EventKind.COMM_KERNEL)]
-    issue_lanes = {int(trace.lane_id[i]) for i in issues}
-    return [
-        int(i)
-        for i in trace.of_kind(EventKind.COMM_OP)
-        if _EXEC_RE.match(trace.name(int(i))) and int(trace.lane_id[i]) not in issue_lanes
-    ]
-
-
 def _exec_kind(trace: RankTrace, coll_row: dict[int, int], e: int) -> str:
     """The collective kind of an execution (its collectives-table row, else its name)."""
     j = coll_row.get(e)
-    if j is not None and trace.collectives.kind_name(j) != "unknown":
-        return trace.collectives.kind_name(j)
+    if j is not None and collectives_of(trace).kind_name(j) != "unknown":
+        return collectives_of(trace).kind_name(j)
     return collective_kind(trace.name(e))
 
 
@@ -472,21 +338,6 @@ def _pair_in_issue_order(
     return pairing
 
 
-def _enclosing_by_issue(
-    trace: RankTrace, issues: list[int], labels: dict[int, list[_Label]]
-) -> dict[int, list[_Label]]:
-    """For each issue, the framework labels enclosing it on its thread, outermost first."""
-    enclosing_of: dict[int, list[_Label]] = {}
-    by_lane: dict[int, list[int]] = defaultdict(list)
-    for i in issues:  # time-ordered
-        by_lane[int(trace.lane_id[i])].append(i)
-    for lane, idx in by_lane.items():
-        times = [float(trace.ts_us[i]) for i in idx]
-        for i, enc in zip(idx, _enclosing_labels(labels.get(lane, []), times), strict=True):
-            enclosing_of[i] = enc
-    return enclosing_of
-
-
 class _PhaseOfZero:
     """DeepSpeed's pass of an issue: reductions are backward; a gather is backward when issued
     inside an autograd node (spans built on first use: most traces are not DeepSpeed)."""
@@ -499,7 +350,7 @@ class _PhaseOfZero:
     def __call__(self, lane: int, t: float, family: str) -> str:
         if self._spans is None:
             lanes = {int(self._trace.lane_id[x]) for x in self._issues}
-            self._spans = _backward_spans(self._trace, lanes)
+            self._spans = backward_spans(self._trace, lanes)
         in_backward = lane in self._spans and bool(
             intervals.covers(self._spans[lane], np.array([t]))[0]
         )
@@ -509,7 +360,7 @@ class _PhaseOfZero:
 def _records(
     trace: RankTrace,
     issues: list[int],
-    labels: dict[int, list[_Label]],
+    labels: dict[int, list[Label]],
     zero3: set[int],
     pairing: dict[int, int],
     coll_row: dict[int, int],
@@ -518,7 +369,7 @@ def _records(
 ) -> list[CollectiveRecord]:
     """One CollectiveRecord per FSDP/ZeRO issue inside the windows (units named later)."""
     end_us = trace.end_us
-    enclosing_of = _enclosing_by_issue(trace, issues, labels)
+    enclosing_of = enclosing_by_issue(trace, issues, labels)
     zero_phase = _PhaseOfZero(trace, issues)
     records: list[CollectiveRecord] = []
     for i in issues:
@@ -658,10 +509,10 @@ def _attach_windows(records: list[CollectiveRecord]) -> None:
             cur.window_before_us = (hi - lo) - intervals.total(intervals.clip(comm, lo, hi))
 
 
-def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[_Label]]) -> None:
+def _attach_needs(records: list[CollectiveRecord], labels: dict[int, list[Label]]) -> None:
     """FSDP2: set each gather's `needed_us` and phase from the unit's next pre_forward /
     pre_backward label (the hook that blocks until the parameters are there)."""
-    consumers: dict[str, list[_Label]] = defaultdict(list)
+    consumers: dict[str, list[Label]] = defaultdict(list)
     for labs in labels.values():
         for lab in labs:
             if lab.framework == "fsdp2" and lab.phase in ("pre_forward", "pre_backward"):

@@ -32,6 +32,7 @@ from ..report import (
 )
 from .breakdown import ActivitySets, breakdown_rank, collective_stats
 from .collective_columns import RankCollectives, rank_collectives
+from .collective_table import collectives_of
 from .declared_groups import ProcessGroupInfo, declared_groups
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
@@ -175,7 +176,7 @@ def rank_facts(trace: RankTrace) -> RankFacts:
         host_syncs=sites.total,
         host_sync_sites=sites,
         module_class=repeated_module_class(trace),
-        group_sizes=sorted({int(g) for g in trace.collectives.group_size if int(g) > 0}),
+        group_sizes=sorted({int(g) for g in collectives_of(trace).group_size if int(g) > 0}),
         process_groups=declared_groups(trace.distributed_info),
         framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
         data_loading_ms=data_loading_ms(trace),

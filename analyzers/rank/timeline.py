@@ -21,6 +21,7 @@ from ..inputs.events import EventKind, RankTrace
 from ..report import StepBreakdown, StepTimeline, TimelineSpan
 from . import intervals as iv
 from .breakdown import ActivitySets
+from .collective_table import collectives_of
 from .steps import StepWindows
 
 MAX_TIMELINE_SPANS = 3000
@@ -92,7 +93,7 @@ def step_timeline(
 
     ts, dur = trace.ts_us, trace.dur_us
     in_window = (ts < end) & (ts + dur > start)
-    coll = trace.collectives
+    coll = collectives_of(trace)
     comm_kind = dict(zip(coll.event.tolist(), coll.kind.tolist(), strict=True))
     if sets.host_only:
         blocks = iv.clip(sets.compute, start, end)

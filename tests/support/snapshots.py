@@ -277,7 +277,7 @@ def library_from_history(
     snapshot: dict[str, Any], repo_root: str
 ) -> dict[str, list[dict[str, Any]]]:
     """The stack library of a `cpu_snapshot.py --history` snapshot (its first full step)."""
-    from zdiag.analyzers.memory.snapshot_breakdown import Categorizer
+    from zdiag.analyzers.memory.stack_categorizer import Categorizer
 
     cat = Categorizer()
     events = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]

@@ -48,7 +48,7 @@ from zdiag.analyzers.rank.verdict import (
     MIN_EXPOSED_FRACTION,
 )
 from zdiag.analyzers.report import Finding
-from zdiag.analyzers.run.crossrank import (
+from zdiag.analyzers.run.stragglers import (
     STRAGGLER_CRITICAL_GAIN_SHARE,
     STRAGGLER_MIN_GAIN_MS,
     STRAGGLER_MIN_GAIN_SHARE,

@@ -157,7 +157,7 @@ def add_finding(out: TextOut, f: Finding) -> None:
 
 
 STRAGGLER_PREFIX = "straggler_"
-"""Report.thresholds keys that belong to the cross-rank straggler ranking (crossrank.py); the
+"""Report.thresholds keys that belong to the cross-rank straggler ranking (run/stragglers.py); the
 others are the per-step verdict's (verdict.py)."""
 
 

@@ -1,5 +1,7 @@
-"""The communication events of a rank as a table (`RankTrace.collectives`).
+"""The communication events of a rank as a table (`collectives_of(trace)`), built by the map.
 
+The reader (`inputs/loader.py`) returns events only; this table is derived from them on first
+use and kept on the trace (`RankTrace.collectives`) so every part of the map reads the same one.
 Which events count (comm kernels on GPU runs; backend ops such as `gloo:*` on host-only runs),
 and their collective kind, element counts, bytes, dtype, group size and process group, from
 whatever the trace records (see `build_collectives`).
@@ -16,7 +18,7 @@ import numpy as np
 
 from zdiag.errors import InputError
 
-from .events import (
+from ..inputs.events import (
     COLLECTIVE_KINDS,
     Collectives,
     EnclosingIndex,
@@ -57,6 +59,14 @@ def _has_collective_name(trace: RankTrace) -> Callable[[int], bool]:
     return lambda i: "Collective name" in args.get(i, {})
 
 
+def collectives_of(trace: RankTrace) -> Collectives:
+    """The rank's collectives table (`build_collectives`), built on first use and kept on the
+    trace."""
+    if trace.collectives is None:
+        trace.collectives = build_collectives(trace)
+    return trace.collectives
+
+
 def build_collectives(trace: RankTrace) -> Collectives:
     """The comm events of a rank with their kind, sizes, dtype, group size and process group.
 
@@ -79,7 +89,7 @@ def build_collectives(trace: RankTrace) -> Collectives:
         rows = comm_ops[backend] if backend.any() else host_comm_events(trace)
         calls = rows
     around_index = EnclosingIndex(trace, comm_ops)
-    by_ext: dict[int, dict[str, Any]] = {}
+    by_ext: dict[int, Mapping[str, Any]] = {}
     has_name = _has_collective_name(trace)
     for i in comm_ops.tolist():
         ext = int(trace.external_id[i])
@@ -97,22 +107,8 @@ def build_collectives(trace: RankTrace) -> Collectives:
     for j, i in enumerate(rows.tolist()):
         a = trace.args.get(i, {})
         src = a if "Collective name" in a else by_ext.get(int(trace.external_id[i]), {})
-        labels: list[str] = []
-        call = int(calls[j])
-        if call >= 0:
-            around = around_index.at(int(trace.lane_id[call]), float(trace.ts_us[call]))
-            for op in reversed(around):  # innermost first
-                if not src and has_name(op):
-                    src = trace.args[op]
-                if trace.name(op) != "record_param_comms":
-                    labels.append(trace.name(op))
-        k = "unknown"
-        for text in [str(src.get("Collective name") or ""), *labels, trace.name(i)]:
-            if text:
-                k = collective_kind(text)
-                if k != "unknown":
-                    break
-        kind[j] = kinds.index(k)
+        src, labels = _around_call(trace, int(calls[j]), around_index, src, has_name)
+        kind[j] = kinds.index(_kind(src, labels, trace.name(i)))
         ni = _count(trace, src, "In msg nelems")
         no = _count(trace, src, "Out msg nelems")
         dt = str(src.get("dtype") or "")
@@ -141,6 +137,38 @@ def build_collectives(trace: RankTrace) -> Collectives:
         dtype=dtypes,
         process_group=pgs,
     )
+
+
+def _around_call(
+    trace: RankTrace,
+    call: int,
+    around_index: EnclosingIndex,
+    src: Mapping[str, Any],
+    has_name: Callable[[int], bool],
+) -> tuple[Mapping[str, Any], list[str]]:
+    """The args that describe a collective (`src`, else those of the innermost comm op around
+    the host call that launched it holding a 'Collective name') and the names of those comm ops,
+    innermost first (`record_param_comms` left out)."""
+    labels: list[str] = []
+    if call >= 0:
+        around = around_index.at(int(trace.lane_id[call]), float(trace.ts_us[call]))
+        for op in reversed(around):  # innermost first
+            if not src and has_name(op):
+                src = trace.args[op]
+            if trace.name(op) != "record_param_comms":
+                labels.append(trace.name(op))
+    return src, labels
+
+
+def _kind(src: Mapping[str, Any], labels: list[str], name: str) -> str:
+    """The collective kind: from the 'Collective name', else the enclosing ops, else the
+    event's own name ("unknown" when none tells)."""
+    for text in [str(src.get("Collective name") or ""), *labels, name]:
+        if text:
+            k = collective_kind(text)
+            if k != "unknown":
+                return k
+    return "unknown"
 
 
 _NOT_DTYPES = frozenset({"", "TensorList", "Scalar", "ScalarList", "GenericList", "int", "bool"})
