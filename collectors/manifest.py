@@ -23,19 +23,8 @@ from zdiag import __version__
 from zdiag.errors import InputError
 
 from .fsio import write_json_atomically
-from .rundir import (
-    LAUNCHER_PART_GLOB,
-    MANIFEST,
-    MANIFEST_SCHEMA,
-    PARTS_DIR,
-    RANK_PART_GLOB,
-    ExitInfo,
-    FsdpUnitRecord,
-    LauncherPart,
-    Manifest,
-    RankEntry,
-    RankPart,
-)
+from .run_records import ExitInfo, FsdpUnitRecord, LauncherPart, Manifest, RankEntry, RankPart
+from .rundir import LAUNCHER_PART_GLOB, MANIFEST, MANIFEST_SCHEMA, PARTS_DIR, RANK_PART_GLOB
 from .runinfo import memory_budget_bytes
 
 # run_info keys that the manifest lifts to fields of their own.

@@ -40,7 +40,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerAction
 
-from . import memory, memtimeline, rundir, runinfo, summary_job
+from . import memory, memtimeline, run_records, rundir, runinfo, summary_job
 from .compile_safe import eager_or_opaque
 from .config import CollectorConfig
 from .fsio import write_atomically, write_json_atomically
@@ -186,9 +186,9 @@ class RankSession:
         self._main_thread = threading.get_ident()
         self._prof_all_threads = False  # whether another thread may stop the profiler
         self.ended_by: str | None = None
-        self.hang: rundir.HangRecord | None = None
-        self.stopped_in: rundir.HangRecord | None = None
-        self.error_source: rundir.SourceLine | None = None
+        self.hang: run_records.HangRecord | None = None
+        self.stopped_in: run_records.HangRecord | None = None
+        self.error_source: run_records.SourceLine | None = None
         self._signals = SignalFlush(self._flush_on_signal)
         self._watchdog: HangWatchdog | None = None
         self._step_log_failed = False
@@ -582,7 +582,7 @@ class RankSession:
             snap = self.run_dir / rundir.memory_snapshot_relpath(self.rank)
             dumped = bool(self._guard("memory snapshot", memory.dump_cuda_snapshot, snap))
             self.snapshot_written = dumped or self.snapshot_written
-        record = rundir.OomRecord(
+        record = run_records.OomRecord(
             rank=self.rank,
             host=self.host,
             step=self.step_index,
@@ -642,7 +642,7 @@ class RankSession:
         )
         self._write_what_was_recorded("hang")
 
-    def _publish_hang(self, hang: rundir.HangRecord) -> None:
+    def _publish_hang(self, hang: run_records.HangRecord) -> None:
         """One live record saying where the rank is stuck (the monitor shows "hung in ...")."""
         self._publisher.publish(
             {"rank": self.rank, "host": self.host, "step": hang.step, "hung_in": hang_line(hang)}
@@ -742,7 +742,7 @@ class RankSession:
             return
         ended = self._finished
         files = self._memory_files()
-        entry = rundir.RankEntry(
+        entry = run_records.RankEntry(
             rank=self.rank,
             local_rank=self.local_rank,
             node_rank=self.node_rank,
@@ -768,7 +768,7 @@ class RankSession:
             hang=self.hang,
             stopped_in=self.stopped_in,
         )
-        part = rundir.RankPart(
+        part = run_records.RankPart(
             entry=entry,
             world_size=self.world_size,
             command=tuple(self.command),

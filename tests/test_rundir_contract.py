@@ -1,4 +1,4 @@
-"""The typed run-directory contract (zdiag.collectors.rundir): old run directories keep loading,
+"""The typed run-directory contract (zdiag.collectors.rundir, run_records): old run directories keep loading,
 damaged manifests are warnings or one clear InputError, and the analyzers read run-dir files only
 through the confined, capped reader."""
 
@@ -17,17 +17,11 @@ import pytest
 from conftest import REPO_ROOT
 from support.imports import module_imports
 from zdiag.analyzers.engine.pipeline import discover, load_run, manifest_ranks
+from zdiag.analyzers.inputs.run_dir import read_run_file, run_file
 from zdiag.cli import main
 from zdiag.collectors import rundir
 from zdiag.collectors.manifest import build_manifest
-from zdiag.collectors.rundir import (
-    LauncherPart,
-    Manifest,
-    OomRecord,
-    RankPart,
-    read_run_file,
-    run_file,
-)
+from zdiag.collectors.run_records import LauncherPart, Manifest, OomRecord, RankEntry, RankPart
 from zdiag.errors import InputError
 
 OLD_RUN_DIRS = sorted(
@@ -57,7 +51,7 @@ def _manifest(**top: Any) -> dict[str, Any]:
 
 def test_importing_the_contract_does_not_import_torch() -> None:
     code = (
-        "import sys, zdiag.collectors.rundir, zdiag.collectors.manifest\n"
+        "import sys, zdiag.collectors.run_records, zdiag.collectors.manifest\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'zmq'))\n"
         "assert not bad, bad\n"
     )
@@ -72,7 +66,11 @@ def test_analyzers_take_only_the_contract_from_the_collectors() -> None:
             if name.startswith("zdiag.collectors"):
                 found.append((path.name, name))
     # the run-dir contract, and the model description's schema (stdlib only, issue 12)
-    contract = {"zdiag.collectors.rundir", "zdiag.collectors.model_schema"}
+    contract = {
+        "zdiag.collectors.rundir",
+        "zdiag.collectors.run_records",
+        "zdiag.collectors.model_schema",
+    }
     assert found and {m for _, m in found} <= contract
 
 
@@ -310,7 +308,7 @@ def test_manifest_warnings_reach_the_report(tmp_path: Path) -> None:
 def test_a_part_beyond_the_world_size_widens_the_merged_manifest(tmp_path: Path) -> None:
     run_dir = rundir.make_run_dir(tmp_path / "run")
     for rank in (0, 3):  # rank 3 left by an earlier, larger run in the same folder
-        part = RankPart(entry=rundir.RankEntry(rank=rank, exit_code=0), world_size=2)
+        part = RankPart(entry=RankEntry(rank=rank, exit_code=0), world_size=2)
         rundir.rank_part_path(run_dir, rank).write_text(json.dumps(part.to_json()))
     m = build_manifest(run_dir)
     assert m.world_size == 4 and [r.rank for r in m.ranks] == [0, 1, 2, 3]

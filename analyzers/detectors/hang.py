@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ...collectors.rundir import HangRecord, RankEntry
+from ...collectors.run_records import HangRecord, RankEntry
 from ..report import Finding
 from ..run.flight_recorder import hang_findings
 from .context import DetectorContext

@@ -28,19 +28,16 @@ from typing import Any
 
 from zdiag.errors import InputError
 
+from ...collectors.run_records import Manifest, check_rank
 from ...collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
     OOM_RECORD_GLOB,
     TRACES_DIR,
-    Manifest,
-    check_rank,
     is_run_dir,
     memory_snapshot_relpath,
     memory_timeline_relpath,
     oom_relpath,
-    read_manifest,
-    run_file,
     step_log_relpath,
 )
 from ..inputs.decode_batches import auto_workers
@@ -48,6 +45,7 @@ from ..inputs.events import RankTrace
 from ..inputs.loader import load_rank_trace, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
+from ..inputs.run_dir import read_manifest, run_file
 from ..memory.snapshot_input import (
     SNAPSHOT_SKIPPED,
     SnapshotResult,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...collectors.rundir import Manifest
+from ...collectors.run_records import Manifest
 from ..inputs.events import RankTrace
 from ..rank.rank_analysis import RankAnalysis
 from ..rank.steps import StepWindows

@@ -36,13 +36,11 @@ from zdiag.collectors.config import (
 from zdiag.collectors.fsio import write_json_atomically
 from zdiag.collectors.live_wire import ENV_JOB, ENV_MONITOR
 from zdiag.collectors.manifest import build_manifest, merge_manifest, utc_now_iso
+from zdiag.collectors.run_records import LauncherPart, Manifest, RankPart
 from zdiag.collectors.rundir import (
     MANIFEST,
     PARTS_DIR,
     RANK_PART_GLOB,
-    LauncherPart,
-    Manifest,
-    RankPart,
     launcher_part_path,
     make_run_dir,
     remove_unfinished_writes,
