@@ -27,7 +27,7 @@ class RunData:
     """Everything loaded for one `zdiag analyze` call.
 
     - `ranks`: one RankTrace per input trace, sorted by rank.
-    - `manifest`: RUN_DIR/manifest.json (typed, `zdiag.collectors.rundir.Manifest`), when the
+    - `manifest`: RUN_DIR/manifest.json (typed, `zdiag.collectors.run_records.Manifest`), when the
       input was a run directory.
     - `run_dir`: that directory, else None.
     - `memory_timelines`: rank -> path of RUN_DIR/memory/rank-N.timeline.json.gz, if present.

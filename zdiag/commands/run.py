@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -31,7 +30,7 @@ from typing import Any
 from zdiag.collectors.config import ENV_CONFIG, ENV_RUN_DIR, FLAG, CollectorConfig, Flag
 from zdiag.collectors.fsio import write_json_atomically
 from zdiag.collectors.live_wire import ENV_JOB, ENV_MONITOR
-from zdiag.collectors.manifest import build_manifest, merge_manifest, utc_now_iso
+from zdiag.collectors.manifest import build_manifest, merge_manifest, read_part, utc_now_iso
 from zdiag.collectors.run_records import LauncherPart, Manifest, RankPart
 from zdiag.collectors.rundir import (
     MANIFEST,
@@ -484,10 +483,8 @@ class LaunchPlan:
         signal flush, no hang dump)."""
         silent = 0
         for path in sorted((self.out / PARTS_DIR).glob(RANK_PART_GLOB)):
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                part = RankPart.from_json(data, path.name, [])
-            except (OSError, ValueError, RecursionError, ConfigError, InputError):
+            part = read_part(path, RankPart)
+            if part is None:
                 continue
             entry = part.entry
             if entry.ended_at is not None or entry.node_rank not in (None, self.node_rank):
