@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from zdiag.errors import ConfigError
 
@@ -37,20 +38,77 @@ def parse_profile_steps(text: str, *, option: str = "--profile-steps") -> tuple[
 
 
 @dataclass(frozen=True)
-class CollectorConfig:
-    """Profiler and collector settings of one run, shared by every rank."""
+class Flag:
+    """How `zdiag run` sets a config field from its command line (zdiag/commands/run.py builds
+    the option from this and the field's type and default).
 
-    profile: bool = True
-    wait: int = 1
+    A bool field is a switch: `--x` when its default is False, `--no-x` (the flag's name says so)
+    or `--x/--no-x` when it is True. Other fields take a value converted to their type, or, with
+    `parse`, parsed into the fields `sets` names (`--profile-steps` sets wait, warmup and active).
+    """
+
+    name: str
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], tuple[Any, ...]] | None = None
+    sets: tuple[str, ...] = ()
+    shown_default: str | None = None  # the default as the user writes it (with `parse`)
+
+
+FLAG = "zdiag_flag"
+"""The metadata key of a `CollectorConfig` field's `Flag`."""
+
+
+def _flag(default: Any, name: str, help: str, **more: Any) -> Any:
+    return field(default=default, metadata={FLAG: Flag(name, help, **more)})
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Profiler and collector settings of one run, shared by every rank. A field with a `Flag`
+    is an option of `zdiag run` (its own help text is here); the others are set in code only."""
+
+    wait: int = _flag(
+        1,
+        "--profile-steps",
+        f"profiler schedule in training steps, one window (default: {DEFAULT_PROFILE_STEPS})",
+        metavar="WAIT:WARMUP:ACTIVE",
+        parse=parse_profile_steps,
+        sets=("wait", "warmup", "active"),
+        shown_default=DEFAULT_PROFILE_STEPS,
+    )
     warmup: int = 1
     active: int = 3
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    nvtx: bool = True
+    profile: bool = _flag(
+        True,
+        "--no-profile",
+        "no profiler at all: only step detection and the step log (near-zero cost)",
+    )
+    record_shapes: bool = _flag(False, "--record-shapes", "record operator input shapes")
+    profile_memory: bool = _flag(
+        False,
+        "--profile-memory",
+        "record allocations and export the memory timeline (also records shapes and stacks)",
+    )
+    with_stack: bool = _flag(False, "--with-stack", "record Python stacks of operators")
+    nvtx: bool = _flag(
+        True,
+        "--nvtx",
+        "NVTX ranges for Nsight Systems when CUDA is present (default: on; free on CPU): one per "
+        "step, plus forward/backward/recompute ranges per FSDP unit, added only while an NVTX "
+        "tool such as Nsight listens (NVTX_INJECTION64_PATH set)",
+    )
     max_step_log_lines: int = DEFAULT_MAX_STEP_LOG_LINES
     max_snapshot_entries: int = DEFAULT_MAX_SNAPSHOT_ENTRIES
-    hang_timeout_s: float | None = None  # None: the watchdog's default (collectors/hang.py); 0: off
+    # None: the watchdog's default (collectors/hang.py); 0: off
+    hang_timeout_s: float | None = _flag(
+        None,
+        "--hang-timeout",
+        "dump every rank's stacks, collective, flight recorder and partial trace when no step "
+        "finishes for this long (default: 300 s until 3 steps are timed, then max(60 s, 20 x the "
+        "median step); 0 turns the watchdog off)",
+        metavar="SECONDS",
+    )
 
     def __post_init__(self) -> None:
         for name in ("wait", "warmup"):
@@ -78,6 +136,22 @@ class CollectorConfig:
     def to_json(self) -> str:
         """This config as one JSON object (the value of ZDIAG_CONFIG)."""
         return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_flags(cls, values: Mapping[str, Any]) -> CollectorConfig:
+        """The config of `zdiag run`'s parsed options (`values`: the argparse namespace's dict,
+        one entry per flagged field, by field name); ConfigError on a bad value."""
+        settings: dict[str, Any] = {}
+        for fld in fields(cls):
+            flag = fld.metadata.get(FLAG)
+            if flag is None:
+                continue
+            value = values[fld.name]
+            if flag.parse is not None:
+                settings.update(zip(flag.sets, flag.parse(value), strict=True))
+            else:
+                settings[fld.name] = value
+        return cls(**settings)
 
     @classmethod
     def from_json(cls, text: str) -> CollectorConfig:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from .rundir import HangRecord, SourceLine
+from .run_records import HangRecord, SourceLine
 
 HANG_FIRST_STEP_S = 300.0
 """Timeout before `HANG_MIN_STEPS` steps have finished: start-up can take minutes (compilation,

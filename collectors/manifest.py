@@ -17,26 +17,17 @@ import socket
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from zdiag import __version__
 from zdiag.errors import InputError
 
 from .fsio import write_json_atomically
-from .rundir import (
-    LAUNCHER_PART_GLOB,
-    MANIFEST,
-    MANIFEST_SCHEMA,
-    PARTS_DIR,
-    RANK_PART_GLOB,
-    ExitInfo,
-    FsdpUnitRecord,
-    LauncherPart,
-    Manifest,
-    RankEntry,
-    RankPart,
-)
+from .run_records import ExitInfo, FsdpUnitRecord, LauncherPart, Manifest, RankEntry, RankPart
+from .rundir import LAUNCHER_PART_GLOB, MANIFEST, MANIFEST_SCHEMA, PARTS_DIR, RANK_PART_GLOB
 from .runinfo import memory_budget_bytes
+
+P = TypeVar("P", RankPart, LauncherPart)
 
 # run_info keys that the manifest lifts to fields of their own.
 _LIFTED_RUN_INFO = ("harness", "fsdp_units", "memory_budget_bytes")
@@ -52,29 +43,28 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+def read_part(path: Path, kind: type[P]) -> P | None:
+    """The manifest part (`RankPart` or `LauncherPart`) at `path`; None when it is being
+    replaced right now, or damaged (its fields of the wrong type take their defaults)."""
+    try:
+        return kind.from_json(json.loads(path.read_text(encoding="utf-8")), path.name, [])
+    except (OSError, ValueError, RecursionError, InputError):
+        return None
+
+
 def _read_parts(run_dir: Path) -> tuple[dict[int, RankPart], dict[int, LauncherPart]]:
-    """The readable parts; a part being replaced right now, or damaged, is left out."""
+    """The readable parts (see `read_part`)."""
     ranks: dict[int, RankPart] = {}
     launchers: dict[int, LauncherPart] = {}
     parts = run_dir / PARTS_DIR
     if not parts.is_dir():
         return ranks, launchers
-    ignored: list[str] = []  # a part's fields of the wrong type: their defaults are merged
     for path in sorted(parts.glob(RANK_PART_GLOB)):
-        try:
-            part = RankPart.from_json(
-                json.loads(path.read_text(encoding="utf-8")), path.name, ignored
-            )
-        except (OSError, ValueError, RecursionError, InputError):
-            continue
-        ranks[part.entry.rank] = part
+        if (part := read_part(path, RankPart)) is not None:
+            ranks[part.entry.rank] = part
     for path in sorted(parts.glob(LAUNCHER_PART_GLOB)):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            launcher = LauncherPart.from_json(data, path.name, ignored)
-        except (OSError, ValueError, RecursionError, InputError):
-            continue
-        launchers[launcher.node_rank] = launcher
+        if (launcher := read_part(path, LauncherPart)) is not None:
+            launchers[launcher.node_rank] = launcher
     return ranks, launchers
 
 

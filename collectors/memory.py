@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from . import rundir, runinfo
+from . import runinfo
 from .fsio import write_atomically, write_json_atomically
+from .run_records import OomRecord
 
 MemoryReading = tuple[int | None, int | None, int | None]
 NO_READING: MemoryReading = (None, None, None)
@@ -144,6 +145,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def write_oom_record(path: str | Path, record: rundir.OomRecord) -> None:
+def write_oom_record(path: str | Path, record: OomRecord) -> None:
     """Write what was known when the rank ran out of memory (JSON, atomically)."""
     write_json_atomically(path, record.to_json())

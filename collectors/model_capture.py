@@ -53,97 +53,43 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import rundir
 from .compile_safe import eager_or_opaque
+from .framework_settings import (
+    ddp_config,
+    deepspeed_config,
+    describe_optimizer,
+    fsdp1_instance,
+    fsdp2_unit,
+    is_ddp,
+    is_deepspeed_engine,
+    is_flat_parameter,
+    is_fsdp1,
+    is_fsdp2,
+    user_class,
+)
 from .fsio import write_atomically
 from .model_schema import (
     KEEP_REPEATED_CHILDREN,
     MAX_FSDP_UNITS,
     MAX_MODULES,
-    MAX_PREFETCH_NAMES,
     MAX_REPEATED_SETS,
-    DdpConfig,
-    DeepSpeedConfig,
-    Fsdp1Instance,
-    Fsdp2Unit,
     ModelDescription,
     ModuleNode,
     OptimizerInfo,
-    Precision,
     RepeatedSet,
 )
 
 MAX_OPTIMIZERS = 8
 MAX_CHILD_NAMES = 8
-_OPTIMIZER_OPTIONS = (
-    "lr",
-    "foreach",
-    "fused",
-    "capturable",
-    "differentiable",
-    "weight_decay",
-    "momentum",
-    "betas",
-    "eps",
-)
-
-try:  # public since torch 2.6
-    from torch.distributed.fsdp import FSDPModule as _FSDPModule
-except ImportError:  # pragma: no cover - older torch, or built without distributed
-    _FSDPModule = None  # type: ignore[assignment,misc]
-
-try:
-    from torch.distributed.fsdp import FullyShardedDataParallel as _FSDP1
-    from torch.distributed.fsdp._flat_param import FlatParameter as _FlatParameter
-except ImportError:  # pragma: no cover
-    _FSDP1 = None  # type: ignore[assignment,misc]
-    _FlatParameter = None  # type: ignore[assignment,misc]
-
-try:
-    from torch.nn.parallel import DistributedDataParallel as _DDP
-except ImportError:  # pragma: no cover
-    _DDP = None  # type: ignore[assignment,misc]
-
-
-# ------------------------------------------------------------------------- small readers
-def _dtype_name(dtype: Any) -> str | None:
-    if dtype is None:
-        return None
-    return str(dtype).removeprefix("torch.")
-
-
-def _enum_name(value: Any) -> str | None:
-    if value is None:
-        return None
-    return str(getattr(value, "name", value))
-
-
-def _is_deepspeed_engine(module: Any) -> bool:
-    return any(c.__name__ == "DeepSpeedEngine" for c in type(module).__mro__) and hasattr(
-        module, "module"
-    )
-
-
-def _is_fsdp2(module: Any) -> bool:
-    return _FSDPModule is not None and isinstance(module, _FSDPModule)
-
-
-def _user_class(module: Any) -> type:
-    """The module's own class: FSDP2 swaps in a dynamic `FSDP<Class>` subclass; see through it."""
-    cls = type(module)
-    if _is_fsdp2(module):
-        for base in cls.__bases__:
-            if not issubclass(base, _FSDPModule):
-                return base
-    return cls
 
 
 def _unwrap_step(module: nn.Module) -> nn.Module | None:
     """The module one wrapper inside `module` (DDP, DeepSpeed engine, FSDP1, checkpoint, compile),
     None when `module` wraps nothing."""
-    if (_DDP is not None and isinstance(module, _DDP)) or _is_deepspeed_engine(module):
+    if is_ddp(module) or is_deepspeed_engine(module):
         inner = getattr(module, "module", None)
         return inner if isinstance(inner, nn.Module) else None
-    if _FSDP1 is not None and isinstance(module, _FSDP1):
-        return module._fsdp_wrapped_module
+    if is_fsdp1(module):
+        return module._fsdp_wrapped_module  # type: ignore[return-value]
     for name in ("_checkpoint_wrapped_module", "_orig_mod"):
         inner = getattr(module, name, None)
         if isinstance(inner, nn.Module):
@@ -170,10 +116,8 @@ class _ParamSizes:
         self.seen: set[int] = set()
         self.skip: set[int] = set()  # FSDP1 views of original parameters (counted by infos)
         self.fsdp1_own: dict[int, list[int]] = {}  # id(module) -> [numel, bytes]
-        if _FlatParameter is None:
-            return
         for p in model.parameters():
-            if not isinstance(p, _FlatParameter):
+            if not is_flat_parameter(p):
                 continue
             itemsize = p.dtype.itemsize
             for info, numel in zip(
@@ -194,7 +138,7 @@ class _ParamSizes:
             if p is None or id(p) in self.seen or id(p) in self.skip:
                 continue
             self.seen.add(id(p))
-            if _FlatParameter is not None and isinstance(p, _FlatParameter):
+            if is_flat_parameter(p):
                 continue
             numel = int(getattr(p, "ds_numel", 0) or p.numel())  # DTensor: global numel
             count += numel
@@ -228,7 +172,7 @@ class _Node:
         self.name = name
         self.chain = chain
         self.module = chain[-1]
-        self.cls = _user_class(self.module)
+        self.cls = user_class(self.module)
         self.depth = depth
         self.wrappers = tuple(type(m).__name__ for m in chain[:-1])
         self.own = (0, 0)
@@ -266,10 +210,8 @@ def _build_tree(model: nn.Module) -> tuple[_Node, list[_Node]]:
                 continue
             path = f"{node.path}.{name}" if node.path else name
             kid = make(path, name, child, node.depth + 1)
-            kid.fsdp2_ancestor = node.fsdp2_ancestor or _is_fsdp2(node.module)
-            kid.fsdp1_ancestor = node.fsdp1_ancestor or any(
-                _FSDP1 is not None and isinstance(m, _FSDP1) for m in node.chain
-            )
+            kid.fsdp2_ancestor = node.fsdp2_ancestor or is_fsdp2(node.module)
+            kid.fsdp1_ancestor = node.fsdp1_ancestor or any(is_fsdp1(m) for m in node.chain)
             kids.append(kid)
         node.children = kids
         stack.extend(reversed(kids))
@@ -359,237 +301,11 @@ def _emitted_nodes(root: _Node) -> tuple[list[ModuleNode], int]:
                 children=len(node.children),
                 collapsed_children=collapsed,
                 wrappers=node.wrappers,
-                fsdp2_unit=_is_fsdp2(node.module),
+                fsdp2_unit=is_fsdp2(node.module),
             )
         )
         stack.extend(reversed(kept))
     return out, dropped
-
-
-# ------------------------------------------------------------------------- FSDP2
-def _precision(policy: Any) -> Precision | None:
-    if policy is None:
-        return None
-    return Precision(
-        param_dtype=_dtype_name(getattr(policy, "param_dtype", None)),
-        reduce_dtype=_dtype_name(getattr(policy, "reduce_dtype", None)),
-        output_dtype=_dtype_name(getattr(policy, "output_dtype", None)),
-        buffer_dtype=_dtype_name(getattr(policy, "buffer_dtype", None)),
-        cast_forward_inputs=getattr(policy, "cast_forward_inputs", None),
-    )
-
-
-def _fsdp2_unit(node: _Node, paths: dict[int, str]) -> Fsdp2Unit:
-    module = node.module
-    missing: list[str] = []
-
-    def read(obj: Any, name: str) -> Any:
-        if obj is None or not hasattr(obj, name):
-            missing.append(name)
-            return None
-        return getattr(obj, name)
-
-    state = None
-    try:
-        state = module._get_fsdp_state()  # type: ignore[operator]
-    except Exception:
-        missing.append("_get_fsdp_state")
-    groups = getattr(state, "_fsdp_param_groups", None)  # newer torch: a list of groups
-    if groups is None:  # older torch: one group
-        group = read(state, "_fsdp_param_group")
-        groups = [group] if group is not None else []
-    params: list[Any] = []
-    for group in groups:
-        for fsdp_param in getattr(group, "fsdp_params", None) or []:
-            p = getattr(fsdp_param, "sharded_param", None)
-            if p is not None:
-                params.append(p)
-    if not groups:  # fall back on the public view: this unit's DTensor parameters
-        params = list(_unit_params(module))
-    count = unsharded = sharded = 0
-    dtype = None
-    mesh = None
-    for p in params:
-        count += p.numel()
-        unsharded += p.numel() * p.dtype.itemsize
-        local = p.to_local() if hasattr(p, "to_local") else p
-        sharded += local.numel() * p.dtype.itemsize
-        dtype = dtype or p.dtype
-        mesh = mesh or getattr(p, "device_mesh", None)
-    group = groups[0] if groups else None
-    reshard: bool | int | None = None
-    if group is not None and hasattr(group, "post_forward_mesh_info"):
-        post, full = group.post_forward_mesh_info, getattr(group, "mesh_info", None)
-        if post is None:
-            reshard = False
-        elif post is full or post == full:
-            reshard = True
-        else:
-            reshard = int(getattr(post, "shard_mesh_size", 0)) or True
-    else:
-        missing.append("post_forward_mesh_info")
-    auto = read(state, "_auto_reshard_after_forward")
-    if auto and not node.fsdp2_ancestor and getattr(state, "_is_root", None) is None:
-        reshard = False  # a root unit with the default: torch turns it off at lazy init
-    fwd = read(state, "_states_to_forward_prefetch")
-    bwd = read(state, "_states_to_backward_prefetch")
-    policy = getattr(group, "mp_policy", None) if group is not None else None
-    if policy is None:
-        policy = read(state, "_mp_policy")
-    offload = getattr(group, "offload_policy", None) if group is not None else None
-    shape: tuple[int, ...] = ()
-    names: tuple[str, ...] = ()
-    if mesh is not None:
-        shape = tuple(int(s) for s in mesh.shape)
-        names = tuple(mesh.mesh_dim_names or ())
-    return Fsdp2Unit(
-        path=node.path,
-        cls=node.cls.__name__,
-        param_count=count,
-        sharded_bytes=sharded,
-        unsharded_bytes=unsharded,
-        dtype=_dtype_name(dtype),
-        reshard_after_forward=reshard,
-        reshard_after_forward_auto=None if auto is None else bool(auto),
-        forward_prefetch=_state_paths(fwd, paths),
-        backward_prefetch=_state_paths(bwd, paths),
-        mixed_precision=_precision(policy),
-        offload_policy=type(offload).__name__ if offload is not None else None,
-        mesh_shape=shape,
-        mesh_dim_names=names,
-        hsdp=len(shape) >= 2,
-        unshard_async_op=getattr(group, "unshard_async_op", None) if group is not None else None,
-        missing=tuple(dict.fromkeys(missing)),
-    )
-
-
-def _unit_params(module: nn.Module) -> Iterator[Any]:
-    stack = [module]
-    while stack:
-        m = stack.pop()
-        yield from (p for p in m._parameters.values() if p is not None)
-        stack.extend(c for c in m.children() if not _is_fsdp2(c))
-
-
-def _state_paths(states: Any, paths: dict[int, str]) -> tuple[str, ...] | None:
-    if states is None:
-        return None
-    out = []
-    for state in list(states)[:MAX_PREFETCH_NAMES]:
-        for m in getattr(state, "_modules", ()) or ():
-            out.append(paths.get(id(m), f"<{type(m).__name__}>"))
-    return tuple(out)
-
-
-# ------------------------------------------------------------------------- FSDP1
-def _fsdp1_instance(node: _Node, fsdp: Any) -> Fsdp1Instance:
-    flat = getattr(fsdp, "_flat_param", None)
-    numel = sum(int(n) for n in getattr(flat, "_numels", ()) or ()) if flat is not None else 0
-    itemsize = flat.dtype.itemsize if flat is not None else 0
-    offload = getattr(fsdp, "cpu_offload", None)
-    mp = getattr(fsdp, "mixed_precision", None)
-    if mp is not None and all(
-        getattr(mp, f, None) is None for f in ("param_dtype", "reduce_dtype", "buffer_dtype")
-    ):
-        mp = None  # FSDP1 stores an empty MixedPrecision() when none was given
-    return Fsdp1Instance(
-        path=node.path,
-        cls=node.cls.__name__,
-        root=not node.fsdp1_ancestor,
-        flat_param_count=numel,
-        flat_param_bytes=numel * itemsize,
-        sharded_bytes=flat.numel() * itemsize if flat is not None else 0,
-        dtype=_dtype_name(flat.dtype) if flat is not None else None,
-        sharding_strategy=_enum_name(getattr(fsdp, "sharding_strategy", None)),
-        forward_prefetch=getattr(fsdp, "forward_prefetch", None),
-        backward_prefetch=_enum_name(getattr(fsdp, "backward_prefetch", None)),
-        limit_all_gathers=getattr(fsdp, "limit_all_gathers", None),
-        use_orig_params=getattr(fsdp, "_use_orig_params", None),
-        cpu_offload=getattr(offload, "offload_params", None),
-        mixed_precision=_precision(mp),
-        auto_wrap_policy=None,
-    )
-
-
-# ------------------------------------------------------------------------- DDP, DeepSpeed
-def _ddp_config(ddp: Any) -> DdpConfig:
-    return DdpConfig(
-        bucket_cap_bytes=getattr(ddp, "bucket_bytes_cap", None),
-        find_unused_parameters=getattr(ddp, "find_unused_parameters", None),
-        gradient_as_bucket_view=getattr(ddp, "gradient_as_bucket_view", None),
-        static_graph=getattr(ddp, "static_graph", None),
-        broadcast_buffers=getattr(ddp, "broadcast_buffers", None),
-        comm_hook=_comm_hook_name(ddp),
-    )
-
-
-def _comm_hook_name(ddp: Any) -> str | None:
-    """The name of the hook given to `register_comm_hook` (`_comm_hooks`, torch 2.x), or None."""
-    hooks = getattr(ddp, "_comm_hooks", None) or []
-    if not hooks:
-        return None
-    hook = hooks[0][0] if isinstance(hooks[0], tuple) else hooks[0]
-    return str(getattr(hook, "__name__", type(hook).__name__))
-
-
-def _call(obj: Any, name: str) -> Any:
-    fn = getattr(obj, name, None)
-    if not callable(fn):
-        return None
-    try:
-        value = fn()
-    except Exception:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and type(value) is not int:
-        return int(value)  # an IntEnum such as DeepSpeed's ZeroStageEnum
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    return None
-
-
-def _deepspeed_config(engine: Any) -> DeepSpeedConfig:
-    return DeepSpeedConfig(
-        engine_class=type(engine).__name__,
-        zero_stage=_call(engine, "zero_optimization_stage"),
-        reduce_bucket_size=_call(engine, "zero_reduce_bucket_size"),
-        allgather_bucket_size=_call(engine, "zero_allgather_bucket_size"),
-        prefetch_bucket_size=_call(engine, "zero_prefetch_bucket_size"),
-        param_persistence_threshold=_call(engine, "zero_param_persistence_threshold"),
-        max_live_parameters=_call(engine, "zero_max_live_parameters"),
-        overlap_comm=_call(engine, "zero_overlap_comm"),
-        contiguous_gradients=_call(engine, "zero_contiguous_gradients"),
-        bf16=_call(engine, "bfloat16_enabled"),
-        fp16=_call(engine, "fp16_enabled"),
-        gradient_accumulation_steps=_call(engine, "gradient_accumulation_steps"),
-        micro_batch_size=_call(engine, "train_micro_batch_size_per_gpu"),
-    )
-
-
-# ------------------------------------------------------------------------- optimizer
-def describe_optimizer(optimizer: Any) -> OptimizerInfo:
-    """Class, parameter groups, parameter count and the options that change its cost."""
-    groups = getattr(optimizer, "param_groups", None) or []
-    seen: set[int] = set()
-    count = 0
-    for group in groups:
-        for p in group.get("params", ()) if isinstance(group, dict) else ():
-            if id(p) not in seen and isinstance(p, torch.Tensor):
-                seen.add(id(p))
-                count += int(getattr(p, "ds_numel", 0) or p.numel())
-    defaults = getattr(optimizer, "defaults", None) or {}
-    options = tuple(
-        (k, str(defaults[k]))
-        for k in _OPTIMIZER_OPTIONS
-        if isinstance(defaults, dict) and k in defaults
-    )
-    cls = type(optimizer)
-    return OptimizerInfo(
-        cls=cls.__name__,
-        module=cls.__module__,
-        param_groups=len(groups),
-        param_count=count,
-        options=options,
-    )
 
 
 # ------------------------------------------------------------------------- the description
@@ -600,22 +316,23 @@ def describe_model(
     root, order = _build_tree(model)
     paths = {id(m): n.path for n in order for m in n.chain}
     notes: list[str] = []
-    fsdp2_nodes = [n for n in order if _is_fsdp2(n.module)]
-    units = [_fsdp2_unit(n, paths) for n in fsdp2_nodes[:MAX_FSDP_UNITS]]
+    fsdp2_nodes = [n for n in order if is_fsdp2(n.module)]
+    units = [
+        fsdp2_unit(n.module, n.path, n.cls, nested=n.fsdp2_ancestor, paths=paths)
+        for n in fsdp2_nodes[:MAX_FSDP_UNITS]
+    ]
     if len(fsdp2_nodes) > MAX_FSDP_UNITS:
         notes.append(
             f"{len(fsdp2_nodes) - MAX_FSDP_UNITS} FSDP2 units past the first {MAX_FSDP_UNITS} left out"
         )
     fsdp1 = [
-        _fsdp1_instance(n, m)
+        fsdp1_instance(m, n.path, n.cls, root=not n.fsdp1_ancestor)
         for n in order
         for m in n.chain
-        if _FSDP1 is not None and isinstance(m, _FSDP1)
+        if is_fsdp1(m)
     ]
-    ddp = next(
-        (m for n in order for m in n.chain if _DDP is not None and isinstance(m, _DDP)), None
-    )
-    engine = next((m for n in order for m in n.chain if _is_deepspeed_engine(m)), None)
+    ddp = next((m for n in order for m in n.chain if is_ddp(m)), None)
+    engine = next((m for n in order for m in n.chain if is_deepspeed_engine(m)), None)
     opts = list(optimizers)
     if engine is not None and getattr(engine, "optimizer", None) is not None:
         opts.insert(0, describe_optimizer(engine.optimizer))
@@ -658,8 +375,8 @@ def describe_model(
         fsdp2_units=tuple(units),
         fsdp2_units_total=len(fsdp2_nodes),
         fsdp1=tuple(fsdp1),
-        deepspeed=_deepspeed_config(engine) if engine is not None else None,
-        ddp=_ddp_config(ddp) if ddp is not None else None,
+        deepspeed=deepspeed_config(engine) if engine is not None else None,
+        ddp=ddp_config(ddp) if ddp is not None else None,
         optimizers=tuple(opts),
         notes=tuple(notes),
     )

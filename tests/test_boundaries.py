@@ -24,7 +24,7 @@ STDLIB = set(sys.stdlib_module_names)
 def test_relative_imports_resolve_to_the_installed_names() -> None:
     path = REPO_ROOT / "analyzers" / "detectors" / "context.py"
     names = {name for _, name in _imports(path)}
-    assert "zdiag.collectors.rundir" in names and "zdiag.analyzers.rank.fsdp_ledger" in names
+    assert "zdiag.collectors.run_records" in names and "zdiag.analyzers.rank.fsdp_ledger" in names
 
 
 def _sources(folder: str) -> list[Path]:

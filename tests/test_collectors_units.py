@@ -16,6 +16,7 @@ from zdiag.collectors import manifest, memory, memtimeline, rundir, runinfo
 from zdiag.collectors.api import default_out_dir
 from zdiag.collectors.config import CollectorConfig, config_from_env, parse_profile_steps
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
+from zdiag.collectors.run_records import Manifest
 from zdiag.collectors.steplog import StepLog
 from zdiag.errors import ConfigError
 
@@ -124,9 +125,7 @@ def test_merge_marks_missing_ranks_and_reports_oom(tmp_path: Path) -> None:
     m = manifest.merge_manifest(tmp_path)
     written = json.loads((tmp_path / "manifest.json").read_text())
     assert written == m.to_json()
-    assert (
-        rundir.Manifest.from_json(written) == m
-    )  # what the analyzers read back is what was merged
+    assert Manifest.from_json(written) == m  # what the analyzers read back is what was merged
     assert m.schema == written["schema"] == "zdiag.manifest/1"
     assert [r.rank for r in m.ranks] == [0, 1, 2]
     assert m.ranks[1].missing and written["ranks"][1]["missing"] is True

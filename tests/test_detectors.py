@@ -17,7 +17,7 @@ from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.rank.rank_analysis import rank_facts
-from zdiag.collectors.rundir import Manifest
+from zdiag.collectors.run_records import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
 OOM_TEXT = (

@@ -11,7 +11,7 @@ from conftest import REPO_ROOT
 from zdiag.analyzers.detectors import crash, hang
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.collectors.rundir import Manifest
+from zdiag.collectors.run_records import Manifest
 
 GLOO_PEER = (
     "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "

@@ -27,7 +27,7 @@ from zdiag.analyzers.frameworks import (
 )
 from zdiag.analyzers.inputs.events import EventKind, classify
 from zdiag.analyzers.misconfigs import MISCONFIGS, SCENARIOS
-from zdiag.collectors.rundir import Manifest
+from zdiag.collectors.run_records import Manifest
 from zdiag.harness.config import MISCONFIG_PRESETS
 
 STAGES = BlockSet(container="encoder.stages", block_class="ResidualMLP", count=4)

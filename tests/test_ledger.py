@@ -172,7 +172,7 @@ def test_unit_bytes_from_the_manifest_when_the_trace_has_no_shapes(tmp_path: Pat
     for ev in doc["traceEvents"]:
         ev.get("args", {}).pop("Input Dims", None)
     trace = load_rank_trace(write(tmp_path, doc))
-    from zdiag.collectors.rundir import Manifest
+    from zdiag.collectors.run_records import Manifest
 
     manifest = Manifest.from_json(
         {"fsdp_units": [{"name": n, "param_count": k, "param_bytes": 4 * k} for n, k in BLOCKS]}

@@ -27,7 +27,8 @@ from zdiag.analyzers.inputs.model_facts import (
     python_path,
     rank_blocks,
 )
-from zdiag.collectors.model_capture import describe_model, describe_optimizer
+from zdiag.collectors.framework_settings import describe_optimizer
+from zdiag.collectors.model_capture import describe_model
 from zdiag.collectors.model_schema import (
     MAX_MODULES,
     MODEL_SCHEMA,
@@ -430,7 +431,7 @@ def test_hooks_leave_loops_without_an_optimizer_and_with_accumulation(tmp_path: 
 def test_fsdp2_unit_degrades_when_private_attributes_are_missing() -> None:
     """An older torch whose FSDP state lacks the private attributes read on 2.13: fewer fields,
     each listed in `missing`, never an error."""
-    from zdiag.collectors.model_capture import _fsdp2_unit, _Node
+    from zdiag.collectors.framework_settings import fsdp2_unit
 
     class OldState:
         pass
@@ -443,7 +444,7 @@ def test_fsdp2_unit_degrades_when_private_attributes_are_missing() -> None:
         def _get_fsdp_state(self) -> OldState:
             return OldState()
 
-    unit = _fsdp2_unit(_Node("encoder.stages.0", "0", [Unit()], 3), {})
+    unit = fsdp2_unit(Unit(), "encoder.stages.0", Unit, nested=False, paths={})
     assert unit.path == "encoder.stages.0"
     assert unit.unsharded_bytes == 20 * 4  # from the module's own parameters
     assert unit.reshard_after_forward is None and unit.forward_prefetch is None

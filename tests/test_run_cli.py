@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from zdiag.cli import main
+from zdiag.collectors.config import FLAG, CollectorConfig
+from zdiag.commands.run import RunCommand
 
 
 @pytest.fixture
@@ -159,3 +163,35 @@ def test_unusable_out_from_the_real_command_line(script: Path, tmp_path: Path) -
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Not a directory" in proc.stderr
     assert "Traceback" not in proc.stderr and "should not run" not in proc.stdout
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    RunCommand().add_arguments(parser)
+    return parser
+
+
+def test_run_options_come_from_the_collector_config() -> None:
+    parser = _run_parser()
+    flagged = {
+        f.metadata[FLAG].name for f in dataclasses.fields(CollectorConfig) if FLAG in f.metadata
+    }
+    options = {o for action in parser._actions for o in action.option_strings}
+    assert flagged == {
+        "--profile-steps",
+        "--no-profile",
+        "--record-shapes",
+        "--profile-memory",
+        "--with-stack",
+        "--nvtx",
+        "--hang-timeout",
+    }
+    assert flagged <= options and "--no-nvtx" in options
+    assert CollectorConfig.from_flags(vars(parser.parse_args(["train.py"]))) == CollectorConfig()
+    argv = ["--profile-steps", "2:0:5", "--no-profile", "--no-nvtx", "--hang-timeout", "7", "t.py"]
+    config = CollectorConfig.from_flags(vars(parser.parse_args(argv)))
+    expected = CollectorConfig(wait=2, warmup=0, active=5, profile=False, nvtx=False)
+    assert config == dataclasses.replace(expected, hang_timeout_s=7.0)
+    argv = ["--record-shapes", "--profile-memory", "--with-stack", "t.py"]
+    config = CollectorConfig.from_flags(vars(parser.parse_args(argv)))
+    assert config.record_shapes and config.profile_memory and config.with_stack

@@ -1,4 +1,4 @@
-"""The typed run-directory contract (zdiag.collectors.rundir): old run directories keep loading,
+"""The typed run-directory contract (zdiag.collectors.rundir, run_records): old run directories keep loading,
 damaged manifests are warnings or one clear InputError, and the analyzers read run-dir files only
 through the confined, capped reader."""
 
@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,19 @@ from conftest import REPO_ROOT
 from support.imports import module_imports
 from support.stages import load_run
 from zdiag.analyzers.engine.pipeline import discover, manifest_ranks
+from zdiag.analyzers.inputs.run_dir import read_run_file, run_file
 from zdiag.cli import main
 from zdiag.collectors import rundir
 from zdiag.collectors.manifest import build_manifest
-from zdiag.collectors.rundir import (
+from zdiag.collectors.record_codec import JsonRecord, at_least, run_path
+from zdiag.collectors.run_records import (
+    HangRecord,
     LauncherPart,
     Manifest,
     OomRecord,
+    RankEntry,
     RankPart,
-    read_run_file,
-    run_file,
+    SourceLine,
 )
 from zdiag.errors import InputError
 
@@ -59,7 +63,7 @@ def _manifest(**top: Any) -> dict[str, Any]:
 @pytest.mark.slow  # starts a program
 def test_importing_the_contract_does_not_import_torch() -> None:
     code = (
-        "import sys, zdiag.collectors.rundir, zdiag.collectors.manifest\n"
+        "import sys, zdiag.collectors.run_records, zdiag.collectors.manifest\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'zmq'))\n"
         "assert not bad, bad\n"
     )
@@ -74,7 +78,11 @@ def test_analyzers_take_only_the_contract_from_the_collectors() -> None:
             if name.startswith("zdiag.collectors"):
                 found.append((path.name, name))
     # the run-dir contract, and the model description's schema (stdlib only, issue 12)
-    contract = {"zdiag.collectors.rundir", "zdiag.collectors.model_schema"}
+    contract = {
+        "zdiag.collectors.rundir",
+        "zdiag.collectors.run_records",
+        "zdiag.collectors.model_schema",
+    }
     assert found and {m for _, m in found} <= contract
 
 
@@ -148,6 +156,65 @@ def test_unknown_fields_are_ignored_and_wrong_types_take_defaults() -> None:
     for named in ("nnodes", "ranks[0]: steps", "ranks[0]: oom", "fsdp_units[1]"):
         assert named in text
     assert "from_the_future" not in text and "new_field" not in text
+
+
+def test_records_round_trip_through_their_json_with_optional_keys_last() -> None:
+    hang = HangRecord(step=3, stalled_s=9.5, timeout_s=5.0, op="all_reduce", group_ranks=(0, 1))
+    entry = RankEntry(
+        rank=1,
+        trace="traces/rank-1.json.gz",
+        steps=4,
+        error_source=SourceLine("train.py", 12, "main", "loss.backward()"),
+        hang=hang,
+        collector_errors=("x failed",),
+    )
+    part = RankPart(entry=entry, world_size=2, command=("python", "t.py"), versions={"torch": "2"})
+    manifest = Manifest(world_size=2, ranks=(entry, RankEntry(rank=0, missing=True)))
+    oom = OomRecord(rank=1, step=2, error="CUDA out of memory", mem_peak_bytes=10)
+    launcher = LauncherPart(node_rank=0, nnodes=2, exit_code=0)
+    for record, read in [
+        (part, lambda d, w: RankPart.from_json(d, "p", w)),
+        (oom, lambda d, w: OomRecord.from_json(d, "o", w, 2)),
+        (launcher, lambda d, w: LauncherPart.from_json(d, "l", w)),
+    ]:
+        warnings: list[str] = []
+        assert read(json.loads(json.dumps(record.to_json())), warnings) == record and not warnings
+    assert Manifest.from_json(json.loads(json.dumps(manifest.to_json()))) == manifest
+    keys = list(entry.to_json())
+    assert keys[-2:] == ["error_source", "hang"] and keys.index("ended_at") == len(keys) - 3
+    assert "missing" not in entry.to_json() and manifest.to_json()["ranks"][1]["missing"] is True
+    assert "warnings" not in manifest.to_json() and list(manifest.to_json())[-2:] == [
+        "ranks",
+        "exit",
+    ]
+
+
+@dataclass(frozen=True)
+class _NewRecord(JsonRecord):
+    """A record as a new collector would declare one: the fields say how each is read."""
+
+    name: str
+    count: int | None = at_least(1)
+    path: str | None = run_path()
+    tags: tuple[str, ...] = ()
+    hang: HangRecord | None = None
+
+
+def test_a_new_record_is_read_from_its_field_declarations() -> None:
+    warnings: list[str] = []
+    data = {"name": 5, "count": 0, "path": "../x", "tags": "a", "hang": 3, "later": 1}
+    assert _NewRecord.from_json(data, "new.json", warnings) == _NewRecord(name="")
+    assert warnings == [
+        "new.json: name is 5, not a string; ignored",
+        "new.json: count is 0, not a whole number of at least 1; ignored",
+        "new.json: path '../x' points outside the run directory; ignored",
+        "new.json: tags is 'a', not a list of strings; ignored",
+        "new.json.hang: not an object; ignored",
+    ]
+    good = _NewRecord(name="n", count=2, path="memory/a", tags=("t",), hang=None)
+    assert _NewRecord.from_json(good.to_json(), "new.json", warnings) == good
+    with pytest.raises(InputError, match="not a JSON object"):
+        _NewRecord.from_json([], "new.json", warnings)
 
 
 def test_a_newer_schema_loads_with_a_warning_and_a_foreign_one_is_refused() -> None:
@@ -313,7 +380,7 @@ def test_manifest_warnings_reach_the_report(tmp_path: Path) -> None:
 def test_a_part_beyond_the_world_size_widens_the_merged_manifest(tmp_path: Path) -> None:
     run_dir = rundir.make_run_dir(tmp_path / "run")
     for rank in (0, 3):  # rank 3 left by an earlier, larger run in the same folder
-        part = RankPart(entry=rundir.RankEntry(rank=rank, exit_code=0), world_size=2)
+        part = RankPart(entry=RankEntry(rank=rank, exit_code=0), world_size=2)
         rundir.rank_part_path(run_dir, rank).write_text(json.dumps(part.to_json()))
     m = build_manifest(run_dir)
     assert m.world_size == 4 and [r.rank for r in m.ranks] == [0, 1, 2, 3]

@@ -16,16 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from zdiag.errors import InputError
 
-from ...collectors.rundir import (
-    FsdpUnitRecord,
-    Manifest,
-    OomRecord,
-    RankEntry,
-    read_run_json,
-    run_file,
-)
+from ...collectors.run_records import FsdpUnitRecord, Manifest, OomRecord, RankEntry
 from ..inputs.cuda_snapshot import read_snapshot
 from ..inputs.model_facts import ModelFacts
+from ..inputs.run_dir import read_oom_record, run_file
 from ..memory.memory_snapshot import summarize_snapshot
 from ..rank.fsdp_ledger import RankLedger
 from ..rank.host_syncs import HostSyncSites
@@ -340,8 +334,7 @@ def _read_oom_record(
         return None
     found: list[str] = []
     try:
-        data = read_run_json(run_dir, entry.oom_record)
-        record = OomRecord.from_json(data, entry.oom_record, found, world_size)
+        record = read_oom_record(run_dir, entry.oom_record, found, world_size)
     except InputError as exc:
         _warn(warnings, f"out-of-memory record skipped: {exc.message}")
         return None

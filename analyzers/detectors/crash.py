@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...collectors.rundir import RankEntry
+from ...collectors.run_records import RankEntry
 from ..report import Finding
 from .context import DetectorContext
 from .failures import COLLATERAL_ERRORS, timeout_hang

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ...collectors.rundir import RankEntry
+from ...collectors.run_records import RankEntry
 
 COLLATERAL_ERRORS = re.compile(
     r"connection closed by peer|connection reset by peer|remote worker crash|broken pipe|"

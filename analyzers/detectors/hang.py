@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ...collectors.rundir import HangRecord, RankEntry
+from ...collectors.run_records import HangRecord, RankEntry
 from ..report import Finding
 from .context import DetectorContext
 from .failures import timeout_hang

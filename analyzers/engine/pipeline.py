@@ -21,19 +21,16 @@ from typing import Any
 
 from zdiag.errors import InputError
 
+from ...collectors.run_records import Manifest, check_rank
 from ...collectors.rundir import (
     MANIFEST,
     MEMORY_DIR,
     OOM_RECORD_GLOB,
     TRACES_DIR,
-    Manifest,
-    check_rank,
     is_run_dir,
     memory_snapshot_relpath,
     memory_timeline_relpath,
     oom_relpath,
-    read_manifest,
-    run_file,
     step_log_relpath,
 )
 from ..detectors.hang_finding import dump_warnings
@@ -44,6 +41,7 @@ from ..inputs.loader import TRACE_SUFFIXES, is_trace_name, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
 from ..inputs.registry import reader_for
+from ..inputs.run_dir import read_manifest, run_file
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
 from ..report import MemoryTimeline

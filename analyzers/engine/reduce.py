@@ -15,7 +15,7 @@ from typing import Any
 
 from zdiag import __version__
 
-from ...collectors.rundir import Manifest
+from ...collectors.run_records import Manifest
 from ..detectors import build_context, run_context
 from ..inputs.model_facts import ModelFacts
 from ..rank import verdict

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from ...collectors.rundir import Manifest, check_rank
+from ...collectors.run_records import Manifest, check_rank
 from ..inputs.events import RankTrace
 from ..inputs.loader import load_rank_trace, rank_from_file_name
 from ..inputs.model_facts import ModelFacts

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ...collectors.rundir import Manifest
+from ...collectors.run_records import Manifest
 from . import ddp, deepspeed, fsdp1, fsdp2
 from .base import BlockSet, Framework, Remedy, RunFacts, checkpoint_blocks
 

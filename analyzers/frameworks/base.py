@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...collectors.rundir import Manifest
+from ...collectors.run_records import Manifest
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,10 @@ from ...collectors.model_schema import (
     ModelDescription,
     RepeatedSet,
 )
-from ...collectors.rundir import model_description_relpath, read_run_json
+from ...collectors.rundir import model_description_relpath
 from ..frameworks.fsdp1 import unit_name as fsdp1_unit_name
 from .reader import Reader
+from .run_dir import read_run_json
 
 MIN_BLOCK_SHARE = 0.002  # a block under 0.2 % of the model's parameter bytes is too fine
 COVERAGE_TIE = 0.10  # coverages this close to the best count as a tie (finest class wins)

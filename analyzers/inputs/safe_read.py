@@ -2,7 +2,7 @@
 
 Every input file `zdiag analyze` reads whole (traces, memory timelines, CUDA snapshots) goes
 through `open_regular` (the run directory's small JSON records, the manifest and OOM records,
-are read by `collectors.rundir.read_run_file`, which applies the same rules with a small cap):
+are read by `run_dir.read_run_file`, which applies the same rules with a small cap):
 
 - **Regular files only.** The file is opened non-blocking and checked with `fstat` on the open
   descriptor (no race between the check and the read): a FIFO, a socket, a device such as

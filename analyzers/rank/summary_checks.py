@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ...collectors.rundir import MAX_WORLD_SIZE
+from ...collectors.run_records import MAX_WORLD_SIZE
 from ..inputs.loader import MAX_RANK
 from ..memory.kineto_memory import MAX_TIMELINE_POINTS
 from .summary import RankSummary

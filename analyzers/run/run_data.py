@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...collectors.rundir import Manifest
+from ...collectors.run_records import Manifest
 from ..inputs.events import RankTrace
 from .wait_graph import HangAnalysis
 
@@ -21,7 +21,7 @@ class RunData:
     """Everything loaded for one `zdiag analyze` call.
 
     - `ranks`: one RankTrace per input trace, sorted by rank.
-    - `manifest`: RUN_DIR/manifest.json (typed, `zdiag.collectors.rundir.Manifest`), when the
+    - `manifest`: RUN_DIR/manifest.json (typed, `zdiag.collectors.run_records.Manifest`), when the
       input was a run directory.
     - `run_dir`: that directory, else None.
     - `memory_timelines`: rank -> path of RUN_DIR/memory/rank-N.timeline.json.gz, if present.

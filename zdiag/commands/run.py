@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -23,25 +22,19 @@ import stat
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from zdiag.collectors.config import (
-    DEFAULT_PROFILE_STEPS,
-    ENV_CONFIG,
-    ENV_RUN_DIR,
-    CollectorConfig,
-    parse_profile_steps,
-)
+from zdiag.collectors.config import ENV_CONFIG, ENV_RUN_DIR, FLAG, CollectorConfig, Flag
 from zdiag.collectors.fsio import write_json_atomically
-from zdiag.collectors.manifest import build_manifest, merge_manifest, utc_now_iso
+from zdiag.collectors.manifest import build_manifest, merge_manifest, read_part, utc_now_iso
+from zdiag.collectors.run_records import LauncherPart, Manifest, RankPart
 from zdiag.collectors.rundir import (
     MANIFEST,
     PARTS_DIR,
     RANK_PART_GLOB,
-    LauncherPart,
-    Manifest,
-    RankPart,
     launcher_part_path,
     make_run_dir,
     remove_unfinished_writes,
@@ -112,6 +105,34 @@ def _host_port(option: str, value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def add_config_flags(group: argparse._ArgumentGroup) -> None:
+    """One option per `CollectorConfig` field that declares a `Flag` (its type and default say
+    which kind; see `Flag`), with the field's name as its destination."""
+    hints = typing.get_type_hints(CollectorConfig)
+    for fld in dataclasses.fields(CollectorConfig):
+        flag: Flag | None = fld.metadata.get(FLAG)
+        if flag is None:
+            continue
+        options: dict[str, Any] = {"dest": fld.name, "help": flag.help}
+        if flag.parse is not None:
+            options.update(default=flag.shown_default, metavar=flag.metavar)
+        elif hints[fld.name] is bool and flag.name.startswith("--no-"):
+            options.update(action="store_false", default=fld.default)
+        elif hints[fld.name] is bool and fld.default:
+            options.update(action=argparse.BooleanOptionalAction, default=fld.default)
+        elif hints[fld.name] is bool:
+            options.update(action="store_true", default=fld.default)
+        else:
+            options.update(type=_value_type(hints[fld.name]), default=fld.default)
+            options.update(metavar=flag.metavar)
+        group.add_argument(flag.name, **options)
+
+
+def _value_type(hint: Any) -> Any:
+    """`float` of `float | None`: what a flag's value converts to."""
+    return next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+
+
 class RunCommand:
     """`zdiag run`."""
 
@@ -127,49 +148,7 @@ class RunCommand:
             help="run directory (default: ./zdiag_runs/<timestamp>); must not hold a finished run",
         )
         prof = parser.add_argument_group("profiler")
-        prof.add_argument(
-            "--profile-steps",
-            default=DEFAULT_PROFILE_STEPS,
-            metavar="WAIT:WARMUP:ACTIVE",
-            help=f"profiler schedule in training steps, one window (default: {DEFAULT_PROFILE_STEPS})",
-        )
-        prof.add_argument(
-            "--no-profile",
-            action="store_true",
-            help="no profiler at all: only step detection and the step log (near-zero cost)",
-        )
-        prof.add_argument(
-            "--record-shapes", action="store_true", help="record operator input shapes"
-        )
-        prof.add_argument(
-            "--profile-memory",
-            action="store_true",
-            help="record allocations and export the memory timeline (also records shapes and stacks)",
-        )
-        prof.add_argument(
-            "--with-stack", action="store_true", help="record Python stacks of operators"
-        )
-        prof.add_argument(
-            "--nvtx",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help=(
-                "NVTX ranges for Nsight Systems when CUDA is present (default: on; free on CPU): "
-                "one per step, plus forward/backward/recompute ranges per FSDP unit, added only "
-                "while an NVTX tool such as Nsight listens (NVTX_INJECTION64_PATH set)"
-            ),
-        )
-        prof.add_argument(
-            "--hang-timeout",
-            type=float,
-            default=None,
-            metavar="SECONDS",
-            help=(
-                "dump every rank's stacks, collective, flight recorder and partial trace when no "
-                "step finishes for this long (default: 300 s until 3 steps are timed, then "
-                "max(60 s, 20 x the median step); 0 turns the watchdog off)"
-            ),
-        )
+        add_config_flags(prof)
         prof.add_argument(
             "--monitor",
             metavar="HOST:PORT",
@@ -251,19 +230,10 @@ class LaunchPlan:
     def from_args(cls, args: argparse.Namespace) -> LaunchPlan:
         """Check every option; raise ConfigError/InputError with one sentence on the first problem."""
         target = cls._target(args)
-        wait, warmup, active = parse_profile_steps(args.profile_steps)
-        config = CollectorConfig(
-            profile=not args.no_profile,
-            wait=wait,
-            warmup=warmup,
-            active=active,
-            record_shapes=args.record_shapes,
-            profile_memory=args.profile_memory,
-            with_stack=args.with_stack,
-            nvtx=args.nvtx,
-            hang_timeout_s=args.hang_timeout,
-        )
-        if args.no_profile and (args.record_shapes or args.profile_memory or args.with_stack):
+        config = CollectorConfig.from_flags(vars(args))
+        if not config.profile and (
+            config.record_shapes or config.profile_memory or config.with_stack
+        ):
             raise ConfigError(
                 "--no-profile turns the profiler off, so --record-shapes, --profile-memory and "
                 "--with-stack cannot apply; drop one or the other."
@@ -513,10 +483,8 @@ class LaunchPlan:
         signal flush, no hang dump)."""
         silent = 0
         for path in sorted((self.out / PARTS_DIR).glob(RANK_PART_GLOB)):
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                part = RankPart.from_json(data, path.name, [])
-            except (OSError, ValueError, RecursionError, ConfigError, InputError):
+            part = read_part(path, RankPart)
+            if part is None:
                 continue
             entry = part.entry
             if entry.ended_at is not None or entry.node_rank not in (None, self.node_rank):
