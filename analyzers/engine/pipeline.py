@@ -48,6 +48,7 @@ from ..inputs.events import RankTrace
 from ..inputs.loader import load_rank_trace, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
+from ..inputs.oom_records import read_oom_records
 from ..memory.snapshot_input import (
     SNAPSHOT_SKIPPED,
     SnapshotResult,
@@ -495,6 +496,7 @@ def run_facts(
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
+        oom_records=read_oom_records(run.manifest, run.run_dir),
         model=model,
         warnings=tuple(
             run.warnings + (model_warnings or []) + memory_warnings + list(snap.warnings)

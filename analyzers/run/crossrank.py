@@ -47,7 +47,8 @@ from ..report import Finding, StepBreakdown, StragglerStat
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-# --- thresholds (named, with their reasoning; reported in the finding's evidence) -----------
+# --- thresholds (named, with their reasoning; the straggler rule declares them, detectors/
+# straggler.py, and Report.thresholds shows them) ------------------------------------------
 
 SKEW_NOISE_US = 50.0
 """Arrivals closer than this are a tie: nobody counts as last. Kernel-launch jitter is a few us
@@ -131,27 +132,6 @@ UNEVEN_WORK_SHARE = 0.10
 """The straggler's compute per step exceeding the other ranks' median by >= 10% points to uneven
 work or a slower device; its device idling more than theirs by >= 10% of the median step time
 (while computing about as much) points to the host side (its device waits for its CPU)."""
-
-
-def thresholds() -> dict[str, float]:
-    """The thresholds above by name (for Report.thresholds and the finding's evidence)."""
-    return {
-        "straggler_skew_noise_us": SKEW_NOISE_US,
-        "straggler_end_match_min_tol_us": END_MATCH_MIN_TOL_US,
-        "straggler_end_match_rel_tol": END_MATCH_REL_TOL,
-        "straggler_min_last_share": STRAGGLER_MIN_LAST_SHARE,
-        "straggler_persistent_step_share": STRAGGLER_PERSISTENT_STEP_SHARE,
-        "straggler_persistent_wait_share": STRAGGLER_PERSISTENT_WAIT_SHARE,
-        "straggler_dominance": STRAGGLER_DOMINANCE,
-        "straggler_persistent_min_steps": STRAGGLER_PERSISTENT_MIN_STEPS,
-        "straggler_shared_host_min_gain_share": STRAGGLER_SHARED_HOST_MIN_GAIN_SHARE,
-        "straggler_own_cause_share": STRAGGLER_OWN_CAUSE_SHARE,
-        "straggler_chance_factor": STRAGGLER_CHANCE_FACTOR,
-        "straggler_max_chance_p": STRAGGLER_MAX_CHANCE_P,
-        "straggler_min_gain_share": STRAGGLER_MIN_GAIN_SHARE,
-        "straggler_min_gain_ms": STRAGGLER_MIN_GAIN_MS,
-        "straggler_critical_gain_share": STRAGGLER_CRITICAL_GAIN_SHARE,
-    }
 
 
 # --- inputs ---------------------------------------------------------------------------------
