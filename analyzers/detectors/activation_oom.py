@@ -175,13 +175,15 @@ def _checkpointing_what_if(ctx: DetectorContext, rank: int) -> WhatIf | None:
 
 RULE = Rule(
     id="activation-oom",
+    summary="out of memory with activations filling it",
     detect=detect,
     what=(
         "Out of memory (or the peak over capacity) with activations >= 50% of the memory in "
         "use, or >= 25% when freeing 7/8 of them covers the overflow (the failing request or "
         "the excess over capacity: large parameter state beside them). An OOM before the "
         "profiler window still has its `memory/rank-N.oom.json` record: torch's wording, "
-        "zdiag's harness wording and a memory-budget hook's are parsed."
+        "zdiag's harness wording and a memory-budget hook's (`budget 48.0 MiB, 29.27 MiB held "
+        "by saved activations`) are parsed, the rest of the budget counting as `OTHER`."
     ),
     why=(
         "When activations fill the memory, no parameter or optimizer change is the bigger "

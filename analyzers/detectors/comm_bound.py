@@ -85,6 +85,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="comm-bound",
+    summary="communication alone is longer than compute in most steps",
     detect=detect,
     what=(
         "At least half of the FSDP ranks' steps carry the `comm-bound` verdict: communication "

@@ -118,6 +118,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="crash",
+    summary="ranks that raised an exception, and the ranks it tore down",
     detect=detect,
     what=(
         "Ranks of a `zdiag run` raised an exception (not out of memory): which ranks raised "

@@ -60,6 +60,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="flat-sharding-multinode",
+    summary="FSDP shards over every rank of a multi-node job",
     detect=detect,
     what=(
         "FSDP shards over every rank of a multi-node job: more than one node, and the FSDP "

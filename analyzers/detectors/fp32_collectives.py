@@ -94,6 +94,7 @@ def _sentence(clause: str) -> str:
 
 RULE = Rule(
     id="fp32-collectives",
+    summary="FSDP all-gathers move fp32 parameters where bf16 would serve",
     detect=detect,
     what=(
         "FSDP all-gathers move fp32 parameters: >= 50% of the gathered bytes are fp32 and "

@@ -82,6 +82,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="fragmentation",
+    summary="the caching allocator holds free memory stranded between live blocks",
     detect=detect,
     what=(
         "The caching allocator holds free bytes it cannot release: in a CUDA snapshot, the "

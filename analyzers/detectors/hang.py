@@ -180,6 +180,7 @@ def _watchdog_text(stuck: list[dict[str, Any]], where: str) -> tuple[str, str]:
 
 RULE = Rule(
     id="hang",
+    summary="ranks that never arrived at the collective the others wait in",
     detect=detect,
     what=(
         "Ranks never arrived at the collective the others wait in. Three sources, in this "

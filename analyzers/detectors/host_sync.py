@@ -121,12 +121,16 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="host-sync",
+    summary="the model's own code blocks the host on device values every step",
     detect=detect,
     what=(
         "The model's own code syncs the host at least once per step on a rank. Syncs "
-        "(`aten::_local_scalar_dense`, CPU sync events) are attributed by the map to the "
-        "optimizer's internals (never counted), an FSDP unit's forward/backward (the unit is "
-        "named), a DDP / FSDP1 forward range, or the loop (loss logging: not counted); source "
+        "(`aten::_local_scalar_dense`, CPU sync events) are attributed by the map "
+        "(analyzers/rank/host_syncs.py) to the optimizer's internals (inside "
+        "`Optimizer.step#<Class>.step`: AdamW's step-counter `.item()`, never counted), an FSDP "
+        "unit's forward/backward (between `FSDP::pre_forward (<fqn>)` and `FSDP::post_forward "
+        "(<fqn>)`, or pre/post backward: the unit is named), a DDP / FSDP1 forward range (no "
+        "module name), or the loop (loss logging: not counted); source "
         "lines come from the innermost non-torch frame when the trace has stacks. On "
         "DeepSpeed ZeRO-3 a sync between the first and last forward-time ZeRO-3 autograd "
         "Function of a step counts as the model's; ZeRO-1/2 traces have no such marks (a "

@@ -74,6 +74,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="memory-imbalance",
+    summary="one rank peaks much higher than the others",
     detect=detect,
     what=(
         "One rank peaks at least 1.2x the median rank's peak (two or more ranks with a known "

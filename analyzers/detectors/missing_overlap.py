@@ -356,6 +356,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="missing-overlap",
+    summary="all-gathers serialized with compute that prefetch would hide",
     detect=detect,
     what=(
         "All-gathers issued only when needed, serialized with compute: the replayed gain is "
@@ -366,7 +367,10 @@ RULE = Rule(
         "late, >= 80% of gather time is exposed and the gain is >= 10% of the step; `info` "
         "with 0 ms on CPU-only FSDP1 runs, and only when the trace shows the backward pass's "
         "default prefetch switched off; silent when the run already has every prefetch setting "
-        "and nothing measured which gathers came late (FSDP1 and ZeRO-3 name no consumer)."
+        "and nothing measured which gathers came late (FSDP1 and ZeRO-3 name no consumer, and "
+        "ZeRO-3 labels no prefetch). On CPU-only FSDP1 runs the gathers block the only thread "
+        "whatever the prefetch, so `forward_prefetch`, an opt-in, is not proposed there (the "
+        "GPU figure is in `replayed_gain_ms_per_step`)."
     ),
     why=(
         "A gather issued when its unit is needed stalls compute for its whole duration; "
@@ -383,7 +387,13 @@ RULE = Rule(
         "when found, fewer/larger kernels when most steps are host-bound); FSDP1 "
         "`forward_prefetch`/`BACKWARD_PRE`/`limit_all_gathers`; DeepSpeed "
         "`overlap_comm`/`stage3_prefetch_bucket_size`; on CPU-only FSDP2 runs without it, the "
-        "unshard async op set last. Never a setting the run already has."
+        "unshard async op set last. Never a setting the run already has: FSDP2 prefetch "
+        "settings are read from the units that have a neighbour to prefetch (a chain's last "
+        "block has nothing to prefetch forward, its first nothing backward), and the root's "
+        "forward prefetch of the first unit apart (a run that chains its blocks but not the "
+        "root gets only that line, naming the first unit the trace gathers); a ZeRO-3 prefetch "
+        "bucket of 0 counts as prefetching off. ZeRO-3 issues its gathers as async ops (gloo's "
+        "worker thread runs them), so its CPU runs are judged able to overlap."
     ),
     gain=(
         "Replay of the measured per-unit timeline with prefetch depth 1: each late gather runs "

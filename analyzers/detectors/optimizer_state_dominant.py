@@ -81,6 +81,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="optimizer-state-dominant",
+    summary="optimizer state is the largest share of the peak memory",
     detect=detect,
     what=(
         "The optimizer's state is at least 40% of a rank's peak memory (reported for the rank "

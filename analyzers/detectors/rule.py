@@ -16,6 +16,8 @@ from .context import DetectorContext
 
 Detect = Callable[[DetectorContext], list[Finding]]
 
+MIB = 1024**2
+
 
 @dataclass(frozen=True)
 class Threshold:
@@ -35,12 +37,28 @@ class Threshold:
     evidence: str | None = None
     report: str | None = None
 
+    def reported_as(self) -> str:
+        """Where a report shows the value, in words ("not reported" when nowhere)."""
+        places = []
+        if self.evidence is not None:
+            places.append(f"evidence `{self.evidence}`")
+        if self.report is not None:
+            places.append(f"Report.thresholds `{self.report}`")
+        return ", ".join(places) or "not reported"
+
+    def shown(self) -> str:
+        """The value as the docs show it (bytes in MiB too)."""
+        if isinstance(self.value, int) and self.value >= MIB and self.value % MIB == 0:
+            return f"{self.value} ({self.value // MIB} MiB)"
+        return f"{self.value:g}"
+
 
 @dataclass(frozen=True)
 class Rule:
     """One detector and everything said about it.
 
     - `id`: the stable finding id (`Finding.id`).
+    - `summary`: what it detects, in one line (`zdiag explain` lists these).
     - `detect`: the function (a `DetectorContext` in, zero or more findings out).
     - `what`: what it detects (when it fires).
     - `why`: why that matters.
@@ -55,6 +73,7 @@ class Rule:
     """
 
     id: str
+    summary: str
     detect: Detect
     what: str
     why: str
@@ -66,10 +85,9 @@ class Rule:
     thresholds: tuple[Threshold, ...] = ()
     markers: tuple[str, ...] | None = None
 
-    def summary(self) -> str:
-        """The first sentence of `what` (one line of `zdiag explain`)."""
-        first = self.what.split(". ")[0].split("; ")[0]
-        return first.rstrip(".")
+    def scope_text(self) -> str:
+        """The scope, with "FSDP/ZeRO traffic only" when only that can raise it."""
+        return self.scope + ("; raised only by FSDP/ZeRO traffic" if self.fsdp_only else "")
 
     def report_thresholds(self) -> dict[str, float]:
         """The thresholds `Report.thresholds` shows, by their report keys, in declared order."""

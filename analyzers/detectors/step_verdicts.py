@@ -231,6 +231,7 @@ _MOST_STEPS = (
 
 HOST_BOUND_RULE = Rule(
     id="host-bound",
+    summary="the device idles waiting for the host in most steps",
     detect=detect_host_bound,
     what=(
         "At least half of all ranks' steps carry the `host-bound` verdict: the device idles "
@@ -267,6 +268,7 @@ HOST_BOUND_RULE = Rule(
 
 EXPOSED_COMM_RULE = Rule(
     id="exposed-comm",
+    summary="communication that compute could hide stays exposed in most steps",
     detect=detect_exposed_comm,
     what=(
         "At least half of the steps carry the `exposed-comm` verdict (communication exposed "

@@ -138,6 +138,7 @@ THRESHOLDS = (
 
 RULE = Rule(
     id="straggler",
+    summary="a rank arrives last at collectives and makes the others wait",
     detect=detect,
     what=(
         "A rank arrives last at collectives and makes the others wait, judged from all ranks' "
@@ -145,11 +146,15 @@ RULE = Rule(
         "share of last arrivals (>= max(50%, 1.5/N) of the collectives, binomial chance < 5%) "
         "or by the wait it causes: over at least 3 steps, in >= 80% of them its lead over the "
         "next arrival sums to >= 10% of the median step, and over the window it causes >= 3x "
-        "the wait of any other rank. Either way the gain must be >= 2% of the step; critical "
-        "at >= 10%. Ranks sharing one CPU host compete for its cores: there the gain must be "
+        "the wait of any other rank (a rank sleeping before each step is last once per step, by "
+        "a lot). Either way the gain must be >= 2% of the step; critical at >= 10%. Ranks "
+        "sharing one CPU host compete for its cores (a healthy 2-rank FSDP1 run on the loaded "
+        "2-core box had one rank late at 76% of collectives by 35 ms per step, computing and "
+        "idling as much as the other): there the gain must be "
         ">= 20% of the step, the rank must show its own cause (its compute plus idle per step "
         "above the others' medians by at least half the wait it causes), and the finding is at "
-        "most a warning. No GPU advice on CPU-only runs."
+        "most a warning. No GPU advice (`nvidia-smi`) on CPU-only runs (the manifest's "
+        "devices, else no device kernel in the traces)."
     ),
     why=(
         "A collective cannot finish on any rank before every rank of its group has started it: "

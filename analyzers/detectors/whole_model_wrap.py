@@ -234,6 +234,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 RULE = Rule(
     id="whole-model-wrap",
+    summary="one FSDP unit holds (nearly) all parameters",
     detect=detect,
     what=(
         "One FSDP unit holds >= 90% of the gathered parameter bytes (sizes from the trace, "
