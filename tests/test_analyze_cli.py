@@ -311,12 +311,12 @@ def test_text_for_many_ranks_and_for_an_empty_report() -> None:
 
 
 def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> None:
+    from zdiag.analyzers.detectors import STRAGGLER_RULE
     from zdiag.analyzers.rank.verdict import thresholds as verdict_thresholds
-    from zdiag.analyzers.run.stragglers import thresholds as straggler_thresholds
     from zdiag.render.text import render_text
 
     report = Report(
-        thresholds={**verdict_thresholds(), **straggler_thresholds()},
+        thresholds={**verdict_thresholds(), **STRAGGLER_RULE.report_thresholds()},
         findings=[
             Finding(
                 id="whole-model-wrap",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
-from zdiag.analyzers.detectors import DETECTORS, FSDP_FINDING_IDS, run_context
+from zdiag.analyzers.detectors import BY_ID, RULES, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
@@ -39,10 +39,9 @@ def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContex
 
 
 def test_registry_lists_every_issue_detector() -> None:
-    assert set(MISCONFIGS) <= set(DETECTORS)
-    assert {"straggler", "fp32-collectives", "flat-sharding-multinode", "comm-bound"} <= set(
-        DETECTORS
-    )
+    assert set(MISCONFIGS) <= set(BY_ID)
+    assert {"straggler", "fp32-collectives", "flat-sharding-multinode", "comm-bound"} <= set(BY_ID)
+    assert len(BY_ID) == len(RULES)  # one rule per finding id
 
 
 def test_missing_overlap_fires_on_serialized_gathers_only(tmp_path: Path) -> None:
@@ -145,14 +144,18 @@ def test_activation_oom_quiet_when_parameters_dominate_or_no_oom() -> None:
         assert "activation-oom" not in {f.id for f in run_context(ctx).findings}
 
 
-def test_a_failing_detector_becomes_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(ctx: DetectorContext) -> list[object]:
+def test_a_failing_detector_becomes_a_warning() -> None:
+    import dataclasses
+
+    def boom(ctx: DetectorContext) -> list[Any]:
         raise ValueError("bad input")
 
-    monkeypatch.setitem(DETECTORS, "comm-bound", boom)  # type: ignore[arg-type]
-    results = run_context(DetectorContext(ledgers={}))
+    rules = tuple(dataclasses.replace(r, detect=boom) if r.id == "comm-bound" else r for r in RULES)
+    results = run_context(DetectorContext(ledgers={}), rules)
     assert any("comm-bound failed" in w for w in results.warnings)
+    assert results.failed == ("comm-bound",)
     assert "comm-bound" not in {f.id for f in results.findings}
+    assert run_context(DetectorContext(ledgers={})).failed == ()
 
 
 def test_block_pattern() -> None:
@@ -168,7 +171,8 @@ def test_no_fsdp_findings_on_real_traces(real_traces: Path) -> None:
     for paths in inputs:
         report = analyze_paths(paths)
         assert report.fsdp_units == [], paths
-        bad = [f.id for f in report.findings if f.id in FSDP_FINDING_IDS | {"activation-oom"}]
+        fsdp_only = {r.id for r in RULES if r.fsdp_only}
+        bad = [f.id for f in report.findings if f.id in fsdp_only | {"activation-oom"}]
         assert not bad, (paths, bad)
 
 
@@ -481,6 +485,8 @@ def test_fp32_collectives_bf16_advice_per_framework(framework: str) -> None:
 def test_whole_model_wrap_does_not_apply_to_deepspeed_zero(tmp_path: Path) -> None:
     """One ZeRO-3 fetch moving nearly every parameter is not a wrap choice (ZeRO has none): the
     same ledger with the framework renamed to FSDP's would be a whole-model wrap."""
+    import dataclasses
+
     from zdiag.analyzers.detectors import whole_model_wrap
 
     ctx = _ctx(tmp_path, zero3_cpu_trace([200_000, 100], steps=1, refetch=False, persistent=0))
@@ -488,7 +494,7 @@ def test_whole_model_wrap_does_not_apply_to_deepspeed_zero(tmp_path: Path) -> No
     assert ledger.framework == "deepspeed"
     assert whole_model_wrap.detect(ctx) == []
     ledger.framework = "fsdp1"  # the guard is what keeps it quiet
-    (f,) = whole_model_wrap.detect(ctx)
+    (f,) = whole_model_wrap.detect(dataclasses.replace(ctx))  # the fact sheet derived again
     assert f.units == ["zero-gather-0"]
 
 
@@ -616,12 +622,12 @@ def test_missing_overlap_quiet_when_every_gather_is_already_prefetched(tmp_path:
 
 
 def _with_every_fsdp1_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """missing-overlap's facts say the run sets every FSDP1 prefetch option."""
+    """The fact sheet says the run sets every FSDP1 prefetch option."""
     import dataclasses
 
-    from zdiag.analyzers.detectors import missing_overlap
+    from zdiag.analyzers.detectors.fact_sheet import RunFactSheet
 
-    real = missing_overlap.run_facts
+    real = RunFactSheet.run_facts
     every = {
         "forward_prefetch": True,
         "backward_prefetch": "BACKWARD_PRE",
@@ -632,7 +638,7 @@ def _with_every_fsdp1_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
         facts = real(*args, **kwargs)
         return dataclasses.replace(facts, settings={**facts.settings, **every})
 
-    monkeypatch.setattr(missing_overlap, "run_facts", facts_with_every_setting)
+    monkeypatch.setattr(RunFactSheet, "run_facts", facts_with_every_setting)
 
 
 def test_missing_overlap_silent_on_cpu_fsdp1_with_every_prefetch_set(
@@ -659,7 +665,7 @@ def test_missing_overlap_silent_without_a_remedy_or_measured_lateness(
     from zdiag.analyzers.detectors import missing_overlap
 
     ctx = _ctx(tmp_path, _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2)))
-    assert not missing_overlap.cpu_only(ctx)  # judged as a GPU run: the gain is not zeroed
+    assert not ctx.sheet.cpu_only  # judged as a GPU run: the gain is not zeroed
     (f,) = missing_overlap.detect(ctx)
     assert (f.expected_gain_ms or 0) > 0
     _with_every_fsdp1_prefetch(monkeypatch)
@@ -708,13 +714,15 @@ def test_exposed_comm_claims_nothing_when_the_run_has_every_overlap_setting(
     (f,) = step_verdicts.detect_exposed_comm(ctx)
     assert f.severity == "warning" and f.expected_gain_ms == 30.0
     assert "bucket_cap_mb" in (f.code or "")
-    real = step_verdicts.run_facts
+    from zdiag.analyzers.detectors.fact_sheet import RunFactSheet
+
+    real = RunFactSheet.run_facts
     every = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "static_graph": True}
 
     def with_every_setting(*args: Any, **kwargs: Any) -> Any:
         return dataclasses.replace(real(*args, **kwargs), settings=every)
 
-    monkeypatch.setattr(step_verdicts, "run_facts", with_every_setting)
+    monkeypatch.setattr(RunFactSheet, "run_facts", with_every_setting)
     (g,) = step_verdicts.detect_exposed_comm(ctx)
     assert g.severity == "info" and g.expected_gain_ms == 0.0 and g.code is None
     assert g.evidence["overlap_gain_ms_per_step"] == 30.0
@@ -727,15 +735,14 @@ def test_missing_overlap_on_cpu_fsdp2_sets_the_unshard_async_op(tmp_path: Path) 
     import dataclasses
 
     from zdiag.analyzers.detectors import missing_overlap
-    from zdiag.analyzers.detectors.facts import gathers_can_overlap
     from zdiag.analyzers.rank.rank_analysis import RankFacts
 
     ctx = _cpu_only(_ctx(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
-    assert not gathers_can_overlap(ctx)
+    assert not ctx.sheet.gathers_can_overlap()
     (f,) = missing_overlap.detect(ctx)
     code = (f.code or "").splitlines()
     assert "set_modules_to_forward_prefetch" in "\n".join(code)
     assert code[-1].startswith("model._set_unshard_async_op(True)")
     assert "the code's last line" in f.recommendation and "FSDP1" not in f.recommendation
     zero = dataclasses.replace(ctx, facts={0: RankFacts(framework="deepspeed")})
-    assert gathers_can_overlap(zero)
+    assert zero.sheet.gathers_can_overlap()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zdiag.analyzers.detectors import DETECTORS, run_context
+from zdiag.analyzers.detectors import BY_ID, run_context
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.rank.host_syncs import host_sync_sites
@@ -63,7 +63,7 @@ def test_source_lines_skip_torch_frames(tmp_path: Path) -> None:
 
 
 def test_host_sync_finding_names_units_and_never_blames_the_optimizer(tmp_path: Path) -> None:
-    assert "host-sync" in DETECTORS
+    assert "host-sync" in BY_ID
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     bad = DetectorContext(

@@ -26,7 +26,6 @@ from zdiag.analyzers.detectors.facts import (
     model_block_set,
     model_blocks_are_units,
     model_settings,
-    run_facts,
 )
 from zdiag.analyzers.frameworks import fsdp1, fsdp2
 from zdiag.analyzers.inputs.model_facts import ModelFacts
@@ -194,7 +193,7 @@ def test_blocks_that_already_are_units_get_no_wrap_remedy() -> None:
     blocks = model_block_set(facts)
     assert blocks is not None and model_blocks_are_units(facts, blocks) is True
     ctx = DetectorContext(ledgers={}, model=facts)
-    assert fsdp2.wrap_blocks(run_facts(ctx, fsdp2.FRAMEWORK)) is None
+    assert fsdp2.wrap_blocks(ctx.sheet.run_facts(fsdp2.FRAMEWORK)) is None
     only_root = ModelFacts(_seq2seq(fsdp2_units=units[:1]))
     assert model_blocks_are_units(only_root, blocks) is False
 
@@ -230,10 +229,12 @@ def test_settings_the_run_has_are_not_proposed() -> None:
     )  # fmt: skip
     facts = ModelFacts(_seq2seq(framework="fsdp1", fsdp1=(inst,)))
     ctx = DetectorContext(ledgers={}, model=facts)
-    assert fsdp1.overlap(run_facts(ctx, fsdp1.FRAMEWORK)) is None
+    assert fsdp1.overlap(ctx.sheet.run_facts(fsdp1.FRAMEWORK)) is None
     half = Fsdp1Instance(path="", cls="M", forward_prefetch=False, backward_prefetch=None)
     facts = ModelFacts(_seq2seq(framework="fsdp1", fsdp1=(half,)))
-    remedy = fsdp1.overlap(run_facts(DetectorContext(ledgers={}, model=facts), fsdp1.FRAMEWORK))
+    remedy = fsdp1.overlap(
+        DetectorContext(ledgers={}, model=facts).sheet.run_facts(fsdp1.FRAMEWORK)
+    )
     assert remedy is not None and remedy.code is not None
     assert "forward_prefetch=True" in remedy.code and "BACKWARD_PRE" in remedy.code
     assert "ModuleWrapPolicy({DecoderTower, EncoderTower})" in remedy.code

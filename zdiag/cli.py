@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
     "demo": ("zdiag.commands.demo", "run the built-in FSDP2 harness on 2 CPU ranks and analyze it"),
+    "explain": ("zdiag.commands.explain", "explain a finding id: what it detects, why, thresholds"),
     "completion": (
         "zdiag.commands.completion",
         "print a shell completion script for bash, zsh or fish",

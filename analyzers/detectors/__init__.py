@@ -2,15 +2,15 @@
 
 The reduce (analyzers/engine/reduce.py) builds one `DetectorContext` from values (FSDP ledgers per
 rank, step tables, detector facts, manifest facts, memory evidence, the cross-rank matching)
-and `run_context(ctx)` runs every detector in `DETECTORS`, returning their findings and
-warnings. Each detector lives in its own module with its thresholds as named constants next to
-the reasoning behind them. A detector that fails on unexpected input becomes a warning instead
-of failing the analysis.
+and `run_context(ctx)` runs every rule in `RULES`, returning their findings and warnings. A rule
+(detectors/rule.py) is a record its module declares: the finding id, what it detects, why it
+matters, an example, its thresholds with their reasoning, its scope and its function. A rule is
+one module plus one line below. A detector that fails on unexpected input becomes a warning
+instead of failing the analysis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..report import Finding
@@ -33,71 +33,74 @@ from . import (
 )
 from .context import DetectorContext, build_context
 from .reconcile import reconcile
+from .rule import Rule
 
-Detector = Callable[[DetectorContext], list[Finding]]
-
-DETECTORS: dict[str, Detector] = {
-    "crash": crash.detect,
-    "hang": hang.detect,
-    "whole-model-wrap": whole_model_wrap.detect,
-    "tiny-layer-wrap": tiny_layer_wrap.detect,
-    "missing-overlap": missing_overlap.detect,
-    "activation-oom": activation_oom.detect,
-    "optimizer-state-dominant": optimizer_state_dominant.detect,
-    "fragmentation": fragmentation.detect,
-    "memory-imbalance": memory_imbalance.detect,
-    "straggler": straggler.detect,
-    "host-sync": host_sync.detect,
-    "fp32-collectives": fp32_collectives.detect,
-    "flat-sharding-multinode": flat_sharding.detect,
-    "comm-bound": comm_bound.detect,
-    "host-bound": step_verdicts.detect_host_bound,
-    "exposed-comm": step_verdicts.detect_exposed_comm,
-}
-"""Finding id -> detector, in report order."""
-
-FSDP_FINDING_IDS = frozenset(
-    {
-        "whole-model-wrap",
-        "tiny-layer-wrap",
-        "missing-overlap",
-        "fp32-collectives",
-        "flat-sharding-multinode",
-        "comm-bound",
-    }
+RULES: tuple[Rule, ...] = (
+    crash.RULE,
+    hang.RULE,
+    whole_model_wrap.RULE,
+    tiny_layer_wrap.RULE,
+    missing_overlap.RULE,
+    activation_oom.RULE,
+    optimizer_state_dominant.RULE,
+    fragmentation.RULE,
+    memory_imbalance.RULE,
+    straggler.RULE,
+    host_sync.RULE,
+    fp32_collectives.RULE,
+    flat_sharding.RULE,
+    comm_bound.RULE,
+    step_verdicts.HOST_BOUND_RULE,
+    step_verdicts.EXPOSED_COMM_RULE,
 )
-"""Findings that only FSDP/ZeRO traffic can raise."""
+"""Every rule, in report order."""
+
+BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
+"""Finding id -> its rule."""
+
+STRAGGLER_RULE = straggler.RULE
+"""The rule whose thresholds `Report.thresholds` shows for runs of two or more ranks."""
+
+
+def failure_warning(rule_id: str, exc: Exception) -> str:
+    """The warning for a detector that crashed (render/stats.py reads its first words)."""
+    return f"detector {rule_id} failed ({type(exc).__name__}: {exc}); its finding is missing"
 
 
 @dataclass(frozen=True)
 class DetectorResults:
-    """What the detectors returned: findings in registry order, and warnings (a detector that
-    crashed, named with its error)."""
+    """What the detectors returned: findings in registry order, warnings (a detector that
+    crashed, named with its error) and the ids of the rules whose detector crashed."""
 
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    failed: tuple[str, ...] = ()
 
 
-def run_context(ctx: DetectorContext) -> DetectorResults:
-    """Every detector on one context, then the findings reconciled (detectors/reconcile.py: two
-    findings never claim the same time); a detector's crash becomes a warning, not a failure."""
+def run_context(ctx: DetectorContext, rules: tuple[Rule, ...] = RULES) -> DetectorResults:
+    """Every rule's detector on one context, then the findings reconciled (detectors/
+    reconcile.py: two findings never claim the same time); a detector's crash becomes a
+    warning, not a failure."""
     findings: list[Finding] = []
     warnings: list[str] = []
-    for name, detect in DETECTORS.items():
+    failed: list[str] = []
+    for rule in rules:
         try:
-            findings.extend(detect(ctx))
+            findings.extend(rule.detect(ctx))
         except Exception as exc:  # one broken detector must not sink the analysis
-            warnings.append(
-                f"detector {name} failed ({type(exc).__name__}: {exc}); its finding is missing"
-            )
-    return DetectorResults(findings=reconcile(findings), warnings=warnings)
+            warnings.append(failure_warning(rule.id, exc))
+            failed.append(rule.id)
+    return DetectorResults(findings=reconcile(findings), warnings=warnings, failed=tuple(failed))
 
 
 __all__ = [
-    "DETECTORS",
-    "FSDP_FINDING_IDS",
+    "BY_ID",
+    "RULES",
+    "STRAGGLER_RULE",
     "DetectorContext",
     "DetectorResults",
+    "Rule",
     "build_context",
+    "failure_warning",
     "run_context",
 ]

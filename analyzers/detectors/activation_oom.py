@@ -12,24 +12,20 @@ each block's input is kept) or a smaller micro-batch with gradient accumulation.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from ..frameworks import checkpoint_blocks
 from ..report import Finding, WhatIf
-from .blocks import find_block_pattern, harness_block_pattern
+from .blocks import BlockPattern, find_block_pattern, harness_block_pattern
 from .context import MIB, DetectorContext, MemoryEvidence
-from .facts import block_set, framework_of
+from .facts import block_set
+from .rule import Rule, Threshold
 
-# "Dominated": activations are at least half of the memory in use at the peak / the failure,
-# so no other category (parameters, gradients, optimizer state) could be the bigger lever.
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 ACTIVATION_SHARE = 0.5
-# Or a smaller part, when checkpointing them alone would have made the failing allocation fit: a
-# model with large parameter state (an embedding-heavy recommender: activations 36% of the
-# budget) still fails because of its activations, and the same fix resolves it.
 ACTIVATION_MIN_SHARE = 0.25
 ACTIVATION_CATEGORIES = ("ACTIVATION", "AUTOGRAD_DETAIL")
-# Without the model shape: a transformer block saves at least ~8 tensors the size of its input
-# for backward (norm outputs, q/k/v, attention output, the MLP's 8/3-wide hidden states), and
-# checkpointing keeps only the input, so at least 7/8 of the activations are freed.
 MIN_SAVED_TENSORS_PER_BLOCK = 8
 
 
@@ -48,84 +44,90 @@ def _checkpointing_fits(ev: MemoryEvidence, act: int, in_use: int) -> bool:
     return overflow > 0 and freed >= overflow
 
 
-def detect(ctx: DetectorContext) -> list[Finding]:
-    """The activation-oom finding, or none."""
-    hits: list[MemoryEvidence] = []
-    for ev in ctx.memory:
-        in_use = sum(ev.category_bytes.values())
-        act = _activation_bytes(ev)
-        over = ev.oom or (
-            ev.capacity_bytes is not None
-            and ev.peak_bytes is not None
-            and ev.peak_bytes > ev.capacity_bytes
-        )
-        if (
-            over
-            and in_use > 0
-            and (
-                act >= ACTIVATION_SHARE * in_use
-                or (act >= ACTIVATION_MIN_SHARE * in_use and _checkpointing_fits(ev, act, in_use))
-            )
-        ):
-            hits.append(ev)
-    if not hits:
-        return []
-    worst = max(hits, key=_activation_bytes)
-    act = _activation_bytes(worst)
-    in_use = sum(worst.category_bytes.values())
-    h = ctx.harness
-    block = harness_block_pattern(h) or find_block_pattern(
-        [u.name for u in ctx.manifest_units()]
-        + [n for lg in ctx.fsdp_ledgers() for n in lg.unit_order]
+def _dominated(ev: MemoryEvidence) -> bool:
+    """Gating: out of memory (or over capacity) with activations >= ACTIVATION_SHARE of the
+    memory in use, or >= ACTIVATION_MIN_SHARE when checkpointing them covers the overflow."""
+    in_use = sum(ev.category_bytes.values())
+    act = _activation_bytes(ev)
+    over = ev.oom or (
+        ev.capacity_bytes is not None
+        and ev.peak_bytes is not None
+        and ev.peak_bytes > ev.capacity_bytes
     )
-    layers = block.count if block else None
-    kept: int | None = None
-    method = ""
+    return (
+        over
+        and in_use > 0
+        and (
+            act >= ACTIVATION_SHARE * in_use
+            or (act >= ACTIVATION_MIN_SHARE * in_use and _checkpointing_fits(ev, act, in_use))
+        )
+    )
+
+
+def _saved(ctx: DetectorContext, h: Mapping[str, Any], act: int, rank: int) -> tuple[int, str]:
+    """(bytes checkpointing frees, how): the harness's shape (every block keeps its input),
+    else the snapshot's checkpointing what-if, else at least 7/8 of the activations."""
     try:
         width = 2 if h.get("precision") == "bf16" else 4
         kept = int(h["batch"]) * int(h["seq"]) * int(h["dim"]) * width * int(h["layers"])
-        method = (
+        return max(0, act - kept), (
             "activation checkpointing of every block keeps only each block's input "
             f"(batch x seq x dim x {width} bytes x {h['layers']} blocks = {kept / MIB:.2f} MiB) "
             f"of the {act / MIB:.2f} MiB activations at the failure"
         )
     except (KeyError, TypeError, ValueError):
         kept = act // MIN_SAVED_TENSORS_PER_BLOCK
-        method = (
-            f"activation checkpointing frees at least {MIN_SAVED_TENSORS_PER_BLOCK - 1}/"
-            f"{MIN_SAVED_TENSORS_PER_BLOCK} of the {act / MIB:.2f} MiB activations (a block saves "
-            f">= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps one)"
-        )
-    saved = max(0, act - kept)
-    predicted = (
-        _checkpointing_what_if(ctx, worst.rank)
-        if not method.startswith("activation checkpointing of every")
-        else None
-    )
+    predicted = _checkpointing_what_if(ctx, rank)
     if predicted is not None and predicted.saved_bytes is not None:
-        saved, method = (
-            predicted.saved_bytes,
-            f"from the snapshot at the peak: {predicted.arithmetic}",
-        )
+        return predicted.saved_bytes, f"from the snapshot at the peak: {predicted.arithmetic}"
+    return max(0, act - kept), (
+        f"activation checkpointing frees at least {MIN_SAVED_TENSORS_PER_BLOCK - 1}/"
+        f"{MIN_SAVED_TENSORS_PER_BLOCK} of the {act / MIB:.2f} MiB activations (a block saves "
+        f">= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps one)"
+    )
+
+
+def _accumulation(worst: MemoryEvidence, act: int, h: Mapping[str, Any]) -> str:
+    """The alternative: N micro-batches with gradient accumulation, N so that the activations
+    of one fit under the capacity when the overflow is known."""
     over_by = None
     if worst.capacity_bytes is not None and worst.peak_bytes is not None:
         over_by = max(0, worst.peak_bytes - worst.capacity_bytes)
     accum = None
     if over_by is not None and act > over_by:
         accum = max(2, math.ceil(act / (act - over_by)))
-    ledgers = ctx.fsdp_ledgers()
-    fw = framework_of(ctx, ledgers[0].framework if ledgers else None)
-    remedy = checkpoint_blocks(block_set(block), fw.checkpoint_note)
-    alt = (
-        f" Or split each batch into {accum} micro-batches with gradient accumulation "
-        f"(batch {h['batch']} -> {max(1, int(h['batch']) // accum)})."
-        if accum and isinstance(h.get("batch"), int)
-        else (
-            f" Or split each batch into {accum} micro-batches with gradient accumulation."
-            if accum
-            else " Or use a smaller micro-batch with gradient accumulation."
+    if accum and isinstance(h.get("batch"), int):
+        return (
+            f" Or split each batch into {accum} micro-batches with gradient accumulation "
+            f"(batch {h['batch']} -> {max(1, int(h['batch']) // accum)})."
         )
+    if accum:
+        return f" Or split each batch into {accum} micro-batches with gradient accumulation."
+    return " Or use a smaller micro-batch with gradient accumulation."
+
+
+def _block(ctx: DetectorContext) -> BlockPattern | None:
+    """The repeated block to checkpoint: the harness's, else from the manifest's and the
+    ledgers' unit names."""
+    return harness_block_pattern(dict(ctx.sheet.harness)) or find_block_pattern(
+        [u.name for u in ctx.manifest_units()]
+        + [n for lg in ctx.fsdp_ledgers() for n in lg.unit_order]
     )
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The activation-oom finding, or none."""
+    hits = [ev for ev in ctx.memory if _dominated(ev)]
+    if not hits:
+        return []
+    worst = max(hits, key=_activation_bytes)
+    act = _activation_bytes(worst)
+    in_use = sum(worst.category_bytes.values())
+    h = ctx.sheet.harness
+    block = _block(ctx)
+    layers = block.count if block else None
+    saved, method = _saved(ctx, h, act, worst.rank)
+    remedy = checkpoint_blocks(block_set(block), ctx.sheet.framework.checkpoint_note)
     return [
         Finding(
             id="activation-oom",
@@ -151,7 +153,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             },
             recommendation=(
                 f"Checkpoint the activations of each {block.pattern if block else 'transformer block'}"
-                f" (recompute in backward): frees about {saved / MIB:.1f} MiB." + alt
+                f" (recompute in backward): frees about {saved / MIB:.1f} MiB."
+                + _accumulation(worst, act, h)
             ),
             code=remedy.code if remedy else None,
             expected_gain_bytes=saved,
@@ -168,3 +171,65 @@ def _checkpointing_what_if(ctx: DetectorContext, rank: int) -> WhatIf | None:
                 (w for w in b.what_if if w.change.startswith("activation checkpointing")), None
             )
     return None
+
+
+RULE = Rule(
+    id="activation-oom",
+    summary="out of memory with activations filling it",
+    detect=detect,
+    what=(
+        "Out of memory (or the peak over capacity) with activations >= 50% of the memory in "
+        "use, or >= 25% when freeing 7/8 of them covers the overflow (the failing request or "
+        "the excess over capacity: large parameter state beside them). An OOM before the "
+        "profiler window still has its `memory/rank-N.oom.json` record: torch's wording, "
+        "zdiag's harness wording and a memory-budget hook's (`budget 48.0 MiB, 29.27 MiB held "
+        "by saved activations`) are parsed, the rest of the budget counting as `OTHER`."
+    ),
+    why=(
+        "When activations fill the memory, no parameter or optimizer change is the bigger "
+        "lever: activation checkpointing of the repeated block keeps only each block's input, "
+        "and a smaller micro-batch with gradient accumulation shrinks them all."
+    ),
+    example=(
+        "Out of memory: activations are 27.1 MiB of 29.8 MiB in use (91%) (the harness's "
+        "batch 8 x seq 1024 without checkpointing, under a 30 MiB budget)."
+    ),
+    fix=(
+        "`apply_activation_checkpointing` on each block; or N micro-batches with gradient "
+        "accumulation."
+    ),
+    gain=(
+        "Activations minus the block inputs checkpointing keeps (batch x seq x dim x bytes x "
+        "blocks); without the shape, the snapshot's checkpointing what-if, else at least 7/8."
+    ),
+    scope=(
+        "runs with memory evidence: OOM records, CUDA snapshots with allocation stacks, "
+        "memory timelines"
+    ),
+    thresholds=(
+        Threshold(
+            "ACTIVATION_SHARE",
+            ACTIVATION_SHARE,
+            "Dominated: activations are at least this share of the memory in use at the peak "
+            "or the failure, so no other category (parameters, gradients, optimizer state) "
+            "could be the bigger lever.",
+            evidence="threshold_activation_share",
+        ),
+        Threshold(
+            "ACTIVATION_MIN_SHARE",
+            ACTIVATION_MIN_SHARE,
+            "Or this smaller share, when checkpointing them alone would have made the failing "
+            "allocation fit: a model with large parameter state (an embedding-heavy "
+            "recommender: activations 36% of the budget) still fails because of them.",
+            evidence="threshold_min_activation_share_when_checkpointing_fits",
+        ),
+        Threshold(
+            "MIN_SAVED_TENSORS_PER_BLOCK",
+            MIN_SAVED_TENSORS_PER_BLOCK,
+            "Without the model shape: a transformer block saves at least this many tensors "
+            "the size of its input for backward (norm outputs, q/k/v, attention output, the "
+            "MLP's hidden states) and checkpointing keeps only the input, so at least 7/8 of "
+            "the activations are freed.",
+        ),
+    ),
+)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..report import Finding
 from .context import DetectorContext
 from .fp32_collectives import bf16_remedy, is_fp32
+from .rule import Rule, Threshold
 
 NO_OVERLAP_FIX = (
     "No prefetch or overlap setting can fix this: communication is longer than the compute it "
@@ -18,7 +19,7 @@ NO_OVERLAP_FIX = (
 """The recommendation's first sentence; the reconcile step rewrites it when `missing-overlap`
 claims part of the same time (detectors/reconcile.py)."""
 
-# Most steps must be comm-bound (per the pipeline's verdicts), not one outlier.
+# (the reasoning behind the value: RULE's thresholds, at the end of the module)
 COMM_BOUND_STEP_SHARE = 0.5
 
 
@@ -46,9 +47,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not n or bound / n < COMM_BOUND_STEP_SHARE:
         return []
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
-    nnodes = ctx.nnodes or 1
+    nnodes = ctx.sheet.nnodes or 1
     options = []
-    bf16 = bf16_remedy(ctx, ledgers[0].framework) if fp32 else None
+    bf16 = bf16_remedy(ctx) if fp32 else None
     if bf16 is not None:
         options.append(bf16.text)
     options.append("a bigger batch per rank (more compute per gathered byte)")
@@ -80,3 +81,38 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             ),
         )
     ]
+
+
+RULE = Rule(
+    id="comm-bound",
+    summary="communication alone is longer than compute in most steps",
+    detect=detect,
+    what=(
+        "At least half of the FSDP ranks' steps carry the `comm-bound` verdict: communication "
+        "alone is longer than compute."
+    ),
+    why=(
+        "Overlap hides communication only up to the compute it runs under; past that the step "
+        "is comm-bound whatever the prefetch settings. What helps: fewer bytes, more compute "
+        "per byte, cheaper links."
+    ),
+    example=(
+        "3 of 3 steps are comm-bound: communication (52.0 ms/step) exceeds compute (18.3 ms/step)."
+    ),
+    fix=(
+        "Says no overlap fixes it; fewer bytes (bf16, with the same code as `fp32-collectives` "
+        "when the gathers are fp32), a bigger batch per rank, HSDP on multi-node jobs."
+    ),
+    gain="Upper bound: the communication time in excess of compute per step.",
+    scope="FSDP/ZeRO runs (the ranks with FSDP traffic)",
+    fsdp_only=True,
+    thresholds=(
+        Threshold(
+            "COMM_BOUND_STEP_SHARE",
+            COMM_BOUND_STEP_SHARE,
+            "Most steps must be comm-bound (per the step verdicts), not one outlier.",
+            evidence="threshold_step_share",
+        ),
+    ),
+    markers=(),
+)

@@ -1,9 +1,11 @@
 """What every detector reads, computed once per analysis: FSDP ledgers, manifest facts, memory.
 
 Detectors are pure functions of a `DetectorContext`, a value built by `build_context` from the
-ranks' summaries (analyzers/rank/summary.py), the cross-rank matching, the run manifest and the small
-run-dir files it points to (OOM records, CUDA snapshots); it holds no trace and no reference to
-the pipeline's objects, so detectors can be tested on hand-built contexts.
+ranks' summaries (analyzers/rank/summary.py), the cross-rank matching, the run manifest, the
+out-of-memory records the engine read (analyzers/inputs/oom_records.py) and the memory stage's
+breakdowns; it holds no trace, reads no file and keeps no reference to the pipeline's objects,
+so detectors can be tested on hand-built contexts. Its `sheet` (detectors/fact_sheet.py) holds
+the run's facts (framework, settings, the captured model, device), derived once.
 """
 
 from __future__ import annotations
@@ -11,19 +13,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from zdiag.errors import InputError
-
-from ...collectors.run_records import FsdpUnitRecord, Manifest, OomRecord, RankEntry
-from ..inputs.cuda_snapshot import read_snapshot
+from ...collectors.run_records import FsdpUnitRecord, Manifest, RankEntry
 from ..inputs.model_facts import ModelFacts
-from ..inputs.run_dir import read_oom_record, run_file
-from ..memory.memory_snapshot import summarize_snapshot
+from ..inputs.oom_records import OomRecords
 from ..rank.fsdp_ledger import RankLedger
 from ..rank.host_syncs import HostSyncSites
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
+from .fact_sheet import RunFactSheet, build_fact_sheet
 
 if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
@@ -60,8 +58,10 @@ class DetectorContext:
     - `memory`: per-rank memory evidence (OOM records, snapshots, memory timelines)
     - `crossrank`: the collectives matched across ranks (None for one rank)
     - `flight_recorder`: the analysis of flight-recorder dumps given as input (None without)
-    - `warnings`: what building the context found (unreadable snapshots, ...)
+    - `warnings`: what building the context found (damaged OOM records, snapshots without
+      stacks, ...)
     - `memory_breakdowns`: per-rank memory breakdowns (CUDA snapshots, Kineto memory events)
+    - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
     """
 
     ledgers: dict[int, RankLedger]
@@ -74,29 +74,17 @@ class DetectorContext:
     flight_recorder: HangAnalysis | None = None
     warnings: list[str] = field(default_factory=list)
     memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
+    sheet: RunFactSheet = field(init=False)
 
-    @property
-    def harness(self) -> dict[str, Any]:
-        """The harness options recorded in the manifest ({} for other scripts)."""
-        return dict(self.manifest.harness or {}) if self.manifest else {}
-
-    @property
-    def world_size(self) -> int | None:
-        """World size from the manifest or the traces."""
-        if self.manifest is not None:
-            return self.manifest.world_size
-        for f in self.facts.values():
-            if f.world_size:
-                return f.world_size
-        return None
-
-    @property
-    def nnodes(self) -> int | None:
-        """Number of nodes (manifest `nnodes`, else distinct hosts), None when unknown."""
-        if self.manifest is not None:
-            return self.manifest.nnodes
-        hosts = {f.host for f in self.facts.values() if f.host}
-        return len(hosts) if hosts else None
+    def __post_init__(self) -> None:
+        sheet = build_fact_sheet(
+            ledgers=self.ledgers,
+            breakdowns=self.breakdowns,
+            facts=self.facts,
+            manifest=self.manifest,
+            model=self.model,
+        )
+        object.__setattr__(self, "sheet", sheet)
 
     def module_class(self, rank: int) -> tuple[str, int] | None:
         """(class, instances) of the rank's most repeated module class (`with_stack` traces)."""
@@ -132,17 +120,24 @@ def build_context(
     summaries: Sequence[RankSummary],
     *,
     manifest: Manifest | None = None,
-    run_dir: Path | None = None,
+    oom_records: OomRecords | None = None,
     model: ModelFacts | None = None,
     memory: Sequence[MemoryTimeline] = (),
     memory_breakdowns: Sequence[MemoryBreakdown] = (),
     crossrank: CrossRankResult | None = None,
     flight_recorder: HangAnalysis | None = None,
 ) -> DetectorContext:
-    """The DetectorContext of a run's rank summaries, its matching, manifest and memory data."""
-    warnings: list[str] = []
+    """The DetectorContext of a run's rank summaries, its matching, manifest, the OOM records
+    the engine read and the memory data."""
+    records = oom_records or OomRecords()
+    warnings = list(records.warnings)
     evidence = _memory_evidence(
-        manifest, {s.rank for s in summaries}, run_dir, list(memory), warnings, memory_breakdowns
+        manifest,
+        {s.rank for s in summaries},
+        records,
+        list(memory),
+        warnings,
+        memory_breakdowns,
     )
     return DetectorContext(
         ledgers={s.rank: s.rank_ledger() for s in summaries},
@@ -212,21 +207,19 @@ def parse_oom_message(rank: int, text: str, source: str = "oom record") -> Memor
 def _memory_evidence(
     manifest: Manifest | None,
     analyzed: set[int],
-    run_dir: Path | None,
+    oom_records: OomRecords,
     timelines: list[MemoryTimeline],
     warnings: list[str],
     breakdowns: Sequence[MemoryBreakdown] = (),
 ) -> list[MemoryEvidence]:
     """One MemoryEvidence per rank with memory data, merging the OOM record (what was in use at
-    the failure: preferred for categories), else the CUDA snapshot taken at the failure, else the
-    memory timeline (the peak by category), and the manifest's per-rank `oom` flag."""
+    the failure: preferred for categories), else the CUDA snapshot's breakdown (the memory
+    stage's categories at the peak), else the memory timeline (the peak by category), and the
+    manifest's per-rank `oom` flag."""
     by_rank: dict[int, MemoryEvidence] = {}
     entries = manifest.ranks if manifest is not None else ()
-    world_size = manifest.world_size if manifest is not None else None
     for entry in entries:
-        rec = (
-            _read_oom_record(run_dir, entry, world_size, warnings) if run_dir is not None else None
-        )
+        rec = oom_records.by_rank.get(entry.rank)
         if rec is not None:
             ev = parse_oom_message(entry.rank, rec.error)
             if ev.capacity_bytes is None and rec.memory_budget_bytes is not None:
@@ -235,8 +228,7 @@ def _memory_evidence(
         elif entry.oom:
             by_rank[entry.rank] = parse_oom_message(entry.rank, entry.error or "", "manifest")
     add_breakdown_evidence(by_rank, breakdowns)
-    if run_dir is not None:
-        _add_snapshot_categories(analyzed, by_rank, entries, run_dir, warnings)
+    _warn_snapshots_without_stacks(analyzed, by_rank, entries, breakdowns, warnings)
     for tl in timelines:
         known = by_rank.get(tl.rank)
         if known is None:
@@ -259,52 +251,25 @@ def _memory_evidence(
     return [by_rank[r] for r in sorted(by_rank)]
 
 
-# Snapshots with allocation history can be hundreds of MB each, and when one rank runs out of
-# memory its peers usually do too: a few ranks tell what filled the memory.
-MAX_SNAPSHOTS = 4
-
-
-def _add_snapshot_categories(
+def _warn_snapshots_without_stacks(
     analyzed: set[int],
     by_rank: dict[int, MemoryEvidence],
     entries: tuple[RankEntry, ...],
-    run_dir: Path,
+    breakdowns: Sequence[MemoryBreakdown],
     warnings: list[str],
 ) -> None:
-    """Fill out-of-memory ranks' categories from their CUDA snapshots (taken at the failure),
-    for the analyzed ranks (all of them in a run without traces), on the device each trained on."""
-    todo = []
+    """A warning naming the out-of-memory ranks (of the analyzed ones) whose failure is
+    unexplained because their CUDA snapshot, the one evidence left, has no allocation stacks."""
+    snapshots = {b.rank: b for b in breakdowns if b.source.startswith("snapshot")}
+    no_stacks = []
     for entry in entries:
         ev = by_rank.get(entry.rank)
         if ev is None or ev.category_bytes or entry.memory_snapshot is None:
             continue
-        if not analyzed or entry.rank in analyzed:
-            try:
-                path = run_file(run_dir, entry.memory_snapshot)
-            except InputError as exc:
-                _warn(warnings, f"memory snapshot skipped: {exc.message}")
-                continue
-            todo.append((ev, path, _cuda_index(entry.device)))
-    if len(todo) > MAX_SNAPSHOTS:
-        _warn(
-            warnings,
-            f"{len(todo)} ranks ran out of memory; the CUDA snapshots of ranks "
-            f"{', '.join(str(ev.rank) for ev, _, _ in todo[:MAX_SNAPSHOTS])} were read "
-            "(pick others with --rank)",
-        )
-    no_stacks = []
-    for ev, path, device in todo[:MAX_SNAPSHOTS]:
-        try:
-            mem = summarize_snapshot(read_snapshot(path), device)
-        except InputError as exc:
-            _warn(warnings, f"memory snapshot skipped: {exc.message}")
-            continue
-        if not mem.has_stacks:
-            no_stacks.append(ev.rank)
-            continue
-        ev.category_bytes = dict(mem.category_bytes)
-        ev.peak_bytes = mem.in_use_bytes + (mem.oom_request_bytes or 0)
-        ev.source = f"{ev.source} + snapshot"
+        snap = snapshots.get(entry.rank)
+        if snap is not None and not snap.blocks_with_stacks:
+            if not analyzed or entry.rank in analyzed:
+                no_stacks.append(entry.rank)
     if no_stacks:
         _warn(
             warnings,
@@ -314,33 +279,9 @@ def _add_snapshot_categories(
         )
 
 
-def _cuda_index(device: str | None) -> int | None:
-    """3 for the manifest's "cuda:3"; None when unknown (the snapshot's busiest device is used)."""
-    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
-        return int(device[5:])
-    return None
-
-
 def _warn(warnings: list[str], message: str) -> None:
     if message not in warnings:
         warnings.append(message)
-
-
-def _read_oom_record(
-    run_dir: Path, entry: RankEntry, world_size: int | None, warnings: list[str]
-) -> OomRecord | None:
-    """The rank's OOM record (None without one); a damaged or refused one is a warning."""
-    if entry.oom_record is None:
-        return None
-    found: list[str] = []
-    try:
-        record = read_oom_record(run_dir, entry.oom_record, found, world_size)
-    except InputError as exc:
-        _warn(warnings, f"out-of-memory record skipped: {exc.message}")
-        return None
-    for w in found:
-        _warn(warnings, w)
-    return record
 
 
 def add_breakdown_evidence(

@@ -17,6 +17,7 @@ from ...collectors.run_records import RankEntry
 from ..report import Finding
 from .context import DetectorContext
 from .failures import COLLATERAL_ERRORS, timeout_hang
+from .rule import Rule
 
 MAX_ERROR_CHARS = 300
 
@@ -113,3 +114,28 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             gain_method="not a performance finding: the run did not finish",
         )
     ]
+
+
+RULE = Rule(
+    id="crash",
+    summary="ranks that raised an exception, and the ranks it tore down",
+    detect=detect,
+    what=(
+        "Ranks of a `zdiag run` raised an exception (not out of memory): which ranks raised "
+        "what, at which step and user line, and which ranks were only torn down by it. A rank "
+        "is a culprit when its exception is not a consequence of a peer's failure (a closed "
+        "connection, a collective timeout, torchrun's SIGTERM); when every failing rank's "
+        "exception is one, the rank that ended first is named."
+    ),
+    why=(
+        "When one rank raises, its peers fail too, and every log shows an error: the first "
+        "one to read is the culprit's, not the connection errors it caused."
+    ),
+    example=(
+        "rank 1 raised ValueError at step 3 (train.py:42 `loss = model(x)`); rank 0 was torn "
+        "down by it."
+    ),
+    fix="Fix the exception on the culprit rank, at the line it was raised.",
+    gain="None: not a performance finding (the run did not finish).",
+    scope="run directories of `zdiag run` (the manifest records each rank's exit)",
+)

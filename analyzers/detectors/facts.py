@@ -1,11 +1,13 @@
 """The facts about a user's run that the detectors hand to the framework remedies.
 
-First from the model description captured from the live model (`ctx.model`, see
-analyzers/inputs/model_facts.py): the repeated blocks to wrap, chosen by model_facts' granularity rule
-and named by the user's own container paths and classes, whether they already are FSDP units,
-and the settings the run has (so no remedy proposes one of them). Without a description (traces
-recorded elsewhere) the same `BlockSet` / `RunFacts` values are inferred from trace labels (FSDP
-unit names, `with_stack` module events), the manifest's units and the harness's recorded options.
+Pure functions of a model description or of module names; the run's own facts, derived once
+from them, are the detectors' fact sheet (detectors/fact_sheet.py). First from the model
+description captured from the live model (analyzers/inputs/model_facts.py): the repeated blocks
+to wrap, chosen by model_facts' granularity rule and named by the user's own container paths
+and classes, whether they already are FSDP units, and the settings the run has (so no remedy
+proposes one of them). Without a description (traces recorded elsewhere) the same `BlockSet`
+values are inferred from trace labels (FSDP unit names, `with_stack` module events), the
+manifest's units and the harness's recorded options.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .. import frameworks
-from ..frameworks import BlockSet, Framework, RunFacts
+from ..frameworks import BlockSet
 from ..inputs.model_facts import BlockCandidate, ModelFacts
 from .blocks import BlockPattern
-from .context import DetectorContext
 
 MODEL_SOURCE = "model description"
 
@@ -35,12 +35,6 @@ def block_set(
     if module_class is not None:
         return BlockSet(block_class=module_class[0], count=module_class[1], source=source)
     return None
-
-
-def captured(ctx: DetectorContext) -> ModelFacts | None:
-    """The run's model description when it was captured from the live model (None when absent
-    or inferred)."""
-    return ctx.model if ctx.model is not None and not ctx.model.inferred else None
 
 
 def _inside_blocks(path: str, container: str) -> bool:
@@ -213,94 +207,3 @@ def blocks_are_units(pattern: BlockPattern | None, units: Iterable[str]) -> bool
     if pattern is None:
         return None
     return any(pattern.block_of(u) == u for u in units)
-
-
-def framework_of(ctx: DetectorContext, name: str | None = None) -> Framework:
-    """The run's framework: the captured description's, else `name` (a ledger's), else the
-    manifest's, else the first whose labels a trace holds (`known_framework`), else FSDP2."""
-    model = captured(ctx)
-    if name and not (model is not None and model.framework in frameworks.BY_NAME):
-        return frameworks.get(name)
-    return known_framework(ctx) or frameworks.get(None)
-
-
-def run_facts(
-    ctx: DetectorContext,
-    fw: Framework,
-    blocks: BlockSet | None = None,
-    are_units: bool | None = None,
-) -> RunFacts:
-    """The RunFacts of a run for framework `fw`. With a captured model description: its blocks
-    (replacing the inferred `blocks`), whether they are units, and its settings over the
-    manifest's. Otherwise the inferred `blocks` / `are_units` and the settings the manifest
-    records (the harness's options for FSDP2). From the context: the first FSDP2 unit the trace
-    gathers, node and world counts."""
-    settings = fw.manifest_settings(ctx.manifest) if ctx.manifest is not None else {}
-    model = captured(ctx)
-    if model is not None:
-        settings = {**settings, **model_settings(model)}
-        found = model_block_set(model)
-        if found is not None:
-            blocks = found
-            are_units = model_blocks_are_units(model, found)
-    return RunFacts(
-        framework=fw.name,
-        blocks=blocks,
-        blocks_are_units=are_units,
-        settings=settings,
-        first_unit=_first_fsdp2_unit(ctx),
-        nnodes=ctx.nnodes,
-        world_size=ctx.world_size,
-    )
-
-
-def _first_fsdp2_unit(ctx: DetectorContext) -> str | None:
-    """The module path of the first FSDP2 unit after the root that the trace gathers (None when
-    the run shows no FSDP2 unit: FSDP1 / ZeRO units are named by position, not path)."""
-    ledgers = ctx.fsdp_ledgers()
-    if not ledgers or ledgers[0].framework != "fsdp2":
-        return None
-    return next((u for u in ledgers[0].unit_order if u), None)
-
-
-def known_framework(ctx: DetectorContext) -> Framework | None:
-    """The run's framework when something says it (the captured description, the manifest, a
-    trace's labels); None when unknown (framework_of would fall back on FSDP2)."""
-    model = captured(ctx)
-    if model is not None and model.framework in frameworks.BY_NAME:
-        return frameworks.get(model.framework)
-    found = frameworks.from_manifest(ctx.manifest)
-    if found is not None:
-        return found
-    for facts in ctx.facts.values():
-        if facts.framework:
-            return frameworks.get(facts.framework)
-    return None
-
-
-def cpu_only(ctx: DetectorContext) -> bool:
-    """Whether every rank trained on a CPU: the manifest's devices when it names every rank's,
-    else the traces (steps measured and not one device kernel in them). False when unknown."""
-    m = ctx.manifest
-    devices = [e.device for e in m.ranks] if m is not None else []
-    if devices and all(d is not None for d in devices):
-        return not any(str(d).startswith("cuda") for d in devices)
-    steps = [b for bds in ctx.breakdowns.values() for b in bds]
-    return bool(steps) and not any(b.kernel_count > 0 for b in steps)
-
-
-def gathers_can_overlap(ctx: DetectorContext, device: str | None = None) -> bool:
-    """Whether an FSDP/ZeRO gather can run under compute: on an accelerator (its own stream); on
-    CPU for ZeRO-3, which issues its all-gathers with `async_op=True` (gloo's worker thread runs
-    a prefetched one while the training thread computes), and for FSDP2 when its unshard async op
-    is set (captured in the description; zdiag's harness sets it). `device` is a ledger's device
-    ("cpu", "cuda:0"); None: judged from the whole run."""
-    if not (device.startswith("cpu") if device else cpu_only(ctx)):
-        return True
-    fw = known_framework(ctx)
-    if fw is not None and fw.name == "deepspeed":
-        return True
-    model = captured(ctx)
-    if model is not None:
-        return any(u.unshard_async_op for u in model.fsdp2_units)
-    return bool(ctx.harness)

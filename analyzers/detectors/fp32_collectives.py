@@ -11,7 +11,7 @@ from ..frameworks import Remedy
 from ..report import Finding
 from .comm_model import fit_alpha_beta
 from .context import DetectorContext
-from .facts import framework_of, run_facts
+from .rule import Rule, Threshold
 
 FP32_NAMES = ("float", "float32", "torch.float32", "fp32")
 
@@ -21,17 +21,15 @@ def is_fp32(dtype: str) -> bool:
     return dtype.strip().lower() in FP32_NAMES
 
 
-# Worth saying only when the fp32 gathers matter: most gathered bytes are fp32 ...
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 FP32_BYTES_SHARE = 0.5
-# ... and their exposed time is a visible part of the step (10%: below, halving it is noise).
 EXPOSED_STEP_SHARE = 0.1
 
 
-def bf16_remedy(ctx: DetectorContext, framework: str | None) -> Remedy | None:
-    """The framework's change that moves parameters (or gradients) in bf16, None when the run
-    already does (analyzers/frameworks/: MixedPrecisionPolicy, MixedPrecision, "bf16")."""
-    fw = framework_of(ctx, framework)
-    return fw.bf16_comm(run_facts(ctx, fw))
+def bf16_remedy(ctx: DetectorContext) -> Remedy | None:
+    """The run's framework's change that moves parameters (or gradients) in bf16, None when the
+    run already does (analyzers/frameworks/: MixedPrecisionPolicy, MixedPrecision, "bf16")."""
+    return ctx.sheet.framework.bf16_comm(ctx.sheet.run_facts())
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -50,7 +48,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     exposed = sum(r.exposed_us for r in fp32)
     if exposed < EXPOSED_STEP_SHARE * lg.window_us:
         return []
-    remedy = bf16_remedy(ctx, lg.framework)
+    remedy = bf16_remedy(ctx)
     if remedy is None:
         return []  # the run already gathers in bf16: these fp32 gathers are not its parameters
     n_steps = max(1, len(lg.steps) or len({r.step for r in fp32}))
@@ -92,3 +90,40 @@ def detect(ctx: DetectorContext) -> list[Finding]:
 
 def _sentence(clause: str) -> str:
     return clause[:1].upper() + clause[1:]
+
+
+RULE = Rule(
+    id="fp32-collectives",
+    summary="FSDP all-gathers move fp32 parameters where bf16 would serve",
+    detect=detect,
+    what=(
+        "FSDP all-gathers move fp32 parameters: >= 50% of the gathered bytes are fp32 and "
+        "their exposed time is >= 10% of the profiled window, in a run that does not already "
+        "gather in bf16 (severity info)."
+    ),
+    why=(
+        "Parameters gathered for compute in bf16 are enough for the forward and backward math "
+        "of mixed-precision training (fp32 shards and fp32 gradient reduction stay): half the "
+        "bytes on the wire and in the unsharded parameter memory."
+    ),
+    example="100% of all-gathered parameter bytes are fp32 (FSDP2 without a MixedPrecisionPolicy).",
+    fix="`MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`.",
+    gain="Half the bytes at the fitted bandwidth x the measured exposed share.",
+    scope="FSDP2, FSDP1 and ZeRO runs whose trace records the collectives' dtype",
+    fsdp_only=True,
+    thresholds=(
+        Threshold(
+            "FP32_BYTES_SHARE",
+            FP32_BYTES_SHARE,
+            "Worth saying only when the fp32 gathers matter: at least this share of the "
+            "gathered bytes is fp32 (the evidence's fp32_bytes_share is compared with it) ...",
+        ),
+        Threshold(
+            "EXPOSED_STEP_SHARE",
+            EXPOSED_STEP_SHARE,
+            "... and their exposed time is at least this share of the window (below, halving "
+            "it is noise).",
+        ),
+    ),
+    markers=(),
+)

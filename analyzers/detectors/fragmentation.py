@@ -15,11 +15,11 @@ from __future__ import annotations
 from ..report import Finding, Severity
 from .context import DetectorContext
 from .memory_common import MIB
+from .rule import Rule, Threshold
 
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 FRAGMENTATION_SHARE = 0.3
-"""Reserved-but-unallocated share of reserved memory from which fragmentation is reported."""
 MIN_FRAGMENTED_BYTES = 256 * MIB
-"""Below this the allocator's own rounding and caching explain the gap: not worth a change."""
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -78,3 +78,45 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "the cache holds and cannot release, which expandable segments return for reuse",
         )
     ]
+
+
+RULE = Rule(
+    id="fragmentation",
+    summary="the caching allocator holds free memory stranded between live blocks",
+    detect=detect,
+    what=(
+        "The caching allocator holds free bytes it cannot release: in a CUDA snapshot, the "
+        "free blocks inside segments that also hold live blocks are >= 30% of what is reserved "
+        "and >= 256 MiB (wholly free segments are not counted: the allocator releases them "
+        "before it reports out of memory). Critical when the allocation that failed would have "
+        "fit into the fragmented bytes."
+    ),
+    why=(
+        "Free space beside live blocks serves only requests that fit one free block: a run can "
+        "fail with gigabytes free. Expandable segments let segments grow instead of splitting, "
+        "which returns most of it."
+    ),
+    example=(
+        "1210 MiB free but stranded between live blocks (38% of 3200 MiB reserved): the "
+        "allocator's cache is fragmented."
+    ),
+    fix="`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` before the process starts.",
+    gain="The fragmented bytes (memory the cache holds and cannot release).",
+    scope="CUDA runs with an allocator snapshot (`zdiag run --profile-memory`, or given)",
+    thresholds=(
+        Threshold(
+            "FRAGMENTATION_SHARE",
+            FRAGMENTATION_SHARE,
+            "Reserved-but-unallocated share of reserved memory from which fragmentation is "
+            "reported.",
+            evidence="threshold_share",
+        ),
+        Threshold(
+            "MIN_FRAGMENTED_BYTES",
+            MIN_FRAGMENTED_BYTES,
+            "Below this the allocator's own rounding and caching explain the gap: not worth a "
+            "change.",
+            evidence="threshold_bytes",
+        ),
+    ),
+)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from ..report import Finding, Severity
 from .context import DetectorContext
+from .rule import Rule, Threshold
 
-# At least one sync per step inside the model (the loop's own logging sync is outside it).
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 MIN_MODEL_SYNCS_PER_STEP = 1.0
-# Severity follows the gain: below 2% of the median step an info, from 10% critical.
 WARNING_GAIN_SHARE = 0.02
 CRITICAL_GAIN_SHARE = 0.10
 
@@ -117,3 +117,60 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             ),
         )
     ]
+
+
+RULE = Rule(
+    id="host-sync",
+    summary="the model's own code blocks the host on device values every step",
+    detect=detect,
+    what=(
+        "The model's own code syncs the host at least once per step on a rank. Syncs "
+        "(`aten::_local_scalar_dense`, CPU sync events) are attributed by the map "
+        "(analyzers/rank/host_syncs.py) to the optimizer's internals (inside "
+        "`Optimizer.step#<Class>.step`: AdamW's step-counter `.item()`, never counted), an FSDP "
+        "unit's forward/backward (between `FSDP::pre_forward (<fqn>)` and `FSDP::post_forward "
+        "(<fqn>)`, or pre/post backward: the unit is named), a DDP / FSDP1 forward range (no "
+        "module name), or the loop (loss logging: not counted); source "
+        "lines come from the innermost non-torch frame when the trace has stacks. On "
+        "DeepSpeed ZeRO-3 a sync between the first and last forward-time ZeRO-3 autograd "
+        "Function of a step counts as the model's; ZeRO-1/2 traces have no such marks (a "
+        "known miss). Severity follows the gain: info below 2% of the step, critical from 10%."
+    ),
+    why=(
+        "On GPUs each sync drains the launch queue: the host waits for every queued kernel, "
+        "then the device waits for the host's next launches, and a prefetched all-gather "
+        "cannot be issued ahead. On CPU it costs what the check itself computes."
+    ),
+    example=(
+        "Host syncs in the model's code: 4.0 per step in 4 FSDP units (layers.0, layers.1, "
+        "layers.2, layers.3) (a NaN check with `.item()` in each block)."
+    ),
+    fix=(
+        "Keep the check on the device and read it once every N steps outside the model "
+        "(code); `--with-stack` for source lines."
+    ),
+    gain=(
+        "The model's syncs' own host time per step: a lower bound (on GPUs the relaunch idle, "
+        "on CPU the checks' compute are not counted)."
+    ),
+    scope="any run whose traces show host syncs (CPU or GPU)",
+    thresholds=(
+        Threshold(
+            "MIN_MODEL_SYNCS_PER_STEP",
+            MIN_MODEL_SYNCS_PER_STEP,
+            "At least one sync per step inside the model (the loop's own logging sync is "
+            "outside it).",
+            evidence="threshold_syncs_per_step",
+        ),
+        Threshold(
+            "WARNING_GAIN_SHARE",
+            WARNING_GAIN_SHARE,
+            "Severity follows the gain: below this share of the median step, info.",
+        ),
+        Threshold(
+            "CRITICAL_GAIN_SHARE",
+            CRITICAL_GAIN_SHARE,
+            "From this share of the median step, critical.",
+        ),
+    ),
+)

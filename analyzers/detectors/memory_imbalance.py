@@ -14,9 +14,10 @@ import statistics
 from ..report import Finding, Severity
 from .context import DetectorContext
 from .memory_common import MIB, rank_peaks
+from .rule import Rule, Threshold
 
+# (the reasoning behind the value: RULE's thresholds, at the end of the module)
 IMBALANCE_RATIO = 1.2
-"""Worst rank's peak over the median rank's peak from which the imbalance is reported."""
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -69,3 +70,36 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             gain_method="the worst rank's peak minus the median rank's peak",
         )
     ]
+
+
+RULE = Rule(
+    id="memory-imbalance",
+    summary="one rank peaks much higher than the others",
+    detect=detect,
+    what=(
+        "One rank peaks at least 1.2x the median rank's peak (two or more ranks with a known "
+        "peak); the category that differs most from the median rank is named."
+    ),
+    why=(
+        "With data parallelism every rank should hold about the same memory; the heaviest "
+        "rank (uneven sequence lengths, rank-0-only logging or evaluation, uneven expert "
+        "placement) sets the memory every rank must fit."
+    ),
+    example="Rank 0 peaks at 9120.0 MiB, 1.45x the median rank (6290.0 MiB).",
+    fix=(
+        "Find what that rank holds that the others do not: balance the batch, move "
+        "rank-0-only work (logging, evaluation, checkpoint gathering) off the training device."
+    ),
+    gain="The worst rank's peak minus the median rank's peak.",
+    scope="runs with memory data for two or more ranks (snapshots, memory timelines, OOM records)",
+    thresholds=(
+        Threshold(
+            "IMBALANCE_RATIO",
+            IMBALANCE_RATIO,
+            "Worst rank's peak over the median rank's peak from which the imbalance is "
+            "reported: above ordinary differences (rank 0's extra buffers), below a rank "
+            "doing real extra work.",
+            evidence="threshold_ratio",
+        ),
+    ),
+)

@@ -26,37 +26,23 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from dataclasses import dataclass
 
 from ..frameworks import Framework, Remedy
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
-from ..report import Finding
+from ..report import Finding, Severity, StepBreakdown
 from .blocks import find_block_pattern
 from .context import DetectorContext
-from .facts import (
-    block_set,
-    blocks_are_units,
-    cpu_only,
-    framework_of,
-    gathers_can_overlap,
-    run_facts,
-)
+from .facts import block_set, blocks_are_units
+from .rule import Rule, Threshold
 
-# The replayed gain (exposed gather time prefetch depth 1 would hide) must be at least 2% of the
-# median step (and 0.1 ms): below that the change is not worth making (the straggler rule's bar).
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 MIN_GAIN_SHARE = 0.02
 MIN_GAIN_MS = 0.1
-# At least half of the all-gather time is exposed: prefetch only helps what is exposed (on GPUs,
-# host-side lead <= 0 with the device still overlapping is not a problem).
 EXPOSED_SHARE = 0.5
-# Critical (not just a warning) when both are near total: >= 80% of the prefetchable gathers
-# late and >= 80% of all-gather time exposed, i.e. essentially no overlap anywhere in the step.
 CRITICAL_SHARE = 0.8
-# ... and only when the gain is at least 10% of the step (severity follows the gain).
 CRITICAL_GAIN_SHARE = 0.10
-# Host syncs (`.item()`, stream/device synchronize) at least once per unit and step keep the
-# host from running ahead to issue the next gather: recommend removing them.
 HOST_SYNCS_PER_UNIT = 1.0
-# Launch-bound: most steps carry the pipeline's host-bound verdict (device idle dominates).
 HOST_BOUND_STEP_SHARE = 0.5
 
 
@@ -129,7 +115,7 @@ def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> 
     is set, or where the code sets it)."""
     if framework != "fsdp2":
         return CPU_NOTES.get(framework or "", "")
-    if gathers_can_overlap(ctx):
+    if ctx.sheet.gathers_can_overlap():
         return (
             " On CPU/gloo (this run) the unshard async op the run sets lets gloo's worker thread "
             "run a prefetched gather while the training thread computes, competing with it for "
@@ -148,7 +134,7 @@ def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> 
 def _with_cpu_async_op(ctx: DetectorContext, fw: Framework, remedy: Remedy | None) -> Remedy | None:
     """FSDP2 on CPU/gloo without its unshard async op: the prefetch remedy plus that setting
     (without it nothing overlaps there); any other run: `remedy` as it is."""
-    if fw.name != "fsdp2" or not cpu_only(ctx) or gathers_can_overlap(ctx):
+    if fw.name != "fsdp2" or not ctx.sheet.cpu_only or ctx.sheet.gathers_can_overlap():
         return remedy
     if remedy is None:
         return Remedy(
@@ -164,7 +150,7 @@ def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | Non
     not units yet (a finer wrap), the wrap comes first so the prefetch calls have units to name."""
     pattern = find_block_pattern(lg.unit_order)
     are_units = blocks_are_units(pattern, lg.unit_order)
-    facts = run_facts(ctx, fw, block_set(pattern), are_units)
+    facts = ctx.sheet.run_facts(fw, block_set(pattern), are_units)
     remedy = _with_cpu_async_op(ctx, fw, fw.overlap(facts))
     if remedy is None or are_units is not False or not fw.wraps_units:
         return remedy
@@ -174,24 +160,49 @@ def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | Non
     return Remedy(remedy.text, wrap.code + "\n" + remedy.code)
 
 
-def detect(ctx: DetectorContext) -> list[Finding]:
-    """The missing-overlap finding, or none."""
+@dataclass(frozen=True)
+class _Measured:
+    """The first FSDP rank's gathers, judged: exposure, lateness and the replayed gain."""
+
+    ledger: RankLedger
+    gathers: list[CollectiveRecord]
+    gather_us: float
+    exposed_us: float
+    late: int  # gathers issued only when needed
+    could: int  # gathers that could have been prefetched
+    n_steps: int
+    gain_ms: float  # replayed, per step
+    min_gain_ms: float
+    median_step: float | None
+    steps: list[StepBreakdown]
+
+    @property
+    def exposed_share(self) -> float:
+        return self.exposed_us / self.gather_us if self.gather_us > 0 else 0.0
+
+    @property
+    def has_leads(self) -> bool:
+        return self.could > 0
+
+    @property
+    def serialized_share(self) -> float:
+        return self.late / self.could if self.could else 0.0
+
+
+def _measure(ctx: DetectorContext) -> _Measured | None:
+    """Gating: >= EXPOSED_SHARE of the gather time exposed, lateness measured (or a framework
+    whose labels name no consumer), and a replayed gain of at least the minimum."""
     ledgers = ctx.fsdp_ledgers()
-    if not ledgers:
-        return []
+    if not ledgers or not ledgers[0].gathers:
+        return None
     lg = ledgers[0]
-    fw = framework_of(ctx, lg.framework)
     gathers = lg.gathers
-    if not gathers:
-        return []
     gather_us = sum(r.dur_us for r in gathers)
     exposed_us = sum(r.exposed_us for r in gathers)
     exposed_share = exposed_us / gather_us if gather_us > 0 else 0.0
     late, could = _serialized(gathers)
-    has_leads = could > 0
-    serialized_share = late / could if could else 0.0
-    if exposed_share < EXPOSED_SHARE or (not has_leads and fw.labels_name_consumer):
-        return []
+    if exposed_share < EXPOSED_SHARE or (not could and ctx.sheet.framework.labels_name_consumer):
+        return None
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
     gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps
     bds = ctx.breakdowns.get(lg.rank, [])
@@ -199,16 +210,20 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     median_step = durations[len(durations) // 2] if durations else None
     min_gain = max(MIN_GAIN_MS, MIN_GAIN_SHARE * median_step if median_step else 0.0)
     if gain_ms < min_gain:
-        return []
-    units = [u for u in lg.unit_order if u]
-    syncs = ctx.host_syncs(lg.rank)
-    syncs_per_step = syncs / n_steps
-    host_bound = bool(units) and syncs_per_step >= HOST_SYNCS_PER_UNIT * len(units)
-    remedy = _remedy(ctx, lg, fw)
-    if remedy is None and not has_leads:
-        # every prefetch setting is on and nothing measured which gathers came late (ZeRO-3
-        # labels no prefetch): the replay's "not under a prefetch label" guess has no ground
-        return []
+        return None
+    return _Measured(
+        lg, gathers, gather_us, exposed_us, late, could, n_steps, gain_ms, min_gain,
+        median_step, bds,
+    )  # fmt: skip
+
+
+def _recommendation(
+    ctx: DetectorContext, m: _Measured, remedy: Remedy | None, units: list[str]
+) -> tuple[str, float, int]:
+    """(recommendation, host syncs per step, host-bound steps): the remedy's text (or why the
+    run has nothing to set), then the causes that keep gathers late (host syncs per unit,
+    host-bound steps) and what overlaps on a CPU/gloo run."""
+    fw = ctx.sheet.framework
     recommendation = (
         remedy.text
         if remedy
@@ -217,15 +232,17 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "gathers stay exposed for another reason (see the causes below and the step verdicts)."
         )
     )
-    if host_bound:
+    syncs_per_step = ctx.host_syncs(m.ledger.rank) / m.n_steps
+    if units and syncs_per_step >= HOST_SYNCS_PER_UNIT * len(units):
         recommendation += (
             f" The host blocks {syncs_per_step:.0f} times per step (.item() / synchronize, "
             f"{syncs_per_step / len(units):.1f} per unit): remove those syncs from the step "
             "(log losses every N steps, check NaNs on device) so the host can issue the next "
             "gather ahead of time."
         )
-    if cpu_only(ctx):
-        recommendation += _cpu_note(ctx, lg.framework, remedy.code if remedy else None)
+    if ctx.sheet.cpu_only:
+        recommendation += _cpu_note(ctx, m.ledger.framework, remedy.code if remedy else None)
+    bds = m.steps
     host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
     if bds and host_bound_steps / len(bds) >= HOST_BOUND_STEP_SHARE:
         recommendation += (
@@ -233,74 +250,199 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "for launches): fewer, larger kernels (torch.compile of each block, CUDA graphs) let "
             "the host issue gathers early."
         )
+    return recommendation, syncs_per_step, host_bound_steps
+
+
+def _severity(m: _Measured, blocking: bool, gain_ms: float) -> Severity:
+    """info where the gathers block the CPU; critical when essentially nothing overlaps and
+    the gain is a large part of the step; else a warning."""
+    if blocking:
+        return "info"
+    if (
+        m.exposed_share >= CRITICAL_SHARE
+        and m.serialized_share >= CRITICAL_SHARE
+        and m.median_step
+        and gain_ms >= CRITICAL_GAIN_SHARE * m.median_step
+    ):
+        return "critical"
+    return "warning"
+
+
+def _evidence(
+    m: _Measured, syncs_per_step: float, host_bound_steps: int, blocking: bool
+) -> dict[str, object]:
+    lg, n_steps = m.ledger, m.n_steps
+    return {
+        "framework": lg.framework,
+        "gathers": len(m.gathers),
+        "gathers_issued_when_needed": m.late,
+        "gathers_prefetchable": m.could,
+        "serialized_share": round(m.serialized_share, 3),
+        "min_gain_ms_per_step": round(m.min_gain_ms, 3),
+        "all_gather_ms_per_step": round(m.gather_us / 1e3 / n_steps, 3),
+        "exposed_all_gather_ms_per_step": round(m.exposed_us / 1e3 / n_steps, 3),
+        "exposed_share": round(m.exposed_share, 3),
+        "threshold_exposed_share": EXPOSED_SHARE,
+        "reduce_ms_per_step": round(sum(r.dur_us for r in lg.reduces) / 1e3 / n_steps, 3),
+        "exposed_reduce_ms_per_step": round(
+            sum(r.exposed_us for r in lg.reduces) / 1e3 / n_steps, 3
+        ),
+        "host_syncs_per_step": round(syncs_per_step, 2),
+        "host_bound_steps": host_bound_steps,
+        "replayed_gain_ms_per_step": round(m.gain_ms, 3),
+        "cpu_blocking_gathers": blocking,
+    }
+
+
+def _gain_method(m: _Measured, blocking: bool) -> str:
+    return (
+        "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
+        "runs during the previous unit's measured window (compute and idle time between "
+        "the two gathers, less other collectives); "
+        "only the part longer than that window stays exposed"
+        + ("" if m.has_leads else " (gathers not under a prefetch label count as late)")
+        + (
+            f". On this CPU/gloo run FSDP1's gathers block the only thread whatever the "
+            f"prefetch settings: 0 ms here; {m.gain_ms:.2f} ms per step on GPUs, where "
+            "the all-gather stream runs the prefetched gather"
+            if blocking
+            else ""
+        )
+    )
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The missing-overlap finding, or none."""
+    m = _measure(ctx)
+    if m is None:
+        return []
+    lg = m.ledger
+    units = [u for u in lg.unit_order if u]
+    remedy = _remedy(ctx, lg, ctx.sheet.framework)
+    if remedy is None and not m.has_leads:
+        # every prefetch setting is on and nothing measured which gathers came late (ZeRO-3
+        # labels no prefetch): the replay's "not under a prefetch label" guess has no ground
+        return []
+    recommendation, syncs_per_step, host_bound_steps = _recommendation(ctx, m, remedy, units)
     # FSDP1 on CPU/gloo: every gather blocks the only thread, prefetch or not; the replayed
     # gain is what the same schedule would hide on GPUs, not on this machine
-    blocking = cpu_only(ctx) and lg.framework == "fsdp1"
-    if blocking and (remedy is None or not _backward_prefetch_off(gathers)):
+    blocking = ctx.sheet.cpu_only and lg.framework == "fsdp1"
+    if blocking and (remedy is None or not _backward_prefetch_off(m.gathers)):
         # nothing to gain on this machine and no default switched off: forward_prefetch, an
         # opt-in whose gain only a GPU shows, is not proposed on a CPU run (exposed-comm explains)
         return []
-    gpu_gain_ms = gain_ms
-    if blocking:
-        gain_ms = 0.0
+    gain_ms = 0.0 if blocking else m.gain_ms
     return [
         Finding(
             id="missing-overlap",
-            severity=(
-                "info"
-                if blocking
-                else "critical"
-                if exposed_share >= CRITICAL_SHARE
-                and serialized_share >= CRITICAL_SHARE
-                and median_step
-                and gain_ms >= CRITICAL_GAIN_SHARE * median_step
-                else "warning"
-            ),
+            severity=_severity(m, blocking, gain_ms),
             title=(
-                f"All-gathers serialized with compute: {late} of {could} issued only when needed, "
-                f"{exposed_share:.0%} of all-gather time exposed"
-                if has_leads
-                else f"{exposed_share:.0%} of all-gather time exposed: gathers not overlapped"
+                f"All-gathers serialized with compute: {m.late} of {m.could} issued only when "
+                f"needed, {m.exposed_share:.0%} of all-gather time exposed"
+                if m.has_leads
+                else f"{m.exposed_share:.0%} of all-gather time exposed: gathers not overlapped"
             ),
-            ranks=[lgr.rank for lgr in ledgers],
+            ranks=[lgr.rank for lgr in ctx.fsdp_ledgers()],
             steps=list(lg.steps),
             units=units,
-            evidence={
-                "framework": lg.framework,
-                "gathers": len(gathers),
-                "gathers_issued_when_needed": late,
-                "gathers_prefetchable": could,
-                "serialized_share": round(serialized_share, 3),
-                "min_gain_ms_per_step": round(min_gain, 3),
-                "all_gather_ms_per_step": round(gather_us / 1e3 / n_steps, 3),
-                "exposed_all_gather_ms_per_step": round(exposed_us / 1e3 / n_steps, 3),
-                "exposed_share": round(exposed_share, 3),
-                "threshold_exposed_share": EXPOSED_SHARE,
-                "reduce_ms_per_step": round(sum(r.dur_us for r in lg.reduces) / 1e3 / n_steps, 3),
-                "exposed_reduce_ms_per_step": round(
-                    sum(r.exposed_us for r in lg.reduces) / 1e3 / n_steps, 3
-                ),
-                "host_syncs_per_step": round(syncs_per_step, 2),
-                "host_bound_steps": host_bound_steps,
-                "replayed_gain_ms_per_step": round(gpu_gain_ms, 3),
-                "cpu_blocking_gathers": blocking,
-            },
+            evidence=_evidence(m, syncs_per_step, host_bound_steps, blocking),
             recommendation=recommendation,
             code=remedy.code if remedy else None,
             expected_gain_ms=round(gain_ms, 3),
-            gain_method=(
-                "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
-                "runs during the previous unit's measured window (compute and idle time between "
-                "the two gathers, less other collectives); "
-                "only the part longer than that window stays exposed"
-                + ("" if has_leads else " (gathers not under a prefetch label count as late)")
-                + (
-                    f". On this CPU/gloo run FSDP1's gathers block the only thread whatever the "
-                    f"prefetch settings: 0 ms here; {gpu_gain_ms:.2f} ms per step on GPUs, where "
-                    "the all-gather stream runs the prefetched gather"
-                    if blocking
-                    else ""
-                )
-            ),
+            gain_method=_gain_method(m, blocking),
         )
     ]
+
+
+RULE = Rule(
+    id="missing-overlap",
+    summary="all-gathers serialized with compute that prefetch would hide",
+    detect=detect,
+    what=(
+        "All-gathers issued only when needed, serialized with compute: the replayed gain is "
+        ">= 2% of the median step (and 0.1 ms) and >= 50% of all-gather time is exposed. "
+        "Gathers already issued ahead (lead > 0) or under a prefetch label (FSDP1 "
+        "`forward_prefetch`/`BACKWARD_PRE`) count for nothing, so a correct run is quiet "
+        "however exposed its gathers are. Critical when >= 80% of the prefetchable gathers are "
+        "late, >= 80% of gather time is exposed and the gain is >= 10% of the step; `info` "
+        "with 0 ms on CPU-only FSDP1 runs, and only when the trace shows the backward pass's "
+        "default prefetch switched off; silent when the run already has every prefetch setting "
+        "and nothing measured which gathers came late (FSDP1 and ZeRO-3 name no consumer, and "
+        "ZeRO-3 labels no prefetch). On CPU-only FSDP1 runs the gathers block the only thread "
+        "whatever the prefetch, so `forward_prefetch`, an opt-in, is not proposed there (the "
+        "GPU figure is in `replayed_gain_ms_per_step`)."
+    ),
+    why=(
+        "A gather issued when its unit is needed stalls compute for its whole duration; "
+        "issued one unit ahead it runs under the previous unit's compute. On CPU/gloo FSDP2 "
+        "overlaps only with its unshard as an async op (private) plus explicit prefetch lists, "
+        "and FSDP1's gathers block the only thread whatever the prefetch."
+    ),
+    example=(
+        "All-gathers serialized with compute: 18 of 18 issued only when needed, 97% of "
+        "all-gather time exposed (FSDP2 without `set_modules_to_forward_prefetch`)."
+    ),
+    fix=(
+        "Explicit forward/backward prefetch on the exact blocks (removing per-block host syncs "
+        "when found, fewer/larger kernels when most steps are host-bound); FSDP1 "
+        "`forward_prefetch`/`BACKWARD_PRE`/`limit_all_gathers`; DeepSpeed "
+        "`overlap_comm`/`stage3_prefetch_bucket_size`; on CPU-only FSDP2 runs without it, the "
+        "unshard async op set last. Never a setting the run already has: FSDP2 prefetch "
+        "settings are read from the units that have a neighbour to prefetch (a chain's last "
+        "block has nothing to prefetch forward, its first nothing backward), and the root's "
+        "forward prefetch of the first unit apart (a run that chains its blocks but not the "
+        "root gets only that line, naming the first unit the trace gathers); a ZeRO-3 prefetch "
+        "bucket of 0 counts as prefetching off. ZeRO-3 issues its gathers as async ops (gloo's "
+        "worker thread runs them), so its CPU runs are judged able to overlap."
+    ),
+    gain=(
+        "Replay of the measured per-unit timeline with prefetch depth 1: each late gather runs "
+        "under the previous unit's measured window (its compute and idle time between the two "
+        "gathers, less other collectives: a gather issued one unit ahead runs during both)."
+    ),
+    scope="FSDP2, FSDP1 and DeepSpeed ZeRO-3 runs (their parameter gathers)",
+    fsdp_only=True,
+    thresholds=(
+        Threshold(
+            "MIN_GAIN_SHARE",
+            MIN_GAIN_SHARE,
+            "The replayed gain must be at least this share of the median step: below it the "
+            "change is not worth making (the straggler rule's bar). The evidence's "
+            "min_gain_ms_per_step is max(MIN_GAIN_MS, this x the median step).",
+        ),
+        Threshold("MIN_GAIN_MS", MIN_GAIN_MS, "...and at least this many ms per step."),
+        Threshold(
+            "EXPOSED_SHARE",
+            EXPOSED_SHARE,
+            "At least this share of the all-gather time is exposed: prefetch only helps what "
+            "is exposed (on GPUs, a late host issue the device still overlaps is no problem).",
+            evidence="threshold_exposed_share",
+        ),
+        Threshold(
+            "CRITICAL_SHARE",
+            CRITICAL_SHARE,
+            "Critical (not just a warning) when this share of the prefetchable gathers is late "
+            "and of the all-gather time exposed: essentially no overlap anywhere in the step.",
+        ),
+        Threshold(
+            "CRITICAL_GAIN_SHARE",
+            CRITICAL_GAIN_SHARE,
+            "...and only when the gain is at least this share of the step (severity follows "
+            "the gain).",
+        ),
+        Threshold(
+            "HOST_SYNCS_PER_UNIT",
+            HOST_SYNCS_PER_UNIT,
+            "Host syncs (`.item()`, synchronize) at least this often per unit and step keep the "
+            "host from running ahead to issue the next gather: the recommendation says to "
+            "remove them.",
+        ),
+        Threshold(
+            "HOST_BOUND_STEP_SHARE",
+            HOST_BOUND_STEP_SHARE,
+            "Launch-bound: this share of the steps carries the host-bound verdict; the "
+            "recommendation adds fewer, larger kernels.",
+        ),
+    ),
+    markers=("all_gather",),
+)

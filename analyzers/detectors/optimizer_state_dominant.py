@@ -12,11 +12,11 @@ from __future__ import annotations
 from ..report import Finding, Severity
 from .context import DetectorContext
 from .memory_common import MIB, rank_peaks
+from .rule import Rule, Threshold
 
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 OPTIMIZER_SHARE = 0.4
-"""Optimizer state's share of the peak from which it is called dominant."""
 WARNING_GAIN_SHARE = 0.25
-"""A gain of a quarter of the peak is worth a warning even when the run fits."""
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -77,3 +77,44 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             gain_method=method,
         )
     ]
+
+
+RULE = Rule(
+    id="optimizer-state-dominant",
+    summary="optimizer state is the largest share of the peak memory",
+    detect=detect,
+    what=(
+        "The optimizer's state is at least 40% of a rank's peak memory (reported for the rank "
+        "where it weighs most). Critical when the run is over capacity and the saving would "
+        "make it fit; a warning when over capacity or the saving is >= a quarter of the peak; "
+        "else info."
+    ),
+    why=(
+        "AdamW keeps two fp32 moments per parameter (8 bytes per parameter, twice fp32 "
+        "parameters): unsharded, it is often the largest single category, and sharding or "
+        "offloading it is then the biggest memory lever, ahead of activation work."
+    ),
+    example="Optimizer state is 4096.0 MiB of the 7800.0 MiB peak (53%) (DDP with AdamW).",
+    fix=(
+        "Shard the optimizer state across the data-parallel ranks (FSDP's fully_shard, or ZeRO "
+        "stage 1+) or offload it to the CPU."
+    ),
+    gain=(
+        "The snapshot's what-if: sharding over the world size when known and not already "
+        "sharded, else offloading."
+    ),
+    scope="runs with memory categories (CUDA snapshots with stacks, memory timelines)",
+    thresholds=(
+        Threshold(
+            "OPTIMIZER_SHARE",
+            OPTIMIZER_SHARE,
+            "Optimizer state's share of the peak from which it is called dominant.",
+            evidence="threshold_share",
+        ),
+        Threshold(
+            "WARNING_GAIN_SHARE",
+            WARNING_GAIN_SHARE,
+            "A gain of this share of the peak is worth a warning even when the run fits.",
+        ),
+    ),
+)

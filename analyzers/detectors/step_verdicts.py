@@ -20,16 +20,11 @@ from __future__ import annotations
 from ..frameworks import Framework
 from ..report import Finding
 from .context import DetectorContext
-from .facts import (
-    cpu_only,
-    gathers_can_overlap,
-    known_framework,
-    run_facts,
-)
+from .rule import Rule, Threshold
 
+# (the reasoning behind each value: the rules' thresholds, at the end of the module)
 HOST_BOUND_STEP_SHARE = 0.5
 EXPOSED_COMM_STEP_SHARE = 0.5
-"""Most steps (over all ranks), not one outlier, carry the verdict."""
 
 
 def _steps_with(ctx: DetectorContext, verdict: str) -> tuple[int, int, list[int], set[int]]:
@@ -129,7 +124,7 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
     exposed = sum(b.exposed_comm_ms for b in bds) / n
     comm = sum(b.comm_ms for b in bds) / n
     compute = sum(b.compute_ms for b in bds) / n
-    fw = known_framework(ctx)
+    fw = ctx.sheet.known_framework
     blocking = _blocking_on_cpu(ctx, fw)
     recommendation, code, has_remedy = _exposed_comm_advice(ctx, fw, blocking)
     gain = min(exposed, max(0.0, compute - (comm - exposed)))
@@ -187,10 +182,10 @@ def _blocking_on_cpu(ctx: DetectorContext, fw: Framework | None) -> bool:
     CPU-only FSDP/ZeRO run without FSDP2's unshard async op (no side stream on CPU; as
     missing-overlap and whole-model-wrap judge it)."""
     return (
-        cpu_only(ctx)
+        ctx.sheet.cpu_only
         and fw is not None
         and fw.name in SHARDING_FRAMEWORKS
-        and not gathers_can_overlap(ctx)
+        and not ctx.sheet.gathers_can_overlap()
     )
 
 
@@ -208,7 +203,7 @@ def _exposed_comm_advice(
     gathers cannot overlap there at all). The flag: whether there is a change to propose."""
     text, code, has_remedy = GENERIC_OVERLAP_ADVICE, None, True
     if fw is not None:
-        remedy = fw.overlap(run_facts(ctx, fw))
+        remedy = fw.overlap(ctx.sheet.run_facts(fw))
         if remedy is None:
             has_remedy = False
             text = (
@@ -224,6 +219,89 @@ def _exposed_comm_advice(
             "these settings (FSDP2 overlaps there only with its unshard as an async op, "
             "`model._set_unshard_async_op(True)`, a private API): they pay off on GPUs."
         )
-    elif cpu_only(ctx):
+    elif ctx.sheet.cpu_only:
         text += CPU_OVERLAP_NOTE
     return text, code, has_remedy
+
+
+_MOST_STEPS = (
+    "Most steps over all ranks, not one outlier, carry the verdict (the verdict's own "
+    "thresholds are in Report.thresholds: analyzers/rank/verdict.py)."
+)
+
+HOST_BOUND_RULE = Rule(
+    id="host-bound",
+    summary="the device idles waiting for the host in most steps",
+    detect=detect_host_bound,
+    what=(
+        "At least half of all ranks' steps carry the `host-bound` verdict: the device idles "
+        "waiting for the host for a large share of the step."
+    ),
+    why=(
+        "A device waiting for its host does no work: data loading, host syncs or launch and "
+        "Python overhead set the step time, and no communication or memory setting changes it."
+    ),
+    example=(
+        "3 of 3 steps are host-bound: the device idles 61.0 ms of 80.2 ms per step (data "
+        "loading 55.10 ms, host syncs 0.40 ms, launch, Python and other host work 5.50 ms)."
+    ),
+    fix=(
+        "The largest part of the idle time: data loading (DataLoader workers, pin_memory), "
+        "host syncs, or launch/Python overhead (torch.compile, CUDA graphs, larger "
+        "micro-batches, fused optimizers)."
+    ),
+    gain=(
+        "The largest cause's share of the idle per step: data loading from the "
+        "`enumerate(DataLoader)` ranges, host syncs from their own host time, the rest of the "
+        "idle as launch, Python and other host work."
+    ),
+    scope="any run with step markers (the per-step verdicts)",
+    thresholds=(
+        Threshold(
+            "HOST_BOUND_STEP_SHARE",
+            HOST_BOUND_STEP_SHARE,
+            _MOST_STEPS,
+            evidence="threshold_step_share",
+        ),
+    ),
+)
+
+EXPOSED_COMM_RULE = Rule(
+    id="exposed-comm",
+    summary="communication that compute could hide stays exposed in most steps",
+    detect=detect_exposed_comm,
+    what=(
+        "At least half of the steps carry the `exposed-comm` verdict (communication exposed "
+        "although compute could hide it) and no `straggler`, `missing-overlap`, `comm-bound` "
+        "or wrap finding explains that time (the reconcile step drops it then)."
+    ),
+    why=(
+        "A run whose steps are mostly exposed-comm must not end without a finding that says "
+        "why and what to do, whatever its framework (DDP buckets, the user's own collectives)."
+    ),
+    example=(
+        "3 of 3 steps have exposed communication: 30.0 ms per step of 40.0 ms communication is "
+        "not hidden behind 60.0 ms compute (DDP with one large gradient bucket)."
+    ),
+    fix=(
+        "The overlap settings of the run's framework it does not already have (FSDP2 "
+        "prefetch, FSDP1 `forward_prefetch`/`BACKWARD_PRE`, DeepSpeed `overlap_comm` and "
+        "prefetch bucket, DDP buckets; all of them when the framework is unknown); `info` with "
+        "0 ms when the run already has all of them, and on CPU-only FSDP runs whose gathers "
+        "cannot overlap (FSDP1; FSDP2 without its unshard async op), saying why."
+    ),
+    gain=(
+        "Exposed communication per step up to the compute not already overlapping "
+        "communication (`overlap_gain_ms_per_step`); 0 where the gathers block the CPU "
+        "training thread."
+    ),
+    scope="any run with step markers (the per-step verdicts)",
+    thresholds=(
+        Threshold(
+            "EXPOSED_COMM_STEP_SHARE",
+            EXPOSED_COMM_STEP_SHARE,
+            _MOST_STEPS,
+            evidence="threshold_step_share",
+        ),
+    ),
+)

@@ -7,27 +7,19 @@ two blocks unsharded at a time and lets each block's gather overlap the previous
 
 from __future__ import annotations
 
-from ..rank.fsdp_ledger import GATHER_FAMILY
-from ..report import Finding
+from dataclasses import dataclass
+
+from ..frameworks import BlockSet, RunFacts
+from ..inputs.model_facts import ModelFacts
+from ..rank.fsdp_ledger import GATHER_FAMILY, RankLedger
+from ..report import Finding, FsdpUnit
 from .blocks import find_block_pattern, harness_block_pattern
 from .context import MIB, DetectorContext
-from .facts import (
-    MODEL_SOURCE,
-    block_set,
-    captured,
-    framework_of,
-    gathers_can_overlap,
-    run_facts,
-    wrap_candidates,
-)
+from .facts import MODEL_SOURCE, block_set, wrap_candidates
+from .rule import Rule, Threshold
 
-# A unit holding >= 90% of the gathered parameter bytes is "the whole model". Per-block
-# wrapping of any model with >= 2 blocks leaves the largest unit well below that: a block of an
-# L-block model holds <= 1/L of the block parameters, and the root (embeddings, head) of common
-# LLMs holds < 40% even with a large vocabulary. 90% leaves room for a few small side units
-# (e.g. a separately wrapped embedding) next to an otherwise whole-model unit.
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
 WHOLE_MODEL_SHARE = 0.9
-# Prefetch depth 1 keeps the current and the next block unsharded: 2 blocks at the peak.
 BLOCKS_UNSHARDED_AT_PEAK = 2
 
 
@@ -45,113 +37,171 @@ def _harness_block_fraction(harness: dict[str, object]) -> float | None:
     return layers * block / (layers * block + other)
 
 
-def detect(ctx: DetectorContext) -> list[Finding]:
-    """The whole-model-wrap finding, or none."""
+@dataclass(frozen=True)
+class _WholeUnit:
+    """The unit holding (nearly) all gathered parameter bytes, on the first FSDP rank."""
+
+    ledger: RankLedger
+    unit: FsdpUnit
+    units: int  # units with known bytes
+    total_bytes: int
+    share: float
+
+
+def _whole_unit(ctx: DetectorContext) -> _WholeUnit | None:
+    """Gating: the first FSDP rank's largest unit when it holds >= WHOLE_MODEL_SHARE of the
+    gathered bytes, in a framework that wraps units, and the blocks are not units already."""
     ledgers = ctx.fsdp_ledgers()
-    if not ledgers:
-        return []
+    if not ledgers or not ctx.sheet.framework.wraps_units:
+        return None  # e.g. ZeRO fetches each module's parameters itself: no wrap to choose
     lg = ledgers[0]
-    fw = framework_of(ctx, lg.framework)
-    if not fw.wraps_units:
-        return []  # e.g. ZeRO fetches each module's parameters itself: there is no wrap to choose
     units = [u for u in lg.units() if u.param_bytes]
     total = sum(u.param_bytes or 0 for u in units)
     if not units or total <= 0:
-        return []  # unit bytes unknown: no share to judge (never read as 0)
+        return None  # unit bytes unknown: no share to judge (never read as 0)
     biggest = max(units, key=lambda u: u.param_bytes or 0)
     share = (biggest.param_bytes or 0) / total
     if share < WHOLE_MODEL_SHARE:
-        return []
-    model = captured(ctx)
-    if model is None and find_block_pattern(u.name for u in units) is not None:
-        return []  # blocks are already units: a huge root is embeddings/head, not the model
+        return None
+    if ctx.sheet.model is None and find_block_pattern(u.name for u in units) is not None:
+        return None  # blocks are already units: a huge root is embeddings/head, not the model
+    return _WholeUnit(lg, biggest, len(units), total, share)
 
+
+def _facts(ctx: DetectorContext, lg: RankLedger) -> RunFacts:
+    """The run's facts with the blocks to wrap: the description's, else inferred from the
+    harness, the manifest's unit names or the most repeated module class."""
     block = None
     module_class = None
-    if model is None:
-        block = harness_block_pattern(ctx.harness) or find_block_pattern(
+    if ctx.sheet.model is None:
+        harness = dict(ctx.sheet.harness)
+        block = harness_block_pattern(harness) or find_block_pattern(
             u.name for u in ctx.manifest_units()
         )
         module_class = None if block else ctx.module_class(lg.rank)
-    inferred = block_set(
-        block, module_class, "harness" if harness_block_pattern(ctx.harness) else "trace labels"
-    )
-    facts = run_facts(ctx, fw, inferred, are_units=False)
-    blocks = facts.blocks
-    if model is not None and facts.blocks_are_units:
-        return []  # the description says each block already is a unit
-    layers = blocks.count if blocks else None
-    whole_bytes = biggest.param_bytes or 0
+    source = "harness" if harness_block_pattern(dict(ctx.sheet.harness)) else "trace labels"
+    return ctx.sheet.run_facts(blocks=block_set(block, module_class, source), are_units=False)
+
+
+def _block_fraction(
+    model: ModelFacts | None, blocks: BlockSet | None, harness: dict[str, object]
+) -> tuple[float | None, str]:
+    """(share of the parameters in the blocks, where it came from): the description's wrap
+    set, else the harness's model shape (None when neither tells)."""
     if model is not None and blocks is not None and blocks.source == MODEL_SOURCE:
-        cands = wrap_candidates(model)
-        block_bytes = sum(c.total_bytes or 0 for c in cands)
-        block_fraction: float | None = (
+        block_bytes = sum(c.total_bytes or 0 for c in wrap_candidates(model))
+        fraction = (
             min(1.0, block_bytes / model.description.param_bytes)
             if block_bytes and model.description.param_bytes
             else None
         )
-        fraction_source = "block share from the captured model description"
-    else:
-        block_fraction = _harness_block_fraction(ctx.harness) if ctx.harness else None
-        fraction_source = "block share from the harness model shape"
-    reshard = facts.settings.get("reshard_after_forward", True) is not False
-    gain_bytes: int | None = None
-    method_bytes = ""
-    if layers and reshard:
-        frac = block_fraction if block_fraction is not None else 1.0
-        per_block = whole_bytes * frac / layers
-        new_peak = whole_bytes * (1 - frac) + BLOCKS_UNSHARDED_AT_PEAK * per_block
-        gain_bytes = max(0, int(whole_bytes - new_peak))
-        method_bytes = (
-            f"peak unsharded parameters now = the whole unit ({whole_bytes / MIB:.2f} MiB); per "
-            f"block with reshard_after_forward=True and prefetch depth 1 = root-only parameters + "
-            f"{BLOCKS_UNSHARDED_AT_PEAK} blocks of {layers} "
-            + (
-                f"({fraction_source}: {frac:.0%})"
-                if block_fraction is not None
-                else "(assuming the blocks hold nearly all parameters)"
-            )
+        return fraction, "block share from the captured model description"
+    fraction = _harness_block_fraction(harness) if harness else None
+    return fraction, "block share from the harness model shape"
+
+
+def _memory_gain(
+    whole_bytes: int, layers: int | None, reshard: bool, fraction: tuple[float | None, str]
+) -> tuple[int | None, str]:
+    """(bytes saved at the peak, how): the whole unit against root-only parameters plus
+    BLOCKS_UNSHARDED_AT_PEAK blocks, under reshard-after-forward."""
+    if not layers or not reshard:
+        return None, ""
+    block_fraction, fraction_source = fraction
+    frac = block_fraction if block_fraction is not None else 1.0
+    per_block = whole_bytes * frac / layers
+    new_peak = whole_bytes * (1 - frac) + BLOCKS_UNSHARDED_AT_PEAK * per_block
+    method = (
+        f"peak unsharded parameters now = the whole unit ({whole_bytes / MIB:.2f} MiB); per "
+        f"block with reshard_after_forward=True and prefetch depth 1 = root-only parameters + "
+        f"{BLOCKS_UNSHARDED_AT_PEAK} blocks of {layers} "
+        + (
+            f"({fraction_source}: {frac:.0%})"
+            if block_fraction is not None
+            else "(assuming the blocks hold nearly all parameters)"
         )
-    gathers = [r for r in lg.records if r.unit == biggest.name and r.family == GATHER_FAMILY]
-    n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
-    exposed_ms = sum(r.exposed_us for r in gathers) / 1e3 / n_steps
-    # Per block, only the first block's gather (plus root-only parameters) stays exposed:
-    # every later block's gather overlaps the previous block's compute.
-    gain_ms = None
-    method_ms = ""
-    blocking = bool(layers) and not gathers_can_overlap(ctx, lg.device)
+    )
+    return max(0, int(whole_bytes - new_peak)), method
+
+
+def _time_gain(
+    exposed_ms: float, layers: int | None, blocking: bool, block_fraction: float | None
+) -> tuple[float | None, str]:
+    """(ms per step, how): per block only the first block's gather (plus root-only
+    parameters) stays exposed, every later one overlaps the previous block's compute; none
+    where gathers block the training thread (CPU/gloo)."""
     if blocking:
-        method_ms = (
+        return None, (
             "step time not predicted: on CPU/gloo a gather blocks the training thread until it "
             "completes (FSDP2 overlaps it only with its private unshard async op, which this run "
             "does not set; FSDP1 never does), so per-block units hide none of the "
             f"{exposed_ms:.2f} ms/step of exposed gather time here, and they add blocking "
             "collectives whose fixed cost a one-unit run does not show; the gain is memory"
         )
-    elif layers:
-        frac = block_fraction if block_fraction is not None else 1.0
-        still_exposed = (1 - frac) + frac / layers
-        gain_ms = round(exposed_ms * (1 - still_exposed), 3)
-        method_ms = (
-            f"measured exposed gather time of the whole-model unit ({exposed_ms:.2f} ms/step) x the "
-            f"share that per-block prefetch would hide (all but the root-only parameters and the "
-            f"first of {layers} blocks: {1 - still_exposed:.0%})"
+    if not layers:
+        return None, ""
+    frac = block_fraction if block_fraction is not None else 1.0
+    still_exposed = (1 - frac) + frac / layers
+    return round(exposed_ms * (1 - still_exposed), 3), (
+        f"measured exposed gather time of the whole-model unit ({exposed_ms:.2f} ms/step) x the "
+        f"share that per-block prefetch would hide (all but the root-only parameters and the "
+        f"first of {layers} blocks: {1 - still_exposed:.0%})"
+    )
+
+
+def _recommendation(blocks: BlockSet | None, blocking: bool) -> str:
+    return (
+        "Shard each repeated block ("
+        + (blocks.describe() if blocks else "each transformer block")
+        + ") "
+        "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
+        "each block's all-gather overlaps the previous block's compute."
+        + (
+            " On this CPU/gloo run expect the step to get slower, not faster: each block "
+            "adds blocking collectives (gathered again in backward, reduced on its own) "
+            "and none of them overlaps here. The change pays in peak memory here, and in "
+            "step time on GPUs."
+            if blocking
+            else ""
         )
-    remedy = fw.wrap_blocks(facts)
+    )
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The whole-model-wrap finding, or none."""
+    whole = _whole_unit(ctx)
+    if whole is None:
+        return []
+    lg, biggest = whole.ledger, whole.unit
+    facts = _facts(ctx, lg)
+    blocks = facts.blocks
+    if ctx.sheet.model is not None and facts.blocks_are_units:
+        return []  # the description says each block already is a unit
+    layers = blocks.count if blocks else None
+    whole_bytes = biggest.param_bytes or 0
+    fraction = _block_fraction(ctx.sheet.model, blocks, dict(ctx.sheet.harness))
+    reshard = facts.settings.get("reshard_after_forward", True) is not False
+    gain_bytes, method_bytes = _memory_gain(whole_bytes, layers, reshard, fraction)
+    gathers = [r for r in lg.records if r.unit == biggest.name and r.family == GATHER_FAMILY]
+    n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
+    exposed_ms = sum(r.exposed_us for r in gathers) / 1e3 / n_steps
+    blocking = bool(layers) and not ctx.sheet.gathers_can_overlap(lg.device)
+    gain_ms, method_ms = _time_gain(exposed_ms, layers, blocking, fraction[0])
+    remedy = ctx.sheet.framework.wrap_blocks(facts)
     ranks = [
         other.rank
-        for other in ledgers
+        for other in ctx.fsdp_ledgers()
         if any(
-            (u.param_bytes or 0) >= WHOLE_MODEL_SHARE * total
+            (u.param_bytes or 0) >= WHOLE_MODEL_SHARE * whole.total_bytes
             for u in other.units()
             if u.param_bytes
         )
     ]
     evidence = {
-        "units": len(units),
+        "units": whole.units,
         "largest_unit": biggest.name or "(root)",
         "largest_unit_param_bytes": whole_bytes,
-        "largest_unit_share": round(share, 4),
+        "largest_unit_share": round(whole.share, 4),
         "threshold_share": WHOLE_MODEL_SHARE,
         "gathers_per_step": round(len(gathers) / n_steps, 2),
         "exposed_gather_ms_per_step": round(exposed_ms, 3),
@@ -164,28 +214,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             id="whole-model-wrap",
             severity="warning",
             title=(
-                f"One FSDP unit ({biggest.name or 'the root'}) holds {share:.0%} of the parameters: "
-                f"the whole model ({whole_bytes / MIB:.2f} MiB) is gathered at once"
+                f"One FSDP unit ({biggest.name or 'the root'}) holds {whole.share:.0%} of the "
+                f"parameters: the whole model ({whole_bytes / MIB:.2f} MiB) is gathered at once"
             ),
             ranks=ranks,
             steps=list(lg.steps),
             units=[biggest.name],
             evidence=evidence,
-            recommendation=(
-                "Shard each repeated block ("
-                + (blocks.describe() if blocks else "each transformer block")
-                + ") "
-                "as its own FSDP unit, then the root: only a block or two is unsharded at a time and "
-                "each block's all-gather overlaps the previous block's compute."
-                + (
-                    " On this CPU/gloo run expect the step to get slower, not faster: each block "
-                    "adds blocking collectives (gathered again in backward, reduced on its own) "
-                    "and none of them overlaps here. The change pays in peak memory here, and in "
-                    "step time on GPUs."
-                    if blocking
-                    else ""
-                )
-            ),
+            recommendation=_recommendation(blocks, blocking),
             code=remedy.code if remedy else None,
             expected_gain_ms=gain_ms,
             expected_gain_bytes=gain_bytes,
@@ -194,3 +230,64 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             ),
         )
     ]
+
+
+RULE = Rule(
+    id="whole-model-wrap",
+    summary="one FSDP unit holds (nearly) all parameters",
+    detect=detect,
+    what=(
+        "One FSDP unit holds >= 90% of the gathered parameter bytes (sizes from the trace, "
+        "else the model description; unknown bytes: silent) and the repeated blocks are not "
+        "units of their own (from the description; without one, no `<list>.N` unit name: a "
+        "huge embedding root beside wrapped blocks is not a whole-model wrap). Never for "
+        "DeepSpeed ZeRO (no wrap to choose)."
+    ),
+    why=(
+        "One all-gather of the whole model precedes forward compute (nothing can overlap it), "
+        "and the peak unsharded parameter memory is the whole model. Per-block units keep one "
+        "or two blocks unsharded at a time and let each block's gather overlap the previous "
+        "block's compute."
+    ),
+    example=(
+        "One FSDP unit (the root) holds 100% of the parameters: the whole model (48.13 MiB) is "
+        "gathered at once (`fully_shard(model)` alone)."
+    ),
+    fix=(
+        "Each repeated block its own unit, then the root, in the run's framework: the "
+        "description's wrap set (FSDP2 `fully_shard` loop over the user's containers, FSDP1 "
+        "`ModuleWrapPolicy({Class, ...})`); without a description the container found from "
+        "unit names / manifest / harness, or an `isinstance` loop over the outermost repeated "
+        "module class of a `with_stack` trace, never a leaf layer."
+    ),
+    gain=(
+        "Bytes: whole unit minus (root-only parameters + 2 blocks) under reshard-after-forward, "
+        "the block share from the description (else the harness's shape, else ~all). ms: the "
+        "unit's measured exposed gather time x the share per-block prefetch would hide (all but "
+        "the root-only parameters and the first block); none where gathers cannot overlap "
+        "compute (CPU/gloo without FSDP2's unshard async op, FSDP1 on CPU): there the gain is "
+        "memory only."
+    ),
+    scope="FSDP2 and FSDP1 runs (not ZeRO, which has no wrap to choose)",
+    fsdp_only=True,
+    thresholds=(
+        Threshold(
+            "WHOLE_MODEL_SHARE",
+            WHOLE_MODEL_SHARE,
+            "A unit holding this share of the gathered parameter bytes is the whole model. "
+            "Per-block wrapping of any model with >= 2 blocks leaves the largest unit well "
+            "below it: a block of an L-block model holds <= 1/L of the block parameters, and "
+            "the root (embeddings, head) of common LLMs holds < 40% even with a large "
+            "vocabulary; 90% leaves room for a few small side units next to an otherwise "
+            "whole-model unit.",
+            evidence="threshold_share",
+        ),
+        Threshold(
+            "BLOCKS_UNSHARDED_AT_PEAK",
+            BLOCKS_UNSHARDED_AT_PEAK,
+            "Prefetch depth 1 keeps the current and the next block unsharded: 2 blocks at the "
+            "peak of a per-block wrap (the memory gain's arithmetic).",
+        ),
+    ),
+    markers=("all_gather",),
+)

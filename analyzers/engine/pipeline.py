@@ -40,6 +40,7 @@ from ..inputs.flight_dumps import read_dumps
 from ..inputs.loader import TRACE_SUFFIXES, is_trace_name, rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
+from ..inputs.oom_records import read_oom_records
 from ..inputs.registry import reader_for
 from ..inputs.run_dir import read_manifest, run_file
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
@@ -396,6 +397,7 @@ def run_facts(
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
+        oom_records=read_oom_records(run.manifest, run.run_dir),
         model=model,
         warnings=tuple(
             run.warnings + (model_warnings or []) + memory_warnings + list(snap.warnings)

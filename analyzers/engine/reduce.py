@@ -16,16 +16,17 @@ from typing import Any
 from zdiag import __version__
 
 from ...collectors.run_records import Manifest
-from ..detectors import build_context, run_context
+from ..detectors import STRAGGLER_RULE, build_context, run_context
 from ..inputs.model_facts import ModelFacts
+from ..inputs.oom_records import OomRecords
 from ..rank import verdict
 from ..rank.summary import RankSummary
 from ..rank.timeline import select_timelines
 from ..report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
-from ..run import stragglers
 from ..run.crossrank import CrossRankResult
 from ..run.crossrank_match import match_collectives
 from ..run.process_groups import process_group_stats
+from ..run.stragglers import straggler_stats
 from ..run.wait_graph import HangAnalysis
 
 
@@ -35,6 +36,8 @@ class RunFacts:
 
     - `inputs`: the trace files, as given.
     - `manifest` / `run_dir`: the run manifest and directory (None for bare traces).
+    - `oom_records`: the out-of-memory records of the run directory (analyzers/inputs/
+      oom_records.py), read by the engine before the reduce.
     - `model`: the model description the run captured from the live model
       (analyzers/inputs/model_facts.py), loaded once per run; None when the run has none (the detectors
       then infer the configuration from trace labels, and `Report.run["model_facts"]` says so).
@@ -53,6 +56,7 @@ class RunFacts:
     inputs: tuple[str, ...] = ()
     manifest: Manifest | None = None
     run_dir: Path | None = None
+    oom_records: OomRecords = field(default_factory=OomRecords)
     model: ModelFacts | None = None
     warnings: tuple[str, ...] = ()
     memory: tuple[MemoryTimeline, ...] = field(default_factory=tuple)
@@ -79,7 +83,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
     ctx = build_context(
         summaries,
         manifest=run.manifest,
-        run_dir=run.run_dir,
+        oom_records=run.oom_records,
         model=run.model,
         memory=memory,
         memory_breakdowns=breakdowns,
@@ -90,7 +94,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
 
     thresholds = {} if run.flight_recorder_only else verdict.thresholds()
     if multi_rank:
-        thresholds.update(stragglers.thresholds())
+        thresholds.update(STRAGGLER_RULE.report_thresholds())
     warnings = list(run.warnings)
     if multi_rank:
         warnings += [f"cross-rank: {w}" for w in matching.warnings]
@@ -110,7 +114,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         memory=memory,
         memory_breakdowns=breakdowns,
         fsdp_units=[u for s in summaries for u in s.rank_ledger().units()],
-        stragglers=stragglers.straggler_stats(matching) if multi_rank else [],
+        stragglers=straggler_stats(matching) if multi_rank else [],
         process_groups=(
             process_group_stats(
                 ((s.collective_columns(), len(s.steps), s.facts.process_groups) for s in summaries),

@@ -5,7 +5,7 @@ and FSDP state never touch the test process.
 For each model (the user zoo's own classes, imported from their modules, and the harness's
 Transformer) and framework: wrap the model the misconfigured way (FSDP2 `fully_shard(model)` only,
 FSDP1 `FSDP(model)` without a policy, DDP), describe it as `zdiag run` does at the first forward
-(`describe_model`), build the detectors' facts from that description (`facts.run_facts`) and ask
+(`describe_model`), build the detectors' facts from that description (`DetectorContext.sheet.run_facts`) and ask
 the framework for each remedy. Every remedy's code is then executed on a fresh, unwrapped model of
 the same class with the names the code expects (`model`; the code imports the rest), and one
 forward and backward must run. Prints one JSON line per (model, framework, remedy).
@@ -39,7 +39,6 @@ sys.path.insert(0, str(REPO / "examples" / "user_zoo"))
 
 from zdiag.analyzers import frameworks  # noqa: E402
 from zdiag.analyzers.detectors.context import DetectorContext  # noqa: E402
-from zdiag.analyzers.detectors.facts import run_facts  # noqa: E402
 from zdiag.analyzers.frameworks import checkpoint_blocks  # noqa: E402
 from zdiag.analyzers.inputs.model_facts import ModelFacts  # noqa: E402
 from zdiag.collectors.model_capture import describe_model  # noqa: E402
@@ -139,7 +138,7 @@ def remedies(case: Case, framework: str) -> tuple[list[tuple[str, list[str]]], d
     desc = describe_model(misconfigured(case.build(), framework))
     ctx = DetectorContext(ledgers={}, model=ModelFacts(desc, source="in-process"))
     fw = frameworks.get(framework)
-    facts = run_facts(ctx, fw)
+    facts = ctx.sheet.run_facts(fw)
     wrap = fw.wrap_blocks(facts)
     out: list[tuple[str, list[str]]] = []
     wrap_code = wrap.code if wrap is not None else None

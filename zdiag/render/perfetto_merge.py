@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zdiag.analyzers.detectors import RULES
 from zdiag.analyzers.inputs.raw_events import read_raw_events
 from zdiag.analyzers.report import Finding, Report
 from zdiag.errors import InputError
@@ -40,15 +41,10 @@ FLOW_ID_STRIDE = 1 << 40
 """Flow event ids are moved by rank * FLOW_ID_STRIDE so arrows never join two ranks."""
 
 MARKED_KINDS: dict[str, tuple[str, ...] | None] = {
-    "missing-overlap": ("all_gather",),
-    "whole-model-wrap": ("all_gather",),
-    "tiny-layer-wrap": ("all_gather",),
-    "straggler": None,
-    "fp32-collectives": None,
-    "comm-bound": None,
-    "flat-sharding-multinode": None,
+    r.id: r.markers or None for r in RULES if r.markers is not None
 }
-"""Finding id -> the collective kinds its markers sit on (None: every collective)."""
+"""Finding id -> the collective kinds its markers sit on (None: every collective), from the
+rules' `markers` (analyzers/detectors/)."""
 
 _ANNOTATION = re.compile(r"^(?:nccl|gloo|xccl|rccl):([a-z_]+)")
 _KERNEL = re.compile(
