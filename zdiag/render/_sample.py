@@ -60,6 +60,33 @@ def sample_report(
     rng = random.Random(seed)
     tag = HOSTILE if hostile else ""
     slow_rank = min(3, ranks - 1)
+    rank_summaries = _rank_reports(rng, ranks, steps, tag, slow_rank)
+    fsdp_units = _fsdp_units(ranks, steps, units, tag)
+    collectives = _collectives(ranks, steps)
+    findings = _findings(ranks, steps, units, tag, slow_rank)
+    stragglers = _stragglers(ranks, steps, slow_rank)
+    timelines = _timelines(ranks, steps, tag, timeline_spans)
+    memory = _memory(ranks, tag)
+    return Report(
+        zdiag_version="0.0.0-test",
+        inputs=[f"/runs/sample/rank-{r}{tag}.json.gz" for r in range(ranks)],
+        ranks=rank_summaries,
+        findings=findings,
+        fsdp_units=fsdp_units,
+        collectives=collectives,
+        stragglers=stragglers,
+        timelines=timelines,
+        memory=memory,
+        thresholds={"exposed_comm_fraction": 0.15, "idle_fraction": 0.3},
+        warnings=[f"rank 0: 2 steps had no ProfilerStep annotation{tag}"],
+        run={"world_size": ranks, "framework": "fsdp2", "torch": "2.6.0", "model": f"llama{tag}"},
+    )
+
+
+def _rank_reports(
+    rng: random.Random, ranks: int, steps: int, tag: str, slow_rank: int
+) -> list[RankReport]:
+    """Per rank, its step table (the only part drawn from `rng`)."""
     rank_summaries = []
     for r in range(ranks):
         start = 0.0
@@ -104,7 +131,11 @@ def sample_report(
                 warnings=["2 steps had no ProfilerStep annotation"] if r == 0 else [],
             )
         )
+    return rank_summaries
 
+
+def _fsdp_units(ranks: int, steps: int, units: int, tag: str) -> list[FsdpUnit]:
+    """The FSDP unit ledger: the root and `units - 1` layers on every rank."""
     unit_names = [""] + [f"layers.{i}{tag}" for i in range(max(units - 1, 0))]
     fsdp_units = [
         FsdpUnit(
@@ -123,6 +154,11 @@ def sample_report(
         for r in range(ranks)
         for i, name in enumerate(unit_names)
     ]
+    return fsdp_units
+
+
+def _collectives(ranks: int, steps: int) -> list[CollectiveKindStats]:
+    """All-gathers and reduce-scatters per rank."""
     collectives = [
         CollectiveKindStats(
             rank=r,
@@ -136,6 +172,11 @@ def sample_report(
         for r in range(ranks)
         for kind, n, ms in (("all_gather", 12, 18.0), ("reduce_scatter", 6, 12.0))
     ]
+    return collectives
+
+
+def _findings(ranks: int, steps: int, units: int, tag: str, slow_rank: int) -> list[Finding]:
+    """One critical, one warning and one info finding."""
     findings = [
         Finding(
             id="missing-overlap",
@@ -170,6 +211,11 @@ def sample_report(
             recommendation="Exclude the first step from measurements (profiler schedule warmup=1).",
         ),
     ]
+    return findings
+
+
+def _stragglers(ranks: int, steps: int, slow_rank: int) -> list[StragglerStat]:
+    """The straggler table: `slow_rank` is last at most collectives."""
     stragglers = [
         StragglerStat(
             rank=r,
@@ -180,6 +226,11 @@ def sample_report(
         )
         for r in range(ranks)
     ]
+    return stragglers
+
+
+def _timelines(ranks: int, steps: int, tag: str, timeline_spans: int) -> list[StepTimeline]:
+    """One step of up to 4 ranks as spans."""
     timelines = []
     chosen = min(5, steps - 1)
     for r in range(min(ranks, 4)) if steps else ():
@@ -204,7 +255,11 @@ def sample_report(
                 spans.append(TimelineSpan("memcpy", "Memcpy HtoD (Pageable -> Device)", t, 0.4))
             t += dur + 0.3
         timelines.append(StepTimeline(rank=r, step=chosen, spans=spans, truncated=r == 0))
+    return timelines
 
+
+def _memory(ranks: int, tag: str) -> list[MemoryTimeline]:
+    """Memory timelines of up to 2 ranks."""
     memory = []
     for r in range(min(ranks, 2)):
         times = [i * 2.0 for i in range(120)]
@@ -224,18 +279,4 @@ def sample_report(
                 capacity_bytes=2048 * _MIB,
             )
         )
-
-    return Report(
-        zdiag_version="0.0.0-test",
-        inputs=[f"/runs/sample/rank-{r}{tag}.json.gz" for r in range(ranks)],
-        ranks=rank_summaries,
-        findings=findings,
-        fsdp_units=fsdp_units,
-        collectives=collectives,
-        stragglers=stragglers,
-        timelines=timelines,
-        memory=memory,
-        thresholds={"exposed_comm_fraction": 0.15, "idle_fraction": 0.3},
-        warnings=[f"rank 0: 2 steps had no ProfilerStep annotation{tag}"],
-        run={"world_size": ranks, "framework": "fsdp2", "torch": "2.6.0", "model": f"llama{tag}"},
-    )
+    return memory
