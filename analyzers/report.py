@@ -240,6 +240,8 @@ class Report(msgspec.Struct, kw_only=True):
     warnings: list[str] = msgspec.field(default_factory=list)
     run: dict[str, Any] | None = None  # manifest summary (world size, config, versions)
     process_groups: list[ProcessGroupStats] = msgspec.field(default_factory=list)  # 2+ ranks
+    # ids of the rules whose detector crashed (their findings are missing; a warning says why)
+    failed_detectors: list[str] = msgspec.field(default_factory=list)
 
     def findings_at_least(self, severity: str) -> list[Finding]:
         """Findings whose severity is `severity` or worse."""

@@ -158,6 +158,28 @@ def test_a_failing_detector_becomes_a_warning() -> None:
     assert run_context(DetectorContext(ledgers={})).failed == ()
 
 
+def test_a_crashed_detector_is_named_in_the_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The reduce puts the crashed rule's id in Report.failed_detectors (renderers read it)."""
+    import dataclasses
+
+    from zdiag.analyzers.engine import reduce
+
+    def boom(ctx: DetectorContext) -> list[Any]:
+        raise KeyError(3)
+
+    rules = tuple(dataclasses.replace(r, detect=boom) if r.id == "host-sync" else r for r in RULES)
+    real = reduce.run_context
+    monkeypatch.setattr(reduce, "run_context", lambda ctx: real(ctx, rules))
+    trace = write(tmp_path, fsdp2_cpu_trace(BLOCKS))
+    report = analyze_paths([trace])
+    assert report.failed_detectors == ["host-sync"]
+    assert any(w.startswith("detector host-sync failed (KeyError") for w in report.warnings)
+    monkeypatch.undo()
+    assert analyze_paths([trace]).failed_detectors == []
+
+
 def test_block_pattern() -> None:
     block = find_block_pattern(["", "layers.0.wq", "layers.1.wq", "norm", "layers.10"])
     assert block is not None and block.pattern == "layers.N" and block.count == 3

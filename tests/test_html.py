@@ -193,6 +193,7 @@ def test_a_failed_detector_is_not_reported_as_no_findings() -> None:
     report = sample_report(ranks=2, steps=2)
     report.findings = []
     report.warnings = ["detector straggler failed (KeyError: 3); its finding is missing"]
+    report.failed_detectors = ["straggler"]
     page = render_html(report)
     assert "No findings" not in page
     assert "1 detector failed" in page and "straggler" in page

@@ -99,7 +99,10 @@ def test_evidence_is_labelled_text_with_units() -> None:
 
 
 def test_a_failed_detector_is_never_reported_as_no_findings() -> None:
-    report = Report(warnings=["detector straggler failed (KeyError: 3); its finding is missing"])
+    report = Report(
+        warnings=["detector straggler failed (KeyError: 3); its finding is missing"],
+        failed_detectors=["straggler"],
+    )
     text = render_text(report)
     assert "nothing in the traces crossed a threshold" not in text
     assert "1 detector failed" in text and "straggler" in text

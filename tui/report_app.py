@@ -40,7 +40,7 @@ from zdiag.render.columns import StepColumn, shown_columns
 from zdiag.render.format import fmt_bytes, fmt_ms, fmt_share, known_bytes, unit_label
 from zdiag.render.memory_view import memory_lines
 from zdiag.render.printable import printable_report
-from zdiag.render.stats import RankView, by_gain, failed_detectors, rank_stats
+from zdiag.render.stats import RankView, by_gain, rank_stats
 from zdiag.render.step_ops import aggregate_ops
 
 from ..analyzers.report import Finding, Report, StepBreakdown, StepTimeline
@@ -289,7 +289,7 @@ class ReportApp(App[None]):
                 Text("No steps in this report.", style="italic")
             )
         if not self.findings:
-            failed = failed_detectors(self.report)
+            failed = self.report.failed_detectors
             message = (
                 f"No findings from the detectors that ran; {len(failed)} failed, so their "
                 f"findings are missing: {', '.join(failed)} (see Summary › Warnings)."

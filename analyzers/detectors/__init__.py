@@ -63,7 +63,7 @@ STRAGGLER_RULE = straggler.RULE
 
 
 def failure_warning(rule_id: str, exc: Exception) -> str:
-    """The warning for a detector that crashed (render/stats.py reads its first words)."""
+    """The warning for a detector that crashed (its id is also in `Report.failed_detectors`)."""
     return f"detector {rule_id} failed ({type(exc).__name__}: {exc}); its finding is missing"
 
 

@@ -125,6 +125,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         ),
         findings=detected.findings,
         warnings=warnings,
+        failed_detectors=list(detected.failed),
     )
     return Reduction(report=report, crossrank=matching)
 

@@ -24,7 +24,6 @@ from zdiag.render.format import (
 from zdiag.render.memory_view import breakdown_lines
 from zdiag.render.stats import (
     detailed_ranks,
-    failed_detectors,
     rank_stats,
     run_stats,
     worst_first,
@@ -115,7 +114,7 @@ def summary(report: Report) -> str:
                 f" <code>{e(f.id)}</code>{gain}</li>"
             )
         parts.append('<ol class="top">' + "".join(items) + "</ol>")
-    elif not failed_detectors(report):
+    elif not report.failed_detectors:
         parts.append('<p class="empty">No findings: nothing in the traces crossed a threshold.</p>')
     parts.append(_failed_detectors_note(report))
     if report.warnings:
@@ -131,7 +130,7 @@ def summary(report: Report) -> str:
 def _failed_detectors_note(report: Report) -> str:
     """A warning naming the detectors that crashed ("" when none did): their findings are
     missing, so the page never says "No findings" next to them."""
-    failed = failed_detectors(report)
+    failed = report.failed_detectors
     if not failed:
         return ""
     n = len(failed)

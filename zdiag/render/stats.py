@@ -8,7 +8,6 @@ Values, not strings: the renderers format them with `zdiag.render.format`.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -151,16 +150,6 @@ def related_findings(report: Report, rank: int, step: int) -> list[Finding]:
         for f in report.findings
         if (not f.ranks or rank in f.ranks) and (not f.steps or step in f.steps)
     ]
-
-
-_DETECTOR_FAILED = re.compile(r"^detector (\S+) failed\b")
-"""The warning analyzers/detectors/__init__.py:run_context writes for a detector that crashed."""
-
-
-def failed_detectors(report: Report) -> list[str]:
-    """The detectors that crashed in this analysis (their findings are missing), in order."""
-    names = [m.group(1) for w in report.warnings if (m := _DETECTOR_FAILED.match(w))]
-    return list(dict.fromkeys(names))
 
 
 def by_gain(finding: Finding) -> tuple[int, float, int, float]:

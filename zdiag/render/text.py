@@ -42,7 +42,6 @@ from zdiag.render.stats import (
     RankView,
     by_gain,
     detailed_ranks,
-    failed_detectors,
     rank_groups,
     rank_stats,
 )
@@ -118,7 +117,7 @@ def _summary(out: TextOut, report: Report) -> None:
             f"idle {_pct(g.idle_share)} of step time",
             "    ",
         )
-    failed = failed_detectors(report)
+    failed = report.failed_detectors
     out.add("", "  Findings, largest expected gain first")
     ordered = sorted(report.findings, key=by_gain)
     for k, f in enumerate(ordered, 1):
@@ -340,8 +339,7 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
         add_finding(out, f)
     if not report.findings:
         out.add(
-            "  none"
-            + (" (some detectors failed: see Warnings)" if failed_detectors(report) else "")
+            "  none" + (" (some detectors failed: see Warnings)" if report.failed_detectors else "")
         )
     warnings = list(report.warnings)
     ranks_by_warning: dict[str, list[int]] = {}
