@@ -2,7 +2,7 @@
 
 Each name is both a harness preset (`zdiag run --harness --misconfig NAME`, `zdiag demo
 --misconfig NAME`) and the id of the finding that diagnoses it. The harness's presets, the CLI's
-choices, the bench scripts and the tests import these tuples; tests/test_frameworks.py checks that
+choices, the bench scripts and the tests import these tuples; tests/unit/detectors/test_frameworks.py checks that
 no other Python file spells the list again.
 """
 

@@ -90,7 +90,7 @@ class Cell:
 
 
 def command(out: Path, shape: Shape, scenario: str) -> list[str]:
-    """`zdiag run` for one cell (same settings as tests/test_zoo.py)."""
+    """`zdiag run` for one cell (same settings as tests/integration/runs/test_zoo.py)."""
     if scenario in VARIANTS:
         args = VARIANTS[scenario][1]
         misconfig = args[args.index("--misconfig") + 1] if "--misconfig" in args else "none"

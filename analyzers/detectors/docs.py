@@ -1,7 +1,7 @@
 """The rules' section of docs/detectors.md, written from the rule records (detectors/rule.py).
 
 `rules_markdown()` returns it; `bench/rules_doc.py` puts it between the markers of
-docs/detectors.md (`--check` says whether the file is up to date), and tests/test_rules.py
+docs/detectors.md (`--check` says whether the file is up to date), and tests/unit/detectors/test_rules.py
 fails when the file and the records disagree.
 """
 

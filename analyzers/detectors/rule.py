@@ -2,7 +2,7 @@
 
 Each detector module declares its `RULE` (or `RULES`); the registry (detectors/__init__.py) is a
 list of them, in report order. `zdiag explain ID` and docs/detectors.md are written from these
-records (detectors/docs.py), and tests/test_rules.py checks that every rule is documented and
+records (detectors/docs.py), and tests/unit/detectors/test_rules.py checks that every rule is documented and
 that every threshold it declares is reported where the record says.
 """
 
@@ -28,7 +28,7 @@ class Threshold:
     - `why`: the reasoning behind the value.
     - `evidence`: the key of the finding's evidence that shows the value, when it does.
     - `report`: the key of `Report.thresholds` that shows it, when it does.
-    A threshold with neither is used but not reported (tests/test_rules.py pins which).
+    A threshold with neither is used but not reported (tests/unit/detectors/test_rules.py pins which).
     """
 
     name: str

@@ -10,7 +10,7 @@
 4. the reduce (`reduce.reduce_run`) on all summaries, in rank order.
 
 Only the traces that have no matching stored summary are decoded; the Report is the same
-either way (tests/test_summary_cache.py). `analyze_paths(paths)` is this pipeline without stored
+either way (tests/unit/engine/test_summary_cache.py). `analyze_paths(paths)` is this pipeline without stored
 summaries (nothing read, nothing written): what tests and benchmarks call, so that they run the
 path users run.
 """

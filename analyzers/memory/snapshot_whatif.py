@@ -10,7 +10,7 @@ Each prediction is `peak - freed + added`, with its arithmetic in `WhatIf.arithm
   recomputes one block at a time: `peak - A_blocks + n x input + A_blocks / n`. The input's size
   is taken as the group's most frequent activation size (a transformer block's residual stream:
   its norms, q/k/v and projections all have the input's shape). Measured against a real harness
-  run with `--ac block` (tests/test_snapshot_whatif.py) the prediction is an upper bound within
+  run with `--ac block` (tests/unit/memory/test_snapshot_whatif.py) the prediction is an upper bound within
   1.5x: backward temporaries at the unchanged peak are kept as they were.
 - **Micro-batch halved** (with 2x gradient accumulation): activations and autograd temporaries
   scale with the batch: `peak - (A + T) / 2`.

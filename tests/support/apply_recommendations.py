@@ -1,5 +1,5 @@
 """Apply zdiag's recommendation code to the models it was written for (one process, world size 1,
-gloo on CPU); run by tests/test_recommendations_apply.py as a child process, so the process group
+gloo on CPU); run by tests/integration/runs/test_recommendations_apply.py as a child process, so the process group
 and FSDP state never touch the test process.
 
 For each model (the user zoo's own classes, imported from their modules, and the harness's

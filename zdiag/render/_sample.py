@@ -23,7 +23,7 @@ from zdiag.analyzers.report import (
     TimelineSpan,
 )
 
-# Markup that must never reach the page as markup (see tests/test_html_browser.py).
+# Markup that must never reach the page as markup (see tests/integration/ui/test_html_browser.py).
 HOSTILE = (
     "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
     "</script><!--"

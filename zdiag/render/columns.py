@@ -11,7 +11,7 @@ Adding a step column touches at most 3 files:
 2. the analyzer that computes it (for `host_launch_ms`: `analyzers/rank/breakdown.py`);
 3. this file: one line in `STEP_COLUMNS`.
 
-Text, TUI, HTML and Perfetto pick it up from here; tests/test_renderers.py checks that each of
+Text, TUI, HTML and Perfetto pick it up from here; tests/unit/render/test_renderers.py checks that each of
 them shows every column.
 """
 

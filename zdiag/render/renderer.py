@@ -14,7 +14,7 @@ nothing but `--tui` loads Textual), its kind and its help. The commands' output 
 from it (`zdiag.commands.outputs`).
 
 Adding a format: a `Renderer` subclass (so mypy checks it) in its own module, and one line in
-`FORMATS`; tests/test_renderers.py then runs it on every test Report, and `zdiag analyze` and
+`FORMATS`; tests/unit/render/test_renderers.py then runs it on every test Report, and `zdiag analyze` and
 `zdiag render` get its `--NAME FILE` flag.
 """
 

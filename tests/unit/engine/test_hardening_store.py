@@ -21,6 +21,7 @@ import fuzz_inputs as fz
 import msgspec
 import pytest
 
+from conftest import REPO_ROOT
 from support.traces import TraceBuilder, small_job
 from zdiag.analyzers.engine.summarize_trace import main as summarize_main
 from zdiag.analyzers.engine.summary_pipeline import (
@@ -38,7 +39,7 @@ from zdiag.analyzers.engine.summary_store import (
 from zdiag.analyzers.report import Report, encode_report
 from zdiag.render.text import render_text
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 SAMPLE = REPO / "sample_traces" / "none"
 OTHER_UID = 4242
 as_root = pytest.mark.skipif(

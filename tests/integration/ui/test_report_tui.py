@@ -1,7 +1,7 @@
 """The report browser: pilot tests of the drill-down and pinned snapshots of its screens.
 
-Snapshots live in tests/__snapshots__/test_report_tui/; after an intended change of the screens,
-review and update them with `pytest tests/test_report_tui.py --snapshot-update`.
+Snapshots live in tests/integration/ui/__snapshots__/test_report_tui/; after an intended change of the screens,
+review and update them with `pytest tests/integration/ui/test_report_tui.py --snapshot-update`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Detectors on synthetic FSDP2 traces (tests/test_ledger.py builds them) and hand-built contexts."""
+"""Detectors on synthetic FSDP2 traces (tests/unit/rank/test_ledger.py builds them) and hand-built contexts."""
 
 from __future__ import annotations
 

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO_ROOT
+
+REPO = REPO_ROOT
 ZOO = REPO / "examples" / "user_zoo"
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 import re
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT
 from zdiag.analyzers.report import Finding, Report
 from zdiag.render._sample import sample_report
 from zdiag.render.format import evidence_item
@@ -17,7 +17,7 @@ from zdiag.render.terminal import color_enabled, terminal_width
 from zdiag.render.text import TextRenderer, render_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SAMPLE_RUN = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
+SAMPLE_RUN = REPO_ROOT / "sample_traces" / "missing-overlap"
 
 
 def _long_prose() -> Report:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT
 from zdiag.analyzers.report import encode_report
 from zdiag.render._sample import sample_report
 
-ROOT = Path(__file__).parent.parent
+ROOT = REPO_ROOT
 RUN = ROOT / "sample_traces" / "none"
 
 

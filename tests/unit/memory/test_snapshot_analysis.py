@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.snapshots import generate_snapshot, write_snapshot
 from zdiag.analyzers.detectors import run_context
 from zdiag.analyzers.detectors.context import DetectorContext
@@ -22,7 +23,7 @@ from zdiag.analyzers.memory.snapshot_breakdown import analyze_snapshot
 from zdiag.analyzers.report import decode_report, encode_report
 from zdiag.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 MIB = 1024**2
 USER = {"filename": "/home/me/train.py", "line": 10, "name": "forward"}
 CALL = {
@@ -175,7 +176,6 @@ def test_balanced_ranks_raise_no_imbalance(tmp_path: Path) -> None:
 
 
 def test_snapshot_beside_a_trace_in_a_run_directory(tmp_path: Path) -> None:
-    from conftest import REPO_ROOT
 
     samples = sorted((REPO_ROOT / "sample_traces").glob("*/manifest.json"))
     if not samples:

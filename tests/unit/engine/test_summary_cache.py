@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.traces import TraceBuilder
 from zdiag.analyzers.engine import summary_store
 from zdiag.analyzers.engine.summarize_trace import main as summarize_main
@@ -31,7 +32,7 @@ from zdiag.analyzers.engine.summary_store import (
 )
 from zdiag.analyzers.report import encode_report
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 SAMPLE = REPO / "sample_traces" / "none"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.rendering import render_file
 from zdiag.analyzers.inputs.raw_events import read_raw_events
 from zdiag.analyzers.report import Report
@@ -15,7 +16,7 @@ from zdiag.render._sample import sample_report
 from zdiag.render.perfetto_merge import collective_kind
 from zdiag.render.perfetto_overlay import OVERLAY_PID_BASE
 
-RUN = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
+RUN = REPO_ROOT / "sample_traces" / "missing-overlap"
 
 
 @pytest.fixture(scope="module")

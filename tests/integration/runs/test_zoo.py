@@ -3,7 +3,7 @@
 critical) and nothing else of the four; the healthy run must raise none of them.
 
 Grid: two model shapes, one per `--zero` mode (shape A with ZeRO-3, shape B with ZeRO-2), every
-scenario on both: 10 runs. Run with `pytest -m dist tests/test_zoo.py -n 2` (about 2-3 minutes on
+scenario on both: 10 runs. Run with `pytest -m dist tests/integration/runs/test_zoo.py -n 2` (about 2-3 minutes on
 2 cores). bench/zoo_precision.py runs a larger grid and prints precision and recall.
 """
 

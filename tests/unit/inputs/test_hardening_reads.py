@@ -17,6 +17,7 @@ from typing import Any
 import fuzz_inputs as fz
 import pytest
 
+from conftest import REPO_ROOT
 from zdiag.analyzers.inputs.cuda_snapshot import SnapshotReader, read_snapshot
 from zdiag.analyzers.inputs.memory_timeline import load_memory_timeline
 from zdiag.analyzers.inputs.plain_pickle import load_plain_pickle
@@ -30,7 +31,7 @@ from zdiag.analyzers.inputs.safe_read import (
 from zdiag.analyzers.memory.memory_snapshot import summarize_snapshot
 from zdiag.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 needs_dev_zero = pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.stages import load_run
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.events import EventKind
@@ -112,7 +113,7 @@ def test_gloo_cpu_only_comm_is_on_worker_threads(real_traces: Path) -> None:
     assert lanes == {3553, 3554}  # the worker threads, not the main thread 1074
 
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = REPO_ROOT / "sample_traces"
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from conftest import REPO_ROOT
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 
 
 def _synth():  # type: ignore[no-untyped-def]

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.stages import Analysis, analyze_run, load_run
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.rank.fsdp_ledger import (
@@ -43,7 +44,7 @@ from zdiag.analyzers.rank.fsdp_ledger import (
 from zdiag.analyzers.report import Report
 from zdiag.analyzers.run.run_data import RunData
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO_ROOT / "tests" / "data"
 ZERO3 = DATA / "deepspeed_zero3"
 ZERO2 = DATA / "deepspeed_zero2"
 STEPS = [2, 3]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write
 from zdiag.analyzers.detectors import BY_ID, RULES, STRAGGLER_RULE
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
@@ -25,7 +26,7 @@ from zdiag.analyzers.run import crossrank, stragglers
 from zdiag.cli import main as zdiag_main
 from zdiag.collectors.run_records import Manifest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 MIB = 1024**2
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
 OOM_TEXT = (

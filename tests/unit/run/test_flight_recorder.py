@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL_TRACES
+from conftest import REAL_TRACES, REPO_ROOT
 from support.flight_recorder import TORCH_PY, FakeJob, frame
 from zdiag.analyzers.detectors import hang_finding
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
@@ -536,7 +536,7 @@ def _torch_crosscheck(folder: Path) -> dict[str, list[int]]:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "fr_crosscheck", Path(__file__).parents[1] / "bench" / "fr_crosscheck.py"
+        "fr_crosscheck", REPO_ROOT / "bench" / "fr_crosscheck.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

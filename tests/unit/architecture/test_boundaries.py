@@ -211,7 +211,7 @@ def test_the_training_boundary_catches_a_live_module_beyond_the_publisher(tmp_pa
 def test_no_test_module_imports_another() -> None:
     """Shared test helpers live in tests/support/, never in a test module another one imports."""
     offenders = []
-    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
+    for path in sorted((REPO_ROOT / "tests").rglob("test_*.py")):
         offenders += [
             (path.name, n) for _, n in _imports(path) if n.split(".")[0].startswith("test_")
         ]

@@ -27,6 +27,7 @@ from typing import Any
 import fuzz_inputs as fz
 import pytest
 
+from conftest import REPO_ROOT
 from support.snapshots import generate_snapshot
 from zdiag.analyzers.inputs import plain_pickle as pp
 from zdiag.analyzers.inputs.cuda_snapshot import MAX_DEVICE_BYTES, MAX_STACK_FRAMES, read_snapshot
@@ -46,7 +47,7 @@ from zdiag.analyzers.report import MemoryTimeline
 from zdiag.errors import InputError
 from zdiag.render.memory_view import stacked_bar, timeline_lines
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 MIB = 1024**2
 USER = {"filename": "/home/me/train.py", "line": 10, "name": "forward"}
 CALL = {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"}

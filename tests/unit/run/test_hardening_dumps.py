@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from conftest import REPO_ROOT
 from support.flight_recorder import FakeJob, frame
 from zdiag.analyzers.detectors import hang_finding
 from zdiag.analyzers.inputs import flight_dump_parse, flight_dumps
@@ -25,7 +26,7 @@ from zdiag.analyzers.run import wait_graph
 from zdiag.cli import main
 from zdiag.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

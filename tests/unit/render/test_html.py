@@ -8,6 +8,7 @@ from pathlib import Path
 import plotly
 import pytest
 
+from conftest import REPO_ROOT
 from support.rendering import render_file
 from zdiag.collectors import fsio
 from zdiag.errors import UserError
@@ -171,7 +172,7 @@ def test_memory_chart_units_follow_the_data() -> None:
 def test_a_two_rank_run_stays_within_the_3_mb_budget() -> None:
     from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 
-    run = Path(__file__).parent.parent / "sample_traces" / "missing-overlap"
+    run = REPO_ROOT / "sample_traces" / "missing-overlap"
     page = render_html(analyze_paths([run])).encode("utf-8")
     assert len(page) <= 3 * 1024 * 1024, f"{len(page) / 2**20:.2f} MiB"
 
