@@ -34,7 +34,6 @@ from ...collectors.rundir import (
     step_log_relpath,
 )
 from ..detectors.hang_finding import dump_warnings
-from ..inputs import cuda_snapshot, memory_timeline
 from ..inputs.cuda_snapshot import is_snapshot_file
 from ..inputs.flight_dumps import read_dumps
 from ..inputs.loader import TRACE_SUFFIXES, is_trace_name, rank_from_file_name
@@ -194,10 +193,10 @@ def discover(paths: list[Path]) -> Inputs:
                 )
             files.extend(found)
         else:
-            reader = reader_for(p)
-            if reader is memory_timeline.READER:
+            kind = reader.kind if (reader := reader_for(p)) is not None else None
+            if kind == "memory-timeline":
                 memory.append(p)
-            elif reader is cuda_snapshot.READER:
+            elif kind == "cuda-snapshot":
                 snapshots.append(p)
             else:
                 files.append(p)  # a trace, or none: the trace reader says what is wrong

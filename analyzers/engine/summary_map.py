@@ -17,8 +17,9 @@ import msgspec
 
 from ...collectors.run_records import Manifest, check_rank
 from ..inputs.events import RankTrace
-from ..inputs.loader import load_rank_trace, rank_from_file_name
+from ..inputs.loader import rank_from_file_name
 from ..inputs.model_facts import ModelFacts
+from ..inputs.registry import trace_reader_for
 from ..inputs.remote_traces import fetched, is_url
 from ..rank.rank_analysis import RankContext, analyze_rank
 from ..rank.summary import decode_summary, encode_summary, summarize
@@ -156,7 +157,8 @@ def map_trace(task: MapTask, on_fraction: Callable[[float], None] | None = None)
         )
     path = Path(task.path)
     before = fingerprint(path)  # a missing file, FIFO or device is one sentence, never read
-    trace = load_rank_trace(path, workers=task.decode_workers, on_fraction=on_fraction)
+    read = trace_reader_for(path).read
+    trace: RankTrace = read(path, workers=task.decode_workers, on_fraction=on_fraction)
     assign_rank(trace, task.manifest_rank, task.contexts.world_size)
     summary = summarize(analyze_rank(trace, task.contexts.for_rank(trace.rank)))
     return MapOutput(

@@ -271,6 +271,7 @@ class SnapshotReader:
 
 READER = Reader(
     name="cuda-snapshot",
+    kind="cuda-snapshot",
     what="CUDA memory snapshot (torch.cuda.memory._dump_snapshot's pickle)",
     sniff=lambda path, head: is_snapshot_head(head),
     read=load_snapshot_data,

@@ -221,6 +221,7 @@ def read_dumps(paths: Iterable[Path]) -> list[RankDump]:
 
 READER = Reader(
     name="flight-recorder-dump",
+    kind="flight-recorder-dump",
     what="torch.distributed flight-recorder dump",
     sniff=lambda _path, head: _sniff(head[:SNIFF_BYTES]),
     read=read_dump,

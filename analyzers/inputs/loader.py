@@ -359,6 +359,7 @@ def load_rank_trace(
 
 READER = Reader(
     name="kineto-trace",
+    kind="trace",
     what="Kineto trace (torch.profiler's JSON or JSON.gz export)",
     sniff=_sniff,
     read=load_rank_trace,

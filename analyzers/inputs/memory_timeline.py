@@ -185,6 +185,7 @@ def peak_preserving(total: npt.NDArray[np.int64], limit: int) -> npt.NDArray[np.
 
 READER = Reader(
     name="memory-timeline",
+    kind="memory-timeline",
     what="torch.profiler memory timeline (export_memory_timeline's JSON, coalesced or raw)",
     sniff=lambda path, head: is_memory_timeline_name(path),
     read=load_memory_timeline,

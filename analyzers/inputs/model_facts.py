@@ -361,6 +361,7 @@ def _is_description(path: str | Path, head: bytes) -> bool:
 
 READER = Reader(
     name="model-description",
+    kind="model-description",
     what=f"model description ({MODEL_SCHEMA}, a run directory's model/rank-<N>.json)",
     sniff=_is_description,
     read=load_description,

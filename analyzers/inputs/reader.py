@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+InputKind = Literal[
+    "trace",
+    "memory-timeline",
+    "cuda-snapshot",
+    "model-description",
+    "flight-recorder-dump",
+    "remote",
+]
+"""The roles an input plays in an analysis."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,10 @@ class Reader:
 
     name: str
     """A short id ("kineto-trace", "cuda-snapshot", ...)."""
+    kind: InputKind
+    """What the engine does with it: a "trace" is decoded into a `RankTrace` by the map (its
+    `read(path, *, workers, on_fraction)` returns one); the other kinds are what the run recorded
+    around the traces."""
     what: str
     """The format in words, for messages and docs."""
     sniff: Callable[[str | Path, bytes], bool]

@@ -42,6 +42,14 @@ def head_of(path: str | Path) -> bytes:
         return b""
 
 
+def trace_reader_for(path: str | Path) -> Reader:
+    """The trace format of `path` (a local file): the first "trace" reader that recognizes it,
+    else the Kineto trace reader, whose `read` says in one sentence what is wrong with it."""
+    head = head_of(path)
+    found = (r for r in READERS if r.kind == "trace" and r.sniff(path, head))
+    return next(found, loader.READER)
+
+
 def reader_for(path: str | Path) -> Reader | None:
     """The Reader of the first format in READERS that recognizes `path`, None when none does."""
     head = head_of(path)

@@ -91,6 +91,7 @@ def fetched(url: str) -> Iterator[Path]:
 
 READER = Reader(
     name="remote",
+    kind="remote",
     what="a trace behind a URL (s3://, gs://, ... through fsspec), copied to a local file",
     sniff=lambda path, head: is_url(path),
     read=fetched,

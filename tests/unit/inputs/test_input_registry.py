@@ -7,6 +7,8 @@ import json
 import pickle
 from pathlib import Path
 
+import pytest
+
 from zdiag.analyzers.inputs import (
     cuda_snapshot,
     flight_dumps,
@@ -62,3 +64,38 @@ def test_every_reader_is_named_once_and_reads() -> None:
     assert len(set(names)) == len(names)
     assert all(r.what and callable(r.sniff) and callable(r.read) for r in READERS)
     assert READERS[-1] is loader.READER  # the catch-all for JSON comes last
+
+
+def test_a_new_trace_format_is_one_reader_in_the_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registered "trace" reader is what the map decodes its files with (here: a made-up
+    format whose file holds the path of a Kineto trace)."""
+    from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write
+    from zdiag.analyzers.engine.summary_pipeline import analyze_paths
+    from zdiag.analyzers.inputs import registry
+    from zdiag.analyzers.inputs.reader import Reader
+
+    kineto = write(tmp_path, fsdp2_cpu_trace(BLOCKS))
+    pointer = _write(tmp_path / "run.ptr", str(kineto).encode())
+    seen: list[Path] = []
+
+    def read(path: Path, **kwargs: object) -> object:
+        seen.append(Path(path))
+        trace = loader.load_rank_trace(Path(Path(path).read_text()), **kwargs)  # type: ignore[arg-type]
+        trace.source = Path(path)  # a reader names the file it read
+        return trace
+
+    pointer_format = Reader(
+        name="pointer",
+        kind="trace",
+        what="a file naming a Kineto trace",
+        sniff=lambda path, head: str(path).endswith(".ptr"),
+        read=read,
+    )
+    assert registry.trace_reader_for(pointer) is loader.READER  # not registered yet
+    monkeypatch.setattr(registry, "READERS", (pointer_format, *registry.READERS))
+    assert registry.trace_reader_for(pointer) is pointer_format
+    assert registry.trace_reader_for(kineto) is loader.READER
+    report = analyze_paths([pointer])
+    assert seen == [pointer] and len(report.ranks) == 1 and report.ranks[0].steps
