@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import cuda_snapshot, flight_dumps, loader, memory_timeline, model_facts, remote_traces
+from . import (
+    cuda_snapshot,
+    flight_dumps,
+    loader,
+    memory_timeline,
+    model_facts,
+    remote_traces,
+)
 from .reader import Reader
 
 HEAD_BYTES = cuda_snapshot.PEEK_BYTES
