@@ -3,7 +3,7 @@
 No extra dependency: the scripts are static text written from the parser tree (every subcommand,
 its options, which options take a value, their choices, and which values are paths), so a tab
 press never starts Python. `zdiag completion SHELL` prints one; the install lines are in
-`INSTALL` and `docs/completion.md`. Regenerate after upgrading zdiag (the scripts list the options
+`INSTALL` and the README's "Shell completion" section. Regenerate after upgrading zdiag (the scripts list the options
 of the version that wrote them).
 """
 

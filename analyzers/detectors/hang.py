@@ -2,7 +2,7 @@
 
 Three sources, one finding, in this order: zdiag's own hang watchdog (below) when the run
 directory has its records; torch.distributed flight-recorder dumps given as input
-(`analyzers/run/flight_recorder.py`, which also reads dumps of jobs zdiag did not launch); else a hang
+(`analyzers/inputs/flight_dumps.py` reads them, `analyzers/run/wait_graph.py` finds who never arrived; also dumps of jobs zdiag did not launch); else a hang
 that a collective timeout ended before the watchdog fired (`timeout_hang`): ranks whose
 collective timed out (or that a signal stopped inside one) waited, and ranks that a signal
 stopped outside any collective (`stopped_in`, recorded at SIGTERM) never arrived.
