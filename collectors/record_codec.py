@@ -36,6 +36,9 @@ _NESTED_SEP = "zdiag_nested_sep"
 
 R = TypeVar("R", bound="JsonRecord")
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The whole numbers a record may hold (what JSON writers and the Report encode)."""
+
 
 # --- field declarations ----------------------------------------------------------------------
 
@@ -82,11 +85,16 @@ class Fields:
         self.warnings.append(f"{self.where}: {key} is {shown}, not {what}; ignored")
 
     def int_or_none(self, key: str, *, minimum: int | None = None) -> int | None:
-        """A whole number (bools are not), at least `minimum` when given; else None."""
+        """A whole number (bools are not) that fits 64 bits, at least `minimum` when given;
+        else None (the report and the summaries store 64-bit integers)."""
         value = self.data.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not INT64_MIN <= value <= INT64_MAX
+        ):
             self.bad(key, value, "a whole number")
             return None
         if minimum is not None and value < minimum:
@@ -102,7 +110,11 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.bad(key, value, "a number")
             return None
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer too large for a float
+            self.bad(key, value, "a number")
+            return None
 
     def str_or_none(self, key: str) -> str | None:
         """A string; else None."""

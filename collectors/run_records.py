@@ -312,12 +312,13 @@ class Manifest(JsonRecord):
             raw_ranks = []
         if not isinstance(raw_ranks, list):
             raise InputError(f"{where}: ranks is not a list; fix or remove the manifest.")
-        world_size = f.int_or_none("world_size", minimum=1)
-        if world_size is not None and world_size > MAX_WORLD_SIZE:
+        claimed = obj.get("world_size")
+        if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed > MAX_WORLD_SIZE:
             raise InputError(
-                f"{where}: world_size {show_int(world_size)} is not a real job's size (at most "
+                f"{where}: world_size {show_int(claimed)} is not a real job's size (at most "
                 f"{MAX_WORLD_SIZE}); the manifest is damaged."
             )
+        world_size = f.int_or_none("world_size", minimum=1)
         if world_size is None:
             world_size = max(len(raw_ranks), 1)
         ranks = tuple(

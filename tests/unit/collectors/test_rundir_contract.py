@@ -158,6 +158,30 @@ def test_unknown_fields_are_ignored_and_wrong_types_take_defaults() -> None:
     assert "from_the_future" not in text and "new_field" not in text
 
 
+def test_numbers_beyond_64_bits_are_ignored_with_a_warning(tmp_path: Path) -> None:
+    """A whole number past 64 bits (or one too large for a float) is damage, not a crash: the
+    report and the summaries store 64-bit integers (found by tests/integration/engines/
+    test_fuzz_cli.py: such a manifest made `zdiag analyze` exit 70)."""
+    data = _manifest(fsdp_units=[{"name": "a", "param_bytes": 2**70}])
+    data["ranks"][0].update(steps=-(2**64))
+    m = Manifest.from_json(data)
+    assert m.fsdp_units[0].param_bytes is None and m.ranks[0].steps == 0
+    text = "\n".join(m.warnings)
+    assert "param_bytes" in text and "ranks[0]: steps" in text
+    found: list[str] = []
+    oom = OomRecord.from_json(
+        {"rank": 0, "mem_peak_bytes": 2**64, "time_unix": 10**400}, "memory/rank-0.oom.json", found
+    )
+    assert oom.mem_peak_bytes is None and oom.time_unix is None
+    assert any("mem_peak_bytes" in w for w in found) and any("time_unix" in w for w in found)
+    run = tmp_path / "run"
+    shutil.copytree(REPO_ROOT / "sample_traces" / "missing-overlap", run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["fsdp_units"][0]["param_bytes"] = 2**70
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["analyze", str(run), "--json", "-o", str(tmp_path / "r.json"), "--no-cache"]) == 0
+
+
 def test_records_round_trip_through_their_json_with_optional_keys_last() -> None:
     hang = HangRecord(step=3, stalled_s=9.5, timeout_s=5.0, op="all_reduce", group_ranks=(0, 1))
     entry = RankEntry(
