@@ -49,8 +49,8 @@ class RunFactSheet:
     - `cpu_gathers_overlap`: on a CPU, a gather can run under compute (ZeRO-3's async ops,
       FSDP2's unshard async op, zdiag's harness which sets it).
     - `harness`: zdiag's harness options from the manifest ({} for other scripts).
-    - `mesh`: the device mesh the captured description holds (None without one: a flat group,
-      an older description, or no description).
+    - `mesh`: the device mesh the captured description holds (None without one: a model with no
+      DeviceMesh, an older description, or no description).
     """
 
     framework: Framework

@@ -1,8 +1,8 @@
 """The run's device mesh as detectors read it: dimensions, roles, every rank's group, the TP plan.
 
 Built from a model description (`zdiag.model/1.1`, collectors/mesh_capture.py says what is
-captured); descriptions without a mesh (older files, runs on one flat group, traces recorded
-elsewhere) give None. One rank's description is enough: the layout (`ranks`, row-major over
+captured); descriptions without a mesh (older files, models with no DeviceMesh: DDP, FSDP1,
+DeepSpeed; traces recorded elsewhere) give None. FSDP2 without `mesh=` has a 1-D mesh of the world. One rank's description is enough: the layout (`ranks`, row-major over
 `shape`) gives every rank's group along every dimension; the capturing rank's own groups, as c10d
 reported them, are kept beside it (`captured_groups`) so a reader can check the two agree.
 """

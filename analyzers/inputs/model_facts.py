@@ -120,7 +120,7 @@ class ModelFacts:
     @property
     def mesh(self) -> MeshFacts | None:
         """The device mesh (dimensions, roles, every rank's groups, the TP plan); None when the
-        description has none (a flat group, or a description written before `zdiag.model/1.1`)."""
+        description has none (no DeviceMesh, or a description written before `zdiag.model/1.1`)."""
         d = self.description
         return mesh_facts(d.mesh, d.dtensor_modules, d.process_groups, rank=d.rank)
 
