@@ -149,6 +149,11 @@ def fsdp2_unit(
     if policy is None:
         policy = read(state, "_mp_policy")
     offload = getattr(group, "offload_policy", None) if group is not None else None
+    mesh, roles = unit_mesh(group)
+    if mesh is None:  # torch keeps no mesh_info: the parameters' mesh (HSDP when 2-D)
+        mesh = sizes.mesh
+        ndim = len(mesh.shape) if mesh is not None else 0
+        roles = ("shard",) if ndim == 1 else ("replicate", "shard") if ndim == 2 else ()
     return Fsdp2Unit(
         path=path,
         cls=cls.__name__,
@@ -162,12 +167,41 @@ def fsdp2_unit(
         backward_prefetch=_state_paths(bwd, paths),
         mixed_precision=_precision(policy),
         offload_policy=type(offload).__name__ if offload is not None else None,
-        mesh_shape=sizes.mesh_shape,
-        mesh_dim_names=sizes.mesh_dim_names,
-        hsdp=len(sizes.mesh_shape) >= 2,
+        mesh_shape=tuple(int(n) for n in mesh.shape) if mesh is not None else (),
+        mesh_dim_names=tuple(mesh.mesh_dim_names or ()) if mesh is not None else (),
+        mesh_roles=roles,
+        hsdp="replicate" in roles and "shard" in roles,
         unshard_async_op=getattr(group, "unshard_async_op", None) if group is not None else None,
         missing=tuple(dict.fromkeys(missing)),
     )
+
+
+def fsdp2_param_group(module: nn.Module) -> Any:
+    """The first FSDP parameter group of the FSDP2 unit `module` (private torch state), or None."""
+    try:
+        state = module._get_fsdp_state()  # type: ignore[operator]
+    except Exception:
+        return None
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups:
+        return groups[0]
+    return getattr(state, "_fsdp_param_group", None)
+
+
+def unit_mesh(group: Any) -> tuple[Any, tuple[str, ...]]:
+    """An FSDP2 parameter group's own mesh (its private `mesh_info.mesh`: the data-parallel mesh,
+    never the tensor-parallel one its DTensors may also span) and each dimension's role, "shard"
+    or "replicate" (HSDP: dim 0 replicate, dim 1 shard); (None, ()) when torch keeps none."""
+    info = getattr(group, "mesh_info", None)
+    mesh = getattr(info, "mesh", None)
+    if mesh is None:
+        return None, ()
+    roles = ["unused"] * len(mesh.shape)
+    for attr, role in (("replicate_mesh_dim", "replicate"), ("shard_mesh_dim", "shard")):
+        dim = getattr(info, attr, None)
+        if isinstance(dim, int) and 0 <= dim < len(roles):
+            roles[dim] = role
+    return mesh, tuple(roles)
 
 
 def _group_params(groups: list[Any]) -> list[Any]:
@@ -183,14 +217,13 @@ def _group_params(groups: list[Any]) -> list[Any]:
 
 @dataclass(frozen=True)
 class _ParamTotals:
-    """A unit's parameter count, unsharded and sharded bytes, dtype and device mesh."""
+    """A unit's parameter count, unsharded and sharded bytes, dtype and its first DTensor's mesh."""
 
     count: int = 0
     unsharded: int = 0
     sharded: int = 0
     dtype: Any = None
-    mesh_shape: tuple[int, ...] = ()
-    mesh_dim_names: tuple[str, ...] = ()
+    mesh: Any = None
 
     @classmethod
     def of(cls, params: list[Any]) -> _ParamTotals:
@@ -203,10 +236,7 @@ class _ParamTotals:
             sharded += local.numel() * p.dtype.itemsize
             dtype = dtype or p.dtype
             mesh = mesh or getattr(p, "device_mesh", None)
-        if mesh is None:
-            return cls(count, unsharded, sharded, dtype)
-        shape = tuple(int(s) for s in mesh.shape)
-        return cls(count, unsharded, sharded, dtype, shape, tuple(mesh.mesh_dim_names or ()))
+        return cls(count, unsharded, sharded, dtype, mesh)
 
 
 def _reshard_after_forward(group: Any, missing: list[str]) -> bool | int | None:

@@ -3,7 +3,7 @@
 `ModelCapture.arm()` registers a global module forward pre-hook. The first forward of a module
 that holds parameters is the model's (nothing encloses the first forward of a run; a parameterless
 module, a data transform say, is passed over). It writes `RUN_DIR/model/rank-<N>.json` (schema
-`zdiag.model/1`, types in `model_schema.py`). A global optimizer step post-hook records the
+`zdiag.model/1.1`, types in `model_schema.py`). A global optimizer step post-hook records the
 optimizer(s) that step before the next forward and rewrites the file once with them. At that next
 forward both hooks are removed (a step hook cannot remove itself: torch iterates them live), so
 after the first iteration neither the forward path nor the step carries a zdiag hook of this
@@ -23,7 +23,10 @@ and listed in `missing` when absent, so torch 2.6+ degrades to fewer fields, nev
   `_states_to_backward_prefetch` (set by `set_modules_to_forward_prefetch` / `..._backward_...`)
   and `_auto_reshard_after_forward` (the user left `reshard_after_forward=None`: torch then turns
   it off for root units at lazy init, which this capture, taken before lazy init, applies itself).
-  Mesh shape and names come from the DTensor's public `device_mesh`.
+  The unit's mesh is its group's `mesh_info.mesh` (the data-parallel mesh, with
+  `shard_mesh_dim` / `replicate_mesh_dim`), else the DTensor's public `device_mesh`.
+- The device mesh, each DTensor parameter's placements (the tensor-parallel plan) and every
+  process group with its members: `mesh_capture.py` says where torch keeps them.
 - FSDP1: the FullyShardedDataParallel instance's `sharding_strategy`, `forward_prefetch`,
   `backward_prefetch`, `limit_all_gathers`, `_use_orig_params`, `cpu_offload`, `mixed_precision`,
   and its FlatParameter (`_param_infos`, `_numels`: per original parameter, its module and
@@ -67,6 +70,7 @@ from .framework_settings import (
     user_class,
 )
 from .fsio import write_atomically
+from .mesh_capture import capture_mesh
 from .model_schema import (
     KEEP_REPEATED_CHILDREN,
     MAX_FSDP_UNITS,
@@ -352,6 +356,8 @@ def describe_model(
     if len(repeated) > MAX_REPEATED_SETS:
         notes.append(f"{len(repeated) - MAX_REPEATED_SETS} smallest repeated sets left out")
         repeated = repeated[:MAX_REPEATED_SETS]
+    mesh = capture_mesh([(n.path, n.cls.__name__, n.module) for n in order])
+    notes.extend(mesh.notes)
     nodes, dropped = _emitted_nodes(root)
     if dropped:
         notes.append(
@@ -378,6 +384,9 @@ def describe_model(
         deepspeed=deepspeed_config(engine) if engine is not None else None,
         ddp=ddp_config(ddp) if ddp is not None else None,
         optimizers=tuple(opts),
+        mesh=mesh.mesh,
+        dtensor_modules=mesh.dtensor_modules,
+        process_groups=mesh.process_groups,
         notes=tuple(notes),
     )
 

@@ -1,5 +1,9 @@
 """The model description a rank records at its first forward (schema `zdiag.model/1`).
 
+Versions within the major schema: `zdiag.model/1` (the first), `zdiag.model/1.1` (adds the device
+mesh, the DTensor placements per module and the process groups: `mesh`, `dtensor_modules`,
+`process_groups`, and `Fsdp2Unit.mesh_roles`). Files of either load with either reader.
+
 Standard library only: the collectors write it (`model_capture.py`, which imports torch) and the
 analyzers read it (`analyzers/inputs/model_facts.py`, which never imports torch) through these same types.
 
@@ -23,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-MODEL_SCHEMA = "zdiag.model/1"
+MODEL_SCHEMA = "zdiag.model/1"  # the major schema: readers accept it and any `.minor` of it
+MODEL_SCHEMA_VERSION = MODEL_SCHEMA + ".1"  # what this writer writes
 
 # Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
 MAX_MODULES = 1000  # module tree entries kept
@@ -31,6 +36,10 @@ KEEP_REPEATED_CHILDREN = 2  # of N same-class siblings, the first ones keep thei
 MAX_REPEATED_SETS = 256  # the largest (by bytes) are kept
 MAX_FSDP_UNITS = 1024
 MAX_PREFETCH_NAMES = 16
+MAX_DTENSOR_MODULES = 512
+MAX_PROCESS_GROUPS = 64
+
+MESH_ROLES = ("shard", "replicate", "tp", "unused")
 
 FRAMEWORKS = ("fsdp2", "fsdp1", "deepspeed", "ddp", "none")
 
@@ -104,11 +113,68 @@ class Fsdp2Unit:
     backward_prefetch: tuple[str, ...] | None = None
     mixed_precision: Precision | None = None
     offload_policy: str | None = None
-    mesh_shape: tuple[int, ...] = ()
+    mesh_shape: tuple[int, ...] = ()  # the unit's own (data-parallel) mesh, not a TP mesh
     mesh_dim_names: tuple[str, ...] = ()
+    mesh_roles: tuple[str, ...] = ()  # per dimension: "shard" or "replicate" (HSDP: both)
     hsdp: bool = False
     unshard_async_op: bool | None = None
     missing: tuple[str, ...] = ()  # private torch attributes not found on this torch version
+
+
+@dataclass(frozen=True)
+class MeshDim:
+    """One dimension of the device mesh, as the capturing rank sees it."""
+
+    name: str  # "" for an unnamed dimension
+    size: int
+    role: str = "unused"  # one of MESH_ROLES: what FSDP or the user's DTensors do over it
+    group_ranks: tuple[int, ...] = ()  # global ranks of this rank's group along the dimension
+    group_name: str | None = None  # c10d's name of that group here (names differ across ranks)
+
+
+@dataclass(frozen=True)
+class DeviceMeshInfo:
+    """The run's device mesh (the root of every mesh its FSDP2 units and DTensors use).
+    `ranks` is the layout, row-major: with shape (2, 2), ranks (0, 1, 2, 3) put 0 and 1 in one
+    row. Every rank's group along a dimension follows from it."""
+
+    shape: tuple[int, ...] = ()
+    dim_names: tuple[str, ...] = ()
+    device_type: str = ""
+    ranks: tuple[int, ...] = ()
+    dims: tuple[MeshDim, ...] = ()
+
+
+@dataclass(frozen=True)
+class DTensorParam:
+    """One DTensor parameter: its placements, one per dimension of its mesh ("S(0)", "R", ...)."""
+
+    name: str
+    placements: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DTensorModule:
+    """A module whose own parameters the user placed over mesh dimensions FSDP does not use (the
+    tensor-parallel plan): `style` is "colwise" or "rowwise" (from the weight's sharded dimension),
+    "replicate", or "other"."""
+
+    path: str
+    cls: str
+    mesh_dims: tuple[str, ...] = ()  # the dimension names of the parameters' mesh
+    tp_dims: tuple[str, ...] = ()  # the dimensions the user placed them over
+    style: str = ""
+    params: tuple[DTensorParam, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessGroupInfo:
+    """A process group this rank belongs to: c10d's name, its description (`mesh_shard`,
+    `default_pg`, ...) and its members (global ranks)."""
+
+    name: str
+    desc: str = ""
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,7 +244,7 @@ class OptimizerInfo:
 class ModelDescription:
     """What one rank knows for sure about its model, framework and optimizer."""
 
-    schema: str = MODEL_SCHEMA
+    schema: str = MODEL_SCHEMA_VERSION
     rank: int = 0
     captured_at: str = ""
     torch_version: str = ""
@@ -198,6 +264,9 @@ class ModelDescription:
     deepspeed: DeepSpeedConfig | None = None
     ddp: DdpConfig | None = None
     optimizers: tuple[OptimizerInfo, ...] = ()
+    mesh: DeviceMeshInfo | None = None  # None: no device mesh (or a description before 1.1)
+    dtensor_modules: tuple[DTensorModule, ...] = ()
+    process_groups: tuple[ProcessGroupInfo, ...] = ()
     notes: tuple[str, ...] = ()  # what was dropped or unknown, in words
     inferred: bool = False  # True: built from trace labels, not captured from the live model
 
@@ -288,18 +357,27 @@ def _convert(tp: Any, value: Any) -> Any:
 __all__ = [
     "FRAMEWORKS",
     "KEEP_REPEATED_CHILDREN",
+    "MAX_DTENSOR_MODULES",
     "MAX_FSDP_UNITS",
     "MAX_MODULES",
     "MAX_PREFETCH_NAMES",
+    "MAX_PROCESS_GROUPS",
     "MAX_REPEATED_SETS",
+    "MESH_ROLES",
     "MODEL_SCHEMA",
+    "MODEL_SCHEMA_VERSION",
+    "DTensorModule",
+    "DTensorParam",
     "DdpConfig",
     "DeepSpeedConfig",
+    "DeviceMeshInfo",
     "Fsdp1Instance",
     "Fsdp2Unit",
+    "MeshDim",
     "ModelDescription",
     "ModuleNode",
     "OptimizerInfo",
     "Precision",
+    "ProcessGroupInfo",
     "RepeatedSet",
 ]

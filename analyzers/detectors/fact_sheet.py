@@ -5,7 +5,8 @@ framework (the captured model description's, else the first FSDP/ZeRO ledger's, 
 a trace's labels; FSDP2 when nothing says), the captured description (None when the detectors
 infer the configuration from trace labels), the settings the run has in each framework's option
 names, the repeated blocks the description names, the device (CPU-only or not), whether
-parameter gathers can overlap compute there, nodes, world size, hosts and the harness's options.
+parameter gathers can overlap compute there, nodes, world size, hosts, the harness's options and
+the device mesh (its dimensions, their roles and every rank's group along each).
 Detectors read it; none re-derives these facts.
 """
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import frameworks
 from ..frameworks import BlockSet, Framework, RunFacts
+from ..inputs.mesh_facts import MeshFacts
 from ..inputs.model_facts import ModelFacts
 from ..rank.fsdp_ledger import RankLedger
 from ..report import StepBreakdown
@@ -47,6 +49,8 @@ class RunFactSheet:
     - `cpu_gathers_overlap`: on a CPU, a gather can run under compute (ZeRO-3's async ops,
       FSDP2's unshard async op, zdiag's harness which sets it).
     - `harness`: zdiag's harness options from the manifest ({} for other scripts).
+    - `mesh`: the device mesh the captured description holds (None without one: a model with no
+      DeviceMesh, an older description, or no description).
     """
 
     framework: Framework
@@ -62,6 +66,7 @@ class RunFactSheet:
     cpu_only: bool = False
     cpu_gathers_overlap: bool = False
     harness: Mapping[str, Any] = field(default_factory=dict)
+    mesh: MeshFacts | None = None
 
     @property
     def inferred(self) -> bool:
@@ -140,6 +145,7 @@ def build_fact_sheet(
         cpu_only=cpu,
         cpu_gathers_overlap=_cpu_gathers_overlap(known, captured, harness),
         harness=harness,
+        mesh=captured.mesh if captured is not None else None,
     )
 
 

@@ -52,6 +52,7 @@ from ...collectors.model_schema import (
 )
 from ...collectors.rundir import model_description_relpath
 from ..frameworks.fsdp1 import unit_name as fsdp1_unit_name
+from .mesh_facts import MeshFacts, mesh_facts
 from .reader import Reader
 from .run_dir import read_run_json
 
@@ -115,6 +116,13 @@ class ModelFacts:
     def ddp(self) -> DdpConfig | None:
         """The DDP wrapper's settings, when the run used one."""
         return self.description.ddp
+
+    @property
+    def mesh(self) -> MeshFacts | None:
+        """The device mesh (dimensions, roles, every rank's groups, the TP plan); None when the
+        description has none (no DeviceMesh, or a description written before `zdiag.model/1.1`)."""
+        d = self.description
+        return mesh_facts(d.mesh, d.dtensor_modules, d.process_groups, rank=d.rank)
 
     @property
     def optimizer_classes(self) -> tuple[str, ...]:
