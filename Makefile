@@ -32,7 +32,7 @@ lint: $(STAMP)
 # mypy follows zdiag.analyzers (a symlink to analyzers/) on the checkout itself.
 typecheck: $(STAMP)
 	$(BIN)/mypy -p zdiag
-	$(BIN)/mypy bench/*.py examples/*.py
+	$(BIN)/mypy bench/*.py examples/*.py examples/mesh/*.py
 
 # Fast unit tests (no real processes, training runs or browser), on every core: under a minute.
 UNIT_MARKERS := not dist and not browser and not slow and not tui
