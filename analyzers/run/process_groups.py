@@ -49,7 +49,9 @@ def process_group_stats(
     groups: dict[tuple[str, Members | None], _Group] = {}
     declared: dict[str, ProcessGroupInfo] = {}
     instances: dict[tuple[str, Members | None], ProcessGroupInfo] = {}
+    analyzed: set[int] = set()
     for cols, n_steps, infos in ranks:
+        analyzed.add(cols.rank)
         for info in infos:
             declared.setdefault(info.name, info)
             instances.setdefault((info.name, _members(info)), info)
@@ -83,8 +85,35 @@ def process_group_stats(
         )
         for key, acc in groups.items()
     ]
+    out += _declared_only(instances, set(groups), analyzed)
     out.sort(key=lambda s: (-s.comm_ms_per_step, s.name, s.ranks))
     return out
+
+
+def _declared_only(
+    instances: dict[tuple[str, Members | None], ProcessGroupInfo],
+    used: set[tuple[str, Members | None]],
+    analyzed: set[int],
+) -> list[ProcessGroupStats]:
+    """On a run with subgroups (a declared group not spanning every analyzed rank: a 2-D or 3-D
+    mesh), the declared group instances no attributed call used (on gloo, whose calls name no
+    group, all of them), each with its members, so that the report names every group the run
+    has. Empty on single-group runs, whose reports stay as they were."""
+    known = {k: info for k, info in instances.items() if k[1] is not None}
+    if not any(not analyzed <= set(k[1] or ()) for k in known):
+        return []
+    return [
+        ProcessGroupStats(
+            name=name,
+            description=info.description,
+            declared_size=info.size,
+            ranks=list(members or ()),
+        )
+        for (name, members), info in sorted(
+            known.items(), key=lambda kv: (kv[0][0], kv[0][1] or ())
+        )
+        if (name, members) not in used
+    ]
 
 
 def _members(info: ProcessGroupInfo) -> Members | None:

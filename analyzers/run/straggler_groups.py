@@ -64,7 +64,7 @@ class RankPeers:
                 else len(ranks)
                 for r in ranks
             },
-            delayed=delayed,
+            delayed={r: sorted(labels) for r, labels in delayed.items()},
             subgroups=subgroups,
         )
 
