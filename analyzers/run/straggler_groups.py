@@ -43,11 +43,13 @@ class RankPeers:
             members = t.members_of(int(g))
             if members is not None:
                 present[int(g)] = frozenset(members) & ranks
-        peers: dict[int, set[int]] = {}
+        world = any(group == ranks for group in present.values())  # then all are peers
+        partial: dict[int, set[int]] = {}
         sizes: dict[int, Counter[int]] = {}
         for group in present.values():
             for r in group:
-                peers.setdefault(r, set()).update(group)
+                if not world:
+                    partial.setdefault(r, set()).update(group)
                 sizes.setdefault(r, Counter())[len(group)] += 1
         subgroups = any(m != ranks for m in present.values())
         noisy = t.skew_us >= SKEW_NOISE_US
@@ -57,7 +59,7 @@ class RankPeers:
         ):
             delayed.setdefault(int(r), []).append(_label(t.groups[g], t.members_of(int(g))))
         return RankPeers(
-            peers={r: frozenset(peers.get(r, ranks)) for r in ranks},
+            peers={r: frozenset(partial[r]) if r in partial else ranks for r in ranks},
             group_size={
                 r: max(sizes[r].items(), key=lambda kv: (kv[1], kv[0]))[0]
                 if r in sizes
