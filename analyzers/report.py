@@ -100,9 +100,11 @@ class StragglerStat(msgspec.Struct, kw_only=True):
 class ProcessGroupStats(msgspec.Struct, kw_only=True):
     """One process group over the run (analyzers/run/process_groups.py), for the large-run views.
 
-    `name` is the traces' "Process Group Name" ("" when they do not say); `description` and
-    `declared_size` come from `distributedInfo.pg_config` when the traces record it; `ranks`
-    are the ranks whose collectives carry the group. Per rank of the group: the median number of
+    One entry per group *instance* (its name and members: on a 2-D mesh two groups can share a
+    name). `name` is the traces' "Process Group Name" ("" when they do not say); `description`
+    and `declared_size` come from `distributedInfo.pg_config` when the traces record it; `ranks`
+    are the ranks whose collectives carry the group (on a run with subgroups, a declared group no
+    call was attributed to follows with its declared members and no calls). Per rank of the group: the median number of
     calls and the mean collective time per step (summed call durations). From the cross-rank
     matching: its matched collectives, their arrival skew, the waiting caused (above the
     straggler noise) and the rank that caused the most of it.

@@ -8,13 +8,14 @@ the matching (`run/crossrank_match.py`) as coded columns (`RankColumns`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from ..inputs.events import RankTrace
 from .collective_table import collectives_of
+from .declared_groups import Members
 from .steps import StepWindows
 
 FloatArray = npt.NDArray[np.float64]
@@ -26,7 +27,12 @@ class RankColumns:
     """One rank's collectives as compact columns, what the matching reads: `kind` and `group`
     are codes into `kinds` / `groups`, `step` the step holding each call (-1: none). In start
     order (the matcher sorts them otherwise). A summary gives these as views of its packed bytes
-    (`CollectiveCalls.columns`), so feeding the matcher copies nothing."""
+    (`CollectiveCalls.columns`), so feeding the matcher copies nothing.
+
+    `group_members[g]` are the member ranks of group `groups[g]` on this rank (None: unknown;
+    empty: not said, `declared_groups.group_members`), what the matching keys group instances
+    by; the codes in `unattributed` are calls whose group the trace does not say while the rank
+    belongs to groups of different members: the matching leaves them out."""
 
     rank: int
     start_us: FloatArray
@@ -37,6 +43,12 @@ class RankColumns:
     groups: Sequence[str]
     step: npt.NDArray[np.integer]
     ends_align: bool = True
+    group_members: Sequence[Members | None] = ()
+    unattributed: frozenset[int] = field(default_factory=frozenset)
+
+    def members_of(self, g: int) -> Members | None:
+        """The members of group code `g` (None when unknown)."""
+        return self.group_members[g] if g < len(self.group_members) else None
 
     def __len__(self) -> int:
         return len(self.start_us)

@@ -70,7 +70,7 @@ class RankFacts(msgspec.Struct, kw_only=True):
     host_sync_sites: HostSyncSites = msgspec.field(default_factory=HostSyncSites)  # by caller
     module_class: tuple[str, int] | None = None  # most repeated `nn.Module: <Class>_<k>` class
     group_sizes: list[int] = msgspec.field(default_factory=list)  # distinct process-group sizes
-    # distributedInfo.pg_config: name, description, declared size (process_groups.py)
+    # distributedInfo.pg_config: name, description, declared size, members (process_groups.py)
     process_groups: list[ProcessGroupInfo] = msgspec.field(default_factory=list)
     framework: str | None = None  # the first registered framework whose labels the trace holds
     data_loading_ms: float = 0.0  # the trace's `enumerate(DataLoader)#...` ranges, summed

@@ -20,6 +20,7 @@ number of kernels or host ops. zlib (level 1, ~20 ms per MB) shrinks the whole 4
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import msgspec
 import numpy as np
@@ -33,6 +34,7 @@ from ..report import (
     StepTimeline,
 )
 from .collective_columns import RankCollectives, RankColumns
+from .declared_groups import group_members
 from .fsdp_ledger import RankLedger
 from .rank_analysis import RankAnalysis, RankFacts
 
@@ -120,7 +122,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
 
     def collective_columns(self) -> RankColumns:
         """The rank's collectives for the cross-rank matching (views of the summary's bytes)."""
-        return self.collectives.columns(self.rank)
+        cols = self.collectives.columns(self.rank)
+        members, unattributed = group_members(self.facts.process_groups, cols.groups)
+        return replace(cols, group_members=members, unattributed=frozenset(unattributed))
 
     def rank_ledger(self) -> RankLedger:
         """The rank's FSDP ledger (an empty one when the summary holds none)."""

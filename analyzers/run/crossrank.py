@@ -5,7 +5,11 @@ process group has started it, so the rank that *arrives* last makes the others w
 kernels (or gloo ops) start early and sit idle until it arrives. This module
 
 1. **matches** the same collective across ranks: by process group + kind + step + sequence number
-   (the i-th collective of that kind on that group in that `ProfilerStep`); when a rank holds a
+   (the i-th collective of that kind on that group in that `ProfilerStep`), a group being an
+   *instance*: its name and, where the trace header lists them, its member ranks (on a 2-D mesh
+   the shard groups {0,1} and {2,3} are two groups, never matched against each other; calls
+   that name no group on a rank belonging to groups of different members, as on gloo, are not
+   matched at all); when a rank holds a
    different count (sampled or truncated traces, different profiler windows), or the sequence
    pairs disagree on when the collective ended, it falls back to **end-time matching**: a
    blocking collective ends on all its ranks at (nearly) the same moment, so pairs whose
@@ -95,6 +99,7 @@ class MatchedCollective:
     start_us: list[float]
     end_us: list[float]
     method: Literal["sequence", "end-time"] = "sequence"
+    members: tuple[int, ...] | None = None  # the group instance's member ranks (None: unknown)
 
     @property
     def skew_us(self) -> float:
@@ -128,7 +133,8 @@ class MatchTable:
     `before_last_arrival_us` is the second-to-last arrival (equal to the last on a tie);
     `last_rank` the last arrival's rank (lowest on exact ties); `end_time` whether end times
     paired the match (else sequence numbers); `wait_caused_us` the sum over its ranks of how long
-    each arrived before the last one.
+    each arrived before the last one. `group_members[g]` are the member ranks of group instance
+    `g` (None: unknown); two instances can share a name (`groups` then repeats it).
     """
 
     groups: tuple[str, ...]
@@ -144,9 +150,14 @@ class MatchTable:
     n_ranks: IntArray
     end_time: npt.NDArray[np.bool_]
     wait_caused_us: FloatArray
+    group_members: tuple[tuple[int, ...] | None, ...] = ()
 
     def __len__(self) -> int:
         return len(self.step)
+
+    def members_of(self, g: int) -> tuple[int, ...] | None:
+        """The member ranks of group instance `g` (None when unknown)."""
+        return self.group_members[g] if g < len(self.group_members) else None
 
     @property
     def skew_us(self) -> FloatArray:
@@ -166,9 +177,9 @@ class MatchTable:
     @staticmethod
     def of(matched: Sequence[MatchedCollective]) -> MatchTable:
         """The columns of matches held as objects (kept in their order)."""
-        groups = tuple(dict.fromkeys(m.process_group for m in matched))
+        instances = tuple(dict.fromkeys((m.process_group, m.members) for m in matched))
         kinds = tuple(dict.fromkeys(m.kind for m in matched))
-        g_of = {g: i for i, g in enumerate(groups)}
+        g_of = {g: i for i, g in enumerate(instances)}
         k_of = {k: i for i, k in enumerate(kinds)}
 
         def ints(values: Iterable[int]) -> IntArray:
@@ -178,9 +189,9 @@ class MatchTable:
             return np.fromiter(values, np.float64, len(matched))
 
         return MatchTable(
-            groups=groups,
+            groups=tuple(name for name, _ in instances),
             kinds=kinds,
-            group=ints(g_of[m.process_group] for m in matched),
+            group=ints(g_of[m.process_group, m.members] for m in matched),
             kind=ints(k_of[m.kind] for m in matched),
             step=ints(m.step for m in matched),
             seq=ints(m.seq for m in matched),
@@ -191,6 +202,7 @@ class MatchTable:
             n_ranks=ints(len(m.ranks) for m in matched),
             end_time=np.fromiter((m.method == "end-time" for m in matched), bool, len(matched)),
             wait_caused_us=floats(m.wait_caused_us for m in matched),
+            group_members=tuple(members for _, members in instances),
         )
 
 

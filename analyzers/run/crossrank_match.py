@@ -3,7 +3,9 @@
 `CrossRankMatcher.add(columns)` takes one rank's collectives (`RankColumns`, in ascending rank
 order) and matches them at once against each (process group, kind, step) key's reference rank
 (the lowest rank holding the key), by sequence number or end time as crossrank.py's docstring
-says. What it keeps, all in numpy arrays:
+says. A process group is an instance: its name and member ranks (`RankColumns.group_members`),
+so same-named groups of different members never share a key; calls the rank cannot attribute to
+a group (`RankColumns.unattributed`) are left out, with a warning. What it keeps, all in numpy arrays:
 
 - per match slot (one per collective of a key's reference rank): how many ranks joined it, the
   first and the last arrival, the arrival before the last, the last rank, whether end times
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..rank.collective_columns import RankCollectives, RankColumns
+from ..rank.declared_groups import Members
 from .crossrank import (
     END_MATCH_MIN_TOL_US,
     END_MATCH_REL_TOL,
@@ -46,6 +50,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 I32Array = npt.NDArray[np.int32]
 
+K = TypeVar("K")
 _STEP_BIAS = 1 << 31  # steps are int32 (-1: none); biased to pack (group, kind, step) in int64
 
 
@@ -220,7 +225,7 @@ class CrossRankMatcher:
 
     ranks: list[int] = field(default_factory=list)  # as given, duplicates included
     _ranks: list[_Rank] = field(default_factory=list)
-    _groups: dict[str, int] = field(default_factory=dict)
+    _groups: dict[tuple[str, Members | None], int] = field(default_factory=dict)
     _kinds: dict[str, int] = field(default_factory=dict)
     _key_of: dict[tuple[int, int, int], int] = field(default_factory=dict)
     _key_names: list[tuple[int, int, int]] = field(default_factory=list)
@@ -229,6 +234,7 @@ class CrossRankMatcher:
     _counts: _Counts = field(default_factory=_Counts)
     _shared: bool = False
     _any_step: bool = False
+    _unattributed: dict[int, int] = field(default_factory=dict)  # rank -> calls left out
 
     def add(self, cols: RankColumns) -> None:
         """Match one rank's collectives against the ranks added before (lower ranks)."""
@@ -261,12 +267,21 @@ class CrossRankMatcher:
         """The rank's columns in start order with global key codes."""
         start, end = cols.start_us, cols.end_us
         kind, group, step = cols.kind, cols.group, cols.step
+        if cols.unattributed and len(start):
+            keep = ~np.isin(np.asarray(group, dtype=np.int64), sorted(cols.unattributed))
+            if not keep.all():
+                self._unattributed[cols.rank] = int((~keep).sum())
+                start, end, step = start[keep], end[keep], step[keep]
+                kind, group = kind[keep], group[keep]
         if len(start) > 1 and bool(np.any(start[1:] < start[:-1])):
             o = np.argsort(start, kind="stable")
             start, end, kind, group, step = start[o], end[o], kind[o], group[o], step[o]
         if len(step) and bool((step >= 0).any()):
             self._any_step = True
-        gmap = np.asarray([self._code(self._groups, g) for g in cols.groups], dtype=np.int64)
+        gmap = np.asarray(
+            [self._code(self._groups, (g, cols.members_of(j))) for j, g in enumerate(cols.groups)],
+            dtype=np.int64,
+        )
         kmap = np.asarray([self._code(self._kinds, k) for k in cols.kinds], dtype=np.int64)
         packed = np.zeros(len(start), dtype=np.int64)
         if len(start):
@@ -293,7 +308,7 @@ class CrossRankMatcher:
         )
 
     @staticmethod
-    def _code(table: dict[str, int], name: str) -> int:
+    def _code(table: dict[K, int], name: K) -> int:
         return table.setdefault(name, len(table))
 
     def _key_code(self, packed: int) -> int:
@@ -382,9 +397,10 @@ class CrossRankMatcher:
             kind=names[r.key, 1],
             kinds=list(self._kinds),
             group=names[r.key, 0],
-            groups=list(self._groups),
+            groups=[name for name, _ in self._groups],
             step=np.full(len(r), -1, dtype=np.int64),
             ends_align=r.ends_align,
+            group_members=[members for _, members in self._groups],
         )
 
     def _result(self) -> CrossRankResult:
@@ -393,8 +409,11 @@ class CrossRankMatcher:
         keep = np.flatnonzero(s.count[:n] >= 2)
         names = np.asarray(self._key_names, dtype=np.int64).reshape(-1, 3)
         kg, kk, kstep = (names[s.key[keep], c] for c in range(3))
-        groups, kinds = list(self._groups), list(self._kinds)
-        g_rank = np.argsort(np.argsort(np.asarray(groups, dtype=object), kind="stable"))
+        instances, kinds = list(self._groups), list(self._kinds)
+        groups = [name for name, _ in instances]
+        # group instances by name, then members (one name, several instances: a mesh dimension)
+        by_name = sorted(range(len(instances)), key=lambda g: (groups[g], instances[g][1] or ()))
+        g_rank = np.argsort(np.asarray(by_name, dtype=np.int64), kind="stable")
         k_rank = np.argsort(np.argsort(np.asarray(kinds, dtype=object), kind="stable"))
         # keys in (step, group, kind) order, then sequence; then by first arrival (stable)
         first = s.first_us[keep]
@@ -436,6 +455,7 @@ class CrossRankMatcher:
             n_ranks=s.count[rows].astype(np.int64),
             end_time=s.end_time[rows],
             wait_caused_us=wait,
+            group_members=tuple(members for _, members in instances),
         )
         result = CrossRankResult(
             ranks=list(self.ranks),
@@ -458,6 +478,13 @@ class CrossRankMatcher:
     def _warnings(self, n_matched: int) -> list[str]:
         c = self._counts
         out = []
+        if self._unattributed:
+            out.append(
+                f"rank(s) {', '.join(map(str, sorted(self._unattributed)))}: "
+                f"{sum(self._unattributed.values())} collective(s) name no process group (gloo "
+                "records none) while their ranks belong to process groups of different members: "
+                "those were not matched across ranks (their group is unknown)"
+            )
         loose = sorted(r.rank for r in self._ranks if not r.reliable and r.ends_align and len(r))
         if loose and c.loose:
             out.append(
@@ -517,6 +544,7 @@ class _MemberDetail:
                 start_us=starts,
                 end_us=ends,
                 method="end-time" if t.end_time[j] else "sequence",
+                members=t.members_of(int(t.group[j])),
             )
             for j, (ranks, starts, ends) in enumerate(per_row)
         ]

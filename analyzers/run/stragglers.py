@@ -3,7 +3,9 @@
 Reads the cross-rank matching (`crossrank.CrossRankResult`, built by `crossrank_match`):
 `straggler_stats(result)` is the Report's per-rank table, `find_stragglers(result, breakdowns)`
 the `straggler` finding, past the thresholds below (see crossrank.py's docstring for the
-matching, the clock alignment and the skew they start from).
+matching, the clock alignment and the skew they start from). On a 2-D or 3-D mesh a rank is
+judged only against the ranks it shares a process group with (`straggler_groups.RankPeers`), and
+a straggler is named once, with the groups it delays.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,7 @@ from .crossrank import (
     IntArray,
     MatchTable,
 )
+from .straggler_groups import RankPeers
 
 # --- thresholds (named, with their reasoning; reported in the finding's evidence) -----------
 
@@ -192,13 +195,15 @@ def _late_in_most_steps(
 
 
 def _own_and_others(
-    rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]
+    rank: int,
+    breakdowns: Mapping[int, Sequence[StepBreakdown]],
+    peers: Collection[int] | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """Per `compute_ms` / `idle_ms`: the rank's mean per step and the other ranks' median of
-    theirs ({} when the rank or the others have no steps; a field missing on either side is left
-    out)."""
+    """Per `compute_ms` / `idle_ms`: the rank's mean per step and the other ranks' (its `peers`,
+    when given) median of theirs ({} when the rank or the others have no steps; a field missing
+    on either side is left out)."""
     mine = breakdowns.get(rank) or []
-    others = [b for r, b in breakdowns.items() if r != rank and b]
+    others = [b for r, b in breakdowns.items() if r != rank and b and (peers is None or r in peers)]
     if not mine or not others:
         return {}
     out = {}
@@ -210,10 +215,14 @@ def _own_and_others(
     return out
 
 
-def _own_excess_ms(rank: int, breakdowns: Mapping[int, Sequence[StepBreakdown]]) -> float:
+def _own_excess_ms(
+    rank: int,
+    breakdowns: Mapping[int, Sequence[StepBreakdown]],
+    peers: Collection[int] | None = None,
+) -> float:
     """The rank's compute plus idle per step above the other ranks' medians (0 when unknown):
     the time its own work or its own waiting (sleep, data loading) adds to its step."""
-    return sum(own - med for own, med in _own_and_others(rank, breakdowns).values())
+    return sum(own - med for own, med in _own_and_others(rank, breakdowns, peers).values())
 
 
 def _diagnosis(
@@ -221,9 +230,10 @@ def _diagnosis(
     breakdowns: Mapping[int, Sequence[StepBreakdown]],
     median_step_ms: float | None,
     gpu: bool = True,
+    peers: Collection[int] | None = None,
 ) -> tuple[str, dict[str, float]]:
     """What the straggler's own breakdown suggests, with the numbers behind it."""
-    pairs = _own_and_others(rank, breakdowns)
+    pairs = _own_and_others(rank, breakdowns, peers)
     if not pairs:
         return "", {}
     ev: dict[str, float] = {}
@@ -262,10 +272,12 @@ def _diagnosis(
     return hint, ev
 
 
-def _others_exposed_comm_ms(exposed_by_rank: Mapping[int, float], rank: int) -> float | None:
-    """Median over the other ranks of their mean exposed communication per step (None: unknown);
-    `exposed_by_rank` holds each rank's mean (computed once: ranks x steps, not ranks^2)."""
-    known = [v for r, v in exposed_by_rank.items() if r != rank]
+def _others_exposed_comm_ms(
+    exposed_by_rank: Mapping[int, float], rank: int, peers: Collection[int] | None = None
+) -> float | None:
+    """Median over the other ranks (its `peers`, when given) of their mean exposed communication
+    per step (None: unknown); `exposed_by_rank` holds each rank's mean (computed once)."""
+    known = [v for r, v in exposed_by_rank.items() if r != rank and (peers is None or r in peers)]
     return float(np.median(known)) if known else None
 
 
@@ -279,13 +291,17 @@ def _persistent_cause(
     lead_us: Mapping[int, float],
     steps: Sequence[int],
     min_gain_ms: float,
+    peers: Collection[int] | None = None,
 ) -> bool:
     """Whether `rank` makes the others wait by at least `min_gain_ms` in most covered steps and
-    causes STRAGGLER_DOMINANCE x the waiting of any other rank (the wait a rank causes, over steps,
-    not its share of last arrivals)."""
+    causes STRAGGLER_DOMINANCE x the waiting of any other rank (of its `peers`, when given: the
+    wait a rank causes, over steps, not its share of last arrivals)."""
     if len(steps) < STRAGGLER_PERSISTENT_MIN_STEPS:
         return False
-    others = max((v for r, v in lead_us.items() if r != rank), default=0.0)
+    others = max(
+        (v for r, v in lead_us.items() if r != rank and (peers is None or r in peers)),
+        default=0.0,
+    )
     return (
         _late_in_most_steps(step_lead_us.get(rank, {}), steps, min_gain_ms)
         and lead_us.get(rank, 0.0) >= STRAGGLER_DOMINANCE * others
@@ -303,6 +319,15 @@ class _Gate:
     min_share: float
     min_gain: float
     min_wait: float
+    peers: RankPeers
+
+    def group_size(self, rank: int) -> int:
+        """How many ranks `rank` meets at its collectives (all ranks on a single-group run)."""
+        return self.peers.size_of(rank, self.n_ranks)
+
+    def min_share_of(self, rank: int) -> float:
+        """The share of last arrivals that makes `rank` a candidate, given its group size."""
+        return max(STRAGGLER_MIN_LAST_SHARE, STRAGGLER_CHANCE_FACTOR / self.group_size(rank))
 
     @staticmethod
     def of(
@@ -327,6 +352,7 @@ class _Gate:
             min_share=max(STRAGGLER_MIN_LAST_SHARE, STRAGGLER_CHANCE_FACTOR / n_ranks),
             min_gain=min_gain,
             min_wait=max(min_gain, STRAGGLER_PERSISTENT_WAIT_SHARE * (median_step or 0.0)),
+            peers=RankPeers.of(result),
         )
 
 
@@ -378,18 +404,19 @@ def _culprits(
         gain_ms = leads.total_us[r] / 1000.0 / gate.n_steps
         if gain_ms < gate.min_gain:
             continue  # the cap below only lowers the gain: no need to compute it
-        p = chance_of_last(s.last_arrivals, s.matched_collectives, gate.n_ranks)
-        by_share = share >= gate.min_share and p < STRAGGLER_MAX_CHANCE_P
+        peers = gate.peers.others(r)
+        p = chance_of_last(s.last_arrivals, s.matched_collectives, gate.group_size(r))
+        by_share = share >= gate.min_share_of(r) and p < STRAGGLER_MAX_CHANCE_P
         if not by_share and not _persistent_cause(
-            r, leads.by_step_us, leads.total_us, gate.steps, gate.min_wait
+            r, leads.by_step_us, leads.total_us, gate.steps, gate.min_wait, peers
         ):
             continue
-        exposed = _others_exposed_comm_ms(exposed_by_rank, r)
+        exposed = _others_exposed_comm_ms(exposed_by_rank, r, peers)
         if exposed is not None:
             # the others' wait costs step time only where it is exposed (not hidden by compute)
             gain_ms = min(gain_ms, exposed)
         if shared_cpu_host and (
-            _own_excess_ms(r, breakdowns) < STRAGGLER_OWN_CAUSE_SHARE * gain_ms
+            _own_excess_ms(r, breakdowns, peers) < STRAGGLER_OWN_CAUSE_SHARE * gain_ms
             or not _late_in_most_steps(leads.by_step_us.get(r, {}), gate.steps, gate.min_gain)
         ):
             continue  # no cause of its own, or one stall: the shared cores' contention
@@ -428,10 +455,14 @@ def find_stragglers(
     )
     per_rank, hints = _per_rank(culprits, stats, leads, gate, breakdowns, gpu)
     first = culprits[0]
-    names = ", ".join(str(r) for r in ranks)
+    names = titled = ", ".join(str(r) for r in ranks)
+    if gate.peers.subgroups:  # name each straggler once, with the group instances it delays
+        titled = ", ".join(
+            f"{r} (delaying {'; '.join(gate.peers.delayed.get(r, [])) or 'none'})" for r in ranks
+        )
     plural = "s" if len(ranks) > 1 else ""
     title = (
-        f"Straggler rank{plural} {names}: others wait for {'them' if plural else 'it'} in "
+        f"Straggler rank{plural} {titled}: others wait for {'them' if plural else 'it'} in "
         f"{leads.steps_over(first[1], gate.min_wait)} of {gate.n_steps} steps (last at "
         f"{first[2]:.0%} of collectives), costing every rank {gain_total:.2f} ms per step"
     )
@@ -464,17 +495,18 @@ def _per_rank(
     gate: _Gate,
     breakdowns: Mapping[int, Sequence[StepBreakdown]],
     gpu: bool,
-) -> tuple[dict[str, dict[str, float | None]], list[str]]:
+) -> tuple[dict[str, dict[str, object]], list[str]]:
     """The evidence per straggler, and the diagnosis hints of its own breakdown."""
-    per_rank: dict[str, dict[str, float | None]] = {}
+    per_rank: dict[str, dict[str, object]] = {}
     hints = []
     n_steps = gate.n_steps
     for _gain, r, share, exposed in culprits:
         s = stats[r]
-        hint, diag = _diagnosis(r, breakdowns, gate.median_step, gpu)
+        peers = gate.peers.others(r)
+        hint, diag = _diagnosis(r, breakdowns, gate.median_step, gpu, peers)
         if hint:
             hints.append(f"Rank {r}: {hint}")
-        chance = chance_of_last(s.last_arrivals, s.matched_collectives, gate.n_ranks)
+        chance = chance_of_last(s.last_arrivals, s.matched_collectives, gate.group_size(r))
         per_rank[str(r)] = {
             "last_arrivals": s.last_arrivals,
             "matched_collectives": s.matched_collectives,
@@ -487,6 +519,9 @@ def _per_rank(
             "mean_lateness_ms": s.mean_skew_ms,
             **diag,
         }
+        if gate.peers.subgroups:  # a 2-D/3-D job: whom it was judged against, whom it delays
+            per_rank[str(r)]["compared_with"] = sorted(peers or ())
+            per_rank[str(r)]["delays_groups"] = gate.peers.delayed.get(r, [])
     return per_rank, hints
 
 
@@ -518,7 +553,7 @@ def _recommendation(
 
 
 def _evidence(
-    result: CrossRankResult, gate: _Gate, per_rank: dict[str, dict[str, float | None]]
+    result: CrossRankResult, gate: _Gate, per_rank: dict[str, dict[str, object]]
 ) -> dict[str, object]:
     """The finding's evidence: the matching, the bars and the per-rank numbers."""
     table = result.table

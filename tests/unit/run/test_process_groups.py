@@ -66,13 +66,19 @@ def test_declared_groups_are_read_tolerantly() -> None:
         "pg_config": [
             {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": list(range(8))},
             {"pg_name": 3, "pg_size": "8"},
+            {"pg_name": "4", "ranks": [3, 1, 1]},
+            {"pg_name": "5", "ranks": [0, "1"]},
+            {"pg_name": "6", "ranks": [True, -1]},
             "not a group",
             {"pg_desc": "no name"},
         ]
     }
     assert declared_groups(info) == [
-        ProcessGroupInfo(name="0", description="default_pg", size=8),
+        ProcessGroupInfo(name="0", description="default_pg", size=8, ranks=list(range(8))),
         ProcessGroupInfo(name="3", description="", size=None),
+        ProcessGroupInfo(name="4", ranks=[1, 3]),
+        ProcessGroupInfo(name="5"),
+        ProcessGroupInfo(name="6"),
     ]
     assert declared_groups(None) == declared_groups({"pg_config": "x"}) == []
 
