@@ -22,7 +22,7 @@ from ..inputs.mesh_facts import MeshFacts
 from ..inputs.model_facts import ModelFacts
 from ..rank.fsdp_ledger import RankLedger
 from ..report import StepBreakdown
-from .facts import model_block_set, model_blocks_are_units, model_settings
+from .facts import model_block_set, model_blocks_are_units, model_fsdp_mesh, model_settings
 
 if TYPE_CHECKING:
     from ...collectors.run_records import Manifest
@@ -100,6 +100,7 @@ class RunFactSheet:
             first_unit=self.first_unit,
             nnodes=self.nnodes,
             world_size=self.world_size,
+            mesh=model_fsdp_mesh(self.model) if self.model is not None else None,
         )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..frameworks import BlockSet
+from ..frameworks import BlockSet, FsdpMesh
 from ..inputs.model_facts import BlockCandidate, ModelFacts
 from .blocks import BlockPattern
 
@@ -121,6 +121,29 @@ def model_blocks_are_units(model: ModelFacts, blocks: BlockSet) -> bool | None:
     if paths is None:
         return None
     return paths <= set(model_unit_paths(model))
+
+
+def model_fsdp_mesh(model: ModelFacts) -> FsdpMesh | None:
+    """The mesh the run's FSDP2 units shard over when it is not the flat world: a root mesh of
+    two or more dimensions (HSDP, FSDP2 over "dp" beside "tp"); None for a 1-D mesh, a run with no
+    FSDP2 units, or no captured mesh. FSDP's dimensions are those whose role is "shard" or
+    "replicate" (an unnamed root: the whole of it)."""
+    mesh, captured = model.mesh, model.description.mesh
+    if mesh is None or captured is None or mesh.ndim < 2 or not model.fsdp2_units:
+        return None
+    dim_names = mesh.dim_names
+    names = tuple(d.name for d in mesh.dims if d.role in ("shard", "replicate"))
+    if not all(dim_names) or len(dim_names) != mesh.ndim:
+        dim_names = names = ()  # unnamed: the units can only use the whole root
+    elif not names:
+        return None
+    return FsdpMesh(
+        shape=mesh.shape,
+        dim_names=dim_names,
+        device_type=captured.device_type or "cuda",
+        ranks=mesh.ranks,
+        fsdp_dims=names,
+    )
 
 
 def model_settings(model: ModelFacts) -> dict[str, Any]:

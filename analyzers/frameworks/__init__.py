@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from ...collectors.run_records import Manifest
 from . import ddp, deepspeed, fsdp1, fsdp2
-from .base import BlockSet, Framework, Remedy, RunFacts, checkpoint_blocks
+from .base import BlockSet, Framework, FsdpMesh, Remedy, RunFacts, checkpoint_blocks
 
 REGISTRY: tuple[Framework, ...] = (
     fsdp2.FRAMEWORK,
@@ -67,6 +67,7 @@ __all__ = [
     "REGISTRY",
     "BlockSet",
     "Framework",
+    "FsdpMesh",
     "Remedy",
     "RunFacts",
     "annotation_re",

@@ -90,6 +90,70 @@ class BlockSet:
         return "each transformer block"
 
 
+@dataclass(frozen=True)
+class FsdpMesh:
+    """The mesh a run's FSDP2 units shard over when it is not the flat world (HSDP, or the
+    data-parallel dimensions of a mesh that also holds tensor-parallel or pipeline dimensions).
+
+    `shape`, `dim_names` and `device_type` are the root mesh's (as `init_device_mesh` took them),
+    `ranks` its row-major layout, `fsdp_dims` the names of the dimensions FSDP uses, root order
+    (all of them: the whole root mesh). A remedy cannot know the variable the user's script holds
+    the mesh in: `preamble` rebuilds it under `variable` (same shape, names and device type: a
+    mesh equal to the run's, so it composes with the run's DTensors), and `arg` passes it.
+    """
+
+    shape: tuple[int, ...]
+    dim_names: tuple[str, ...]
+    device_type: str
+    ranks: tuple[int, ...]
+    fsdp_dims: tuple[str, ...]
+
+    @property
+    def whole(self) -> bool:
+        """Whether FSDP uses every dimension of the root mesh."""
+        return not self.dim_names or self.fsdp_dims == self.dim_names
+
+    @property
+    def variable(self) -> str:
+        """The name the preamble binds: `mesh` for the whole root mesh, else `dp_mesh`."""
+        return "mesh" if self.whole else "dp_mesh"
+
+    @property
+    def arg(self) -> str:
+        """The keyword argument `fully_shard` takes: `mesh=dp_mesh`."""
+        return f"mesh={self.variable}"
+
+    def preamble(self) -> list[str]:
+        """The lines that import, describe (a comment) and build the mesh."""
+        names = ", ".join(f'"{n}"' for n in self.dim_names)
+        named = f", mesh_dim_names=({names}{',' if len(self.dim_names) == 1 else ''})"
+        shape = "(" + ", ".join(map(str, self.shape)) + ("," if len(self.shape) == 1 else "") + ")"
+        if self.ranks == tuple(range(len(self.ranks))):
+            imp, build = "init_device_mesh", f'init_device_mesh("{self.device_type}", {shape}'
+        else:
+            imp, build = "DeviceMesh", f'DeviceMesh("{self.device_type}", {_nested(self)}'
+        build += named if self.dim_names else ""
+        build += ")"
+        what = f"{shape} ({names})" if names else shape
+        if not self.whole:
+            dims = ", ".join(f'"{d}"' for d in self.fsdp_dims)
+            build += f"[{dims if len(self.fsdp_dims) == 1 else f'({dims})'}]"
+            what = f"{dims} of {what}"
+        return [
+            f"from torch.distributed.device_mesh import {imp}",
+            f"# the run's FSDP mesh, rebuilt: {what}",
+            f"{self.variable} = {build}",
+        ]
+
+
+def _nested(mesh: FsdpMesh) -> str:
+    """The root mesh's layout as a nested list literal of its shape."""
+    rows: list[Any] = list(mesh.ranks)
+    for size in reversed(mesh.shape[1:]):
+        rows = [rows[i : i + size] for i in range(0, len(rows), size)]
+    return repr(rows)
+
+
 def attribute_path(module_path: str, root: str = "model") -> str:
     """`encoder.stages` -> `model.encoder.stages`; `layers.0.experts` ->
     `model.layers[0].experts`; "" -> `model`."""
@@ -111,6 +175,8 @@ class RunFacts:
     (`overlap_comm`, `stage3_prefetch_bucket_size`, `bf16`, ...); DDP constructor arguments
     (`bucket_cap_mb`, `gradient_as_bucket_view`, `static_graph`). A key that is absent is unknown,
     so the remedy proposes it; a key present with the value the remedy would set is not proposed.
+    `mesh` is the mesh FSDP2's units shard over when it is not the flat world: the code that
+    calls `fully_shard` rebuilds it and passes it (`fully_shard(block, mesh=dp_mesh)`).
     """
 
     framework: str
@@ -120,6 +186,7 @@ class RunFacts:
     first_unit: str | None = None  # the first FSDP unit after the root in forward order
     nnodes: int | None = None
     world_size: int | None = None
+    mesh: FsdpMesh | None = None  # None: FSDP shards over the flat world (no `mesh=` needed)
 
     def has(self, key: str, value: Any) -> bool:
         """Whether the run already sets `key` to `value` (False when unknown)."""

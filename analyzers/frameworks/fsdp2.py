@@ -66,28 +66,39 @@ def _blocks_expr(facts: RunFacts) -> str | None:
     return None
 
 
+def _mesh_lines(facts: RunFacts) -> tuple[list[str], str]:
+    """The lines that rebuild the run's FSDP mesh and `fully_shard`'s extra arguments for it
+    (`, mesh=dp_mesh`); none for a run sharded over the flat world."""
+    if facts.mesh is None:
+        return [], ""
+    return facts.mesh.preamble(), f", {facts.mesh.arg}"
+
+
 def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None:
-    """`fully_shard` on each repeated block, then the root; None when each block already is a
-    unit, no code when the block set is unknown. `replacing` names units wrapped today."""
+    """`fully_shard` on each repeated block, then the root, over the run's own mesh; None when
+    each block already is a unit, no code when the block set is unknown. `replacing` names units
+    wrapped today."""
     b = facts.blocks
     if facts.blocks_are_units:
         return None
     if b is None or not (b.containers or b.classes):
         return Remedy("fully_shard each repeated block, then the root", None)
+    mesh_lines, mesh = _mesh_lines(facts)
     lines = ["from torch.distributed.fsdp import fully_shard"]
     if not b.containers:
         lines += b.imports
+    lines += mesh_lines
     if replacing:
         lines.append(f"# instead of fully_shard() on each submodule ({', '.join(replacing)}, ...):")
     if b.containers:
-        lines += [f"for block in {b.python}:", "    fully_shard(block)"]
+        lines += [f"for block in {b.python}:", f"    fully_shard(block{mesh})"]
     else:
         lines += [
             "for module in list(model.modules()):",
             f"    if isinstance(module, {class_tuple(b)}):",
-            "        fully_shard(module)",
+            f"        fully_shard(module{mesh})",
         ]
-    lines.append("fully_shard(model)")
+    lines.append(f"fully_shard(model{mesh})")
     return Remedy(f"fully_shard each {b.describe()}, then the root", "\n".join(lines))
 
 
@@ -142,18 +153,19 @@ def bf16_comm(facts: RunFacts) -> Remedy | None:
     if str(facts.settings.get("param_dtype", "")).lower() in BF16_NAMES:
         return None
     blocks = _blocks_expr(facts)
+    mesh_lines, mesh = _mesh_lines(facts)
     apply = (
-        f"for block in {blocks}:\n    fully_shard(block, mp_policy=mp)\n"
-        "fully_shard(model, mp_policy=mp)"
+        f"for block in {blocks}:\n    fully_shard(block{mesh}, mp_policy=mp)\n"
+        f"fully_shard(model{mesh}, mp_policy=mp)"
         if blocks
-        else "fully_shard(block, mp_policy=mp)  # for each block, then the root"
+        else f"fully_shard(block{mesh}, mp_policy=mp)  # for each block, then the root"
     )
     return Remedy(
         "gather parameters in bf16, keeping fp32 shards and fp32 gradient reduction "
         "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
         "import torch\n"
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
-        + "".join(f"{line}\n" for line in _class_imports(facts))
+        + "".join(f"{line}\n" for line in [*_class_imports(facts), *mesh_lines])
         + "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
         + apply,
     )

@@ -1,6 +1,6 @@
 """The FSDP2 + tensor parallel job of `fsdp_tp.py` with only the root sharded: the whole model is one
-FSDP2 unit over "dp" (`fully_shard(model, mesh=mesh["dp"])`), so every step gathers all of it at
-once (a whole-model wrap).
+FSDP2 unit over "dp" (`fully_shard(model, mesh=mesh["dp"])` in `wrap`), so every step gathers all
+of it at once (a whole-model wrap).
 
 torchrun --standalone --nproc-per-node 4 examples/mesh/fsdp_tp_root_only.py [--steps 6]
 zdiag run --nproc-per-node 4 examples/mesh/fsdp_tp_root_only.py
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -62,6 +62,12 @@ class TabResNet(nn.Module):
         return self.head(self.encoder(self.stem(x)))
 
 
+def wrap(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Shard `model` over the "dp" dimension of `mesh`: only the root, one unit holds every
+    stage."""
+    fully_shard(model, mesh=mesh["dp"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6)
@@ -75,7 +81,7 @@ def main() -> None:
     model = TabResNet()
     for stage in model.encoder.stages:  # tensor parallel inside each stage's MLP
         parallelize_module(stage, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    fully_shard(model, mesh=mesh["dp"])  # only the root: one unit holds every stage
+    wrap(model, mesh)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(100 + mesh["dp"].get_local_rank())  # same batch per tp pair

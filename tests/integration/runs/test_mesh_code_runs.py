@@ -1,0 +1,74 @@
+"""The whole-model-wrap code of a 2-D run runs when pasted into that script (issue 26, item 4).
+
+examples/mesh/fsdp_tp_root_only.py shards only its root over the "dp" dimension of a (2, 2)
+("dp", "tp") mesh, beside tensor parallelism over "tp". The finding's code, from `zdiag analyze
+--json`, replaces the body of the script's `wrap(model, mesh)`; the patched script trains under
+torchrun on 4 gloo ranks, and recorded again it no longer raises whole-model-wrap. Code without
+`mesh=` would shard over the whole world and break the TP composition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # real processes: a minute or two (make integration)
+
+TIMEOUT_S = 300
+SCRIPT = REPO_ROOT / "examples" / "mesh" / "fsdp_tp_root_only.py"
+WRAP_RE = re.compile(
+    r"^def wrap\(model: nn\.Module, mesh: DeviceMesh\) -> None:\n(?:    .*\n)+", re.M
+)
+
+
+def _run(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [*args], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False
+    )
+
+
+def _findings(script: Path, out: Path) -> list[dict[str, Any]]:
+    """Record `script` under `zdiag run` on 4 gloo ranks; the findings of `zdiag analyze --json`."""
+    zdiag = (sys.executable, "-m", "zdiag")
+    proc = _run(*zdiag, "run", "--nproc-per-node", "4", "--out", str(out), str(script))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = _run(*zdiag, "analyze", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    findings: list[dict[str, Any]] = json.loads(proc.stdout)["findings"]
+    return findings
+
+
+def paste_into_wrap(script: str, code: str) -> str:
+    """`script` with the body of its `wrap(model, mesh)` replaced by `code`."""
+    head = "def wrap(model: nn.Module, mesh: DeviceMesh) -> None:\n"
+    assert WRAP_RE.search(script), "the script has no wrap(model, mesh) to paste into"
+    return WRAP_RE.sub(lambda _: head + textwrap.indent(code, "    ") + "\n", script, count=1)
+
+
+def test_whole_model_wrap_code_runs_pasted_into_the_tp_script(tmp_path: Path) -> None:
+    before = _findings(SCRIPT, tmp_path / "before")
+    wrap = next(f for f in before if f["id"] == "whole-model-wrap")
+    code = wrap["code"]
+    assert 'dp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["dp"]' in code
+    assert "fully_shard(block, mesh=dp_mesh)" in code and "fully_shard(model, mesh=dp_mesh)" in code
+
+    patched = tmp_path / "fsdp_tp_wrapped.py"
+    patched.write_text(paste_into_wrap(SCRIPT.read_text(), code))
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone")
+    proc = _run(*torchrun, "--nproc-per-node", "4", str(patched), "--steps", "3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "step 2 loss" in proc.stdout
+
+    after = _findings(patched, tmp_path / "after")
+    assert "whole-model-wrap" not in {f["id"] for f in after}
