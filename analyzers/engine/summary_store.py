@@ -274,6 +274,8 @@ def context_key(
         list(ctx.collector_errors),
         sorted(ctx.unit_param_bytes.items()),
     ]
+    if ctx.thread_groups:  # (absent from older keys, which stay valid)
+        parts.append(sorted(ctx.thread_groups.items()))
     return hashlib.blake2b(_ENCODER.encode(parts), digest_size=12).hexdigest()
 
 
@@ -283,10 +285,12 @@ EMPTY_CONTEXT_KEY = context_key(None)
 def apply_context(summary: RankSummary, context: RankContext) -> RankSummary | None:
     """A summary computed with the empty context, made the one `context` gives, or None when
     that needs the trace: the rank must come from its own trace (distributedInfo), no step may
-    be dropped as unfinished and no collector error reported; FSDP message sizes the trace did
+    be dropped as unfinished, no collector error reported and no gloo thread recorded; FSDP message sizes the trace did
     not record are filled from `context.unit_param_bytes` (as the map does: the ledger's totals
     do not depend on them). `summary` is changed in place and returned."""
     if summary.rank_source != "distributedInfo" or context.collector_errors:
+        return None
+    if context.thread_groups:  # gloo calls get their group from the trace's threads
         return None
     if (
         context.finished_steps is not None
