@@ -387,15 +387,3 @@ class OomRecord(JsonRecord):
         """The record; InputError when it is not an object or its rank is not valid."""
         obj = as_object(data, where)
         return cls.read(obj, where, warnings, rank=_rank_of(obj, where, world_size))
-
-    def thread_groups(self) -> dict[int, str]:
-        """{OS thread id: process-group name} from `group_threads`; entries that are not a list
-        of whole numbers, and threads claimed by two groups, are left out."""
-        claims: dict[int, set[str]] = {}
-        for name, tids in (self.group_threads or {}).items():
-            if not isinstance(tids, list):
-                continue
-            for tid in tids:
-                if type(tid) is int and 0 < tid <= INT64_MAX:
-                    claims.setdefault(tid, set()).add(name)
-        return {tid: next(iter(names)) for tid, names in claims.items() if len(names) == 1}

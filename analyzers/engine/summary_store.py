@@ -266,7 +266,7 @@ def context_key(
 ) -> str:
     """A digest of what the run says about a rank; `context_key(None)` is the empty context."""
     ctx = context or RankContext()
-    parts = [
+    parts: list[object] = [
         manifest_rank,
         world_size,
         ctx.finished_steps,
