@@ -25,6 +25,12 @@ def _thread(task_dir: Path, tid: int, name: str | None) -> None:
         (task_dir / str(tid) / "comm").write_text(name + "\n")
 
 
+def _create() -> Any:
+    """Call whatever `_new_process_group_helper` is now (the fake, maybe wrapped)."""
+    helper: Any = distributed_c10d._new_process_group_helper
+    return helper()
+
+
 @pytest.fixture
 def tasks(tmp_path: Path) -> Path:
     """A fake /proc/self/task holding the calling thread (named "python") and a helper thread."""
@@ -68,7 +74,7 @@ def test_a_group_gets_the_gloo_threads_it_started(
     creation.append({"name": None, "threads": {301: GLOO_THREAD}})  # not a member: no group
     creation.append({"name": "5", "threads": {401: "other"}})  # a group without gloo threads
     for _ in range(4):
-        distributed_c10d._new_process_group_helper(2, 0, [0, 1], "gloo", None, "x")
+        _create()
     assert recorder.recorded() == {"0": [101, 102], "3": [201, 202]}
     assert recorder.error is None and recorder.active
     recorder.uninstall()
@@ -82,8 +88,8 @@ def test_the_creation_s_own_error_passes_through_and_recording_goes_on(
     creation.append({"raise": ValueError("group name taken"), "threads": {101: GLOO_THREAD}})
     creation.append({"name": "1", "threads": {111: GLOO_THREAD}})
     with pytest.raises(ValueError, match="group name taken"):
-        distributed_c10d._new_process_group_helper()
-    distributed_c10d._new_process_group_helper()
+        _create()
+    _create()
     assert recorder.recorded() == {"1": [111]} and recorder.error is None
 
 
@@ -93,13 +99,13 @@ def test_a_listing_that_fails_switches_recording_off_and_keeps_the_group(
     recorder = GroupThreads(str(tasks)).install()
     creation.append({"name": "0", "threads": {101: GLOO_THREAD}})
     creation.append({"name": "1", "threads": {111: GLOO_THREAD}})
-    distributed_c10d._new_process_group_helper()
+    _create()
 
     def broken(task_dir: str) -> set[int]:
         raise PermissionError("denied")
 
     monkeypatch.setattr(group_threads, "thread_ids", broken)
-    (result, _) = distributed_c10d._new_process_group_helper()
+    (result, _) = _create()
     assert result.group_name == "1"  # the creation itself is untouched
     assert not recorder.active and recorder.error == "PermissionError: denied"
     assert recorder.recorded() == {"0": [101]}
@@ -114,7 +120,7 @@ def test_groups_and_threads_are_capped(
     creation.append({"name": "1", "threads": {200: GLOO_THREAD}})
     creation.append({"name": "2", "threads": {300: GLOO_THREAD}})
     for _ in range(3):
-        distributed_c10d._new_process_group_helper()
+        _create()
     recorded = recorder.recorded()
     assert recorded is not None and list(recorded) == ["0", "1"]
     assert len(recorded["0"]) == group_threads.MAX_THREADS and recorder.dropped == 1

@@ -12,10 +12,11 @@ import pytest
 from support.traces import TraceBuilder
 from zdiag.analyzers.engine.summary_map import RunContexts
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.analyzers.engine.summary_store import EMPTY_CONTEXT_KEY, context_key
+from zdiag.analyzers.engine.summary_store import EMPTY_CONTEXT_KEY, apply_context, context_key
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.rank.collective_table import build_collectives
-from zdiag.analyzers.rank.rank_analysis import RankContext
+from zdiag.analyzers.rank.rank_analysis import RankContext, analyze_rank
+from zdiag.analyzers.rank.summary import summarize
 from zdiag.collectors.run_records import Manifest, RankEntry
 
 SHARD = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
@@ -179,3 +180,16 @@ def test_a_part_whose_threads_are_not_an_object_loads_with_a_warning() -> None:
     entry = RankEntry.from_json({"rank": 0, "group_threads": [1, 2]}, "part", warnings)
     assert entry.group_threads is None and entry.thread_groups() == {}
     assert warnings and "group_threads" in warnings[0]
+
+
+def test_a_stored_summary_is_reused_unless_its_gloo_calls_need_their_threads(
+    tmp_path: Path,
+) -> None:
+    trace = load_rank_trace(gloo_hsdp_job(tmp_path / "run") / "traces" / "rank-0.json")
+    threads = RankContext(thread_groups={1020: "3", 1010: "1"})
+    summary = summarize(analyze_rank(trace))
+    assert summary.rank_source == "distributedInfo"
+    assert apply_context(summary, threads) is None  # groups of different members: re-map
+    for g in summary.facts.process_groups:
+        g.ranks = [0, 1, 2, 3]  # a rank whose groups all span the same ranks
+    assert apply_context(summary, threads) is summary
