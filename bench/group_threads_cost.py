@@ -52,9 +52,8 @@ def main() -> None:
     print("| what | recorder off | recorder on | added |")
     print("|---|---|---|---|")
     print(f"| `new_group` (gloo), per group | {off:.2f} ms | {on:.2f} ms | {on - off:+.2f} ms |")
-    print(
-        f"| one thread listing ({len(tids)} threads) | - | {statistics.median(listing):.3f} ms | - |"
-    )
+    listed = statistics.median(listing)
+    print(f"| one thread listing ({len(tids)} threads) | - | {listed:.3f} ms | - |")
     print(f"| reading 2 thread names | - | {statistics.median(names):.3f} ms | - |")
 
 
