@@ -20,6 +20,7 @@ from typing import Any
 from zdiag.errors import InputError
 
 from .record_codec import (
+    INT64_MAX,
     WRITTEN_WHEN_SET,
     Fields,
     JsonRecord,
@@ -185,6 +186,8 @@ class RankEntry(JsonRecord):
     # where the training thread was when a signal ended it
     stopped_in: HangRecord | None = field(default=None, metadata=WRITTEN_WHEN_SET)
     missing: bool = field(default=False, metadata=WRITTEN_WHEN_SET)  # the rank never wrote a part
+    # {process-group name: OS thread ids}: each gloo group's worker threads (group_threads.py)
+    group_threads: dict[str, Any] | None = field(default=None, metadata=WRITTEN_WHEN_SET)
 
     @classmethod
     def from_json(
@@ -193,6 +196,18 @@ class RankEntry(JsonRecord):
         """The entry; InputError when it is not an object or its rank is not a valid rank."""
         obj = as_object(data, where)
         return cls.read(obj, where, warnings, rank=_rank_of(obj, where, world_size))
+
+    def thread_groups(self) -> dict[int, str]:
+        """{OS thread id: process-group name} from `group_threads`; entries that are not a list
+        of whole numbers, and threads claimed by two groups, are left out."""
+        claims: dict[int, set[str]] = {}
+        for name, tids in (self.group_threads or {}).items():
+            if not isinstance(tids, list):
+                continue
+            for tid in tids:
+                if type(tid) is int and 0 < tid <= INT64_MAX:
+                    claims.setdefault(tid, set()).add(name)
+        return {tid: next(iter(names)) for tid, names in claims.items() if len(names) == 1}
 
 
 @dataclass(frozen=True)

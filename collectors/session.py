@@ -46,6 +46,7 @@ from .compile_safe import eager_or_opaque
 from .config import CollectorConfig
 from .error_log import ErrorLog
 from .failure_writes import FailureWrites
+from .group_threads import GroupThreads
 from .hang import raised_at
 from .live_feed import LiveFeed
 from .model_capture import ModelCapture
@@ -131,6 +132,7 @@ class RankSession:
         self._hook: Any = None
         self._remove_listener: Any = None
         self._model: ModelCapture | None = None  # the model description's one-shot hooks
+        self._group_threads: GroupThreads | None = None  # each gloo group's threads (profiled)
         self._pid = os.getpid()  # the process that owns the run directory's files for this rank
         self.forked_child = False  # set in a forked child by `disarm_in_forked_child`
         self._inherited: tuple[Any, ...] = ()  # the parent's objects, kept alive, never touched
@@ -186,6 +188,10 @@ class RankSession:
             "model description", ModelCapture(self.run_dir, self.rank, self._errors.report).arm
         )
         if self.config.profile:
+            if self._dist:
+                self._group_threads = self._errors.guard(
+                    "process-group threads", GroupThreads().install
+                )
             self._window.arm()
         if self.auto_step:
             self._hook = register_optimizer_step_post_hook(eager_or_opaque(self._on_optimizer_step))
@@ -265,6 +271,8 @@ class RankSession:
         self._window.remove_forward_hook()
         if self._model is not None:
             self._model.disarm()
+        if self._group_threads is not None:
+            self._group_threads.uninstall()
 
     def _remove_hooks(self) -> None:
         """Every hook, and the comm split's (in a forked child)."""
@@ -366,6 +374,18 @@ class RankSession:
             oom=self.oom,
             error=error,
             error_source=self.error_source,
+            group_threads=self._recorded_group_threads(),
             collector_errors=tuple(self._errors.messages),
             **self._failures.entry_fields(),
         )
+
+    def _recorded_group_threads(self) -> dict[str, list[int]] | None:
+        """{group name: thread ids} of the gloo groups seen so far (its failure reported once)."""
+        recorder = self._group_threads
+        if recorder is None:
+            return None
+        if recorder.error is not None:
+            self._errors.report(f"process-group threads stopped: {recorder.error}")
+            self._group_threads = None
+            return None
+        return recorder.recorded()

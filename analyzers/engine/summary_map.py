@@ -37,6 +37,7 @@ class RunContexts:
     collector_errors: dict[int, tuple[str, ...]] = field(default_factory=dict)
     unit_param_bytes: dict[str, int] = field(default_factory=dict)
     world_size: int | None = None
+    thread_groups: dict[int, dict[int, str]] = field(default_factory=dict)
 
     @staticmethod
     def of(manifest: Manifest | None, model: ModelFacts | None = None) -> RunContexts:
@@ -47,7 +48,7 @@ class RunContexts:
         finished steps: ranks whose end is known (a clean exit, an exception, an OOM, a signal,
         a hang; `failures` says how the others failed), so the step a failure interrupted is left
         out like a clean exit's teardown step; collector errors: at most
-        MAX_COLLECTOR_ERRORS_SHOWN per rank.
+        MAX_COLLECTOR_ERRORS_SHOWN per rank; thread groups: each rank's gloo threads per group.
         """
         unit_bytes = dict(model.trace_unit_bytes()) if model is not None else {}
         if manifest is None:
@@ -63,6 +64,7 @@ class RunContexts:
             },
             unit_param_bytes={**unit_bytes, **manifest.unit_param_bytes()},
             world_size=manifest.world_size,
+            thread_groups={e.rank: g for e in manifest.ranks if (g := e.thread_groups())},
         )
 
     def for_rank(self, rank: int) -> RankContext:
@@ -72,6 +74,7 @@ class RunContexts:
             failure=self.failures.get(rank),
             collector_errors=self.collector_errors.get(rank, ()),
             unit_param_bytes=self.unit_param_bytes,
+            thread_groups=self.thread_groups.get(rank, {}),
         )
 
     def key(self, rank: int, manifest_rank: int | None) -> str:

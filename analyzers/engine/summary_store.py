@@ -266,7 +266,7 @@ def context_key(
 ) -> str:
     """A digest of what the run says about a rank; `context_key(None)` is the empty context."""
     ctx = context or RankContext()
-    parts = [
+    parts: list[object] = [
         manifest_rank,
         world_size,
         ctx.finished_steps,
@@ -274,6 +274,8 @@ def context_key(
         list(ctx.collector_errors),
         sorted(ctx.unit_param_bytes.items()),
     ]
+    if ctx.thread_groups:  # (absent from older keys, which stay valid)
+        parts.append(sorted(ctx.thread_groups.items()))
     return hashlib.blake2b(_ENCODER.encode(parts), digest_size=12).hexdigest()
 
 
@@ -283,10 +285,13 @@ EMPTY_CONTEXT_KEY = context_key(None)
 def apply_context(summary: RankSummary, context: RankContext) -> RankSummary | None:
     """A summary computed with the empty context, made the one `context` gives, or None when
     that needs the trace: the rank must come from its own trace (distributedInfo), no step may
-    be dropped as unfinished and no collector error reported; FSDP message sizes the trace did
-    not record are filled from `context.unit_param_bytes` (as the map does: the ledger's totals
-    do not depend on them). `summary` is changed in place and returned."""
+    be dropped as unfinished, no collector error reported and no gloo call to attribute by its
+    thread (a rank of groups of different members with recorded threads); FSDP message sizes the
+    trace did not record are filled from `context.unit_param_bytes` (as the map does: the
+    ledger's totals do not depend on them). `summary` is changed in place and returned."""
     if summary.rank_source != "distributedInfo" or context.collector_errors:
+        return None
+    if context.thread_groups and _groups_differ(summary):  # gloo calls: groups by thread
         return None
     if (
         context.finished_steps is not None
@@ -298,6 +303,13 @@ def apply_context(summary: RankSummary, context: RankContext) -> RankSummary | N
     if context.unit_param_bytes and summary.ledger is not None:
         fill_missing_bytes(summary.ledger, context.unit_param_bytes)
     return summary
+
+
+def _groups_differ(summary: RankSummary) -> bool:
+    """Whether the rank declares groups of different members: only there do gloo calls take
+    their group from `RankContext.thread_groups` (`collective_table.attribute_by_thread`)."""
+    members = {tuple(g.ranks) for g in summary.facts.process_groups if g.ranks is not None}
+    return len(members) > 1
 
 
 def cache_disabled_by_env() -> bool:

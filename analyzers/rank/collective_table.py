@@ -4,7 +4,9 @@ The reader (`inputs/loader.py`) returns events only; this table is derived from 
 use and kept on the trace (`RankTrace.collectives`) so every part of the map reads the same one.
 Which events count (comm kernels on GPU runs; backend ops such as `gloo:*` on host-only runs),
 and their collective kind, element counts, bytes, dtype, group size and process group, from
-whatever the trace records (see `build_collectives`).
+whatever the trace records (see `build_collectives`). gloo's calls name no process group; on a
+rank of several groups of different members they take the group of the thread they ran on, from
+what the collectors recorded (`thread_groups`, see `collectors/group_threads.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..inputs.events import (
     collective_kind,
     dtype_size,
 )
+from .declared_groups import declared_groups
 
 _BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
 _INT64_MAX = 2**63 - 1
@@ -67,7 +70,9 @@ def collectives_of(trace: RankTrace) -> Collectives:
     return trace.collectives
 
 
-def build_collectives(trace: RankTrace) -> Collectives:
+def build_collectives(
+    trace: RankTrace, thread_groups: Mapping[int, str] | None = None
+) -> Collectives:
     """The comm events of a rank with their kind, sizes, dtype, group size and process group.
 
     Device runs: one row per comm kernel. Sizes and kind come from the kernel's own args
@@ -76,7 +81,8 @@ def build_collectives(trace: RankTrace) -> Collectives:
     (correlation id; this is how `ncclDevKernel_Generic` gets its kind from `nccl:all_gather`),
     else from the kernel name. Host-only runs (no GPU events): one row per backend op
     (`gloo:*`, `nccl:*`, ...), or per outermost `c10d::*` op when there are none; sizes from the
-    enclosing `record_param_comms`.
+    enclosing `record_param_comms`. A call naming no group gets the one `thread_groups`
+    ({OS thread id: group name}) gives its thread (`attribute_by_thread`).
     """
     comm_ops = trace.of_kind(EventKind.COMM_OP)
     if trace.has_device_events:
@@ -126,6 +132,8 @@ def build_collectives(trace: RankTrace) -> Collectives:
         gs = _count(trace, src, "Group size")
         gsize[j] = -1 if gs is None else gs
         pgs.append(str(src.get("Process Group Name") or ""))
+    if thread_groups:
+        attribute_by_thread(trace, rows, pgs, thread_groups)
     return Collectives(
         event=np.asarray(rows, dtype=np.int64),
         kind=kind,
@@ -137,6 +145,27 @@ def build_collectives(trace: RankTrace) -> Collectives:
         dtype=dtypes,
         process_group=pgs,
     )
+
+
+def attribute_by_thread(
+    trace: RankTrace, rows: np.ndarray, pgs: list[str], thread_groups: Mapping[int, str]
+) -> None:
+    """Name the group of each call of `rows` that names none (`pgs[j] == ""`, gloo) by the
+    thread it ran on, where `thread_groups` names a group the trace declares. Only on a rank that
+    declares groups of different members: elsewhere "" already means the rank's one group
+    (`declared_groups.group_members`), and the tables stay as they were."""
+    infos = declared_groups(trace.distributed_info)
+    if len({tuple(g.ranks) for g in infos if g.ranks is not None}) < 2:
+        return
+    declared = {g.name for g in infos}
+    for j, i in enumerate(rows.tolist()):
+        if pgs[j]:
+            continue
+        lane = trace.lanes[int(trace.lane_id[i])]
+        tid = None if lane.is_device else as_int(lane.tid)
+        name = thread_groups.get(tid) if tid is not None else None
+        if name in declared:
+            pgs[j] = name
 
 
 def _around_call(

@@ -32,7 +32,7 @@ from ..report import (
 )
 from .breakdown import ActivitySets, breakdown_rank, collective_stats
 from .collective_columns import RankCollectives, rank_collectives
-from .collective_table import collectives_of
+from .collective_table import build_collectives, collectives_of
 from .declared_groups import ProcessGroupInfo, declared_groups
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
@@ -53,12 +53,15 @@ class RankContext:
     - `collector_errors`: what zdiag's collectors reported on the rank during the run.
     - `unit_param_bytes`: {unit fqn: unsharded parameter bytes}, for the collectives the trace
       recorded without shapes.
+    - `thread_groups`: {OS thread id: process-group name}, the gloo worker threads the collectors
+      saw each group start, for the gloo calls, which name no group (`collective_table.py`).
     """
 
     finished_steps: int | None = None
     failure: str | None = None
     collector_errors: tuple[str, ...] = ()
     unit_param_bytes: Mapping[str, int] = field(default_factory=dict)
+    thread_groups: Mapping[int, str] = field(default_factory=dict)
 
 
 class RankFacts(msgspec.Struct, kw_only=True):
@@ -106,6 +109,8 @@ class RankAnalysis:
 def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAnalysis:
     """The map: one rank's trace (and what the run says about it) -> its RankAnalysis."""
     context = context or RankContext()
+    if context.thread_groups:  # the table every part below reads, gloo calls attributed
+        trace.collectives = build_collectives(trace, context.thread_groups)
     warnings = list(trace.warnings)
     warnings += [f"zdiag run: {e}" for e in context.collector_errors]
     windows, step_warnings = find_steps(trace)

@@ -4,7 +4,9 @@ the replicate groups {0,2}, {1,3}.
 
     python -m zdiag run --nproc-per-node 4 --out DIR tests/support/hsdp_gloo.py [--slow-rank R]
 
-`--slow-rank R` makes rank R sleep before each forward (a straggler inside its shard group).
+`--slow-rank R` makes rank R sleep `--slow-ms` before each step and each block's forward and
+backward (a rank with slow compute: a straggler inside its shard group, late for most of its
+collectives).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)])
+    if rank == args.slow_rank:
+        for block in model:  # registered before FSDP's: each block's all-gather is issued late
+            block.register_forward_pre_hook(lambda *_: time.sleep(args.slow_ms / 1000.0))
+            block.register_full_backward_pre_hook(lambda *_: time.sleep(args.slow_ms / 1000.0))
     for block in model:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
