@@ -51,14 +51,14 @@ class SignalFlush:
         self._flush = flush
         self._started = threading.Event()
         self._done = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a handler may interrupt its own thread inside it
         self._read_fd: int | None = None
         self._write_fd: int | None = None
         self._previous_wakeup = -1
         self._installed = False
         self._deferring = False
         self._pending: int | None = None
-        self._flushing_thread: int | None = None  # the thread running the flush, while it runs
+        self._flushing_thread: int | None = None  # the thread that runs (or ran) the flush
 
     def install(self) -> bool:
         """Install the SIGTERM handler and the watcher (True), or do nothing off the main thread."""
@@ -110,21 +110,27 @@ class SignalFlush:
             _die_by(self._pending)
 
     def flush_once(self, reason: str) -> None:
-        """Run the flush unless it ran or is running (then wait for it to finish)."""
+        """Run the flush unless it ran or is running (then wait for it to finish, unless this
+        very thread runs it: a handler re-entered inside the flush returns at once).
+
+        The flushing thread is named before the flush counts as started, and stays named: a
+        second SIGTERM on the same thread at any point (even inside the lock, which is
+        re-entrant) never waits for a flush that can only finish after it returns."""
+        me = threading.get_ident()
         with self._lock:
             first = not self._started.is_set()
-            self._started.set()
+            if first:
+                self._flushing_thread = me
+                self._started.set()
         if not first:
-            if self._flushing_thread != threading.get_ident():
-                self._done.wait()  # (on the flushing thread itself this would wait forever)
+            if self._flushing_thread != me:
+                self._done.wait()  # another thread flushes: wait for it
             return
-        self._flushing_thread = threading.get_ident()
         try:
             self._flush(reason)
         except Exception:
             pass
         finally:
-            self._flushing_thread = None
             self._done.set()
 
     def disarm_in_forked_child(self) -> None:

@@ -178,3 +178,25 @@ def test_sigkill_leftovers_are_removed_by_the_launcher(tmp_path: Path) -> None:
     (run / "traces" / "rank-1.json.gz").write_bytes(b"x")
     assert remove_unfinished_writes(run) == 1
     assert [p.name for p in (run / "traces").iterdir()] == ["rank-1.json.gz"]
+
+
+def test_a_second_sigterm_right_as_the_flush_starts_does_not_wait_for_itself() -> None:
+    """The handler re-entered on the flushing thread between "the flush started" and the flush
+    itself returns at once (it used to wait for its own flush: a hang when `timeout` or Slurm
+    and `zdiag run` both sent SIGTERM)."""
+    from zdiag.collectors.signals import SignalFlush
+
+    flushed: list[str] = []
+    sf = SignalFlush(flushed.append)
+    started_set = sf._started.set
+
+    def set_then_reenter() -> None:
+        started_set()
+        sf.flush_once("second SIGTERM")  # what a handler run at this point does
+
+    sf._started.set = set_then_reenter  # type: ignore[method-assign]
+    worker = threading.Thread(target=sf.flush_once, args=("SIGTERM",), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the re-entered flush waited for itself"
+    assert flushed == ["SIGTERM"]
