@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,19 @@ from zdiag.errors import InputError
 
 from ...collectors.run_records import Manifest, check_rank
 from ...collectors.rundir import (
-    MANIFEST,
-    MEMORY_DIR,
-    OOM_RECORD_GLOB,
-    TRACES_DIR,
-    is_run_dir,
     memory_snapshot_relpath,
     memory_timeline_relpath,
     oom_relpath,
     step_log_relpath,
 )
 from ..detectors.hang_finding import dump_warnings
-from ..inputs.cuda_snapshot import is_snapshot_file
+from ..inputs.discovery import Inputs
 from ..inputs.flight_dumps import read_dumps
-from ..inputs.loader import TRACE_SUFFIXES, is_trace_name, rank_from_file_name
+from ..inputs.loader import rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
 from ..inputs.oom_records import read_oom_records
-from ..inputs.registry import reader_for
-from ..inputs.run_dir import read_manifest, run_file
+from ..inputs.run_dir import run_file
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
 from ..report import MemoryTimeline
@@ -51,201 +44,6 @@ from .reduce import RunFacts
 from .summary_map import MAX_COLLECTOR_ERRORS_SHOWN as MAX_COLLECTOR_ERRORS_SHOWN
 
 Progress = Callable[[int, int, str], None]
-
-
-# --- discovering inputs ---------------------------------------------------------------------
-
-
-def _is_trace_name(path: Path) -> bool:
-    """Trace-like file names in folders; hidden and temporary files (being written) are skipped."""
-    return is_trace_name(path.name)
-
-
-def _read_manifest(run_dir: Path) -> Manifest | None:
-    """RUN_DIR/manifest.json as a typed `Manifest` (None when absent); InputError when damaged."""
-    return read_manifest(run_dir)
-
-
-def manifest_ranks(
-    manifest: Manifest, run_dir: Path, warnings: list[str] | None = None
-) -> dict[Path, int]:
-    """Trace path (resolved) -> rank from the manifest's rank entries.
-
-    A trace path that leads outside the run directory (through a link) is not used, with a
-    warning in `warnings`; one naming no file is skipped (the trace may have been moved).
-    """
-    found: dict[Path, int] = {}
-    root = run_dir.resolve()
-    for entry in manifest.ranks:
-        if entry.trace is None:
-            continue
-        path = (root / entry.trace).resolve()
-        if path != root and root not in path.parents:
-            if warnings is not None:
-                warnings.append(
-                    f"{run_dir / MANIFEST}: rank {entry.rank}'s trace {entry.trace!r} points "
-                    "outside the run directory; it is not used"
-                )
-            continue
-        found[path] = entry.rank
-    return found
-
-
-@dataclass
-class Inputs:
-    """What `discover` found: traces, explicit memory timelines, the manifest and run dir, and
-    warnings about what was left out (unreadable folders, files that are not regular files)."""
-
-    traces: list[Path]
-    memory: list[Path]
-    manifest: Manifest | None
-    run_dir: Path | None
-    warnings: list[str] = field(default_factory=list)
-    snapshots: list[Path] = field(default_factory=list)
-
-
-def _oom_records(run_dir: Path) -> list[Path]:
-    """The per-rank out-of-memory records `zdiag run` leaves in a run directory."""
-    return sorted((run_dir / MEMORY_DIR).glob(OOM_RECORD_GLOB))
-
-
-def _walk_traces(folder: Path, warnings: list[str]) -> list[Path]:
-    """Trace-named files anywhere under `folder`; an unreadable subfolder is a warning."""
-
-    def unreadable(exc: OSError) -> None:
-        where = exc.filename or folder
-        warnings.append(
-            f"{where}: folder not readable ({exc.strerror or exc}); its files are skipped"
-        )
-
-    found = []
-    for dirpath, _dirs, names in os.walk(folder, onerror=unreadable):
-        for name in names:
-            path = Path(dirpath) / name
-            if _is_trace_name(path) and path.is_file():
-                found.append(path)
-    return sorted(found)
-
-
-def _run_dir_traces(run_dir: Path, warnings: list[str]) -> list[Path]:
-    """The trace files in RUN_DIR/traces/: regular files inside the run directory only."""
-    traces = run_dir / TRACES_DIR
-    try:
-        names = sorted(x for x in traces.iterdir() if _is_trace_name(x))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        warnings.append(f"{traces}: folder not readable ({exc.strerror or exc}); no trace read")
-        return []
-    found = []
-    for path in names:
-        try:
-            run_file(run_dir, path.relative_to(run_dir))
-        except InputError as exc:
-            warnings.append(f"{exc.message.rstrip('.')}; it is skipped")
-            continue
-        found.append(path)
-    return found
-
-
-def discover(paths: list[Path]) -> Inputs:
-    """The inputs under the given paths; InputError when none is usable.
-
-    A run directory that ran out of memory before the profiler wrote any trace is usable: its
-    out-of-memory records and manifest are still analyzed (the traces list is then empty).
-    """
-    if not paths:
-        raise InputError("no input given; pass a trace file, several, or a run directory.")
-    files: list[Path] = []
-    memory: list[Path] = []
-    snapshots: list[Path] = []
-    manifest: Manifest | None = None
-    run_dir: Path | None = None
-    warnings: list[str] = []
-    for p in paths:
-        if not p.exists():
-            raise InputError(f"{p}: no such file or folder; check the path.")
-        if p.is_file() and p.name == MANIFEST:
-            p = p.parent
-        if p.is_dir():
-            run_like = is_run_dir(p)
-            if run_like:
-                run_dir = run_dir or p
-                m = _read_manifest(p)
-                manifest = manifest or m
-                found = _run_dir_traces(p, warnings)
-            else:
-                try:
-                    found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
-                except OSError as exc:
-                    raise InputError(
-                        f"{p}: the folder cannot be read ({exc.strerror or exc}); check its "
-                        "permissions."
-                    ) from None
-                if not found:
-                    found = _walk_traces(p, warnings)
-                snapshots.extend(_folder_snapshots(p))
-            if not found and not (run_like and _oom_records(p)) and not snapshots:
-                raise InputError(
-                    f"{p}: the folder holds no trace files (*.json or *.json.gz) and no memory "
-                    "snapshots; pass a run directory written by 'zdiag run', a folder of "
-                    "torch.profiler traces or of torch.cuda.memory snapshots."
-                )
-            files.extend(found)
-        else:
-            kind = reader.kind if (reader := reader_for(p)) is not None else None
-            if kind == "memory-timeline":
-                memory.append(p)
-            elif kind == "cuda-snapshot":
-                snapshots.append(p)
-            else:
-                files.append(p)  # a trace, or none: the trace reader says what is wrong
-    if not files and memory and not snapshots:
-        raise InputError(
-            f"{memory[0]}: is a memory timeline, not a profiler trace; pass it together with the "
-            "rank's trace (or the run directory)."
-        )
-    by_real: dict[Path, Path] = {}
-    for f in files:
-        by_real.setdefault(f.resolve(), f)
-    if manifest is not None:
-        warnings.extend(manifest.warnings)
-    return Inputs(list(by_real.values()), memory, manifest, run_dir, warnings, snapshots)
-
-
-def _folder_snapshots(folder: Path) -> list[Path]:
-    """The CUDA memory snapshots directly in `folder` (recognized by content; traces and
-    hidden files are not opened)."""
-    try:
-        names = sorted(folder.iterdir())
-    except OSError:
-        return []
-    return [
-        x
-        for x in names
-        if not x.name.startswith(".")
-        and not x.name.lower().endswith(TRACE_SUFFIXES)
-        and x.is_file()
-        and is_snapshot_file(x)
-    ]
-
-
-# --- loading --------------------------------------------------------------------------------
-
-
-def json_bytes(path: Path) -> int:
-    """Size of the JSON text: the file size, or for gzip its trailer's ISIZE (size mod 4 GiB)."""
-    try:
-        size = path.stat().st_size
-        if size < 18:
-            return size
-        with path.open("rb") as f:
-            if f.read(2) != b"\x1f\x8b":
-                return size
-            f.seek(-4, os.SEEK_END)
-            return max(size, int.from_bytes(f.read(4), "little"))
-    except OSError:
-        return 0
 
 
 def run_level_data(found: Inputs, ranks: list[int], warnings: list[str]) -> RunData:

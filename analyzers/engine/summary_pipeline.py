@@ -2,7 +2,7 @@
 
 `analyze_via_summaries(paths, options)` is what `zdiag analyze` runs:
 
-1. discover the inputs (pipeline.discover) and what the manifest says about each rank;
+1. discover the inputs (inputs/discovery.py) and what the manifest says about each rank;
 2. for each trace, a stored summary when one matches it (summary_store.py): the in-job summary
    beside it, else the summary cache entry; with `use_stored=False` (`--no-cache`) none is read;
 3. the map (`summary_map.map_trace`) on the traces left, on an engine (summary_engines.py: this
@@ -25,6 +25,7 @@ import msgspec
 from zdiag.errors import InputError
 
 from ..detectors.hang_finding import dump_warnings
+from ..inputs.discovery import discover, json_bytes, manifest_ranks
 from ..inputs.flight_dumps import find_dumps, read_dumps
 from ..inputs.remote_traces import is_url, list_remote_traces
 from ..rank.summary import (
@@ -39,10 +40,7 @@ from ..run.wait_graph import analyze_dumps
 from .pipeline import (
     Progress,
     attach_flight_recorder,
-    discover,
-    json_bytes,
     load_model_facts,
-    manifest_ranks,
     run_facts,
     run_level_data,
 )

@@ -12,15 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from zdiag.analyzers.engine.pipeline import (
-    discover,
-    load_model_facts,
-    manifest_ranks,
-    run_facts,
-    run_level_data,
-)
+from zdiag.analyzers.engine.pipeline import load_model_facts, run_facts, run_level_data
 from zdiag.analyzers.engine.reduce import reduce_run
 from zdiag.analyzers.engine.summary_map import RunContexts, assign_rank
+from zdiag.analyzers.inputs.discovery import discover, manifest_ranks
 from zdiag.analyzers.inputs.events import RankTrace
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.rank.rank_analysis import RankAnalysis, analyze_rank

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO_ROOT
 from support.imports import module_imports
 from support.stages import load_run
-from zdiag.analyzers.engine.pipeline import discover, manifest_ranks
+from zdiag.analyzers.inputs.discovery import discover, manifest_ranks
 from zdiag.analyzers.inputs.run_dir import read_run_file, run_file
 from zdiag.cli import main
 from zdiag.collectors import rundir
