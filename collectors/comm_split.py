@@ -12,7 +12,8 @@ and ``Work.wait``. It records, with the host's clock:
   ``Work.wait()``.
 
 `CommTimer.take(start, end)` at each step end gives ``comm_ms`` (the union of the in-flight
-times within the step), ``exposed_comm_ms`` (the union of the waits), ``compute_ms`` (the step
+times and the waits within the step, so exposed never exceeds it), ``exposed_comm_ms`` (the
+union of the waits), ``compute_ms`` (the step
 minus its waits) and ``last_collective``. What this sees: collectives called from Python. DDP's
 gradient all-reduces run inside its C++ reducer and are not seen. On CUDA a collective returns
 once queued on its stream, so the figures are the host's waits, not the kernels' times; analyze a
@@ -160,7 +161,9 @@ class CommTimer:
             last = self._last
             return StepSplit(
                 compute_ms=max(0.0, (end - start) * 1000.0 - exposed),
-                comm_ms=union_ms(flight, start, end),
+                # a wait is communication too: the done callback that ends a collective's flight
+                # runs on the backend's thread and can be scheduled after the wait returns
+                comm_ms=union_ms(flight + waits, start, end),
                 exposed_comm_ms=exposed,
                 last_collective=_describe(*last) if last else None,
             )
