@@ -33,7 +33,7 @@ from ..inputs.flight_dumps import read_dumps
 from ..inputs.loader import rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
-from ..inputs.oom_records import read_oom_records
+from ..inputs.oom_records import OomRecords, read_oom_records
 from ..inputs.run_dir import run_file
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
@@ -183,7 +183,8 @@ def run_facts(
     description, run-level warnings and the memory timelines of the summarized ranks (read from
     their files here)."""
     memory, memory_warnings = _memory_timelines(run, summaries)
-    snap = _snapshot_breakdowns(run, summaries)
+    oom_records = read_oom_records(run.manifest, run.run_dir)
+    snap = _snapshot_breakdowns(run, summaries, oom_records, model)
     if run.snapshots and not (summaries or memory or snap.breakdowns or run.run_dir):
         # snapshots were the whole input and none could be read: bad input, not an empty report
         raise InputError(snap.warnings[0].removeprefix(SNAPSHOT_SKIPPED))
@@ -194,7 +195,7 @@ def run_facts(
         inputs=tuple(str(p) for p in run.inputs),
         manifest=run.manifest,
         run_dir=run.run_dir,
-        oom_records=read_oom_records(run.manifest, run.run_dir),
+        oom_records=oom_records,
         model=model,
         warnings=tuple(
             run.warnings + (model_warnings or []) + memory_warnings + list(snap.warnings)
@@ -207,9 +208,16 @@ def run_facts(
     )
 
 
-def _snapshot_breakdowns(run: RunData, summaries: list[RankSummary]) -> SnapshotResult:
+def _snapshot_breakdowns(
+    run: RunData,
+    summaries: list[RankSummary],
+    oom_records: OomRecords,
+    model: ModelFacts | None = None,
+) -> SnapshotResult:
     """The snapshots of the analyzed ranks (all of them when no trace was given) broken down,
-    on the device each rank used and against its capacity, when known."""
+    on the device each rank used and against its capacity, when known: the device's memory, or
+    the smaller budget the run capped its allocator at (an OOM record's `memory_budget_bytes`,
+    e.g. `torch.cuda.set_per_process_memory_fraction`)."""
     by_rank = {s.rank: s for s in summaries}
     todo = {r: p for r, p in run.snapshots.items() if not by_rank or r in by_rank}
     entries = {e.rank: e for e in run.manifest.ranks} if run.manifest else {}
@@ -223,10 +231,31 @@ def _snapshot_breakdowns(run: RunData, summaries: list[RankSummary]) -> Snapshot
     return load_breakdowns(
         todo,
         devices=devices,
-        capacity={r: s.capacity_bytes for r, s in by_rank.items()},
+        capacity=_capacities(by_rank, oom_records),
         world_size=world,
         oom_ranks=frozenset(r for r, e in entries.items() if e.oom),
+        resharded_after_forward=_reshards_after_forward(model),
     )
+
+
+def _reshards_after_forward(model: ModelFacts | None) -> bool:
+    """True when the captured model's FSDP2 units all reshard after forward (the root aside:
+    torch keeps it gathered by design, it runs first in backward)."""
+    if model is None or model.inferred:
+        return False
+    units = [u for u in model.fsdp2_units if u.path]
+    return bool(units) and all(u.reshard_after_forward for u in units)
+
+
+def _capacities(by_rank: dict[int, RankSummary], oom_records: OomRecords) -> dict[int, int | None]:
+    """Per rank, the smaller of the device's memory and the run's allocator budget."""
+    out: dict[int, int | None] = {r: s.capacity_bytes for r, s in by_rank.items()}
+    for rank, record in oom_records.by_rank.items():
+        budget = record.memory_budget_bytes
+        if budget is not None and budget > 0:
+            device = out.get(rank)
+            out[rank] = budget if device is None else min(device, budget)
+    return out
 
 
 def attach_flight_recorder(run: RunData, dumps: list[Path]) -> None:

@@ -21,6 +21,7 @@ from ..inputs.cuda_snapshot import gc_paused, load_snapshot_data
 from ..inputs.plain_pickle import run_isolated
 from ..report import MemoryBreakdown, MemoryTimeline
 from .snapshot_breakdown import analyze_snapshot
+from .snapshot_whatif import RESHARD_AFTER_FORWARD
 
 
 def _analyze_file(
@@ -72,9 +73,12 @@ def load_breakdowns(
     capacity: Mapping[int, int | None] | None = None,
     world_size: int | None = None,
     oom_ranks: frozenset[int] = frozenset(),
+    resharded_after_forward: bool = False,
 ) -> SnapshotResult:
     """Each rank's snapshot broken down (rank order); a snapshot that cannot be read is a
-    warning naming it. `devices`: the CUDA index each rank used, when known."""
+    warning naming it. `devices`: the CUDA index each rank used, when known.
+    `resharded_after_forward`: the run already reshards every unit after forward (the captured
+    model says so), so that what-if is not offered."""
     breakdowns: list[MemoryBreakdown] = []
     timelines: list[MemoryTimeline] = []
     warnings: list[str] = []
@@ -95,6 +99,8 @@ def load_breakdowns(
             continue
         if damage:  # read around: one warning naming the file, the damage found in it
             warnings.append(f"{path}: " + "; ".join(damage) + ".")
+        if resharded_after_forward:
+            breakdown.what_if = [w for w in breakdown.what_if if w.change != RESHARD_AFTER_FORWARD]
         if rank in oom_ranks:
             breakdown.oom = True
             if timeline is not None:

@@ -169,9 +169,13 @@ def _micro_batch(peak: _Peak) -> WhatIf | None:
     )
 
 
+RESHARD_AFTER_FORWARD = "reshard_after_forward=True"
+"""The `change` of the what-if that reshards every unit after forward."""
+
+
 def _reshard(peak: _Peak, unit_gather_bytes: int | None) -> WhatIf:
     """reshard_after_forward=True: only one unit stays gathered."""
-    change = "reshard_after_forward=True"
+    change = RESHARD_AFTER_FORWARD
     if not unit_gather_bytes:
         return _unknown(change, "unknown: one unit's gathered size needs the allocator history")
     one = min(unit_gather_bytes, peak.unsharded)

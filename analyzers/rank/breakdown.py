@@ -3,8 +3,10 @@
 Activity sets (unions over all lanes, so two busy streams at once count once):
 
 - GPU runs (the trace holds kernels/memcpys): `compute` = non-communication kernels,
-  `comm` = communication kernels (NCCL/RCCL, custom all-reduce, DeepEP-style dispatch/combine),
-  `mem` = memcpy + memset. GPU annotations and host events are not device activity.
+  `comm` = communication kernels (NCCL/RCCL, custom all-reduce, DeepEP-style dispatch/combine)
+  and the collectives the host carries out itself (gloo on CUDA tensors: `gloo:*` ops, which
+  launch no kernel), `mem` = memcpy + memset. Other GPU annotations and host events are not
+  device activity.
 - Host-only runs (CPU/gloo, or a trace without GPU events): lanes are threads. `comm` = the
   outermost `gloo:*` / `nccl:*` / `c10d::*` / `record_param_comms` op on each thread; `compute`
   = per thread, the times whose innermost open op is a computing op (the self time of `aten::*`
@@ -30,7 +32,7 @@ import numpy.typing as npt
 from ..inputs.events import EventKind, RankTrace
 from ..report import CollectiveKindStats, StepBreakdown
 from . import intervals as iv
-from .collective_table import collectives_of, host_comm_events
+from .collective_table import collectives_of, host_comm_events, host_executed_collectives
 from .steps import StepWindows
 from .verdict import decide
 
@@ -49,7 +51,10 @@ class ActivitySets:
             self.kernels = np.zeros(0, dtype=np.int64)
         else:
             comp = trace.of_kind(EventKind.COMPUTE_KERNEL)
-            self.comm_events = trace.of_kind(EventKind.COMM_KERNEL)
+            comm_kernels = trace.of_kind(EventKind.COMM_KERNEL)
+            self.comm_events = np.sort(
+                np.concatenate([comm_kernels, host_executed_collectives(trace)])
+            )
             memi = trace.of_kind(EventKind.MEMCPY, EventKind.MEMSET)
             self.compute = _union_of(trace, comp)
             self.comm = _union_of(trace, self.comm_events)

@@ -86,8 +86,12 @@ def build_collectives(
     """
     comm_ops = trace.of_kind(EventKind.COMM_OP)
     if trace.has_device_events:
-        rows = trace.of_kind(EventKind.COMM_KERNEL)
-        calls = trace.launch_calls(rows)
+        kernels = trace.of_kind(EventKind.COMM_KERNEL)
+        on_host = host_executed_collectives(trace)
+        rows = np.concatenate([kernels, on_host])
+        calls = np.concatenate([trace.launch_calls(kernels), on_host])
+        order = np.argsort(trace.ts_us[rows], kind="stable")
+        rows, calls = rows[order], calls[order]
     else:
         backend = np.array(
             [bool(_BACKEND_OP_RE.match(trace.name(int(i)))) for i in comm_ops], dtype=bool
@@ -244,6 +248,16 @@ def _largest_input(args: Mapping[str, Any]) -> tuple[int | None, str]:
         return None, ""
     n, dt = max(tensors, key=lambda x: x[0])
     return n, dt or input_dtype(args)
+
+
+def host_executed_collectives(trace: RankTrace) -> np.ndarray:
+    """On a device run, the collectives the host itself carries out: gloo's (`gloo:*`, outermost
+    per thread). Gloo moves even CUDA tensors through host memory, blocking the calling thread,
+    so these calls launch no kernel and are the only trace of that communication. NCCL's host
+    ops only enqueue work: their kernels are the communication."""
+    outer = host_comm_events(trace)
+    gloo = np.array([trace.name(int(i)).startswith("gloo:") for i in outer], dtype=bool)
+    return outer[gloo] if len(outer) else outer
 
 
 def host_comm_events(trace: RankTrace) -> np.ndarray:

@@ -21,6 +21,7 @@ ZEROS = (3, 2)
 ACS = ("none", "block")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "nccl", "gloo")
 
 # The knobs each --misconfig shortcut sets (options given explicitly win).
 MISCONFIG_PRESETS: dict[str, dict[str, Any]] = {
@@ -53,6 +54,7 @@ class HarnessConfig:
     memory_budget_gb: float | None = None
     misconfig: str = "none"
     device: str = "auto"
+    backend: str = "auto"
     seed: int = 0
     lr: float = 3e-4
 
@@ -79,6 +81,7 @@ class HarnessConfig:
             "ac": ACS,
             "precision": PRECISIONS,
             "device": DEVICES,
+            "backend": BACKENDS,
             "misconfig": SCENARIOS,
         }
         for name, allowed in choices.items():
@@ -92,6 +95,8 @@ class HarnessConfig:
             raise ConfigError(
                 f"--memory-budget-gb must be a positive number of GiB, got {self.memory_budget_gb!r}."
             )
+        if self.backend == "nccl" and self.device == "cpu":
+            raise ConfigError("--backend nccl needs --device cuda (or auto with a GPU).")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be positive, got {self.lr!r}.")
 
@@ -148,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("device and memory")
     run.add_argument(
         "--device", choices=DEVICES, help="auto (default: cuda when available), cpu or cuda"
+    )
+    run.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="auto (default: nccl on cuda, gloo on cpu), nccl or gloo; gloo on cuda lets "
+        "several ranks share one GPU (NCCL refuses two ranks on one device)",
     )
     run.add_argument(
         "--memory-budget-gb",

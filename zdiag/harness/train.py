@@ -36,20 +36,26 @@ def choose_device(cfg: HarnessConfig) -> torch.device:
             "--device cuda was given but this torch sees no CUDA device; use --device cpu or auto."
         )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.backend == "gloo":  # ranks may share GPUs: gloo has no one-rank-per-device rule
+        local_rank %= torch.cuda.device_count()
     if local_rank >= torch.cuda.device_count():
         raise ConfigError(
             f"LOCAL_RANK {local_rank} has no GPU (only {torch.cuda.device_count()} visible); "
-            "start fewer processes per node (--nproc-per-node)."
+            "start fewer processes per node (--nproc-per-node), or share GPUs with --backend gloo."
         )
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
 
-def init_process_group(device: torch.device) -> None:
-    """env:// under torchrun (WORLD_SIZE set), else a 1-process group on an in-memory store."""
+def init_process_group(device: torch.device, backend: str = "auto") -> None:
+    """env:// under torchrun (WORLD_SIZE set), else a 1-process group on an in-memory store.
+
+    `backend` auto is NCCL on CUDA and gloo on CPU.
+    """
     if dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(minutes=10)
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
@@ -93,7 +99,7 @@ def record_run_info(cfg: HarnessConfig, units: list[FSDPUnit], budget: MemoryBud
 def train(cfg: HarnessConfig) -> int:
     """Run the configured training; returns 0. OutOfMemoryError propagates (non-zero exit)."""
     device = choose_device(cfg)
-    init_process_group(device)
+    init_process_group(device, cfg.backend)
     try:
         code = _train(cfg, device)
         # Every rank finishes its collectives before the group is torn down: with gloo,

@@ -39,6 +39,7 @@ OLD_RUN_DIRS = sorted(
     p.parent
     for p in [
         *REPO_ROOT.glob("sample_traces/*/manifest.json"),
+        *REPO_ROOT.glob("sample_traces/gpu/*/manifest.json"),
         *REPO_ROOT.glob("tests/data/*/manifest.json"),
     ]
 )
