@@ -1,10 +1,14 @@
 """The whole-model-wrap code of a 2-D run runs when pasted into that script (issue 26, item 4).
 
-examples/mesh/fsdp_tp_root_only.py shards only its root over the "dp" dimension of a (2, 2)
-("dp", "tp") mesh, beside tensor parallelism over "tp". The finding's code, from `zdiag analyze
---json`, replaces the body of the script's `wrap(model, mesh)`; the patched script trains under
-torchrun on 4 gloo ranks, and recorded again it no longer raises whole-model-wrap. Code without
-`mesh=` would shard over the whole world and break the TP composition.
+- examples/mesh/fsdp_tp_root_only.py shards only its root over the "dp" dimension of a (2, 2)
+  ("dp", "tp") mesh, beside tensor parallelism over "tp". Code without `mesh=` would shard over
+  the whole world and break the TP composition.
+- examples/mesh/hsdp_root_only.py shards only its root over a (2, 2) ("replicate", "shard") HSDP
+  mesh: the code must keep the run's HSDP mesh, not fall back to a flat shard over the world.
+
+The finding's code, from `zdiag analyze --json`, replaces the body of the script's
+`wrap(model, mesh)`; the patched script trains under torchrun on 4 gloo ranks, and recorded again
+it no longer raises whole-model-wrap.
 """
 
 from __future__ import annotations
@@ -25,7 +29,21 @@ from conftest import REPO_ROOT
 pytestmark = pytest.mark.slow  # real processes: a minute or two (make integration)
 
 TIMEOUT_S = 300
-SCRIPT = REPO_ROOT / "examples" / "mesh" / "fsdp_tp_root_only.py"
+MESH_EXAMPLES = REPO_ROOT / "examples" / "mesh"
+# per script: the lines the whole-model-wrap code must hold (the run's own mesh and modules)
+EXPECTED_CODE = {
+    "fsdp_tp_root_only.py": (
+        'dp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["dp"]',
+        "fully_shard(block, mesh=dp_mesh)",
+        "fully_shard(model, mesh=dp_mesh)",
+    ),
+    "hsdp_root_only.py": (
+        'mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))',
+        "for block in model.encoder.stages:",
+        "fully_shard(block, mesh=mesh)",
+        "fully_shard(model, mesh=mesh)",
+    ),
+}
 WRAP_RE = re.compile(
     r"^def wrap\(model: nn\.Module, mesh: DeviceMesh\) -> None:\n(?:    .*\n)+", re.M
 )
@@ -56,15 +74,19 @@ def paste_into_wrap(script: str, code: str) -> str:
     return WRAP_RE.sub(lambda _: head + textwrap.indent(code, "    ") + "\n", script, count=1)
 
 
-def test_whole_model_wrap_code_runs_pasted_into_the_tp_script(tmp_path: Path) -> None:
-    before = _findings(SCRIPT, tmp_path / "before")
+@pytest.mark.parametrize("script_name", sorted(EXPECTED_CODE))
+def test_whole_model_wrap_code_runs_pasted_into_the_script(
+    script_name: str, tmp_path: Path
+) -> None:
+    script = MESH_EXAMPLES / script_name
+    before = _findings(script, tmp_path / "before")
     wrap = next(f for f in before if f["id"] == "whole-model-wrap")
     code = wrap["code"]
-    assert 'dp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["dp"]' in code
-    assert "fully_shard(block, mesh=dp_mesh)" in code and "fully_shard(model, mesh=dp_mesh)" in code
+    for line in EXPECTED_CODE[script_name]:
+        assert line in code, code
 
-    patched = tmp_path / "fsdp_tp_wrapped.py"
-    patched.write_text(paste_into_wrap(SCRIPT.read_text(), code))
+    patched = tmp_path / f"wrapped_{script_name}"
+    patched.write_text(paste_into_wrap(script.read_text(), code))
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone")
     proc = _run(*torchrun, "--nproc-per-node", "4", str(patched), "--steps", "3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
