@@ -29,16 +29,6 @@ from .registry import reader_for
 from .run_dir import read_manifest, run_file
 
 
-def _is_trace_name(path: Path) -> bool:
-    """Trace-like file names in folders; hidden and temporary files (being written) are skipped."""
-    return is_trace_name(path.name)
-
-
-def _read_manifest(run_dir: Path) -> Manifest | None:
-    """RUN_DIR/manifest.json as a typed `Manifest` (None when absent); InputError when damaged."""
-    return read_manifest(run_dir)
-
-
 def manifest_ranks(
     manifest: Manifest, run_dir: Path, warnings: list[str] | None = None
 ) -> dict[Path, int]:
@@ -95,7 +85,7 @@ def _walk_traces(folder: Path, warnings: list[str]) -> list[Path]:
     for dirpath, _dirs, names in os.walk(folder, onerror=unreadable):
         for name in names:
             path = Path(dirpath) / name
-            if _is_trace_name(path) and path.is_file():
+            if is_trace_name(path.name) and path.is_file():
                 found.append(path)
     return sorted(found)
 
@@ -104,7 +94,7 @@ def _run_dir_traces(run_dir: Path, warnings: list[str]) -> list[Path]:
     """The trace files in RUN_DIR/traces/: regular files inside the run directory only."""
     traces = run_dir / TRACES_DIR
     try:
-        names = sorted(x for x in traces.iterdir() if _is_trace_name(x))
+        names = sorted(x for x in traces.iterdir() if is_trace_name(x.name))
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -144,12 +134,12 @@ def discover(paths: list[Path]) -> Inputs:
             run_like = is_run_dir(p)
             if run_like:
                 run_dir = run_dir or p
-                m = _read_manifest(p)
+                m = read_manifest(p)
                 manifest = manifest or m
                 found = _run_dir_traces(p, warnings)
             else:
                 try:
-                    found = sorted(x for x in p.iterdir() if x.is_file() and _is_trace_name(x))
+                    found = sorted(x for x in p.iterdir() if x.is_file() and is_trace_name(x.name))
                 except OSError as exc:
                     raise InputError(
                         f"{p}: the folder cannot be read ({exc.strerror or exc}); check its "
