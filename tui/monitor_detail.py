@@ -79,9 +79,20 @@ def detail_lines(d: RankDetail) -> list[str]:
         f"{fmt_bytes(d.mem_reserved_bytes)} · peak {fmt_bytes(d.mem_peak_bytes)} · " + _creep(d),
         f"last collective: {shown(d.last_collective or '-')}",
     ]
+    if d.comm_by_dim:
+        lines.insert(3, "  by mesh dimension, last step: " + _by_dim(d.comm_by_dim))
     if d.hung_in:
         lines.append(f"hung in {shown(d.hung_in)}")
     return lines
+
+
+def _by_dim(comm_by_dim: dict[str, tuple[float, float]]) -> str:
+    """ "dp 12.0 ms (exposed 3.0 ms) · tp ...": each dimension's comm, largest first."""
+    ordered = sorted(comm_by_dim.items(), key=lambda kv: -kv[1][0])
+    return " · ".join(
+        f"{shown(label)} {fmt_ms(comm)} (exposed {fmt_ms(exposed)})"
+        for label, (comm, exposed) in ordered
+    )
 
 
 def _creep(d: RankDetail) -> str:

@@ -30,6 +30,7 @@ LAST_FIELDS = (
     "ended",
     "last_collective",
     "mem_source",
+    "comm_by_dim",
 )
 """What the monitor keeps of each rank's last record (the table's and the detail's figures)."""
 NUMBER_LAST_FIELDS = LAST_FIELDS[1:6]

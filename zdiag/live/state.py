@@ -91,6 +91,8 @@ class RankRow:
     recent_step_ms: tuple[float, ...]
     dropped: int
     hung_in: str | None = None  # where the rank's hang watchdog found it stuck
+    # the last step's [comm_ms, exposed_comm_ms] per mesh dimension (2+ dimensions only)
+    comm_by_dim: dict[str, tuple[float, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class RankDetail:
     mem_source: str | None  # "device", "reader", "process" (RSS: not judged), None: unknown
     last_collective: str | None
     hung_in: str | None
+    comm_by_dim: dict[str, tuple[float, float]] | None = None  # the last step's, per dimension
 
     @property
     def overlapped_comm_ms(self) -> float | None:
@@ -344,6 +347,7 @@ class MonitorState:
                     recent_step_ms=tuple(s.recent("step_time_ms", 16)),
                     dropped=int(last.get("dropped", 0) or 0),
                     hung_in=last.get("hung_in"),
+                    comm_by_dim=last.get("comm_by_dim"),
                 )
             )
         live = [s for r, s in ranks.items() if statuses[r] == "ok"]
@@ -408,6 +412,7 @@ class MonitorState:
             mem_source=last.get("mem_source"),
             last_collective=last.get("last_collective"),
             hung_in=last.get("hung_in"),
+            comm_by_dim=last.get("comm_by_dim"),
         )
 
 

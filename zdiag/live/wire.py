@@ -13,7 +13,9 @@ One message is three ZeroMQ frames: ``[SCHEMA, token, payload]``.
   this publisher dropped so far). ``mem_source`` says what the memory figures are (one of
   `MEM_SOURCES`: CUDA's allocator, a registered reader, or the process's RSS; absent: unknown).
   ``last_collective`` names the last collective the step issued
-  (when the comm split is measured). A relay sends ``kind="relay"`` records with its own counters.
+  (when the comm split is measured), and ``comm_by_dim``, when the step's collectives ran on
+  groups of 2+ mesh dimensions, maps each dimension label (at most `MAX_DIMS`, 32 characters)
+  to ``[comm_ms, exposed_comm_ms]``. A relay sends ``kind="relay"`` records with its own counters.
 - The end-of-run record is a step record with ``ended`` set (``"finished"``: the rank's training
   returned; ``"failed"``: it raised), ``step`` the last step's number and no figures. It is a field
   added to ``zdiag.live/1``, not a new kind, so older monitors decode it as an empty step.
@@ -192,6 +194,7 @@ STEP_FIELDS = (
     "ended",
     "last_collective",
     "mem_source",
+    "comm_by_dim",
     *_NUMBER_FIELDS,
 )
 """The fields a decoded step record holds (every other field is dropped). `hung_in` is set only
@@ -296,6 +299,33 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
     out["last_collective"] = _text(collective) if isinstance(collective, str) else None
     for name, limit in _NUMBER_RANGES.items():
         out[name] = _number(obj, name, limit)
+    out["comm_by_dim"] = _comm_by_dim(obj.get("comm_by_dim"))
+    return out
+
+
+MAX_DIMS = 9
+"""Dimension labels a step record may carry in `comm_by_dim` (the collectors keep 8, then
+"other")."""
+
+
+def _comm_by_dim(value: Any) -> dict[str, tuple[float, float]] | None:
+    """`comm_by_dim` checked: None when absent; WireError unless a map of at most `MAX_DIMS`
+    labels of 1-32 characters to two milliseconds within `MAX_MS`, exposed <= comm."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_DIMS:
+        raise WireError("field", "comm_by_dim must map at most 9 labels to [comm, exposed]")
+    out = {}
+    for label, pair in value.items():
+        if not (isinstance(label, str) and 0 < len(label) <= 32):
+            raise WireError("field", "comm_by_dim labels are 1-32 characters")
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise WireError("field", "comm_by_dim values are [comm_ms, exposed_comm_ms]")
+        comm = _number({"v": pair[0]}, "v", MAX_MS)
+        exposed = _number({"v": pair[1]}, "v", MAX_MS)
+        if comm is None or exposed is None:
+            raise WireError("field", "comm_by_dim values are numbers")
+        out[label] = (comm, min(exposed, comm))
     return out
 
 

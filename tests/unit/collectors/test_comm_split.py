@@ -96,3 +96,49 @@ def test_intervals_are_bounded(
         dist.all_reduce(x)
     assert len(timer._flight) == 3 and len(timer._waits) == 3
     assert timer.overflow >= 4  # 2 calls past the bound, each with a flight and a wait
+
+
+def test_calls_are_split_by_mesh_dimension(group: None, timer: CommTimer) -> None:
+    """A (1, 1) ("dp", "tp") mesh: a c10d all-reduce on the dp group and a functional
+    all-reduce over the tp dimension (what DTensor calls) land in their own dimension."""
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    # on one rank DeviceMesh reuses the default group for its dimensions: a group of its own
+    dp = dist.new_group([0], group_desc="mesh_dp")
+    x = torch.ones(1 << 16)
+    start = time.perf_counter()
+    dist.all_reduce(x, group=dp)
+    reduced = funcol.all_reduce(x, "sum", (mesh, 1))
+    funcol.wait_tensor(getattr(reduced, "elem", reduced))
+    split = timer.take(start, time.perf_counter())
+    assert split is not None and split.comm_by_dim is not None
+    assert set(split.comm_by_dim) == {"dp", "tp"}
+    for comm, exposed in split.comm_by_dim.values():
+        assert comm > 0 and 0 <= exposed <= comm
+    assert split.last_collective is not None and split.last_collective.startswith("all_reduce")
+
+
+def test_one_dimension_gives_no_split(group: None, timer: CommTimer) -> None:
+    start = time.perf_counter()
+    dist.all_reduce(torch.ones(8))
+    split = timer.take(start, time.perf_counter())
+    assert split is not None and split.comm_by_dim is None
+
+
+def test_group_labels() -> None:
+    class Pg:
+        def __init__(self, desc: str) -> None:
+            self.group_desc = desc
+
+    class Mesh:
+        mesh_dim_names = ("replicate", "shard")
+
+    assert comm_split.group_label(None) == "world"
+    assert comm_split.group_label(Pg("default_pg")) == "world"
+    assert comm_split.group_label(Pg("mesh_tp")) == "tp"
+    assert comm_split.group_label(Pg("my_group")) == "my_group"
+    assert comm_split.group_label((Mesh(), 1)) == "shard"
+    assert comm_split.group_label(object()) == "other"
+    assert len(comm_split.group_label(Pg("mesh_" + "x" * 100))) == 32

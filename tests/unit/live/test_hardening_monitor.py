@@ -321,6 +321,42 @@ def test_end_of_run_and_last_collective_fields() -> None:
     assert decode(frames({**base, "mem_source": "disk"}))["mem_source"] is None
 
 
+def test_comm_by_dim_is_a_bounded_map_of_two_milliseconds() -> None:
+    base = {"kind": "step", "rank": 0, "step": 3, "ts": 1.0}
+    frames = lambda obj: [SCHEMA_FRAME, b"", json.dumps(obj).encode()]  # noqa: E731
+    ok = decode(frames({**base, "comm_by_dim": {"dp": [12.5, 3.0], "tp": [4.0, 9.0]}}))
+    assert ok["comm_by_dim"] == {"dp": (12.5, 3.0), "tp": (4.0, 4.0)}  # exposed <= comm
+    assert decode(frames(base))["comm_by_dim"] is None
+    for bad in (
+        [1, 2],
+        {"dp": [1.0]},
+        {"dp": ["1", 2]},
+        {"": [1, 1]},
+        {"x" * 33: [1, 1]},
+        {f"d{i}": [1, 1] for i in range(10)},
+    ):
+        with pytest.raises(WireError) as info:
+            decode(frames({**base, "comm_by_dim": bad}))
+        assert info.value.reason == "field"
+    with pytest.raises(WireError) as info:
+        decode(frames({**base, "comm_by_dim": {"dp": [-1, 0]}}))
+    assert info.value.reason == "range"
+
+
+def test_comm_by_dim_reaches_the_detail_and_the_json_view() -> None:
+    from zdiag.tui.monitor_detail import detail_lines
+
+    state = MonitorState()
+    by_dim = {"dp": (12.0, 3.0), "tp": (30.0, 25.0)}
+    state.ingest([dict(good(), step_time_ms=50.0, comm_by_dim=by_dim)], time.time())
+    view = state.view(time.time())
+    assert view_to_json(view)["rows"][0]["comm_by_dim"] == {"dp": [12.0, 3.0], "tp": [30.0, 25.0]}
+    lines = detail_lines(state.detail(0, time.time()))
+    line = next(x for x in lines if "by mesh dimension" in x)
+    assert line.index("tp") < line.index("dp")  # largest first
+    assert "exposed" in line
+
+
 # --- issue 24: names from the wire reach the terminal as text --------------------------------
 
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x9b31m\u202eevil\ngpu-0 fake row\t[bold red]x[/]"
