@@ -2,8 +2,10 @@
 
 The category is the best stack rule of the one category table (`categories.py`) that any frame
 of the stack matches; a block without frames is `PREEXISTING` (allocated before the history
-started). The site is the innermost user frame (`file:line in name`), the module path the chain
-of user `forward` calls the block was allocated under.
+started). The site is the innermost frame of the user's own Python code (`file:line in name`),
+else of a library's Python code (transformers, timm, ... before torch's own), else the innermost
+frame; never a CPython or C++ frame while a Python one exists. The module path is the chain of
+user `forward` calls the block was allocated under.
 """
 
 from __future__ import annotations
@@ -24,16 +26,24 @@ _MAX_LINE = 2**62
 """A frame's `line` beyond this is damaged (read as 0)."""
 
 _NOT_USER = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/python3")
-_CPP_SUFFIXES = (".cpp", ".h", ".cc", ".cu", ".hpp")
+_LIBRARY = ("/site-packages/", "/dist-packages/")
+_NATIVE_SUFFIXES = (".cpp", ".h", ".c", ".cc", ".cu", ".hpp", ".cxx", ".S")
+
+USER, LIBRARY, FRAMEWORK, NATIVE = range(4)
+"""Where a frame's code lives, the site's order of preference: the user's own Python, a
+library's Python (site-packages, torch aside), torch's or the standard library's Python, then
+native code (C/C++ files, `??`) and anything unnamed."""
 
 
-def _is_user(filename: str) -> bool:
-    return (
-        bool(filename)
-        and filename != "??"
-        and not filename.endswith(_CPP_SUFFIXES)
-        and not any(p in filename for p in _NOT_USER)
-    )
+def source_tier(filename: str) -> int:
+    """USER, LIBRARY, FRAMEWORK or NATIVE for a frame's file name."""
+    if not filename or filename == "??" or filename.endswith(_NATIVE_SUFFIXES):
+        return NATIVE
+    if not any(p in filename for p in _NOT_USER):
+        return USER
+    if any(p in filename for p in _LIBRARY) and "/torch/" not in filename:
+        return LIBRARY
+    return FRAMEWORK
 
 
 Described = tuple[str, str, str]
@@ -43,10 +53,10 @@ MAX_STACK_CACHE = 500_000
 """Stacks remembered by frame identity (torch shares frame dicts between stacks)."""
 
 
-FrameInfo = tuple[int, bool, str, str]
-"""(rule rank, user code?, site label, module call line or "") of one frame."""
+FrameInfo = tuple[int, int, str, str]
+"""(rule rank, source tier, site label, module call line or "") of one frame."""
 
-_NOT_A_FRAME: FrameInfo = (len(STACK_RULES), False, "", "")
+_NOT_A_FRAME: FrameInfo = (len(STACK_RULES), NATIVE, "", "")
 
 
 class Categorizer:
@@ -121,13 +131,13 @@ class Categorizer:
         key = (filename, name, line)
         got = self._frame_keys.get(key)
         if got is None:
-            user = _is_user(filename)
+            tier = source_tier(filename)
             where = f"{_short(filename)}:{line}"
             got = (
                 self._frame_rank(filename, "" if name == "?" else name),
-                user,
+                tier,
                 f"{where} in {_clip(name)}",
-                where if user and name == "forward" else "",
+                where if tier == USER and name == "forward" else "",
             )
             self._frame_keys[key] = got
         self._frame_ids[id(f)] = got
@@ -146,14 +156,14 @@ class Categorizer:
 
     @staticmethod
     def _site(infos: list[FrameInfo]) -> str:
-        first = ""
-        for _rank, user, label, _ in infos:
-            if not label:
-                continue
-            if user:
-                return label
-            first = first or label
-        return first
+        """The innermost labelled frame of the most preferred source tier."""
+        best, best_tier = "", NATIVE + 1
+        for _rank, tier, label, _ in infos:  # innermost first
+            if label and tier < best_tier:
+                best, best_tier = label, tier
+                if tier == USER:
+                    break
+        return best
 
     @staticmethod
     def _module_path(infos: list[FrameInfo]) -> str:
@@ -169,8 +179,8 @@ class Categorizer:
         return self._category([self._info(f) for f in frames[:MAX_STACK_FRAMES]])
 
     def site(self, frames: list[Any]) -> str:
-        """The innermost user frame, `file:line in name` (the stack's innermost frame when no
-        frame is user code; "" without frames)."""
+        """The innermost user frame, `file:line in name`; else a library's, torch's, then the
+        innermost native frame (see `source_tier`; "" without frames)."""
         return self._site([self._info(f) for f in frames[:MAX_STACK_FRAMES]])
 
     def module_path(self, frames: list[Any]) -> str:

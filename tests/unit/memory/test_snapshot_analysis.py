@@ -368,3 +368,31 @@ def test_generator_reaches_a_target_size_with_shared_frames() -> None:
     shared = {id(f) for e in allocs for f in e["frames"]}
     assert len(shared) < sum(len(e["frames"]) for e in allocs) / 10
     assert all(seg["total_size"] % (2 * MIB) == 0 for seg in snap["segments"])
+
+
+def test_site_is_the_innermost_python_frame_of_the_user_then_a_library() -> None:
+    """Issue 30: a snapshot recorded with C frames named CPython's files as the site."""
+    from zdiag.analyzers.memory.stack_categorizer import Categorizer
+
+    def frame(filename: str, name: str, line: int) -> dict[str, object]:
+        return {"filename": filename, "name": name, "line": line}
+
+    native = [
+        frame("Objects/methodobject.c", "cfunction_call", 537),
+        frame("??", "at::native::empty_cuda", 0),
+        frame("/usr/lib/python3.12/site-packages/torch/nn/functional.py", "linear", 2100),
+    ]
+    library = frame(
+        "/venv/lib/python3.12/site-packages/transformers/masking_utils.py",
+        "find_packed_sequence_indices",
+        712,
+    )
+    torch_module = frame("/venv/site-packages/torch/nn/modules/module.py", "_call_impl", 1784)
+    user = frame("/home/me/train.py", "forward", 41)
+    cat = Categorizer()
+    assert cat.site([*native, library, torch_module, user]) == "me/train.py:41 in forward"
+    assert cat.site([*native, library, torch_module]) == (
+        "transformers/masking_utils.py:712 in find_packed_sequence_indices"
+    )
+    assert cat.site([*native, torch_module]) == "nn/functional.py:2100 in linear"
+    assert cat.site(native[:2]) == "Objects/methodobject.c:537 in cfunction_call"
