@@ -25,6 +25,7 @@ from . import (
     host_sync,
     memory_imbalance,
     missing_overlap,
+    no_communication,
     optimizer_state_dominant,
     step_verdicts,
     straggler,
@@ -38,6 +39,7 @@ from .rule import Rule
 RULES: tuple[Rule, ...] = (
     crash.RULE,
     hang.RULE,
+    no_communication.RULE,
     whole_model_wrap.RULE,
     tiny_layer_wrap.RULE,
     missing_overlap.RULE,
