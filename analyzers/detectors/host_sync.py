@@ -13,6 +13,7 @@ ahead); on CPU it only costs what the check itself computes.
 
 from __future__ import annotations
 
+from ..rank.host_syncs import HostSyncSites
 from ..report import Finding, Severity
 from .context import DetectorContext
 from .rule import Rule, Threshold
@@ -32,6 +33,22 @@ bad |= ~torch.isfinite(x).all()  # in each block: no host sync
 ...
 if step % 100 == 0 and bad.item():  # one sync every 100 steps
     raise FloatingPointError("non-finite activation")"""
+
+
+def _owner(library: list[str]) -> str:
+    """The library of the most frequent library source line ("transformers: file.py:..")."""
+    return library[0].split(":", 1)[0]
+
+
+def _library_advice(sites: HostSyncSites, n: int, where: str, library: list[str]) -> str:
+    """The recommendation when a library's own code, not the user's, holds the syncs."""
+    return (
+        f"The syncs ({sites.in_model / n:.1f} per step {where}) are in the {_owner(library)} "
+        f"library's own code, not in yours: {'; '.join(library[:3])}. Your model calls it; "
+        "the fix is on that path: an option of the library that skips the check (or passes "
+        "the value it computes, so it need not read it from the device), a newer version, or "
+        "an issue to its maintainers. No code is proposed for your script."
+    )
 
 
 def _steps(ctx: DetectorContext, rank: int) -> int:
@@ -70,26 +87,44 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         else "inside the model's forward"
     )
     lines = sorted(sites.source_lines, key=lambda k: -sites.source_lines[k])
+    library = sorted(sites.library_lines, key=lambda k: -sites.library_lines[k])
+    in_library = sum(sites.library_lines.values()) > sum(sites.source_lines.values())
     optimizer = sum(sites.optimizer.values())
     recommendation = (
-        f"The model's own code blocks the host {sites.in_model / n:.1f} times per step {where}"
-        + (f", at {'; '.join(lines[:3])}" if lines else "")
-        + ": a `.item()`, `float(t)`, `bool(t)` or NaN check inside a block. Keep such checks on "
-        "the device and read them once every N steps outside the model (code below)."
-        + ("" if lines else " Re-run with `zdiag run --with-stack` to get the source lines.")
-        + (
-            f" Not counted: {optimizer} syncs inside the optimizer's own step "
-            f"({', '.join(sorted(sites.optimizer))}), which are its internals, and {sites.loop} "
-            "in the training loop outside the model."
-            if optimizer or sites.loop
-            else ""
+        _library_advice(sites, n, where, library)
+        if in_library
+        else (
+            f"The model's own code blocks the host {sites.in_model / n:.1f} times per step "
+            f"{where}"
+            + (f", at {'; '.join(lines[:3])}" if lines else "")
+            + ": a `.item()`, `float(t)`, `bool(t)` or NaN check inside a block. Keep such "
+            "checks on the device and read them once every N steps outside the model (code "
+            "below)."
+            + (
+                ""
+                if lines or library
+                else " Re-run with `zdiag run --with-stack` to get the source lines."
+            )
         )
+    ) + (
+        f" Not counted: {optimizer} syncs inside the optimizer's own step "
+        f"({', '.join(sorted(sites.optimizer))}), which are its internals, and {sites.loop} "
+        "in the training loop outside the model."
+        if optimizer or sites.loop
+        else ""
     )
     return [
         Finding(
             id="host-sync",
             severity=severity,
-            title=(f"Host syncs in the model's code: {sites.in_model / n:.1f} per step {where}"),
+            title=(
+                (
+                    f"Host syncs in the {_owner(library)} library's code"
+                    if in_library
+                    else "Host syncs in the model's code"
+                )
+                + f": {sites.in_model / n:.1f} per step {where}"
+            ),
             ranks=[h[0] for h in hits],
             units=units,
             evidence={
@@ -102,12 +137,13 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "syncs_in_loop": sites.loop,
                 "syncs_total": sites.total,
                 "source_lines": dict(sites.source_lines),
+                **({"library_lines": dict(sites.library_lines)} if sites.library_lines else {}),
                 "model_sync_host_ms_per_step": round(gain, 3),
                 "median_step_ms": median,
                 "threshold_syncs_per_step": MIN_MODEL_SYNCS_PER_STEP,
             },
             recommendation=recommendation,
-            code=_CODE,
+            code=None if in_library else _CODE,
             expected_gain_ms=round(gain, 3),
             gain_method=(
                 "the host time of the model's syncs per step (each sync's own duration: on GPUs "

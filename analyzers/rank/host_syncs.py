@@ -18,8 +18,10 @@ Where it comes from decides who can remove it:
   ZeRO-1/2 traces have no such marks and their model syncs count as the loop's;
 - anything else: the training loop (loss logging, metrics).
 
-With stacks (`with_stack=True`) the innermost enclosing Python frame outside torch names the
-source line (`file.py(28): forward`). Only what the map reads from the trace is kept (counts per
+With stacks (`with_stack=True`) the innermost enclosing Python frame outside torch and the
+standard library names the source line (`file.py(28): forward`): the user's own code
+(`source_lines`), or a library's (`library_lines`, e.g. transformers' `masking_utils.py`), which
+the user cannot edit. Only what the map reads from the trace is kept (counts per
 caller, the time the syncs block, source lines): the reduce sees no traces.
 """
 
@@ -43,7 +45,12 @@ MODEL_FORWARD_RANGES = ("DistributedDataParallel.forward", "FullyShardedDataPara
 _UNIT_OPEN = re.compile(r"^FSDP::pre_(forward|backward) \((.+)\)$")
 _UNIT_CLOSE = re.compile(r"^FSDP::post_(forward|backward)[a-z_]* \((.+)\)$")
 _PY_FRAME = re.compile(r"^(?P<file>[^()]+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
-_LIBRARY_PATH = re.compile(r"(^|/)(torch|site-packages|dist-packages|lib/python3[.\d]*)/")
+_FRAMEWORK_PATH = re.compile(
+    r"(^|/)torch/|(^|/)lib/python3[.\d]*/(?!site-packages/|dist-packages/)"
+)
+"""torch's own files and the standard library's: never a sync's source line."""
+_LIBRARY_PATH = re.compile(r"(^|/)(?:site-packages|dist-packages)/(?P<package>[^/]+)/")
+"""An installed package's file: its package directory names the library."""
 MAX_SOURCE_LINES = 20
 """Distinct source lines kept per rank (the most frequent)."""
 
@@ -59,6 +66,8 @@ class HostSyncSites(msgspec.Struct, kw_only=True):
     model_blocked_ms: float = 0.0  # host time of the syncs inside the model (units, forward)
     blocked_ms: float = 0.0  # host time of every sync (optimizer and loop included)
     source_lines: dict[str, int] = msgspec.field(default_factory=dict)  # "file.py:28 func" -> n
+    # the same for syncs whose innermost frame is a library's: "transformers: file.py:28 func"
+    library_lines: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def in_model(self) -> int:
@@ -155,18 +164,23 @@ def _innermost(spans: list[tuple[int, float, float, str]], lane: int, t: float) 
     return best[1] if best else None
 
 
-def _source_line(frames: list[tuple[int, float, float, str]], lane: int, t: float) -> str | None:
-    """The innermost enclosing Python frame outside torch and site-packages, as `file:line func`."""
-    best: tuple[float, str] | None = None
+def _source_line(
+    frames: list[tuple[int, float, float, str]], lane: int, t: float
+) -> tuple[str, str] | None:
+    """The innermost enclosing Python frame outside torch and the standard library, as
+    (`file:line func`, its library's package name or "" for the user's own code)."""
+    best: tuple[float, str, str] | None = None
     for ln, s, e, name in frames:
         if ln != lane or not s <= t <= e:
             continue
         m = _PY_FRAME.match(name)
-        if m is None or _LIBRARY_PATH.search(m.group("file")):
+        if m is None or _FRAMEWORK_PATH.search(m.group("file")):
             continue
         if best is None or s > best[0]:
-            best = (s, f"{m.group('file')}:{m.group('line')} {m.group('func')}")
-    return best[1] if best else None
+            lib = _LIBRARY_PATH.search(m.group("file"))
+            where = f"{m.group('file')}:{m.group('line')} {m.group('func')}"
+            best = (s, where, lib.group("package") if lib else "")
+    return (best[1], best[2]) if best else None
 
 
 def host_sync_sites(trace: RankTrace) -> HostSyncSites:
@@ -188,6 +202,7 @@ def host_sync_sites(trace: RankTrace) -> HostSyncSites:
     opt: Counter[str] = Counter()
     unit: Counter[str] = Counter()
     lines: Counter[str] = Counter()
+    library: Counter[str] = Counter()
     blocked_us = 0.0
     for i in idx:
         sites.blocked_ms += float(trace.dur_us[i]) / 1000.0
@@ -206,12 +221,17 @@ def host_sync_sites(trace: RankTrace) -> HostSyncSites:
             continue
         blocked_us += float(trace.dur_us[i])
         if frames:
-            line = _source_line(frames, lane, t)
-            if line is not None:
-                lines[line] += 1
+            found = _source_line(frames, lane, t)
+            if found is not None:
+                where, package = found
+                if package:
+                    library[f"{package}: {where}"] += 1
+                else:
+                    lines[where] += 1
     sites.optimizer = dict(opt)
     sites.units = dict(unit)
     sites.model_blocked_ms = round(blocked_us / 1000.0, 4)
     sites.blocked_ms = round(sites.blocked_ms, 4)
     sites.source_lines = dict(lines.most_common(MAX_SOURCE_LINES))
+    sites.library_lines = dict(library.most_common(MAX_SOURCE_LINES))
     return sites

@@ -20,7 +20,15 @@ def _sync(ts: float) -> list[dict[str, object]]:
     return [_x("aten::item", ts, 3.0), _x("aten::_local_scalar_dense", ts + 0.5, 2.0)]
 
 
-def _trace(tmp_path: Path, per_block_checks: bool, with_stack: bool = False) -> Path:
+LIBRARY_FRAME = (
+    "/venv/lib/python3.12/site-packages/transformers/masking_utils.py(712): "
+    "find_packed_sequence_indices"
+)
+
+
+def _trace(
+    tmp_path: Path, per_block_checks: bool, with_stack: bool = False, library: bool = False
+) -> Path:
     """Two steps of a 2-unit FSDP2 model: AdamW's step-counter syncs inside
     `Optimizer.step#AdamW.step`, a loss `.item()` in the loop, and (optionally) one NaN-check
     sync inside each unit's forward."""
@@ -35,6 +43,8 @@ def _trace(tmp_path: Path, per_block_checks: bool, with_stack: bool = False) -> 
                 ev.extend(_sync(s + 300))
                 if with_stack:
                     ev.append(_x("examples/net.py(28): forward", s + 200, 300.0, "python_function"))
+                    if library:  # the sync is inside transformers' own code, under the model
+                        ev.append(_x(LIBRARY_FRAME, s + 220, 260.0, "python_function"))
                     ev.append(
                         _x("torch/nn/module.py(1): _call_impl", s + 250, 100.0, "python_function")
                     )
@@ -60,6 +70,23 @@ def test_syncs_go_to_the_optimizer_the_units_and_the_loop(tmp_path: Path) -> Non
 def test_source_lines_skip_torch_frames(tmp_path: Path) -> None:
     sites = host_sync_sites(load_rank_trace(_trace(tmp_path, True, with_stack=True)))
     assert sites.source_lines == {"examples/net.py:28 forward": 4}
+
+
+def test_a_sync_in_a_library_is_the_librarys(tmp_path: Path) -> None:
+    """Issue 30: a host sync in transformers' own code was described as the user's `.item()`."""
+    trace = _trace(tmp_path, True, with_stack=True, library=True)
+    sites = host_sync_sites(load_rank_trace(trace))
+    assert sites.source_lines == {}
+    assert sites.library_lines == {
+        "transformers: /venv/lib/python3.12/site-packages/transformers/masking_utils.py:712 "
+        "find_packed_sequence_indices": 4
+    }
+    ctx = DetectorContext(ledgers={}, facts={0: rank_facts(load_rank_trace(trace))})
+    (f,) = [f for f in run_context(ctx).findings if f.id == "host-sync"]
+    assert f.title.startswith("Host syncs in the transformers library's code: 4.0 per step")
+    assert "not in yours" in f.recommendation and "masking_utils.py:712" in f.recommendation
+    assert f.code is None  # nothing to paste into the user's script
+    assert "library_lines" in f.evidence
 
 
 def test_host_sync_finding_names_units_and_never_blames_the_optimizer(tmp_path: Path) -> None:
