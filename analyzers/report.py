@@ -205,6 +205,9 @@ class MemoryBreakdown(msgspec.Struct, kw_only=True):
     oom_request_bytes: int | None = None
     capacity_bytes: int | None = None
     what_if: list[WhatIf] = msgspec.field(default_factory=list)
+    # what the blocks allocated before recording most likely are, inferred from their total and
+    # the captured model's sharded parameter bytes ("" when nothing matches or nothing is known)
+    preexisting_inferred: str = ""
 
 
 class Finding(msgspec.Struct, kw_only=True):

@@ -35,6 +35,7 @@ from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
 from ..inputs.oom_records import OomRecords, read_oom_records
 from ..inputs.run_dir import run_file
+from ..memory.preexisting import infer_preexisting
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
 from ..report import MemoryTimeline
@@ -228,7 +229,7 @@ def _snapshot_breakdowns(
             devices[r] = int(dev[5:])
     world = run.manifest.world_size if run.manifest else None
     world = world or next((s.world_size for s in summaries if s.world_size), None)
-    return load_breakdowns(
+    result = load_breakdowns(
         todo,
         devices=devices,
         capacity=_capacities(by_rank, oom_records),
@@ -236,6 +237,23 @@ def _snapshot_breakdowns(
         oom_ranks=frozenset(r for r, e in entries.items() if e.oom),
         resharded_after_forward=_reshards_after_forward(model),
     )
+    held = _rank_param_bytes(model)
+    for breakdown in result.breakdowns:
+        breakdown.preexisting_inferred = infer_preexisting(breakdown.category_bytes, held)
+    return result
+
+
+def _rank_param_bytes(model: ModelFacts | None) -> int | None:
+    """The parameter bytes one rank holds, from the captured model: its FSDP2 shards, its FSDP1
+    flat-parameter shards, else the whole model (DDP, one device); None when not captured."""
+    if model is None or model.inferred:
+        return None
+    fsdp2 = [u.sharded_bytes for u in model.fsdp2_units]
+    if fsdp2 and all(b is not None for b in fsdp2):
+        return sum(b for b in fsdp2 if b is not None)
+    if model.fsdp1_instances:
+        return sum(i.sharded_bytes for i in model.fsdp1_instances) or None
+    return model.description.param_bytes or None
 
 
 def _reshards_after_forward(model: ModelFacts | None) -> bool:

@@ -153,6 +153,8 @@ def breakdown_lines(b: MemoryBreakdown) -> list[str]:
     if b.peak_category_bytes:
         out.append("    by category at the peak (and now):")
     out += stacked_bar(b.peak_category_bytes, b.peak_bytes or 0, now=b.category_bytes)
+    if b.preexisting_inferred:
+        out.append(f"      ({category_name('PREEXISTING')}: {b.preexisting_inferred})")
     if b.blocks and not b.blocks_with_stacks and b.source.startswith("snapshot"):
         out.append("    (no allocation stacks: categories unknown)")
     if b.top_sites:

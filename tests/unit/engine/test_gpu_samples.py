@@ -57,6 +57,8 @@ def test_real_cuda_oom_against_the_capped_allocator() -> None:
     ac = changes["activation checkpointing per block"]
     assert ac.predicted_peak_bytes is not None and ac.fits
     assert 0.5 < ac.predicted_peak_bytes / MEASURED_AC_PEAK_BYTES < 2.0
+    # the blocks from before the recording are the parameters (1 rank: 102 MiB), inferred
+    assert breakdown.preexisting_inferred.startswith("most likely the parameters (1.02 x")
     # allocation sites are the user's Python lines (the harness's model), not CPython's C files
     assert breakdown.top_sites
     assert all(site.site.split(":")[0].endswith(".py") for site in breakdown.top_sites)
