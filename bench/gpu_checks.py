@@ -20,6 +20,8 @@ Checks:
    `activation-oom` finding with its predicted saving next to the measured one.
 4. NVTX: the `zdiag step N` ranges seen by Nsight Systems (`nsys`), else Nsight Compute
    (`ncu --nvtx` with an include filter: kernels profiled only inside the range).
+5. snapshot sites: a user's own snapshot recorded with C++ frames (`stacks="all"`) names Python
+   lines, autograd nodes or aten ops as allocation sites, never the allocator's C++ frames.
 """
 
 from __future__ import annotations
@@ -315,6 +317,48 @@ def check_nvtx(r: Runner) -> Check:
     return Check("NVTX ranges", None, "neither nsys nor ncu on PATH")
 
 
+NATIVE_FILES = (".c", ".cpp", ".cc", ".h", ".cu")
+SNAPSHOT_SCRIPT = """
+import sys, torch
+from torch import nn
+model = nn.Sequential(*[nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                        for _ in range(4)]).cuda()
+opt = torch.optim.AdamW(model.parameters())
+def step():
+    loss = model(torch.randn(64, 1024, device="cuda")).square().mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+step()
+torch.cuda.memory._record_memory_history(max_entries=100000, stacks="all")
+step()
+torch.cuda.memory._dump_snapshot(sys.argv[1])
+"""
+
+
+def check_snapshot_sites(r: Runner) -> Check:
+    """A user's snapshot recorded with C++ frames (`stacks="all"`): the sites are Python lines."""
+    if r.device == "cpu":
+        return Check("snapshot sites", None, "no CUDA: no allocator snapshot")
+    path = r.out / "stacks_all.snapshot.pickle"
+    proc = r.command([sys.executable, "-c", SNAPSHOT_SCRIPT, str(path)])
+    if proc.returncode != 0 or not path.is_file():
+        return Check("snapshot sites", False, f"exit {proc.returncode}: {proc.stderr[-300:]}")
+    report = analyze_paths([path])
+    sites = [s.site for b in report.memory_breakdowns for s in b.top_sites]
+    # a Python line (a file, or `<string>` for `python -c`), else an autograd node or aten op
+    native = [s for s in sites if s.startswith("??") or s.split(":")[0].endswith(NATIVE_FILES)]
+    frames = sum(
+        len(b.get("frames") or [])
+        for seg in read_snapshot(path).get("segments") or []
+        for b in seg.get("blocks") or []
+    )
+    return Check(
+        "snapshot sites",
+        bool(sites) and not native,
+        f"{path.stat().st_size / 2**20:.1f} MiB, {frames} frames in live blocks; top sites "
+        f"{sites[:4]}; native sites {native[:3]}",
+    )
+
+
 # Big files (a snapshot with 100k history entries) stay out of the tarball, which must come back
 # from a lent machine (16 MiB per file there); summary.md has their figures.
 MAX_TAR_MEMBER = 8 * 2**20
@@ -344,6 +388,7 @@ CHECKS: dict[str, Callable[[Runner], Check | list[Check]]] = {
     "zoo": check_zoo,
     "oom": check_oom,
     "nvtx": check_nvtx,
+    "snapshot_sites": check_snapshot_sites,
 }
 
 

@@ -105,7 +105,11 @@ def load_breakdowns(
             breakdown.oom = True
             if timeline is not None:
                 timeline.oom = True
-        if not breakdown.blocks_with_stacks and breakdown.blocks:
+        if (
+            not breakdown.blocks_with_stacks
+            and breakdown.blocks
+            and not any(site.site for site in breakdown.top_sites)
+        ):  # (torch >= 2.10 keeps the stacks of `stacks="all"` only in the history's entries)
             warnings.append(
                 f"{path}: the snapshot has no allocation stacks, so its categories are unknown; "
                 "record it with torch.cuda.memory._record_memory_history() (or `zdiag run "

@@ -10,6 +10,7 @@ user `forward` calls the block was allocated under.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from zdiag.errors import InputError
@@ -29,16 +30,31 @@ _NOT_USER = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/p
 _LIBRARY = ("/site-packages/", "/dist-packages/")
 _NATIVE_SUFFIXES = (".cpp", ".h", ".c", ".cc", ".cu", ".hpp", ".cxx", ".S")
 
-USER, LIBRARY, FRAMEWORK, NATIVE = range(4)
+USER, LIBRARY, FRAMEWORK, NATIVE, NATIVE_OP, NATIVE_OTHER = range(6)
 """Where a frame's code lives, the site's order of preference: the user's own Python, a
-library's Python (site-packages, torch aside), torch's or the standard library's Python, then
-native code (C/C++ files, `??`) and anything unnamed."""
+library's Python (site-packages, torch aside), torch's or the standard library's Python, then,
+for stacks with no Python frame at all (allocations on the autograd engine's threads), the
+autograd node (`MeanBackward0`), the aten op (`aten::div_Tensor`), and the rest of the native
+frames (the allocator's and the dispatcher's own: least telling)."""
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply\(")
+_ATEN_CALL = re.compile(r"^at::_ops::(\w+)::call\(")
+
+
+def _native_site(name: str) -> tuple[int, str] | None:
+    """(tier, label) of a native frame that names an autograd node or an aten op."""
+    m = _AUTOGRAD_NODE.search(name)
+    if m is not None:
+        return NATIVE, f"{m.group(1)} (autograd, no Python frame)"
+    m = _ATEN_CALL.match(name)
+    if m is not None:
+        return NATIVE_OP, f"aten::{m.group(1)} (no Python frame)"
+    return None
 
 
 def source_tier(filename: str) -> int:
-    """USER, LIBRARY, FRAMEWORK or NATIVE for a frame's file name."""
+    """USER, LIBRARY, FRAMEWORK or NATIVE_OTHER for a frame's file name."""
     if not filename or filename == "??" or filename.endswith(_NATIVE_SUFFIXES):
-        return NATIVE
+        return NATIVE_OTHER
     if not any(p in filename for p in _NOT_USER):
         return USER
     if any(p in filename for p in _LIBRARY) and "/torch/" not in filename:
@@ -56,7 +72,7 @@ MAX_STACK_CACHE = 500_000
 FrameInfo = tuple[int, int, str, str]
 """(rule rank, source tier, site label, module call line or "") of one frame."""
 
-_NOT_A_FRAME: FrameInfo = (len(STACK_RULES), NATIVE, "", "")
+_NOT_A_FRAME: FrameInfo = (len(STACK_RULES), NATIVE_OTHER, "", "")
 
 
 class Categorizer:
@@ -133,10 +149,14 @@ class Categorizer:
         if got is None:
             tier = source_tier(filename)
             where = f"{_short(filename)}:{line}"
+            label = f"{where} in {_clip(name)}"
+            native = _native_site(name) if tier == NATIVE_OTHER else None
+            if native is not None:
+                tier, label = native
             got = (
                 self._frame_rank(filename, "" if name == "?" else name),
                 tier,
-                f"{where} in {_clip(name)}",
+                label,
                 where if tier == USER and name == "forward" else "",
             )
             self._frame_keys[key] = got
@@ -157,7 +177,7 @@ class Categorizer:
     @staticmethod
     def _site(infos: list[FrameInfo]) -> str:
         """The innermost labelled frame of the most preferred source tier."""
-        best, best_tier = "", NATIVE + 1
+        best, best_tier = "", NATIVE_OTHER + 1
         for _rank, tier, label, _ in infos:  # innermost first
             if label and tier < best_tier:
                 best, best_tier = label, tier

@@ -6,6 +6,10 @@
   host memory, so its collectives launch no kernel and exist only as host `gloo:*` ops.
 - `activation-oom`: a real CUDA out-of-memory error, the allocator capped at 3.45 GiB
   (`--memory-budget-gb`) between the measured peaks with and without checkpointing.
+- `stacks-all.snapshot.pickle`: a user's own snapshot of an MLP's AdamW step recorded with C++
+  frames (`_record_memory_history(stacks="all")`, from `python -c`): torch 2.11 keeps the
+  stacks only in the history's entries, and the backward's allocations (the autograd engine's
+  thread) have no Python frame at all.
 """
 
 from __future__ import annotations
@@ -62,3 +66,15 @@ def test_real_cuda_oom_against_the_capped_allocator() -> None:
     # allocation sites are the user's Python lines (the harness's model), not CPython's C files
     assert breakdown.top_sites
     assert all(site.site.split(":")[0].endswith(".py") for site in breakdown.top_sites)
+
+
+def test_a_snapshot_with_cpp_frames_names_python_lines_and_autograd_nodes() -> None:
+    report = analyze_paths([GPU / "stacks-all.snapshot.pickle"])
+    (breakdown,) = report.memory_breakdowns
+    sites = {s.site: s for s in breakdown.top_sites}
+    assert "<string>:9 in step" in sites  # the optimizer step's line in the `python -c` script
+    assert sites["<string>:9 in step"].category == "OPTIMIZER_STATE"
+    assert "AddmmBackward0 (autograd, no Python frame)" in sites
+    assert not [s for s in sites if s.startswith("??") or ".cpp:" in s]
+    # the stacks are in the history: no "no allocation stacks" warning
+    assert not [w for w in report.warnings if "no allocation stacks" in w]

@@ -396,3 +396,14 @@ def test_site_is_the_innermost_python_frame_of_the_user_then_a_library() -> None
     )
     assert cat.site([*native, torch_module]) == "nn/functional.py:2100 in linear"
     assert cat.site(native[:2]) == "Objects/methodobject.c:537 in cfunction_call"
+    # a stack with no Python frame (the autograd engine's thread, stacks="all" on an H100):
+    # the autograd node, else the aten op, never the allocator's own frames
+    engine = [
+        frame("??", "torch::unwind::unwind()", 0),
+        frame("CUDACachingAllocator.cpp", "c10::cuda::CUDACachingAllocator::malloc()", 0),
+        frame("??", "at::_ops::div_Tensor::call(at::Tensor const&, at::Tensor const&)", 0),
+        frame("??", "torch::autograd::generated::MeanBackward0::apply(std::vector<>&&)", 0),
+        frame("??", "torch::autograd::Engine::thread_main()", 0),
+    ]
+    assert cat.site(engine) == "MeanBackward0 (autograd, no Python frame)"
+    assert cat.site([*engine[:3], engine[4]]) == "aten::div_Tensor (no Python frame)"
