@@ -1,0 +1,297 @@
+"""`pipeline-bubble`: a pipeline-parallel run's stages wait for each other a large share of the step.
+
+The model description says which stages the script built and with which schedule
+(collectors/pipeline_capture.py; analyzers/inputs/pipeline_facts.py places every stage on its
+ranks); the map times each rank's micro-batch actions (analyzers/rank/pipeline_times.py): per
+step, the pipeline phase (`window`), the work on micro-batches (`busy`) and the rest (`wait`: recv
+and send waits, gaps). Per pipeline position (the stage or stages one rank of each pipeline
+runs), medians over steps, averaged over its ranks:
+
+- the bubble: `wait / step`, the share of the step its ranks spend not working on micro-batches;
+- the work per micro-batch: `t = busy / m` (forward and backward of one micro-batch);
+- the stage that makes the others wait: the one with the largest `t`.
+
+With `p` positions and `m` micro-batches, a fill-and-drain schedule (GPipe, 1F1B) runs its phase
+in about `T(m) = sum(t) + (m - 1) * max(t)`: the first micro-batch crosses every stage, the rest
+follow at the slowest stage's pace. Balanced (`t` equal), the idle share of the phase is the
+well-known `(p - 1) / (m + p - 1)`. Two changes shrink it, each with its gain from `T`:
+
+- more micro-batches (`m' = 2m`, the same batch cut finer, each `t` scaled by `m / m'`):
+  `T(m) - T(m') = (sum(t) - max(t)) * (1 - m / m')`;
+- a balanced split (every `t` at their mean): `T(m) - T_balanced = (m - 1) * (max(t) - mean(t))`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from ..inputs.pipeline_facts import PipelineFacts
+from ..rank.pipeline_times import PipelineStepTimes
+from ..report import Finding, Severity
+from .context import DetectorContext
+from .rule import Rule, Threshold
+
+# (the reasoning behind each value: RULE's thresholds, at the end of the module)
+BUBBLE_MIN_SHARE = 0.15
+MIN_GAIN_SHARE = 0.03
+IMBALANCE_RATIO = 1.25
+WARNING_GAIN_SHARE = 0.10
+SINGLE_STAGE_SCHEDULES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
+
+
+@dataclass(frozen=True)
+class Position:
+    """One pipeline position: the stages one rank of each pipeline runs, and their timings."""
+
+    stages: tuple[int, ...]
+    ranks: tuple[int, ...]
+    step_ms: float
+    window_ms: float
+    busy_ms: float
+    wait_ms: float
+
+    @property
+    def bubble_share(self) -> float:
+        """The share of the step not spent on micro-batches."""
+        return self.wait_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+
+def _rank_medians(steps: list[PipelineStepTimes]) -> tuple[float, float, float, float]:
+    return (
+        median(s.step_ms for s in steps),
+        median(s.window_ms for s in steps),
+        median(s.busy_ms for s in steps),
+        median(s.wait_ms for s in steps),
+    )
+
+
+def positions(pf: PipelineFacts, timings: dict[int, list[PipelineStepTimes]]) -> list[Position]:
+    """Per pipeline position with timed ranks: its stages, ranks and mean of the rank medians."""
+    size = len(pf.groups[0]) if pf.groups else pf.num_stages
+    out = []
+    for pos in range(size):
+        stages = tuple(s for s in range(pf.num_stages) if pf.stage_rank_position(s, size) == pos)
+        if not stages:
+            continue
+        ranks = tuple(r for r in pf.ranks_of_stage(stages[0]) if timings.get(r))
+        if not ranks:
+            continue
+        meds = [_rank_medians(timings[r]) for r in ranks]
+        mean = [sum(m[i] for m in meds) / len(meds) for i in range(4)]
+        out.append(Position(stages, ranks, *mean))
+    return out
+
+
+def phase_ms(per_mb: list[float], m: int) -> float:
+    """T(m) = sum(t) + (m - 1) * max(t): a fill-and-drain phase of m micro-batches."""
+    return sum(per_mb) + (m - 1) * max(per_mb)
+
+
+def more_microbatches_gain(per_mb: list[float], m: int, m_new: int) -> float:
+    """T(m) - T(m_new), each stage's time per micro-batch scaled by m / m_new."""
+    return (sum(per_mb) - max(per_mb)) * (1 - m / m_new)
+
+
+def rebalance_gain(per_mb: list[float], m: int) -> float:
+    """T(m) - T with every stage at the mean time per micro-batch."""
+    return (m - 1) * (max(per_mb) - sum(per_mb) / len(per_mb))
+
+
+def ideal_bubble(p: int, m: int) -> float:
+    """The idle share of a balanced fill-and-drain phase: (p - 1) / (m + p - 1)."""
+    return (p - 1) / (m + p - 1)
+
+
+def _name(pos: Position) -> str:
+    return ("stage " if len(pos.stages) == 1 else "stages ") + ", ".join(map(str, pos.stages))
+
+
+def _code(pf: PipelineFacts, m: int, m_new: int, p: int) -> str:
+    cls = pf.schedule.cls if pf.schedule is not None else "ScheduleGPipe"
+    first = "stage" if cls in SINGLE_STAGE_SCHEDULES else "stages"
+    return (
+        f"from torch.distributed.pipelining import {cls}\n"
+        f"# the run's schedule: {cls}(..., n_microbatches={m}) over {p} pipeline ranks; the\n"
+        f"# batch must split into {m_new} equal micro-batches. Keep your own arguments\n"
+        f"# ({first}, loss_fn, ...): only n_microbatches changes.\n"
+        f"schedule = {cls}({first}, n_microbatches={m_new}, loss_fn=loss_fn)"
+    )
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The pipeline-bubble finding, or none."""
+    pf = ctx.model.pipeline if ctx.model is not None else None
+    m = pf.n_microbatches if pf is not None else None
+    if pf is None or not m:
+        return []
+    timings = {r: f.pipeline for r, f in ctx.facts.items() if f.pipeline}
+    pos = positions(pf, timings)
+    if len(pos) < 2:
+        return []
+    worst = max(pos, key=lambda q: q.bubble_share)
+    step = median(q.step_ms for q in pos)
+    if worst.bubble_share < BUBBLE_MIN_SHARE or step <= 0:
+        return []
+    per_mb = [q.busy_ms / m for q in pos]
+    p, m_new = len(pos), 2 * m
+    slow = pos[per_mb.index(max(per_mb))]
+    mean_t = sum(per_mb) / p
+    imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
+    gain_mb = more_microbatches_gain(per_mb, m, m_new)
+    gain_bal = rebalance_gain(per_mb, m) if imbalanced else 0.0
+    gain = max(gain_mb, gain_bal)
+    if gain < MIN_GAIN_SHARE * step:
+        return []
+    severity: Severity = "warning" if gain >= WARNING_GAIN_SHARE * step else "info"
+    cls = pf.schedule.cls if pf.schedule is not None else "?"
+    fast = [q for q in pos if q is not slow]
+    waits = "; ".join(f"{_name(q)} (ranks {list(q.ranks)}) {q.bubble_share:.0%}" for q in pos)
+    if imbalanced:
+        title = (
+            f"Pipeline bubble: {_name(slow)} makes the others wait ({max(per_mb):.1f} ms per "
+            f"micro-batch, the others {sum(q.busy_ms for q in fast) / m / len(fast):.1f} ms); "
+            f"waiting per stage: {waits}"
+        )
+    else:
+        title = f"Pipeline bubble: the stages wait {worst.bubble_share:.0%} of the step ({waits})"
+    text = [
+        f"{cls} runs {m} micro-batches over {p} pipeline stages: a fill-and-drain schedule "
+        f"leaves each stage idle (p-1)/(m+p-1) = {ideal_bubble(p, m):.0%} of the pipeline phase "
+        f"even when balanced. Measured per stage (share of the step not spent on micro-batches): "
+        f"{waits}."
+    ]
+    if imbalanced:
+        text.append(
+            f"{_name(slow).capitalize()} (ranks {list(slow.ranks)}) works {max(per_mb):.1f} ms "
+            f"per micro-batch against a mean of {mean_t:.1f} ms: every other stage waits for it. "
+            f"Move layers out of it to the faster stages (split the model where the work per "
+            f"micro-batch is equal): about {gain_bal:.1f} ms per step."
+        )
+    text.append(
+        f"Cut the batch into {m_new} micro-batches instead of {m} (code): the idle share "
+        f"drops to {ideal_bubble(p, m_new):.0%} when balanced; about {gain_mb:.1f} ms per step."
+    )
+    if cls == "ScheduleGPipe":
+        text.append(
+            "ScheduleGPipe keeps the activations of all micro-batches until the backward: "
+            "Schedule1F1B (same arguments) keeps at most one per stage, so more micro-batches "
+            "then cost no activation memory."
+        )
+    if cls in SINGLE_STAGE_SCHEDULES:
+        text.append(
+            "Splitting the model into 2 stages per rank and running ScheduleInterleaved1F1B "
+            f"shrinks the balanced bubble to (p-1)/(2m+p-1) = {(p - 1) / (2 * m + p - 1):.0%}."
+        )
+    return [
+        Finding(
+            id="pipeline-bubble",
+            severity=severity,
+            title=title,
+            ranks=sorted(slow.ranks if imbalanced else (r for q in pos for r in q.ranks)),
+            evidence={
+                "schedule": cls,
+                "n_microbatches": m,
+                "num_stages": pf.num_stages,
+                "pipelines": [list(g) for g in pf.groups],
+                "stages": [_evidence(q, m, pf) for q in pos],
+                "slow_stage": list(slow.stages) if imbalanced else None,
+                "median_step_ms": round(step, 3),
+                "ideal_bubble_share_of_phase": round(ideal_bubble(p, m), 4),
+                "model_phase_ms": round(phase_ms(per_mb, m), 3),
+                "gain_more_microbatches_ms": round(gain_mb, 3),
+                "gain_rebalance_ms": round(gain_bal, 3),
+                "threshold_bubble_share": BUBBLE_MIN_SHARE,
+            },
+            recommendation=" ".join(text),
+            code=_code(pf, m, m_new, p),
+            expected_gain_ms=round(gain, 3),
+            gain_method=(
+                "from the measured work per micro-batch t of each stage (median over steps): "
+                "the phase takes T(m) = sum(t) + (m-1)*max(t); doubling m scales every t by 1/2 "
+                "(gain (sum(t)-max(t))*(1-m/m')), a balanced split sets every t to their mean "
+                "(gain (m-1)*(max(t)-mean(t))); the larger is reported. Smaller micro-batches "
+                "run less efficiently on GPUs: an upper bound there"
+            ),
+        )
+    ]
+
+
+def _evidence(q: Position, m: int, pf: PipelineFacts) -> dict[str, object]:
+    own = next((s for s in pf.stages if s.stage_index in q.stages), None)
+    return {
+        "stages": list(q.stages),
+        "ranks": list(q.ranks),
+        "bubble_share": round(q.bubble_share, 4),
+        "wait_ms": round(q.wait_ms, 3),
+        "busy_ms": round(q.busy_ms, 3),
+        "busy_per_microbatch_ms": round(q.busy_ms / m, 3),
+        "pipeline_phase_ms": round(q.window_ms, 3),
+        "step_ms": round(q.step_ms, 3),
+        "submodule_class": own.submodule_class if own is not None else None,
+        "param_bytes": own.param_bytes if own is not None else None,
+    }
+
+
+RULE = Rule(
+    id="pipeline-bubble",
+    summary="pipeline stages wait for each other a large share of the step",
+    detect=detect,
+    what=(
+        "A run that built `torch.distributed.pipelining` stages (captured by `zdiag run`) whose "
+        "stages spend a large share of the step outside their micro-batch work: per stage, the "
+        "pipeline phase (first to last `Forward <i>` / `Backward <i>` / `PP:<action>` range) "
+        "minus the work inside the actions (their pipeline recv waits left out), over the step. "
+        "The stage with the most work per micro-batch is the one the others wait for; it is "
+        "named when it works at least IMBALANCE_RATIO times the mean."
+    ),
+    why=(
+        "A fill-and-drain schedule idles every stage (p-1)/(m+p-1) of its phase even when "
+        "balanced, and an unbalanced split makes every stage run at the slowest stage's pace."
+    ),
+    example=(
+        "Pipeline bubble: stage 0 makes the others wait (31.2 ms per micro-batch, the others "
+        "14.8 ms); waiting per stage: stage 0 (ranks [0, 2]) 15%; stage 1 (ranks [1, 3]) 40%."
+    ),
+    fix=(
+        "Move layers from the slow stage to the others; double `n_microbatches` (code); on "
+        "ScheduleGPipe, Schedule1F1B keeps activation memory flat as micro-batches grow; "
+        "ScheduleInterleaved1F1B with 2 stages per rank halves the balanced bubble."
+    ),
+    gain=(
+        "From the measured work per micro-batch t per stage: T(m) = sum(t) + (m-1)*max(t); "
+        "doubling m gains (sum(t)-max(t))*(1-m/m'), balancing gains (m-1)*(max(t)-mean(t)); "
+        "the larger is reported."
+    ),
+    scope=(
+        "runs recorded with `zdiag run` whose script builds pipeline stages (the model "
+        "description's `pipeline`), with schedules that label their actions (ScheduleGPipe, "
+        "the multi-stage runtime schedules; Schedule1F1B in torch 2.13 does not); the waits "
+        "are host ranges (CPU/gloo runs; on GPUs the host view of the recv)"
+    ),
+    thresholds=(
+        Threshold(
+            "BUBBLE_MIN_SHARE",
+            BUBBLE_MIN_SHARE,
+            "A stage waits at least this share of the step: below, the pipeline costs less "
+            "than ordinary step-to-step noise on a shared host.",
+            evidence="threshold_bubble_share",
+        ),
+        Threshold(
+            "MIN_GAIN_SHARE",
+            MIN_GAIN_SHARE,
+            "The best change gains at least this share of the median step.",
+        ),
+        Threshold(
+            "IMBALANCE_RATIO",
+            IMBALANCE_RATIO,
+            "The slow stage is named (and rebalancing proposed) when its work per micro-batch "
+            "is at least this many times the mean: below, timing noise between equal stages.",
+        ),
+        Threshold(
+            "WARNING_GAIN_SHARE",
+            WARNING_GAIN_SHARE,
+            "From this share of the median step the finding is a warning, else info.",
+        ),
+    ),
+)
