@@ -108,7 +108,7 @@ class PipelineRecorder:
                 record = (
                     self._record_stage if module.__name__ == STAGE_MODULE else self._record_schedule
                 )
-                cls.__init__ = self._wrap(init, record)  # type: ignore[misc]
+                cls.__init__ = self._wrap(init, record)
                 self._patched.append((cls, init))
         except Exception as exc:
             self._fail(exc)
@@ -190,7 +190,7 @@ class _ThenLoader(importlib.abc.Loader):
         self.then = then
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)  # type: ignore[no-any-return]
+        return self.loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)

@@ -202,6 +202,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "gain_more_microbatches_ms": round(gain_mb, 3),
                 "gain_rebalance_ms": round(gain_bal, 3),
                 "threshold_bubble_share": BUBBLE_MIN_SHARE,
+                "threshold_min_gain_share": MIN_GAIN_SHARE,
+                "threshold_imbalance_ratio": IMBALANCE_RATIO,
+                "threshold_warning_gain_share": WARNING_GAIN_SHARE,
             },
             recommendation=" ".join(text),
             code=_code(pf, m, m_new, p),
@@ -281,17 +284,20 @@ RULE = Rule(
             "MIN_GAIN_SHARE",
             MIN_GAIN_SHARE,
             "The best change gains at least this share of the median step.",
+            evidence="threshold_min_gain_share",
         ),
         Threshold(
             "IMBALANCE_RATIO",
             IMBALANCE_RATIO,
             "The slow stage is named (and rebalancing proposed) when its work per micro-batch "
             "is at least this many times the mean: below, timing noise between equal stages.",
+            evidence="threshold_imbalance_ratio",
         ),
         Threshold(
             "WARNING_GAIN_SHARE",
             WARNING_GAIN_SHARE,
             "From this share of the median step the finding is a warning, else info.",
+            evidence="threshold_warning_gain_share",
         ),
     ),
 )
