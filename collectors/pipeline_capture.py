@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from .framework_settings import user_class
 from .model_schema import (
     MAX_PIPELINE_SCHEDULES,
     MAX_PIPELINE_STAGES,
@@ -229,8 +230,6 @@ def describe_stage(stage: Any) -> PipelineStageInfo:
     count = nbytes = None
     cls = ""
     if submod is not None:
-        from .framework_settings import user_class
-
         cls = user_class(submod).__name__
         count, nbytes = _param_sizes(submod)
     return PipelineStageInfo(

@@ -119,59 +119,127 @@ def _code(pf: PipelineFacts, m: int, m_new: int, p: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Bubble:
+    """The measured pipeline and what each change would gain (module docstring)."""
+
+    pf: PipelineFacts
+    pos: list[Position]
+    m: int
+    step: float  # median step (ms) over the positions
+    per_mb: list[float]  # work per micro-batch per position
+    slow: Position
+    imbalanced: bool
+    gain_mb: float  # doubling the micro-batches
+    gain_bal: float  # a balanced split (0 when balanced)
+
+    @property
+    def p(self) -> int:
+        """Pipeline positions (ranks per pipeline)."""
+        return len(self.pos)
+
+    @property
+    def schedule(self) -> str:
+        """The captured schedule's class ("?" when none was captured)."""
+        return self.pf.schedule.cls if self.pf.schedule is not None else "?"
+
+    @property
+    def more_microbatches(self) -> bool:
+        """Whether doubling the micro-batches is worth proposing."""
+        return self.gain_mb >= MIN_GAIN_SHARE * self.step
+
+    def waits(self) -> str:
+        """Each position's bubble share, in words."""
+        return "; ".join(
+            f"{_name(q)} (ranks {list(q.ranks)}) {q.bubble_share:.0%}" for q in self.pos
+        )
+
+
+def measure(pf: PipelineFacts, pos: list[Position], m: int) -> Bubble:
+    """The bubble arithmetic of measured positions (at least one)."""
+    per_mb = [q.busy_ms / m for q in pos]
+    mean_t = sum(per_mb) / len(per_mb)
+    imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
+    return Bubble(
+        pf=pf,
+        pos=pos,
+        m=m,
+        step=median(q.step_ms for q in pos),
+        per_mb=per_mb,
+        slow=pos[per_mb.index(max(per_mb))],
+        imbalanced=imbalanced,
+        gain_mb=more_microbatches_gain(per_mb, m, 2 * m),
+        gain_bal=rebalance_gain(per_mb, m) if imbalanced else 0.0,
+    )
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The pipeline-bubble finding, or none."""
     pf = ctx.model.pipeline if ctx.model is not None else None
     m = pf.n_microbatches if pf is not None else None
     if pf is None or not m:
         return []
-    timings = {r: f.pipeline for r, f in ctx.facts.items() if f.pipeline}
-    pos = positions(pf, timings)
+    pos = positions(pf, {r: f.pipeline for r, f in ctx.facts.items() if f.pipeline})
     if len(pos) < 2:
         return []
-    worst = max(pos, key=lambda q: q.bubble_share)
-    step = median(q.step_ms for q in pos)
-    if worst.bubble_share < BUBBLE_MIN_SHARE or step <= 0:
+    b = measure(pf, pos, m)
+    gain = max(b.gain_mb, b.gain_bal)
+    worst = max(q.bubble_share for q in pos)
+    if worst < BUBBLE_MIN_SHARE or b.step <= 0 or gain < MIN_GAIN_SHARE * b.step:
         return []
-    per_mb = [q.busy_ms / m for q in pos]
-    p, m_new = len(pos), 2 * m
-    slow = pos[per_mb.index(max(per_mb))]
-    mean_t = sum(per_mb) / p
-    imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
-    gain_mb = more_microbatches_gain(per_mb, m, m_new)
-    gain_bal = rebalance_gain(per_mb, m) if imbalanced else 0.0
-    gain = max(gain_mb, gain_bal)
-    if gain < MIN_GAIN_SHARE * step:
-        return []
-    severity: Severity = "warning" if gain >= WARNING_GAIN_SHARE * step else "info"
-    cls = pf.schedule.cls if pf.schedule is not None else "?"
-    fast = [q for q in pos if q is not slow]
-    waits = "; ".join(f"{_name(q)} (ranks {list(q.ranks)}) {q.bubble_share:.0%}" for q in pos)
-    if imbalanced:
+    severity: Severity = "warning" if gain >= WARNING_GAIN_SHARE * b.step else "info"
+    if b.imbalanced:
+        fast = [t for q, t in zip(pos, b.per_mb, strict=True) if q is not b.slow]
         title = (
-            f"Pipeline bubble: {_name(slow)} makes the others wait ({max(per_mb):.1f} ms per "
-            f"micro-batch, the others {sum(q.busy_ms for q in fast) / m / len(fast):.1f} ms); "
-            f"waiting per stage: {waits}"
+            f"Pipeline bubble: {_name(b.slow)} makes the others wait ({max(b.per_mb):.1f} ms "
+            f"per micro-batch, the others {sum(fast) / len(fast):.1f} ms); waiting per stage: "
+            f"{b.waits()}"
         )
     else:
-        title = f"Pipeline bubble: the stages wait {worst.bubble_share:.0%} of the step ({waits})"
+        title = f"Pipeline bubble: the stages wait {worst:.0%} of the step ({b.waits()})"
+    return [
+        Finding(
+            id="pipeline-bubble",
+            severity=severity,
+            title=title,
+            ranks=sorted(b.slow.ranks if b.imbalanced else (r for q in pos for r in q.ranks)),
+            evidence=_finding_evidence(b),
+            recommendation=_recommendation(b),
+            code=_code(pf, m, 2 * m, b.p) if b.more_microbatches else None,
+            expected_gain_ms=round(gain, 3),
+            gain_method=(
+                "from the measured work per micro-batch t of each stage (median over steps): "
+                "the phase takes T(m) = sum(t) + (m-1)*max(t); doubling m scales every t by 1/2 "
+                "(gain (sum(t)-max(t))*(1-m/m')), a balanced split sets every t to their mean "
+                "(gain (m-1)*(max(t)-mean(t))); the larger is reported. Smaller micro-batches "
+                "run less efficiently on GPUs: an upper bound there"
+            ),
+        )
+    ]
+
+
+def _recommendation(b: Bubble) -> str:
+    p, m, cls = b.p, b.m, b.schedule
     text = [
         f"{cls} runs {m} micro-batches over {p} pipeline stages: a fill-and-drain schedule "
         f"leaves each stage idle (p-1)/(m+p-1) = {ideal_bubble(p, m):.0%} of the pipeline phase "
         f"even when balanced. Measured per stage (share of the step not spent on micro-batches): "
-        f"{waits}."
+        f"{b.waits()}."
     ]
-    if imbalanced:
+    if b.imbalanced:
         text.append(
-            f"{_name(slow).capitalize()} (ranks {list(slow.ranks)}) works {max(per_mb):.1f} ms "
-            f"per micro-batch against a mean of {mean_t:.1f} ms: every other stage waits for it. "
-            f"Move layers out of it to the faster stages (split the model where the work per "
-            f"micro-batch is equal): about {gain_bal:.1f} ms per step."
+            f"{_name(b.slow).capitalize()} (ranks {list(b.slow.ranks)}) works "
+            f"{max(b.per_mb):.1f} ms per micro-batch against a mean of "
+            f"{sum(b.per_mb) / p:.1f} ms: every other stage waits for it. Move layers out of it "
+            f"to the faster stages (split the model where the work per micro-batch is equal): "
+            f"about {b.gain_bal:.1f} ms per step."
         )
-    text.append(
-        f"Cut the batch into {m_new} micro-batches instead of {m} (code): the idle share "
-        f"drops to {ideal_bubble(p, m_new):.0%} when balanced; about {gain_mb:.1f} ms per step."
-    )
+    if b.more_microbatches:
+        text.append(
+            f"Cut the batch into {2 * m} micro-batches instead of {m} (code): the idle share "
+            f"drops to {ideal_bubble(p, 2 * m):.0%} when balanced; about {b.gain_mb:.1f} ms per "
+            "step."
+        )
     if cls == "ScheduleGPipe":
         text.append(
             "ScheduleGPipe keeps the activations of all micro-batches until the backward: "
@@ -183,41 +251,27 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "Splitting the model into 2 stages per rank and running ScheduleInterleaved1F1B "
             f"shrinks the balanced bubble to (p-1)/(2m+p-1) = {(p - 1) / (2 * m + p - 1):.0%}."
         )
-    return [
-        Finding(
-            id="pipeline-bubble",
-            severity=severity,
-            title=title,
-            ranks=sorted(slow.ranks if imbalanced else (r for q in pos for r in q.ranks)),
-            evidence={
-                "schedule": cls,
-                "n_microbatches": m,
-                "num_stages": pf.num_stages,
-                "pipelines": [list(g) for g in pf.groups],
-                "stages": [_evidence(q, m, pf) for q in pos],
-                "slow_stage": list(slow.stages) if imbalanced else None,
-                "median_step_ms": round(step, 3),
-                "ideal_bubble_share_of_phase": round(ideal_bubble(p, m), 4),
-                "model_phase_ms": round(phase_ms(per_mb, m), 3),
-                "gain_more_microbatches_ms": round(gain_mb, 3),
-                "gain_rebalance_ms": round(gain_bal, 3),
-                "threshold_bubble_share": BUBBLE_MIN_SHARE,
-                "threshold_min_gain_share": MIN_GAIN_SHARE,
-                "threshold_imbalance_ratio": IMBALANCE_RATIO,
-                "threshold_warning_gain_share": WARNING_GAIN_SHARE,
-            },
-            recommendation=" ".join(text),
-            code=_code(pf, m, m_new, p),
-            expected_gain_ms=round(gain, 3),
-            gain_method=(
-                "from the measured work per micro-batch t of each stage (median over steps): "
-                "the phase takes T(m) = sum(t) + (m-1)*max(t); doubling m scales every t by 1/2 "
-                "(gain (sum(t)-max(t))*(1-m/m')), a balanced split sets every t to their mean "
-                "(gain (m-1)*(max(t)-mean(t))); the larger is reported. Smaller micro-batches "
-                "run less efficiently on GPUs: an upper bound there"
-            ),
-        )
-    ]
+    return " ".join(text)
+
+
+def _finding_evidence(b: Bubble) -> dict[str, object]:
+    return {
+        "schedule": b.schedule,
+        "n_microbatches": b.m,
+        "num_stages": b.pf.num_stages,
+        "pipelines": [list(g) for g in b.pf.groups],
+        "stages": [_evidence(q, b.m, b.pf) for q in b.pos],
+        "slow_stage": list(b.slow.stages) if b.imbalanced else None,
+        "median_step_ms": round(b.step, 3),
+        "ideal_bubble_share_of_phase": round(ideal_bubble(b.p, b.m), 4),
+        "model_phase_ms": round(phase_ms(b.per_mb, b.m), 3),
+        "gain_more_microbatches_ms": round(b.gain_mb, 3),
+        "gain_rebalance_ms": round(b.gain_bal, 3),
+        "threshold_bubble_share": BUBBLE_MIN_SHARE,
+        "threshold_min_gain_share": MIN_GAIN_SHARE,
+        "threshold_imbalance_ratio": IMBALANCE_RATIO,
+        "threshold_warning_gain_share": WARNING_GAIN_SHARE,
+    }
 
 
 def _evidence(q: Position, m: int, pf: PipelineFacts) -> dict[str, object]:

@@ -128,8 +128,8 @@ def test_stages_are_placed_on_every_pipeline() -> None:
 
 
 def test_slow_stage_is_named_with_the_bubble_per_stage() -> None:
-    # stage 0 works 60 ms per step (15 per micro-batch), stage 1 20 ms and waits 45 ms
-    ctx = _ctx({0: 60.0, 2: 60.0, 1: 20.0, 3: 20.0}, {0: 10.0, 2: 10.0, 1: 45.0, 3: 45.0})
+    # stage 0 works 60 ms per step (15 per micro-batch), stage 1 28 ms (7) and waits 45 ms
+    ctx = _ctx({0: 60.0, 2: 60.0, 1: 28.0, 3: 28.0}, {0: 10.0, 2: 10.0, 1: 45.0, 3: 45.0})
     (f,) = pb.detect(ctx)
     assert f.id == "pipeline-bubble" and f.ranks == [0, 2]
     assert "stage 0 makes the others wait" in f.title
@@ -141,12 +141,20 @@ def test_slow_stage_is_named_with_the_bubble_per_stage() -> None:
     assert by[(1,)]["bubble_share"] == pytest.approx(0.45)
     assert by[(0,)]["busy_per_microbatch_ms"] == pytest.approx(15.0)
     assert by[(0,)]["submodule_class"] == "TabResNet" and by[(1,)]["submodule_class"] is None
-    # t = [15, 5]: balancing gains 3 * (15 - 10) = 15 ms; 8 micro-batches gain 5 * 0.5 = 2.5 ms
-    assert ev["gain_rebalance_ms"] == pytest.approx(15.0)
-    assert ev["gain_more_microbatches_ms"] == pytest.approx(2.5)
-    assert f.expected_gain_ms == pytest.approx(15.0)
+    # t = [15, 7]: balancing gains 3 * (15 - 11) = 12 ms; 8 micro-batches gain 7 * 0.5 = 3.5 ms
+    assert ev["gain_rebalance_ms"] == pytest.approx(12.0)
+    assert ev["gain_more_microbatches_ms"] == pytest.approx(3.5)
+    assert f.expected_gain_ms == pytest.approx(12.0)
     assert f.code is not None and "n_microbatches=8" in f.code and "ScheduleGPipe" in f.code
     assert "Schedule1F1B" in f.recommendation
+
+
+def test_no_microbatch_code_when_it_gains_next_to_nothing() -> None:
+    # t = [15, 5]: 8 micro-batches gain 5 * 0.5 = 2.5 ms, under 3% of the 100 ms step
+    ctx = _ctx({0: 60.0, 2: 60.0, 1: 20.0, 3: 20.0}, {0: 10.0, 2: 10.0, 1: 45.0, 3: 45.0})
+    (f,) = pb.detect(ctx)
+    assert f.evidence["gain_rebalance_ms"] == pytest.approx(15.0)
+    assert f.code is None and "micro-batches instead" not in f.recommendation
 
 
 def test_balanced_stages_get_more_microbatches_not_a_slow_stage() -> None:
