@@ -132,6 +132,7 @@ class Bubble:
     imbalanced: bool
     gain_mb: float  # doubling the micro-batches
     gain_bal: float  # a balanced split (0 when balanced)
+    slow_blocks: tuple[str, str, int] | None = None  # the slow stage's (class, container, count)
 
     @property
     def p(self) -> int:
@@ -155,22 +156,38 @@ class Bubble:
         )
 
 
-def measure(pf: PipelineFacts, pos: list[Position], m: int) -> Bubble:
-    """The bubble arithmetic of measured positions (at least one)."""
+def measure(
+    pf: PipelineFacts, pos: list[Position], m: int, blocks: tuple[str, str, int] | None = None
+) -> Bubble:
+    """The bubble arithmetic of measured positions (at least one); `blocks` (class, container,
+    count): the repeated blocks of the captured rank's stage, when it knows them."""
     per_mb = [q.busy_ms / m for q in pos]
     mean_t = sum(per_mb) / len(per_mb)
     imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
+    slow = pos[per_mb.index(max(per_mb))]
+    captured = {s.stage_index for s in pf.stages}
     return Bubble(
         pf=pf,
         pos=pos,
         m=m,
         step=median(q.step_ms for q in pos),
         per_mb=per_mb,
-        slow=pos[per_mb.index(max(per_mb))],
+        slow=slow,
         imbalanced=imbalanced,
         gain_mb=more_microbatches_gain(per_mb, m, 2 * m),
         gain_bal=rebalance_gain(per_mb, m) if imbalanced else 0.0,
+        slow_blocks=blocks if captured & set(slow.stages) else None,
     )
+
+
+def blocks_to_move(b: Bubble) -> int | None:
+    """How many of the slow stage's blocks to move so it works about the mean per micro-batch,
+    each block taken as an equal share of its work (None when its blocks are unknown)."""
+    if b.slow_blocks is None or b.slow_blocks[2] < 2:
+        return None
+    t_slow, count = max(b.per_mb), b.slow_blocks[2]
+    k = round((t_slow - sum(b.per_mb) / b.p) / (t_slow / count))
+    return min(max(k, 1), count - 1)
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -182,7 +199,11 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     pos = positions(pf, {r: f.pipeline for r, f in ctx.facts.items() if f.pipeline})
     if len(pos) < 2:
         return []
-    b = measure(pf, pos, m)
+    best = ctx.model.best_block() if ctx.model is not None else None
+    blocks = (
+        (best.child_class, best.containers[0], best.count) if best and best.child_class else None
+    )
+    b = measure(pf, pos, m, blocks)
     gain = max(b.gain_mb, b.gain_bal)
     worst = max(q.bubble_share for q in pos)
     if worst < BUBBLE_MIN_SHARE or b.step <= 0 or gain < MIN_GAIN_SHARE * b.step:
@@ -231,8 +252,9 @@ def _recommendation(b: Bubble) -> str:
             f"{_name(b.slow).capitalize()} (ranks {list(b.slow.ranks)}) works "
             f"{max(b.per_mb):.1f} ms per micro-batch against a mean of "
             f"{sum(b.per_mb) / p:.1f} ms: every other stage waits for it. Move layers out of it "
-            f"to the faster stages (split the model where the work per micro-batch is equal): "
-            f"about {b.gain_bal:.1f} ms per step."
+            f"to the faster stages (split the model where the work per micro-batch is equal"
+            + _move_text(b)
+            + f"): about {b.gain_bal:.1f} ms per step."
         )
     if b.more_microbatches:
         text.append(
@@ -254,6 +276,15 @@ def _recommendation(b: Bubble) -> str:
     return " ".join(text)
 
 
+def _move_text(b: Bubble) -> str:
+    k = blocks_to_move(b)
+    if k is None or b.slow_blocks is None:
+        return ""
+    cls, container, count = b.slow_blocks
+    where = f" (`{container}`)" if container else ""
+    return f"; about {k} of its {count} `{cls}` blocks{where}"
+
+
 def _finding_evidence(b: Bubble) -> dict[str, object]:
     return {
         "schedule": b.schedule,
@@ -262,6 +293,7 @@ def _finding_evidence(b: Bubble) -> dict[str, object]:
         "pipelines": [list(g) for g in b.pf.groups],
         "stages": [_evidence(q, b.m, b.pf) for q in b.pos],
         "slow_stage": list(b.slow.stages) if b.imbalanced else None,
+        "blocks_to_move": blocks_to_move(b) if b.imbalanced else None,
         "median_step_ms": round(b.step, 3),
         "ideal_bubble_share_of_phase": round(ideal_bubble(b.p, b.m), 4),
         "model_phase_ms": round(phase_ms(b.per_mb, b.m), 3),

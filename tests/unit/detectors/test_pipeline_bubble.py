@@ -147,6 +147,21 @@ def test_slow_stage_is_named_with_the_bubble_per_stage() -> None:
     assert f.expected_gain_ms == pytest.approx(12.0)
     assert f.code is not None and "n_microbatches=8" in f.code and "ScheduleGPipe" in f.code
     assert "Schedule1F1B" in f.recommendation
+    assert f.evidence["blocks_to_move"] is None  # the description lists no repeated blocks
+
+
+def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
+    pf = ModelFacts(_description()).pipeline
+    assert pf is not None
+    pos = pb.positions(pf, {r: _steps(60.0 if r in (0, 2) else 28.0, 10.0) for r in range(4)})
+    # t = [15, 7], mean 11; 6 blocks of 2.5 ms each: move round(4 / 2.5) = 2
+    b = pb.measure(pf, pos, 4, ("ResidualMLP", "encoder.stages", 6))
+    assert b.slow.stages == (0,) and pb.blocks_to_move(b) == 2
+    assert "about 2 of its 6 `ResidualMLP` blocks (`encoder.stages`)" in pb._recommendation(b)
+    # the captured rank runs stage 0; were stage 1 the slow one, its blocks are unknown
+    pos = pb.positions(pf, {r: _steps(28.0 if r in (0, 2) else 60.0, 10.0) for r in range(4)})
+    b = pb.measure(pf, pos, 4, ("ResidualMLP", "encoder.stages", 6))
+    assert b.slow.stages == (1,) and pb.blocks_to_move(b) is None
 
 
 def test_no_microbatch_code_when_it_gains_next_to_nothing() -> None:
