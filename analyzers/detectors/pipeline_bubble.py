@@ -265,8 +265,8 @@ def _recommendation(b: Bubble) -> str:
     if cls == "ScheduleGPipe":
         text.append(
             "ScheduleGPipe keeps the activations of all micro-batches until the backward: "
-            "Schedule1F1B (same arguments) keeps at most one per stage, so more micro-batches "
-            "then cost no activation memory."
+            "Schedule1F1B (same arguments) keeps at most as many in flight as there are "
+            "stages, so more micro-batches then cost no extra activation memory."
         )
     if cls in SINGLE_STAGE_SCHEDULES:
         text.append(
