@@ -10,8 +10,8 @@ Read once, with the model description (`model_capture.describe_model`), from wha
   members (`torch.distributed.get_process_group_ranks`) and c10d name (`group_name`).
 - The roles: a dimension FSDP2 shards over is "shard", one it replicates over (HSDP) is
   "replicate" (from the units' `mesh_info.shard_mesh_dim` / `replicate_mesh_dim`); one that the
-  user's DTensor parameters are placed over besides FSDP's is "tp"; any other is "unused" (a
-  pipeline dimension, say: nothing in the model says so).
+  user's DTensor parameters are placed over besides FSDP's is "tp"; any other is "unused" here
+  (a pipeline dimension becomes "pp" when `pipeline_capture.with_pipeline` adds the stages).
 - The TP plan: per module, its own DTensor parameters whose mesh has dimensions FSDP does not use,
   with their placements (`str(placement)`: "S(0)", "R", "_S(0, 2)") and a style read from the
   weight: a Linear's weight sharded on dim 0 is "colwise", on dim 1 "rowwise" (an Embedding's the

@@ -3,7 +3,7 @@
 `ModelCapture.arm()` registers a global module forward pre-hook. The first forward of a module
 that holds parameters is the model's (nothing encloses the first forward of a run; a parameterless
 module, a data transform say, is passed over). It writes `RUN_DIR/model/rank-<N>.json` (schema
-`zdiag.model/1.1`, types in `model_schema.py`). A global optimizer step post-hook records the
+`zdiag.model/1.2`, types in `model_schema.py`). A global optimizer step post-hook records the
 optimizer(s) that step before the next forward and rewrites the file once with them. At that next
 forward both hooks are removed (a step hook cannot remove itself: torch iterates them live), so
 after the first iteration neither the forward path nor the step carries a zdiag hook of this
@@ -27,6 +27,9 @@ and listed in `missing` when absent, so torch 2.6+ degrades to fewer fields, nev
   `shard_mesh_dim` / `replicate_mesh_dim`), else the DTensor's public `device_mesh`.
 - The device mesh, each DTensor parameter's placements (the tensor-parallel plan) and every
   process group with its members: `mesh_capture.py` says where torch keeps them.
+- The pipeline stages and schedules the script built (they live outside the model):
+  `pipeline_capture.py` records them as they are constructed; each write of the file takes what
+  it recorded so far (the first forward, then the first optimizer step).
 - FSDP1: the FullyShardedDataParallel instance's `sharding_strategy`, `forward_prefetch`,
   `backward_prefetch`, `limit_all_gathers`, `_use_orig_params`, `cpu_offload`, `mixed_precision`,
   and its FlatParameter (`_param_infos`, `_numels`: per original parameter, its module and
@@ -79,8 +82,10 @@ from .model_schema import (
     ModelDescription,
     ModuleNode,
     OptimizerInfo,
+    PipelineInfo,
     RepeatedSet,
 )
+from .pipeline_capture import with_pipeline
 
 MAX_OPTIMIZERS = 8
 MAX_CHILD_NAMES = 8
@@ -395,7 +400,13 @@ def describe_model(
 class ModelCapture:
     """One-shot hooks that write `RUN_DIR/model/rank-<N>.json`; errors go to `report`."""
 
-    def __init__(self, run_dir: str | Path, rank: int, report: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        rank: int,
+        report: Callable[[str], None],
+        pipeline: Callable[[], PipelineInfo | None] | None = None,
+    ) -> None:
         self.path = Path(run_dir) / rundir.model_description_relpath(rank)
         self.rank = rank
         self.written = False
@@ -405,6 +416,7 @@ class ModelCapture:
         self._description: ModelDescription | None = None
         self._optimizers: dict[int, OptimizerInfo] = {}
         self._model_id: int | None = None
+        self._pipeline = pipeline  # the pipeline stages and schedules recorded so far
 
     def arm(self) -> ModelCapture:
         """Register the forward pre-hook and the optimizer hook (both remove themselves)."""
@@ -466,6 +478,8 @@ class ModelCapture:
         desc = self._description
         if desc is None:
             return
+        if self._pipeline is not None:
+            desc = self._description = with_pipeline(desc, self._pipeline())
         known = {(o.cls, o.param_count) for o in desc.optimizers}
         extra = tuple(o for o in self._optimizers.values() if (o.cls, o.param_count) not in known)
         if extra:

@@ -2,7 +2,8 @@
 
 Versions within the major schema: `zdiag.model/1` (the first), `zdiag.model/1.1` (adds the device
 mesh, the DTensor placements per module and the process groups: `mesh`, `dtensor_modules`,
-`process_groups`, and `Fsdp2Unit.mesh_roles`). Files of either load with either reader.
+`process_groups`, and `Fsdp2Unit.mesh_roles`), `zdiag.model/1.2` (adds the pipeline stages and
+schedules the script built, `pipeline`, and the mesh role "pp"). Files of any load with any reader.
 
 Standard library only: the collectors write it (`model_capture.py`, which imports torch) and the
 analyzers read it (`analyzers/inputs/model_facts.py`, which never imports torch) through these same types.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 MODEL_SCHEMA = "zdiag.model/1"  # the major schema: readers accept it and any `.minor` of it
-MODEL_SCHEMA_VERSION = MODEL_SCHEMA + ".1"  # what this writer writes
+MODEL_SCHEMA_VERSION = MODEL_SCHEMA + ".2"  # what this writer writes
 
 # Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
 MAX_MODULES = 1000  # module tree entries kept
@@ -38,8 +39,10 @@ MAX_FSDP_UNITS = 1024
 MAX_PREFETCH_NAMES = 16
 MAX_DTENSOR_MODULES = 512
 MAX_PROCESS_GROUPS = 64
+MAX_PIPELINE_STAGES = 64  # stages recorded per rank (interleaved schedules hold a few each)
+MAX_PIPELINE_SCHEDULES = 16
 
-MESH_ROLES = ("shard", "replicate", "tp", "unused")
+MESH_ROLES = ("shard", "replicate", "tp", "pp", "unused")
 
 FRAMEWORKS = ("fsdp2", "fsdp1", "deepspeed", "ddp", "none")
 
@@ -178,6 +181,43 @@ class ProcessGroupInfo:
 
 
 @dataclass(frozen=True)
+class PipelineStageInfo:
+    """One `torch.distributed.pipelining` stage this rank built (`PipelineStage`, or the tracing
+    frontend's `_PipelineStage`): its index among `num_stages`, its pipeline group (members as
+    global ranks, in group-rank order; the stage runs on member `group_rank`), and the submodule
+    it runs (class, parameters and logical bytes as the model description counts them)."""
+
+    stage_index: int
+    num_stages: int
+    group_rank: int = 0
+    group_ranks: tuple[int, ...] = ()
+    group_name: str | None = None
+    submodule_class: str = ""
+    param_count: int | None = None
+    param_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class PipelineScheduleInfo:
+    """One pipeline schedule this rank built: its class (`ScheduleGPipe`, `Schedule1F1B`,
+    `ScheduleInterleaved1F1B`, ...), micro-batches per step and the stages it drives here."""
+
+    cls: str
+    module: str = ""
+    n_microbatches: int = 0
+    stage_indexes: tuple[int, ...] = ()
+    num_stages: int = 0
+
+
+@dataclass(frozen=True)
+class PipelineInfo:
+    """The pipeline parallelism of this rank: the stages and schedules it built."""
+
+    stages: tuple[PipelineStageInfo, ...] = ()
+    schedules: tuple[PipelineScheduleInfo, ...] = ()
+
+
+@dataclass(frozen=True)
 class Fsdp1Instance:
     """One FullyShardedDataParallel (FSDP1) instance."""
 
@@ -267,6 +307,7 @@ class ModelDescription:
     mesh: DeviceMeshInfo | None = None  # None: no device mesh (or a description before 1.1)
     dtensor_modules: tuple[DTensorModule, ...] = ()
     process_groups: tuple[ProcessGroupInfo, ...] = ()
+    pipeline: PipelineInfo | None = None  # None: no pipeline stage built (or before 1.2)
     notes: tuple[str, ...] = ()  # what was dropped or unknown, in words
     inferred: bool = False  # True: built from trace labels, not captured from the live model
 
@@ -360,6 +401,8 @@ __all__ = [
     "MAX_DTENSOR_MODULES",
     "MAX_FSDP_UNITS",
     "MAX_MODULES",
+    "MAX_PIPELINE_SCHEDULES",
+    "MAX_PIPELINE_STAGES",
     "MAX_PREFETCH_NAMES",
     "MAX_PROCESS_GROUPS",
     "MAX_REPEATED_SETS",
@@ -377,6 +420,9 @@ __all__ = [
     "ModelDescription",
     "ModuleNode",
     "OptimizerInfo",
+    "PipelineInfo",
+    "PipelineScheduleInfo",
+    "PipelineStageInfo",
     "Precision",
     "ProcessGroupInfo",
     "RepeatedSet",

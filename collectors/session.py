@@ -50,7 +50,9 @@ from .group_threads import GroupThreads
 from .hang import raised_at
 from .live_feed import LiveFeed
 from .model_capture import ModelCapture
+from .model_schema import PipelineInfo
 from .nvtx import StepRanges, UnitRanges
+from .pipeline_capture import PipelineRecorder
 from .profiler_window import ProfilerWindow
 from .rank_part import RankIdentity, capture_out_of_memory, write_rank_part
 from .run_records import SourceLine
@@ -133,6 +135,7 @@ class RankSession:
         self._remove_listener: Any = None
         self._model: ModelCapture | None = None  # the model description's one-shot hooks
         self._group_threads: GroupThreads | None = None  # each gloo group's threads (profiled)
+        self._pipeline: PipelineRecorder | None = None  # the pipeline stages the script builds
         self._pid = os.getpid()  # the process that owns the run directory's files for this rank
         self.forked_child = False  # set in a forked child by `disarm_in_forked_child`
         self._inherited: tuple[Any, ...] = ()  # the parent's objects, kept alive, never touched
@@ -184,8 +187,11 @@ class RankSession:
         self._remove_listener = runinfo.add_listener(self._on_run_info)
         self._on_run_info(runinfo.current_run_info())
         self._errors.guard("live publisher", self._feed.start)
+        if self._dist:
+            self._pipeline = self._errors.guard("pipeline stages", PipelineRecorder().install)
         self._model = self._errors.guard(
-            "model description", ModelCapture(self.run_dir, self.rank, self._errors.report).arm
+            "model description",
+            ModelCapture(self.run_dir, self.rank, self._errors.report, self._pipeline_info).arm,
         )
         if self.config.profile:
             if self._dist:
@@ -273,6 +279,8 @@ class RankSession:
             self._model.disarm()
         if self._group_threads is not None:
             self._group_threads.uninstall()
+        if self._pipeline is not None:
+            self._pipeline.uninstall()
 
     def _remove_hooks(self) -> None:
         """Every hook, and the comm split's (in a forked child)."""
@@ -378,6 +386,18 @@ class RankSession:
             collector_errors=tuple(self._errors.messages),
             **self._failures.entry_fields(),
         )
+
+    def _pipeline_info(self) -> PipelineInfo | None:
+        """The pipeline stages and schedules recorded so far (its failure reported once)."""
+        recorder = self._pipeline
+        if recorder is None:
+            return None
+        if recorder.error is not None:
+            self._errors.report(f"pipeline stages not recorded: {recorder.error}")
+            recorder.uninstall()
+            self._pipeline = None
+            return None
+        return recorder.recorded()
 
     def _recorded_group_threads(self) -> dict[str, list[int]] | None:
         """{group name: thread ids} of the gloo groups seen so far (its failure reported once)."""

@@ -17,7 +17,7 @@ from ...collectors.model_schema import DeviceMeshInfo, DTensorModule, ProcessGro
 
 @dataclass(frozen=True)
 class MeshDimFacts:
-    """One mesh dimension: its name, size, role ("shard", "replicate", "tp", "unused") and the
+    """One mesh dimension: its name, size, role ("shard", "replicate", "tp", "pp", "unused") and the
     groups along it (each a tuple of global ranks; every rank of the mesh is in exactly one)."""
 
     name: str
@@ -64,7 +64,7 @@ class MeshFacts:
         return next((d for d in self.dims if d.name == name), None)
 
     def dims_with_role(self, role: str) -> tuple[MeshDimFacts, ...]:
-        """The dimensions whose role is `role` ("shard", "replicate", "tp", "unused")."""
+        """The dimensions whose role is `role` ("shard", "replicate", "tp", "pp", "unused")."""
         return tuple(d for d in self.dims if d.role == role)
 
     def groups_of(self, rank: int) -> dict[str, tuple[int, ...]]:

@@ -53,6 +53,7 @@ from ...collectors.model_schema import (
 from ...collectors.rundir import model_description_relpath
 from ..frameworks.fsdp1 import unit_name as fsdp1_unit_name
 from .mesh_facts import MeshFacts, mesh_facts
+from .pipeline_facts import PipelineFacts, pipeline_facts
 from .reader import Reader
 from .run_dir import read_run_json
 
@@ -123,6 +124,12 @@ class ModelFacts:
         description has none (no DeviceMesh, or a description written before `zdiag.model/1.1`)."""
         d = self.description
         return mesh_facts(d.mesh, d.dtensor_modules, d.process_groups, rank=d.rank)
+
+    @property
+    def pipeline(self) -> PipelineFacts | None:
+        """The pipeline stages and schedule, every stage's ranks; None when the description
+        has no pipeline stage (none built, or a description written before `zdiag.model/1.2`)."""
+        return pipeline_facts(self.description.pipeline, self.mesh)
 
     @property
     def optimizer_classes(self) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ from .declared_groups import ProcessGroupInfo, declared_groups
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
 from .module_classes import repeated_module_class
+from .pipeline_times import PipelineStepTimes, pipeline_times
 from .steps import StepWindows, drop_unfinished_tail, find_steps
 from .timeline import step_timeline
 
@@ -77,6 +78,8 @@ class RankFacts(msgspec.Struct, kw_only=True):
     process_groups: list[ProcessGroupInfo] = msgspec.field(default_factory=list)
     framework: str | None = None  # the first registered framework whose labels the trace holds
     data_loading_ms: float = 0.0  # the trace's `enumerate(DataLoader)#...` ranges, summed
+    # per step, the pipeline stage's work and wait on its micro-batches (pipeline_times.py)
+    pipeline: list[PipelineStepTimes] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -165,15 +168,15 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         collective_stats=tuple(collective_stats(trace, windows, sets)),
         ledger=ledger,
         timeline=timeline,
-        facts=rank_facts(trace),
+        facts=rank_facts(trace, windows),
         warnings=tuple(warnings),
         memory_breakdown=memory_breakdown,
         memory_timeline=memory_timeline,
     )
 
 
-def rank_facts(trace: RankTrace) -> RankFacts:
-    """The detector facts of a trace (see RankFacts)."""
+def rank_facts(trace: RankTrace, windows: StepWindows | None = None) -> RankFacts:
+    """The detector facts of a trace (see RankFacts); the pipeline timings need its steps."""
     sites = host_sync_sites(trace)
     return RankFacts(
         world_size=trace.world_size,
@@ -185,6 +188,7 @@ def rank_facts(trace: RankTrace) -> RankFacts:
         process_groups=declared_groups(trace.distributed_info),
         framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
         data_loading_ms=data_loading_ms(trace),
+        pipeline=pipeline_times(trace, windows) if windows is not None else [],
     )
 
 

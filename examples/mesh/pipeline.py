@@ -4,7 +4,10 @@ stem and the first half of the residual stages, stage 1 the rest and the head
 blocks are FSDP2 units over "dp".
 
 torchrun --standalone --nproc-per-node 4 examples/mesh/pipeline.py [--steps 6]
-zdiag run --nproc-per-node 4 examples/mesh/pipeline.py
+zdiag run --nproc-per-node 4 examples/mesh/pipeline.py [--stage-blocks 3,1] [--microbatches 8]
+
+`--stage-blocks A,B` splits the encoder's blocks A to stage 0 and B to stage 1 (default 2,2: a
+balanced split); 3,1 makes stage 0 the slow stage the other one waits for.
 """
 
 from __future__ import annotations
@@ -64,15 +67,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--stage-blocks", default="2,2", help="encoder blocks of stage 0 and 1")
     args = p.parse_args()
+    first, second = (int(n) for n in args.stage_blocks.split(","))
 
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "pp"))
     stage_index, stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
     torch.manual_seed(0)
-    model = TabResNet()
-    half = len(model.encoder.stages) // 2
-    if stage_index == 0:  # the stem and the first half of the encoder
+    model = TabResNet(depth=first + second)
+    half = first
+    if stage_index == 0:  # the stem and the first `first` blocks of the encoder
         del model.encoder.stages[half:]
         model.head = nn.Identity()  # type: ignore[assignment]
     else:  # the rest of the encoder and the head

@@ -18,12 +18,20 @@ from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.detectors.docs import rules_markdown
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
 from zdiag.analyzers.rank.host_syncs import HostSyncSites
+from zdiag.analyzers.rank.pipeline_times import PipelineStepTimes
 from zdiag.analyzers.rank.rank_analysis import RankFacts, rank_facts
 from zdiag.analyzers.report import Finding, MemoryBreakdown, StepBreakdown
 from zdiag.analyzers.run import crossrank, stragglers
 from zdiag.cli import main as zdiag_main
+from zdiag.collectors.model_schema import (
+    ModelDescription,
+    PipelineInfo,
+    PipelineScheduleInfo,
+    PipelineStageInfo,
+)
 from zdiag.collectors.run_records import Manifest
 
 REPO = REPO_ROOT
@@ -132,6 +140,23 @@ def _straggler() -> DetectorContext:
     )
 
 
+def _pipeline() -> DetectorContext:
+    """Stage 0 of 2 on ranks 0 and 1 (GPipe, 4 micro-batches): stage 1 waits 45% of the step."""
+    stage = PipelineStageInfo(0, 2, 0, (0, 1), "0")
+    desc = ModelDescription(
+        pipeline=PipelineInfo(
+            stages=(stage,), schedules=(PipelineScheduleInfo("ScheduleGPipe", "", 4, (0,), 2),)
+        )
+    )
+    facts = {
+        r: RankFacts(pipeline=[PipelineStepTimes(
+            step=k, step_ms=100.0, window_ms=busy + wait, busy_ms=busy, wait_ms=wait, actions=8
+        ) for k in range(3)])
+        for r, busy, wait in ((0, 60.0, 10.0), (1, 20.0, 45.0))
+    }  # fmt: skip
+    return DetectorContext(ledgers={}, facts=facts, model=ModelFacts(desc))
+
+
 def _contexts(tmp_path: Path) -> dict[str, DetectorContext]:
     """A context on which each rule with an evidence-reported threshold fires."""
     (tmp_path / "wrap").mkdir(parents=True)
@@ -176,6 +201,7 @@ def _contexts(tmp_path: Path) -> dict[str, DetectorContext]:
             ledgers={}, breakdowns={0: [_step(i, "exposed-comm", 0.0, 30.0) for i in range(3)]}
         ),
         "straggler": _straggler(),
+        "pipeline-bubble": _pipeline(),
         "comm-bound": DetectorContext(
             ledgers={0: comm_ledger},  # type: ignore[dict-item]
             breakdowns={0: [_step(i, "comm-bound", 0.0, 40.0, comm=80.0) for i in range(3)]},

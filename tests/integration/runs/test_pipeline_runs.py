@@ -1,0 +1,80 @@
+"""A 2-stage pipeline with data parallelism, end to end with real processes:
+examples/mesh/pipeline.py on a (2, 2) ("dp", "pp") mesh under `zdiag run --nproc-per-node 4`,
+split unevenly (`--stage-blocks 6,1`: stage 0 runs the stem and 6 blocks, stage 1 one block and
+the head). Every rank's model description holds its stage with the pipeline group's true members
+and the schedule, the "pp" dimension has the role "pp", and `zdiag analyze --json` gives the
+bubble per stage and names stage 0 as the one the other waits for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # real processes: ~20 s (make integration)
+
+TIMEOUT_S = 300
+PIPELINES = ((0, 1), (2, 3))  # the "pp" groups: rows of the (2, 2) mesh
+REPLICAS = ((0, 2), (1, 3))  # the "dp" groups
+
+
+def zdiag(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `zdiag ARGS` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "zdiag", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def test_pipeline_stages_are_captured_and_the_slow_stage_named(tmp_path: Path) -> None:
+    out = tmp_path / "pipe"
+    proc = zdiag(
+        "run", "--nproc-per-node", "4", "--out", str(out), "examples/mesh/pipeline.py",
+        "--stage-blocks", "6,1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for rank in range(4):
+        desc = json.loads((out / "model" / f"rank-{rank}.json").read_text())
+        assert desc["schema"] == "zdiag.model/1.2"
+        pipeline = next(g for g in PIPELINES if rank in g)
+        (stage,) = desc["pipeline"]["stages"]
+        assert stage["stage_index"] == pipeline.index(rank) and stage["num_stages"] == 2
+        assert (
+            stage["group_ranks"] == list(pipeline) and stage["group_rank"] == stage["stage_index"]
+        )
+        assert stage["param_bytes"] > 0
+        (schedule,) = desc["pipeline"]["schedules"]
+        assert schedule["cls"] == "ScheduleGPipe" and schedule["n_microbatches"] == 4
+        assert schedule["stage_indexes"] == [stage["stage_index"]]
+        dims = {d["name"]: d for d in desc["mesh"]["dims"]}
+        assert dims["pp"]["role"] == "pp" and dims["pp"]["group_ranks"] == list(pipeline)
+        assert dims["dp"]["role"] == "shard"
+        assert dims["dp"]["group_ranks"] == list(next(g for g in REPLICAS if rank in g))
+    proc = zdiag("analyze", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    (finding,) = [f for f in report["findings"] if f["id"] == "pipeline-bubble"]
+    ev = finding["evidence"]
+    assert ev["schedule"] == "ScheduleGPipe" and ev["n_microbatches"] == 4
+    assert ev["pipelines"] == [list(g) for g in PIPELINES]
+    stages = {tuple(s["stages"]): s for s in ev["stages"]}
+    assert stages[(0,)]["ranks"] == [0, 2] and stages[(1,)]["ranks"] == [1, 3]
+    for s in stages.values():
+        assert 0.0 <= s["bubble_share"] < 1.0 and s["busy_ms"] > 0
+    # stage 0 holds 6 of 7 blocks: it works longer per micro-batch, stage 1 waits for it
+    assert ev["slow_stage"] == [0] and finding["ranks"] == [0, 2]
+    assert stages[(1,)]["bubble_share"] > stages[(0,)]["bubble_share"]
+    assert "stage 0 makes the others wait" in finding["title"]
+    # rank 0 captured stage 0's blocks: the recommendation says how many to move
+    assert 1 <= ev["blocks_to_move"] <= 5
+    assert (
+        f"about {ev['blocks_to_move']} of its 6 `ResidualMLP` blocks" in finding["recommendation"]
+    )
