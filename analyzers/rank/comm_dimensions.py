@@ -14,8 +14,10 @@ does), else "other". Then, cut at every boundary, each stretch of communication 
 dimensions active in it, split equally between them when several are: the dimensions' shares
 add up to the step's `comm_ms`, and those outside compute to its `exposed_comm_ms`.
 
-Only a rank whose collectives span more than one dimension gets the split (single-group runs
-are left as they were).
+Only a rank whose collectives span two dimensions or more besides "other" gets the split:
+single-group runs are left as they were, and so is a rank whose calls mostly name no group
+among groups of different members (a vLLM trace: custom all-reduces naming none, one NCCL
+all-gather on an "undefined" group), where the split would say nothing.
 """
 
 from __future__ import annotations
@@ -120,11 +122,11 @@ def _label_list(call_labels: Sequence[str]) -> list[str]:
 def with_comm_by_dimension(
     trace: RankTrace, windows: StepWindows, sets: ActivitySets, steps: Sequence[StepBreakdown]
 ) -> list[StepBreakdown]:
-    """`steps` with `comm_by_dimension` set, when the rank's collectives span more than one
-    dimension label; else `steps` as they are."""
+    """`steps` with `comm_by_dimension` set, when the rank's collectives span two dimensions or
+    more besides "other"; else `steps` as they are."""
     col = collectives_of(trace)
     call_labels = dimension_labels(declared_groups(trace.distributed_info), col.process_group)
-    if len(set(call_labels)) < 2 or not len(windows) or len(steps) != len(windows):
+    if len(set(call_labels) - {OTHER}) < 2 or not len(windows) or len(steps) != len(windows):
         return list(steps)
     labels = _label_list(call_labels)
     codes = _event_labels(trace, col, sets, call_labels)
