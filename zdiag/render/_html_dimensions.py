@@ -45,7 +45,7 @@ def comm_by_dimension(report: Report) -> tuple[go.Figure | None, Notes]:
                     y=y,
                     marker_color=color,
                     opacity=opacity,
-                    hovertemplate=f"%{{x}}: %{{y:.2f}} ms {label} {part}<extra></extra>",
+                    hovertemplate="%{x}: %{y:.2f} ms %{fullData.name}<extra></extra>",
                 )
             )
     fig = go.Figure(traces)

@@ -72,8 +72,10 @@ def dimension_shares(report: Report, ranks: Sequence[RankView]) -> list[Dimensio
 
 
 def dimension_label(share: DimensionShare) -> str:
-    """ "dp (dp-shard, 2 ranks)": the dimension with its role and group size when known."""
-    bits = [b for b in (share.role, f"{share.group_size} ranks" if share.group_size else "") if b]
+    """The dimension with its role (unless the same word) and group size when known:
+    "dp (dp-shard, 2 ranks)", "tp (2 ranks)"."""
+    role = share.role if share.role != share.dimension else ""
+    bits = [b for b in (role, f"{share.group_size} ranks" if share.group_size else "") if b]
     return f"{share.dimension} ({', '.join(bits)})" if bits else share.dimension
 
 
