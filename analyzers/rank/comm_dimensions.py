@@ -14,10 +14,11 @@ does), else "other". Then, cut at every boundary, each stretch of communication 
 dimensions active in it, split equally between them when several are: the dimensions' shares
 add up to the step's `comm_ms`, and those outside compute to its `exposed_comm_ms`.
 
-Only a rank whose collectives span two dimensions or more besides "other" gets the split:
-single-group runs are left as they were, and so is a rank whose calls mostly name no group
-among groups of different members (a vLLM trace: custom all-reduces naming none, one NCCL
-all-gather on an "undefined" group), where the split would say nothing.
+Only a rank whose collectives span two dimensions or more besides "other", or one and "other"
+on a DeviceMesh of two dimensions or more, gets the split (`is_split`): single-group runs are
+left as they were, and so is a rank whose calls mostly name no group among groups of different
+members, outside a mesh (a vLLM trace: custom all-reduces naming none, one NCCL all-gather on an
+"undefined" group), where the split would say nothing.
 """
 
 from __future__ import annotations
@@ -119,14 +120,25 @@ def _label_list(call_labels: Sequence[str]) -> list[str]:
     return seen if OTHER in seen else [*seen, OTHER]
 
 
+def is_split(infos: Sequence[ProcessGroupInfo], call_labels: Sequence[str]) -> bool:
+    """Whether a rank's calls are split by dimension: they span two dimensions or more besides
+    "other", or, on a rank of a DeviceMesh of two dimensions or more (its groups' descriptions
+    name them), a dimension and "other" (gloo's point-to-point calls of a pipeline run on the
+    calling thread, so the thread map cannot say their group)."""
+    labels = set(call_labels)
+    mesh_dims = {i.description for i in infos if i.description.startswith("mesh_")}
+    return len(labels - {OTHER}) >= 2 or (len(labels) >= 2 and len(mesh_dims) >= 2)
+
+
 def with_comm_by_dimension(
     trace: RankTrace, windows: StepWindows, sets: ActivitySets, steps: Sequence[StepBreakdown]
 ) -> list[StepBreakdown]:
-    """`steps` with `comm_by_dimension` set, when the rank's collectives span two dimensions or
-    more besides "other"; else `steps` as they are."""
+    """`steps` with `comm_by_dimension` set, when the rank's collectives are split (`is_split`);
+    else `steps` as they are."""
     col = collectives_of(trace)
-    call_labels = dimension_labels(declared_groups(trace.distributed_info), col.process_group)
-    if len(set(call_labels) - {OTHER}) < 2 or not len(windows) or len(steps) != len(windows):
+    infos = declared_groups(trace.distributed_info)
+    call_labels = dimension_labels(infos, col.process_group)
+    if not is_split(infos, call_labels) or not len(windows) or len(steps) != len(windows):
         return list(steps)
     labels = _label_list(call_labels)
     codes = _event_labels(trace, col, sets, call_labels)

@@ -46,8 +46,8 @@ def dimension_roles(report: Report) -> dict[str, tuple[str, int | None]]:
 
 
 def dimension_shares(report: Report, ranks: Sequence[RankView]) -> list[DimensionShare]:
-    """Per rank of `ranks` (in order) and dimension (first-seen order), the mean per step over
-    the rank's steps split by dimension; [] when none is."""
+    """Per rank of `ranks` (in order) and dimension (in `Report.comm_dimensions` order), the mean
+    per step over the rank's steps split by dimension; [] when none is."""
     roles = dimension_roles(report)
     out = []
     for rank in ranks:
@@ -63,7 +63,9 @@ def dimension_shares(report: Report, ranks: Sequence[RankView]) -> list[Dimensio
                 t[0] += d.calls
                 t[1] += d.comm_ms
                 t[2] += d.exposed_comm_ms
-        for name, (calls, comm, exposed) in totals.items():
+        order = {name: i for i, name in enumerate(roles)}  # the report's order, then the rank's
+        for name in sorted(totals, key=lambda n: order.get(n, len(order))):
+            calls, comm, exposed = totals[name]
             role, size = roles.get(name, ("", None))
             out.append(
                 DimensionShare(rank.rank, name, role, size, calls / n, comm / n, exposed / n)

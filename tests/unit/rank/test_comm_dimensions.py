@@ -126,9 +126,14 @@ def test_single_group_runs_have_no_split_in_json(tmp_path: Path) -> None:
 
 def test_calls_of_no_known_dimension_do_not_make_a_split(tmp_path: Path) -> None:
     """As in a vLLM trace: all-reduces naming no group on a rank of groups of different members
-    ("other") and one all-gather on a declared group: one dimension only, so no split."""
+    ("other") and one all-gather on a declared group, no DeviceMesh: one dimension only, so no
+    split."""
     b = TraceBuilder(rank=0, world_size=4)
-    b.doc["distributedInfo"]["pg_config"] = TP_PGS
+    b.doc["distributedInfo"]["pg_config"] = [
+        {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+        {"pg_name": "1", "pg_desc": "undefined", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+        {"pg_name": "5", "pg_desc": "undefined", "pg_size": 1, "ranks": [0]},
+    ]
     b.step(0, 0, 10_000)
     for start, pg in ((1_000, ""), (3_000, ""), (5_000, "1")):
         args = {"Collective name": "allreduce", "Group size": 2}
@@ -137,6 +142,25 @@ def test_calls_of_no_known_dimension_do_not_make_a_split(tmp_path: Path) -> None
         b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", start, 1_000, 20, start - 10, args)
     (step,) = analyze_rank(load_rank_trace(b.write(tmp_path / "rank-0.json"))).breakdown
     assert step.comm_ms == pytest.approx(3.0) and step.comm_by_dimension is UNSET
+
+
+def test_a_mesh_rank_with_one_dimension_and_other_is_split(tmp_path: Path) -> None:
+    """A (dp, pp) mesh on gloo: the gloo point-to-point calls run on the calling thread, which no
+    group's thread map names ("other"); on a rank of a 2-D mesh that still makes a split."""
+    b = TraceBuilder(rank=0, world_size=4, backend="gloo", gpu_name=None)
+    b.doc["distributedInfo"]["pg_config"] = [
+        {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+        {"pg_name": "1", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": [0, 2]},
+        {"pg_name": "3", "pg_desc": "mesh_pp", "pg_size": 2, "ranks": [0, 1]},
+    ]
+    b.step(0, 0, 10_000)
+    b.cpu_op("gloo:all_gather", 1_000, 2_000, tid=50)
+    b.cpu_op("gloo:send", 5_000, 500)
+    context = RankContext(thread_groups={50: "1"})
+    (step,) = analyze_rank(load_rank_trace(b.write(tmp_path / "rank-0.json")), context).breakdown
+    dims = _dims(step)
+    assert (dims["dp"].comm_ms, dims["other"].comm_ms) == pytest.approx((2.0, 0.5))
+    assert dims["other"].calls == 1
 
 
 def test_dimension_labels_of_group_names() -> None:
