@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 SCHEMA = "zdiag.report/1"
 
@@ -21,8 +22,22 @@ SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 VERDICTS = ("compute-bound", "comm-bound", "exposed-comm", "host-bound")
 
 
+class DimensionComm(msgspec.Struct, kw_only=True):
+    """One mesh dimension's share of a step's communication on one rank
+    (analyzers/rank/comm_dimensions.py): time several dimensions communicate at once is split
+    equally between them, so the shares add up to the step's `comm_ms` / `exposed_comm_ms`."""
+
+    dimension: str  # "dp", "tp", "shard", "replicate", "world" (default group), "other"
+    comm_ms: float
+    exposed_comm_ms: float
+    calls: int = 0  # the dimension's collectives starting in the step
+
+
 class StepBreakdown(msgspec.Struct, kw_only=True):
-    """Where one step's time went on one rank (unions over all device lanes)."""
+    """Where one step's time went on one rank (unions over all device lanes).
+
+    `comm_by_dimension` is set only on a rank whose collectives use groups of more than one
+    mesh dimension (absent from the JSON otherwise, so single-group reports are as before)."""
 
     step: int
     start_ms: float = 0.0  # step start, from the rank's first event
@@ -37,6 +52,7 @@ class StepBreakdown(msgspec.Struct, kw_only=True):
     kernel_count: int = 0
     verdict: str
     verdict_reason: str = ""  # the numbers and thresholds that decided it
+    comm_by_dimension: list[DimensionComm] | UnsetType = UNSET
 
 
 class RankReport(msgspec.Struct, kw_only=True):
@@ -85,6 +101,24 @@ class CollectiveKindStats(msgspec.Struct, kw_only=True):
     total_ms: float = 0.0
     exposed_ms: float = 0.0
     dtypes: list[str] = msgspec.field(default_factory=list)
+
+
+class CommDimension(msgspec.Struct, kw_only=True):
+    """One mesh dimension the run communicates over (analyzers/run/comm_dimensions.py): its
+    label (as in `DimensionComm.dimension`), its role ("dp-shard", "dp-replicate", "dp", "tp",
+    "pp", "cp", "ep", "other"), where the role came from ("mesh": the captured model description,
+    "name": the dimension's name, "kinds": its collective kinds), its group size (most common
+    over ranks; None: unknown), the collective kinds it carried, its ranks and its mean
+    communication and exposed communication per step over those ranks."""
+
+    name: str
+    role: str
+    role_source: str = ""
+    group_size: int | None = None
+    kinds: list[str] = msgspec.field(default_factory=list)
+    ranks: list[int] = msgspec.field(default_factory=list)
+    comm_ms_per_step: float = 0.0
+    exposed_comm_ms_per_step: float = 0.0
 
 
 class StragglerStat(msgspec.Struct, kw_only=True):
@@ -247,6 +281,8 @@ class Report(msgspec.Struct, kw_only=True):
     process_groups: list[ProcessGroupStats] = msgspec.field(default_factory=list)  # 2+ ranks
     # ids of the rules whose detector crashed (their findings are missing; a warning says why)
     failed_detectors: list[str] = msgspec.field(default_factory=list)
+    # the mesh dimensions communication ran over, when some rank used more than one (else absent)
+    comm_dimensions: list[CommDimension] | UnsetType = UNSET
 
     def findings_at_least(self, severity: str) -> list[Finding]:
         """Findings whose severity is `severity` or worse."""

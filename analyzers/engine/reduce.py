@@ -23,6 +23,7 @@ from ..rank import verdict
 from ..rank.summary import RankSummary
 from ..rank.timeline import select_timelines
 from ..report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
+from ..run.comm_dimensions import comm_dimensions
 from ..run.crossrank import CrossRankResult
 from ..run.crossrank_match import match_collectives
 from ..run.process_groups import process_group_stats
@@ -126,6 +127,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         findings=detected.findings,
         warnings=warnings,
         failed_detectors=list(detected.failed),
+        comm_dimensions=comm_dimensions(summaries, run.model.mesh if run.model else None),
     )
     return Reduction(report=report, crossrank=matching)
 

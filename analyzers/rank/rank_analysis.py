@@ -1,7 +1,7 @@
 """The per-rank map: one trace in, one frozen `RankAnalysis` out.
 
 `analyze_rank(trace, context)` does every piece of work that needs the trace's events: the step
-windows, the per-step breakdown, the collectives with their per-call timing, the per-kind
+windows, the per-step breakdown (split by mesh dimension on multi-group ranks), the collectives with their per-call timing, the per-kind
 collective totals, the representative-step timeline, the FSDP unit ledger (its unknown message
 sizes filled once, from `context.unit_param_bytes`) and the few facts detectors read from the
 events (host syncs, repeated module class, process-group sizes). It reads nothing else, writes
@@ -33,6 +33,7 @@ from ..report import (
 from .breakdown import ActivitySets, breakdown_rank, collective_stats
 from .collective_columns import RankCollectives, rank_collectives
 from .collective_table import build_collectives, collectives_of
+from .comm_dimensions import with_comm_by_dimension
 from .declared_groups import ProcessGroupInfo, declared_groups
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
@@ -131,7 +132,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
                 "finished (its events are not a step)"
             )
     sets = ActivitySets(trace)
-    breakdown = breakdown_rank(trace, windows, sets)
+    breakdown = with_comm_by_dimension(trace, windows, sets, breakdown_rank(trace, windows, sets))
     timeline = step_timeline(trace, windows, breakdown, sets)
     warnings += thin_trace_warnings(trace)
     ledger = build_rank_ledger(

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from zdiag.analyzers.report import Finding, Report, StepBreakdown
 from zdiag.render.columns import STEP_COLUMNS
+from zdiag.render.dimensions import dimension_roles, step_dimensions
 from zdiag.render.format import (
     evidence_item,
     fmt_gain,
@@ -72,11 +73,29 @@ def step_detail(report: Report, rank: RankView, step: StepBreakdown) -> Text:
             _line(text, column.label, fmt_ms(value), "bold" if bold else "")
         elif column.kind == "count":
             _line(text, column.label, column.cell(step))
+    _dimension_lines(text, report, step)
     related = related_findings(report, rank.rank, step.step)
     if related:
         text.append("Findings here: ", style="dim")
         text.append(", ".join(f.id for f in related) + "\n")
     return text
+
+
+def _dimension_lines(text: Text, report: Report, step: StepBreakdown) -> None:
+    """The step's communication by mesh dimension (ranks of several groups only)."""
+    dims = step_dimensions(step)
+    if not dims:
+        return
+    roles = dimension_roles(report)
+    text.append("Comm by dimension\n", style="bold underline")
+    for d in dims:
+        role = roles.get(d.dimension, ("", None))[0]
+        label = f"{d.dimension} ({role})" if role and role != d.dimension else d.dimension
+        _line(
+            text,
+            label,
+            f"{fmt_ms(d.comm_ms)} comm, {fmt_ms(d.exposed_comm_ms)} exposed, {d.calls} calls",
+        )
 
 
 def finding_detail(finding: Finding) -> Text:

@@ -21,6 +21,7 @@ from plotly.offline import get_plotlyjs
 from zdiag.analyzers.report import Report
 from zdiag.render import _html_figures as figs
 from zdiag.render import _html_parts as parts
+from zdiag.render._html_dimensions import comm_by_dimension
 from zdiag.render._html_large_run import large_run_section
 from zdiag.render._html_parts import e
 from zdiag.render.renderer import Destination, Rendered, Renderer
@@ -156,6 +157,7 @@ def _chart_sections(report: Report, figures: _Figures) -> list[str]:
         "fig-exposed-comm",
     )
     steps_body += add(figs.breakdown(report), "fig-breakdown")
+    steps_body += add(comm_by_dimension(report), "fig-comm-by-dimension")
     steps_body += parts.step_tables(report)
     timeline_body: list[str] = []
     timeline_groups, timeline_notes = figs.timelines_by_step(report)

@@ -7,7 +7,8 @@ Summary first, then details:
    that failed (never "none" next to a failed detector);
 2. the large-run section (`_large_run_section`: one line per rank for runs with more than
    MAX_DETAILED_RANKS ranks; the place for the 1000+-rank aggregates);
-3. **Details**: per rank its summary and step table, collective totals, FSDP units, stragglers,
+3. **Details**: per rank its summary and step table, collective totals, communication by mesh
+   dimension (ranks of several groups only), FSDP units, stragglers,
    every finding with its evidence (labels and units, not dicts), warnings and thresholds.
 
 Prose is word-wrapped to `width` columns; tables drop trailing columns (and say which) rather
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 from zdiag.analyzers.report import Report, StepBreakdown
 from zdiag.render.columns import StepColumn, shown_columns, step_cells, step_headers
+from zdiag.render.dimensions import add_dimensions_table
 from zdiag.render.format import (
     fmt_bytes,
     fmt_gain,
@@ -331,6 +333,7 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
     for rank in detailed:
         _rank_detail(out, rank, columns)
     _collectives(out, report, detailed)
+    add_dimensions_table(out, report, detailed)
     _units(out, report)
     _stragglers(out, report)
     out.add(*memory_lines(report))
