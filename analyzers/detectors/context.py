@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ...collectors.run_records import FsdpUnitRecord, Manifest, RankEntry
 from ..inputs.model_facts import ModelFacts
 from ..inputs.oom_records import OomRecords
-from ..rank.fsdp_ledger import RankLedger
+from ..rank.declared_groups import Members
+from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..rank.host_syncs import HostSyncSites
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from .fact_sheet import RunFactSheet, build_fact_sheet
@@ -61,6 +64,9 @@ class DetectorContext:
     - `warnings`: what building the context found (damaged OOM records, snapshots without
       stacks, ...)
     - `memory_breakdowns`: per-rank memory breakdowns (CUDA snapshots, Kineto memory events)
+    - `record_members`: rank -> {a ledger record's execution start (us, rounded to the ns):
+      the members of the process group that ran it}, where the trace says (gloo calls: by the
+      thread the collectors recorded); what tells a mesh dimension's collectives apart
     - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
     """
 
@@ -74,6 +80,7 @@ class DetectorContext:
     flight_recorder: HangAnalysis | None = None
     warnings: list[str] = field(default_factory=list)
     memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
+    record_members: dict[int, dict[float, Members]] = field(default_factory=dict)
     sheet: RunFactSheet = field(init=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +114,10 @@ class DetectorContext:
         f = self.facts.get(rank)
         return list(f.group_sizes) if f is not None else []
 
+    def members_of(self, rank: int, record: CollectiveRecord) -> Members | None:
+        """The members of the process group that ran a ledger record (None: not known)."""
+        return self.record_members.get(rank, {}).get(round(record.start_us, 3))
+
     def fsdp_ledgers(self) -> list[RankLedger]:
         """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
         return [lg for _, lg in sorted(self.ledgers.items()) if lg.framework and lg.records]
@@ -139,8 +150,9 @@ def build_context(
         warnings,
         memory_breakdowns,
     )
+    ledgers = {s.rank: s.rank_ledger() for s in summaries}
     return DetectorContext(
-        ledgers={s.rank: s.rank_ledger() for s in summaries},
+        ledgers=ledgers,
         breakdowns={s.rank: list(s.steps) for s in summaries},
         facts={s.rank: s.facts for s in summaries},
         manifest=manifest,
@@ -150,7 +162,24 @@ def build_context(
         flight_recorder=flight_recorder,
         warnings=warnings,
         memory_breakdowns=list(memory_breakdowns),
+        record_members={s.rank: _record_members(s, ledgers[s.rank]) for s in summaries},
     )
+
+
+def _record_members(summary: RankSummary, ledger: RankLedger) -> dict[float, Members]:
+    """{execution start (us, rounded to the ns): group members} of the ledger's records, from
+    the rank's collectives table (calls whose group's members are known)."""
+    if not ledger.records:
+        return {}
+    cols = summary.collective_columns()
+    starts = np.round(cols.start_us, 3)
+    wanted = np.isin(starts, [round(r.start_us, 3) for r in ledger.records])
+    out: dict[float, Members] = {}
+    for j in np.flatnonzero(wanted).tolist():
+        members = cols.members_of(int(cols.group[j]))
+        if members:
+            out[float(starts[j])] = tuple(members)
+    return out
 
 
 # --- memory evidence ------------------------------------------------------------------------

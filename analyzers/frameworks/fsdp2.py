@@ -171,6 +171,48 @@ def bf16_comm(facts: RunFacts) -> Remedy | None:
     )
 
 
+def bf16_reduce(facts: RunFacts) -> Remedy | None:
+    """MixedPrecisionPolicy reducing gradients in bf16 (the run's own param_dtype kept), over the
+    blocks and the root on the run's mesh: half the bytes of every reduce-scatter and all-reduce;
+    None when the run already reduces in bf16 (reduce_dtype, else param_dtype, is bf16)."""
+    reduced = facts.settings.get("reduce_dtype") or facts.settings.get("param_dtype")
+    if str(reduced or "").lower() in BF16_NAMES:
+        return None
+    blocks = _blocks_expr(facts)
+    mesh_lines, mesh = _mesh_lines(facts)
+    param = facts.settings.get("param_dtype")
+    param_arg = f"param_dtype=torch.{str(param).removeprefix('torch.')}, " if param else ""
+    apply = (
+        f"for block in {blocks}:\n    fully_shard(block{mesh}, mp_policy=mp)\n"
+        f"fully_shard(model{mesh}, mp_policy=mp)"
+        if blocks
+        else f"fully_shard(block{mesh}, mp_policy=mp)  # for each block, then the root"
+    )
+    return Remedy(
+        "reduce gradients in bf16 (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)): half the "
+        "bytes of each reduce-scatter and cross-replica all-reduce, at bf16 precision for the "
+        "summed gradients",
+        "import torch\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+        + "".join(f"{line}\n" for line in [*_class_imports(facts), *mesh_lines])
+        + f"mp = MixedPrecisionPolicy({param_arg}reduce_dtype=torch.bfloat16)\n"
+        + apply,
+    )
+
+
+def all_reduce_last_micro_batch(micro_batches: int) -> Remedy:
+    """HSDP gradient accumulation that all-reduces across replicas once per optimizer step (on
+    the last micro-batch; the others still reduce-scatter within the shard group)."""
+    return Remedy(
+        f"all-reduce across replicas only on the last of the {micro_batches} micro-batches of "
+        "each optimizer step (model.set_requires_all_reduce; the earlier micro-batches still "
+        "reduce-scatter within their shard group)",
+        f"# in the training loop, before each of the {micro_batches} micro-batches' backward "
+        "(i = 0, 1, ...):\n"
+        f"model.set_requires_all_reduce(i == {micro_batches - 1})",
+    )
+
+
 def hybrid_shard(facts: RunFacts) -> Remedy | None:
     """HSDP over a 2-D device mesh (replicate across nodes, shard within one); None when the run
     already uses one or the node count is unknown."""
