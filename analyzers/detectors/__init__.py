@@ -30,6 +30,7 @@ from . import (
     step_verdicts,
     straggler,
     tiny_layer_wrap,
+    tp_across_nodes,
     whole_model_wrap,
 )
 from .context import DetectorContext, build_context
@@ -51,6 +52,7 @@ RULES: tuple[Rule, ...] = (
     fp32_collectives.RULE,
     flat_sharding.RULE,
     replicate_allreduce.RULE,
+    tp_across_nodes.RULE,
     comm_bound.RULE,
     step_verdicts.HOST_BOUND_RULE,
     step_verdicts.EXPOSED_COMM_RULE,

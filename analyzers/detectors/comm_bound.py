@@ -19,7 +19,6 @@ from ..rank.verdict import decide
 from ..report import Finding, StepBreakdown
 from .context import DetectorContext
 from .fp32_collectives import bf16_remedy, is_fp32
-from .mesh_dims import tensor_parallel
 from .rule import Rule, Threshold
 
 NO_OVERLAP_FIX = (
@@ -66,7 +65,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     ledgers = ctx.fsdp_ledgers()
     if not ledgers:
         return []
-    fsdp_only = tensor_parallel(ctx)
+    fsdp_only = ctx.tensor_parallel
     by_rank = {lg.rank: lg for lg in ledgers}
     fsdp_ranks = set(by_rank)
     ranks: list[int] = []

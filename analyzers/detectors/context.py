@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from ...collectors.run_records import FsdpUnitRecord, Manifest, RankEntry
@@ -25,6 +26,7 @@ from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..rank.host_syncs import HostSyncSites
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from .fact_sheet import RunFactSheet, build_fact_sheet
+from .mesh_dims import TP, group_roles, tensor_parallel
 
 if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
@@ -68,6 +70,8 @@ class DetectorContext:
       the members of the process group that ran it}, where the trace says (gloo calls: by the
       thread the collectors recorded); what tells a mesh dimension's collectives apart
     - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
+    - `group_roles`: {group members: mesh role} (detectors/mesh_dims.py); `tensor_parallel`:
+      whether the run has a TP dimension (derived)
     """
 
     ledgers: dict[int, RankLedger]
@@ -82,6 +86,9 @@ class DetectorContext:
     memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
     record_members: dict[int, dict[float, Members]] = field(default_factory=dict)
     sheet: RunFactSheet = field(init=False)
+    group_roles: dict[Members, str] = field(init=False, repr=False)
+    tensor_parallel: bool = field(init=False, repr=False)
+    _tp_groups: frozenset[Members] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         sheet = build_fact_sheet(
@@ -92,6 +99,11 @@ class DetectorContext:
             model=self.model,
         )
         object.__setattr__(self, "sheet", sheet)
+        roles = group_roles(sheet.mesh, self.facts.values())
+        object.__setattr__(self, "group_roles", roles)
+        object.__setattr__(self, "tensor_parallel", tensor_parallel(sheet.mesh, roles))
+        tp = frozenset(m for m, role in roles.items() if role == TP)
+        object.__setattr__(self, "_tp_groups", tp)
 
     def module_class(self, rank: int) -> tuple[str, int] | None:
         """(class, instances) of the rank's most repeated module class (`with_stack` traces)."""
@@ -119,8 +131,20 @@ class DetectorContext:
         return self.record_members.get(rank, {}).get(round(record.start_us, 3))
 
     def fsdp_ledgers(self) -> list[RankLedger]:
-        """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
-        return [lg for _, lg in sorted(self.ledgers.items()) if lg.framework and lg.records]
+        """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank; a record that ran in a
+        tensor-parallel group is no FSDP traffic and is left out (`record_members`)."""
+        out = []
+        for rank, lg in sorted(self.ledgers.items()):
+            if not (lg.framework and lg.records):
+                continue
+            if self._tp_groups:
+                kept = [r for r in lg.records if self.members_of(rank, r) not in self._tp_groups]
+                if not kept:
+                    continue
+                if len(kept) < len(lg.records):
+                    lg = msgspec.structs.replace(lg, records=kept)
+            out.append(lg)
+        return out
 
     def manifest_units(self) -> tuple[FsdpUnitRecord, ...]:
         """The manifest's `fsdp_units` (name, param_count, param_bytes), () when absent."""

@@ -9,10 +9,13 @@ groups it creates `mesh_<dim name>` ("mesh_tp", "mesh_dp", "mesh_replicate").
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..inputs.mesh_facts import MeshFacts
+
 if TYPE_CHECKING:
-    from .context import DetectorContext
+    from ..rank.rank_analysis import RankFacts
 
 TP = "tp"
 MESH_PREFIX = "mesh_"
@@ -31,17 +34,16 @@ ROLE_BY_NAME = {
 }
 
 
-def group_roles(ctx: DetectorContext) -> dict[tuple[int, ...], str]:
+def group_roles(mesh: MeshFacts | None, facts: Iterable[RankFacts]) -> dict[tuple[int, ...], str]:
     """{group members: role} of the run's mesh groups ("shard", "replicate", "tp", "pp",
-    "unused"): the captured mesh's, then what the traces' pg_config descriptions add."""
+    "unused"): the captured `mesh`'s, then what the ranks' pg_config descriptions add."""
     roles: dict[tuple[int, ...], str] = {}
-    mesh = ctx.sheet.mesh
     by_name = {d.name: d.role for d in mesh.dims} if mesh is not None else {}
     if mesh is not None:
         for d in mesh.dims:
             for g in d.groups:
                 roles[tuple(sorted(g))] = d.role
-    for f in ctx.facts.values():
+    for f in facts:
         for pg in f.process_groups:
             if pg.ranks is None or not pg.description.startswith(MESH_PREFIX):
                 continue
@@ -52,9 +54,7 @@ def group_roles(ctx: DetectorContext) -> dict[tuple[int, ...], str]:
     return roles
 
 
-def tensor_parallel(ctx: DetectorContext) -> bool:
-    """Whether the run has a tensor-parallel dimension (its collectives are not FSDP traffic)."""
-    mesh = ctx.sheet.mesh
-    if mesh is not None and mesh.dims_with_role(TP):
-        return True
-    return TP in group_roles(ctx).values()
+def tensor_parallel(mesh: MeshFacts | None, roles: dict[tuple[int, ...], str]) -> bool:
+    """Whether the run has a tensor-parallel dimension (its collectives are not FSDP traffic):
+    in the captured `mesh`, or among the group `roles`."""
+    return bool(mesh is not None and mesh.dims_with_role(TP)) or TP in roles.values()

@@ -26,7 +26,6 @@ from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding
 from .comm_model import fit_alpha_beta
 from .context import DetectorContext
-from .mesh_dims import group_roles
 from .rule import Rule, Threshold
 
 # (the reasoning behind each value: RULE's thresholds, at the end of the module)
@@ -95,7 +94,7 @@ def is_hsdp(ctx: DetectorContext) -> bool:
     mesh = ctx.sheet.mesh
     if mesh is not None:
         return bool(mesh.dims_with_role("replicate"))
-    return "replicate" in group_roles(ctx).values()
+    return "replicate" in ctx.group_roles.values()
 
 
 def _remedy(ctx: DetectorContext, split: ReplicateReduces) -> tuple[Remedy, float, str] | None:
@@ -131,7 +130,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not ledgers or not is_hsdp(ctx):
         return []
     lg = ledgers[0]
-    roles = group_roles(ctx)
+    roles = ctx.group_roles
 
     def role_of(r: CollectiveRecord) -> str | None:
         members = ctx.members_of(lg.rank, r)

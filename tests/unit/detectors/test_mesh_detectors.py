@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 from zdiag.analyzers.detectors import comm_bound, replicate_allreduce
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.detectors.mesh_dims import group_roles, tensor_parallel
 from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.analyzers.rank.declared_groups import ProcessGroupInfo
 from zdiag.analyzers.rank.fsdp_ledger import CollectiveRecord, RankLedger
@@ -100,15 +99,15 @@ def test_tp_collectives_never_make_fsdp_comm_bound_from_pg_config() -> None:
     """No captured model: the trace header says which groups are "mesh_tp"; FSDP's own 10 ms per
     step is a third of the compute, so nothing is comm-bound in FSDP's name."""
     ctx = context(facts={0: RankFacts(process_groups=FSDP_TP_GROUPS)})
-    assert tensor_parallel(ctx)
-    assert group_roles(ctx) == {(0, 2): "shard", (0, 1): "tp"}
+    assert ctx.tensor_parallel
+    assert ctx.group_roles == {(0, 2): "shard", (0, 1): "tp"}
     assert comm_bound.detect(ctx) == []
 
 
 def test_tp_collectives_never_make_fsdp_comm_bound_from_the_captured_mesh() -> None:
     ctx = context(model=fsdp_tp_model())
-    assert tensor_parallel(ctx)
-    assert group_roles(ctx) == {(0, 2): "shard", (1, 3): "shard", (0, 1): "tp", (2, 3): "tp"}
+    assert ctx.tensor_parallel
+    assert ctx.group_roles == {(0, 2): "shard", (1, 3): "shard", (0, 1): "tp", (2, 3): "tp"}
     assert comm_bound.detect(ctx) == []
 
 
@@ -136,8 +135,8 @@ def test_hsdp_groups_are_not_tensor_parallel() -> None:
         ProcessGroupInfo(name="3", description="mesh_shard", size=2, ranks=[0, 1]),
     ]
     ctx = context(facts={0: RankFacts(process_groups=groups)})
-    assert group_roles(ctx) == {(0, 2): "replicate", (0, 1): "shard"}
-    assert not tensor_parallel(ctx)
+    assert ctx.group_roles == {(0, 2): "replicate", (0, 1): "shard"}
+    assert not ctx.tensor_parallel
     assert len(comm_bound.detect(ctx)) == 1
 
 
@@ -270,3 +269,31 @@ def hsdp_model(param_dtype: str | None = None, reduce_dtype: str | None = None) 
         for p in ("", "encoder.stages.0", "encoder.stages.1")
     )  # fmt: skip
     return ModelFacts(ModelDescription(framework="fsdp2", fsdp2_units=units, mesh=mesh))
+
+
+def test_a_record_that_ran_in_a_tp_group_is_no_fsdp_traffic() -> None:
+    """A collective the ledger took for an FSDP one (issued under an FSDP label) but that ran in
+    the tensor-parallel group {0, 1} is left out of every FSDP detector's ledger; the dp gathers
+    stay. On real FSDP2 + TP runs none is (tests/integration/runs/test_mesh_detector_runs.py)."""
+
+    def gather(t: float) -> CollectiveRecord:
+        return CollectiveRecord(
+            unit="", framework="fsdp2", family="all_gather", kind="all_gather", phase="",
+            step=1, issued_us=t, issue_end_us=t, start_us=t, end_us=t + 1e3, bytes=4096,
+            dtype="float", exposed_us=1e3,
+        )  # fmt: skip
+
+    lg = RankLedger(
+        rank=0, framework="fsdp2", device="cpu", records=[gather(0.0), gather(5e3)], unit_order=[""]
+    )
+    members: dict[float, tuple[int, ...]] = {0.0: (0, 2), 5000.0: (0, 1)}
+    ctx = DetectorContext(
+        ledgers={0: lg},
+        facts={0: RankFacts(process_groups=FSDP_TP_GROUPS)},
+        record_members={0: members},
+    )
+    (kept,) = ctx.fsdp_ledgers()
+    assert [r.start_us for r in kept.records] == [0.0]
+    assert kept.units()[0].all_gather_count == 1
+    flat = DetectorContext(ledgers={0: lg}, record_members={0: members})
+    assert len(flat.fsdp_ledgers()[0].records) == 2  # no TP dimension: nothing left out
