@@ -97,10 +97,10 @@ def _fits(layout: HsdpLayout, nodes: tuple[tuple[int, ...], ...]) -> bool:
 
 def flat_hsdp(nodes: tuple[tuple[int, ...], ...], device_type: str) -> HsdpLayout | None:
     """(nodes, ranks per node) ("replicate", "shard"), each row one node's ranks; None with
-    fewer than two nodes or nodes of unequal rank counts."""
+    fewer than two nodes, nodes of unequal rank counts or of one rank each."""
     sizes = {len(n) for n in nodes}
-    if len(nodes) < 2 or len(sizes) != 1:
-        return None
+    if len(nodes) < 2 or len(sizes) != 1 or min(sizes) < 2:
+        return None  # one rank per node: nothing to shard within a node
     layout = HsdpLayout(
         shape=(len(nodes), sizes.pop()),
         dim_names=("replicate", "shard"),
@@ -114,7 +114,8 @@ def flat_hsdp(nodes: tuple[tuple[int, ...], ...], device_type: str) -> HsdpLayou
 def split_dp(mesh: FsdpMesh, nodes: tuple[tuple[int, ...], ...]) -> HsdpLayout | None:
     """The run's mesh with its one FSDP dimension split into `<dim>_replicate` (across the nodes
     its groups span) and `<dim>_shard` (within one node); None when FSDP already uses two
-    dimensions, its groups sit on one node, or the split does not keep shard groups on a node."""
+    dimensions, its groups sit on one node, a shard group would hold one rank (plain replication:
+    the other dimensions fill each node), or the split does not keep shard groups on a node."""
     if len(mesh.fsdp_dims) != 1 or not mesh.dim_names:
         return None
     i = mesh.dim_names.index(mesh.fsdp_dims[0])
@@ -124,8 +125,8 @@ def split_dp(mesh: FsdpMesh, nodes: tuple[tuple[int, ...], ...]) -> HsdpLayout |
     spans = {len({node_of[r] for r in g}) for g in groups_along(mesh.shape, mesh.ranks, i)}
     replicas = max(spans)
     size = mesh.shape[i]
-    if replicas < 2 or size % replicas:
-        return None
+    if replicas < 2 or size % replicas or size // replicas < 2:
+        return None  # a shard group of one rank would be plain replication, not HSDP
     name = mesh.dim_names[i]
     layout = HsdpLayout(
         shape=(*mesh.shape[:i], replicas, size // replicas, *mesh.shape[i + 1 :]),

@@ -175,3 +175,11 @@ def test_flat_sharding_keeps_its_old_code_without_node_ranks() -> None:
     assert 'init_device_mesh("cuda", (2, 8), mesh_dim_names=("replicate", "shard"))' in (
         f.code or ""
     )
+
+
+def test_tp_filling_each_node_gets_no_hsdp_split() -> None:
+    """(dp=2, tp=2) on 2 nodes of 2: each dp group spans both nodes, but a dp_shard of one rank
+    would be plain replication (DDP), not HSDP: no finding."""
+    model = described((2, 2), (("dp", "shard"), ("tp", "tp")))
+    ctx = DetectorContext(ledgers={0: ledger()}, manifest=manifest([[0, 1], [2, 3]]), model=model)
+    assert flat_sharding.detect(ctx) == []
