@@ -35,67 +35,87 @@ def _inner_tp_mesh(mesh: MeshFacts, tp: str, nodes: tuple[tuple[int, ...], ...])
     return f"{shape}, mesh_dim_names=({names})"
 
 
-def detect(ctx: DetectorContext) -> list[Finding]:
-    """The tp-across-nodes finding, or none (a captured mesh with a TP dimension, nodes known)."""
-    mesh, nodes = ctx.sheet.mesh, ctx.sheet.nodes
-    if mesh is None or len(nodes) < 2:
-        return []
+def _finding(
+    name: str,
+    groups: list[tuple[int, ...]],
+    nodes: tuple[tuple[int, ...], ...],
+    code_and_text: tuple[str | None, str] | None,
+    evidence: dict[str, object],
+) -> Finding | None:
+    """The finding for one TP dimension's `groups`, None when none spans two nodes."""
     node_of = {r: k for k, node in enumerate(nodes) for r in node}
-    findings = []
-    for dim in mesh.dims_with_role(TP):
-        crossing = [g for g in dim.groups if _spans(g, node_of) > 1]
-        if not crossing:
-            continue
-        per_node = sorted({len(n) for n in nodes})
-        inner = _inner_tp_mesh(mesh, dim.name, nodes) if dim.name else None
-        captured = ctx.model.description.mesh if ctx.model is not None else None
-        device = (captured.device_type if captured is not None else None) or "cuda"
-        code = None
-        if inner is not None:
-            code = (
-                "from torch.distributed.device_mesh import init_device_mesh\n"
-                f'# replaces the run\'s mesh, {mesh.shape} {quoted(mesh.dim_names)}: "{dim.name}" last, so '
-                f"each TP group is {dim.size} consecutive ranks of one node\n"
-                f'mesh = init_device_mesh("{device}", {inner})'
-            )
-            text = (
-                f'Build the mesh with "{dim.name}" as its last dimension: init_device_mesh lays '
-                "ranks out row-major, so only the last dimension's groups are consecutive ranks "
-                "(one node's); slice the other dimensions by name as before."
-            )
-        else:
-            text = (
-                f"Use a tensor-parallel degree that divides the ranks per node ({per_node[0]}) "
-                "and put it last in the mesh, so each TP group stays on one node."
-            )
-        findings.append(
-            Finding(
-                id="tp-across-nodes",
-                severity="warning",
-                title=(
-                    f"Tensor-parallel groups span nodes: {len(crossing)} of {len(dim.groups)} "
-                    f'"{dim.name}" groups of {dim.size} ranks cross a node boundary'
-                ),
-                ranks=sorted({r for g in crossing for r in g}),
-                steps=[],
-                evidence={
-                    "tp_dim": dim.name,
-                    "tp_size": dim.size,
-                    "mesh_shape": list(mesh.shape),
-                    "mesh_dim_names": list(mesh.dim_names),
-                    "crossing_groups": [list(g) for g in crossing],
-                    "ranks_per_node": per_node,
-                },
-                recommendation=text,
-                code=code,
-                expected_gain_ms=None,
-                gain_method=(
-                    "not estimated: every TP collective of a crossing group runs over the "
-                    "network today; the per-dimension communication time is not measured here"
-                ),
-            )
-        )
-    return findings
+    crossing = [g for g in groups if _spans(g, node_of) > 1]
+    if not crossing:
+        return None
+    per_node = sorted({len(n) for n in nodes})
+    code, text = code_and_text or (
+        None,
+        f"Use a tensor-parallel degree that divides the ranks per node ({per_node[0]}) and put "
+        "it last in the mesh, so each TP group stays on one node.",
+    )
+    size = len(groups[0])
+    return Finding(
+        id="tp-across-nodes",
+        severity="warning",
+        title=(
+            f"Tensor-parallel groups span nodes: {len(crossing)} of {len(groups)} "
+            f'"{name}" groups of {size} ranks cross a node boundary'
+        ),
+        ranks=sorted({r for g in crossing for r in g}),
+        steps=[],
+        evidence={
+            "tp_dim": name,
+            "tp_size": size,
+            **evidence,
+            "crossing_groups": [list(g) for g in crossing],
+            "ranks_per_node": per_node,
+        },
+        recommendation=text,
+        code=code,
+        expected_gain_ms=None,
+        gain_method=(
+            "not estimated: every TP collective of a crossing group runs over the network today; "
+            "the per-dimension communication time is not measured here"
+        ),
+    )
+
+
+def _tp_last(ctx: DetectorContext, mesh: MeshFacts, name: str, size: int) -> tuple[str, str] | None:
+    """(code, text) that rebuild the captured mesh with the TP dimension last, when that keeps
+    every TP group on one node."""
+    inner = _inner_tp_mesh(mesh, name, ctx.sheet.nodes) if name else None
+    if inner is None:
+        return None
+    captured = ctx.model.description.mesh if ctx.model is not None else None
+    device = (captured.device_type if captured is not None else None) or "cuda"
+    return (
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        f'# replaces the run\'s mesh, {mesh.shape} {quoted(mesh.dim_names)}: "{name}" last, so '
+        f"each TP group is {size} consecutive ranks of one node\n"
+        f'mesh = init_device_mesh("{device}", {inner})',
+        f'Build the mesh with "{name}" as its last dimension: init_device_mesh lays ranks out '
+        "row-major, so only the last dimension's groups are consecutive ranks (one node's); "
+        "slice the other dimensions by name as before.",
+    )
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The tp-across-nodes findings (one per TP dimension), or none: the captured mesh's TP
+    groups, else the traces' "mesh_tp" groups (then without code: no mesh to rebuild)."""
+    mesh, nodes = ctx.sheet.mesh, ctx.sheet.nodes
+    if len(nodes) < 2:
+        return []
+    found: list[Finding | None] = []
+    if mesh is not None:
+        for dim in mesh.dims_with_role(TP):
+            shape = {"mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.dim_names)}
+            code = _tp_last(ctx, mesh, dim.name, dim.size)
+            found.append(_finding(dim.name, list(dim.groups), nodes, code, shape))
+    else:
+        groups = sorted(m for m, role in ctx.group_roles.items() if role == TP)
+        if groups:
+            found.append(_finding("tp", groups, nodes, None, {}))
+    return [f for f in found if f is not None]
 
 
 RULE = Rule(
@@ -103,8 +123,9 @@ RULE = Rule(
     summary="a tensor-parallel group spans more than one node",
     detect=detect,
     what=(
-        "A captured mesh with a tensor-parallel dimension whose groups (from the mesh layout) "
-        "hold ranks of two or more nodes (the manifest's node ranks, else host names)."
+        "A tensor-parallel dimension whose groups (the captured mesh's layout, else the traces' "
+        "`mesh_tp` process groups) hold ranks of two or more nodes (the manifest's node ranks, "
+        "else host names)."
     ),
     why=(
         "TP collectives sit inside every layer's forward and backward, on the critical path; "
@@ -117,6 +138,6 @@ RULE = Rule(
         "one node; else a TP degree that divides the ranks per node."
     ),
     gain="Not estimated (the per-dimension communication time is not measured here).",
-    scope="runs with a captured mesh holding a TP dimension, on two or more nodes",
+    scope="runs with a TP dimension (captured mesh or pg_config), on two or more nodes",
     markers=None,
 )

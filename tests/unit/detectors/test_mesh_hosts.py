@@ -183,3 +183,30 @@ def test_tp_filling_each_node_gets_no_hsdp_split() -> None:
     model = described((2, 2), (("dp", "shard"), ("tp", "tp")))
     ctx = DetectorContext(ledgers={0: ledger()}, manifest=manifest([[0, 1], [2, 3]]), model=model)
     assert flat_sharding.detect(ctx) == []
+
+
+def test_tp_across_nodes_from_the_trace_headers_without_a_captured_mesh() -> None:
+    """Traces recorded elsewhere: the "mesh_tp" groups of the pg_config, on nodes from the
+    manifest; no mesh to rebuild, so no code."""
+    from zdiag.analyzers.rank.declared_groups import ProcessGroupInfo
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
+
+    def facts(tp: list[int]) -> RankFacts:
+        return RankFacts(
+            process_groups=[ProcessGroupInfo(name="3", description="mesh_tp", size=2, ranks=tp)]
+        )
+
+    ctx = DetectorContext(
+        ledgers={0: ledger()},
+        manifest=manifest([[0, 1], [2, 3]]),
+        facts={0: facts([0, 2]), 1: facts([1, 3]), 2: facts([0, 2]), 3: facts([1, 3])},
+    )
+    (f,) = tp_across_nodes.detect(ctx)
+    assert f.evidence["crossing_groups"] == [[0, 2], [1, 3]]
+    assert f.code is None and "divides the ranks per node (2)" in f.recommendation
+    ok = DetectorContext(
+        ledgers={0: ledger()},
+        manifest=manifest([[0, 1], [2, 3]]),
+        facts={0: facts([0, 1]), 2: facts([2, 3])},
+    )
+    assert tp_across_nodes.detect(ok) == []
