@@ -28,9 +28,11 @@ from . import (
     no_communication,
     optimizer_state_dominant,
     pipeline_bubble,
+    replicate_allreduce,
     step_verdicts,
     straggler,
     tiny_layer_wrap,
+    tp_across_nodes,
     whole_model_wrap,
 )
 from .context import DetectorContext, build_context
@@ -53,6 +55,8 @@ RULES: tuple[Rule, ...] = (
     host_sync.RULE,
     fp32_collectives.RULE,
     flat_sharding.RULE,
+    replicate_allreduce.RULE,
+    tp_across_nodes.RULE,
     comm_bound.RULE,
     step_verdicts.HOST_BOUND_RULE,
     step_verdicts.EXPOSED_COMM_RULE,

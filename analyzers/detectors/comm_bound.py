@@ -3,11 +3,20 @@
 Overlap can hide communication only up to the compute it runs under; when comm > compute the
 step is comm-bound whatever the prefetch settings. What helps then: fewer bytes (bf16 gathers),
 more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi-node jobs).
+
+On a run with a tensor-parallel dimension, the step verdicts count the TP collectives too: those
+are not FSDP traffic (no FSDP setting changes them), so each step is judged again on the FSDP
+collectives alone (the ledger's), with the same verdict rule (rank/verdict.py).
 """
 
 from __future__ import annotations
 
-from ..report import Finding
+import numpy as np
+
+from ..rank import intervals
+from ..rank.fsdp_ledger import RankLedger
+from ..rank.verdict import decide
+from ..report import Finding, StepBreakdown
 from .context import DetectorContext
 from .fp32_collectives import bf16_remedy, is_fp32
 from .rule import Rule, Threshold
@@ -23,12 +32,42 @@ claims part of the same time (detectors/reconcile.py)."""
 COMM_BOUND_STEP_SHARE = 0.5
 
 
+def fsdp_only_steps(lg: RankLedger, bds: list[StepBreakdown]) -> list[StepBreakdown]:
+    """The rank's steps with communication = its FSDP collectives alone (their union; exposed:
+    their exposed time) and the verdict decided again on those numbers."""
+    out = []
+    for b in bds:
+        recs = [r for r in lg.records if r.step == b.step]
+        starts = np.array([r.start_us for r in recs], dtype=np.float64)
+        ends = np.array([r.end_us for r in recs], dtype=np.float64)
+        comm = intervals.total(intervals.union(starts, ends)) / 1e3
+        exposed = min(comm, sum(r.exposed_us for r in recs) / 1e3)
+        verdict, reason = decide(b.duration_ms, b.compute_ms, comm, exposed, b.idle_ms)
+        out.append(
+            StepBreakdown(
+                step=b.step,
+                duration_ms=b.duration_ms,
+                compute_ms=b.compute_ms,
+                comm_ms=comm,
+                overlapped_ms=comm - exposed,
+                exposed_comm_ms=exposed,
+                idle_ms=b.idle_ms,
+                verdict=verdict,
+                verdict_reason=reason,
+            )
+        )
+    return out
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
-    """The comm-bound finding, or none (only for runs with FSDP/ZeRO traffic)."""
+    """The comm-bound finding, or none (only for runs with FSDP/ZeRO traffic; on a run with a
+    tensor-parallel dimension, judged on the FSDP collectives alone)."""
     ledgers = ctx.fsdp_ledgers()
     if not ledgers:
         return []
-    fsdp_ranks = {lg.rank for lg in ledgers}
+    fsdp_only = ctx.tensor_parallel
+    by_rank = {lg.rank: lg for lg in ledgers}
+    fsdp_ranks = set(by_rank)
     ranks: list[int] = []
     steps: set[int] = set()
     comm = compute = 0.0
@@ -36,6 +75,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     for rank, bds in sorted(ctx.breakdowns.items()):
         if rank not in fsdp_ranks:
             continue
+        if fsdp_only:
+            bds = fsdp_only_steps(by_rank[rank], bds)
         hit = [b for b in bds if b.verdict == "comm-bound"]
         n += len(bds)
         bound += len(hit)
@@ -48,6 +89,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         return []
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
     nnodes = ctx.sheet.nnodes or 1
+    what = "FSDP communication" if fsdp_only else "communication"
     options = []
     bf16 = bf16_remedy(ctx) if fp32 else None
     if bf16 is not None:
@@ -60,12 +102,13 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             id="comm-bound",
             severity="warning",
             title=(
-                f"{bound} of {n} steps are comm-bound: communication "
+                f"{bound} of {n} steps are comm-bound: {what} "
                 f"({comm / n:.1f} ms/step) exceeds compute ({compute / n:.1f} ms/step)"
             ),
             ranks=ranks,
             steps=sorted(steps),
             evidence={
+                **({"tensor_parallel_left_out": True} if fsdp_only else {}),
                 "comm_bound_steps": bound,
                 "steps": n,
                 "comm_ms_per_step": round(comm / n, 3),
@@ -89,7 +132,8 @@ RULE = Rule(
     detect=detect,
     what=(
         "At least half of the FSDP ranks' steps carry the `comm-bound` verdict: communication "
-        "alone is longer than compute."
+        "alone is longer than compute. On a run with a tensor-parallel dimension each step is "
+        "judged again on its FSDP collectives alone (TP collectives are no FSDP traffic)."
     ),
     why=(
         "Overlap hides communication only up to the compute it runs under; past that the step "

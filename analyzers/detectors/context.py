@@ -15,13 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+import numpy as np
+
 from ...collectors.run_records import FsdpUnitRecord, Manifest, RankEntry
 from ..inputs.model_facts import ModelFacts
 from ..inputs.oom_records import OomRecords
-from ..rank.fsdp_ledger import RankLedger
+from ..rank.declared_groups import Members
+from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..rank.host_syncs import HostSyncSites
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from .fact_sheet import RunFactSheet, build_fact_sheet
+from .mesh_dims import TP, group_roles, tensor_parallel
 
 if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
@@ -61,7 +66,12 @@ class DetectorContext:
     - `warnings`: what building the context found (damaged OOM records, snapshots without
       stacks, ...)
     - `memory_breakdowns`: per-rank memory breakdowns (CUDA snapshots, Kineto memory events)
+    - `record_members`: rank -> {a ledger record's execution start (us, rounded to the ns):
+      the members of the process group that ran it}, where the trace says (gloo calls: by the
+      thread the collectors recorded); what tells a mesh dimension's collectives apart
     - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
+    - `group_roles`: {group members: mesh role} (detectors/mesh_dims.py); `tensor_parallel`:
+      whether the run has a TP dimension (derived)
     """
 
     ledgers: dict[int, RankLedger]
@@ -74,7 +84,11 @@ class DetectorContext:
     flight_recorder: HangAnalysis | None = None
     warnings: list[str] = field(default_factory=list)
     memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
+    record_members: dict[int, dict[float, Members]] = field(default_factory=dict)
     sheet: RunFactSheet = field(init=False)
+    group_roles: dict[Members, str] = field(init=False, repr=False)
+    tensor_parallel: bool = field(init=False, repr=False)
+    _tp_groups: frozenset[Members] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         sheet = build_fact_sheet(
@@ -85,6 +99,11 @@ class DetectorContext:
             model=self.model,
         )
         object.__setattr__(self, "sheet", sheet)
+        roles = group_roles(sheet.mesh, self.facts.values())
+        object.__setattr__(self, "group_roles", roles)
+        object.__setattr__(self, "tensor_parallel", tensor_parallel(sheet.mesh, roles))
+        tp = frozenset(m for m, role in roles.items() if role == TP)
+        object.__setattr__(self, "_tp_groups", tp)
 
     def module_class(self, rank: int) -> tuple[str, int] | None:
         """(class, instances) of the rank's most repeated module class (`with_stack` traces)."""
@@ -107,9 +126,25 @@ class DetectorContext:
         f = self.facts.get(rank)
         return list(f.group_sizes) if f is not None else []
 
+    def members_of(self, rank: int, record: CollectiveRecord) -> Members | None:
+        """The members of the process group that ran a ledger record (None: not known)."""
+        return self.record_members.get(rank, {}).get(round(record.start_us, 3))
+
     def fsdp_ledgers(self) -> list[RankLedger]:
-        """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank."""
-        return [lg for _, lg in sorted(self.ledgers.items()) if lg.framework and lg.records]
+        """Ledgers of the ranks that show FSDP/ZeRO traffic, by rank; a record that ran in a
+        tensor-parallel group is no FSDP traffic and is left out (`record_members`)."""
+        out = []
+        for rank, lg in sorted(self.ledgers.items()):
+            if not (lg.framework and lg.records):
+                continue
+            if self._tp_groups:
+                kept = [r for r in lg.records if self.members_of(rank, r) not in self._tp_groups]
+                if not kept:
+                    continue
+                if len(kept) < len(lg.records):
+                    lg = msgspec.structs.replace(lg, records=kept)
+            out.append(lg)
+        return out
 
     def manifest_units(self) -> tuple[FsdpUnitRecord, ...]:
         """The manifest's `fsdp_units` (name, param_count, param_bytes), () when absent."""
@@ -139,8 +174,9 @@ def build_context(
         warnings,
         memory_breakdowns,
     )
+    ledgers = {s.rank: s.rank_ledger() for s in summaries}
     return DetectorContext(
-        ledgers={s.rank: s.rank_ledger() for s in summaries},
+        ledgers=ledgers,
         breakdowns={s.rank: list(s.steps) for s in summaries},
         facts={s.rank: s.facts for s in summaries},
         manifest=manifest,
@@ -150,7 +186,24 @@ def build_context(
         flight_recorder=flight_recorder,
         warnings=warnings,
         memory_breakdowns=list(memory_breakdowns),
+        record_members={s.rank: _record_members(s, ledgers[s.rank]) for s in summaries},
     )
+
+
+def _record_members(summary: RankSummary, ledger: RankLedger) -> dict[float, Members]:
+    """{execution start (us, rounded to the ns): group members} of the ledger's records, from
+    the rank's collectives table (calls whose group's members are known)."""
+    if not ledger.records:
+        return {}
+    cols = summary.collective_columns()
+    starts = np.round(cols.start_us, 3)
+    wanted = np.isin(starts, [round(r.start_us, 3) for r in ledger.records])
+    out: dict[float, Members] = {}
+    for j in np.flatnonzero(wanted).tolist():
+        members = cols.members_of(int(cols.group[j]))
+        if members:
+            out[float(starts[j])] = tuple(members)
+    return out
 
 
 # --- memory evidence ------------------------------------------------------------------------

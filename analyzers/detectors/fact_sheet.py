@@ -45,6 +45,9 @@ class RunFactSheet:
     - `first_unit`: the first FSDP2 unit after the root the trace gathers (None without one).
     - `nnodes` / `world_size`: from the manifest, else the traces (None when unknown).
     - `hosts`: the ranks' host names (the manifest's, else the traces'; None where unknown).
+    - `nodes`: the ranks of each node, nodes in order of their lowest rank: by the manifest's
+      node ranks (two launchers on one machine share a host name, not a node rank), else by the
+      ranks' host names; () when unknown.
     - `cpu_only`: every rank trained on a CPU (False when unknown).
     - `cpu_gathers_overlap`: on a CPU, a gather can run under compute (ZeRO-3's async ops,
       FSDP2's unshard async op, zdiag's harness which sets it).
@@ -63,6 +66,7 @@ class RunFactSheet:
     nnodes: int | None = None
     world_size: int | None = None
     hosts: frozenset[str | None] = frozenset({None})
+    nodes: tuple[tuple[int, ...], ...] = ()
     cpu_only: bool = False
     cpu_gathers_overlap: bool = False
     harness: Mapping[str, Any] = field(default_factory=dict)
@@ -100,6 +104,8 @@ class RunFactSheet:
             first_unit=self.first_unit,
             nnodes=self.nnodes,
             world_size=self.world_size,
+            nodes=self.nodes,
+            device_type="cpu" if self.cpu_only else "cuda",
             mesh=model_fsdp_mesh(self.model) if self.model is not None else None,
         )
 
@@ -143,6 +149,7 @@ def build_fact_sheet(
         nnodes=_nnodes(manifest, facts.values()),
         world_size=_world_size(manifest, facts.values()),
         hosts=_hosts(manifest, facts.values()),
+        nodes=_nodes(manifest, facts),
         cpu_only=cpu,
         cpu_gathers_overlap=_cpu_gathers_overlap(known, captured, harness),
         harness=harness,
@@ -213,6 +220,24 @@ def _nnodes(manifest: Manifest | None, facts: Iterable[RankFacts]) -> int | None
         return manifest.nnodes
     hosts = {f.host for f in facts if f.host}
     return len(hosts) if hosts else None
+
+
+def _nodes(
+    manifest: Manifest | None, facts: Mapping[int, RankFacts]
+) -> tuple[tuple[int, ...], ...]:
+    """The ranks of each node (see `RunFactSheet.nodes`); () when some rank's node is unknown."""
+    keys: dict[int, object] = {}
+    if manifest is not None and manifest.ranks:
+        by_node = all(e.node_rank is not None for e in manifest.ranks)
+        keys = {e.rank: e.node_rank if by_node else e.host for e in manifest.ranks}
+    else:
+        keys = {rank: f.host for rank, f in facts.items()}
+    if not keys or None in keys.values():
+        return ()
+    nodes: dict[object, list[int]] = {}
+    for rank in sorted(keys):
+        nodes.setdefault(keys[rank], []).append(rank)
+    return tuple(tuple(ranks) for ranks in nodes.values())
 
 
 def _hosts(manifest: Manifest | None, facts: Iterable[RankFacts]) -> frozenset[str | None]:

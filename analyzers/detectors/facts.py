@@ -164,6 +164,11 @@ def model_settings(model: ModelFacts) -> dict[str, Any]:
             "param_dtype",
             [u.mixed_precision.param_dtype if u.mixed_precision else None for u in units],
         )
+        _agree(
+            out,
+            "reduce_dtype",
+            [u.mixed_precision.reduce_dtype if u.mixed_precision else None for u in units],
+        )
         if all(u.hsdp for u in units):
             out["hsdp"] = True
     root = next((u for u in model.fsdp2_units if not u.path), None)

@@ -7,6 +7,8 @@ one gradient all-reduce across nodes, as long as the model state fits a node's m
 
 from __future__ import annotations
 
+from ..frameworks import fsdp2
+from ..rank.fsdp_ledger import RankLedger
 from ..report import Finding
 from .context import DetectorContext
 from .rule import Rule, Threshold
@@ -15,35 +17,92 @@ from .rule import Rule, Threshold
 INTRA_NODE_SPEEDUP = 2.0
 
 
+def fsdp_group(ctx: DetectorContext, rank: int) -> tuple[int, ...] | None:
+    """The ranks `rank` shards its parameters with: its group along the captured mesh's shard
+    dimension; else the world when its collectives run in world-sized groups; None when FSDP
+    already replicates across a dimension (HSDP) or runs in sub-groups of unknown members."""
+    mesh = ctx.sheet.mesh
+    if mesh is not None and mesh.dims_with_role("replicate"):
+        return None
+    shard = mesh.dims_with_role("shard") if mesh is not None else ()
+    if len(shard) == 1:
+        return shard[0].group_of(rank)
+    world = ctx.sheet.world_size
+    groups = ctx.group_sizes(rank)
+    if not world or (groups and max(groups) < world):
+        return None  # FSDP already runs in sub-groups (HSDP or 2-D sharding)
+    return tuple(range(world))
+
+
+def _nodes_spanned(ctx: DetectorContext, group: tuple[int, ...]) -> int:
+    """How many nodes the group's ranks sit on (the manifest's node count for the whole world
+    when the nodes' ranks are unknown)."""
+    nodes = ctx.sheet.nodes
+    if nodes:
+        return sum(1 for node in nodes if set(node) & set(group))
+    world = ctx.sheet.world_size
+    nnodes = ctx.sheet.nnodes or 1
+    return nnodes if world and len(group) == world and world % nnodes == 0 else 1
+
+
+def cross_node_bytes(lg: RankLedger, replicas: int, shard_size: int) -> dict[str, int] | None:
+    """Bytes per step one rank exchanges with other nodes: now (of every gather it receives and
+    every reduce-scatter it sends, the share held by the other nodes: 1 - 1/nodes) and with HSDP
+    (only the ring all-reduce of its gradient shard across the replicas: 2 (r-1)/r x reduced
+    bytes / shard size); None when the ledger has no message sizes."""
+    n_steps = max(1, len(lg.steps))
+    gathered = sum(r.bytes for r in lg.gathers if r.bytes > 0) / n_steps
+    reduced = sum(r.bytes for r in lg.reduces if r.bytes > 0) / n_steps
+    if not gathered and not reduced:
+        return None
+    now = (1 - 1 / replicas) * (gathered + reduced)
+    hsdp = 2 * (replicas - 1) / replicas * reduced / shard_size
+    return {"now": int(now), "hsdp": int(hsdp)}
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The flat-sharding-multinode finding, or none."""
     ledgers = ctx.fsdp_ledgers()
-    nnodes = ctx.sheet.nnodes
-    world = ctx.sheet.world_size
-    if not ledgers or not nnodes or nnodes < 2 or not world or world % nnodes:
+    if not ledgers:
         return []
     lg = ledgers[0]
-    groups = ctx.group_sizes(lg.rank)
-    if groups and max(groups) < world:
-        return []  # FSDP already runs in sub-groups (HSDP or 2-D sharding)
-    remedy = ctx.sheet.framework.hybrid_shard(ctx.sheet.run_facts())
+    group = fsdp_group(ctx, lg.rank)
+    if group is None:
+        return []
+    spanned = _nodes_spanned(ctx, group)
+    if spanned < 2:
+        return []
+    facts = ctx.sheet.run_facts()
+    remedy = ctx.sheet.framework.hybrid_shard(facts)
     if remedy is None:
         return []  # the run already shards hierarchically (or the framework has no such mode)
     n_steps = max(1, len(lg.steps))
     exposed = sum(r.exposed_us for r in lg.records) / 1e3 / n_steps
+    world = ctx.sheet.world_size
+    evidence: dict[str, object] = {
+        "world_size": world,
+        "nnodes": ctx.sheet.nnodes,
+        "group_sizes": sorted(ctx.group_sizes(lg.rank)),
+        "exposed_fsdp_comm_ms_per_step": round(exposed, 3),
+    }
+    title = f"FSDP shards across all {world} ranks on {ctx.sheet.nnodes} nodes"
+    if len(group) != world:
+        title = f"FSDP shards across {len(group)} ranks on {spanned} nodes"
+        evidence["fsdp_group"] = list(group)
+        evidence["nodes_spanned"] = spanned
+    layout = fsdp2.hsdp_layout(facts) if ctx.sheet.framework.name == fsdp2.NAME else None
+    if layout is not None:
+        cut = cross_node_bytes(lg, layout.replicas, layout.shard_size)
+        if cut is not None:
+            evidence["cross_node_bytes_per_step_per_rank"] = cut
     return [
         Finding(
             id="flat-sharding-multinode",
             severity="warning",
-            title=f"FSDP shards across all {world} ranks on {nnodes} nodes",
+            title=title,
             ranks=[x.rank for x in ledgers],
             steps=list(lg.steps),
-            evidence={
-                "world_size": world,
-                "nnodes": nnodes,
-                "group_sizes": sorted(groups),
-                "exposed_fsdp_comm_ms_per_step": round(exposed, 3),
-            },
+            evidence=evidence,
             recommendation=(
                 f"Use hybrid sharding (HSDP): {remedy.text}, if the model state fits in one "
                 "node's memory."
@@ -64,7 +123,9 @@ RULE = Rule(
     detect=detect,
     what=(
         "FSDP shards over every rank of a multi-node job: more than one node, and the FSDP "
-        "groups span the whole world (no sub-groups: not HSDP or 2-D sharding already)."
+        "groups span the whole world (no sub-groups: not HSDP or 2-D sharding already); or, on "
+        "a captured mesh with other dimensions (TP, PP), FSDP's shard groups span several "
+        "nodes and no dimension replicates. Nodes: the manifest's node ranks, else hosts."
     ),
     why=(
         "Every all-gather and reduce-scatter then crosses the network. Hybrid sharding (shard "
@@ -72,7 +133,12 @@ RULE = Rule(
         "leaves one gradient all-reduce across nodes, as long as the model state fits a node."
     ),
     example="FSDP shards across all 16 ranks on 2 nodes.",
-    fix="An HSDP mesh `(nnodes, ranks_per_node)` in the run's framework.",
+    fix=(
+        "An HSDP mesh built from the run's host layout, `(nnodes, ranks_per_node)` (an explicit "
+        "`DeviceMesh` when nodes hold non-consecutive ranks); on a mesh with TP/PP, the run's "
+        "mesh with its FSDP dimension split into `<dim>_replicate` x `<dim>_shard`. The "
+        "evidence gives the cross-node bytes per step before and after."
+    ),
     gain="Half the exposed FSDP communication (assumes intra-node collectives >= 2x faster).",
     scope="multi-node FSDP/ZeRO runs (nodes from the manifest, else distinct trace hosts)",
     fsdp_only=True,

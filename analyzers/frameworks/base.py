@@ -176,7 +176,9 @@ class RunFacts:
     (`bucket_cap_mb`, `gradient_as_bucket_view`, `static_graph`). A key that is absent is unknown,
     so the remedy proposes it; a key present with the value the remedy would set is not proposed.
     `mesh` is the mesh FSDP2's units shard over when it is not the flat world: the code that
-    calls `fully_shard` rebuilds it and passes it (`fully_shard(block, mesh=dp_mesh)`).
+    calls `fully_shard` rebuilds it and passes it (`fully_shard(block, mesh=dp_mesh)`). `nodes`
+    are the ranks of each node, nodes in order (() when unknown): the host layout an HSDP mesh
+    is built from.
     """
 
     framework: str
@@ -187,6 +189,8 @@ class RunFacts:
     nnodes: int | None = None
     world_size: int | None = None
     mesh: FsdpMesh | None = None  # None: FSDP shards over the flat world (no `mesh=` needed)
+    nodes: tuple[tuple[int, ...], ...] = ()
+    device_type: str = "cuda"  # the accelerator the code builds meshes on ("cpu" for CPU runs)
 
     def has(self, key: str, value: Any) -> bool:
         """Whether the run already sets `key` to `value` (False when unknown)."""

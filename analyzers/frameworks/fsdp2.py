@@ -22,6 +22,7 @@ from .base import (
     attribute_path,
     class_tuple,
 )
+from .hsdp_layout import HsdpLayout, flat_hsdp, quoted, split_dp
 
 NAME = "fsdp2"
 ANNOTATION_RE = re.compile(r"^FSDP::")
@@ -171,26 +172,107 @@ def bf16_comm(facts: RunFacts) -> Remedy | None:
     )
 
 
-def hybrid_shard(facts: RunFacts) -> Remedy | None:
-    """HSDP over a 2-D device mesh (replicate across nodes, shard within one); None when the run
-    already uses one or the node count is unknown."""
-    nnodes, world = facts.nnodes, facts.world_size
-    if facts.has("hsdp", True) or not nnodes or nnodes < 2 or not world or world % nnodes:
+def bf16_reduce(facts: RunFacts) -> Remedy | None:
+    """MixedPrecisionPolicy reducing gradients in bf16 (the run's own param_dtype kept), over the
+    blocks and the root on the run's mesh: half the bytes of every reduce-scatter and all-reduce;
+    None when the run already reduces in bf16 (reduce_dtype, else param_dtype, is bf16)."""
+    reduced = facts.settings.get("reduce_dtype") or facts.settings.get("param_dtype")
+    if str(reduced or "").lower() in BF16_NAMES:
         return None
-    per_node = world // nnodes
     blocks = _blocks_expr(facts)
+    mesh_lines, mesh = _mesh_lines(facts)
+    param = facts.settings.get("param_dtype")
+    param_arg = f"param_dtype=torch.{str(param).removeprefix('torch.')}, " if param else ""
     apply = (
-        f"for block in {blocks}:\n    fully_shard(block, mesh=mesh)\nfully_shard(model, mesh=mesh)"
+        f"for block in {blocks}:\n    fully_shard(block{mesh}, mp_policy=mp)\n"
+        f"fully_shard(model{mesh}, mp_policy=mp)"
         if blocks
-        else "fully_shard(block, mesh=mesh)  # for each block, then the root"
+        else f"fully_shard(block{mesh}, mp_policy=mp)  # for each block, then the root"
     )
     return Remedy(
-        f"shard over the {per_node} ranks of a node, replicate across the {nnodes} nodes",
-        "from torch.distributed.device_mesh import init_device_mesh\n"
-        "from torch.distributed.fsdp import fully_shard\n"
-        + "".join(f"{line}\n" for line in _class_imports(facts))
-        + f'mesh = init_device_mesh("cuda", ({nnodes}, {per_node}), '
-        'mesh_dim_names=("replicate", "shard"))\n' + apply,
+        "reduce gradients in bf16 (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)): half the "
+        "bytes of each reduce-scatter and cross-replica all-reduce, at bf16 precision for the "
+        "summed gradients",
+        "import torch\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+        + "".join(f"{line}\n" for line in [*_class_imports(facts), *mesh_lines])
+        + f"mp = MixedPrecisionPolicy({param_arg}reduce_dtype=torch.bfloat16)\n"
+        + apply,
+    )
+
+
+def all_reduce_last_micro_batch(micro_batches: int) -> Remedy:
+    """HSDP gradient accumulation that all-reduces across replicas once per optimizer step (on
+    the last micro-batch; the others still reduce-scatter within the shard group)."""
+    return Remedy(
+        f"all-reduce across replicas only on the last of the {micro_batches} micro-batches of "
+        "each optimizer step (model.set_requires_all_reduce; the earlier micro-batches still "
+        "reduce-scatter within their shard group)",
+        f"# in the training loop, before each of the {micro_batches} micro-batches' backward "
+        "(i = 0, 1, ...):\n"
+        f"model.set_requires_all_reduce(i == {micro_batches - 1})",
+    )
+
+
+def hsdp_layout(facts: RunFacts) -> HsdpLayout | None:
+    """The HSDP mesh for the run's host layout: its own mesh with the FSDP dimension split when
+    it has one (TP/PP beside FSDP), else (nodes, ranks per node) from the nodes, else from the
+    node count (ranks numbered node by node); None when the run already replicates across a
+    dimension or the layout cannot shard within a node."""
+    if facts.has("hsdp", True):
+        return None
+    if facts.mesh is not None:
+        return split_dp(facts.mesh, facts.nodes) if facts.nodes else None
+    if facts.nodes:
+        return flat_hsdp(facts.nodes, facts.device_type)
+    nnodes, world = facts.nnodes, facts.world_size
+    if not nnodes or nnodes < 2 or not world or world % nnodes:
+        return None
+    per_node = world // nnodes
+    return flat_hsdp(
+        tuple(tuple(range(k * per_node, (k + 1) * per_node)) for k in range(nnodes)),
+        facts.device_type,
+    )
+
+
+def hybrid_shard(facts: RunFacts) -> Remedy | None:
+    """HSDP over a mesh built from the run's host layout (`hsdp_layout`): shard within a node,
+    replicate across nodes; None when the run already does or the layout does not allow it."""
+    layout = hsdp_layout(facts)
+    if layout is None:
+        return None
+    blocks = _blocks_expr(facts)
+    lines = [layout.import_line(), "from torch.distributed.fsdp import fully_shard"]
+    lines += _class_imports(facts)
+    var = "mesh"
+    if layout.replaces is not None:
+        old = layout.replaces
+        name = old.fsdp_dims[0]
+        others = [f'mesh["{d}"]' for d in old.dim_names if d != name]
+        lines += [
+            f'# replaces the run\'s mesh, {old.shape} {quoted(old.dim_names)}: "{name}" split into '
+            f'"{layout.fsdp_dims[0]}" across {layout.replicas} nodes and "{layout.fsdp_dims[1]}" '
+            "within one;",
+            f"# {', '.join(others)} as before (parallelize_module and the rest)",
+            f"mesh = {layout.build()}",
+            f'dp_mesh = mesh["{layout.fsdp_dims[0]}", "{layout.fsdp_dims[1]}"]',
+        ]
+        var = "dp_mesh"
+    else:
+        lines.append(f"mesh = {layout.build()}")
+    lines += (
+        [
+            f"for block in {blocks}:",
+            f"    fully_shard(block, mesh={var})",
+            f"fully_shard(model, mesh={var})",
+        ]
+        if blocks
+        else [f"fully_shard(block, mesh={var})  # for each block, then the root"]
+    )
+    return Remedy(
+        f"shard over the {layout.shard_size} ranks of a node, replicate across the "
+        f"{layout.replicas} nodes",
+        "\n".join(lines),
     )
 
 

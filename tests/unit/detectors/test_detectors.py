@@ -431,8 +431,9 @@ def test_flat_sharding_across_nodes_recommends_hsdp_with_runnable_code() -> None
 
     record = SimpleNamespace(exposed_us=4000.0)
     ledger = SimpleNamespace(
-        rank=0, framework="fsdp2", records=[record], steps=[1, 2], unit_order=[]
-    )
+        rank=0, framework="fsdp2", records=[record], steps=[1, 2], unit_order=[], gathers=[],
+        reduces=[],
+    )  # fmt: skip
     manifest = Manifest.from_json({"world_size": 16, "nnodes": 2})
     ctx = DetectorContext(ledgers={0: ledger}, manifest=manifest)  # type: ignore[dict-item]
     (f,) = flat_sharding.detect(ctx)

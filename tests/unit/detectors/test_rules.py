@@ -19,7 +19,8 @@ from zdiag.analyzers.detectors.docs import rules_markdown
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.inputs.model_facts import ModelFacts
-from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
+from zdiag.analyzers.rank.declared_groups import ProcessGroupInfo
+from zdiag.analyzers.rank.fsdp_ledger import CollectiveRecord, RankLedger, build_rank_ledger
 from zdiag.analyzers.rank.host_syncs import HostSyncSites
 from zdiag.analyzers.rank.pipeline_times import PipelineStepTimes
 from zdiag.analyzers.rank.rank_analysis import RankFacts, rank_facts
@@ -157,6 +158,37 @@ def _pipeline() -> DetectorContext:
     return DetectorContext(ledgers={}, facts=facts, model=ModelFacts(desc))
 
 
+def _hsdp() -> DetectorContext:
+    """A gloo HSDP rank whose replicate all-reduces (4 ms each, group {0, 2}) are exposed for
+    8 ms of a 100 ms step, after 1 ms reduce-scatters (group {0, 1})."""
+    recs: list[CollectiveRecord] = []
+    members: dict[float, tuple[int, ...]] = {}
+    t = 0.0
+    for unit in ("layers.0", ""):
+        for group, dur in (((0, 1), 1e3), ((0, 2), 4e3)):
+            recs.append(
+                CollectiveRecord(
+                    unit=unit, framework="fsdp2", family="reduce", kind="all_reduce", phase="",
+                    step=1, issued_us=t, issue_end_us=t, start_us=t, end_us=t + dur, bytes=-1,
+                    dtype="", exposed_us=dur,
+                )
+            )  # fmt: skip
+            members[round(t, 3)] = group
+            t += dur
+    groups = [
+        ProcessGroupInfo(name="1", description="mesh_replicate", size=2, ranks=[0, 2]),
+        ProcessGroupInfo(name="3", description="mesh_shard", size=2, ranks=[0, 1]),
+    ]
+    ledger = RankLedger(
+        rank=0, framework="fsdp2", device="cpu", records=recs, steps=[1], window_us=100e3
+    )
+    return DetectorContext(
+        ledgers={0: ledger},
+        facts={0: RankFacts(process_groups=groups)},
+        record_members={0: members},
+    )
+
+
 def _contexts(tmp_path: Path) -> dict[str, DetectorContext]:
     """A context on which each rule with an evidence-reported threshold fires."""
     (tmp_path / "wrap").mkdir(parents=True)
@@ -202,6 +234,7 @@ def _contexts(tmp_path: Path) -> dict[str, DetectorContext]:
         ),
         "straggler": _straggler(),
         "pipeline-bubble": _pipeline(),
+        "exposed-replicate-allreduce": _hsdp(),
         "comm-bound": DetectorContext(
             ledgers={0: comm_ledger},  # type: ignore[dict-item]
             breakdowns={0: [_step(i, "comm-bound", 0.0, 40.0, comm=80.0) for i in range(3)]},

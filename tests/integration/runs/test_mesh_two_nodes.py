@@ -1,0 +1,99 @@
+"""A two-"node" launch on one machine (issue 26, items 4 and 6): host-aware mesh advice, tested.
+
+Two `zdiag run --nnodes 2 --node-rank K` launchers on localhost meet at one rendezvous and write
+one run directory. Both see the same host name: the analysis tells the nodes apart by the node
+rank each launcher records for its ranks (manifest.d/rank-N.json `node_rank`).
+
+The script is examples/mesh/fsdp_tp.py with its mesh built ("tp", "dp") instead of ("dp", "tp"):
+init_device_mesh lays ranks out row-major, so the TP groups become {0, 2} and {1, 3}, across the
+two nodes {0, 1} and {2, 3}. `tp-across-nodes` says so; its code (the mesh rebuilt with "tp"
+last), pasted in place of the script's mesh line, trains on the same two nodes and no longer
+raises it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.dist]
+
+TIMEOUT_S = 300
+SCRIPT = REPO_ROOT / "examples" / "mesh" / "fsdp_tp.py"
+MESH_LINE = '    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))\n'
+TP_FIRST = '    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("tp", "dp"))\n'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _two_nodes(script: Path, out: Path) -> list[dict[str, Any]]:
+    """Record `script` with two launchers of 2 ranks each on localhost; the findings of
+    `zdiag analyze --json`."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    port = _free_port()
+    zdiag = [sys.executable, "-m", "zdiag"]
+    launch = [*zdiag, "run", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    launch += ["--rdzv-id", out.name, "--nproc-per-node", "2", "--out", str(out)]
+    logs = [out.parent / f"{out.name}-node-{k}.log" for k in (0, 1)]
+    with contextlib.ExitStack() as files:
+        launchers = [  # output to files: a full pipe would stall one launcher, hang the other
+            subprocess.Popen(
+                [*launch, "--node-rank", str(k), str(script), "--steps", "4"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=files.enter_context(log.open("w")),
+                stderr=subprocess.STDOUT,
+            )
+            for k, log in enumerate(logs)
+        ]
+        codes = [p.wait(timeout=TIMEOUT_S) for p in launchers]
+    for code, log in zip(codes, logs, strict=True):
+        assert code == 0, log.read_text()[-3000:]
+    proc = subprocess.run(
+        [*zdiag, "analyze", "--json", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    findings: list[dict[str, Any]] = json.loads(proc.stdout)["findings"]
+    return findings
+
+
+def test_tp_across_two_nodes_on_one_machine_is_found_and_its_code_fixes_it(
+    tmp_path: Path,
+) -> None:
+    source = SCRIPT.read_text()
+    assert MESH_LINE in source
+    tp_first = tmp_path / "fsdp_tp_first.py"
+    tp_first.write_text(source.replace(MESH_LINE, TP_FIRST))
+
+    out = tmp_path / "before"
+    findings = {f["id"]: f for f in _two_nodes(tp_first, out)}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["nnodes"] == 2 and len(set(manifest["hosts"])) == 1  # one machine
+    assert [r["node_rank"] for r in manifest["ranks"]] == [0, 0, 1, 1]
+    tp = findings["tp-across-nodes"]
+    assert tp["evidence"]["crossing_groups"] == [[0, 2], [1, 3]]
+    code = tp["code"]
+    assert code.endswith('mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))')
+    # the dp groups {0, 1}, {2, 3} sit on one node each: no HSDP advice
+    assert "flat-sharding-multinode" not in findings
+
+    fixed = tmp_path / "fsdp_tp_fixed.py"
+    fixed.write_text(source.replace(MESH_LINE, "    " + code.splitlines()[-1] + "\n"))
+    after = {f["id"] for f in _two_nodes(fixed, tmp_path / "after")}
+    assert "tp-across-nodes" not in after
