@@ -13,25 +13,21 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..inputs.mesh_facts import MeshFacts
+from ..run.comm_dimensions import dimension_role
 
 if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
 
 TP = "tp"
 MESH_PREFIX = "mesh_"
-# dimension names -> role, for a mesh known only by its pg_config descriptions (torchtitan's and
-# the PyTorch tutorials' names)
-ROLE_BY_NAME = {
-    "tp": TP,
-    "tensor": TP,
-    "replicate": "replicate",
-    "dp_replicate": "replicate",
-    "shard": "shard",
-    "dp_shard": "shard",
-    "dp": "shard",
-    "fsdp": "shard",
-    "pp": "pp",
-}
+# the report's dimension roles (run/comm_dimensions.py, from the dimension's name) -> the
+# captured mesh's role vocabulary the detectors use
+_MESH_ROLE = {"dp-shard": "shard", "dp": "shard", "dp-replicate": "replicate", "tp": TP, "pp": "pp"}
+
+
+def _role_by_name(name: str) -> str | None:
+    """A dimension's role from its name alone (torchtitan's and the tutorials' names)."""
+    return _MESH_ROLE.get(dimension_role(name, (), None)[0])
 
 
 def group_roles(mesh: MeshFacts | None, facts: Iterable[RankFacts]) -> dict[tuple[int, ...], str]:
@@ -48,7 +44,7 @@ def group_roles(mesh: MeshFacts | None, facts: Iterable[RankFacts]) -> dict[tupl
             if pg.ranks is None or not pg.description.startswith(MESH_PREFIX):
                 continue
             name = pg.description[len(MESH_PREFIX) :]
-            role = by_name.get(name) or ROLE_BY_NAME.get(name)
+            role = by_name.get(name) or _role_by_name(name)
             if role is not None:
                 roles.setdefault(tuple(pg.ranks), role)
     return roles
