@@ -6,29 +6,15 @@ gloo) to "dp", with the roles the captured mesh gives them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.processes import zdiag
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
 
-TIMEOUT_S = 300
 TP_CALLS_PER_STEP = 8  # 4 stages: the rowwise output's all-reduce forward, colwise input's backward
-
-
-def zdiag(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run `zdiag ARGS` in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "zdiag", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
 
 
 def test_fsdp_tp_communication_is_split_into_dp_and_tp(tmp_path: Path) -> None:

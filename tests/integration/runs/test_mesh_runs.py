@@ -6,32 +6,18 @@ mesh with its true groups, and `zdiag analyze` reads the run directories."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.processes import zdiag
 from zdiag.analyzers.inputs.model_facts import facts_from_run_dir
 
 pytestmark = pytest.mark.slow  # real processes: seconds per test (make integration)
 
-TIMEOUT_S = 300
 PAIRS = ((0, 1), (2, 3))  # the rows of a (2, 2) mesh over ranks 0-3
 ACROSS = ((0, 2), (1, 3))  # its columns
-
-
-def zdiag(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run `zdiag ARGS` in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "zdiag", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
 
 
 def run_example(name: str, out: Path) -> list[dict[str, Any]]:

@@ -5,8 +5,6 @@ processes train one model: recorded again, they exchange collectives and the fin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,18 +13,12 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
+from support.processes import run as _run
 
 pytestmark = pytest.mark.slow  # real processes (make integration)
 
 SCRIPT = REPO_ROOT / "tests" / "support" / "train_alone.py"
 MODEL_LINE = "    model = Net()\n"
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env, check=False
-    )
 
 
 def _findings(script: Path, out: Path) -> dict[str, dict[str, Any]]:

@@ -8,30 +8,16 @@ bubble per stage and names stage 0 as the one the other waits for."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.processes import zdiag
 
 pytestmark = pytest.mark.slow  # real processes: ~20 s (make integration)
 
-TIMEOUT_S = 300
 PIPELINES = ((0, 1), (2, 3))  # the "pp" groups: rows of the (2, 2) mesh
 REPLICAS = ((0, 2), (1, 3))  # the "dp" groups
-
-
-def zdiag(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run `zdiag ARGS` in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "zdiag", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
 
 
 def test_pipeline_stages_are_captured_and_the_slow_stage_named(tmp_path: Path) -> None:
