@@ -12,7 +12,7 @@ the member ranks of the group each names (what the cross-rank matching keys grou
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -51,6 +51,52 @@ def declared_groups(info: Mapping[str, Any] | None) -> list[ProcessGroupInfo]:
             )
         )
     return out
+
+
+MAX_CALL_RANKS_CHARS = 1 << 20
+"""A per-call `Process Group Ranks` string longer than this is not read (a 100k-rank group's
+list is ~700 kB)."""
+
+
+def groups_from_calls(
+    infos: Sequence[ProcessGroupInfo], call_args: Iterable[Mapping[str, Any]]
+) -> list[ProcessGroupInfo]:
+    """`infos` (the header's groups) completed by what the collective calls themselves say:
+    NCCL-era traces carry `Process Group Name`, `Process Group Description` and `Process Group
+    Ranks` ("[0, 1]") on each `record_param_comms` op and kernel. A group the header lists with
+    its members stays as it is; one it lists without members gets the calls' members; one it
+    does not list at all is added."""
+    by_name = {info.name: info for info in infos}
+    for args in call_args:
+        name = args.get("Process Group Name")
+        ranks_text = args.get("Process Group Ranks")
+        if not isinstance(name, str | int) or not isinstance(ranks_text, str):
+            continue
+        key = str(name)
+        known = by_name.get(key)
+        if known is not None and known.ranks is not None:
+            continue
+        ranks = _parse_ranks(ranks_text)
+        if ranks is None:
+            continue
+        desc = args.get("Process Group Description")
+        by_name[key] = ProcessGroupInfo(
+            name=key,
+            description=known.description if known else desc if isinstance(desc, str) else "",
+            size=known.size if known and known.size else len(ranks),
+            ranks=ranks,
+        )
+    return list(by_name.values())
+
+
+def _parse_ranks(text: str) -> list[int] | None:
+    """ "[0, 1, 2]" -> [0, 1, 2]; None for anything else (empty, malformed, too long)."""
+    if len(text) > MAX_CALL_RANKS_CHARS or not text.startswith("[") or not text.endswith("]"):
+        return None
+    parts = [p.strip() for p in text[1:-1].split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return _ranks([int(p) for p in parts])
 
 
 def _ranks(value: object) -> list[int] | None:
