@@ -17,10 +17,11 @@ Importing `torch.distributed.pipelining` costs about half a second, so the recor
 imports it: when the modules are already loaded it wraps them at once, otherwise an import
 finder (first on `sys.meta_path`, one string test per import while installed) wraps each class
 right after its module runs. It must never slow, block or break training: nothing is done per
-micro-batch or step, only once per stage or schedule built; the constructor's own result and
-exceptions pass through untouched; the recorder's own errors are caught, switch it off and are
-kept in `error` (the session reports them once as a collector note). At most
-`MAX_PIPELINE_STAGES` stages and `MAX_PIPELINE_SCHEDULES` schedules are kept.
+micro-batch or step, only once per stage or schedule built (for a schedule torch does not
+label, `Schedule1F1B`, one `record_function` range per micro-batch action:
+`label_micro_batches`); the constructor's own result and exceptions pass through untouched;
+the recorder's own errors are caught, switch it off and are kept in `error` (the session
+reports them once as a collector note). At most `MAX_PIPELINE_STAGES` stages and `MAX_PIPELINE_SCHEDULES` schedules are kept.
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ class PipelineRecorder:
                 self.dropped += 1
                 return
             self.schedules.append(describe_schedule(schedule))
+            if type(schedule).__name__ in UNLABELLED_SCHEDULES:
+                label_micro_batches(getattr(schedule, "_stage", None))
         except Exception as exc:
             self._fail(exc)
 
@@ -202,6 +205,34 @@ class _ThenLoader(importlib.abc.Loader):
 
 
 # ------------------------------------------------------------------------- what is recorded
+UNLABELLED_SCHEDULES = frozenset({"Schedule1F1B"})
+"""Schedules whose micro-batch actions torch (2.13) wraps in no `record_function` range
+(ScheduleGPipe labels `Forward <i>` / `Backward <i>`, the runtime schedules `PP:<action>`)."""
+
+
+def label_micro_batches(stage: Any) -> None:
+    """Wrap this stage object's `forward_one_chunk` / `backward_one_chunk` in the ranges
+    ScheduleGPipe uses (`Forward <i>`, `Backward <i>`), so its pipeline phase can be timed:
+    one `record_function` per micro-batch action (a few microseconds each, a no-op without a
+    profiler). Only this object is changed, not the class."""
+    if stage is None:
+        return
+    from torch.profiler import record_function
+
+    for method, label in (("forward_one_chunk", "Forward"), ("backward_one_chunk", "Backward")):
+        bound = getattr(stage, method, None)
+        if bound is None or hasattr(bound, _WRAPPED):
+            continue
+
+        def labelled(*args: Any, _run: Any = bound, _label: str = label, **kw: Any) -> Any:
+            chunk = args[0] if args else kw.get("fwd_chunk_id", kw.get("bwd_chunk_id", "?"))
+            with record_function(f"{_label} {chunk}"):
+                return _run(*args, **kw)
+
+        setattr(labelled, _WRAPPED, bound)
+        setattr(stage, method, labelled)
+
+
 def _group_members(group: Any) -> tuple[tuple[int, ...], str | None]:
     """A process group's members (global ranks, group-rank order) and c10d name."""
     import torch.distributed as dist

@@ -19,7 +19,9 @@ Per step (the rank's step windows), over the actions in it:
   (the bubble);
 - `step_ms`: the step window; `actions`: the number of action ranges.
 
-Schedule1F1B in torch 2.13 wraps its actions in no range: such runs give no timings (the
+Schedule1F1B in torch 2.13 wraps its actions in no range: under `zdiag run` the collectors label
+its stage's `forward_one_chunk` / `backward_one_chunk` with the same `Forward <i>` / `Backward
+<i>` ranges (collectors/pipeline_capture.py); a trace recorded elsewhere gives no timings (the
 detector then says the pipeline was captured but not timed).
 """
 

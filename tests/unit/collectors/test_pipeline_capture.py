@@ -193,3 +193,28 @@ def test_description_gets_the_pipeline_and_the_pp_role() -> None:
     broken = {**out.to_json(), "pipeline": {"stages": "nope"}}
     assert ModelDescription.from_json(broken).pipeline == PipelineInfo()
     assert dataclasses.replace(out, pipeline=None).pipeline is None
+
+
+def test_an_unlabelled_schedules_micro_batches_get_ranges() -> None:
+    """Schedule1F1B wraps its actions in no range: its stage's chunks get `Forward <i>` /
+    `Backward <i>` (what pipeline_times reads), on this object only, results untouched."""
+    import torch
+    from zdiag.collectors.pipeline_capture import label_micro_batches
+
+    class Stage:
+        def forward_one_chunk(self, fwd_chunk_id: int, args: object = None) -> int:
+            return fwd_chunk_id * 10
+
+        def backward_one_chunk(self, bwd_chunk_id: int, loss: object = None) -> str:
+            return f"b{bwd_chunk_id}"
+
+    stage = Stage()
+    label_micro_batches(stage)
+    label_micro_batches(stage)  # twice: wrapped once
+    with torch.profiler.profile() as prof:
+        assert stage.forward_one_chunk(3, ()) == 30
+        assert stage.forward_one_chunk(fwd_chunk_id=4) == 40
+        assert stage.backward_one_chunk(3) == "b3"
+    names = [e.name for e in prof.events()]
+    assert names.count("Forward 3") == 1 and "Forward 4" in names and "Backward 3" in names
+    assert not hasattr(Stage().forward_one_chunk, "__wrapped__")  # the class is untouched
