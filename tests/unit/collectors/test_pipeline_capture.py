@@ -199,6 +199,7 @@ def test_an_unlabelled_schedules_micro_batches_get_ranges() -> None:
     """Schedule1F1B wraps its actions in no range: its stage's chunks get `Forward <i>` /
     `Backward <i>` (what pipeline_times reads), on this object only, results untouched."""
     import torch
+
     from zdiag.collectors.pipeline_capture import label_micro_batches
 
     class Stage:
