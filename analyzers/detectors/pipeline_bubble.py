@@ -88,9 +88,15 @@ def phase_ms(per_mb: list[float], m: int) -> float:
     return sum(per_mb) + (m - 1) * max(per_mb)
 
 
-def more_microbatches_gain(per_mb: list[float], m: int, m_new: int) -> float:
-    """T(m) - T(m_new), each stage's time per micro-batch scaled by m / m_new."""
-    return (sum(per_mb) - max(per_mb)) * (1 - m / m_new)
+def more_microbatches_gain(
+    per_mb: list[float], m: int, m_new: int, fixed: list[float] | None = None
+) -> float:
+    """T(m) - T(m_new): each stage's time per micro-batch t = a + f, where the work a scales by
+    m / m_new and `fixed` f (the FSDP all-gathers each micro-batch repeats, whose size does not
+    depend on the batch) stays; can be negative (more micro-batches cost more)."""
+    f = fixed or [0.0] * len(per_mb)
+    new = [(t - min(x, t)) * m / m_new + min(x, t) for t, x in zip(per_mb, f, strict=True)]
+    return phase_ms(per_mb, m) - phase_ms(new, m_new)
 
 
 def rebalance_gain(per_mb: list[float], m: int) -> float:
@@ -157,11 +163,17 @@ class Bubble:
 
 
 def measure(
-    pf: PipelineFacts, pos: list[Position], m: int, blocks: tuple[str, str, int] | None = None
+    pf: PipelineFacts,
+    pos: list[Position],
+    m: int,
+    blocks: tuple[str, str, int] | None = None,
+    gathers: list[float] | None = None,
 ) -> Bubble:
     """The bubble arithmetic of measured positions (at least one); `blocks` (class, container,
-    count): the repeated blocks of the captured rank's stage, when it knows them."""
+    count): the repeated blocks of the captured rank's stage, when it knows them; `gathers`:
+    per position, its FSDP all-gather time per step (repeated in every micro-batch)."""
     per_mb = [q.busy_ms / m for q in pos]
+    fixed = [g / m for g in gathers] if gathers else None
     mean_t = sum(per_mb) / len(per_mb)
     imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
     slow = pos[per_mb.index(max(per_mb))]
@@ -174,10 +186,22 @@ def measure(
         per_mb=per_mb,
         slow=slow,
         imbalanced=imbalanced,
-        gain_mb=more_microbatches_gain(per_mb, m, 2 * m),
+        gain_mb=more_microbatches_gain(per_mb, m, 2 * m, fixed),
         gain_bal=rebalance_gain(per_mb, m) if imbalanced else 0.0,
         slow_blocks=blocks if captured & set(slow.stages) else None,
     )
+
+
+def _gathers_per_step(ctx: DetectorContext, ranks: tuple[int, ...]) -> float:
+    """The ranks' mean FSDP all-gather time per step (ms): each micro-batch gathers again."""
+    per_rank = []
+    for rank in ranks:
+        lg = ctx.ledgers.get(rank)
+        if lg is None or not lg.steps:
+            continue
+        total_us = sum(r.end_us - r.start_us for r in lg.gathers)
+        per_rank.append(total_us / 1e3 / len(lg.steps))
+    return sum(per_rank) / len(per_rank) if per_rank else 0.0
 
 
 def blocks_to_move(b: Bubble) -> int | None:
@@ -203,7 +227,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     blocks = (
         (best.child_class, best.containers[0], best.count) if best and best.child_class else None
     )
-    b = measure(pf, pos, m, blocks)
+    b = measure(pf, pos, m, blocks, [_gathers_per_step(ctx, q.ranks) for q in pos])
     gain = max(b.gain_mb, b.gain_bal)
     worst = max(q.bubble_share for q in pos)
     if worst < BUBBLE_MIN_SHARE or b.step <= 0 or gain < MIN_GAIN_SHARE * b.step:
@@ -230,8 +254,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             expected_gain_ms=round(gain, 3),
             gain_method=(
                 "from the measured work per micro-batch t of each stage (median over steps): "
-                "the phase takes T(m) = sum(t) + (m-1)*max(t); doubling m scales every t by 1/2 "
-                "(gain (sum(t)-max(t))*(1-m/m')), a balanced split sets every t to their mean "
+                "the phase takes T(m) = sum(t) + (m-1)*max(t); doubling m halves each t's work "
+                "but not its FSDP all-gathers, which every micro-batch repeats (t = a + f, "
+                "t' = a/2 + f, gain T(m) - T'(2m)), a balanced split sets every t to their mean "
                 "(gain (m-1)*(max(t)-mean(t))); the larger is reported. Smaller micro-batches "
                 "run less efficiently on GPUs: an upper bound there"
             ),

@@ -200,3 +200,23 @@ def test_registered_and_runs_in_the_registry() -> None:
     results = run_context(ctx)
     assert not results.failed
     assert [f.id for f in results.findings if f.id == "pipeline-bubble"] == ["pipeline-bubble"]
+
+
+def test_more_micro_batches_repeat_the_fsdp_gathers() -> None:
+    """Measured on a user's FSDP2 + Schedule1F1B script (4 gloo ranks): 16 micro-batches instead
+    of 8 made the step 2.4x slower, because each micro-batch gathers the stage's parameters
+    again. With the gathers in the model, doubling is a loss, not the 33 ms gain the work-only
+    model predicted."""
+    from zdiag.analyzers.detectors.pipeline_bubble import more_microbatches_gain, phase_ms
+
+    per_mb, m = [66.1, 85.0], 8
+    work_only = more_microbatches_gain(per_mb, m, 2 * m)
+    assert work_only == pytest.approx((sum(per_mb) - max(per_mb)) * (1 - m / (2 * m)))
+    assert work_only > 0
+    fixed = [58.0, 60.0]  # the stages' all-gather time per step / m
+    assert more_microbatches_gain(per_mb, m, 2 * m, fixed) < 0
+    # no gathers: the same as the work-only model; gathers never above t
+    assert more_microbatches_gain(per_mb, m, 2 * m, [0.0, 0.0]) == pytest.approx(work_only)
+    assert more_microbatches_gain(per_mb, m, 2 * m, [500.0, 500.0]) == pytest.approx(
+        phase_ms(per_mb, m) - phase_ms(per_mb, 2 * m)
+    )
