@@ -374,8 +374,9 @@ RULE = Rule(
     ),
     gain=(
         "From the measured work per micro-batch t per stage: T(m) = sum(t) + (m-1)*max(t); "
-        "doubling m gains (sum(t)-max(t))*(1-m/m'), balancing gains (m-1)*(max(t)-mean(t)); "
-        "the larger is reported."
+        "doubling m halves each t's work but not its FSDP all-gathers (t' = a/2 + f: gain "
+        "T(m) - T'(2m), negative when the gathers dominate), balancing gains "
+        "(m-1)*(max(t)-mean(t)); the larger is reported."
     ),
     scope=(
         "runs recorded with `zdiag run` whose script builds pipeline stages (the model "
