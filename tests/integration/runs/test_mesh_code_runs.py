@@ -94,3 +94,35 @@ def test_whole_model_wrap_code_runs_pasted_into_the_script(
 
     after = _findings(patched, tmp_path / "after")
     assert "whole-model-wrap" not in {f["id"] for f in after}
+
+
+HOOK = 'def before_backward(model: nn.Module, i: int) -> None:\n    """Called before micro-batch i\'s backward (i = 0 .. MICRO_BATCHES - 1)."""\n'
+
+
+def _replicate_calls(out: Path) -> float:
+    """Calls per rank on the run's replicate groups (`zdiag analyze --json`)."""
+    proc = _run(sys.executable, "-m", "zdiag", "analyze", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    groups = json.loads(proc.stdout)["process_groups"]
+    return sum(g["calls_per_rank"] for g in groups if g["description"] == "mesh_replicate")
+
+
+def test_replicate_all_reduce_code_runs_in_the_accumulation_loop(tmp_path: Path) -> None:
+    """examples/mesh/hsdp_accum.py accumulates 4 micro-batches per step under HSDP, and FSDP2
+    all-reduces across the replicas after each one. The exposed-replicate-allreduce code goes in
+    the script's `before_backward(model, i)` hook: the patched script trains, all-reduces once
+    per step (a quarter of the replicate calls), and is not told to do it again."""
+    script = MESH_EXAMPLES / "hsdp_accum.py"
+    before = _findings(script, tmp_path / "before")
+    finding = next(f for f in before if f["id"] == "exposed-replicate-allreduce")
+    assert finding["code"].endswith("model.set_requires_all_reduce(i == 3)"), finding["code"]
+    calls_before = _replicate_calls(tmp_path / "before")
+
+    text = script.read_text()
+    assert HOOK in text
+    patched = tmp_path / "hsdp_accum_fixed.py"
+    patched.write_text(text.replace(HOOK, HOOK + textwrap.indent(finding["code"], "    ") + "\n"))
+    after = _findings(patched, tmp_path / "after")
+    assert _replicate_calls(tmp_path / "after") == pytest.approx(calls_before / 4)
+    again = [f for f in after if f["id"] == "exposed-replicate-allreduce"]
+    assert not any("set_requires_all_reduce" in (f["code"] or "") for f in again)
