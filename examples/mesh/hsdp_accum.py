@@ -2,7 +2,7 @@
 (FSDP2 `fully_shard(stage, mesh=mesh)`, dim 0 replicate, dim 1 shard). Each micro-batch's backward
 all-reduces the gradients across the replicas, as FSDP2 does by default.
 
-torchrun --standalone --nproc-per-node 4 examples/mesh/hsdp_accum.py [--steps 4]
+torchrun --standalone --nproc-per-node 4 examples/mesh/hsdp_accum.py [--steps 6]
 zdiag run --nproc-per-node 4 examples/mesh/hsdp_accum.py
 """
 
