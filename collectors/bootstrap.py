@@ -6,8 +6,10 @@
 `zdiag run` starts it (directly, or as the torchrun worker). It reads the run directory and settings
 from the environment (`ZDIAG_RUN_DIR`, `ZDIAG_CONFIG`), starts a `RankSession`, runs the script as
 `__main__` with runpy (sys.argv and sys.path[0] as Python would set them), and records how it ended.
-Out of memory: the memory data is written first, then the error propagates. Every exception and
-exit code of the script passes through unchanged.
+Out of memory: the memory data is written first. An uncaught exception is reported as Python
+reports it (through `sys.excepthook`, exit code 1) but with the script's own traceback, without
+the bootstrap's and runpy's frames above it; `SystemExit` and `KeyboardInterrupt` pass through
+unchanged.
 
 A child the script forks (`os.fork()`) and that then returns or raises comes back here too: it
 never finishes the parent's session (the session is disarmed in the child) and ends with its
@@ -22,6 +24,7 @@ import runpy
 import sys
 import traceback
 from collections.abc import Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -84,7 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     found = config_from_env()
     if found is None:  # not under zdiag run: behave exactly like python SCRIPT
-        run_target(target, args, as_module=as_module)
+        try:
+            run_target(target, args, as_module=as_module)
+        except Exception as exc:
+            return _report_uncaught(exc)
         return 0
 
     from .session import RankSession
@@ -109,11 +115,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.getpid() != pid:
             _end_forked_child(exc)
         _finish_after(session, exc)
-        raise
+        if isinstance(exc, SystemExit | KeyboardInterrupt):
+            raise
+        return _report_uncaught(exc)
     if os.getpid() != pid:
         _end_forked_child(None)
     session.finish(0)
     return 0
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """`tb` from the first frame that is neither this module nor runpy: the script's own."""
+    start = tb
+    while start is not None:
+        name = start.tb_frame.f_code.co_filename
+        if name != __file__ and not name.endswith(("runpy.py", "<frozen runpy>")):
+            return start
+        start = start.tb_next
+    return tb  # the error is in zdiag's own frames: show them all
+
+
+def _report_uncaught(exc: BaseException) -> int:
+    """What Python does with an uncaught exception, with the script's own traceback (not the
+    bootstrap's and runpy's frames above it): print it through `sys.excepthook`, exit 1."""
+    exc = exc.with_traceback(_user_frames(exc.__traceback__))  # what the printers read
+    try:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    except BaseException:
+        traceback.print_exception(exc)
+    return 1
 
 
 def _finish_after(session: RankSession, exc: BaseException) -> None:

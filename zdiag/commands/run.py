@@ -44,6 +44,7 @@ from zdiag.errors import ConfigError, InputError
 from zdiag.live.wire import ENV_JOB, ENV_MONITOR
 
 BOOTSTRAP_MODULE = "zdiag.collectors.bootstrap"
+TORCHRUN_MODULE = "zdiag.commands.torchrun_launch"
 HARNESS_MODULE = "zdiag.harness"
 # A CPU node runs at most this many ranks per core it may use: beyond that gloo collectives
 # starve and time out instead of training. (GPU ranks are bound by the script's device choice.)
@@ -322,7 +323,8 @@ class LaunchPlan:
             raise ConfigError(
                 f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address) so the nodes can meet."
             )
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        # torchrun, its failure summary naming the script (commands/torchrun_launch.py)
+        cmd = [sys.executable, "-m", TORCHRUN_MODULE, "--nproc-per-node", str(nproc)]
         cmd += ["--nnodes", str(nnodes), "--max-restarts", "0"]
         if args.rdzv_endpoint is None:
             cmd += ["--standalone"]

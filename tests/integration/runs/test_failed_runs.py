@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,14 @@ def test_crash_in_every_rank_keeps_both_windows(tmp_path: Path) -> None:
     assert crash["evidence"]["torn_down"] == []
     for r in (0, 1):  # the half-finished step 3 is not a step
         assert analyzed_steps(report, r) == [2]
+    # the user sees their script and their own traceback, not zdiag's wrapper (issue 30)
+    assert "fail_train.py FAILED" in res.stderr and "collectors.bootstrap FAILED" not in res.stderr
+    text = re.sub(r"(?m)^\[rank\d+\]: ", "", res.stderr)  # torch's per-rank prefixes
+    tracebacks = text.split("Traceback (most recent call last):")[1:]
+    assert len(tracebacks) == 2, text[-3000:]  # one per rank: none from the launcher
+    assert all("injected failure on rank" in t for t in tracebacks)
+    assert all("bootstrap.py" not in t and "runpy" not in t for t in tracebacks)
+    assert all(t.lstrip().startswith(f'File "{SCRIPT}"') for t in tracebacks)
 
 
 def test_crash_in_one_rank_keeps_the_torn_down_peer(tmp_path: Path) -> None:
