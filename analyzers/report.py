@@ -240,8 +240,8 @@ class MemoryBreakdown(msgspec.Struct, kw_only=True):
     capacity_bytes: int | None = None
     what_if: list[WhatIf] = msgspec.field(default_factory=list)
     # what the blocks allocated before recording most likely are, inferred from their total and
-    # the captured model's sharded parameter bytes ("" when nothing matches or nothing is known)
-    preexisting_inferred: str = ""
+    # the captured model's sharded parameter bytes (absent when nothing matches or is known)
+    preexisting_inferred: str | UnsetType = UNSET
 
 
 class Finding(msgspec.Struct, kw_only=True):

@@ -239,7 +239,9 @@ def _snapshot_breakdowns(
     )
     held = _rank_param_bytes(model)
     for breakdown in result.breakdowns:
-        breakdown.preexisting_inferred = infer_preexisting(breakdown.category_bytes, held)
+        said = infer_preexisting(breakdown.category_bytes, held)
+        if said:
+            breakdown.preexisting_inferred = said
     return result
 
 
