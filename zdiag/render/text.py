@@ -21,6 +21,7 @@ them (ProfilerStep#N, 0-based); the root FSDP unit prints as "(root)" (it is "" 
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 
 from zdiag.analyzers.report import Report, StepBreakdown
@@ -95,6 +96,20 @@ def _run_line(report: Report) -> str:
     return head + f" · {nf} finding{'s' if nf != 1 else ''}"
 
 
+def _no_findings(report: Report) -> str:
+    """The line for a report without findings: it must not contradict its step verdicts."""
+    steps = [b for r in report.ranks for b in r.steps]
+    off = Counter(b.verdict for b in steps if b.verdict != "compute-bound")
+    if not off:
+        return "none: nothing in the traces crossed a threshold"
+    verdict, n = off.most_common(1)[0]
+    return (
+        f"no finding: no rule's evidence is met, but the steps are not healthy ({verdict} in "
+        f"{n} of {len(steps)} steps, above); too few steps or ranks for a finding, or traffic "
+        "no rule covers"
+    )
+
+
 def _summary(out: TextOut, report: Report) -> None:
     out.heading("Summary")
     groups = rank_groups(report.ranks)
@@ -136,7 +151,7 @@ def _summary(out: TextOut, report: Report) -> None:
         lines[0] = lines[0].replace(f"[{f.severity.upper()}]", out.badge(f.severity), 1)
         out.add(*lines)
     if not ordered and not failed:
-        out.add("      none: nothing in the traces crossed a threshold")
+        out.wrap(_no_findings(report), "      ")
     elif not ordered:
         out.add("      none found by the detectors that ran")
     if failed:

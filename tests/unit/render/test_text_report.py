@@ -145,3 +145,17 @@ def test_width_comes_from_columns_else_default(monkeypatch: pytest.MonkeyPatch) 
     assert terminal_width(io.StringIO()) == 132
     monkeypatch.delenv("COLUMNS")
     assert terminal_width(io.StringIO()) == 100
+
+
+def test_no_findings_never_contradicts_the_step_verdicts() -> None:
+    """Issue 30: a trace whose only step was comm-bound (85% exposed) read "nothing crossed a
+    threshold"."""
+    from zdiag.analyzers.report import RankReport, StepBreakdown
+
+    step = StepBreakdown(
+        step=0, duration_ms=100.0, compute_ms=10.0, comm_ms=85.0, overlapped_ms=0.0,
+        exposed_comm_ms=85.0, idle_ms=5.0, verdict="comm-bound",
+    )  # fmt: skip
+    text = render_text(Report(ranks=[RankReport(rank=0, steps=[step])]))
+    assert "nothing in the traces crossed a threshold" not in text
+    assert "comm-bound in 1 of 1 steps" in " ".join(text.split())
