@@ -173,7 +173,7 @@ class AnalyzeCommand:
                 if progress is not None:
                     progress.close()
             # Outputs only after the analysis succeeded.
-            produce(report, _plan(wanted), wanted.viewers, inputs)
+            produce(report, _plan(wanted), wanted.viewers, inputs, verbose=wanted.verbose)
         if args.fail_on and report.findings_at_least(args.fail_on):
             return EXIT_FINDINGS
         return 0

@@ -11,6 +11,7 @@ its flag, check its file against their inputs before the analysis, render it and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,12 @@ def add_output_flags(parser: argparse.ArgumentParser, command: str) -> None:
             parser.add_argument(fmt.flag, type=Path, metavar=fmt.metavar, help=fmt.help)
         else:
             parser.add_argument(fmt.flag, action="store_true", help=fmt.help)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="text: every finding's full evidence and every verdict and straggler threshold "
+        "(by default each verdict shows the thresholds that decided it)",
+    )
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Asked:
     """Each viewer asked for (`--tui`)."""
     output: Path | None
     """`-o FILE`: where the stream goes instead of standard output."""
+    verbose: bool = False
+    """`--verbose`: the text's full evidence and thresholds."""
 
     def targets(self) -> list[OutputTarget]:
         """Every file to write, for `check_outputs` (before the analysis)."""
@@ -70,6 +79,7 @@ def asked(args: argparse.Namespace) -> Asked:
         files=[(fmt, getattr(args, _dest(fmt))) for fmt in given if fmt.kind == "file"],
         viewers=[fmt for fmt in given if fmt.kind == "viewer"],
         output=args.output,
+        verbose=bool(getattr(args, "verbose", False)),
     )
 
 
@@ -78,12 +88,15 @@ def produce(
     plan: Sequence[tuple[OutputFormat, Destination]],
     viewers: Sequence[OutputFormat],
     inputs: Sequence[Path],
+    *,
+    verbose: bool = False,
 ) -> None:
     """Render `report` for each (format, destination) of `plan` and write it, in order (one
-    output in memory at a time); then show it in each viewer."""
+    output in memory at a time); then show it in each viewer. `verbose`: `--verbose`."""
     from zdiag.render.output import write_rendered
 
     for fmt, destination in plan:
+        destination = dataclasses.replace(destination, verbose=verbose)
         rendered = registry.get_renderer(fmt.name).render(report, destination)
         write_rendered(rendered, destination, fmt, inputs)
     for fmt in viewers:

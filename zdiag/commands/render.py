@@ -98,7 +98,7 @@ class RenderCommand:
             text = output_format("text")  # the text, unless only other formats are asked for
             destination = Destination.stdout() if args.output is None else Destination(args.output)
             plan.insert(0, (text, destination))
-        produce(report, plan, wanted.viewers, inputs=[args.report])
+        produce(report, plan, wanted.viewers, inputs=[args.report], verbose=wanted.verbose)
         return 0
 
 

@@ -39,6 +39,7 @@ class Destination:
     path: Path | None = None
     width: int = DEFAULT_WIDTH
     color: bool = False
+    verbose: bool = False  # text: every threshold and every evidence item (`--verbose`)
 
     @property
     def is_stdout(self) -> bool:

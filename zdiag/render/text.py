@@ -228,6 +228,9 @@ def _rank_detail(out: TextOut, rank: RankView, columns: Sequence[StepColumn]) ->
         f"  verdict: {out.verdict(main_verdict)} in {count} of {stats.step_count} step(s)"
         + (f" ({others})" if others else "")
     )
+    reason = next((s.verdict_reason for s in rank.steps if s.verdict == main_verdict), "")
+    if reason:  # the thresholds that decided it, on its median-like step
+        out.wrap(f"why: {reason}", "    ", "      ")
     shown, hidden = _step_rows(rank.steps)
     out.add("")
     verdict_col = next(i for i, c in enumerate(columns) if c.kind == "verdict")
@@ -326,9 +329,12 @@ def _stragglers(out: TextOut, report: Report) -> None:
         )
 
 
-def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False) -> str:
+def render_text(
+    report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False, verbose: bool = False
+) -> str:
     """The report as text `width` columns wide (code excepted), ending with a newline; names
-    from the traces are made `printable` (no terminal control reaches the screen)."""
+    from the traces are made `printable` (no terminal control reaches the screen). `verbose`:
+    every finding's full evidence and the list of all thresholds at the end."""
     report = printable_report(report)
     if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: summarized (text_large_run.py)
         return render_large_run_text(report)
@@ -354,7 +360,7 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
     out.add(*memory_lines(report))
     out.heading(f"Findings ({len(report.findings)})")
     for f in sorted(report.findings, key=by_gain):
-        add_finding(out, f)
+        add_finding(out, f, verbose=verbose)
     if not report.findings:
         out.add(
             "  none" + (" (some detectors failed: see Warnings)" if report.failed_detectors else "")
@@ -369,7 +375,8 @@ def render_text(report: Report, *, width: int = DEFAULT_WIDTH, color: bool = Fal
         out.heading("Warnings")
         for w in warnings:
             out.wrap(f"- {w}", "  ")
-    add_thresholds(out, report.thresholds)
+    if verbose:
+        add_thresholds(out, report.thresholds)
     return "\n".join(out.lines) + "\n"
 
 
@@ -381,5 +388,7 @@ class TextRenderer(Renderer):
     def render(self, report: Report, destination: Destination) -> Rendered:
         """The text as UTF-8 at the destination's width and colour: on a terminal its width and
         colour (unless NO_COLOR), in files and pipes DEFAULT_WIDTH columns without colour."""
-        text = render_text(report, width=destination.width, color=destination.color)
+        text = render_text(
+            report, width=destination.width, color=destination.color, verbose=destination.verbose
+        )
         return Rendered.one(destination, text.encode("utf-8"))

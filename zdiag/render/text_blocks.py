@@ -118,7 +118,9 @@ def fit_table(
     return dropped
 
 
-def add_finding(out: TextOut, f: Finding) -> None:
+def add_finding(out: TextOut, f: Finding, *, verbose: bool = False) -> None:
+    """One finding: its head, evidence (the first MAX_EVIDENCE_ITEMS, all when `verbose`), what
+    to change, the code and the gain."""
     where = []
     if f.ranks:
         where.append(fmt_ranks(f.ranks))
@@ -139,12 +141,13 @@ def add_finding(out: TextOut, f: Finding) -> None:
     shown = [(k, v) for k, v in f.evidence.items() if v not in (None, {}, [])]
     if shown:
         out.add("    evidence:")
-        items = [evidence_item(k, v) for k, v in shown[:MAX_EVIDENCE_ITEMS]]
+        limit = len(shown) if verbose else MAX_EVIDENCE_ITEMS
+        items = [evidence_item(k, v) for k, v in shown[:limit]]
         pad = min(max(len(label) for label, _ in items), 28)
         for label, value in items:
             out.wrap(f"{label:<{pad}}  {value}", "      ", " " * (pad + 2))
-        if len(shown) > MAX_EVIDENCE_ITEMS:
-            out.add(f"      (+{len(shown) - MAX_EVIDENCE_ITEMS} more in --json)")
+        if len(shown) > limit:
+            out.add(f"      (+{len(shown) - limit} more: --verbose, or --json)")
     if f.recommendation:
         out.wrap(f"do: {f.recommendation}", "    ", "    ")
     if f.code:

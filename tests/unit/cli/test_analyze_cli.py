@@ -327,7 +327,8 @@ def test_text_labels_straggler_thresholds_apart_and_names_the_root_unit() -> Non
             )
         ],
     )
-    lines = render_text(report).splitlines()
+    assert "Verdict thresholds: " not in render_text(report)  # the full list: --verbose only
+    lines = render_text(report, verbose=True).splitlines()
     verdict = next(x for x in lines if x.startswith("Verdict thresholds: "))
     straggler = next(x for x in lines if x.startswith("Straggler thresholds: "))
     assert "host_bound_idle_fraction=" in verdict and "straggler" not in verdict

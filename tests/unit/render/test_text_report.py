@@ -159,3 +159,26 @@ def test_no_findings_never_contradicts_the_step_verdicts() -> None:
     text = render_text(Report(ranks=[RankReport(rank=0, steps=[step])]))
     assert "nothing in the traces crossed a threshold" not in text
     assert "comm-bound in 1 of 1 steps" in " ".join(text.split())
+
+
+def test_verbose_shows_all_evidence_and_thresholds_and_verdicts_say_why() -> None:
+    from zdiag.analyzers.report import RankReport, StepBreakdown
+
+    step = StepBreakdown(
+        step=0, duration_ms=100.0, compute_ms=10.0, comm_ms=85.0, overlapped_ms=0.0,
+        exposed_comm_ms=85.0, idle_ms=5.0, verdict="comm-bound",
+        verdict_reason="comm/compute 8.50 >= 1.00",
+    )  # fmt: skip
+    finding = Finding(
+        id="straggler", severity="warning", title="t", evidence={f"k{i}": i for i in range(14)}
+    )
+    report = Report(
+        ranks=[RankReport(rank=0, steps=[step])],
+        findings=[finding],
+        thresholds={"comm_bound_comm_to_compute": 1.0},
+    )
+    short, full = render_text(report), render_text(report, verbose=True)
+    assert "why: comm/compute 8.50 >= 1.00" in short
+    assert "(+4 more: --verbose, or --json)" in short and "k13" not in short
+    assert "k13" in full and "more: --verbose" not in full
+    assert "Verdict thresholds" not in short and "Verdict thresholds" in full
