@@ -15,7 +15,7 @@ import numpy as np
 
 from ..rank import intervals
 from ..rank.fsdp_ledger import RankLedger
-from ..rank.verdict import decide
+from ..rank.verdict import COMM_BOUND_STEP_SHARE, decide
 from ..report import Finding, StepBreakdown
 from .context import DetectorContext
 from .fp32_collectives import bf16_remedy, is_fp32
@@ -28,8 +28,8 @@ NO_OVERLAP_FIX = (
 """The recommendation's first sentence; the reconcile step rewrites it when `missing-overlap`
 claims part of the same time (detectors/reconcile.py)."""
 
-# (the reasoning behind the value: RULE's thresholds, at the end of the module)
-COMM_BOUND_STEP_SHARE = 0.5
+# (the reasoning behind the value: RULE's thresholds, at the end of the module; it lives with
+# the step verdicts so the live monitor reads it without loading the detectors)
 
 
 def fsdp_only_steps(lg: RankLedger, bds: list[StepBreakdown]) -> list[StepBreakdown]:

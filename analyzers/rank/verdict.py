@@ -31,6 +31,10 @@ EXPOSED_COMM_FRACTION = 0.15
 MIN_EXPOSED_FRACTION = 0.05
 """Exposed-comm share below which a step is never called comm-bound (comm is then harmless)."""
 
+COMM_BOUND_STEP_SHARE = 0.5
+"""Share of a run's steps that must be comm-bound for the run to be called comm-bound (the
+`comm-bound` finding and the live monitor's rule): most steps, not one outlier."""
+
 
 def thresholds() -> dict[str, float]:
     """The thresholds by name, as reported in Report.thresholds."""

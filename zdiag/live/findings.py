@@ -41,9 +41,9 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from zdiag.analyzers.detectors.comm_bound import COMM_BOUND_STEP_SHARE
 from zdiag.analyzers.rank.verdict import (
     COMM_BOUND_COMM_TO_COMPUTE,
+    COMM_BOUND_STEP_SHARE,
     HOST_BOUND_IDLE_FRACTION,
     MIN_EXPOSED_FRACTION,
 )
