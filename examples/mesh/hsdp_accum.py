@@ -9,12 +9,13 @@ zdiag run --nproc-per-node 4 examples/mesh/hsdp_accum.py
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 
@@ -57,6 +58,12 @@ class TabResNet(nn.Module):
         return self.head(self.encoder(self.stem(x)))
 
 
+def wrap(model: nn.Module, mesh: DeviceMesh) -> None:
+    for stage in cast(TabResNet, model).encoder.stages:
+        fully_shard(stage, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def before_backward(model: nn.Module, i: int) -> None:
     """Called before micro-batch i's backward (i = 0 .. MICRO_BATCHES - 1)."""
 
@@ -75,9 +82,7 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     model = TabResNet()
-    for stage in model.encoder.stages:
-        fully_shard(stage, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    wrap(model, mesh)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(100 + rank)

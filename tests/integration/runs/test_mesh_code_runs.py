@@ -111,7 +111,9 @@ def test_replicate_all_reduce_code_runs_in_the_accumulation_loop(tmp_path: Path)
     """examples/mesh/hsdp_accum.py accumulates 4 micro-batches per step under HSDP, and FSDP2
     all-reduces across the replicas after each one. The exposed-replicate-allreduce code goes in
     the script's `before_backward(model, i)` hook: the patched script trains, all-reduces once
-    per step (a quarter of the replicate calls), and is not told to do it again."""
+    per step (a quarter of the replicate calls), and is not told to do it again. When the
+    remaining all-reduces are still exposed, the next code (bf16 reduction on the run's mesh)
+    goes in `wrap(model, mesh)` and runs too."""
     script = MESH_EXAMPLES / "hsdp_accum.py"
     before = _findings(script, tmp_path / "before")
     finding = next(f for f in before if f["id"] == "exposed-replicate-allreduce")
@@ -126,3 +128,10 @@ def test_replicate_all_reduce_code_runs_in_the_accumulation_loop(tmp_path: Path)
     assert _replicate_calls(tmp_path / "after") == pytest.approx(calls_before / 4)
     again = [f for f in after if f["id"] == "exposed-replicate-allreduce"]
     assert not any("set_requires_all_reduce" in (f["code"] or "") for f in again)
+    if again:  # the bf16 reduction, pasted into wrap(): it trains and is not proposed again
+        code = again[0]["code"]
+        assert 'mesh_dim_names=("replicate", "shard")' in code and "reduce_dtype" in code
+        bf16 = tmp_path / "hsdp_accum_bf16.py"
+        bf16.write_text(paste_into_wrap(patched.read_text(), code))
+        last = _findings(bf16, tmp_path / "bf16")
+        assert "exposed-replicate-allreduce" not in {f["id"] for f in last}
