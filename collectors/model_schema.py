@@ -207,6 +207,9 @@ class PipelineScheduleInfo:
     n_microbatches: int = 0
     stage_indexes: tuple[int, ...] = ()
     num_stages: int = 0
+    # the loss function passed to it, "module:qualname" when it is importable by that name
+    # (a module-level function: `torch.nn.functional:cross_entropy`), else ""
+    loss_fn: str = ""
 
 
 @dataclass(frozen=True)

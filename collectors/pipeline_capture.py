@@ -287,7 +287,18 @@ def describe_schedule(schedule: Any) -> PipelineScheduleInfo:
         n_microbatches=int(getattr(schedule, "_n_microbatches", 0) or 0),
         stage_indexes=tuple(int(s.stage_index) for s in stages),
         num_stages=int(getattr(schedule, "_num_stages", 0) or 0),
+        loss_fn=importable_name(getattr(schedule, "_loss_fn", None)),
     )
+
+
+def importable_name(fn: Any) -> str:
+    """ "module:qualname" of a module-level function, class or builtin (what `from module
+    import qualname` gives back); "" for lambdas, closures, methods and anything else."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or not qualname.isidentifier():
+        return ""
+    return f"{module}:{qualname}"[:200]
 
 
 def with_pipeline(desc: ModelDescription, pipeline: PipelineInfo | None) -> ModelDescription:

@@ -114,13 +114,20 @@ def _name(pos: Position) -> str:
 
 
 def _code(pf: PipelineFacts, m: int, m_new: int, p: int) -> str:
+    """The run's schedule rebuilt with `m_new` micro-batches: its class, and its loss function
+    imported by the name the capture recorded (else the name `loss_fn`, the user's own)."""
     cls = pf.schedule.cls if pf.schedule is not None else "ScheduleGPipe"
     first = "stage" if cls in SINGLE_STAGE_SCHEDULES else "stages"
+    loss = pf.schedule.loss_fn if pf.schedule is not None else ""
+    module, _, name = loss.partition(":")
+    imports = f"from torch.distributed.pipelining import {cls}\n"
+    if module and name:
+        imports += f"from {module} import {name} as loss_fn  # the run's loss function\n"
     return (
-        f"from torch.distributed.pipelining import {cls}\n"
-        f"# the run's schedule: {cls}(..., n_microbatches={m}) over {p} pipeline ranks; the\n"
-        f"# batch must split into {m_new} equal micro-batches. Keep your own arguments\n"
-        f"# ({first}, loss_fn, ...): only n_microbatches changes.\n"
+        imports
+        + f"# the run's schedule: {cls}(..., n_microbatches={m}) over {p} pipeline ranks; the\n"
+        f"# batch must split into {m_new} equal micro-batches. Keep your own `{first}` (and other\n"
+        f"# arguments): only n_microbatches changes.\n"
         f"schedule = {cls}({first}, n_microbatches={m_new}, loss_fn=loss_fn)"
     )
 

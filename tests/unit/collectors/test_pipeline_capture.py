@@ -219,3 +219,13 @@ def test_an_unlabelled_schedules_micro_batches_get_ranges() -> None:
     names = [e.name for e in prof.events()]
     assert names.count("Forward 3") == 1 and "Forward 4" in names and "Backward 3" in names
     assert not hasattr(Stage().forward_one_chunk, "__wrapped__")  # the class is untouched
+
+
+def test_the_loss_function_is_recorded_by_an_importable_name() -> None:
+    import torch.nn.functional as F
+
+    from zdiag.collectors.pipeline_capture import importable_name
+
+    assert importable_name(F.cross_entropy) == "torch.nn.functional:cross_entropy"
+    assert importable_name(lambda out, y: out) == ""
+    assert importable_name(None) == ""
