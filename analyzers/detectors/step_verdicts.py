@@ -21,6 +21,7 @@ from ..frameworks import Framework
 from ..report import Finding
 from .context import DetectorContext
 from .rule import Rule, Threshold
+from .unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
 
 # (the reasoning behind each value: the rules' thresholds, at the end of the module)
 HOST_BOUND_STEP_SHARE = 0.5
@@ -179,12 +180,14 @@ SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
 
 def _blocking_on_cpu(ctx: DetectorContext, fw: Framework | None) -> bool:
     """Whether the run's parameter gathers block the training thread whatever its settings: a
-    CPU-only FSDP/ZeRO run without FSDP2's unshard async op (no side stream on CPU; as
-    missing-overlap and whole-model-wrap judge it)."""
+    CPU-only FSDP1/ZeRO run whose gathers cannot overlap there (no side stream on CPU; as
+    missing-overlap and whole-model-wrap judge it). FSDP2 on CPU is not: the advice sets its
+    unshard async op when the run lacks it."""
     return (
         ctx.sheet.cpu_only
         and fw is not None
         and fw.name in SHARDING_FRAMEWORKS
+        and fw.name != "fsdp2"
         and not ctx.sheet.gathers_can_overlap()
     )
 
@@ -192,6 +195,11 @@ def _blocking_on_cpu(ctx: DetectorContext, fw: Framework | None) -> bool:
 CPU_OVERLAP_NOTE = (
     " On CPU/gloo (this run) collectives run on the host's threads and compete with compute for "
     "its cores: expect less overlap there than on GPUs."
+)
+CPU_ASYNC_OP_NOTE = (
+    " On CPU/gloo (this run) FSDP2's gathers block the training thread until its unshard runs "
+    "as an async op (`model._set_unshard_async_op(True)` on the root, a private API): gloo's worker thread then runs them, competing with compute for the host's "
+    "cores; on GPUs the all-gather stream does it and that setting is not needed."
 )
 
 
@@ -203,7 +211,7 @@ def _exposed_comm_advice(
     gathers cannot overlap there at all). The flag: whether there is a change to propose."""
     text, code, has_remedy = GENERIC_OVERLAP_ADVICE, None, True
     if fw is not None:
-        remedy = fw.overlap(ctx.sheet.run_facts(fw))
+        remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(ctx.sheet.run_facts(fw)))
         if remedy is None:
             has_remedy = False
             text = (
@@ -219,6 +227,8 @@ def _exposed_comm_advice(
             "these settings (FSDP2 overlaps there only with its unshard as an async op, "
             "`model._set_unshard_async_op(True)`, a private API): they pay off on GPUs."
         )
+    elif lacks_unshard_async_op(ctx.sheet, fw):
+        text += CPU_ASYNC_OP_NOTE
     elif ctx.sheet.cpu_only:
         text += CPU_OVERLAP_NOTE
     return text, code, has_remedy
@@ -287,8 +297,9 @@ EXPOSED_COMM_RULE = Rule(
         "The overlap settings of the run's framework it does not already have (FSDP2 "
         "prefetch, FSDP1 `forward_prefetch`/`BACKWARD_PRE`, DeepSpeed `overlap_comm` and "
         "prefetch bucket, DDP buckets; all of them when the framework is unknown); `info` with "
-        "0 ms when the run already has all of them, and on CPU-only FSDP runs whose gathers "
-        "cannot overlap (FSDP1; FSDP2 without its unshard async op), saying why."
+        "0 ms when the run already has all of them, and on CPU-only FSDP1 runs, whose gathers "
+        "cannot overlap, saying why; on CPU-only FSDP2 runs without its unshard async op, that "
+        "setting (a private API), never the claim that the run has every setting."
     ),
     gain=(
         "Exposed communication per step up to the compute not already overlapping "
