@@ -230,8 +230,13 @@ def _recommendation(
     host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
     if bds and host_bound_steps / len(bds) >= HOST_BOUND_STEP_SHARE:
         recommendation += (
-            f" {host_bound_steps} of {len(bds)} steps are host-bound (the device idles waiting "
-            "for launches): fewer, larger kernels (torch.compile of each block, CUDA graphs) let "
+            f" {host_bound_steps} of {len(bds)} steps are host-bound ("
+            + (
+                "the host's training thread idles between its ops"
+                if ctx.sheet.cpu_only
+                else "the device idles waiting for launches"
+            )
+            + "): fewer, larger kernels (torch.compile of each block, CUDA graphs) let "
             "the host issue gathers early."
         )
     return recommendation, syncs_per_step, host_bound_steps

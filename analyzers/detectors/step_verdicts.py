@@ -42,6 +42,12 @@ def _steps_with(ctx: DetectorContext, verdict: str) -> tuple[int, int, list[int]
     return n, hit, ranks, steps
 
 
+def _idler(ctx: DetectorContext) -> str:
+    """What idles in a host-bound step: the device, or on a CPU-only run (no device) the
+    host's training thread."""
+    return "the host's training thread" if ctx.sheet.cpu_only else "the device"
+
+
 def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
     """The host-bound finding, or none."""
     n, hit, ranks, steps = _steps_with(ctx, "host-bound")
@@ -87,7 +93,7 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
             id="host-bound",
             severity="critical" if idle >= 0.5 * step_ms else "warning",
             title=(
-                f"{hit} of {n} steps are host-bound: the device idles {idle:.1f} ms of "
+                f"{hit} of {n} steps are host-bound: {_idler(ctx)} idles {idle:.1f} ms of "
                 f"{step_ms:.1f} ms per step ({split})"
             ),
             ranks=ranks,

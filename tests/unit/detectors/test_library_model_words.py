@@ -160,3 +160,22 @@ def test_fsdp1_code_on_a_cpu_run_carries_its_device_id() -> None:
             assert on_cpu == (device == "cpu"), code
             assert code.startswith("import torch\n") == (device == "cpu" or "bfloat16" in code)
             assert code.count("import torch\n") <= 1
+
+
+def test_host_bound_on_a_cpu_only_run_names_the_host_not_a_device() -> None:
+    """Most steps host-bound: on a CPU-only run (no device kernel) the host's training thread
+    idles; with device kernels, the device."""
+    from zdiag.analyzers.detectors.step_verdicts import detect_host_bound
+
+    def ctx(kernels: int) -> DetectorContext:
+        step = StepBreakdown(
+            step=1, duration_ms=100.0, compute_ms=30.0, comm_ms=0.0, overlapped_ms=0.0,
+            exposed_comm_ms=0.0, idle_ms=70.0, verdict="host-bound", kernel_count=kernels,
+        )  # fmt: skip
+        return DetectorContext(ledgers={}, breakdowns={0: [step, step]}, facts={})
+
+    (cpu,) = detect_host_bound(ctx(0))
+    assert "host-bound: the host's training thread idles 70.0 ms" in cpu.title
+    assert "device" not in cpu.title
+    (gpu,) = detect_host_bound(ctx(5))
+    assert "host-bound: the device idles 70.0 ms" in gpu.title
