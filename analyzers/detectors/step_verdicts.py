@@ -163,7 +163,12 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
                 "the exposed communication per step, up to the compute not already overlapping "
                 "communication (what perfect overlap could hide)"
                 + (
-                    "; 0 on this CPU-only run, where the framework's collectives block the "
+                    "; 0 on this CPU-only run, where FSDP2's gathers block the training thread "
+                    "until its unshard runs as an async op, and what that op hides beside compute "
+                    "on the same cores is not predicted (overlap_gain_ms_per_step is the figure "
+                    "on GPUs)"
+                    if lacks_unshard_async_op(ctx.sheet, fw)
+                    else "; 0 on this CPU-only run, where the framework's collectives block the "
                     "training thread (overlap_gain_ms_per_step is the figure on GPUs)"
                     if blocking
                     else "; 0: the run already has every overlap setting zdiag would propose"
@@ -185,15 +190,14 @@ SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
 
 
 def _blocking_on_cpu(ctx: DetectorContext, fw: Framework | None) -> bool:
-    """Whether the run's parameter gathers block the training thread whatever its settings: a
-    CPU-only FSDP1/ZeRO run whose gathers cannot overlap there (no side stream on CPU; as
-    missing-overlap and whole-model-wrap judge it). FSDP2 on CPU is not: the advice sets its
-    unshard async op when the run lacks it."""
+    """Whether the run's parameter gathers block the training thread as it runs: a CPU-only
+    FSDP/ZeRO run without FSDP2's unshard async op (no side stream on CPU; as missing-overlap and
+    whole-model-wrap judge it). An FSDP2 one is told to set that op (what it would hide there,
+    beside compute on the same cores, is not predicted)."""
     return (
         ctx.sheet.cpu_only
         and fw is not None
         and fw.name in SHARDING_FRAMEWORKS
-        and fw.name != "fsdp2"
         and not ctx.sheet.gathers_can_overlap()
     )
 
@@ -227,14 +231,14 @@ def _exposed_comm_advice(
             )
         else:
             text, code = f"Compute could hide this communication. {remedy.text}", remedy.code
-    if fw is not None and blocking:
+    if lacks_unshard_async_op(ctx.sheet, fw):
+        text += CPU_ASYNC_OP_NOTE
+    elif fw is not None and blocking:
         text += (
             f" On CPU/gloo (this run) {fw.title}'s gathers block the training thread whatever "
             "these settings (FSDP2 overlaps there only with its unshard as an async op, "
             "`model._set_unshard_async_op(True)`, a private API): they pay off on GPUs."
         )
-    elif lacks_unshard_async_op(ctx.sheet, fw):
-        text += CPU_ASYNC_OP_NOTE
     elif ctx.sheet.cpu_only:
         text += CPU_OVERLAP_NOTE
     return text, code, has_remedy
@@ -303,9 +307,9 @@ EXPOSED_COMM_RULE = Rule(
         "The overlap settings of the run's framework it does not already have (FSDP2 "
         "prefetch, FSDP1 `forward_prefetch`/`BACKWARD_PRE`, DeepSpeed `overlap_comm` and "
         "prefetch bucket, DDP buckets; all of them when the framework is unknown); `info` with "
-        "0 ms when the run already has all of them, and on CPU-only FSDP1 runs, whose gathers "
-        "cannot overlap, saying why; on CPU-only FSDP2 runs without its unshard async op, that "
-        "setting (a private API), never the claim that the run has every setting."
+        "0 ms when the run already has all of them, and on CPU-only FSDP runs whose gathers "
+        "cannot overlap (FSDP1; FSDP2 without its unshard async op), saying why; those FSDP2 "
+        "runs are told to set that op (a private API), never that they have every setting."
     ),
     gain=(
         "Exposed communication per step up to the compute not already overlapping "

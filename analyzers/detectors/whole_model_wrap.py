@@ -97,8 +97,12 @@ class _BlockShare:
 def _block_sizes(model: ModelFacts) -> list[int]:
     """Each block's parameter bytes, largest first, from the description: a block's own tree node
     where the description keeps it, else its set's per-child extremes (the largest block at the
-    max, the others at the min: exact for sets of two); [] when a set's sizes are unknown."""
+    max, the others at the min: exact for sets of two); [] when a set's sizes are unknown, and
+    when the tree counts this rank's shards (FSDP1 with use_orig_params: its modules hold views
+    of the local shard, split unevenly, so the model's bytes fall short of the flat parameters')."""
     desc = model.description
+    if desc.fsdp1 and sum(i.flat_param_bytes for i in desc.fsdp1) != desc.param_bytes:
+        return []
     nodes = {m.path: m.total_bytes for m in desc.modules}
     sizes: list[int] = []
     for cand in wrap_candidates(model):

@@ -97,7 +97,7 @@ def _exposed_comm_ctx(model: ModelFacts, kernels: int = 0) -> DetectorContext:
 def test_exposed_comm_on_cpu_fsdp2_proposes_the_unshard_async_op_it_lacks() -> None:
     """A CPU FSDP2 run with every prefetch list set explicitly but no unshard async op is not
     told it "already sets every FSDP2 overlap option": it gets that setting. With it set, the
-    claim is true and stays."""
+    claim is true and stays; on GPUs the op is not needed."""
     forward = {"layers.0": ("layers.1",), "layers.1": ("layers.2",)}
     backward = {"layers.1": ("layers.0",), "layers.2": ("layers.1",)}
     model = _fsdp2_model(forward, backward, root_forward=("layers.0",))
@@ -107,7 +107,10 @@ def test_exposed_comm_on_cpu_fsdp2_proposes_the_unshard_async_op_it_lacks() -> N
     assert "already sets" not in f.recommendation
     assert (f.code or "").startswith("model._set_unshard_async_op(True)")
     assert "until its unshard runs as an async op" in f.recommendation
-    assert f.severity == "warning" and f.expected_gain_ms == 40.0
+    assert "whatever these settings" not in f.recommendation
+    # what the op hides beside compute on the same cores is not predicted: info, 0 ms, as before
+    assert f.severity == "info" and f.expected_gain_ms == 0.0
+    assert "is not predicted" in f.gain_method
     with_op = _exposed_comm_ctx(
         _fsdp2_model(forward, backward, root_forward=("layers.0",), async_op=True)
     )
@@ -179,3 +182,20 @@ def test_host_bound_on_a_cpu_only_run_names_the_host_not_a_device() -> None:
     assert "device" not in cpu.title
     (gpu,) = detect_host_bound(ctx(5))
     assert "host-bound: the device idles 70.0 ms" in gpu.title
+
+
+def test_whole_wrap_ignores_block_sizes_that_count_shards() -> None:
+    """An FSDP1 description whose modules hold views of this rank's shards (use_orig_params: the
+    model's bytes are half its flat parameter's, split unevenly over the blocks) gives no
+    per-block sizes: the saving falls back to equal blocks rather than trusting them."""
+    import json
+
+    from zdiag.analyzers.detectors import whole_model_wrap as wmw
+    from zdiag.analyzers.detectors.facts import model_block_set
+
+    data = json.loads(RESNET18.read_text())
+    assert wmw._block_sizes(ModelFacts(ModelDescription.from_json(data)))
+    data["fsdp1"][0]["flat_param_bytes"] = 2 * data["param_bytes"]
+    model = ModelFacts(ModelDescription.from_json(data))
+    assert wmw._block_sizes(model) == []
+    assert wmw._block_share(model, model_block_set(model), {}).peak is None
