@@ -34,7 +34,9 @@ from ..report import Finding, Severity, StepBreakdown
 from .blocks import find_block_pattern
 from .context import DetectorContext
 from .facts import block_set, blocks_are_units
+from .prefetch_lists import name_self_prefetch
 from .rule import Rule, Threshold
+from .unshard_async_op import ASYNC_OP_LINE, with_unshard_async_op
 
 # (the reasoning behind each value: RULE's thresholds, at the end of the module)
 MIN_GAIN_SHARE = 0.02
@@ -105,10 +107,6 @@ CPU_NOTES = {
     ),
 }
 
-ASYNC_OP_LINE = (
-    "model._set_unshard_async_op(True)  # CPU/gloo only: lets prefetched gathers overlap"
-)
-
 
 def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> str:
     """What overlaps on this CPU/gloo run, in its framework (FSDP2: whether the unshard async op
@@ -131,27 +129,13 @@ def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> 
     )
 
 
-def _with_cpu_async_op(ctx: DetectorContext, fw: Framework, remedy: Remedy | None) -> Remedy | None:
-    """FSDP2 on CPU/gloo without its unshard async op: the prefetch remedy plus that setting
-    (without it nothing overlaps there); any other run: `remedy` as it is."""
-    if fw.name != "fsdp2" or not ctx.sheet.cpu_only or ctx.sheet.gathers_can_overlap():
-        return remedy
-    if remedy is None:
-        return Remedy(
-            "Set FSDP2's unshard async op on the root (a private API): on CPU/gloo the run's "
-            "prefetch lists overlap nothing without it.",
-            ASYNC_OP_LINE,
-        )
-    return Remedy(remedy.text, f"{remedy.code}\n{ASYNC_OP_LINE}" if remedy.code else None)
-
-
 def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
     """The framework's overlap settings on the blocks the unit names show; when the blocks are
     not units yet (a finer wrap), the wrap comes first so the prefetch calls have units to name."""
     pattern = find_block_pattern(lg.unit_order)
     are_units = blocks_are_units(pattern, lg.unit_order)
     facts = ctx.sheet.run_facts(fw, block_set(pattern), are_units)
-    remedy = _with_cpu_async_op(ctx, fw, fw.overlap(facts))
+    remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))
     if remedy is None or are_units is not False or not fw.wraps_units:
         return remedy
     wrap = fw.wrap_blocks(facts)
@@ -246,8 +230,13 @@ def _recommendation(
     host_bound_steps = sum(1 for b in bds if b.verdict == "host-bound")
     if bds and host_bound_steps / len(bds) >= HOST_BOUND_STEP_SHARE:
         recommendation += (
-            f" {host_bound_steps} of {len(bds)} steps are host-bound (the device idles waiting "
-            "for launches): fewer, larger kernels (torch.compile of each block, CUDA graphs) let "
+            f" {host_bound_steps} of {len(bds)} steps are host-bound ("
+            + (
+                "the host's training thread idles between its ops"
+                if ctx.sheet.cpu_only
+                else "the device idles waiting for launches"
+            )
+            + "): fewer, larger kernels (torch.compile of each block, CUDA graphs) let "
             "the host issue gathers early."
         )
     return recommendation, syncs_per_step, host_bound_steps
@@ -318,7 +307,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         return []
     lg = m.ledger
     units = [u for u in lg.unit_order if u]
-    remedy = _remedy(ctx, lg, ctx.sheet.framework)
+    remedy = name_self_prefetch(ctx.sheet.model, _remedy(ctx, lg, ctx.sheet.framework))
     if remedy is None and not m.has_leads:
         # every prefetch setting is on and nothing measured which gathers came late (ZeRO-3
         # labels no prefetch): the replay's "not under a prefetch label" guess has no ground

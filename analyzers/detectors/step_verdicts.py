@@ -21,6 +21,7 @@ from ..frameworks import Framework
 from ..report import Finding
 from .context import DetectorContext
 from .rule import Rule, Threshold
+from .unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
 
 # (the reasoning behind each value: the rules' thresholds, at the end of the module)
 HOST_BOUND_STEP_SHARE = 0.5
@@ -39,6 +40,12 @@ def _steps_with(ctx: DetectorContext, verdict: str) -> tuple[int, int, list[int]
             ranks.append(rank)
             steps.update(b.step for b in bad)
     return n, hit, ranks, steps
+
+
+def _idler(ctx: DetectorContext) -> str:
+    """What idles in a host-bound step: the device, or on a CPU-only run (no device) the
+    host's training thread."""
+    return "the host's training thread" if ctx.sheet.cpu_only else "the device"
 
 
 def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
@@ -86,7 +93,7 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
             id="host-bound",
             severity="critical" if idle >= 0.5 * step_ms else "warning",
             title=(
-                f"{hit} of {n} steps are host-bound: the device idles {idle:.1f} ms of "
+                f"{hit} of {n} steps are host-bound: {_idler(ctx)} idles {idle:.1f} ms of "
                 f"{step_ms:.1f} ms per step ({split})"
             ),
             ranks=ranks,
@@ -156,7 +163,12 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
                 "the exposed communication per step, up to the compute not already overlapping "
                 "communication (what perfect overlap could hide)"
                 + (
-                    "; 0 on this CPU-only run, where the framework's collectives block the "
+                    "; 0 on this CPU-only run, where FSDP2's gathers block the training thread "
+                    "until its unshard runs as an async op, and what that op hides beside compute "
+                    "on the same cores is not predicted (overlap_gain_ms_per_step is the figure "
+                    "on GPUs)"
+                    if lacks_unshard_async_op(ctx.sheet, fw)
+                    else "; 0 on this CPU-only run, where the framework's collectives block the "
                     "training thread (overlap_gain_ms_per_step is the figure on GPUs)"
                     if blocking
                     else "; 0: the run already has every overlap setting zdiag would propose"
@@ -178,9 +190,10 @@ SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
 
 
 def _blocking_on_cpu(ctx: DetectorContext, fw: Framework | None) -> bool:
-    """Whether the run's parameter gathers block the training thread whatever its settings: a
-    CPU-only FSDP/ZeRO run without FSDP2's unshard async op (no side stream on CPU; as
-    missing-overlap and whole-model-wrap judge it)."""
+    """Whether the run's parameter gathers block the training thread as it runs: a CPU-only
+    FSDP/ZeRO run without FSDP2's unshard async op (no side stream on CPU; as missing-overlap and
+    whole-model-wrap judge it). An FSDP2 one is told to set that op (what it would hide there,
+    beside compute on the same cores, is not predicted)."""
     return (
         ctx.sheet.cpu_only
         and fw is not None
@@ -193,6 +206,11 @@ CPU_OVERLAP_NOTE = (
     " On CPU/gloo (this run) collectives run on the host's threads and compete with compute for "
     "its cores: expect less overlap there than on GPUs."
 )
+CPU_ASYNC_OP_NOTE = (
+    " On CPU/gloo (this run) FSDP2's gathers block the training thread until its unshard runs "
+    "as an async op (`model._set_unshard_async_op(True)` on the root, a private API): gloo's worker thread then runs them, competing with compute for the host's "
+    "cores; on GPUs the all-gather stream does it and that setting is not needed."
+)
 
 
 def _exposed_comm_advice(
@@ -203,7 +221,7 @@ def _exposed_comm_advice(
     gathers cannot overlap there at all). The flag: whether there is a change to propose."""
     text, code, has_remedy = GENERIC_OVERLAP_ADVICE, None, True
     if fw is not None:
-        remedy = fw.overlap(ctx.sheet.run_facts(fw))
+        remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(ctx.sheet.run_facts(fw)))
         if remedy is None:
             has_remedy = False
             text = (
@@ -213,7 +231,9 @@ def _exposed_comm_advice(
             )
         else:
             text, code = f"Compute could hide this communication. {remedy.text}", remedy.code
-    if fw is not None and blocking:
+    if lacks_unshard_async_op(ctx.sheet, fw):
+        text += CPU_ASYNC_OP_NOTE
+    elif fw is not None and blocking:
         text += (
             f" On CPU/gloo (this run) {fw.title}'s gathers block the training thread whatever "
             "these settings (FSDP2 overlaps there only with its unshard as an async op, "
@@ -288,7 +308,8 @@ EXPOSED_COMM_RULE = Rule(
         "prefetch, FSDP1 `forward_prefetch`/`BACKWARD_PRE`, DeepSpeed `overlap_comm` and "
         "prefetch bucket, DDP buckets; all of them when the framework is unknown); `info` with "
         "0 ms when the run already has all of them, and on CPU-only FSDP runs whose gathers "
-        "cannot overlap (FSDP1; FSDP2 without its unshard async op), saying why."
+        "cannot overlap (FSDP1; FSDP2 without its unshard async op), saying why; those FSDP2 "
+        "runs are told to set that op (a private API), never that they have every setting."
     ),
     gain=(
         "Exposed communication per step up to the compute not already overlapping "

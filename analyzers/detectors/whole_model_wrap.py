@@ -83,43 +83,91 @@ def _facts(ctx: DetectorContext, lg: RankLedger) -> RunFacts:
     return ctx.sheet.run_facts(blocks=block_set(block, module_class, source), are_units=False)
 
 
-def _block_fraction(
+@dataclass(frozen=True)
+class _BlockShare:
+    """What the blocks hold, as shares of the model's parameter bytes: all of them (`fraction`),
+    and the BLOCKS_UNSHARDED_AT_PEAK largest (`peak`: None when the per-block sizes are not
+    known, the blocks then counted as equal); `source` says where it came from."""
+
+    fraction: float | None
+    source: str
+    peak: float | None = None
+
+
+def _block_sizes(model: ModelFacts) -> list[int]:
+    """Each block's parameter bytes, largest first, from the description: a block's own tree node
+    where the description keeps it, else its set's per-child extremes (the largest block at the
+    max, the others at the min: exact for sets of two); [] when a set's sizes are unknown, and
+    when the tree counts this rank's shards (FSDP1 with use_orig_params: its modules hold views
+    of the local shard, split unevenly, so the model's bytes fall short of the flat parameters')."""
+    desc = model.description
+    if desc.fsdp1 and sum(i.flat_param_bytes for i in desc.fsdp1) != desc.param_bytes:
+        return []
+    nodes = {m.path: m.total_bytes for m in desc.modules}
+    sizes: list[int] = []
+    for cand in wrap_candidates(model):
+        for rs in desc.repeated:
+            if rs.path not in cand.containers or rs.child_class != cand.child_class:
+                continue
+            prefix = f"{rs.path}." if rs.path else ""
+            own = [nodes[p] for p in (prefix + n for n in rs.child_names) if p in nodes]
+            if len(own) == rs.count:
+                sizes += own
+            elif rs.bytes_per_child_max is not None and rs.bytes_per_child_min is not None:
+                sizes += [rs.bytes_per_child_max] + [rs.bytes_per_child_min] * (rs.count - 1)
+            else:
+                return []
+    return sorted(sizes, reverse=True)
+
+
+def _block_share(
     model: ModelFacts | None, blocks: BlockSet | None, harness: dict[str, object]
-) -> tuple[float | None, str]:
-    """(share of the parameters in the blocks, where it came from): the description's wrap
-    set, else the harness's model shape (None when neither tells)."""
+) -> _BlockShare:
+    """The blocks' share of the parameters: the description's wrap set (with its per-block
+    sizes), else the harness's model shape (equal blocks), else unknown."""
     if model is not None and blocks is not None and blocks.source == MODEL_SOURCE:
+        total = model.description.param_bytes
         block_bytes = sum(c.total_bytes or 0 for c in wrap_candidates(model))
-        fraction = (
-            min(1.0, block_bytes / model.description.param_bytes)
-            if block_bytes and model.description.param_bytes
+        fraction = min(1.0, block_bytes / total) if block_bytes and total else None
+        sizes = _block_sizes(model)
+        peak = (
+            min(1.0, sum(sizes[:BLOCKS_UNSHARDED_AT_PEAK]) / total)
+            if sizes and total and fraction is not None
             else None
         )
-        return fraction, "block share from the captured model description"
+        return _BlockShare(fraction, "block sizes from the captured model description", peak)
     fraction = _harness_block_fraction(harness) if harness else None
-    return fraction, "block share from the harness model shape"
+    return _BlockShare(fraction, "block share from the harness model shape")
 
 
 def _memory_gain(
-    whole_bytes: int, layers: int | None, reshard: bool, fraction: tuple[float | None, str]
+    whole_bytes: int, layers: int | None, reshard: bool, share: _BlockShare
 ) -> tuple[int | None, str]:
-    """(bytes saved at the peak, how): the whole unit against root-only parameters plus
-    BLOCKS_UNSHARDED_AT_PEAK blocks, under reshard-after-forward."""
+    """(bytes saved at the peak, how): the whole unit against root-only parameters plus the
+    BLOCKS_UNSHARDED_AT_PEAK largest blocks (equal blocks when their sizes are unknown), under
+    reshard-after-forward."""
     if not layers or not reshard:
         return None, ""
-    block_fraction, fraction_source = fraction
-    frac = block_fraction if block_fraction is not None else 1.0
-    per_block = whole_bytes * frac / layers
-    new_peak = whole_bytes * (1 - frac) + BLOCKS_UNSHARDED_AT_PEAK * per_block
+    frac = share.fraction if share.fraction is not None else 1.0
+    if share.peak is not None:
+        at_peak = whole_bytes * share.peak
+        blocks = (
+            f"the {BLOCKS_UNSHARDED_AT_PEAK} largest of {layers} blocks ({share.source}: the "
+            f"blocks hold {frac:.0%} of the parameters, the {BLOCKS_UNSHARDED_AT_PEAK} largest "
+            f"{share.peak:.0%}, {at_peak / MIB:.2f} MiB)"
+        )
+    else:
+        at_peak = BLOCKS_UNSHARDED_AT_PEAK * whole_bytes * frac / layers
+        blocks = f"{BLOCKS_UNSHARDED_AT_PEAK} blocks of {layers} " + (
+            f"({share.source}: {frac:.0%})"
+            if share.fraction is not None
+            else "(assuming the blocks hold nearly all parameters)"
+        )
+    new_peak = whole_bytes * (1 - frac) + at_peak
     method = (
         f"peak unsharded parameters now = the whole unit ({whole_bytes / MIB:.2f} MiB); per "
         f"block with reshard_after_forward=True and prefetch depth 1 = root-only parameters + "
-        f"{BLOCKS_UNSHARDED_AT_PEAK} blocks of {layers} "
-        + (
-            f"({fraction_source}: {frac:.0%})"
-            if block_fraction is not None
-            else "(assuming the blocks hold nearly all parameters)"
-        )
+        + blocks
     )
     return max(0, int(whole_bytes - new_peak)), method
 
@@ -179,14 +227,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         return []  # the description says each block already is a unit
     layers = blocks.count if blocks else None
     whole_bytes = biggest.param_bytes or 0
-    fraction = _block_fraction(ctx.sheet.model, blocks, dict(ctx.sheet.harness))
+    share = _block_share(ctx.sheet.model, blocks, dict(ctx.sheet.harness))
     reshard = facts.settings.get("reshard_after_forward", True) is not False
-    gain_bytes, method_bytes = _memory_gain(whole_bytes, layers, reshard, fraction)
+    gain_bytes, method_bytes = _memory_gain(whole_bytes, layers, reshard, share)
     gathers = [r for r in lg.records if r.unit == biggest.name and r.family == GATHER_FAMILY]
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
     exposed_ms = sum(r.exposed_us for r in gathers) / 1e3 / n_steps
     blocking = bool(layers) and not ctx.sheet.gathers_can_overlap(lg.device)
-    gain_ms, method_ms = _time_gain(exposed_ms, layers, blocking, fraction[0])
+    gain_ms, method_ms = _time_gain(exposed_ms, layers, blocking, share.fraction)
     remedy = ctx.sheet.framework.wrap_blocks(facts)
     ranks = [
         other.rank
@@ -261,8 +309,9 @@ RULE = Rule(
         "module class of a `with_stack` trace, never a leaf layer."
     ),
     gain=(
-        "Bytes: whole unit minus (root-only parameters + 2 blocks) under reshard-after-forward, "
-        "the block share from the description (else the harness's shape, else ~all). ms: the "
+        "Bytes: whole unit minus (root-only parameters + the 2 largest blocks) under "
+        "reshard-after-forward, the block sizes from the description (else equal blocks, their "
+        "share from the harness's shape, else ~all). ms: the "
         "unit's measured exposed gather time x the share per-block prefetch would hide (all but "
         "the root-only parameters and the first block); none where gathers cannot overlap "
         "compute (CPU/gloo without FSDP2's unshard async op, FSDP1 on CPU): there the gain is "

@@ -23,7 +23,19 @@ BF16_NAMES = ("bfloat16", "torch.bfloat16", "bf16")
 _FSDP_IMPORT = "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP"
 KEEP_ARGS = "  # + your other FSDP arguments (device_id, sharding_strategy, ...)"
 """Ends every `FSDP(...)` call a remedy writes: the remedy changes the arguments it names and the
-user's own (a CPU run's `device_id=torch.device("cpu")`, ...) stay."""
+user's own (`device_id`, ...) stay."""
+CPU_KEEP_ARGS = "  # + your other FSDP arguments (sharding_strategy, ...)"
+CPU_DEVICE_ARG = 'device_id=torch.device("cpu")'
+"""A CPU run's own device: FSDP1 without it raises "FSDP needs a non-CPU accelerator device"."""
+
+
+def _device(facts: RunFacts) -> tuple[list[str], str, str]:
+    """(imports, `, device_id=...` argument, the closing comment) for the run's device: a CPU
+    run's calls carry its `device_id` (pasted without it they raise on CPU); an accelerator
+    run's keep the user's own."""
+    if facts.device_type == "cpu":
+        return ["import torch"], f", {CPU_DEVICE_ARG}", CPU_KEEP_ARGS
+    return [], "", KEEP_ARGS
 
 
 def unit_name(k: int | str) -> str:
@@ -59,10 +71,11 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
     if policy is None:
         return Remedy("wrap each repeated block as an FSDP unit", None)
     expr, lines = policy
-    code = [_FSDP_IMPORT, *lines]
+    imports, device, keep = _device(facts)
+    code = [*imports, _FSDP_IMPORT, *lines]
     if replacing:
         code.append(f"# instead of wrapping each submodule ({', '.join(replacing)}, ...):")
-    code.append(f"model = FSDP(model, auto_wrap_policy={expr}){KEEP_ARGS}")
+    code.append(f"model = FSDP(model, auto_wrap_policy={expr}{device}){keep}")
     assert facts.blocks is not None
     return Remedy(f"wrap each {facts.blocks.describe()} as an FSDP unit", "\n".join(code))
 
@@ -95,13 +108,15 @@ def _wrap_call(facts: RunFacts, head: list[str], argument: str) -> str:
     """`model = FSDP(model, auto_wrap_policy=<the blocks' policy>, <argument>)` with its imports
     (`head` first); without a known block set the call keeps the user's own policy as a comment."""
     policy = _policy(facts)
-    lines = [*head, *(policy[1] if policy else [])]
+    imports, device, keep = _device(facts)
+    lines = list(dict.fromkeys([*imports, *head, *(policy[1] if policy else [])]))
     if policy is not None:
         lines.append(
-            f"model = FSDP(model, auto_wrap_policy={policy[0]},\n             {argument}){KEEP_ARGS}"
+            f"model = FSDP(model, auto_wrap_policy={policy[0]},\n"
+            f"             {argument}{device}){keep}"
         )
     else:
-        lines.append(f"model = FSDP(model, {argument}){KEEP_ARGS}, your auto_wrap_policy")
+        lines.append(f"model = FSDP(model, {argument}{device}){keep}, your auto_wrap_policy")
     return "\n".join(lines)
 
 

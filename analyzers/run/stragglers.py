@@ -245,9 +245,10 @@ def _diagnosis(
     med_c = ev.get("others_median_compute_ms_per_step")
     own_i = ev.get("straggler_idle_ms_per_step")
     med_i = ev.get("others_median_idle_ms_per_step")
+    who = "Its device" if gpu else "Its host thread"  # a CPU-only run has no device
     if own_c is not None and med_c and own_c >= med_c * (1 + UNEVEN_WORK_SHARE):
         hint = (
-            f"Its device computes {own_c - med_c:.2f} ms per step more than the others' median: "
+            f"{who} computes {own_c - med_c:.2f} ms per step more than the others' median: "
             "suspect uneven work (longer sequences or padding, MoE routing imbalance, rank-0-only "
             "work) or "
             + (
@@ -264,7 +265,7 @@ def _diagnosis(
         and own_i - med_i >= UNEVEN_WORK_SHARE * median_step_ms
     ):
         hint = (
-            f"Its device idles {own_i - med_i:.2f} ms per step more than the others' median while "
+            f"{who} idles {own_i - med_i:.2f} ms per step more than the others' median while "
             "computing about as much: suspect the host side (data loading: DataLoader workers, "
             "pin_memory, storage reads; or host jitter: CPU contention, GC, logging or "
             "checkpointing on that rank)."
@@ -382,6 +383,26 @@ _Culprit = tuple[float, int, float, float | None]
 """(gain ms per step, rank, share of last arrivals, others' exposed comm ms per step)."""
 
 
+def _named_by_share(s: StragglerStat, gate: _Gate) -> bool:
+    """Whether rank `s` passes the share rule: last at >= its share bar, beyond chance."""
+    if not s.matched_collectives:
+        return False
+    share = s.last_arrivals / s.matched_collectives
+    p = chance_of_last(s.last_arrivals, s.matched_collectives, gate.group_size(s.rank))
+    return share >= gate.min_share_of(s.rank) and p < STRAGGLER_MAX_CHANCE_P
+
+
+def _last_at(s: StragglerStat, share: float, gate: _Gate) -> str:
+    """The title's share of last arrivals, saying which rule named the rank when the share alone
+    would not (below its bar, or within chance: named by the wait it causes)."""
+    last = f"last at {share:.0%} of collectives"
+    if _named_by_share(s, gate):
+        return last
+    bar = gate.min_share_of(s.rank)
+    below = f"under the {bar:.0%} bar" if share < bar else "within chance"
+    return f"{last}, {below}: named by the wait it causes in most steps"
+
+
 def _culprits(
     stats: Mapping[int, StragglerStat],
     leads: _Leads,
@@ -405,9 +426,7 @@ def _culprits(
         if gain_ms < gate.min_gain:
             continue  # the cap below only lowers the gain: no need to compute it
         peers = gate.peers.others(r)
-        p = chance_of_last(s.last_arrivals, s.matched_collectives, gate.group_size(r))
-        by_share = share >= gate.min_share_of(r) and p < STRAGGLER_MAX_CHANCE_P
-        if not by_share and not _persistent_cause(
+        if not _named_by_share(s, gate) and not _persistent_cause(
             r, leads.by_step_us, leads.total_us, gate.steps, gate.min_wait, peers
         ):
             continue
@@ -463,8 +482,9 @@ def find_stragglers(
     plural = "s" if len(ranks) > 1 else ""
     title = (
         f"Straggler rank{plural} {titled}: others wait for {'them' if plural else 'it'} in "
-        f"{leads.steps_over(first[1], gate.min_wait)} of {gate.n_steps} steps (last at "
-        f"{first[2]:.0%} of collectives), costing every rank {gain_total:.2f} ms per step"
+        f"{leads.steps_over(first[1], gate.min_wait)} of {gate.n_steps} steps "
+        f"({_last_at(stats[first[1]], first[2], gate)}), costing every rank "
+        f"{gain_total:.2f} ms per step"
     )
     late_steps = {r: set(per_step) for r, per_step in leads.by_step_us.items()}
     return [

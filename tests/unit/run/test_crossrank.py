@@ -530,3 +530,20 @@ def test_late_rank_without_its_own_cause_on_a_shared_cpu_host_is_contention() ->
     result = _step_collectives(slow_rank=1)
     assert find_stragglers(result, _even_steps(500.0), gpu=False)
     assert find_stragglers(result, _even_steps(500.0), gpu=False, shared_cpu_host=True) == []
+
+
+def test_straggler_words_match_its_evidence_and_the_device() -> None:
+    """Issue 30: a rank named by the wait it causes is last at few collectives (42% here),
+    under the share bar its evidence shows: the title says which rule named it. On a CPU-only
+    run its diagnosis speaks of its host thread, never of a device."""
+    result = _step_collectives(slow_rank=1)
+    steps = _even_steps(500.0)
+    steps[1] = [msgspec.structs.replace(b, idle_ms=400.0) for b in steps[1]]
+    (cpu,) = find_stragglers(result, steps, gpu=False)
+    assert cpu.evidence["min_last_share"] == 0.75
+    named = "(last at 42% of collectives, under the 75% bar: named by the wait it causes in most"
+    assert named in cpu.title
+    assert "Its host thread idles 400.00 ms per step" in cpu.recommendation
+    assert "device" not in cpu.recommendation
+    (gpu,) = find_stragglers(result, steps, gpu=True)
+    assert "Its device idles 400.00 ms per step" in gpu.recommendation
