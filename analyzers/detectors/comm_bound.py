@@ -70,7 +70,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     fsdp_ranks = set(by_rank)
     ranks: list[int] = []
     steps: set[int] = set()
-    comm = compute = 0.0
+    comm = compute = hit_comm = hit_compute = 0.0
     n = bound = 0
     for rank, bds in sorted(ctx.breakdowns.items()):
         if rank not in fsdp_ranks:
@@ -85,6 +85,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             steps.update(b.step for b in hit)
         comm += sum(b.comm_ms for b in bds)
         compute += sum(b.compute_ms for b in bds)
+        hit_comm += sum(b.comm_ms for b in hit)
+        hit_compute += sum(b.compute_ms for b in hit)
     if not n or bound / n < COMM_BOUND_STEP_SHARE:
         return []
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
@@ -101,9 +103,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         Finding(
             id="comm-bound",
             severity="warning",
-            title=(
+            title=(  # the comm-bound steps' own means: the other steps' can invert them
                 f"{bound} of {n} steps are comm-bound: {what} "
-                f"({comm / n:.1f} ms/step) exceeds compute ({compute / n:.1f} ms/step)"
+                f"({hit_comm / bound:.1f} ms/step) exceeds compute ({hit_compute / bound:.1f} "
+                "ms/step)" + (" in those steps" if bound < n else "")
             ),
             ranks=ranks,
             steps=sorted(steps),

@@ -297,3 +297,29 @@ def test_a_record_that_ran_in_a_tp_group_is_no_fsdp_traffic() -> None:
     assert kept.units()[0].all_gather_count == 1
     flat = DetectorContext(ledgers={0: lg}, record_members={0: members})
     assert len(flat.fsdp_ledgers()[0].records) == 2  # no TP dimension: nothing left out
+
+
+def test_comm_bound_title_never_contradicts_its_numbers() -> None:
+    """Issue 30 (a ViT run): "communication (357.7 ms/step) exceeds compute (442.9 ms/step)":
+    the title's means came from every step, the verdict from the comm-bound ones."""
+    from types import SimpleNamespace
+
+    from zdiag.analyzers.report import StepBreakdown
+
+    def step(i: int, verdict: str, compute: float, comm: float) -> StepBreakdown:
+        return StepBreakdown(
+            step=i, duration_ms=400.0, compute_ms=compute, comm_ms=comm, overlapped_ms=0.0,
+            exposed_comm_ms=comm, idle_ms=0.0, verdict=verdict,
+        )  # fmt: skip
+
+    ledger = SimpleNamespace(
+        rank=0, framework="fsdp2", records=[object()], gathers=[], unit_order=[]
+    )
+    ctx = DetectorContext(
+        ledgers={0: ledger},  # type: ignore[dict-item]
+        breakdowns={
+            0: [step(0, "comm-bound", 100.0, 300.0), step(1, "compute-bound", 390.0, 10.0)]
+        },
+    )
+    (f,) = comm_bound.detect(ctx)
+    assert "communication (300.0 ms/step) exceeds compute (100.0 ms/step) in those steps" in f.title
