@@ -147,17 +147,11 @@ def _with_cpu_async_op(ctx: DetectorContext, fw: Framework, remedy: Remedy | Non
 
 def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
     """The framework's overlap settings on the blocks the unit names show; when the blocks are
-    not units yet (a finer wrap), the wrap comes first so the prefetch calls have units to name."""
+    not units yet (a finer wrap), the framework's code wraps them first, so that its prefetch
+    calls name units (frameworks/fsdp2.py `overlap`; FSDP1's wrap policy names the blocks)."""
     pattern = find_block_pattern(lg.unit_order)
-    are_units = blocks_are_units(pattern, lg.unit_order)
-    facts = ctx.sheet.run_facts(fw, block_set(pattern), are_units)
-    remedy = _with_cpu_async_op(ctx, fw, fw.overlap(facts))
-    if remedy is None or are_units is not False or not fw.wraps_units:
-        return remedy
-    wrap = fw.wrap_blocks(facts)
-    if wrap is None or wrap.code is None or remedy.code is None:
-        return remedy
-    return Remedy(remedy.text, wrap.code + "\n" + remedy.code)
+    facts = ctx.sheet.run_facts(fw, block_set(pattern), blocks_are_units(pattern, lg.unit_order))
+    return _with_cpu_async_op(ctx, fw, fw.overlap(facts))
 
 
 @dataclass(frozen=True)

@@ -104,16 +104,19 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
 
 
 def overlap(facts: RunFacts) -> Remedy | None:
-    """Explicit forward and backward prefetch of depth 1 over the blocks (they must already be
-    FSDP units), and the root's forward prefetch of the first unit; only what the run does not
-    set; None when it sets all of it."""
+    """Explicit forward and backward prefetch of depth 1 over the blocks, and the root's forward
+    prefetch of the first unit; only what the run does not set; None when it sets all of it.
+    The prefetch lists name FSDP units only (`set_modules_to_*_prefetch` raises on any other
+    module): when the blocks are not units yet (a finer wrap), the code wraps them first, and
+    the root prefetches the first block, not the first unit of today's wrap."""
     blocks = _blocks_expr(facts)
-    fwd = not facts.has("forward_prefetch", True)
-    bwd = not facts.has("backward_prefetch", True)
+    rewrap = facts.blocks_are_units is False
+    fwd = rewrap or not facts.has("forward_prefetch", True)
+    bwd = rewrap or not facts.has("backward_prefetch", True)
     root_fwd = fwd or not facts.has("root_forward_prefetch", True)
     if not (fwd or bwd or root_fwd):
         return None
-    first = attribute_path(facts.first_unit) if facts.first_unit else None
+    first = attribute_path(facts.first_unit) if facts.first_unit and not rewrap else None
     root_lines = [
         "# the root prefetches the first unit",
         f"model.set_modules_to_forward_prefetch([{first or 'blocks[0]'}])",
@@ -124,7 +127,10 @@ def overlap(facts: RunFacts) -> Remedy | None:
             "but nothing issues the first one ahead of its use.",
             "\n".join(root_lines) if first else None,
         )
-    lines = [*_class_imports(facts), f"blocks = {blocks}"]
+    wrap = wrap_blocks(facts) if rewrap else None
+    lines = wrap.code.splitlines() if wrap is not None and wrap.code else []
+    lines += [line for line in _class_imports(facts) if line not in lines]
+    lines.append(f"blocks = {blocks}")
     if fwd:
         lines += [
             "for i in range(len(blocks) - 1):",
@@ -139,13 +145,18 @@ def overlap(facts: RunFacts) -> Remedy | None:
         lines += root_lines
     if bwd:
         lines.append("model.set_modules_to_backward_prefetch([blocks[-1]])")
-    return Remedy(
+    text = (
         "Prefetch each unit's all-gather during the previous unit's compute: explicit forward "
         "and backward prefetch of depth 1 on the exact blocks below; keep "
         "reshard_after_forward=True on the blocks (False on the last block, whose backward "
-        "starts right after forward, saves one gather at the cost of keeping it unsharded).",
-        "\n".join(lines) if blocks else None,
+        "starts right after forward, saves one gather at the cost of keeping it unsharded)."
     )
+    if rewrap:
+        text = (
+            "Make each block an FSDP unit first (prefetch lists can name FSDP units only, and "
+            "today the blocks' submodules are the units). " + text
+        )
+    return Remedy(text, "\n".join(lines) if blocks else None)
 
 
 def bf16_comm(facts: RunFacts) -> Remedy | None:
