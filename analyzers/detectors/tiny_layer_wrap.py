@@ -409,9 +409,9 @@ RULE = Rule(
             f"{RESAMPLES} bootstrap resamples puts it below the flat size, and bandwidth-bound "
             "(quiet) only when 1 - this share or fewer do. Between the two the finding says "
             "the evidence cannot decide, rather than a verdict the next run could flip "
-            "(five runs of one per-Linear Llama script gave latency terms of 0 to 105 us from "
-            "rank 0's fit over every unit size; the split units' own sizes over both ranks gave "
-            "114-151 us and 98-100% of resamples).",
+            "(runs of one per-Linear Llama script gave latency terms of 0 to 105 us from "
+            "rank 0's fit over every unit size; over ten runs the split units' own sizes on both "
+            "ranks gave 82-262 us, latency-bound in 98-100% of the resamples).",
             evidence="threshold_decide_share",
         ),
     ),
