@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..frameworks import BlockSet
+from ..frameworks.base import attribute_path
 from ..rank.fsdp_ledger import GATHER_FAMILY, CollectiveRecord, RankLedger
 from ..report import Finding
 from .blocks import find_block_pattern
@@ -226,9 +227,6 @@ def _evidence(sp: _Split, g: _Gain, per_block: float) -> dict[str, object]:
             round(j.below_share, 3) if j.below_share is not None else None
         ),
         "threshold_decide_share": DECIDE_SHARE,
-        "flat_bandwidth_bytes_range": [int(j.flat_low_bytes), int(j.flat_high_bytes)],
-        "fit_executions": j.executions,
-        "fit_sizes": fit.sizes,
         "repeated_block": sp.blocks.describe(),
         "facts": sp.blocks.source,
         "units": len(sp.names),
@@ -247,6 +245,9 @@ def _evidence(sp: _Split, g: _Gain, per_block: float) -> dict[str, object]:
         "per_collective_overhead_share": round(g.overhead_share, 3),
         "exposed_share": round(g.exposed_share, 3),
         "collectives_saved_per_step": round(g.saved / n_steps, 2),
+        "flat_bandwidth_bytes_range": [int(j.flat_low_bytes), int(j.flat_high_bytes)],
+        "fit_executions": j.executions,
+        "fit_sizes": fit.sizes,
     }
 
 
@@ -258,7 +259,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     g = _gain(ctx, sp)
     per_block = statistics.mean(len(u) for u in sp.split.values())
     split_units = sp.units
-    example = sorted(split_units)[:4]
+    example = [attribute_path(u) for u in sorted(split_units)[:4]]  # as the code spells them
     fw = ctx.sheet.framework
     remedy = fw.wrap_blocks(ctx.sheet.run_facts(fw, sp.blocks, are_units=False), example)
     what = sp.blocks.describe()
@@ -360,8 +361,8 @@ RULE = Rule(
         "pass."
     ),
     example=(
-        "Each encoder.stages.N block is split into 4 FSDP units: 96 latency-bound collectives "
-        "per step (an FSDP1 `ModuleWrapPolicy({nn.Linear})`)."
+        "Each model.encoder.stages[N] block is split into 4 FSDP units: 96 latency-bound "
+        "collectives per step (an FSDP1 `ModuleWrapPolicy({nn.Linear})`)."
     ),
     fix="One unit per block (the framework's wrap code, naming what is wrapped today).",
     gain=(

@@ -58,6 +58,10 @@ def test_per_linear_llama_is_judged_tiny_layer_wrap(tmp_path: Path) -> None:
     assert ev["median_message_bytes"] < ev["flat_bandwidth_bytes_range"][0]
     assert "missing-overlap" not in found and "missing-overlap" in ev["explains"]
     assert "for block in model.model.layers:\n    fully_shard(block)" in wrap["code"]
+    # one spelling, the one the user's `model` reaches, in the words and the code
+    assert "model.model.layers[N] (LlamaDecoderLayer x4)" in wrap["title"]
+    assert "model.layers.N" not in wrap["recommendation"] + wrap["code"]
+    assert "model.model.layers[0].self_attn" in wrap["code"]  # the units it replaces
     for f in found.values():  # prefetch lists name blocks, never a Linear
         for call in re.findall(r"set_modules_to_\w+_prefetch\(\[([^\]]*)\]", f["code"] or ""):
             assert "_proj" not in call and "lm_head" not in call, (f["id"], call)
