@@ -103,14 +103,25 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
     return Remedy(f"fully_shard each {b.describe()}, then the root", "\n".join(lines))
 
 
+def _finer_than_blocks(facts: RunFacts) -> bool:
+    """Whether the blocks must become units before prefetch lists can name them: they are not
+    units, and today's first unit does not hold them (a per-Linear wrap, a whole-model wrap; not
+    a mixer unit holding the description's expert blocks, whose chain is the units')."""
+    if facts.blocks_are_units is not False:
+        return False
+    first = facts.first_unit
+    containers = facts.blocks.containers if facts.blocks is not None else ()
+    return not (first and any(c.startswith(first + ".") for c in containers))
+
+
 def overlap(facts: RunFacts) -> Remedy | None:
     """Explicit forward and backward prefetch of depth 1 over the blocks, and the root's forward
     prefetch of the first unit; only what the run does not set; None when it sets all of it.
     The prefetch lists name FSDP units only (`set_modules_to_*_prefetch` raises on any other
-    module): when the blocks are not units yet (a finer wrap), the code wraps them first, and
-    the root prefetches the first block, not the first unit of today's wrap."""
+    module): when today's units are finer than the blocks (`_finer_than_blocks`), the code wraps
+    the blocks first, and the root prefetches the first block, not today's first unit."""
     blocks = _blocks_expr(facts)
-    rewrap = facts.blocks_are_units is False
+    rewrap = _finer_than_blocks(facts)
     fwd = rewrap or not facts.has("forward_prefetch", True)
     bwd = rewrap or not facts.has("backward_prefetch", True)
     root_fwd = fwd or not facts.has("root_forward_prefetch", True)

@@ -188,6 +188,14 @@ def test_fsdp2_prefetch_names_only_units_when_the_blocks_are_not_units() -> None
     assert "stages[0].up" not in r.code
     assert "model.set_modules_to_forward_prefetch([blocks[0]])" in lines
     assert "    blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])" in lines
+    # units coarser than the blocks (a mixer unit holding the description's expert blocks): no
+    # re-wrap; the caller names the units (missing_overlap._remedy)
+    experts = BlockSet(
+        container="body.mixers.0.experts", more_containers=("body.mixers.1.experts",)
+    )
+    coarse = replace(facts("fsdp2", experts), first_unit="body.mixers.0")
+    r = fsdp2.overlap(coarse)
+    assert r and r.code and r.code.startswith("blocks = ") and "fully_shard" not in r.code
 
 
 def test_deepspeed_overlap_treats_a_zero_prefetch_bucket_as_off() -> None:
