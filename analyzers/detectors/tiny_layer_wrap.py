@@ -297,20 +297,21 @@ def _words(sp: _Split, what: str, per_block: float, per_step: float) -> tuple[st
     j = sp.judgement
     why = (
         "the collectives come in one message size, which cannot separate the per-collective "
-        "latency from the bandwidth"
+        "latency from the bandwidth."
         if j.below_share is None
         else (
             f"the size where their bandwidth flattens lies between {_kb(j.flat_low_bytes)} and "
             f"{_kb(j.flat_high_bytes)} (90% of {RESAMPLES} resamples of the fastest execution "
             f"per size), around their median message of {_kb(sp.median_bytes)}; "
-            f"{j.below_share:.0%} of the resamples call it latency-bound"
+            f"{j.below_share:.0%} of the resamples call it latency-bound. Profiling more steps "
+            "narrows it."
         )
     )
     return (
         f"Each {what} block is split into {per_block:.0f} FSDP units ({per_step:.0f} "
         "collectives per step): too little timing evidence to call them latency-bound",
         f"{fix}. Whether their per-collective overhead is what costs time the timings do not "
-        f"decide: {why}. Profiling more steps narrows it.",
+        f"decide: {why}",
     )
 
 
