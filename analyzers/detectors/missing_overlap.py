@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..frameworks import Framework, Remedy
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
@@ -130,18 +130,17 @@ def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> 
 
 
 def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
-    """The framework's overlap settings on the blocks the unit names show; when the blocks are
-    not units yet (a finer wrap), the wrap comes first so the prefetch calls have units to name."""
+    """The framework's overlap settings, whose prefetch lists name FSDP units only: over the
+    repeated units the unit names show when the description's blocks lie inside them (a mixer
+    unit holding expert blocks); when the blocks are not units yet (a finer wrap), the
+    framework's code wraps them first (frameworks/fsdp2.py `overlap`; FSDP1's wrap policy names
+    the blocks)."""
     pattern = find_block_pattern(lg.unit_order)
     are_units = blocks_are_units(pattern, lg.unit_order)
     facts = ctx.sheet.run_facts(fw, block_set(pattern), are_units)
-    remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))
-    if remedy is None or are_units is not False or not fw.wraps_units:
-        return remedy
-    wrap = fw.wrap_blocks(facts)
-    if wrap is None or wrap.code is None or remedy.code is None:
-        return remedy
-    return Remedy(remedy.text, wrap.code + "\n" + remedy.code)
+    if are_units and facts.blocks_are_units is False:
+        facts = replace(facts, blocks=block_set(pattern), blocks_are_units=True)
+    return with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,10 @@ class BlockSet:
 
     @property
     def pattern(self) -> str | None:
-        """Display form of the container(s): "encoder.stages.N", or None."""
-        return ", ".join(f"{c}.N" if c else "model[N]" for c in self.containers) or None
+        """Display form of the container(s), spelled as the code reaches them from the user's
+        `model` ("model.encoder.stages[N]": the words and the code name the blocks alike), or
+        None."""
+        return ", ".join(f"{attribute_path(c)}[N]" for c in self.containers) or None
 
     def describe(self) -> str:
         """The block set in words, for titles and recommendations."""

@@ -103,17 +103,31 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
     return Remedy(f"fully_shard each {b.describe()}, then the root", "\n".join(lines))
 
 
+def _finer_than_blocks(facts: RunFacts) -> bool:
+    """Whether the blocks must become units before prefetch lists can name them: they are not
+    units, and today's first unit does not hold them (a per-Linear wrap, a whole-model wrap; not
+    a mixer unit holding the description's expert blocks, whose chain is the units')."""
+    if facts.blocks_are_units is not False:
+        return False
+    first = facts.first_unit
+    containers = facts.blocks.containers if facts.blocks is not None else ()
+    return not (first and any(c.startswith(first + ".") for c in containers))
+
+
 def overlap(facts: RunFacts) -> Remedy | None:
-    """Explicit forward and backward prefetch of depth 1 over the blocks (they must already be
-    FSDP units), and the root's forward prefetch of the first unit; only what the run does not
-    set; None when it sets all of it."""
+    """Explicit forward and backward prefetch of depth 1 over the blocks, and the root's forward
+    prefetch of the first unit; only what the run does not set; None when it sets all of it.
+    The prefetch lists name FSDP units only (`set_modules_to_*_prefetch` raises on any other
+    module): when today's units are finer than the blocks (`_finer_than_blocks`), the code wraps
+    the blocks first, and the root prefetches the first block, not today's first unit."""
     blocks = _blocks_expr(facts)
-    fwd = not facts.has("forward_prefetch", True)
-    bwd = not facts.has("backward_prefetch", True)
+    rewrap = _finer_than_blocks(facts)
+    fwd = rewrap or not facts.has("forward_prefetch", True)
+    bwd = rewrap or not facts.has("backward_prefetch", True)
     root_fwd = fwd or not facts.has("root_forward_prefetch", True)
     if not (fwd or bwd or root_fwd):
         return None
-    first = attribute_path(facts.first_unit) if facts.first_unit else None
+    first = attribute_path(facts.first_unit) if facts.first_unit and not rewrap else None
     root_lines = [
         "# the root prefetches the first unit",
         f"model.set_modules_to_forward_prefetch([{first or 'blocks[0]'}])",
@@ -124,7 +138,10 @@ def overlap(facts: RunFacts) -> Remedy | None:
             "but nothing issues the first one ahead of its use.",
             "\n".join(root_lines) if first else None,
         )
-    lines = [*_class_imports(facts), f"blocks = {blocks}"]
+    wrap = wrap_blocks(facts) if rewrap else None
+    lines = wrap.code.splitlines() if wrap is not None and wrap.code else []
+    lines += [line for line in _class_imports(facts) if line not in lines]
+    lines.append(f"blocks = {blocks}")
     if fwd:
         lines += [
             "for i in range(len(blocks) - 1):",
@@ -139,13 +156,18 @@ def overlap(facts: RunFacts) -> Remedy | None:
         lines += root_lines
     if bwd:
         lines.append("model.set_modules_to_backward_prefetch([blocks[-1]])")
-    return Remedy(
+    text = (
         "Prefetch each unit's all-gather during the previous unit's compute: explicit forward "
         "and backward prefetch of depth 1 on the exact blocks below; keep "
         "reshard_after_forward=True on the blocks (False on the last block, whose backward "
-        "starts right after forward, saves one gather at the cost of keeping it unsharded).",
-        "\n".join(lines) if blocks else None,
+        "starts right after forward, saves one gather at the cost of keeping it unsharded)."
     )
+    if rewrap:
+        text = (
+            "Make each block an FSDP unit first (prefetch lists can name FSDP units only, and "
+            "today the blocks' submodules are the units). " + text
+        )
+    return Remedy(text, "\n".join(lines) if blocks else None)
 
 
 def bf16_comm(facts: RunFacts) -> Remedy | None:

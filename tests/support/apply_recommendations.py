@@ -146,15 +146,16 @@ def remedies(case: Case, framework: str) -> tuple[list[tuple[str, list[str]]], d
         out.append(("wrap_blocks", [wrap_code]))
     overlap = fw.overlap(facts)
     if overlap is not None and overlap.code:
-        # FSDP2's prefetch lists go on blocks that already are units; FSDP1's and DDP's code wraps
-        out.append(
-            ("overlap", [wrap_code, overlap.code] if framework == "fsdp2" else [overlap.code])
-        )
+        # the code is whole: FSDP2's wraps the blocks before naming them in prefetch lists when
+        # they are not units yet, FSDP1's and DDP's code wraps
+        out.append(("overlap", [overlap.code]))
     if framework == "fsdp2" and facts.blocks is not None and facts.blocks.containers:
         # a run that chains its blocks but not the root: only the root's link, to the first unit
         chained = {**facts.settings, "forward_prefetch": True, "backward_prefetch": True}
         first = f"{facts.blocks.containers[0]}.0"
-        root = fw.overlap(dataclasses.replace(facts, settings=chained, first_unit=first))
+        root = fw.overlap(
+            dataclasses.replace(facts, settings=chained, first_unit=first, blocks_are_units=True)
+        )
         if root is not None and root.code:
             out.append(("root_prefetch", [wrap_code, root.code]))
     bf16 = fw.bf16_comm(facts)

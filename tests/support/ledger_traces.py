@@ -268,3 +268,9 @@ def write(tmp_path: Path, doc: dict[str, Any], name: str = "rank-0.json.gz") -> 
 
 
 BLOCKS = [("", 1000), ("layers.0", 4000), ("layers.1", 4000), ("layers.2", 4000)]
+LEAVES = [("", 64)] + [
+    (f"layers.{i}.{m}", n)
+    for i in range(3)
+    for m, n in (("attention_norm", 64), ("wq", 4096), ("wk", 4096), ("w1", 8192))
+]
+"""A leaf wrap: each of three blocks split into four units of three sizes (`tiny-layer-wrap`)."""

@@ -15,10 +15,14 @@ TIMEOUT_S = 300
 
 
 def run(
-    *args: str, cwd: Path = REPO_ROOT, timeout: float = TIMEOUT_S
+    *args: str,
+    cwd: Path = REPO_ROOT,
+    timeout: float = TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `args` with this repository importable and one OpenMP thread per process."""
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    """Run `args` with this repository importable and one OpenMP thread per process (`env`
+    overrides: a PYTHONPATH that also holds a library installed beside the venv)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write, zero3_cpu_trace
+from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write, zero3_cpu_trace
 from zdiag.analyzers.detectors import BY_ID, RULES, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
@@ -78,13 +78,6 @@ def test_whole_model_wrap_names_the_block_and_the_memory_cut(tmp_path: Path) -> 
 def test_block_wrap_is_not_whole_model(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=1, prefetch=True))
     assert "whole-model-wrap" not in {f.id for f in run_context(ctx).findings}
-
-
-LEAVES = [("", 64)] + [
-    (f"layers.{i}.{m}", n)
-    for i in range(3)
-    for m, n in (("attention_norm", 64), ("wq", 4096), ("wk", 4096), ("w1", 8192))
-]
 
 
 def test_tiny_layer_wrap_fires_when_sub_block_units_are_latency_bound(tmp_path: Path) -> None:

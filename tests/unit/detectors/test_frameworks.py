@@ -148,21 +148,54 @@ def test_fsdp2_wrap_names_the_container_or_the_class() -> None:
     assert unknown is not None and unknown.code is None  # never a guessed `model.layers`
 
 
+def unit_facts(**settings: object) -> RunFacts:
+    """FSDP2 facts of a run whose blocks already are its units."""
+    return replace(facts("fsdp2", **settings), blocks_are_units=True)
+
+
 def test_fsdp2_prefetch_proposes_only_the_missing_direction() -> None:
-    both = fsdp2.overlap(facts("fsdp2"))
-    assert both and both.code and "blocks = model.encoder.stages" in both.code
+    both = fsdp2.overlap(unit_facts())
+    assert both and both.code and both.code.startswith("blocks = model.encoder.stages")
     assert "set_modules_to_forward_prefetch" in both.code
     assert "set_modules_to_backward_prefetch" in both.code
-    bwd_only = fsdp2.overlap(facts("fsdp2", forward_prefetch=True, root_forward_prefetch=True))
+    bwd_only = fsdp2.overlap(unit_facts(forward_prefetch=True, root_forward_prefetch=True))
     assert bwd_only and bwd_only.code
     assert "forward_prefetch" not in bwd_only.code and "backward_prefetch" in bwd_only.code
-    chained = facts("fsdp2", forward_prefetch=True, backward_prefetch=True)
+    chained = unit_facts(forward_prefetch=True, backward_prefetch=True)
     root_only = fsdp2.overlap(replace(chained, first_unit="features"))
     assert root_only and root_only.code == (
         "# the root prefetches the first unit\nmodel.set_modules_to_forward_prefetch([model.features])"
     )
-    assert fsdp2.overlap(facts("fsdp2", forward_prefetch=True, backward_prefetch=True,
-                               root_forward_prefetch=True)) is None  # fmt: skip
+    assert fsdp2.overlap(unit_facts(forward_prefetch=True, backward_prefetch=True,
+                                    root_forward_prefetch=True)) is None  # fmt: skip
+
+
+def test_fsdp2_prefetch_names_only_units_when_the_blocks_are_not_units() -> None:
+    """A per-Linear wrap: `set_modules_to_forward_prefetch` raises on a module that is not an
+    FSDP unit, so the code wraps the blocks first and the root prefetches the first block, never
+    today's first unit (a Linear); the run's prefetch lists between today's units carry over to
+    nothing, so every direction is proposed."""
+    per_linear = replace(
+        facts("fsdp2", forward_prefetch=True, backward_prefetch=True, root_forward_prefetch=True),
+        first_unit="encoder.stages.0.up",
+    )
+    r = fsdp2.overlap(per_linear)
+    assert r and r.code and r.text.startswith("Make each block an FSDP unit first")
+    lines = r.code.splitlines()
+    assert lines.index("for block in model.encoder.stages:") < lines.index(
+        "blocks = model.encoder.stages"
+    )
+    assert "stages[0].up" not in r.code
+    assert "model.set_modules_to_forward_prefetch([blocks[0]])" in lines
+    assert "    blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])" in lines
+    # units coarser than the blocks (a mixer unit holding the description's expert blocks): no
+    # re-wrap; the caller names the units (missing_overlap._remedy)
+    experts = BlockSet(
+        container="body.mixers.0.experts", more_containers=("body.mixers.1.experts",)
+    )
+    coarse = replace(facts("fsdp2", experts), first_unit="body.mixers.0")
+    r = fsdp2.overlap(coarse)
+    assert r and r.code and r.code.startswith("blocks = ") and "fully_shard" not in r.code
 
 
 def test_deepspeed_overlap_treats_a_zero_prefetch_bucket_as_off() -> None:
@@ -360,7 +393,10 @@ def test_remedy_code_runs_on_the_model_it_names(tmp_path: Path) -> None:
         f2 = facts("fsdp2", blocks)
         wrap = code(fsdp2.wrap_blocks(f2))
         cases[f"fsdp2 wrap {label}"] = wrap
-        cases[f"fsdp2 wrap+prefetch {label}"] = wrap + "\n" + code(fsdp2.overlap(f2))
+        # the blocks are not units (a finer wrap): the prefetch code wraps them itself, and the
+        # root never prefetches today's first unit, a Linear (FSDP2 raises on a non-unit)
+        per_linear = replace(f2, first_unit="encoder.stages.0.fc")
+        cases[f"fsdp2 wrap+prefetch {label}"] = code(fsdp2.overlap(per_linear))
         cases[f"fsdp2 bf16 {label}"] = code(fsdp2.bf16_comm(f2))
         cases[f"fsdp1 wrap {label}"] = code(fsdp1.wrap_blocks(facts("fsdp1", blocks)))
         cases[f"checkpoint {label}"] = code(checkpoint_blocks(blocks))

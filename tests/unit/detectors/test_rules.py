@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
-from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write
+from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write
 from zdiag.analyzers.detectors import BY_ID, RULES, STRAGGLER_RULE
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.detectors.docs import rules_markdown
@@ -193,6 +193,7 @@ def _contexts(tmp_path: Path) -> dict[str, DetectorContext]:
     """A context on which each rule with an evidence-reported threshold fires."""
     (tmp_path / "wrap").mkdir(parents=True)
     (tmp_path / "overlap").mkdir()
+    (tmp_path / "tiny").mkdir()
     wrap = _trace_ctx(
         tmp_path / "wrap",
         fsdp2_cpu_trace([("", 20000)], steps=2),
@@ -213,6 +214,9 @@ def _contexts(tmp_path: Path) -> dict[str, DetectorContext]:
     return {
         "whole-model-wrap": wrap,
         "missing-overlap": _trace_ctx(tmp_path / "overlap", fsdp2_cpu_trace(BLOCKS, steps=2)),
+        "tiny-layer-wrap": _trace_ctx(
+            tmp_path / "tiny", fsdp2_cpu_trace(LEAVES, steps=2, gather_us=200, bytes_per_us=1000)
+        ),
         "activation-oom": DetectorContext(
             ledgers={},
             memory=[parse_oom_message(0, OOM_TEXT)],
