@@ -35,6 +35,7 @@ FLAT_BANDWIDTH_SHARE = 0.8
 LATENCY_BOUND_RATIO = FLAT_BANDWIDTH_SHARE / (1 - FLAT_BANDWIDTH_SHARE)  # x alpha x beta
 MIN_SPLIT_COLLECTIVE_SHARE = 0.5
 DECIDE_SHARE = 0.9
+MIN_SIZES_TO_CLEAR = 3
 
 
 def _blocks(
@@ -121,7 +122,9 @@ class _Split:
 def _split_blocks(ctx: DetectorContext) -> _Split | None:
     """Gating: blocks split into >= MIN_UNITS_PER_BLOCK units that carry >= MIN_SPLIT_
     COLLECTIVE_SHARE of the collectives, whose median message is not firmly bandwidth-bound
-    (latency-bound in <= 1 - DECIDE_SHARE of the resamples)."""
+    (latency-bound in <= 1 - DECIDE_SHARE of the resamples, on at least MIN_SIZES_TO_CLEAR
+    message sizes: a line through two sizes cannot clear a split wrap, only leave it
+    undecided)."""
     ledgers = ctx.fsdp_ledgers()
     if not ledgers:
         return None
@@ -154,8 +157,12 @@ def _split_blocks(ctx: DetectorContext) -> _Split | None:
     if judgement is None:
         return None
     share = judgement.below_share
-    if share is not None and share <= 1 - DECIDE_SHARE:
-        return None
+    if (
+        share is not None
+        and share <= 1 - DECIDE_SHARE
+        and judgement.fit.sizes >= MIN_SIZES_TO_CLEAR
+    ):
+        return None  # firmly bandwidth-bound, on enough message sizes to trust the intercept
     return _Split(lg, names, blocks, block_of, split, path_of, split_recs, judgement)
 
 
@@ -227,6 +234,7 @@ def _evidence(sp: _Split, g: _Gain, per_block: float) -> dict[str, object]:
             round(j.below_share, 3) if j.below_share is not None else None
         ),
         "threshold_decide_share": DECIDE_SHARE,
+        "threshold_min_sizes_to_clear": MIN_SIZES_TO_CLEAR,
         "repeated_block": sp.blocks.describe(),
         "facts": sp.blocks.source,
         "units": len(sp.names),
@@ -299,6 +307,14 @@ def _words(sp: _Split, what: str, per_block: float, per_step: float) -> tuple[st
         "the collectives come in one message size, which cannot separate the per-collective "
         "latency from the bandwidth."
         if j.below_share is None
+        else (
+            f"fitted through {j.fit.sizes} message sizes, the per-collective latency is the "
+            "intercept of a line that a busy host moves between runs of the same script: "
+            f"{j.below_share:.0%} of the resamples call their median message of "
+            f"{_kb(sp.median_bytes)} latency-bound in this run. Re-profile with more "
+            "distinct unit sizes, or compare a run wrapped per block."
+        )
+        if j.fit.sizes < MIN_SIZES_TO_CLEAR and j.below_share <= 1 - DECIDE_SHARE
         else (
             f"the size where their bandwidth flattens lies between {_kb(j.flat_low_bytes)} and "
             f"{_kb(j.flat_high_bytes)} (90% of {RESAMPLES} resamples of the fastest execution "
@@ -415,6 +431,17 @@ RULE = Rule(
             "rank 0's fit over every unit size; over ten runs the split units' own sizes on both "
             "ranks gave 82-262 us, latency-bound in 98-100% of the resamples).",
             evidence="threshold_decide_share",
+        ),
+        Threshold(
+            "MIN_SIZES_TO_CLEAR",
+            MIN_SIZES_TO_CLEAR,
+            "A latency term fitted through two message sizes is their line's intercept, which "
+            "a loaded host moves from 0 to hundreds of microseconds between runs of one script "
+            "(the user zoo's tabular_fsdp1 leaf wrap: 0.88 of the resamples latency-bound in "
+            "one run, 0.0 in the next, 228 us with the old fit). Such a fit can make a split "
+            "wrap a warning, never clear it: with fewer sizes than this a 'bandwidth-bound' "
+            "answer is reported as undecided.",
+            evidence="threshold_min_sizes_to_clear",
         ),
     ),
     markers=("all_gather",),

@@ -132,7 +132,19 @@ def test_one_message_size_is_too_weak_to_decide() -> None:
 
 
 def test_bandwidth_bound_units_stay_quiet() -> None:
-    """Messages far above where the bandwidth flattens: no finding, whatever the noise."""
-    big = [(name, n * 64) for name, n in LLAMA_SPLIT]  # 16 and 32 MiB
+    """Messages far above where the bandwidth flattens, on three sizes: no finding, whatever
+    the noise."""
+    big = [*((name, n * 64) for name, n in LLAMA_SPLIT), ("mlp.extra_proj", 48 * 1024 * KIB)]
     for seed in range(3):
         assert tiny_layer_wrap.detect(_ctx(big, seed=seed, noise_us=50.0)) == []
+
+
+def test_two_sizes_never_clear_a_split_wrap() -> None:
+    """A line through two sizes: its intercept is noise (the user zoo's tabular_fsdp1 leaf wrap:
+    0.88 latency-bound in one run, 0.0 in the next). A bandwidth-bound answer on two sizes is
+    undecided, so the split wrap is named in every run (info), never cleared in some."""
+    big = [(name, n * 64) for name, n in LLAMA_SPLIT]  # 16 and 32 MiB
+    for seed in range(3):
+        (f,) = tiny_layer_wrap.detect(_ctx(big, seed=seed, noise_us=50.0))
+        assert f.severity == "info" and f.evidence["judgement"] == "undecided"
+        assert f.evidence["threshold_min_sizes_to_clear"] == 3
