@@ -99,10 +99,10 @@ def _run_line(report: Report) -> str:
 def _no_findings(report: Report) -> str:
     """The line for a report without findings: it must not contradict its step verdicts."""
     steps = [b for r in report.ranks for b in r.steps]
-    off = Counter(b.verdict for b in steps if b.verdict != "compute-bound")
-    if not off:
+    verdicts = Counter(b.verdict for b in steps)
+    if not verdicts or verdicts.most_common(1)[0][0] == "compute-bound":
         return "none: nothing in the traces crossed a threshold"
-    verdict, n = off.most_common(1)[0]
+    verdict, n = verdicts.most_common(1)[0]  # the steps' dominant verdict is not healthy
     return (
         f"no finding: no rule's evidence is met, but the steps are not healthy ({verdict} in "
         f"{n} of {len(steps)} steps, above); too few steps or ranks for a finding, or traffic "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 
+import msgspec
 import pytest
 
 from conftest import REPO_ROOT
@@ -159,6 +160,13 @@ def test_no_findings_never_contradicts_the_step_verdicts() -> None:
     text = render_text(Report(ranks=[RankReport(rank=0, steps=[step])]))
     assert "nothing in the traces crossed a threshold" not in text
     assert "comm-bound in 1 of 1 steps" in " ".join(text.split())
+    # one noisy step among healthy ones (the CPU demo): the summary calls it compute-bound
+    healthy = [
+        msgspec.structs.replace(step, step=i, compute_ms=90.0, verdict="compute-bound")
+        for i in range(1, 6)
+    ]
+    text = render_text(Report(ranks=[RankReport(rank=0, steps=[step, *healthy])]))
+    assert "none: nothing in the traces crossed a threshold" in text
 
 
 def test_verbose_shows_all_evidence_and_thresholds_and_verdicts_say_why() -> None:
