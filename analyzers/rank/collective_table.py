@@ -30,7 +30,7 @@ from ..inputs.events import (
     collective_kind,
     dtype_size,
 )
-from .declared_groups import declared_groups
+from .declared_groups import trace_groups
 
 _BACKEND_OP_RE = re.compile(r"^(nccl|gloo|rccl|ucc|mpi):")
 _INT64_MAX = 2**63 - 1
@@ -158,7 +158,7 @@ def attribute_by_thread(
     thread it ran on, where `thread_groups` names a group the trace declares. Only on a rank that
     declares groups of different members: elsewhere "" already means the rank's one group
     (`declared_groups.group_members`), and the tables stay as they were."""
-    infos = declared_groups(trace.distributed_info)
+    infos = trace_groups(trace)
     if len({tuple(g.ranks) for g in infos if g.ranks is not None}) < 2:
         return
     declared = {g.name for g in infos}

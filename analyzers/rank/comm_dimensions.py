@@ -34,7 +34,7 @@ from ..report import DimensionComm, StepBreakdown
 from . import intervals as iv
 from .breakdown import US_PER_MS, ActivitySets
 from .collective_table import collectives_of
-from .declared_groups import ProcessGroupInfo, declared_groups
+from .declared_groups import ProcessGroupInfo, trace_groups
 from .steps import StepWindows
 
 OTHER = "other"
@@ -136,7 +136,7 @@ def with_comm_by_dimension(
     """`steps` with `comm_by_dimension` set, when the rank's collectives are split (`is_split`);
     else `steps` as they are."""
     col = collectives_of(trace)
-    infos = declared_groups(trace.distributed_info)
+    infos = trace_groups(trace)
     call_labels = dimension_labels(infos, col.process_group)
     if not is_split(infos, call_labels) or not len(windows) or len(steps) != len(windows):
         return list(steps)

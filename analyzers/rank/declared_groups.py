@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from ..inputs.events import EventKind, RankTrace
+
 Members = tuple[int, ...]
 
 
@@ -136,3 +138,13 @@ def group_members(
             if len(member_sets) > 1:
                 unattributed.add(i)
     return out, unattributed
+
+
+def trace_groups(trace: RankTrace) -> list[ProcessGroupInfo]:
+    """A trace's process groups: its header's (`declared_groups`), completed by the members its
+    collective calls name (`groups_from_calls`). What every part of the map reads."""
+    calls = (
+        trace.args.get(i) or {}
+        for i in trace.of_kind(EventKind.COMM_OP, EventKind.COMM_KERNEL).tolist()
+    )
+    return groups_from_calls(declared_groups(trace.distributed_info), calls)

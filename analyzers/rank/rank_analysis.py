@@ -14,15 +14,14 @@ process, a process pool, inside the training job or on a worker next to the file
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import numpy as np
 
 from .. import frameworks
-from ..inputs.events import EventKind, RankTrace
+from ..inputs.events import RankTrace
 from ..memory.kineto_memory import kineto_memory
 from ..report import (
     CollectiveKindStats,
@@ -35,7 +34,7 @@ from .breakdown import ActivitySets, breakdown_rank, collective_stats
 from .collective_columns import RankCollectives, rank_collectives
 from .collective_table import build_collectives, collectives_of
 from .comm_dimensions import with_comm_by_dimension
-from .declared_groups import ProcessGroupInfo, declared_groups, groups_from_calls
+from .declared_groups import ProcessGroupInfo, trace_groups
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
 from .module_classes import repeated_module_class
@@ -177,14 +176,6 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
     )
 
 
-def _comm_call_args(trace: RankTrace) -> Iterator[Mapping[str, Any]]:
-    """The args of the trace's collective ops and kernels (those that kept them)."""
-    for i in trace.of_kind(EventKind.COMM_OP, EventKind.COMM_KERNEL).tolist():
-        args = trace.args.get(i)
-        if args:
-            yield args
-
-
 def rank_facts(trace: RankTrace, windows: StepWindows | None = None) -> RankFacts:
     """The detector facts of a trace (see RankFacts); the pipeline timings need its steps."""
     sites = host_sync_sites(trace)
@@ -195,9 +186,7 @@ def rank_facts(trace: RankTrace, windows: StepWindows | None = None) -> RankFact
         host_sync_sites=sites,
         module_class=repeated_module_class(trace),
         group_sizes=sorted({int(g) for g in collectives_of(trace).group_size if int(g) > 0}),
-        process_groups=groups_from_calls(
-            declared_groups(trace.distributed_info), _comm_call_args(trace)
-        ),
+        process_groups=trace_groups(trace),
         framework=fw.name if (fw := frameworks.from_trace(trace.names)) is not None else None,
         data_loading_ms=data_loading_ms(trace),
         pipeline=pipeline_times(trace, windows) if windows is not None else [],
