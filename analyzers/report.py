@@ -244,6 +244,26 @@ class MemoryBreakdown(msgspec.Struct, kw_only=True):
     preexisting_inferred: str | UnsetType = UNSET
 
 
+class OperatorRow(msgspec.Struct, array_like=True):
+    """One operator or kernel name's work in the analyzed steps (`OperatorTable`)."""
+
+    name: str
+    device: str  # "cpu" (host ops, runtime calls, annotations) or "gpu" (kernels, copies)
+    count: float  # calls per step (per rank in `Report.operators`)
+    ms: float  # inclusive time per step (nested host ops each count their own time)
+
+
+class OperatorTable(msgspec.Struct, kw_only=True):
+    """Operators and kernels by name, per step: what `zdiag diff` compares op by op (as HTA's
+    trace diff does). `complete` is False when names were cut at the table's size limit (the
+    least time first), so an absent name may have run below the cut."""
+
+    ranks: int = 1
+    steps: int = 0
+    complete: bool = True
+    rows: list[OperatorRow] = msgspec.field(default_factory=list)
+
+
 class Finding(msgspec.Struct, kw_only=True):
     """A diagnosed problem, its evidence as numbers, the change to make and the gain to expect."""
 
@@ -283,6 +303,8 @@ class Report(msgspec.Struct, kw_only=True):
     failed_detectors: list[str] = msgspec.field(default_factory=list)
     # the mesh dimensions communication ran over, when some rank used more than one (else absent)
     comm_dimensions: list[CommDimension] | UnsetType = UNSET
+    # operators and kernels by name, per rank and step, over every analyzed rank (else absent)
+    operators: OperatorTable | UnsetType = UNSET
 
     def findings_at_least(self, severity: str) -> list[Finding]:
         """Findings whose severity is `severity` or worse."""

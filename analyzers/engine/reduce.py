@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
+
 from zdiag import __version__
 
 from ...collectors.run_records import Manifest
@@ -20,6 +22,7 @@ from ..detectors import STRAGGLER_RULE, build_context, run_context
 from ..inputs.model_facts import ModelFacts
 from ..inputs.oom_records import OomRecords
 from ..rank import verdict
+from ..rank.operators import merge_tables
 from ..rank.summary import RankSummary
 from ..rank.timeline import select_timelines
 from ..report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
@@ -27,6 +30,7 @@ from ..run.comm_dimensions import comm_dimensions
 from ..run.crossrank import CrossRankResult
 from ..run.crossrank_match import match_collectives
 from ..run.process_groups import process_group_stats
+from ..run.run_config import run_config
 from ..run.stragglers import straggler_stats
 from ..run.wait_graph import HangAnalysis
 
@@ -128,6 +132,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         warnings=warnings,
         failed_detectors=list(detected.failed),
         comm_dimensions=comm_dimensions(summaries, run.model.mesh if run.model else None),
+        operators=merge_tables([s.operators for s in summaries if s.operators]) or UNSET,
     )
     return Reduction(report=report, crossrank=matching)
 
@@ -177,6 +182,14 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
             "inferred": ["framework", "unit names", "repeated blocks from unit names"],
             "unknown": ["module tree", "block classes", "framework settings", "optimizer"],
         }
+    config = run_config(
+        run.manifest,
+        run.model.description if run.model is not None else None,
+        [s.device for s in summaries],
+        [s.host for s in summaries],
+    )
+    if config:  # the flat configuration `zdiag diff` compares (a dict: the text view skips it)
+        summary["config"] = config
     if "model_facts" in summary:  # one line for the text view, which shows scalars only
         summary["facts"] = summary["model_facts"]["source"]
     return summary or None

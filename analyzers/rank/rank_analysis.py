@@ -2,7 +2,7 @@
 
 `analyze_rank(trace, context)` does every piece of work that needs the trace's events: the step
 windows, the per-step breakdown (split by mesh dimension on multi-group ranks), the collectives with their per-call timing, the per-kind
-collective totals, the representative-step timeline, the FSDP unit ledger (its unknown message
+collective totals, the representative-step timeline, the operators and kernels by name, the FSDP unit ledger (its unknown message
 sizes filled once, from `context.unit_param_bytes`) and the few facts detectors read from the
 events (host syncs, repeated module class, process-group sizes). It reads nothing else, writes
 nothing (the trace is left as it was) and returns the warnings it has about the rank.
@@ -27,6 +27,7 @@ from ..report import (
     CollectiveKindStats,
     MemoryBreakdown,
     MemoryTimeline,
+    OperatorTable,
     StepBreakdown,
     StepTimeline,
 )
@@ -38,6 +39,7 @@ from .declared_groups import ProcessGroupInfo, trace_groups
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
 from .module_classes import repeated_module_class
+from .operators import operator_table
 from .pipeline_times import PipelineStepTimes, pipeline_times
 from .steps import StepWindows, drop_unfinished_tail, find_steps
 from .timeline import step_timeline
@@ -108,6 +110,7 @@ class RankAnalysis:
     warnings: tuple[str, ...]
     memory_breakdown: MemoryBreakdown | None = None  # from Kineto `[memory]` events
     memory_timeline: MemoryTimeline | None = None
+    operators: OperatorTable | None = None  # operators and kernels by name, per step
 
 
 def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAnalysis:
@@ -173,6 +176,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         warnings=tuple(warnings),
         memory_breakdown=memory_breakdown,
         memory_timeline=memory_timeline,
+        operators=operator_table(trace, windows),
     )
 
 

@@ -3,7 +3,8 @@
 `summarize(analysis)` keeps from a `RankAnalysis` what the reduce (cross-rank matching, the
 detectors, the Report) reads, and nothing that needs the trace again: the rank's identity and
 step table, its collectives with per-call timing (as packed columns), the per-kind totals, the
-representative-step timeline, the FSDP unit ledger, the detector facts and, for traces recorded
+representative-step timeline, the operators and kernels by name (at most 1000), the FSDP unit
+ledger, the detector facts and, for traces recorded
 with `profile_memory=True`, the memory breakdown and timeline from their Kineto `[memory]`
 events (kineto_memory.py; at most 2000 timeline points). `encode_summary` /
 `decode_summary` write and read it as zlib-compressed msgpack under the schema
@@ -12,8 +13,9 @@ and merged later.
 
 Size: what grows with the trace is the per-call columns (8 + 8 + 2 + 2 + 4 bytes per collective
 before compression), the ledger (one record per FSDP collective, ~120 bytes before compression)
-and the step table; the timeline is capped at MAX_TIMELINE_SPANS spans; nothing grows with the
-number of kernels or host ops. zlib (level 1, ~20 ms per MB) shrinks the whole 4x
+and the step table; the timeline is capped at MAX_TIMELINE_SPANS spans and the operator table at
+MAX_OPERATORS names (one row per distinct name, not per call); nothing grows with the number of
+kernels or host ops. zlib (level 1, ~20 ms per MB) shrinks the whole 4x
 (bench/summary_size.py measures it; figures in docs/benchmarks.md).
 """
 
@@ -29,6 +31,7 @@ from ..report import (
     CollectiveKindStats,
     MemoryBreakdown,
     MemoryTimeline,
+    OperatorTable,
     RankReport,
     StepBreakdown,
     StepTimeline,
@@ -119,6 +122,7 @@ class RankSummary(msgspec.Struct, kw_only=True):
     # from Kineto `[memory]` events (profile_memory=True); timeline capped at 2000 points
     memory_breakdown: MemoryBreakdown | None = None
     memory_timeline: MemoryTimeline | None = None
+    operators: OperatorTable | None = None  # by name, per step (at most MAX_OPERATORS names)
 
     def collective_columns(self) -> RankColumns:
         """The rank's collectives for the cross-rank matching (views of the summary's bytes)."""
@@ -170,6 +174,7 @@ def summarize(analysis: RankAnalysis) -> RankSummary:
         warnings=list(analysis.warnings),
         memory_breakdown=analysis.memory_breakdown,
         memory_timeline=analysis.memory_timeline,
+        operators=analysis.operators,
     )
 
 
