@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "zdiag.commands.render",
         "re-render a saved --json report as text, HTML, a Perfetto overlay or in the terminal",
     ),
+    "diff": (
+        "zdiag.commands.diff",
+        "compare two runs: where the step time went, and a CI gate on regressions",
+    ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
     "demo": ("zdiag.commands.demo", "run the built-in FSDP2 harness on 2 CPU ranks and analyze it"),
     "explain": ("zdiag.commands.explain", "explain a finding id: what it detects, why, thresholds"),
@@ -43,6 +47,7 @@ examples:
   zdiag run --nproc-per-node 8 train.py --lr 3e-4  # profile your script, unchanged
   zdiag analyze zdiag_runs/20261122-190000/       # where the time went, what to change
   zdiag analyze run_dir/ --html report.html       # the interactive page
+  zdiag diff runs/good runs/bad                   # what changed between two runs, and why
   zdiag monitor --listen 127.0.0.1:5577           # follow a running job live
   zdiag completion bash > ~/.local/share/bash-completion/completions/zdiag
 """,

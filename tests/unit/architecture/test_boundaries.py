@@ -125,6 +125,7 @@ LAYER_RULES: dict[str, tuple[str, ...]] = {
 TUI_ALLOWED = (
     "zdiag.tui",
     "zdiag.analyzers.report",
+    "zdiag.analyzers.compare.model",  # the RunDiff: a value like the Report
     "zdiag.render",
     "zdiag.errors",
     "zdiag.live.state",

@@ -1,0 +1,1 @@
+"""Comparing two runs: `diff_reports(a, b)` -> `RunDiff` (the `zdiag diff` command's analysis)."""
