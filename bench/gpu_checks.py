@@ -22,6 +22,9 @@ Checks:
    (`ncu --nvtx` with an include filter: kernels profiled only inside the range).
 5. snapshot sites: a user's own snapshot recorded with C++ frames (`stacks="all"`) names Python
    lines, autograd nodes or aten ops as allocation sites, never the allocator's C++ frames.
+6. diff: `zdiag diff` on device runs: one configuration run twice is "no change"; a whole-model
+   wrap against the healthy wrap is named on the first line; dropping activation checkpointing
+   trips `--fail-on-memory` (and adding it does not); a CPU run against a GPU run is refused.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from zdiag.analyzers.report import Report
 from zdiag.collectors import rundir
 
 GIB = 1024**3
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -364,6 +368,64 @@ def check_snapshot_sites(r: Runner) -> Check:
 MAX_TAR_MEMBER = 8 * 2**20
 
 
+def _diff(r: Runner, a: Path, b: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return r.zdiag(["diff", str(a), str(b), *extra])
+
+
+def check_diff(r: Runner) -> list[Check]:
+    """`zdiag diff` on real device runs: the same configuration twice is no change (with the
+    spread it measured), a whole-model wrap against the healthy wrap names it on the first
+    line, activation checkpointing's memory change trips the memory gate the right way round,
+    and a CPU run against this device's run is refused."""
+    opts = [*shape(r.device), "--steps", "10"]
+    a, pa = r.harness("diff-healthy-a", opts, "2:1:5", memory=True)
+    b, pb = r.harness("diff-healthy-b", opts, "2:1:5", memory=True)
+    ac, pac = r.harness("diff-ac-block", [*opts, "--ac", "block"], "2:1:5", memory=True)
+    hg, phg = r.harness("diff-healthy-gloo", opts, "2:1:5", comm=True)
+    wg, pwg = r.harness(
+        "diff-whole-gloo", [*opts, "--misconfig", "whole-model-wrap"], "2:1:5", comm=True
+    )
+    if any(p.returncode for p in (pa, pb, pac, phg, pwg)):
+        return [Check("diff", False, "a harness run failed (see log.txt)")]
+    out = []
+    same = _diff(r, a, b)
+    first = same.stdout.splitlines()[0] if same.stdout else same.stderr[-200:]
+    out.append(
+        Check(
+            "diff: same config twice", same.returncode == 0 and first.startswith("no change"), first
+        )
+    )
+    whole = _diff(r, hg, wg, "--fail-on-regression", "5")
+    first = whole.stdout.splitlines()[0] if whole.stdout else whole.stderr[-200:]
+    out.append(
+        Check(
+            "diff: whole-model wrap named",
+            "whole-model" in first,
+            f"exit {whole.returncode}: {first}",
+        )
+    )
+    grew = _diff(r, ac, a, "--fail-on-memory", "5")  # dropping checkpointing raises the peak
+    shrank = _diff(r, a, ac, "--fail-on-memory", "5")
+    mem = [ln for ln in grew.stdout.splitlines() if ln.strip().startswith("total")]
+    out.append(
+        Check(
+            "diff: memory gate",
+            grew.returncode == 1 and shrank.returncode == 0,
+            f"ac->no-ac exit {grew.returncode}, no-ac->ac exit {shrank.returncode}; {mem[:1]}",
+        )
+    )
+    cpu = REPO / "sample_traces" / "none"
+    refused = _diff(r, cpu, a)
+    out.append(
+        Check(
+            "diff: CPU vs GPU refused",
+            r.device == "cpu" or refused.returncode == 2,
+            refused.stderr.strip()[-200:],
+        )
+    )
+    return out
+
+
 def _small_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if info.size > MAX_TAR_MEMBER else info
 
@@ -389,6 +451,7 @@ CHECKS: dict[str, Callable[[Runner], Check | list[Check]]] = {
     "oom": check_oom,
     "nvtx": check_nvtx,
     "snapshot_sites": check_snapshot_sites,
+    "diff": check_diff,
 }
 
 
