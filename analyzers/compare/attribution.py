@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..report import SEVERITY_ORDER
 from .model import ConfigChange, Delta, FindingChange, RankDelta, Share, UnitDelta
 from .sections import config_of, steps_per_rank
 from .spread import MIN_STEPS
@@ -29,7 +28,7 @@ UNIT_SHARE = 0.25
 change or more (a unit holding 1% of it is not where the time went)."""
 
 CAUSE_OF_FINDING = {
-    "missing-overlap": "gathers not prefetched",
+    "missing-overlap": "all-gathers not prefetched",
     "whole-model-wrap": "whole-model wrap",
     "tiny-layer-wrap": "tiny-layer wrap",
     "straggler": "slow rank",
@@ -117,7 +116,8 @@ def _config_cause(c: ConfigChange) -> str | None:
     key = c.key.lower()
     if not any(word in key for word in CAUSE_KEYS):
         return None
-    if "prefetch" in key and str(c.b).lower() in ("none set", "false", "off", "0", "none"):
+    off = ("none set", "false", "off", "0", "none")
+    if "prefetch" in key and (str(c.b).lower() in off or str(c.b).startswith("off")):
         return f"prefetch off in B ({c.key}: {c.a} -> {c.b})"
     return f"{c.key}: {c.a} -> {c.b}"
 
@@ -127,9 +127,7 @@ def causes(findings: list[FindingChange], config: list[ConfigChange]) -> list[st
     out = [
         f"{f.id} ({CAUSE_OF_FINDING[f.id]}) in B"
         for f in findings
-        if f.change == "appeared"
-        and f.id in CAUSE_OF_FINDING
-        and SEVERITY_ORDER[f.severity] >= SEVERITY_ORDER["warning"]
+        if f.change == "appeared" and f.id in CAUSE_OF_FINDING
     ]
     out += [c for c in map(_config_cause, config) if c]
     return out[:MAX_CAUSES]

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ...collectors.model_schema import ModelDescription, Precision
+from ...collectors.model_schema import Fsdp2Unit, ModelDescription, Precision
 from ...collectors.run_records import Manifest
 
 MAX_VALUE_CHARS = 160
@@ -53,6 +53,20 @@ def _tally(values: Iterable[Any], total: int) -> str:
     return ", ".join(f"{v} on {n} of {total}" for v, n in sorted(counts.items()))
 
 
+def _prefetch(units: Sequence[Fsdp2Unit], attr: str, unset: str) -> str:
+    """How the units' explicit prefetch lists read: "set on 3 of 5 units", "off" when units
+    list only themselves (that prefetches nothing and switches off FSDP2's implicit backward
+    prefetch), else `unset`."""
+    lists = [(u.path, getattr(u, attr) or ()) for u in units]
+    explicit = sum(1 for path, targets in lists if set(targets) - {path})
+    self_only = sum(1 for path, targets in lists if targets and set(targets) == {path})
+    if explicit:
+        return f"set on {explicit} of {len(units)} units"
+    if self_only:
+        return f"off (each of {self_only} units prefetches only itself)"
+    return unset
+
+
 def _precision(p: Precision | None) -> str:
     if p is None:
         return "none"
@@ -74,10 +88,8 @@ def _model_keys(d: ModelDescription) -> dict[str, Any]:
         out["fsdp2 units"] = d.fsdp2_units_total or n
         out["fsdp2 unit paths"] = _short(", ".join(u.path or "(root)" for u in units))
         out["fsdp2 reshard_after_forward"] = _tally((u.reshard_after_forward for u in units), n)
-        fwd = sum(1 for u in units if u.forward_prefetch)
-        bwd = sum(1 for u in units if u.backward_prefetch)
-        out["fsdp2 forward prefetch"] = f"set on {fwd} of {n} units" if fwd else "none set"
-        out["fsdp2 backward prefetch"] = f"set on {bwd} of {n} units" if bwd else "default"
+        out["fsdp2 forward prefetch"] = _prefetch(units, "forward_prefetch", "none set")
+        out["fsdp2 backward prefetch"] = _prefetch(units, "backward_prefetch", "default")
         out["fsdp2 mixed precision"] = _tally((_precision(u.mixed_precision) for u in units), n)
         if any(u.unshard_async_op is not None for u in units):
             out["fsdp2 unshard async op"] = _tally((u.unshard_async_op for u in units), n)

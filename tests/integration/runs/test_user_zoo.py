@@ -202,11 +202,14 @@ def test_fix_table_compares_prediction_and_measurement() -> None:
 
 
 # ---- real runs (dist) ----------------------------------------------------------------------------
-# A few cases, run once per session (about 50 s in all): FSDP2, FSDP1, a slow rank, an OOM (DDP)
-# and per-block host syncs.
+# A few cases, run once per session (about 80 s in all): FSDP2, FSDP1, a slow rank, an OOM (DDP)
+# and per-block host syncs; the CNN's broken variants are also diffed against its healthy run.
 CI_CASES = (
     "cnn_fsdp2:healthy",
     "cnn_fsdp2:host-sync",
+    "cnn_fsdp2:whole-wrap",
+    "cnn_fsdp2:prefetch-off",
+    "cnn_fsdp2:slow-rank",
     "tabular_fsdp1:leaf-wrap",
     "tabular_fsdp2:slow-rank",
     "trunk_ddp:act-oom",
@@ -230,6 +233,9 @@ EXPECTED_OUTCOMES: list[Any] = [
     ("tabular_fsdp2:slow-rank", "straggler"),  # the wait it causes, persistent over steps
     ("trunk_ddp:act-oom", "activation-oom"),  # from the OOM record, no trace needed
     ("cnn_fsdp2:host-sync", "host-sync"),  # per-block NaN checks, located by FSDP unit
+    ("cnn_fsdp2:whole-wrap", "whole-model-wrap"),
+    ("cnn_fsdp2:prefetch-off", "missing-overlap"),
+    ("cnn_fsdp2:slow-rank", "straggler"),
 ]
 
 
@@ -270,6 +276,41 @@ def test_expected_outcome(ci_results: dict[str, Any], name: str, finding: str) -
         assert not scored, f"{name}: a healthy run got {sorted(scored)}"
     else:
         assert finding in scored, f"{name}: got {sorted(r.fired)} instead of {finding}"
+
+
+# `zdiag diff healthy broken`: the first line names the cause (what B measured differently)
+DIFF_CAUSES = [
+    ("cnn_fsdp2:whole-wrap", "whole-model wrap"),
+    ("cnn_fsdp2:prefetch-off", "prefetch off in B"),
+    ("cnn_fsdp2:slow-rank", "slow rank"),
+    ("cnn_fsdp2:host-sync", "host sync"),
+]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("name", "cause"), DIFF_CAUSES)
+def test_diff_against_the_healthy_run_names_the_cause_first(
+    ci_results: dict[str, Any], name: str, cause: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zdiag.cli import main
+
+    healthy, broken = ci_results["cnn_fsdp2:healthy"], ci_results[name]
+    assert not healthy.error and not broken.error
+    code = main(["diff", healthy.run_dir, broken.run_dir, "--no-cache"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert cause in out.splitlines()[0], out.splitlines()[0]
+
+
+@pytest.mark.dist
+def test_a_run_diffed_with_itself_is_no_change_and_passes_the_gate(
+    ci_results: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zdiag.cli import main
+
+    run_dir = ci_results["cnn_fsdp2:healthy"].run_dir
+    assert main(["diff", run_dir, run_dir, "--fail-on-regression", "0", "--no-cache"]) == 0
+    assert capsys.readouterr().out.startswith("no change")
 
 
 @pytest.mark.dist
