@@ -2,7 +2,7 @@
 
 A is the baseline, B the candidate; every delta is B - A. Times are ms per step (per rank where
 a section says so), bytes are bytes. `change` words: "up" / "down" when a delta lies outside the
-run-to-run spread, "no change" inside it, "undetermined" when a side has too few steps to tell.
+step-to-step spread, "no change" inside it, "undetermined" when a side has too few steps to tell.
 """
 
 from __future__ import annotations

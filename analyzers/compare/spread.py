@@ -1,4 +1,4 @@
-"""Deltas judged against the run-to-run spread.
+"""Deltas judged against the step-to-step spread of each run.
 
 Each run gives one sample per step (a metric's mean over the ranks in that step). A metric's
 value is the median of its samples; its spread is the larger of the two runs' half

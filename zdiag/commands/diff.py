@@ -98,7 +98,7 @@ class DiffCommand:
             type=_percent,
             metavar="PCT",
             help="exit 1 when B's median step time is more than PCT%% above A's and outside the "
-            "run-to-run spread",
+            "step-to-step spread (docs/diff.md)",
         )
         parser.add_argument(
             "--fail-on-memory",

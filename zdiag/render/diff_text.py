@@ -63,7 +63,8 @@ def _ranks(out: TextOut, diff: RunDiff) -> None:
         for r in sorted(diff.ranks, key=lambda r: -abs(r.metrics[0].delta))[:MAX_ROWS]
     ]
     fit_table(out, ["rank", *names], rows, set(range(1, len(names) + 1)))
-    out.add("  (~: inside the run-to-run spread)")
+    if any(cell.endswith(" ~") for row in rows for cell in row):
+        out.add("  (~: inside the step-to-step spread)")
     _more(out, len(diff.ranks), "ranks")
 
 
