@@ -61,6 +61,7 @@ class RankReport(msgspec.Struct, kw_only=True):
     rank: int
     source: str = ""
     device: str = "unknown"  # "cuda", "rocm", "cpu"
+    device_name: str | None = None  # the GPU's name, when the trace lists it
     host: str | None = None
     lanes: list[str] = msgspec.field(default_factory=list)
     # absolute `ts` (µs) of the rank's first event in its trace: StepBreakdown.start_ms is relative

@@ -61,6 +61,11 @@ def refusal(config_a: dict[str, Any], config_b: dict[str, Any]) -> str | None:
 def comparability_warnings(a: Any, b: Any) -> list[str]:
     """What limits the comparison without refusing it (`a`, `b`: Reports)."""
     out = []
+    gpu_a, gpu_b = config_of(a).get("gpu"), config_of(b).get("gpu")
+    if gpu_a and gpu_b and gpu_a != gpu_b:
+        out.append(
+            f"different GPUs ({gpu_a} in A, {gpu_b} in B): every delta includes the hardware's"
+        )
     na, nb = steps_per_rank(a), steps_per_rank(b)
     if min(na, nb) < MIN_STEPS:
         out.append(

@@ -288,6 +288,9 @@ def config_of(report: Report) -> dict[str, Any]:
     devices = sorted({r.device for r in report.ranks if r.device != "unknown"})
     if devices:
         out["device"] = ", ".join(devices)
+    gpus = sorted({r.device_name for r in report.ranks if r.device_name})
+    if gpus:
+        out["gpu"] = ", ".join(gpus)
     if run.get("world_size"):
         out["world size"] = run["world_size"]
     if run.get("backend"):

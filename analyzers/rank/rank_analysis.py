@@ -97,6 +97,7 @@ class RankAnalysis:
     trace_start_us: float
     base_time_ns: int | None
     capacity_bytes: int | None  # the device's total memory, when the trace lists it
+    device_name: str | None  # the GPU's name ("NVIDIA A100-SXM4-80GB"), when the trace lists it
     world_size: int | None
     backend: str | None
     rank_source: str
@@ -163,6 +164,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         trace_start_us=trace.trace_start_us,
         base_time_ns=trace.base_time_ns,
         capacity_bytes=capacity,
+        device_name=device_name(trace),
         world_size=trace.world_size,
         backend=str(backend) if backend else None,
         rank_source=trace.rank_source,
@@ -216,6 +218,17 @@ def device_capacity(trace: RankTrace) -> int | None:
         return None
     mem = trace.device_properties[0].get("totalGlobalMem")
     return int(mem) if isinstance(mem, int | float) and mem > 0 else None
+
+
+def device_name(trace: RankTrace) -> str | None:
+    """The name of the GPU the rank's kernels ran on (its device lanes' id in the trace's
+    `deviceProperties`, else the first listed), None when the trace lists none."""
+    props = [p for p in trace.device_properties if p.get("name")]
+    if not props:
+        return None
+    used = {str(lane.pid) for lane in trace.lanes if lane.is_device}
+    chosen = next((p for p in props if str(p.get("id")) in used), props[0])
+    return str(chosen["name"])
 
 
 def thin_trace_warnings(t: RankTrace) -> list[str]:

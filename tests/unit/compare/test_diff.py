@@ -180,3 +180,14 @@ def test_the_diff_round_trips_through_json() -> None:
     assert again == d and again.schema == "zdiag.diff/1"
     with pytest.raises(ValueError, match=r"not a zdiag\.diff/1"):
         decode_diff(b'{"schema": "zdiag.report/1"}')
+
+
+def test_different_gpus_compare_with_a_warning_and_a_configuration_line() -> None:
+    a, b = _report(), _report(exposed=30.0)
+    for r in a.ranks:
+        r.device_name = "NVIDIA A100-SXM4-80GB"
+    for r in b.ranks:
+        r.device_name = "Tesla V100-SXM2-16GB"
+    d = diff_reports(a, b)
+    assert d.comparable and "different GPUs" in d.warnings[0]
+    assert [(c.key, c.b) for c in d.config] == [("gpu", "Tesla V100-SXM2-16GB")]
