@@ -1,7 +1,7 @@
 """`zdiag diff` of two 1000-rank jobs from their stored summaries (issue 28.6).
 
 Two jobs are synthesized from one real trace (bench/synth_job.py): A with its default straggler,
-B with another rank slowed and a slow node. Each rank gets its in-job summary (the function the
+B with another rank slowed and its slow node's collectives 8x longer (A: 3x). Each rank gets its in-job summary (the function the
 in-job process runs), then `zdiag diff A B --json` runs in a child process, which must read only
 stored summaries: the child checks that no trace was decoded (`SummarySources.mapped == 0` on
 both sides) and prints the diff's headline, its wall time and peak RSS.
@@ -74,7 +74,7 @@ def main() -> int:
     job_a, job_b = a.work / "a", a.work / "b"
     started = time.perf_counter()
     synthesize(job_a, a.ranks, [])
-    synthesize(job_b, a.ranks, ["--straggler", str(a.ranks // 2), "--slow-factor", "3"])
+    synthesize(job_b, a.ranks, ["--straggler", str(a.ranks // 2), "--slow-factor", "8"])
     made = time.perf_counter() - started
     env = dict(os.environ, PYTHONPATH=str(ROOT), ZDIAG_CACHE="off")
     t = time.perf_counter()

@@ -27,6 +27,10 @@ UNIT_SHARE = 0.25
 """A unit is named in the headline when its exposed wait moved by this share of the exposed-comm
 change or more (a unit holding 1% of it is not where the time went)."""
 
+NOT_FSDP_DIMS = ("(tp)", "(pp)", "(ep)", "(cp)", "(other)")
+"""Exposed comm over these dimensions is not the FSDP units' (their collectives shard or
+replicate): a unit is not named for it."""
+
 CAUSE_OF_FINDING = {
     "missing-overlap": "all-gathers not prefetched",
     "whole-model-wrap": "whole-model wrap",
@@ -105,7 +109,10 @@ def _slow_rank(ranks: list[RankDelta], straggler: bool) -> tuple[int, float] | N
 
 def _where(part: Share, units: list[UnitDelta], ranks: list[RankDelta], straggler: bool) -> str:
     """Inside the dominant part: the unit or the rank that moved most."""
-    if part.component.startswith("exposed comm") and units:
+    fsdp_part = part.component.startswith("exposed comm") and not any(
+        dim in part.component for dim in NOT_FSDP_DIMS
+    )
+    if fsdp_part and units:
         u = units[0]
         grew = u.exposed_wait_ms_b - u.exposed_wait_ms_a
         if grew * part.delta_ms > 0 and abs(grew) >= UNIT_SHARE * abs(part.delta_ms):

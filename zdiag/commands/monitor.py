@@ -20,12 +20,17 @@ import signal
 import sys
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zdiag.errors import ConfigError, UserError
 from zdiag.live.wire import ENV_TOKEN
 
+if TYPE_CHECKING:  # imported where used: `zdiag --help` loads neither
+    from zdiag.live.metrics import MetricsServer
+    from zdiag.live.state import MonitorState
+
 DEFAULT_LISTEN = "127.0.0.1:5577"
+METRICS_HOST = "127.0.0.1"
 
 
 def rss_bytes() -> int:
@@ -99,6 +104,20 @@ class MonitorCommand:
             metavar="HOST:PORT",
             help="with --relay: the monitor's address",
         )
+        parser.add_argument(
+            "--metrics-port",
+            default=None,
+            metavar="PORT",
+            help="also serve the ranks' figures as Prometheus/OpenMetrics metrics on "
+            "http://HOST:PORT/metrics (docs/monitor.md, Metrics)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default=None,
+            metavar="HOST",
+            help=f"with --metrics-port: the address to serve on (default {METRICS_HOST}; "
+            "the endpoint has no authentication)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         """Validate the options, then run the app, the headless loop or the relay."""
@@ -112,6 +131,8 @@ class MonitorCommand:
         if args.every is not None and (not args.headless or not args.every > 0):
             raise ConfigError("--every needs --headless and a positive number of seconds.")
         if args.relay:
+            if args.metrics_port is not None or args.metrics_host is not None:
+                raise ConfigError("--metrics-port and --metrics-host are not for --relay.")
             if not args.forward:
                 raise ConfigError(
                     "--relay needs --forward MONITOR_HOST:PORT, the monitor's address."
@@ -119,27 +140,59 @@ class MonitorCommand:
             return self._relay(args, token)
         if args.forward:
             raise ConfigError("--forward is only for --relay.")
+        if not args.headless and not sys.stdout.isatty():
+            raise UserError("stdout is not a terminal: use --headless --duration S for a summary.")
         from zdiag.live.receiver import LiveReceiver
 
-        receiver = LiveReceiver(args.listen, token=token)
-        if args.headless:
-            return self._headless(receiver, args)
-        if not sys.stdout.isatty():
-            receiver.close()
-            raise UserError("stdout is not a terminal: use --headless --duration S for a summary.")
-        from zdiag.tui.monitor_app import MonitorApp
+        state, metrics = self._state(args)
+        try:
+            receiver = LiveReceiver(args.listen, token=token)
+            if args.headless:
+                return self._headless(receiver, args, state)
+            from zdiag.tui.monitor_app import MonitorApp
 
-        # the app closes the receiver when it exits
-        MonitorApp(receiver, listen=str(receiver.endpoint)).run()
-        return 0
+            # the app closes the receiver when it exits
+            app = MonitorApp(receiver, listen=str(receiver.endpoint))
+            app.state = state  # the state the metrics endpoint reads (a `SharedMonitorState`)
+            app.run()
+            return 0
+        finally:
+            if metrics is not None:
+                metrics.close()
 
-    def _headless(self, receiver: Any, args: argparse.Namespace) -> int:
+    def _state(self, args: argparse.Namespace) -> tuple[MonitorState, MetricsServer | None]:
+        """The monitor's state; with --metrics-port a `SharedMonitorState` whose metrics are
+        served (the `MetricsServer`, else None). Refuses a bad or busy port in one sentence."""
         from zdiag.live.state import MonitorState
 
+        if args.metrics_port is None:
+            if args.metrics_host is not None:
+                raise ConfigError("--metrics-host needs --metrics-port.")
+            return MonitorState(), None
+        text = str(args.metrics_port).strip()
+        if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
+            raise ConfigError(
+                f"--metrics-port must be a port number from 1 to 65535, got {args.metrics_port!r}."
+            )
+        from zdiag.live.metrics import SharedMonitorState, serve_metrics
+
+        state = SharedMonitorState()
+        host = args.metrics_host or METRICS_HOST
+        try:
+            server = serve_metrics(state, host, int(text))
+        except OSError as exc:
+            raise ConfigError(
+                f"--metrics-port: cannot serve metrics on {host}:{text} "
+                f"({exc.strerror or exc}): pick another port or --metrics-host."
+            ) from None
+        shown = f"[{host}]" if ":" in host else host
+        print(f"zdiag monitor: metrics on http://{shown}:{text}/metrics", file=sys.stderr)
+        return state, server
+
+    def _headless(self, receiver: Any, args: argparse.Namespace, state: MonitorState) -> int:
         duration = args.duration if args.duration is not None else 10.0
         stop = _Stop()
         previous = signal.signal(signal.SIGTERM, stop)
-        state = MonitorState()
         rss: list[tuple[float, int]] = []
         start = time.monotonic()
         next_rss = start

@@ -53,14 +53,14 @@ def _step(out: TextOut, diff: RunDiff) -> None:
 def _ranks(out: TextOut, diff: RunDiff) -> None:
     if len(diff.ranks) < 2:
         return
-    out.heading("Ranks, B - A in ms per step (median)")
+    out.heading("Ranks, B - A in ms per step (median), the largest change first")
     names = [m.metric for m in diff.ranks[0].metrics]
     rows = [
         [
             str(r.rank),
             *(_signed(m.delta) + ("" if m.change != "no change" else " ~") for m in r.metrics),
         ]
-        for r in sorted(diff.ranks, key=lambda r: -abs(r.metrics[0].delta))[:MAX_ROWS]
+        for r in sorted(diff.ranks, key=lambda r: -max(abs(m.delta) for m in r.metrics))[:MAX_ROWS]
     ]
     fit_table(out, ["rank", *names], rows, set(range(1, len(names) + 1)))
     if any(cell.endswith(" ~") for row in rows for cell in row):

@@ -191,3 +191,28 @@ def test_different_gpus_compare_with_a_warning_and_a_configuration_line() -> Non
     d = diff_reports(a, b)
     assert d.comparable and "different GPUs" in d.warnings[0]
     assert [(c.key, c.b) for c in d.config] == [("gpu", "Tesla V100-SXM2-16GB")]
+
+
+def test_a_2d_run_splits_exposed_comm_by_dimension_and_names_no_fsdp_unit_for_tp() -> None:
+    from zdiag.analyzers.report import DimensionComm
+
+    def mesh_report(tp_exposed: float) -> Report:
+        r = _report(
+            exposed=10.0 + tp_exposed,
+            fsdp_units=[FsdpUnit(name="layers.0", rank=0, exposed_wait_ms=6.0 * tp_exposed)],
+        )
+        for rank in r.ranks:
+            for s in rank.steps:
+                s.comm_by_dimension = [
+                    DimensionComm(
+                        dimension="dp", comm_ms=10.0, exposed_comm_ms=s.exposed_comm_ms - tp_exposed
+                    ),
+                    DimensionComm(dimension="tp", comm_ms=tp_exposed, exposed_comm_ms=tp_exposed),
+                ]
+        return r
+
+    d = diff_reports(mesh_report(2.0), mesh_report(22.0))
+    assert [x.metric for x in d.step][-2:] == ["exposed comm (dp)", "exposed comm (tp)"]
+    assert "of it exposed comm (tp)" in d.headline and "unit" not in d.headline
+    tp = next(s for s in d.shares if s.component == "exposed comm (tp)")
+    assert tp.delta_ms == pytest.approx(20.0) and tp.share == pytest.approx(1.0)
