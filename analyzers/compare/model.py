@@ -70,6 +70,20 @@ class CollectiveDelta(msgspec.Struct, kw_only=True):
     gbps_b: float | None
 
 
+class GroupDelta(msgspec.Struct, kw_only=True):
+    """One process group instance (its description and members), per step, in A and B: its
+    communication time and the arrival skew and wait across its members."""
+
+    group: str  # the description ("default_pg", "dp_shard", ...) else the name
+    ranks: list[int]
+    comm_ms_a: float | None  # None: no such group on that side
+    comm_ms_b: float | None
+    median_skew_ms_a: float | None = None
+    median_skew_ms_b: float | None = None
+    wait_caused_ms_a: float | None = None
+    wait_caused_ms_b: float | None = None
+
+
 class MemoryDelta(msgspec.Struct, kw_only=True):
     """Peak memory of one category (or "total"), the largest over ranks, in A and B."""
 
@@ -127,6 +141,7 @@ class RunDiff(msgspec.Struct, kw_only=True):
     ranks: list[RankDelta] = msgspec.field(default_factory=list)
     units: list[UnitDelta] = msgspec.field(default_factory=list)
     collectives: list[CollectiveDelta] = msgspec.field(default_factory=list)
+    groups: list[GroupDelta] = msgspec.field(default_factory=list)  # 2+ ranks
     memory: list[MemoryDelta] = msgspec.field(default_factory=list)
     findings: list[FindingChange] = msgspec.field(default_factory=list)
     config: list[ConfigChange] = msgspec.field(default_factory=list)

@@ -19,6 +19,7 @@ from .model import (
     ConfigChange,
     Delta,
     FindingChange,
+    GroupDelta,
     MemoryDelta,
     RankDelta,
     Share,
@@ -229,6 +230,33 @@ def collective_deltas(a: Report, b: Report) -> list[CollectiveDelta]:
             )
         )
     out.sort(key=lambda c: -abs(c.ms_b - c.ms_a))
+    return out
+
+
+def group_deltas(a: Report, b: Report) -> list[GroupDelta]:
+    """Process-group instances (matched by description and members) in A and B, the largest
+    communication change first."""
+
+    def table(r: Report) -> dict[tuple[str, tuple[int, ...]], Any]:
+        return {(g.description or g.name, tuple(g.ranks)): g for g in r.process_groups}
+
+    ta, tb = table(a), table(b)
+    out = []
+    for key in sorted(set(ta) | set(tb)):
+        ga, gb = ta.get(key), tb.get(key)
+        out.append(
+            GroupDelta(
+                group=key[0],
+                ranks=list(key[1]),
+                comm_ms_a=ga.comm_ms_per_step if ga else None,
+                comm_ms_b=gb.comm_ms_per_step if gb else None,
+                median_skew_ms_a=ga.median_skew_ms if ga else None,
+                median_skew_ms_b=gb.median_skew_ms if gb else None,
+                wait_caused_ms_a=ga.wait_caused_ms if ga else None,
+                wait_caused_ms_b=gb.wait_caused_ms if gb else None,
+            )
+        )
+    out.sort(key=lambda g: -abs((g.comm_ms_b or 0.0) - (g.comm_ms_a or 0.0)))
     return out
 
 

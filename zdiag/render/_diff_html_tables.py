@@ -18,7 +18,15 @@ from zdiag.analyzers.compare.model import (
     UnitDelta,
 )
 from zdiag.render._html_parts import _table, e, severity_chip
-from zdiag.render.format import NONE_SHOWN, fmt_bytes, fmt_ms, fmt_number, known_bytes, unit_label
+from zdiag.render.format import (
+    NONE_SHOWN,
+    fmt_bytes,
+    fmt_ms,
+    fmt_number,
+    fmt_ranks,
+    known_bytes,
+    unit_label,
+)
 
 MAX_ROWS = 64
 """Rows of one table (ranks, units, collectives); the rest are in the JSON diff."""
@@ -211,6 +219,28 @@ def collectives_table(diff: RunDiff) -> str:
         "Per rank and step. GB/s is bytes over time (— where the trace recorded no size)."
     )
     return numeric(_table(headers, rows, note))
+
+
+def groups_table(diff: RunDiff) -> str:
+    """Process-group instances: communication, arrival skew and wait caused, in A and B."""
+    if not diff.groups:
+        return '<p class="empty">No process group with 2+ ranks on either side.</p>'
+
+    def ms(v: float | None) -> str:
+        return e(NONE_SHOWN if v is None else fmt_number(v))
+
+    rows = [
+        [
+            e(g.group),
+            e(fmt_ranks(g.ranks)),
+            *(ms(v) for v in (g.comm_ms_a, g.comm_ms_b, g.median_skew_ms_a, g.median_skew_ms_b)),
+            *(ms(v) for v in (g.wait_caused_ms_a, g.wait_caused_ms_b)),
+        ]
+        for g in diff.groups
+    ]
+    rows, note = _cut(rows, MAX_ROWS, "groups")
+    headers = ["group", "ranks", "comm ms A", "comm ms B", "skew A", "skew B", "wait A", "wait B"]
+    return numeric(_table(headers, rows, note or "Per step; skew is the median arrival skew."))
 
 
 def memory_table(diff: RunDiff) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from zdiag.analyzers.compare.model import Delta, RunDiff
 from zdiag.render.format import fmt_bytes, fmt_number
+from zdiag.render.format import fmt_ranks as fmt_ints_short
 from zdiag.render.text_blocks import TextOut, fit_table
 
 MAX_ROWS = 12
@@ -112,6 +113,29 @@ def _collectives(out: TextOut, diff: RunDiff) -> None:
     _more(out, len(diff.collectives), "kinds")
 
 
+def _opt(value: float | None) -> str:
+    return "-" if value is None else fmt_number(value)
+
+
+def _groups(out: TextOut, diff: RunDiff) -> None:
+    if not diff.groups:
+        return
+    out.heading("Process groups, per step (largest comm change first)")
+    rows = [
+        [
+            g.group,
+            fmt_ints_short(g.ranks),
+            f"{_opt(g.comm_ms_a)} -> {_opt(g.comm_ms_b)}",
+            f"{_opt(g.median_skew_ms_a)} -> {_opt(g.median_skew_ms_b)}",
+            f"{_opt(g.wait_caused_ms_a)} -> {_opt(g.wait_caused_ms_b)}",
+        ]
+        for g in diff.groups[:MAX_ROWS]
+    ]
+    header = ["group", "ranks", "comm ms", "median skew ms", "wait caused ms"]
+    fit_table(out, header, rows, set(), shrink=0)
+    _more(out, len(diff.groups), "groups")
+
+
 def _memory(out: TextOut, diff: RunDiff) -> None:
     if not diff.memory:
         return
@@ -175,6 +199,7 @@ def render_diff_text(diff: RunDiff, width: int, color: bool = False) -> str:
     _ranks(out, diff)
     _units(out, diff)
     _collectives(out, diff)
+    _groups(out, diff)
     _memory(out, diff)
     _findings_and_config(out, diff)
     _operators(out, diff)

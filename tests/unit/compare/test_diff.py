@@ -216,3 +216,18 @@ def test_a_2d_run_splits_exposed_comm_by_dimension_and_names_no_fsdp_unit_for_tp
     assert "of it exposed comm (tp)" in d.headline and "unit" not in d.headline
     tp = next(s for s in d.shares if s.component == "exposed comm (tp)")
     assert tp.delta_ms == pytest.approx(20.0) and tp.share == pytest.approx(1.0)
+
+
+def test_process_groups_match_by_description_and_members() -> None:
+    from zdiag.analyzers.report import ProcessGroupStats
+
+    def groups(ms: float) -> list[ProcessGroupStats]:
+        return [
+            ProcessGroupStats(name="1", description="dp_shard", ranks=[0, 1], comm_ms_per_step=ms),
+            ProcessGroupStats(name="2", description="dp_shard", ranks=[2, 3], comm_ms_per_step=5.0),
+        ]
+
+    d = diff_reports(_report(process_groups=groups(5.0)), _report(process_groups=groups(25.0)))
+    top = d.groups[0]
+    assert (top.group, top.ranks, top.comm_ms_a, top.comm_ms_b) == ("dp_shard", [0, 1], 5.0, 25.0)
+    assert d.groups[1].comm_ms_a == d.groups[1].comm_ms_b == 5.0
