@@ -113,13 +113,16 @@ class DiffCommand:
             help="compare runs on different devices, world sizes or models anyway (a warning)",
         )
         parser.add_argument(
-            "--no-cache", action="store_true", help="decode every trace (no stored summaries)"
+            "--no-cache",
+            action="store_true",
+            help="decode every trace: read no stored summary and write none (also ZDIAG_CACHE=off)",
         )
 
     def run(self, args: argparse.Namespace) -> int:
         """Analyze both sides, diff, write, then apply the gates; returns the exit code."""
         from zdiag.analyzers.compare.diff import NotComparable, diff_reports
         from zdiag.analyzers.engine.summary_pipeline import SummaryOptions
+        from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
         from zdiag.render.output import OutputTarget, check_outputs
         from zdiag.render.terminal import check_tui_possible
 
@@ -132,7 +135,8 @@ class DiffCommand:
         if args.html:
             targets.append(OutputTarget("--html", args.html))
         check_outputs(targets, inputs=inputs)
-        options = SummaryOptions(use_stored=not args.no_cache, write_cache=not args.no_cache)
+        use_cache = not (args.no_cache or cache_disabled_by_env())
+        options = SummaryOptions(use_stored=use_cache, write_cache=use_cache)
         a = load_side(args.baseline, options)
         b = load_side(args.candidate, options)
         try:

@@ -137,3 +137,14 @@ def test_an_output_never_overwrites_an_input(
     code, _, err = _diff([str(a), str(b), "--json", "-o", str(b)], capsys)
     assert code == 2 and "Traceback" not in err
     assert b.read_bytes() == before
+
+
+def test_zdiag_cache_off_writes_no_cache_beside_the_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "none", run)
+    assert _diff([str(run), str(run)], capsys)[0] == 0  # conftest sets ZDIAG_CACHE=off
+    assert not any(p.name == ".zdiag-cache" for p in run.rglob("*"))
