@@ -1,8 +1,9 @@
 """Whether two runs compare, and the one sentence that says where the step-time change went.
 
-Refused (`refusal`): runs on different kinds of device, of different world sizes, of different
-models (the captured model class or parameter count differ), or with no step on a side.
-Warned: too few steps to tell a change from noise, different sets of ranks analyzed.
+Refused (`refusal`): runs on different kinds of device, recorded runs of different world sizes,
+runs of different models (the captured model class or parameter count differ), or with no step
+on a side. Warned: bare traces of different world sizes, different GPUs, too few steps to tell a
+change from noise, different sets of ranks analyzed.
 
 The headline measures, it does not guess: the median step time's change and whether it lies
 outside the spread; the breakdown part holding most of the mean change (the parts add up to it);
@@ -48,8 +49,14 @@ CAUSE_KEYS = ("prefetch", "unit", "wrap", "reshard", "checkpoint", "ac", "mesh",
 MAX_CAUSES = 3
 
 
-def refusal(config_a: dict[str, Any], config_b: dict[str, Any]) -> str | None:
-    """Why two runs do not compare, in one sentence (None when they do)."""
+def refusal(
+    config_a: dict[str, Any], config_b: dict[str, Any], *, recorded: bool = True
+) -> tuple[str | None, list[str]]:
+    """Why two runs do not compare, in one sentence (None when they do), and the differences
+    that only warn. A different world size refuses runs that zdiag recorded (their manifests
+    say it); for bare traces it comes from each trace's header, and two traces of different
+    jobs are compared as HTA's trace diff compares them, with a warning."""
+    warnings = []
     for key, what in (
         ("device", "kinds of device"),
         ("world size", "world sizes"),
@@ -57,9 +64,16 @@ def refusal(config_a: dict[str, Any], config_b: dict[str, Any]) -> str | None:
         ("parameters", "model sizes"),
     ):
         va, vb = config_a.get(key), config_b.get(key)
-        if va is not None and vb is not None and va != vb:
-            return f"the runs are not comparable: different {what} ({key} {va} in A, {vb} in B)"
-    return None
+        if va is None or vb is None or va == vb:
+            continue
+        if key == "world size" and not recorded:
+            warnings.append(
+                f"different world sizes in the traces' headers ({va} in A, {vb} in B): "
+                "compared rank by rank as given"
+            )
+            continue
+        return f"the runs are not comparable: different {what} ({key} {va} in A, {vb} in B)", []
+    return None, warnings
 
 
 def comparability_warnings(a: Any, b: Any) -> list[str]:

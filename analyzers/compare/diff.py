@@ -48,8 +48,11 @@ def diff_reports(
                 f"run {label} has no analyzed step, so there is no step time to compare"
             )
     config_a, config_b = configs(a, b)
-    why = refusal(config_a, config_b)
-    warnings = comparability_warnings(a, b)
+    recorded = all(
+        str((r.run or {}).get("schema", "")).startswith("zdiag.manifest") for r in (a, b)
+    )
+    why, soft = refusal(config_a, config_b, recorded=recorded)
+    warnings = soft + comparability_warnings(a, b)
     if why is not None:
         if not allow_incomparable:
             raise NotComparable(why)

@@ -41,6 +41,7 @@ def _report(
     device: str = "cuda",
     jitter: float = 1.0,
     config: dict[str, object] | None = None,
+    recorded: bool = True,
     **extra: object,
 ) -> Report:
     rank_reports = [
@@ -55,6 +56,8 @@ def _report(
         for r in range(ranks)
     ]
     run: dict[str, object] = {"world_size": ranks, "config": config or {}}
+    if recorded:  # what `zdiag run` recorded (a manifest), not bare traces
+        run["schema"] = "zdiag.manifest/1"
     return Report(ranks=rank_reports, run=run, **extra)  # type: ignore[arg-type]
 
 
@@ -130,6 +133,12 @@ def test_runs_that_do_not_compare_are_refused_in_one_sentence(
         diff_reports(a, b)
     forced = diff_reports(a, b, allow_incomparable=True)
     assert not forced.comparable and words in forced.warnings[0]
+
+
+def test_bare_traces_of_different_world_sizes_compare_with_a_warning() -> None:
+    d = diff_reports(_report(ranks=2, recorded=False), _report(ranks=4, recorded=False))
+    assert d.comparable and "different world sizes in the traces' headers" in d.warnings[0]
+    assert [r.rank for r in d.ranks] == [0, 1]
 
 
 def test_a_run_without_steps_is_refused() -> None:
