@@ -140,13 +140,20 @@ class MonitorCommand:
             return self._relay(args, token)
         if args.forward:
             raise ConfigError("--forward is only for --relay.")
-        if not args.headless and not sys.stdout.isatty():
-            raise UserError("stdout is not a terminal: use --headless --duration S for a summary.")
+        metrics_at = self._metrics_address(args)
         from zdiag.live.receiver import LiveReceiver
 
-        state, metrics = self._state(args)
+        receiver = LiveReceiver(args.listen, token=token)
         try:
-            receiver = LiveReceiver(args.listen, token=token)
+            if not args.headless and not sys.stdout.isatty():
+                raise UserError(
+                    "stdout is not a terminal: use --headless --duration S for a summary."
+                )
+            state, metrics = self._state(metrics_at)
+        except BaseException:
+            receiver.close()
+            raise
+        try:
             if args.headless:
                 return self._headless(receiver, args, state)
             from zdiag.tui.monitor_app import MonitorApp
@@ -160,33 +167,41 @@ class MonitorCommand:
             if metrics is not None:
                 metrics.close()
 
-    def _state(self, args: argparse.Namespace) -> tuple[MonitorState, MetricsServer | None]:
-        """The monitor's state; with --metrics-port a `SharedMonitorState` whose metrics are
-        served (the `MetricsServer`, else None). Refuses a bad or busy port in one sentence."""
-        from zdiag.live.state import MonitorState
-
+    def _metrics_address(self, args: argparse.Namespace) -> tuple[str, int] | None:
+        """--metrics-host and --metrics-port checked: (host, port), None without a port."""
         if args.metrics_port is None:
             if args.metrics_host is not None:
                 raise ConfigError("--metrics-host needs --metrics-port.")
-            return MonitorState(), None
+            return None
         text = str(args.metrics_port).strip()
         if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
             raise ConfigError(
                 f"--metrics-port must be a port number from 1 to 65535, got {args.metrics_port!r}."
             )
+        return args.metrics_host or METRICS_HOST, int(text)
+
+    def _state(
+        self, metrics_at: tuple[str, int] | None
+    ) -> tuple[MonitorState, MetricsServer | None]:
+        """The monitor's state; with a metrics address, a `SharedMonitorState` whose metrics are
+        served there (the `MetricsServer`, else None); a port it cannot listen on is refused."""
+        from zdiag.live.state import MonitorState
+
+        if metrics_at is None:
+            return MonitorState(), None
         from zdiag.live.metrics import SharedMonitorState, serve_metrics
 
+        host, port = metrics_at
         state = SharedMonitorState()
-        host = args.metrics_host or METRICS_HOST
         try:
-            server = serve_metrics(state, host, int(text))
+            server = serve_metrics(state, host, port)
         except OSError as exc:
             raise ConfigError(
-                f"--metrics-port: cannot serve metrics on {host}:{text} "
+                f"--metrics-port: cannot serve metrics on {host}:{port} "
                 f"({exc.strerror or exc}): pick another port or --metrics-host."
             ) from None
         shown = f"[{host}]" if ":" in host else host
-        print(f"zdiag monitor: metrics on http://{shown}:{text}/metrics", file=sys.stderr)
+        print(f"zdiag monitor: metrics on http://{shown}:{port}/metrics", file=sys.stderr)
         return state, server
 
     def _headless(self, receiver: Any, args: argparse.Namespace, state: MonitorState) -> int:
