@@ -14,6 +14,8 @@ Monitor side (never imports the UI or the CLI):
 - `history`: what the monitor keeps of one rank (bounded step samples).
 - `findings`: the live findings, on the analyzers' thresholds.
 - `state`: `MonitorState`, folding records into per-job views the TUI (`zdiag.tui`) only draws.
+- `metrics`: the Prometheus/OpenMetrics endpoint (`zdiag monitor --metrics-port`), a collector
+  that reads a locked snapshot of the state at each scrape.
 
 This file imports nothing: importing `zdiag.live.publisher` inside training loads no more.
 """
