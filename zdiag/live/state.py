@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from zdiag.analyzers.report import Finding
+from zdiag.live.anomalies import slow_steps, stalls, step_time_creep, with_persistence
 from zdiag.live.findings import comm_bound, floor_growth_per_step, memory_creep, stragglers
 from zdiag.live.history import (
     HISTORY_STEPS,
@@ -322,7 +323,16 @@ class MonitorState:
             counted = dict(ranks)
         findings: list[Finding] = []
         slow = stragglers(counted.values())
-        for found in (slow, memory_creep(counted.values()), comm_bound(counted.values())):
+        if slow is not None:
+            slow = with_persistence(slow, list(counted.values()))
+        for found in (
+            slow,
+            slow_steps(counted.values()),
+            step_time_creep(counted.values()),
+            stalls(ranks.values(), statuses, now),
+            memory_creep(counted.values()),
+            comm_bound(counted.values()),
+        ):
             if found:
                 findings.append(found)
         straggler_ranks = set(slow.ranks) if slow else set()
