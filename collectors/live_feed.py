@@ -63,9 +63,11 @@ class LiveFeed:
         end: float,
         reading: tuple[int | None, int | None, int | None],
         cuda: bool,
+        capture: dict[str, Any] | None = None,
     ) -> None:
         """The step's live record (`start`, `end`: perf_counter seconds; `reading`: allocated,
-        reserved and peak bytes), with its comm split."""
+        reserved and peak bytes), with its comm split and the rank's latest triggered capture
+        (`capture`: capture_id, capture_state, capture_path)."""
         duration_ms = (end - start) * 1000.0
         samples_per_s = None
         if self._samples_per_step and duration_ms > 0:
@@ -88,7 +90,13 @@ class LiveFeed:
         elif self._comm_timer is not None:  # it switched itself off: say why, once
             self.errors.report(f"comm split stopped: {self._comm_timer.error}")
             self._comm_timer = None
+        if capture:
+            record.update(capture)
         self._publisher.publish(record)
+
+    def capture_request(self) -> dict[str, Any] | None:
+        """The monitor's latest capture request (`collectors.capture_window`), if any."""
+        return getattr(self._publisher, "capture_request", None)
 
     def publish_hang(self, hang: HangRecord) -> None:
         """One record saying where the rank is stuck (the monitor shows "hung in ...")."""

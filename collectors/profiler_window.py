@@ -101,6 +101,11 @@ class ProfilerWindow:
             elif self._pending:
                 self._start_now(step_index)
 
+    @property
+    def busy(self) -> bool:
+        """Whether the window is armed or recording (no other profiler may start)."""
+        return self._pending or self._prof is not None
+
     def forget_fallback_rank(self) -> None:
         """torch.distributed is initialized: torch writes the real distributedInfo."""
         if self._prof is not None:

@@ -12,6 +12,7 @@ RUN_DIR/memory/rank-<N>.oom.json         what was known when the rank ran out of
 RUN_DIR/steps/rank-<N>.jsonl             one JSON line per training step
 RUN_DIR/hang/rank-<N>.json               what the rank was doing when the hang watchdog fired
 RUN_DIR/model/rank-<N>.json              the model description (schema zdiag.model/1)
+RUN_DIR/captures/capture-<K>/rank-<N>.json.gz  a capture the monitor triggered (and its summary)
 ```
 
 Paths stored in the manifest are relative to RUN_DIR (POSIX separators). docs/run-dir.md is the
@@ -38,6 +39,14 @@ SUBDIRS = (TRACES_DIR, MEMORY_DIR, STEPS_DIR, PARTS_DIR)
 OOM_RECORD_GLOB = "rank-*.oom.json"
 RANK_PART_GLOB = "rank-*.json"
 LAUNCHER_PART_GLOB = "launcher-node-*.json"
+
+
+CAPTURES_DIR = "captures"
+
+
+def capture_trace_relpath(capture_id: int, rank: int) -> str:
+    """Rank `rank`'s trace of triggered capture `capture_id`, relative to the run directory."""
+    return f"{CAPTURES_DIR}/capture-{capture_id}/rank-{rank}.json.gz"
 
 
 def trace_relpath(rank: int) -> str:

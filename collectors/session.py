@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import memory, rundir, runinfo
+from .capture_window import CaptureWindow
 from .compile_safe import eager_or_opaque
 from .config import CollectorConfig
 from .error_log import ErrorLog
@@ -160,6 +161,9 @@ class RankSession:
             owned_here=self.owned_here,
         )
         self._feed = LiveFeed(self.rank, self.who.host, self._errors)
+        self._captures = CaptureWindow(
+            self.run_dir, self.rank, self._errors, busy=lambda: self._window.busy
+        )
         self._failures = FailureWrites(
             self.run_dir,
             self.rank,
@@ -222,6 +226,7 @@ class RankSession:
         self._errors.guard("NVTX", self._unit_ranges.close)
         self._errors.guard("NVTX", self._nvtx.end)
         self._window.finish()
+        self._captures.close()
         self._errors.guard("step log", self._step_log.close)
         ended = "finished" if exit_code == 0 and error is None else "failed"
         self._feed.finish(max(0, self.step_index - 1), ended)
@@ -315,11 +320,15 @@ class RankSession:
             )
             self._log_step(step, (now - start) * 1000.0, reading)
             if self._feed.on:
-                self._feed.publish_step(step, start, now, reading, self._cuda)
+                self._feed.publish_step(
+                    step, start, now, reading, self._cuda, self._captures.status
+                )
             if self.backend is None and self._dist and dist.is_initialized():
                 self.backend = str(dist.get_backend())
                 self._window.forget_fallback_rank()
             self._window.step(self._clock.step_index)
+            if self._feed.on:  # a capture the monitor asked for (off: this one test)
+                self._captures.step(self._clock.step_index, self._feed.capture_request())
             self._nvtx.begin(self._clock.step_index)
         except Exception as exc:
             self._fail("step hook", exc)

@@ -12,7 +12,7 @@ the live findings, and the keys in the footer. Enter opens a rank (`monitor_scre
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -81,6 +81,7 @@ class MonitorApp(App[None]):
         Binding("f", "toggle_findings", "findings"),
         Binding("j", "next_job", "next job"),
         Binding("p", "toggle_pause", "pause"),
+        Binding("c", "capture", "capture"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
@@ -94,9 +95,11 @@ class MonitorApp(App[None]):
         poll_interval_s: float = 0.25,
         refresh_interval_s: float = 1.0,
         listen: str = "",
+        captures: Any = None,
     ) -> None:
         """Follow `source` (received on `listen`, shown in the header); figures are computed at
-        `clock()` times."""
+        `clock()` times. `captures` (a `zdiag.live.captures.CaptureController`, or None) asks the
+        ranks for triggered captures; its answers are shown under the findings."""
         super().__init__()
         self.source = source
         self.clock = clock
@@ -104,6 +107,7 @@ class MonitorApp(App[None]):
         self.poll_interval_s = poll_interval_s
         self.refresh_interval_s = refresh_interval_s
         self.listen = listen
+        self.captures = captures
         self.sort_key = "step time"  # slowest first
         self.sort_reverse = True
         self.job: str | None = None  # the job shown; None follows the latest one
@@ -154,6 +158,12 @@ class MonitorApp(App[None]):
         """Redraw every widget from a fresh view (skipped while paused)."""
         if self.paused:
             return
+        if self.captures is not None:
+            try:
+                self.captures.update(self.state, self.clock())
+            except Exception as exc:  # the captures must not take the display down
+                self.notify(f"captures stopped: {type(exc).__name__}: {exc}", severity="error")
+                self.captures = None
         view = self.last_view = self.state.view(self.clock(), self.job)
         self.header.update(self._header(view))
         self._fill_table(view)
@@ -210,6 +220,7 @@ class MonitorApp(App[None]):
                 style="dim",
             )
             return text
+        self._capture_lines(text)
         if not view.findings:
             text.append("no findings", style="dim")
             return text
@@ -222,7 +233,32 @@ class MonitorApp(App[None]):
             text.append(f"  {f.recommendation}", style="dim")
         return text
 
+    def _capture_lines(self, text: Text) -> None:
+        """One line per triggered capture: its step, the ranks' answers, its findings."""
+        for c in self.captures.to_json() if self.captures is not None else []:
+            states = sorted(set(c["states"].values())) or ["asked"]
+            found = "; ".join(
+                f"{f['id']} (ranks {', '.join(map(str, f['ranks'][:8]))})"
+                for f in c["findings"] or []
+            )
+            text.append(
+                f"capture {c['id']} at step {c['start_step']}: {', '.join(states)}"
+                f"{' - ' + found if found else ''}{' - ' + c['error'] if c['error'] else ''}\n",
+                style="bold",
+            )
+
     # -- actions -------------------------------------------------------------------------------
+
+    def action_capture(self) -> None:
+        """Ask every rank of the job shown for a capture now."""
+        if self.captures is None:
+            self.notify("captures are off (--no-capture, or no control port)", severity="warning")
+            return
+        capture = self.captures.request(self.state, self.clock(), "asked in the monitor", self.job)
+        if capture is None:
+            self.notify("no capture: no live rank, the captures are used up, or cooling down")
+        else:
+            self.notify(f"capture {capture.id} asked for step {capture.step}")
 
     def _set_sort(self, key: str, reverse: bool) -> None:
         self.sort_key, self.sort_reverse = key, reverse

@@ -34,7 +34,7 @@ from ..inputs.loader import rank_from_file_name
 from ..inputs.memory_timeline import load_memory_timeline
 from ..inputs.model_facts import ModelFacts, facts_from_run_dir
 from ..inputs.oom_records import OomRecords, read_oom_records
-from ..inputs.run_dir import run_file
+from ..inputs.run_dir import capture_windows, run_file
 from ..memory.preexisting import infer_preexisting
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
@@ -199,7 +199,11 @@ def run_facts(
         oom_records=oom_records,
         model=model,
         warnings=tuple(
-            run.warnings + (model_warnings or []) + memory_warnings + list(snap.warnings)
+            run.warnings
+            + (model_warnings or [])
+            + memory_warnings
+            + list(snap.warnings)
+            + capture_notes(run.run_dir)
         ),
         memory=tuple(memory),
         memory_breakdowns=snap.breakdowns,
@@ -207,6 +211,18 @@ def run_facts(
         flight_recorder=run.flight_recorder,
         flight_recorder_inputs=tuple(run.flight_recorder_inputs),
     )
+
+
+def capture_notes(run_dir: Path | None) -> list[str]:
+    """One line per triggered capture the run holds: this report is the fixed profiler window;
+    each capture is its own window, analyzed on its own."""
+    if run_dir is None:
+        return []
+    return [
+        f"triggered capture {rel} ({n} rank trace(s)) is its own window: "
+        f"zdiag analyze {run_dir / rel}"
+        for rel, n in capture_windows(run_dir)
+    ]
 
 
 def _snapshot_breakdowns(

@@ -18,7 +18,7 @@ from typing import Any
 from zdiag.errors import InputError
 
 from ...collectors.run_records import Manifest, OomRecord
-from ...collectors.rundir import MANIFEST
+from ...collectors.rundir import CAPTURES_DIR, MANIFEST
 
 MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024
 """The cap on a manifest, a manifest part or an OOM record read whole (64 MiB)."""
@@ -99,3 +99,30 @@ def read_oom_record(
     """The OOM record at run-dir path `rel` (its ignored fields added to `warnings`); InputError
     when it is refused, not valid JSON, or names no valid rank."""
     return OomRecord.from_json(read_run_json(run_dir, rel), rel, warnings, world_size)
+
+
+MAX_CAPTURES_LISTED = 16
+
+
+def capture_windows(run_dir: str | Path) -> list[tuple[str, int]]:
+    """The triggered captures a run directory holds (`captures/capture-<K>/`, made when the
+    monitor asked the ranks for a profile): each folder's path relative to the run directory and
+    its number of rank traces, in capture order; at most MAX_CAPTURES_LISTED, symlinks skipped."""
+    root = Path(run_dir) / CAPTURES_DIR
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return []
+        names = sorted(
+            (e.name for e in os.scandir(root) if e.name.startswith("capture-")),
+            key=lambda n: (len(n), n),
+        )[:MAX_CAPTURES_LISTED]
+        out = []
+        for name in names:
+            folder = root / name
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                continue
+            traces = sum(1 for e in os.scandir(folder) if e.name.endswith((".json.gz", ".json")))
+            out.append((f"{CAPTURES_DIR}/{name}", traces))
+        return out
+    except OSError:
+        return []

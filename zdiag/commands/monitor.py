@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # imported where used: `zdiag --help` loads neither
 
 DEFAULT_LISTEN = "127.0.0.1:5577"
 METRICS_HOST = "127.0.0.1"
+CAPTURE_CHECK_S = 0.5
+"""How often the headless monitor runs the capture rules."""
+CAPTURE_ANALYSIS_WAIT_S = 30.0
+"""At the end, how long the headless monitor waits for a capture being analyzed."""
 
 
 def rss_bytes() -> int:
@@ -85,6 +89,13 @@ class MonitorCommand:
         )
         parser.add_argument(
             "--json", action="store_true", help="with --headless: print the summary as JSON"
+        )
+        parser.add_argument(
+            "--no-capture",
+            action="store_true",
+            help="never ask the ranks for a triggered capture (by default a chronic straggler "
+            "or a creeping step time, or the key c, makes every rank profile a few steps; the "
+            "requests go out on the --listen port + 1)",
         )
         parser.add_argument(
             "--every",
@@ -153,19 +164,36 @@ class MonitorCommand:
         except BaseException:
             receiver.close()
             raise
+        control, captures = self._captures(args, receiver, token)
         try:
             if args.headless:
-                return self._headless(receiver, args, state)
+                return self._headless(receiver, args, state, captures)
             from zdiag.tui.monitor_app import MonitorApp
 
             # the app closes the receiver when it exits
-            app = MonitorApp(receiver, listen=str(receiver.endpoint))
+            app = MonitorApp(receiver, listen=str(receiver.endpoint), captures=captures)
             app.state = state  # the state the metrics endpoint reads (a `SharedMonitorState`)
             app.run()
             return 0
         finally:
             if metrics is not None:
                 metrics.close()
+            if control is not None:
+                control.close()
+
+    def _captures(self, args: argparse.Namespace, receiver: Any, token: str) -> tuple[Any, Any]:
+        """The control socket and the capture controller (None, None with --no-capture, or when
+        the control port is taken: said on stderr, the monitor goes on without captures)."""
+        if args.no_capture:
+            return None, None
+        from zdiag.live.captures import CaptureController, ControlSender
+
+        try:
+            control = ControlSender(receiver.endpoint, token)
+        except ConfigError as exc:
+            print(f"zdiag monitor: no triggered captures: {exc.message}", file=sys.stderr)
+            return None, None
+        return control, CaptureController(control.send)
 
     def _metrics_address(self, args: argparse.Namespace) -> tuple[str, int] | None:
         """--metrics-host and --metrics-port checked: (host, port), None without a port."""
@@ -204,7 +232,9 @@ class MonitorCommand:
         print(f"zdiag monitor: metrics on http://{shown}:{port}/metrics", file=sys.stderr)
         return state, server
 
-    def _headless(self, receiver: Any, args: argparse.Namespace, state: MonitorState) -> int:
+    def _headless(
+        self, receiver: Any, args: argparse.Namespace, state: MonitorState, captures: Any
+    ) -> int:
         duration = args.duration if args.duration is not None else 10.0
         stop = _Stop()
         previous = signal.signal(signal.SIGTERM, stop)
@@ -212,6 +242,7 @@ class MonitorCommand:
         start = time.monotonic()
         next_rss = start
         next_summary = start + args.every if args.every else None
+        next_capture_check = start
         print(
             f"zdiag monitor: listening on {receiver.endpoint} for {duration:g} s", file=sys.stderr
         )
@@ -221,17 +252,25 @@ class MonitorCommand:
                 if now >= next_rss:
                     rss.append((round(now - start, 2), rss_bytes()))
                     next_rss = now + 1.0
+                if captures is not None and now >= next_capture_check:
+                    next_capture_check = now + CAPTURE_CHECK_S
+                    captures.update(state, time.time())
                 if next_summary is not None and now >= next_summary:
                     next_summary = now + args.every
                     state.sync_rejections(receiver)
-                    self._print(state.view(time.time()), receiver, args, start, rss)
+                    self._print(state.view(time.time()), receiver, args, start, rss, captures)
         except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
             state.sync_rejections(receiver)
             receiver.close()
-        self._print(state.view(time.time()), receiver, args, start, rss)
+        if captures is not None:
+            from zdiag.live.captures import wait_for_analyses
+
+            captures.update(state, time.time())
+            wait_for_analyses(captures, CAPTURE_ANALYSIS_WAIT_S)
+        self._print(state.view(time.time()), receiver, args, start, rss, captures)
         return 0
 
     def _print(
@@ -241,11 +280,14 @@ class MonitorCommand:
         args: argparse.Namespace,
         start: float,
         rss: list[tuple[float, int]],
+        captures: Any = None,
     ) -> None:
         from zdiag.tui.monitor_text import render_summary, view_to_json
 
+        taken = captures.to_json() if captures is not None else []
         if args.json:
             out = view_to_json(view)
+            out["captures"] = taken
             out["listen"] = str(receiver.endpoint)
             out["duration_s"] = round(time.monotonic() - start, 3)
             out["rss_bytes"] = rss
@@ -254,6 +296,13 @@ class MonitorCommand:
             print(json.dumps(out, allow_nan=False), flush=True)
         else:
             print(render_summary(view, source=f"listening on {receiver.endpoint}"), flush=True)
+            for c in taken:
+                found = "; ".join(f"{f['id']} (ranks {f['ranks']})" for f in c["findings"] or [])
+                print(
+                    f"capture {c['id']} at step {c['start_step']} ({c['reason']}): "
+                    f"{sorted(set(c['states'].values()))} {found or c['error'] or ''}",
+                    flush=True,
+                )
 
     def _relay(self, args: argparse.Namespace, token: str) -> int:
         from zdiag.live.receiver import Relay

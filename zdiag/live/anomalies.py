@@ -15,8 +15,9 @@ Pure functions of the ranks' recent histories (`history.RankState`), like `findi
   data stall, a page-cache flush).
 - **step-time-creep**: the job's step time (the slowest rank's, per step) rises through the last
   `CREEP_WINDOW` steps after the first `CREEP_WARMUP_STEPS`: cut in `CREEP_PARTS` parts, each
-  part's median above the one before, and the last part's at least `CREEP_MIN_SHARE` above the
-  first's (the memory-creep rule's shape, on time).
+  part's median at least `CREEP_MIN_PART_RISE` above the one before, and the last part's at
+  least `CREEP_MIN_SHARE` above the first's (the memory-creep rule's shape, on time; a single
+  jump is not a creep).
 - **stall**: a rank sent nothing for longer than the monitor's stale limit (`state.STALE_AFTER_S`,
   or `STALE_STEPS` of its own step times) while other ranks still report, and its hang
   watchdog has not fired: a stall below the hang timeout.
@@ -48,6 +49,9 @@ CREEP_WINDOW = 4 * WINDOW_STEPS
 CREEP_MIN_STEPS = 12
 CREEP_PARTS = 4
 CREEP_MIN_SHARE = 0.15
+CREEP_MIN_PART_RISE = CREEP_MIN_SHARE / (2 * (CREEP_PARTS - 1))
+"""Each part's median must be this much above the one before (2.5%): a creep rises all along,
+a step change (a rank slowed at one step) rises once and is the straggler rule's."""
 
 
 def _by_step(states: Sequence[RankState], key: str) -> dict[int, dict[int, float]]:
@@ -149,7 +153,8 @@ def step_time_creep(states: Iterable[RankState]) -> Finding | None:
     parts = [job[round(i * size) : round((i + 1) * size)] for i in range(CREEP_PARTS)]
     medians = [statistics.median(v for _, v in part) for part in parts]
     rise = medians[-1] / medians[0] - 1 if medians[0] > 0 else 0.0
-    if not (all(b > a for a, b in itertools.pairwise(medians)) and rise >= CREEP_MIN_SHARE):
+    steady = all(b >= a * (1 + CREEP_MIN_PART_RISE) for a, b in itertools.pairwise(medians))
+    if not (steady and rise >= CREEP_MIN_SHARE):
         return None
     return Finding(
         id="step-time-creep",

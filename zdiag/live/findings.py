@@ -21,7 +21,9 @@ median step (never on one shared CPU host; the others wait for the slowest rank 
 excesses are not added up). No chance test: a median over ten steps, not a count
 of last arrivals, is what the live records allow.
 
-``comm-bound`` (`zdiag.analyzers.rank.verdict`, `zdiag.analyzers.detectors.comm_bound`). Every
+``comm-bound`` (`zdiag.analyzers.rank.verdict`, `zdiag.analyzers.detectors.comm_bound`); `info`
+when every rank trains on one host's CPUs (`one_cpu_host`): there a collective's time includes
+the peers' wait for a core, which no change of communication would remove. Every
 step with the whole split gets the analyzers' step verdict (`verdict.decide`, when its record is
 folded in: `history.step_verdict`; the live idle is the step beyond compute and exposed comm); the job is comm-bound when at least
 ``COMM_BOUND_STEP_SHARE`` of the window's steps, all ranks together, are. The analyzers judge only
@@ -254,13 +256,16 @@ def comm_bound(states: Iterable[RankState]) -> Finding | None:
         return None
     ranks = sorted(r for r, v in verdicts.items() if "comm-bound" in v)
     judged = [s for s in states if s.rank in ranks]
+    shared_host = one_cpu_host(states)
     comm, compute, exposed = (
         statistics.median(_median(s.recent(k)) or 0.0 for s in judged)
         for k in ("comm_ms", "compute_ms", "exposed_comm_ms")
     )
     return Finding(
         id="comm-bound",
-        severity="warning",
+        # ranks sharing one host's CPUs (more ranks than cores, as in a CPU test job) wait in
+        # each collective for their peers to get a core: that wait is not traffic
+        severity="info" if shared_host else "warning",
         title=f"{bound} of {n} recent steps are comm-bound: communication ({comm:.1f} ms) "
         f"outlasts compute ({compute:.1f} ms) on {len(ranks)} rank(s), overlap cannot hide it",
         ranks=ranks,
@@ -274,6 +279,7 @@ def comm_bound(states: Iterable[RankState]) -> Finding | None:
             "min_exposed_fraction": MIN_EXPOSED_FRACTION,
             "host_bound_idle_fraction": HOST_BOUND_IDLE_FRACTION,
             "threshold_step_share": COMM_BOUND_STEP_SHARE,
+            "shared_cpu_host": shared_host,
             "window_steps": WINDOW_STEPS,
         },
         recommendation=(

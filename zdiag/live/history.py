@@ -31,6 +31,9 @@ LAST_FIELDS = (
     "last_collective",
     "mem_source",
     "comm_by_dim",
+    "capture_id",
+    "capture_state",
+    "capture_path",
 )
 """What the monitor keeps of each rank's last record (the table's and the detail's figures)."""
 NUMBER_LAST_FIELDS = LAST_FIELDS[1:6]

@@ -17,6 +17,9 @@ Guarantees, for the training step:
   zmq's ``IMMEDIATE`` option keeps nothing queued for a peer that is not connected.
 - zmq reconnects by itself (`wire.push_socket`: every ``RECONNECT_IVL_MS``, backing off),
   so a monitor that starts late, or is killed and restarted, just starts receiving.
+- The same thread subscribes to the monitor's control socket (`wire.control_endpoint`, the
+  monitor's port + 1, authenticated as the data path) and keeps this job's latest capture
+  request in `capture_request`, which the training step reads (`collectors.capture_window`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from zdiag.live.wire import (
     JOB_ENV_FALLBACKS,
     SCHEMA,
     Endpoint,
+    control_endpoint,
+    decode_control,
     encode,
     parse_endpoint,
     push_socket,
@@ -47,6 +52,8 @@ QUEUE_SIZE = 256  # records waiting for the sender thread (a few minutes of step
 SEND_HWM = 64  # messages zmq may hold for a connected but slow peer
 CLOSE_LINGER_MS = 250  # on close, zmq may take this long to get the last records out
 FLUSH_INTERVAL_S = 0.05  # the sender thread wakes this often and sends what is queued
+CONTROL_HWM = 16  # capture requests waiting on the control socket (the monitor sends few)
+CONTROL_MAX_BYTES = 4096  # a larger control message is refused by zmq
 
 
 def job_id_from_env() -> str:
@@ -91,6 +98,9 @@ class StepPublisher:
         self.dropped_unsent = 0
         self.sent = 0
         self.error: str | None = None  # the first internal error, if any (the sender then stops)
+        # The monitor's latest capture request for this job (`wire.decode_control`), set by the
+        # sender thread, read by the training step (one attribute read: a GIL-atomic swap).
+        self.capture_request: dict[str, Any] | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"zdiag-live-publisher-{self.rank}", daemon=True
         )
@@ -138,10 +148,13 @@ class StepPublisher:
         try:
             ctx = zmq.Context(io_threads=1)
             sock = push_socket(ctx, self.target, self._send_hwm, self._token)
+            control = self._control_socket(ctx)
             while True:
                 stopping = self._stop.wait(FLUSH_INTERVAL_S)
                 while self._queue:
                     self._send(sock, self._queue.popleft())
+                if control is not None:
+                    self._read_control(control)
                 if stopping:
                     break
         except Exception as exc:  # contained: training goes on, the records are counted as dropped
@@ -151,7 +164,35 @@ class StepPublisher:
             if sock is not None:
                 sock.close(linger=CLOSE_LINGER_MS)
             if ctx is not None:
-                ctx.term()
+                ctx.destroy(linger=0)  # the control socket too
+
+    def _control_socket(self, ctx: zmq.Context[Any]) -> zmq.Socket[Any] | None:
+        """A SUB socket on the monitor's control endpoint (capture requests), authenticated as
+        the data path; None when it cannot be set up (the records still flow)."""
+        from zdiag.live.auth import secure_sender
+
+        try:
+            sub = ctx.socket(zmq.SUB)
+            secure_sender(sub, self._token)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)
+            sub.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(control_endpoint(self.target).connect_url)
+            return sub
+        except zmq.ZMQError:
+            return None
+
+    def _read_control(self, sub: zmq.Socket[Any]) -> None:
+        """Take the capture requests waiting (never blocks); keep this job's latest."""
+        for _ in range(CONTROL_HWM):
+            try:
+                frames = sub.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            request = decode_control(frames, self._token)
+            if request is not None and request["job"] in ("", self.job):
+                self.capture_request = request
 
     def _send(self, sock: zmq.Socket[Any], item: dict[str, Any]) -> None:
         item.setdefault("rank", self.rank)

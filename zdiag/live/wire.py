@@ -195,12 +195,26 @@ STEP_FIELDS = (
     "last_collective",
     "mem_source",
     "comm_by_dim",
+    "capture_id",
+    "capture_state",
+    "capture_path",
     *_NUMBER_FIELDS,
 )
 """The fields a decoded step record holds (every other field is dropped). `hung_in` is set only
 on the record a rank's hang watchdog sends: where the rank is stuck, one line. `ended` is set only
 on the end-of-run record, one of `ENDED_VALUES`."""
 ENDED_VALUES = ("finished", "failed")
+CAPTURE_STATES = ("recording", "done", "skipped", "failed")
+"""`capture_state` values: the rank's latest triggered capture (`capture_id`), carried by every
+record after the rank saw the request, so a dropped record loses nothing."""
+MAX_PATH_CHARS = 1024
+"""`capture_path` (the capture's trace, for the monitor's analysis) is cut to this length."""
+CONTROL_PORT_OFFSET = 1
+"""The monitor's control socket (triggered captures) listens on its data port + this."""
+MAX_CAPTURE_STEPS = 20
+"""A capture request records at most this many steps."""
+MAX_CAPTURES_PER_RUN = 4
+"""Captures a monitor asks of one job, and a rank takes in one run."""
 MEM_SOURCES = ("device", "reader", "process")
 """`mem_source` values (`collectors.memory.memory_source`); any other decodes as None."""
 RELAY_FIELDS = ("kind", "schema", "host", "ts", "forwarded", "dropped", "rejected")
@@ -300,7 +314,48 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
     for name, limit in _NUMBER_RANGES.items():
         out[name] = _number(obj, name, limit)
     out["comm_by_dim"] = _comm_by_dim(obj.get("comm_by_dim"))
+    capture = obj.get("capture_id")
+    out["capture_id"] = _count(capture) if capture is not None else None
+    state = obj.get("capture_state")
+    out["capture_state"] = state if state in CAPTURE_STATES else None
+    path = obj.get("capture_path")
+    out["capture_path"] = path[:MAX_PATH_CHARS] if isinstance(path, str) else None
     return out
+
+
+def control_endpoint(data: Endpoint) -> Endpoint:
+    """The monitor's control endpoint (triggered captures) for its data endpoint `data`."""
+    return Endpoint(data.host, data.port + CONTROL_PORT_OFFSET)
+
+
+def decode_control(frames: list[bytes], token: bytes) -> dict[str, Any] | None:
+    """A capture request from the monitor's control socket, or None for anything else (a wrong
+    token or schema, bad JSON, a missing or out-of-range field): the rank ignores it."""
+    if len(frames) != 3 or frames[0] != SCHEMA_FRAME or not token_matches(token, frames[1]):
+        return None
+    if len(frames[2]) > MAX_MESSAGE_BYTES or frames[2].count(b"{") > 1:
+        return None
+    try:
+        obj = json.loads(frames[2])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict) or obj.get("kind") != "capture":
+        return None
+    fields = [obj.get(k) for k in ("id", "step", "steps")]
+    ints = [v for v in fields if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    if len(ints) != len(fields):
+        return None
+    capture_id, step, steps = ints
+    if not (0 < steps <= MAX_CAPTURE_STEPS and step <= MAX_COUNT and capture_id <= MAX_COUNT):
+        return None
+    job = obj.get("job", "")
+    return {
+        "id": capture_id,
+        "step": step,
+        "steps": steps,
+        "job": job[:128] if isinstance(job, str) else "",
+        "reason": _text(obj.get("reason", "")),
+    }
 
 
 MAX_DIMS = 9

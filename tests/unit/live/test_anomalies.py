@@ -74,3 +74,9 @@ def test_a_rank_that_stops_reporting_while_others_go_on_is_a_stall() -> None:
     assert statuses[1] == "stale"
     f = {x.id: x for x in view.findings}["stall"]
     assert f.ranks == [1]
+
+
+def test_a_single_jump_in_step_time_is_not_a_creep() -> None:
+    jump = {"step_time_ms": lambda s: 400.0 + (s % 3) if s >= 30 else 100.0 + (s % 3)}
+    per_rank = {f"r{r}": jump for r in range(4)}
+    assert "step-time-creep" not in _findings(job(ranks=4, steps=60, **per_rank))
