@@ -106,7 +106,7 @@ async def test_header_table_and_findings_show_the_job() -> None:
         table = app.query_one("#ranks", DataTable)
         assert table.row_count == 16
         ids = [f.id for f in app.last_view.findings] if app.last_view else []
-        assert ids == ["straggler", "memory-creep"]
+        assert ids == ["straggler", "stall", "memory-creep"]  # rank 12 is stale: a stall
         assert "[critical] straggler" in str(app.query_one("#findings", Static).render())
     assert app.source.closed  # type: ignore[attr-defined]
 
