@@ -73,6 +73,10 @@ class RankReport(msgspec.Struct, kw_only=True):
     rank_source: str = ""
     # how steps were found: "ProfilerStep", "optimizer step", "forward marker", "whole trace"
     step_source: str = ""
+    # what the trace measured of the host's own waits, over the analyzed trace: the DataLoader's
+    # `next()` ranges and the host syncs (CPU sync events and `.item()` ops)
+    data_loading_ms: float = 0.0
+    host_syncs: int = 0
 
 
 class FsdpUnit(msgspec.Struct, kw_only=True):

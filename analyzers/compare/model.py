@@ -138,6 +138,9 @@ class RunDiff(msgspec.Struct, kw_only=True):
     ranks_b: list[int] = msgspec.field(default_factory=list)
     step: list[Delta] = msgspec.field(default_factory=list)  # the run's breakdown, per step
     shares: list[Share] = msgspec.field(default_factory=list)
+    # what the traces measured of the host's own waits, per step: kernel-launch calls, the
+    # DataLoader's `next()`, host syncs (counts); medians over steps (launches) or ranks
+    idle_causes: list[Delta] = msgspec.field(default_factory=list)
     ranks: list[RankDelta] = msgspec.field(default_factory=list)
     units: list[UnitDelta] = msgspec.field(default_factory=list)
     collectives: list[CollectiveDelta] = msgspec.field(default_factory=list)

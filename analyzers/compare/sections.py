@@ -138,6 +138,26 @@ def shares(a: Report, b: Report, dims: list[str]) -> list[Share]:
     return [s for s in out if abs(s.delta_ms) > 1e-6 or s.component in PARTS]
 
 
+def _per_rank(report: Report, total: Callable[[Any], float]) -> list[float]:
+    """One sample per rank: a per-trace total divided by the rank's steps."""
+    return [total(r) / max(len(r.steps), 1) for r in report.ranks if r.steps]
+
+
+def idle_causes(a: Report, b: Report) -> list[Delta]:
+    """What the traces measured of the host's own waits, per step: time in kernel-launch calls
+    (per-step samples), the DataLoader's `next()` ms and host syncs (per-rank samples: the
+    trace's totals over its steps). Only the causes either run shows."""
+    out = [
+        delta("host launch ms", step_samples(a, lambda s: s.host_launch_ms),
+              step_samples(b, lambda s: s.host_launch_ms)),
+        delta("data loading ms", _per_rank(a, lambda r: r.data_loading_ms),
+              _per_rank(b, lambda r: r.data_loading_ms)),
+        delta("host syncs", _per_rank(a, lambda r: float(r.host_syncs)),
+              _per_rank(b, lambda r: float(r.host_syncs))),
+    ]  # fmt: skip
+    return [d for d in out if d.a or d.b]
+
+
 def _steps_of(report: Report) -> dict[int, int]:
     return {r.rank: max(len(r.steps), 1) for r in report.ranks}
 

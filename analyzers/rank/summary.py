@@ -149,6 +149,8 @@ class RankSummary(msgspec.Struct, kw_only=True):
             trace_start_us=self.trace_start_us,
             rank_source=self.rank_source,
             step_source=self.step_source,
+            data_loading_ms=self.facts.data_loading_ms,
+            host_syncs=self.facts.host_syncs,
         )
 
 

@@ -108,6 +108,13 @@ def step_table(diff: RunDiff) -> str:
     return numeric(_table(headers, [_delta_row(d) for d in diff.step], note))
 
 
+def idle_causes_table(diff: RunDiff) -> str:
+    """The host waits the traces measured, per step (kernel launches, the DataLoader, syncs)."""
+    headers = ["cause (per step)", "A", "B", "Δ", "Δ %", "spread", "change"]
+    note = "Launch time: medians over steps; data loading and syncs: over ranks (trace totals)."
+    return numeric(_table(headers, [_delta_row(d) for d in diff.idle_causes], note))
+
+
 def shares_table(diff: RunDiff) -> str:
     """Where the mean step-time change went: each part's delta and its share."""
     rows = [

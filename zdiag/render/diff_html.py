@@ -83,6 +83,8 @@ def _summary(diff: RunDiff) -> str:
         parts.append("</ul>")
     parts.append("<h3>Step breakdown</h3>" + tables.step_table(diff))
     parts.append("<h3>Where the step-time change went</h3>" + tables.shares_table(diff))
+    if diff.idle_causes:
+        parts.append("<h3>Host waits (causes of idle)</h3>" + tables.idle_causes_table(diff))
     return "".join(parts) + "</section>"
 
 

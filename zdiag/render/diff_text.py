@@ -49,6 +49,10 @@ def _step(out: TextOut, diff: RunDiff) -> None:
             f"{s.component} {_signed(s.delta_ms)} ms ({100 * s.share:.0f}%)" for s in diff.shares
         )
         out.wrap(f"Where the mean step-time change went: {parts}.", indent="  ")
+    if diff.idle_causes:
+        out.heading("Host waits the traces measured, per step (causes of idle)")
+        header = ["cause", "A", "B", "B-A", "%", "spread", "change"]
+        fit_table(out, header, [_delta_row(d) for d in diff.idle_causes], {1, 2, 3, 4, 5})
 
 
 def _ranks(out: TextOut, diff: RunDiff) -> None:

@@ -240,3 +240,16 @@ def test_process_groups_match_by_description_and_members() -> None:
     top = d.groups[0]
     assert (top.group, top.ranks, top.comm_ms_a, top.comm_ms_b) == ("dp_shard", [0, 1], 5.0, 25.0)
     assert d.groups[1].comm_ms_a == d.groups[1].comm_ms_b == 5.0
+
+
+def test_idle_causes_compare_host_syncs_and_data_loading_per_step() -> None:
+    a, b = _report(ranks=4), _report(ranks=4)
+    for r in a.ranks:
+        r.host_syncs, r.data_loading_ms = 12, 6.0  # 2 syncs and 1 ms per step over 6 steps
+    for r in b.ranks:
+        r.host_syncs, r.data_loading_ms = 36, 6.0
+    causes = {d.metric: d for d in diff_reports(a, b).idle_causes}
+    assert (causes["host syncs"].a, causes["host syncs"].b) == (2.0, 6.0)
+    assert causes["host syncs"].change == "up"
+    assert causes["data loading ms"].change == "no change"
+    assert "host launch ms" not in causes  # neither run measured any
