@@ -254,7 +254,11 @@ class MonitorCommand:
                     next_rss = now + 1.0
                 if captures is not None and now >= next_capture_check:
                     next_capture_check = now + CAPTURE_CHECK_S
-                    captures.update(state, time.time())
+                    try:
+                        captures.update(state, time.time())
+                    except Exception as exc:  # never the monitor's end: captures stop
+                        print(f"zdiag monitor: captures stopped: {exc!r}", file=sys.stderr)
+                        captures = None
                 if next_summary is not None and now >= next_summary:
                     next_summary = now + args.every
                     state.sync_rejections(receiver)
@@ -268,7 +272,10 @@ class MonitorCommand:
         if captures is not None:
             from zdiag.live.captures import wait_for_analyses
 
-            captures.update(state, time.time())
+            try:
+                captures.update(state, time.time())
+            except Exception as exc:
+                print(f"zdiag monitor: captures stopped: {exc!r}", file=sys.stderr)
             wait_for_analyses(captures, CAPTURE_ANALYSIS_WAIT_S)
         self._print(state.view(time.time()), receiver, args, start, rss, captures)
         return 0
