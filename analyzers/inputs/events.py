@@ -249,8 +249,8 @@ class RankTrace:
     def world_size(self) -> int | None:
         """World size from distributedInfo, if recorded."""
         info = self.distributed_info or {}
-        ws = info.get("world_size")
-        return int(ws) if isinstance(ws, int | float) else None
+        ws = as_int(info.get("world_size"))
+        return ws if ws is not None and 0 < ws <= MAX_WORLD_SIZE else None  # else: damaged
 
 
 class EnclosingIndex:
@@ -290,6 +290,19 @@ class EnclosingIndex:
                 found.append(int(idx[j]))
             j = int(parent[j])
         return found[::-1]
+
+
+MAX_WORLD_SIZE = 2**31
+"""A world size beyond this (a damaged header) is treated as unknown."""
+MAX_INT64 = 2**63 - 1
+"""Integers the analysis stores (summaries are msgpack, reports JSON) fit in 64 bits."""
+
+
+def as_int64(value: Any) -> int | None:
+    """`as_int`, and None unless 0 <= value <= MAX_INT64 (a damaged header's 10**30 would not
+    fit a summary)."""
+    n = as_int(value)
+    return n if n is not None and 0 <= n <= MAX_INT64 else None
 
 
 def as_int(value: Any) -> int | None:

@@ -49,6 +49,7 @@ from .events import (
     MemoryEvents,
     RankTrace,
     as_int,
+    as_int64,
     is_device_category,
 )
 from .kineto_batches import EVENTS_DECODER, Batch, KeptArgs, columns_of_batch, kind_code
@@ -269,7 +270,7 @@ def build_rank_trace(cols: Columns, header: TraceHeader, path: Path) -> RankTrac
         distributed_info=info,
         device_properties=[p for p in (header.deviceProperties or []) if isinstance(p, dict)],
         host=header.host_name,
-        base_time_ns=as_int(header.baseTimeNanoseconds),
+        base_time_ns=as_int64(header.baseTimeNanoseconds),
         trace_start_us=float(events.ts[0]) if n else 0.0,
         warnings=warnings,
         memory_events=MemoryEvents.of_rows(cols.memory) if cols.memory else None,

@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from .. import frameworks
-from ..inputs.events import RankTrace
+from ..inputs.events import RankTrace, as_int64
 from ..memory.kineto_memory import kineto_memory
 from ..report import (
     CollectiveKindStats,
@@ -216,8 +216,8 @@ def device_capacity(trace: RankTrace) -> int | None:
     """The first listed device's total memory in bytes (`totalGlobalMem`), None when unknown."""
     if not trace.device_properties:
         return None
-    mem = trace.device_properties[0].get("totalGlobalMem")
-    return int(mem) if isinstance(mem, int | float) and mem > 0 else None
+    mem = as_int64(trace.device_properties[0].get("totalGlobalMem"))
+    return mem if mem else None
 
 
 def device_name(trace: RankTrace) -> str | None:

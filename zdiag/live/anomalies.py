@@ -15,9 +15,10 @@ Pure functions of the ranks' recent histories (`history.RankState`), like `findi
   data stall, a page-cache flush).
 - **step-time-creep**: the job's step time (the slowest rank's, per step) rises through the last
   `CREEP_WINDOW` steps after the first `CREEP_WARMUP_STEPS`: cut in `CREEP_PARTS` parts, each
-  part's median at least `CREEP_MIN_PART_RISE` above the one before, and the last part's at
+  part's median above the one before by at least `CREEP_MIN_PART_RISE` and by more than the
+  step-to-step noise (half the interquartile range) of either part, and the last part's at
   least `CREEP_MIN_SHARE` above the first's (the memory-creep rule's shape, on time; a single
-  jump is not a creep).
+  jump, or a drift inside the noise of a busy host, is not a creep).
 - **stall**: a rank sent nothing for longer than the monitor's stale limit (`state.STALE_AFTER_S`,
   or `STALE_STEPS` of its own step times) while other ranks still report, and its hang
   watchdog has not fired: a stall below the hang timeout.
@@ -52,6 +53,14 @@ CREEP_MIN_SHARE = 0.15
 CREEP_MIN_PART_RISE = CREEP_MIN_SHARE / (2 * (CREEP_PARTS - 1))
 """Each part's median must be this much above the one before (2.5%): a creep rises all along,
 a step change (a rank slowed at one step) rises once and is the straggler rule's."""
+
+
+def _half_iqr(values: Sequence[float]) -> float:
+    """Half the interquartile range (0 for fewer than 2 values)."""
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return (q[2] - q[0]) / 2
 
 
 def _by_step(states: Sequence[RankState], key: str) -> dict[int, dict[int, float]]:
@@ -151,9 +160,14 @@ def step_time_creep(states: Iterable[RankState]) -> Finding | None:
         return None
     size = len(job) / CREEP_PARTS
     parts = [job[round(i * size) : round((i + 1) * size)] for i in range(CREEP_PARTS)]
-    medians = [statistics.median(v for _, v in part) for part in parts]
+    values = [[v for _, v in part] for part in parts]
+    medians = [statistics.median(v) for v in values]
+    noise = [_half_iqr(v) for v in values]
     rise = medians[-1] / medians[0] - 1 if medians[0] > 0 else 0.0
-    steady = all(b >= a * (1 + CREEP_MIN_PART_RISE) for a, b in itertools.pairwise(medians))
+    steady = all(
+        b - a >= max(a * CREEP_MIN_PART_RISE, noise[i], noise[i + 1])
+        for i, (a, b) in enumerate(itertools.pairwise(medians))
+    )
     if not (steady and rise >= CREEP_MIN_SHARE):
         return None
     return Finding(
