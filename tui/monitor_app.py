@@ -254,7 +254,9 @@ class MonitorApp(App[None]):
         if self.captures is None:
             self.notify("captures are off (--no-capture, or no control port)", severity="warning")
             return
-        capture = self.captures.request(self.state, self.clock(), "asked in the monitor", self.job)
+        capture = self.captures.request(
+            self.state, self.clock(), "asked in the monitor", self.job, manual=True
+        )
         if capture is None:
             self.notify("no capture: no live rank, the captures are used up, or cooling down")
         else:

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "compare two runs: where the step time went, and a CI gate on regressions",
     ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
+    "capture": (
+        "zdiag.commands.capture",
+        "ask a running monitor to profile a few steps on every rank of its job, now",
+    ),
     "demo": ("zdiag.commands.demo", "run the built-in FSDP2 harness on 2 CPU ranks and analyze it"),
     "explain": ("zdiag.commands.explain", "explain a finding id: what it detects, why, thresholds"),
     "completion": (

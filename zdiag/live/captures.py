@@ -6,8 +6,9 @@ connect (CURVE), without one it listens on loopback only. Ranks subscribe from t
 thread and never wait on it (`zdiag.live.publisher`).
 
 `CaptureController.update(state, now)`, called by the monitor about twice a second:
-- asks for a capture when a rule that names a lasting problem fires (`TRIGGERS`: a `chronic`
-  straggler, `step-time-creep`), or when `request` is called (a key in the monitor): the start
+- asks for a capture when a rule that names a lasting problem fires (a `chronic` straggler,
+  `step-time-creep`), when a person asks (the key `c` in the monitor, or `zdiag capture`, whose
+  record arrives on the data path and waits in `state.capture_asks`; no cool-down then): the start
   step is the latest step any rank reported plus `CAPTURE_LEAD_STEPS`, `CAPTURE_STEPS` steps
   recorded, at most `wire.MAX_CAPTURES_PER_RUN` per job and one per `COOLDOWN_S`;
 - re-sends the request every `RESEND_S` until every rank answered (a PUB socket drops what a
@@ -151,17 +152,23 @@ class CaptureController:
         self.captures: list[Capture] = []
 
     def request(
-        self, state: MonitorState, now: float, reason: str, job: str | None = None
+        self,
+        state: MonitorState,
+        now: float,
+        reason: str,
+        job: str | None = None,
+        *,
+        manual: bool = False,
     ) -> Capture | None:
         """Ask the job's ranks for a capture now (None when the job has no rank, or its
-        captures are used up or cooling down)."""
+        captures are used up, or, unless a person asked (`manual`), cooling down)."""
         view = state.view(now, job)
         if not view.rows:
             return None
         mine = [c for c in self.captures if c.job == view.job]
         if len(mine) >= MAX_CAPTURES_PER_RUN:
             return None
-        if mine and now - mine[-1].requested_at < COOLDOWN_S:
+        if mine and now - mine[-1].requested_at < COOLDOWN_S and not manual:
             return None
         live = [row for row in view.rows if row.status in ("ok", "straggler")]
         if not live:
@@ -182,6 +189,9 @@ class CaptureController:
     def update(self, state: MonitorState, now: float) -> None:
         """Trigger, re-send, follow the ranks' answers, start analyses (see the module
         docstring)."""
+        while state.capture_asks:
+            job, why = state.capture_asks.popleft()
+            self.request(state, now, f"zdiag capture: {why or 'asked'}", job or None, manual=True)
         view = state.view(now)
         trigger = next((f for f in view.findings if _triggering(f)), None)
         if trigger is not None:

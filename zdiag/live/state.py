@@ -39,6 +39,7 @@ MAX_RANKS = 65_536  # ranks tracked (all jobs together); records of further rank
 MAX_RELAYS = 4096
 MAX_JOBS = 8  # jobs tracked; a further job evicts the one that reported least recently
 
+MAX_CAPTURE_ASKS = 8  # `zdiag capture` requests waiting for the capture controller
 STALE_AFTER_S = 5.0  # no record for this long (or 3 recent step times, if longer): "stale"
 STALE_STEPS = 3.0
 GONE_AFTER_S = 30.0  # no record for this long (or 10 recent step times, if longer): "gone"
@@ -187,6 +188,8 @@ class MonitorState:
         self._rank_count = 0  # over all jobs
         self._lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         self._lag_max_ms: float | None = None
+        # captures asked with `zdiag capture` (job, reason), for the capture controller
+        self.capture_asks: deque[tuple[str, str]] = deque(maxlen=MAX_CAPTURE_ASKS)
 
     @property
     def current_job(self) -> str | None:
@@ -222,6 +225,11 @@ class MonitorState:
 
     def _ingest_one(self, rec: dict[str, Any], now: float) -> None:
         """Fold one record in; raises (before changing anything) when it is unusable."""
+        if rec.get("kind") == "capture":
+            self.capture_asks.append(
+                (str(rec.get("job") or "")[:128], str(rec.get("reason") or ""))
+            )
+            return
         if rec.get("kind") == "relay":
             self._ingest_relay(rec)
             return

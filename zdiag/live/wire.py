@@ -279,6 +279,16 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
             "dropped": _count(obj.get("dropped")),
             "rejected": _count(obj.get("rejected")),
         }
+    if kind == "capture":  # `zdiag capture`: a person asks the monitor for a capture
+        job = obj.get("job", "")
+        reason = obj.get("reason", "")
+        return {
+            "kind": "capture",
+            "schema": SCHEMA,
+            "job": _text(job) if isinstance(job, str) else "",
+            "reason": _text(reason) if isinstance(reason, str) else "",
+            "ts": _number(obj, "ts", MAX_TS_S),
+        }
     if kind != "step":
         raise WireError("field", f"unknown kind {str(kind)[:32]!r}")
     out: dict[str, Any] = {"kind": "step", "schema": SCHEMA}

@@ -104,3 +104,29 @@ def test_the_run_directory_lists_its_captures(tmp_path: Path) -> None:
             (folder / f"rank-{r}.json.gz").write_bytes(b"")
     (tmp_path / "captures" / "capture-1").symlink_to(tmp_path)
     assert capture_windows(tmp_path) == [("captures/capture-2", 4), ("captures/capture-10", 2)]
+
+
+def test_zdiag_capture_reaches_the_monitor_and_asks_without_cool_down() -> None:
+    from zdiag.cli import main
+    from zdiag.live.receiver import LiveReceiver
+
+    receiver = LiveReceiver("127.0.0.1:0")
+    try:
+        assert main(["capture", "--monitor", str(receiver.endpoint), "--reason", "loss spike"]) == 0
+        records: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 5
+        while not records and time.monotonic() < deadline:
+            records = receiver.poll(timeout_ms=100)
+    finally:
+        receiver.close()
+    (ask,) = records
+    assert (ask["kind"], ask["reason"], ask["job"]) == ("capture", "loss spike", "")
+    sent: list[dict[str, Any]] = []
+    controller = cap.CaptureController(sent.append)
+    state = MonitorState()
+    state.ingest(job(ranks=4, steps=40), NOW)
+    controller.request(state, NOW, "earlier")  # a capture a moment ago: cooling down
+    state.ingest([ask], NOW + 1)
+    controller.update(state, NOW + 1)
+    assert [c["reason"] for c in controller.to_json()] == ["earlier", "zdiag capture: loss spike"]
+    assert len({p["id"] for p in sent}) == 2
