@@ -29,6 +29,7 @@ from . import rundir, summary_job
 from .error_log import ErrorLog
 from .fsio import write_atomically
 
+MAX_REQUESTS_SEEN = 64
 LATE_STEPS = 2
 """A request whose start step passed by more than this is skipped (the ranks would not align)."""
 
@@ -61,6 +62,8 @@ class CaptureWindow:
                 self.errors.guard("capture", self._prof.step)
             return
         if request is None or request["id"] in self._seen or step_index < request["step"]:
+            return
+        if len(self._seen) >= MAX_REQUESTS_SEEN:  # bounded, whatever a monitor sends
             return
         self._seen.add(request["id"])
         if step_index > request["step"] + LATE_STEPS:
