@@ -282,3 +282,43 @@ def test_snapshot_80x24_help(snap_compare: Any) -> None:
 
 def test_snapshot_80x24_finished_job_after_switching(snap_compare: Any) -> None:
     assert snap_compare(make_app(two_jobs()), terminal_size=(80, 24), press=["j"])
+
+
+class FakeCaptures:
+    """The capture controller's face the app uses: update, request, to_json."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.asked: list[tuple[str, str | None, bool]] = []
+
+    def update(self, state: Any, now: float) -> None:
+        self.updates += 1
+
+    def request(
+        self, state: Any, now: float, reason: str, job: str | None = None, *, manual: bool = False
+    ) -> Any:
+        self.asked.append((reason, job, manual))
+        return type("Capture", (), {"id": 1, "step": 44})()
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [
+            {"id": 1, "start_step": 44, "states": {"0": "done", "1": "done"}, "error": None,
+             "findings": [{"id": "straggler", "ranks": [1]}]}
+        ]  # fmt: skip
+
+
+async def test_the_capture_key_asks_and_the_findings_panel_shows_the_capture() -> None:
+    captures = FakeCaptures()
+    app = MonitorApp(
+        FakeSource(job(ranks=2)), clock=lambda: NOW, poll_interval_s=0.05,
+        refresh_interval_s=3600, listen="127.0.0.1:5577", captures=captures,
+    )  # fmt: skip
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("c")
+        await pilot.pause()
+        assert captures.asked == [("asked in the monitor", None, True)]
+        app.refresh_view()
+        panel = str(app.query_one("#findings", Static).render())
+        assert "capture 1 at step 44: done - straggler (ranks 1)" in panel
+        assert captures.updates >= 1
