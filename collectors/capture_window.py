@@ -28,6 +28,7 @@ from zdiag.live.wire import MAX_CAPTURES_PER_RUN as MAX_CAPTURES
 from . import rundir, summary_job
 from .error_log import ErrorLog
 from .fsio import write_atomically
+from .profiler_window import align_step, profiler_activities
 
 MAX_REQUESTS_SEEN = 64
 LATE_STEPS = 2
@@ -93,23 +94,15 @@ class CaptureWindow:
         }
 
     def _start(self, at_step: int, steps: int) -> None:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
         prof: Any = torch.profiler.profile(
-            activities=activities,
+            activities=profiler_activities(),
             # skip_first: the schedule counts from step 0, and this window starts at `at_step`
             schedule=torch.profiler.schedule(
                 wait=0, warmup=1, active=steps, repeat=1, skip_first=at_step
             ),
             on_trace_ready=self._on_trace_ready,
         )
-        # ProfilerStep#n names step n of the step log (as the fixed window aligns it)
-        action = prof.schedule(at_step)
-        prof.step_num = at_step
-        prof.current_action = action
-        if hasattr(prof, "_prev_schedule_action"):
-            prof._prev_schedule_action = action
+        align_step(prof, at_step)
         self._exported = False
         self._prof = prof
         prof.start()

@@ -32,6 +32,24 @@ from .error_log import ErrorLog
 from .fsio import write_atomically
 
 
+def profiler_activities() -> list[Any]:
+    """The CPU, and CUDA when this process sees a GPU."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
+def align_step(prof: Any, at_step: int) -> None:
+    """Set a profiler started at step `at_step` to that step, so ProfilerStep#n names step n of
+    the step log (torch counts from 0 at `start()`)."""
+    action = prof.schedule(at_step)
+    prof.step_num = at_step
+    prof.current_action = action
+    if hasattr(prof, "_prev_schedule_action"):
+        prof._prev_schedule_action = action
+
+
 class ProfilerWindow:
     """Rank `rank`'s profiler window and the files it leaves (trace, memory timeline and
     snapshot). `on_written` is called after the trace is written (the manifest part then names
@@ -131,13 +149,10 @@ class ProfilerWindow:
 
     def _start_profiler(self, at_step: int = 0) -> None:
         cfg = self.config
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
         # The memory timeline needs shapes and stacks as well (torch.profiler's requirement).
         need_mem = cfg.profile_memory
         self._prof = torch.profiler.profile(
-            activities=activities,
+            activities=profiler_activities(),
             schedule=torch.profiler.schedule(
                 wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=1
             ),
@@ -153,13 +168,8 @@ class ProfilerWindow:
         if not (dist.is_available() and dist.is_initialized()):
             self._prof.preset_metadata_json("distributedInfo", json.dumps(fallback))
         if at_step > 0:
-            # Started after step 0 (no module forward before it ended): align the profiler's step
-            # counter, so ProfilerStep#n still names step n of the step log.
-            action = self._prof.schedule(at_step)
-            self._prof.step_num = at_step
-            self._prof.current_action = action
-            if hasattr(self._prof, "_prev_schedule_action"):
-                self._prof._prev_schedule_action = action
+            # Started after step 0 (no module forward before it ended)
+            align_step(self._prof, at_step)
         self._prof.start()
 
     def _all_threads_option(self) -> dict[str, Any]:
