@@ -76,10 +76,13 @@ def refusal(
     return None, warnings
 
 
-def comparability_warnings(a: Any, b: Any) -> list[str]:
-    """What limits the comparison without refusing it (`a`, `b`: Reports)."""
+def comparability_warnings(
+    a: Any, b: Any, config_a: dict[str, Any], config_b: dict[str, Any]
+) -> list[str]:
+    """What limits the comparison without refusing it (`a`, `b`: Reports; their configuration
+    tables, `configs`)."""
     out = []
-    gpu_a, gpu_b = config_of(a).get("gpu"), config_of(b).get("gpu")
+    gpu_a, gpu_b = config_a.get("gpu"), config_b.get("gpu")
     if gpu_a and gpu_b and gpu_a != gpu_b:
         out.append(
             f"different GPUs ({gpu_a} in A, {gpu_b} in B): every delta includes the hardware's"

@@ -53,7 +53,7 @@ def diff_reports(
         str((r.run or {}).get("schema", "")).startswith("zdiag.manifest") for r in (a, b)
     )
     why, soft = refusal(config_a, config_b, recorded=recorded)
-    warnings = soft + comparability_warnings(a, b)
+    warnings = soft + comparability_warnings(a, b, config_a, config_b)
     if why is not None:
         if not allow_incomparable:
             raise NotComparable(why)
@@ -63,7 +63,7 @@ def diff_reports(
     ranks = rank_deltas(a, b, dims)
     units = unit_deltas(a, b)
     findings = finding_changes(a, b)
-    config = config_changes(a, b)
+    config = config_changes(config_a, config_b)
     parts = shares(a, b, dims)
     ops, unchanged, complete = operator_changes(a, b)
     if not (has_operators(a) and has_operators(b)):

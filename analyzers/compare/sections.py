@@ -350,8 +350,8 @@ def config_of(report: Report) -> dict[str, Any]:
     return out
 
 
-def config_changes(a: Report, b: Report) -> list[ConfigChange]:
-    """Configuration keys whose values differ, in A's key order then B's new keys."""
-    ca, cb = config_of(a), config_of(b)
+def config_changes(ca: dict[str, Any], cb: dict[str, Any]) -> list[ConfigChange]:
+    """Configuration keys whose values differ between two tables (`config_of`), in A's key
+    order then B's new keys."""
     keys = list(ca) + [k for k in cb if k not in ca]
     return [ConfigChange(key=k, a=ca.get(k), b=cb.get(k)) for k in keys if ca.get(k) != cb.get(k)]

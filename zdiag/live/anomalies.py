@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from zdiag.analyzers.compare.spread import half_iqr
 from zdiag.analyzers.report import Finding
 from zdiag.analyzers.run.stragglers import STRAGGLER_MIN_GAIN_MS, STRAGGLER_PERSISTENT_MIN_STEPS
 from zdiag.live.history import WINDOW_STEPS, RankState
@@ -53,14 +54,6 @@ CREEP_MIN_SHARE = 0.15
 CREEP_MIN_PART_RISE = CREEP_MIN_SHARE / (2 * (CREEP_PARTS - 1))
 """Each part's median must be this much above the one before (2.5%): a creep rises all along,
 a step change (a rank slowed at one step) rises once and is the straggler rule's."""
-
-
-def _half_iqr(values: Sequence[float]) -> float:
-    """Half the interquartile range (0 for fewer than 2 values)."""
-    if len(values) < 2:
-        return 0.0
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return (q[2] - q[0]) / 2
 
 
 def _by_step(states: Sequence[RankState], key: str) -> dict[int, dict[int, float]]:
@@ -162,7 +155,7 @@ def step_time_creep(states: Iterable[RankState]) -> Finding | None:
     parts = [job[round(i * size) : round((i + 1) * size)] for i in range(CREEP_PARTS)]
     values = [[v for _, v in part] for part in parts]
     medians = [statistics.median(v) for v in values]
-    noise = [_half_iqr(v) for v in values]
+    noise = [half_iqr(v) for v in values]
     rise = medians[-1] / medians[0] - 1 if medians[0] > 0 else 0.0
     steady = all(
         b - a >= max(a * CREEP_MIN_PART_RISE, noise[i], noise[i + 1])
