@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
+from support.html_pages import without_plotlyjs
 from zdiag.analyzers.compare.diff import diff_reports
 from zdiag.analyzers.compare.model import RunDiff
 from zdiag.analyzers.report import Report
@@ -26,15 +27,6 @@ FIGURES = (
 )
 SECTIONS = ("summary", "side-by-side", "deltas", "ranks", "units", "collectives", "memory")
 SECTIONS += ("findings", "config", "operators")
-
-
-def _without_plotlyjs(page: str) -> str:
-    """The page minus the inlined plotly.js bundle and its loader."""
-    start = page.find('<script id="zdiag-plotly-gz"')
-    if start < 0:
-        return page
-    end = page.find("</script>", page.find("<script>", start))
-    return page[:start] + page[end + len("</script>") :]
 
 
 def _runs(hostile: bool = False) -> tuple[Report, Report, RunDiff]:
@@ -79,7 +71,7 @@ def test_page_has_headline_labels_sections_and_figures(page: str) -> None:
 
 
 def test_hostile_names_are_escaped(hostile_page: str) -> None:
-    body = _without_plotlyjs(hostile_page)
+    body = without_plotlyjs(hostile_page)
     assert HOSTILE not in hostile_page
     assert "<script>document.title" not in hostile_page
     assert "<img src=x" not in hostile_page
@@ -91,7 +83,7 @@ def test_hostile_names_are_escaped(hostile_page: str) -> None:
 def test_page_is_self_contained(page: str) -> None:
     assert not re.search(r"<script[^>]+src=", page)
     assert "<link" not in page
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", _without_plotlyjs(page))
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", without_plotlyjs(page))
     assert page.count('id="zdiag-plotly-gz"') == 1  # plotly.js inlined once
 
 

@@ -9,6 +9,7 @@ import plotly
 import pytest
 
 from conftest import REPO_ROOT
+from support.html_pages import without_plotlyjs
 from support.rendering import render_file
 from zdiag.collectors import fsio
 from zdiag.errors import UserError
@@ -17,15 +18,6 @@ from zdiag.render._sample import HOSTILE, empty_report, sample_report
 from zdiag.render.html import render_html
 
 SECTIONS = ("summary", "findings", "steps", "timeline", "fsdp", "memory", "collectives", "run")
-
-
-def _without_plotlyjs(page: str) -> str:
-    """The page minus the inlined plotly.js bundle and its loader (the last two script blocks)."""
-    start = page.find('<script id="zdiag-plotly-gz"')
-    if start < 0:
-        return page
-    end = page.find("</script>", page.find("<script>", start))
-    return page[:start] + page[end + len("</script>") :]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +34,7 @@ def test_page_is_self_contained(sample_page: str) -> None:
     assert f"plotly.js v{plotly.__version__}" in sample_page or "Plotly" in sample_page
     assert not re.search(r"<script[^>]+src=", sample_page)
     assert "<link" not in sample_page
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", _without_plotlyjs(sample_page))
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", without_plotlyjs(sample_page))
 
 
 def test_page_has_every_section_and_figure(sample_page: str) -> None:
@@ -66,7 +58,7 @@ def test_empty_report_renders_without_figures() -> None:
 
 
 def test_untrusted_names_are_escaped(hostile_page: str) -> None:
-    rest = _without_plotlyjs(hostile_page)
+    rest = without_plotlyjs(hostile_page)
     assert HOSTILE not in hostile_page
     assert "<img" not in rest and "onerror=" not in rest.replace("onerror=&quot;", "")
     assert "<!--" not in rest
