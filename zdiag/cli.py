@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "zdiag.commands.diff",
         "compare two runs: where the step time went, and a CI gate on regressions",
     ),
+    "whatif": (
+        "zdiag.commands.whatif",
+        "replay the measured step with a changed schedule: predicted step time and memory",
+    ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
     "capture": (
         "zdiag.commands.capture",
@@ -52,6 +56,7 @@ examples:
   zdiag analyze zdiag_runs/20261122-190000/       # where the time went, what to change
   zdiag analyze run_dir/ --html report.html       # the interactive page
   zdiag diff runs/good runs/bad                   # what changed between two runs, and why
+  zdiag whatif run_dir/ --prefetch 2              # the step replayed with a changed schedule
   zdiag monitor --listen 127.0.0.1:5577           # follow a running job live
   zdiag completion bash > ~/.local/share/bash-completion/completions/zdiag
 """,

@@ -41,6 +41,7 @@ from .host_syncs import HostSyncSites, host_sync_sites
 from .module_classes import repeated_module_class
 from .operators import operator_table
 from .pipeline_times import PipelineStepTimes, pipeline_times
+from .step_model import StepModel, build_step_models
 from .steps import StepWindows, drop_unfinished_tail, find_steps
 from .timeline import step_timeline
 
@@ -112,6 +113,7 @@ class RankAnalysis:
     memory_breakdown: MemoryBreakdown | None = None  # from Kineto `[memory]` events
     memory_timeline: MemoryTimeline | None = None
     operators: OperatorTable | None = None  # operators and kernels by name, per step
+    step_models: tuple[StepModel, ...] = ()  # what the what-if replay re-times (step_model.py)
 
 
 def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAnalysis:
@@ -152,6 +154,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
     warnings += memory_warnings
     info = trace.distributed_info or {}
     backend = info.get("backend")
+    collectives = rank_collectives(trace, windows)
     return RankAnalysis(
         rank=trace.rank,
         source=str(trace.source),
@@ -170,7 +173,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         rank_source=trace.rank_source,
         windows=windows,
         breakdown=tuple(breakdown),
-        collectives=rank_collectives(trace, windows),
+        collectives=collectives,
         collective_stats=tuple(collective_stats(trace, windows, sets)),
         ledger=ledger,
         timeline=timeline,
@@ -179,6 +182,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         memory_breakdown=memory_breakdown,
         memory_timeline=memory_timeline,
         operators=operator_table(trace, windows),
+        step_models=tuple(build_step_models(trace, windows, sets, collectives, ledger.records)),
     )
 
 

@@ -40,6 +40,7 @@ from .collective_columns import RankCollectives, RankColumns
 from .declared_groups import group_members
 from .fsdp_ledger import RankLedger
 from .rank_analysis import RankAnalysis, RankFacts
+from .step_model import StepModel
 
 SUMMARY_SCHEMA = "zdiag.rank-summary/1"
 
@@ -124,6 +125,7 @@ class RankSummary(msgspec.Struct, kw_only=True):
     memory_breakdown: MemoryBreakdown | None = None
     memory_timeline: MemoryTimeline | None = None
     operators: OperatorTable | None = None  # by name, per step (at most MAX_OPERATORS names)
+    step_models: list[StepModel] = msgspec.field(default_factory=list)  # for the what-if replay
 
     def collective_columns(self) -> RankColumns:
         """The rank's collectives for the cross-rank matching (views of the summary's bytes)."""
@@ -180,6 +182,7 @@ def summarize(analysis: RankAnalysis) -> RankSummary:
         memory_breakdown=analysis.memory_breakdown,
         memory_timeline=analysis.memory_timeline,
         operators=analysis.operators,
+        step_models=list(analysis.step_models),
     )
 
 

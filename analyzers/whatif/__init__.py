@@ -1,0 +1,9 @@
+"""The what-if replay: re-time a measured step under a changed schedule (issue 27).
+
+- `replay.py`: the engine, one step model (`rank/step_model.py`) in, its replayed timeline out;
+- `platform.py`: what can overlap what on this run's device, and the collective cost fitted on
+  the run itself (alpha-beta per process group and kind, with its fit error);
+- `counterfactuals.py`: the changes (prefetch depth, reshard after forward, a coarser wrap, host
+  syncs removed), each a function from a step model to a step model;
+- `run_whatif.py`: a change applied to every rank's modelled steps, predicted against measured.
+"""

@@ -1,0 +1,264 @@
+"""Counterfactuals: each a function from a measured step model to a changed one.
+
+- `prefetch(model, depth)`: each FSDP all-gather of a pass is issued no later than when the
+  unit `depth` places before it starts (its consumer's position), so it can run under that
+  unit's work. Only where the platform overlaps gathers (`platform.py`): on a blocking CPU run
+  a prefetch moves the gather, it does not hide it, and the model is left as measured.
+- `no_reshard_after_forward(model)`: the backward re-gathers of units that gathered in forward go.
+- `coarser_wrap(model, prefix, fits)`: the units under each child of `prefix` become one unit:
+  their gathers merge into one issued where the first was and awaited where the first was; their
+  reduce-scatters merge into one issued where the last was. The merged call costs what the
+  lane's fit gives for the members' bytes together (one latency, one wait for the peers), or,
+  without sizes, the members' measured time less one fitted latency per call saved. The step's prefetch depth is kept,
+  counted in merged units: with depth 1 a merged unit's gather is issued when the merged unit
+  before it starts.
+- `without_host_syncs(model)`: the host syncs' chunks of progress are removed.
+
+Memory: `memory_delta_bytes` gives the change in peak each one implies, from the gathered bytes
+of the units (what prefetching further, keeping units unsharded or wrapping coarser holds at
+once). It is an estimate from the units' sizes, not from a replayed allocator.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from ..rank.step_model import ModelOp, StepModel
+from .platform import CommFit, OverheadFit, Platform
+
+GATHER, REDUCE = "all_gather", "reduce"
+
+
+def _passes(model: StepModel) -> dict[str, list[int]]:
+    """FSDP gathers by phase, in the order their consumers need them."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for j, op in enumerate(model.ops):
+        if op.family == GATHER:
+            out[op.phase].append(j)
+    for idx in out.values():
+        idx.sort(key=lambda j: (_anchor(model.ops[j]), j))
+    return out
+
+
+def _anchor(op: ModelOp) -> float:
+    """Where the op's consumer runs: its wait position, else its issue position."""
+    return op.wait_pos_us if op.wait_pos_us is not None else op.issue_pos_us
+
+
+AHEAD_US = 1.0
+"""A gather issued at least this long (of progress) before its consumer was issued ahead."""
+
+
+def measured_depth(model: StepModel) -> int:
+    """The prefetch depth the step shows: 0 when every gather was issued where its consumer
+    ran, 1 when the furthest was issued while the unit before its consumer ran, and so on."""
+    depth = 0
+    for idx in _passes(model).values():
+        anchors = [_anchor(model.ops[j]) for j in idx]
+        for k, j in enumerate(idx):
+            issue = model.ops[j].issue_pos_us
+            depth = max(depth, sum(1 for a in anchors[: k + 1] if a > issue + AHEAD_US))
+    return depth
+
+
+def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
+    """Gathers issued at least `depth` units ahead (see the module docstring)."""
+    if depth <= 0 or not platform.gathers_overlap:
+        return model
+    ops = list(model.ops)
+    for idx in _passes(model).values():
+        anchors = [_anchor(ops[j]) for j in idx]
+        for k, j in enumerate(idx):
+            op = ops[j]
+            if k < depth:
+                issue = min(op.issue_pos_us, anchors[0]) if k else op.issue_pos_us
+            else:
+                issue = min(op.issue_pos_us, anchors[k - depth])
+            ops[j] = msgspec.structs.replace(
+                op,
+                issue_pos_us=issue,
+                wait_pos_us=anchors[k],
+                after=max(op.after, 0),
+                delay_us=op.delay_us if issue == op.issue_pos_us else 0.0,
+            )
+    return msgspec.structs.replace(model, ops=ops)
+
+
+def _resharded_units(model: StepModel) -> set[str]:
+    forward = {op.unit for op in model.ops if op.family == GATHER and op.phase == "forward"}
+    return {
+        op.unit
+        for op in model.ops
+        if op.family == GATHER and op.phase == "backward" and op.unit in forward
+    }
+
+
+def no_reshard_after_forward(model: StepModel) -> StepModel:
+    """The backward re-gathers of units gathered in forward removed."""
+    units = _resharded_units(model)
+    ops = [
+        op
+        for op in model.ops
+        if not (op.family == GATHER and op.phase == "backward" and op.unit in units)
+    ]
+    return msgspec.structs.replace(model, ops=ops)
+
+
+def wrap_key(unit: str, prefix: str) -> str | None:
+    """The unit a coarser wrap at the children of `prefix` puts `unit` in (None: outside)."""
+    if not unit.startswith(prefix + "."):
+        return None
+    rest = unit[len(prefix) + 1 :]
+    return f"{prefix}.{rest.split('.', 1)[0]}"
+
+
+def units_under(models: Sequence[StepModel], prefix: str) -> set[str]:
+    """The FSDP units a coarser wrap at `prefix` would merge."""
+    return {
+        op.unit
+        for m in models
+        for op in m.ops
+        if op.family and wrap_key(op.unit, prefix) is not None
+    }
+
+
+def coarser_wrap(
+    model: StepModel,
+    prefix: str,
+    fits: Mapping[str, CommFit],
+    platform: Platform,
+    overhead: OverheadFit | None = None,
+) -> StepModel:
+    """The units under each child of `prefix` merged into one (see the module docstring); the
+    merged units keep the step's prefetch depth, now counted in merged units, and their own
+    ranges shrink to what the overhead fit gives for one unit of their bytes together."""
+    depth = measured_depth(model)
+    merged = _merge_units(model, prefix, fits)
+    if overhead is not None:
+        merged = _compress(merged, _merged_overhead_cuts(model, prefix, overhead))
+    return prefetch(merged, depth, platform)
+
+
+def _merged_overhead_cuts(
+    model: StepModel, prefix: str, overhead: OverheadFit
+) -> list[tuple[float, float]]:
+    """The progress a merge saves in the units' own ranges, as (pos, length) cuts: per merged
+    group, what its members spent less the fitted overhead of one unit of their bytes (never
+    below the largest member's), taken from each member's chunks in proportion."""
+    sizes = unit_gather_bytes([model])
+    members: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for chunk in model.unit_chunks:
+        key = wrap_key(chunk[2], prefix)
+        if key is not None:
+            members[key].append(chunk)
+    cuts: list[tuple[float, float]] = []
+    for chunks in members.values():
+        spent_by: dict[str, float] = defaultdict(float)
+        for _p, length, unit in chunks:
+            spent_by[unit] += length
+        if len(spent_by) < 2:
+            continue
+        spent = sum(spent_by.values())
+        nbytes = sum(sizes.get(u, 0) for u in spent_by)
+        keep = max(overhead.overhead_us(nbytes), max(spent_by.values()))
+        share = max(0.0, spent - keep) / spent if spent > 0 else 0.0
+        cuts.extend((p, length * share) for p, length, _u in chunks if share > 0)
+    return cuts
+
+
+def _merge_units(model: StepModel, prefix: str, fits: Mapping[str, CommFit]) -> StepModel:
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for j, op in enumerate(model.ops):
+        key = wrap_key(op.unit, prefix) if op.family else None
+        if key is not None:
+            groups[(key, op.family, op.phase)].append(j)
+    drop: set[int] = set()
+    ops = list(model.ops)
+    for (key, family, _phase), idx in groups.items():
+        if len(idx) < 2:
+            ops[idx[0]] = msgspec.structs.replace(ops[idx[0]], unit=key)
+            continue
+        members = [model.ops[j] for j in idx]
+        fit = fits.get(members[0].lane)
+        nbytes = sum(m.bytes for m in members) if all(m.bytes > 0 for m in members) else -1
+        if fit is not None and nbytes > 0:
+            dur = fit.duration_us(nbytes)  # one call: one latency, one wait for the peers
+        else:
+            alpha = fit.alpha_us if fit is not None else 0.0
+            dur = max(sum(m.dur_us for m in members) - alpha * (len(members) - 1), 0.0)
+        if family == GATHER:
+            lead = min(idx, key=lambda j: (_anchor(model.ops[j]), j))
+            waits = [m.wait_pos_us for m in members if m.wait_pos_us is not None]
+            wait = min(waits) if waits else None
+            issue = min(m.issue_pos_us for m in members)
+        else:
+            lead = max(idx, key=lambda j: (model.ops[j].issue_pos_us, j))
+            waits = [m.wait_pos_us for m in members if m.wait_pos_us is not None]
+            wait = max(waits) if waits else None
+            issue = max(m.issue_pos_us for m in members)
+        ops[lead] = msgspec.structs.replace(
+            model.ops[lead],
+            unit=key,
+            dur_us=dur,
+            bytes=nbytes,
+            issue_pos_us=issue,
+            wait_pos_us=None if wait is None else max(wait, issue),
+        )
+        drop.update(j for j in idx if j != lead)
+    return msgspec.structs.replace(model, ops=[op for j, op in enumerate(ops) if j not in drop])
+
+
+def without_host_syncs(model: StepModel) -> StepModel:
+    """The step with its host syncs' progress chunks removed."""
+    if not model.syncs:
+        return model
+    return msgspec.structs.replace(_compress(model, model.syncs), syncs=[])
+
+
+def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepModel:
+    """The step with `cuts` ((position, length) of progress) taken out: every later position
+    moves back by what was cut before it."""
+    if not cuts:
+        return model
+    chunks = sorted(cuts)
+    starts = [p for p, _ in chunks]
+    ends_cum = list(itertools.accumulate(length for _, length in chunks))
+
+    def shift(p: float) -> float:
+        k = bisect.bisect_left(starts, p)  # chunks starting before p
+        if k == 0:
+            return p
+        before = ends_cum[k - 2] if k >= 2 else 0.0
+        pos, length = chunks[k - 1]
+        return p - before - min(length, p - pos)
+
+    ops = [
+        msgspec.structs.replace(
+            op,
+            issue_pos_us=shift(op.issue_pos_us),
+            wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
+        )
+        for op in model.ops
+    ]
+    return msgspec.structs.replace(
+        model,
+        ops=ops,
+        syncs=[(shift(p), length) for p, length in model.syncs],
+        unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
+        work_us=shift(model.work_us),
+    )
+
+
+def unit_gather_bytes(models: Sequence[StepModel]) -> dict[str, int]:
+    """Gathered bytes per FSDP unit (the largest call seen; units with unknown sizes left out)."""
+    out: dict[str, int] = {}
+    for m in models:
+        for op in m.ops:
+            if op.family == GATHER and op.bytes > 0:
+                out[op.unit] = max(out.get(op.unit, 0), op.bytes)
+    return out

@@ -1,0 +1,247 @@
+"""A change applied to every rank's modelled steps: predicted against measured.
+
+`run_whatif(summaries, change, ...)` builds the platform model and the comm fits from the run,
+replays each modelled step of each rank twice (as measured, which must give back the measured
+step, and changed) and reports per rank the medians over steps: measured, replayed and
+predicted step time, and the peak memory with the change's estimated delta
+(`counterfactuals.py`). The job's figures are the medians over ranks (the ranks of a
+synchronous job run in lock step, each step as long as its slowest part).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..rank.step_model import StepModel
+from ..rank.summary import RankSummary
+from . import counterfactuals as cf
+from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
+from .replay import Replay, replay
+
+
+class WhatIfError(ValueError):
+    """A change that cannot be applied to this run (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """The schedule changes to replay (None / False: as measured)."""
+
+    prefetch: int | None = None  # FSDP prefetch depth: gathers issued this many units ahead
+    reshard_after_forward: bool | None = None  # False: keep gathered units until backward
+    wrap: str | None = None  # coarser wrap: one unit per child of this module
+    remove_host_syncs: bool = False
+    unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
+
+    def label(self) -> str:
+        """The change in the CLI's words."""
+        parts = []
+        if self.prefetch is not None:
+            parts.append(f"--prefetch {self.prefetch}")
+        if self.reshard_after_forward is not None:
+            parts.append(f"--reshard-after-forward {'on' if self.reshard_after_forward else 'off'}")
+        if self.wrap is not None:
+            parts.append(f"--wrap {self.wrap}")
+        if self.remove_host_syncs:
+            parts.append("--no-host-syncs")
+        if self.unshard_async_op:
+            parts.append("--unshard-async-op")
+        return " ".join(parts) or "(nothing: the measured schedule)"
+
+
+@dataclass(frozen=True)
+class RankPrediction:
+    """One rank: medians over its modelled steps."""
+
+    rank: int
+    steps: int
+    measured_ms: float
+    replayed_ms: float  # the unchanged replay (checks the model)
+    predicted_ms: float
+    waited_ms: float  # time the lane waited on collectives, replayed as measured
+    predicted_waited_ms: float
+    peak_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+
+    @property
+    def replay_error(self) -> float:
+        """|replayed - measured| / measured."""
+        return (
+            abs(self.replayed_ms - self.measured_ms) / self.measured_ms if self.measured_ms else 0.0
+        )
+
+
+@dataclass(frozen=True)
+class StepReplay:
+    """The representative step of one rank, replayed as measured and changed (for the overlay)."""
+
+    rank: int
+    model: StepModel
+    changed_model: StepModel
+    measured: Replay
+    changed: Replay
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """The replay of one change over a run."""
+
+    change: Change
+    platform: Platform
+    fits: list[CommFit]
+    overhead: OverheadFit | None
+    ranks: list[RankPrediction]
+    memory_delta_bytes: int | None
+    memory_basis: str
+    notes: list[str] = field(default_factory=list)
+    timeline: StepReplay | None = None
+
+    @property
+    def measured_ms(self) -> float:
+        """The job's measured step: median over ranks."""
+        return statistics.median(r.measured_ms for r in self.ranks)
+
+    @property
+    def predicted_ms(self) -> float:
+        """The job's predicted step: median over ranks."""
+        return statistics.median(r.predicted_ms for r in self.ranks)
+
+    @property
+    def gain_ms(self) -> float:
+        """Measured minus predicted step time (> 0: the change is faster)."""
+        return self.measured_ms - self.predicted_ms
+
+
+def apply_change(
+    model: StepModel,
+    change: Change,
+    platform: Platform,
+    fits: Mapping[str, CommFit],
+    overhead: OverheadFit | None = None,
+) -> StepModel:
+    """`model` with `change` applied (coarser wrap first, then reshard, prefetch, syncs)."""
+    if change.wrap is not None:
+        model = cf.coarser_wrap(model, change.wrap, fits, platform, overhead)
+    if change.reshard_after_forward is False:
+        model = cf.no_reshard_after_forward(model)
+    if change.prefetch is not None:
+        model = cf.prefetch(model, change.prefetch, platform)
+    if change.remove_host_syncs:
+        model = cf.without_host_syncs(model)
+    return model
+
+
+def _memory_delta(models: Sequence[StepModel], change: Change) -> tuple[int | None, str]:
+    """The change's estimated peak-memory delta, and how it was estimated."""
+    sizes = cf.unit_gather_bytes(models)
+    needs_sizes = change.wrap or change.prefetch or change.reshard_after_forward is False
+    if not needs_sizes:
+        return 0, "no change in what is held"
+    if not sizes:
+        return None, "unknown: the traces record no FSDP message sizes (record_shapes)"
+    largest = max(sizes.values())
+    delta, how = 0, []
+    if change.wrap is not None:
+        merged: dict[str, int] = {}
+        for unit, b in sizes.items():
+            key = cf.wrap_key(unit, change.wrap) or unit
+            merged[key] = merged.get(key, 0) + b
+        delta += max(merged.values()) - largest
+        how.append("the largest unit after the wrap, gathered, against the largest now")
+    if change.reshard_after_forward is False:
+        kept = {u for m in models for u in cf._resharded_units(m)}
+        held = sum(sizes.get(u, 0) for u in kept)
+        delta += max(0, held - max((sizes.get(u, 0) for u in kept), default=0))
+        how.append("units kept gathered from forward to backward")
+    if change.prefetch is not None:
+        depth = max((cf.measured_depth(m) for m in models), default=0)
+        extra = max(0, change.prefetch - depth)
+        delta += extra * largest
+        how.append(f"{extra} more unit(s) gathered ahead (measured depth {depth})")
+    return delta, "; ".join(how)
+
+
+def run_whatif(
+    summaries: Sequence[RankSummary],
+    change: Change,
+    *,
+    framework: str | None = None,
+    unshard_async_op: bool | None = None,
+    peaks: Mapping[int, int] | None = None,
+) -> WhatIfResult:
+    """The replay of `change` over the run of `summaries` (see the module docstring)."""
+    modelled = [s for s in summaries if s.step_models]
+    if not modelled:
+        raise WhatIfError(
+            "no rank has a modelled step (the traces hold no step, or the summaries were "
+            "written by an older zdiag); run 'zdiag analyze --no-cache' on traces with steps"
+        )
+    models = [m for s in modelled for m in s.step_models]
+    notes: list[str] = []
+    if change.wrap is not None and not cf.units_under(models, change.wrap):
+        units = sorted({op.unit for m in models for op in m.ops if op.family})
+        shown = ", ".join(u or "(root)" for u in units[:6]) or "none"
+        raise WhatIfError(
+            f"no FSDP unit of this run lies under '{change.wrap}' (its units: {shown}); give the "
+            "module whose children should each become one unit"
+        )
+    if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
+        op.family for m in models for op in m.ops
+    ):
+        notes.append("the traces hold no FSDP collective: the FSDP changes change nothing here")
+    device = modelled[0].device
+    platform = platform_of(
+        device,
+        models,
+        framework=framework,
+        unshard_async_op=True if change.unshard_async_op else unshard_async_op,
+    )
+    if change.prefetch and not platform.gathers_overlap:
+        notes.append(
+            f"prefetch changes nothing here: {platform.reason} (a prefetched gather still "
+            "blocks; on GPUs, or with the unshard async op, it would overlap)"
+        )
+    fits = fit_comm(models)
+    overhead = fit_unit_overhead(models)
+    delta, basis = _memory_delta(models, change)
+    ranks: list[RankPrediction] = []
+    timeline: StepReplay | None = None
+    for s in modelled:
+        base = [replay(m) for m in s.step_models]
+        changed_models = [apply_change(m, change, platform, fits, overhead) for m in s.step_models]
+        changed = [replay(m) for m in changed_models]
+        peak = (peaks or {}).get(s.rank)
+        ranks.append(
+            RankPrediction(
+                rank=s.rank,
+                steps=len(base),
+                measured_ms=statistics.median(m.duration_us for m in s.step_models) / 1e3,
+                replayed_ms=statistics.median(r.duration_us for r in base) / 1e3,
+                predicted_ms=statistics.median(r.duration_us for r in changed) / 1e3,
+                waited_ms=statistics.median(r.waited_us for r in base) / 1e3,
+                predicted_waited_ms=statistics.median(r.waited_us for r in changed) / 1e3,
+                peak_bytes=peak,
+                predicted_peak_bytes=None if peak is None or delta is None else peak + delta,
+            )
+        )
+        if timeline is None:
+            k = _median_index([m.duration_us for m in s.step_models])
+            timeline = StepReplay(s.rank, s.step_models[k], changed_models[k], base[k], changed[k])
+    return WhatIfResult(
+        change=change,
+        platform=platform,
+        fits=sorted(fits.values(), key=lambda f: f.lane),
+        overhead=overhead,
+        ranks=sorted(ranks, key=lambda r: r.rank),
+        memory_delta_bytes=delta,
+        memory_basis=basis,
+        notes=notes,
+        timeline=timeline,
+    )
+
+
+def _median_index(values: Sequence[float]) -> int:
+    order = sorted(range(len(values)), key=lambda k: values[k])
+    return order[len(order) // 2]

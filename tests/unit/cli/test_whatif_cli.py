@@ -1,0 +1,109 @@
+"""`zdiag whatif RUN ...`: the text, --json, the Perfetto overlay and the page; refusals in one
+sentence; outputs that never overwrite an input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+from zdiag.cli import main
+
+TINY = REPO_ROOT / "sample_traces" / "tiny-layer-wrap"
+
+
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZDIAG_CACHE", "off")  # never write .zdiag-cache beside the samples
+
+
+def _whatif(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["whatif", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_text_gives_predicted_against_measured_and_the_model_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _whatif([str(TINY), "--wrap", "layers"], capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("what-if --wrap layers: step ")
+    assert "model check: the unchanged replay gives back the measured step within 0.00%" in out
+    assert "FSDP unit overhead fit" in out
+
+
+def test_json_is_versioned_and_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _whatif([str(TINY), "--prefetch", "2", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["schema"] == "zdiag.whatif/1"
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    for r in data["ranks"]:
+        assert r["replayed_ms"] == pytest.approx(r["measured_ms"], rel=1e-6)
+        assert r["predicted_ms"] <= r["measured_ms"] + 1e-6  # prefetching further never slows here
+    assert data["memory_delta_bytes"] > 0  # one more unit gathered ahead
+
+
+def test_overlay_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overlay, page = tmp_path / "replay.json", tmp_path / "replay.html"
+    code, _, err = _whatif(
+        [str(TINY), "--prefetch", "2", "--perfetto", str(overlay), "--html", str(page)], capsys
+    )
+    assert code == 0, err
+    events = json.loads(overlay.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert any(n.endswith("as measured") for n in names)
+    assert any(n.endswith("--prefetch 2") for n in names)
+    assert sum(1 for e in events if e["ph"] == "X" and e["name"].startswith("all_gather")) > 10
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "fig-whatif-timeline" in html
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([str(TINY)], "say what to change"),
+        ([str(TINY), "--wrap", "nowhere"], "no FSDP unit of this run lies under 'nowhere'"),
+        (["/nonexistent/run", "--prefetch", "1"], "does not exist"),
+        ([str(TINY), "--prefetch", "99"], "prefetch depth is 0 to 8"),
+    ],
+)
+def test_refusals_are_one_sentence_and_exit_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) if "99" in argv else _nullcontext() as exc:
+        code, _, err = _whatif(argv, capsys)
+    if exc is not None and getattr(exc, "value", None) is not None:
+        code, err = exc.value.code, capsys.readouterr().err  # argparse exits itself
+    assert code == 2
+    assert says in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 or "usage:" in err
+
+
+def test_an_output_never_replaces_an_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(TINY, run)
+    trace = run / "traces" / "rank-0.json.gz"
+    before = trace.read_bytes()
+    code, _, err = _whatif([str(run), "--prefetch", "1", "--html", str(trace)], capsys)
+    assert code == 2
+    assert trace.read_bytes() == before
+    assert "Traceback" not in err
+
+
+class _nullcontext:
+    value = None
+
+    def __enter__(self) -> _nullcontext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,219 @@
+"""The replay engine and the counterfactuals on hand-built step models, checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from zdiag.analyzers.rank.step_model import ModelOp, StepModel
+from zdiag.analyzers.whatif import counterfactuals as cf
+from zdiag.analyzers.whatif.platform import (
+    CommFit,
+    Platform,
+    fit_comm,
+    fit_unit_overhead,
+    platform_of,
+)
+from zdiag.analyzers.whatif.replay import replay
+
+GPU = Platform("cuda", True, "test: overlaps")
+BLOCKING = Platform("cpu", False, "test: blocking")
+
+
+def gather(
+    unit: str,
+    issue: float,
+    wait: float | None,
+    dur: float,
+    phase: str = "forward",
+    nbytes: int = 1000,
+    delay: float = 0.0,
+    after: int = 0,
+) -> ModelOp:
+    return ModelOp(
+        kind="all_gather",
+        lane="pg|all_gather",
+        issue_pos_us=issue,
+        after=after,
+        delay_us=delay,
+        dur_us=dur,
+        wait_pos_us=wait,
+        bytes=nbytes,
+        unit=unit,
+        family="all_gather",
+        phase=phase,
+    )
+
+
+def serialized() -> StepModel:
+    """Three units, each gathered where it is needed (prefetch off): 30 us each, exposed; 100 us
+    of work per unit. Progress 300 us; step 300 + 3 * 30 = 390 us."""
+    ops = [gather(f"blocks.{k}", 100.0 * k, 100.0 * k, 30.0) for k in range(3)]
+    return StepModel(step=1, start_us=0.0, duration_us=390.0, work_us=300.0, ops=ops)
+
+
+def test_unchanged_replay_gives_back_the_step() -> None:
+    r = replay(serialized())
+    assert r.duration_us == pytest.approx(390.0)
+    assert r.waited_us == pytest.approx(90.0)
+    assert [round(o.start_us) for o in r.ops] == [0, 130, 260]
+
+
+def test_prefetch_one_hides_all_but_the_first_gather_on_an_overlapping_platform() -> None:
+    changed = cf.prefetch(serialized(), 1, GPU)
+    r = replay(changed)
+    # blocks.1 is issued where blocks.0 starts (position 0), queues behind blocks.0's gather
+    # (ends at 30) and ends at 60, long before its consumer at time 130
+    assert r.duration_us == pytest.approx(330.0)
+    assert r.waited_us == pytest.approx(30.0)
+
+
+def test_prefetch_changes_nothing_where_gathers_block() -> None:
+    assert cf.prefetch(serialized(), 2, BLOCKING) == serialized()
+
+
+def test_a_gather_longer_than_the_work_it_hides_under_stays_partly_exposed() -> None:
+    m = StepModel(
+        step=1,
+        start_us=0.0,
+        duration_us=0.0,
+        work_us=200.0,
+        ops=[gather("a", 0.0, 0.0, 10.0), gather("b", 100.0, 100.0, 150.0)],
+    )
+    r = replay(cf.prefetch(m, 1, GPU))
+    # b issued at 0, queued behind a (ends 10), runs 10..160; its consumer arrives at 110
+    assert r.duration_us == pytest.approx(200.0 + 10.0 + 50.0)
+
+
+def test_no_reshard_after_forward_drops_backward_regathers_only() -> None:
+    ops = [
+        gather("a", 0.0, 0.0, 10.0),
+        gather("a", 50.0, 50.0, 10.0, phase="backward"),
+        gather("root", 60.0, 60.0, 5.0, phase="backward"),
+    ]
+    m = StepModel(step=1, start_us=0.0, duration_us=0.0, work_us=100.0, ops=ops)
+    kept = cf.no_reshard_after_forward(m)
+    assert [(o.unit, o.phase) for o in kept.ops] == [("a", "forward"), ("root", "backward")]
+    assert replay(kept).duration_us == pytest.approx(115.0)
+
+
+def test_coarser_wrap_merges_units_and_costs_one_fitted_call() -> None:
+    ops = [
+        gather(f"layers.0.{n}", 10.0 * k, 10.0 * k, 40.0, nbytes=1000)
+        for k, n in enumerate(("q", "k", "v"))
+    ]
+    m = StepModel(step=1, start_us=0.0, duration_us=0.0, work_us=100.0, ops=ops)
+    fit = CommFit(
+        "pg|all_gather",
+        alpha_us=20.0,
+        bytes_per_us=100.0,
+        calls=3,
+        sizes=2,
+        error=0.0,
+        latency_known=True,
+    )
+    merged = cf.coarser_wrap(m, "layers", {"pg|all_gather": fit}, BLOCKING)
+    assert len(merged.ops) == 1
+    assert merged.ops[0].unit == "layers.0"
+    assert merged.ops[0].bytes == 3000
+    assert merged.ops[0].dur_us == pytest.approx(20.0 + 3000 / 100.0)
+    assert replay(merged).duration_us == pytest.approx(100.0 + 50.0)
+
+
+def test_coarser_wrap_shrinks_the_units_own_ranges_by_the_overhead_fit() -> None:
+    ops = [
+        gather("layers.0.a", 0.0, 0.0, 1.0, nbytes=100),
+        gather("layers.0.b", 50.0, 50.0, 1.0, nbytes=300),
+    ]
+    chunks = [(0.0, 20.0, "layers.0.a"), (50.0, 20.0, "layers.0.b")]
+    m = StepModel(step=1, start_us=0.0, duration_us=0.0, work_us=100.0, ops=ops, unit_chunks=chunks)
+    fit = fit_unit_overhead([m])
+    assert fit is not None
+    merged = cf.coarser_wrap(m, "layers", {}, BLOCKING, fit)
+    # the fit through (100 B, 20 us) and (300 B, 20 us) is flat: 20 us per unit, so merging two
+    # units saves 20 us of progress
+    assert merged.work_us == pytest.approx(80.0)
+
+
+def test_removing_host_syncs_shortens_progress_and_moves_later_ops() -> None:
+    m = StepModel(
+        step=1,
+        start_us=0.0,
+        duration_us=130.0,
+        work_us=100.0,
+        ops=[gather("a", 60.0, 60.0, 30.0)],
+        syncs=[(10.0, 5.0), (40.0, 5.0)],
+    )
+    out = cf.without_host_syncs(m)
+    assert out.work_us == pytest.approx(90.0)
+    assert out.ops[0].issue_pos_us == pytest.approx(50.0)
+    assert replay(out).duration_us == pytest.approx(120.0)
+
+
+def test_measured_depth_reads_how_far_ahead_gathers_were_issued() -> None:
+    assert cf.measured_depth(serialized()) == 0
+    assert cf.measured_depth(cf.prefetch(serialized(), 1, GPU)) == 1
+    assert cf.measured_depth(cf.prefetch(serialized(), 2, GPU)) == 2
+
+
+def test_comm_fit_recovers_latency_and_bandwidth() -> None:
+    ops = [
+        ModelOp(
+            kind="all_gather",
+            lane="pg|ag",
+            issue_pos_us=0.0,
+            after=-1,
+            delay_us=0.0,
+            dur_us=50.0 + b / 200.0,
+            bytes=b,
+        )
+        for b in (1000, 4000, 16000, 64000)
+    ]
+    fit = fit_comm([StepModel(step=0, start_us=0.0, duration_us=1.0, work_us=1.0, ops=ops)])[
+        "pg|ag"
+    ]
+    assert fit.latency_known
+    assert fit.alpha_us == pytest.approx(50.0, rel=1e-6)
+    assert fit.bytes_per_us == pytest.approx(200.0, rel=1e-6)
+    assert fit.error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_one_message_size_gives_no_latency() -> None:
+    ops = [
+        ModelOp(
+            kind="all_gather",
+            lane="pg|ag",
+            issue_pos_us=0.0,
+            after=-1,
+            delay_us=0.0,
+            dur_us=d,
+            bytes=1000,
+        )
+        for d in (10.0, 12.0)
+    ]
+    fit = fit_comm([StepModel(step=0, start_us=0.0, duration_us=1.0, work_us=1.0, ops=ops)])[
+        "pg|ag"
+    ]
+    assert not fit.latency_known and fit.alpha_us == 0.0
+
+
+def test_platform_on_cpu_follows_the_configuration_then_the_trace() -> None:
+    hidden = StepModel(
+        step=0, start_us=0.0, duration_us=1.0, work_us=1.0, ops=[gather("a", 0.0, 10.0, 10.0)]
+    )
+    exposed = StepModel(
+        step=0,
+        start_us=0.0,
+        duration_us=1.0,
+        work_us=1.0,
+        ops=[msgspec_replace(gather("a", 0.0, 0.0, 10.0), waited_us=10.0)],
+    )
+    assert platform_of("cuda", [exposed]).gathers_overlap
+    assert platform_of("cpu", [hidden]).gathers_overlap
+    assert not platform_of("cpu", [exposed]).gathers_overlap
+    assert platform_of("cpu", [exposed], unshard_async_op=True).gathers_overlap
+
+
+def msgspec_replace(op: ModelOp, **kw: object) -> ModelOp:
+    import msgspec
+
+    return msgspec.structs.replace(op, **kw)

@@ -1,0 +1,218 @@
+"""`zdiag whatif RUN --prefetch 2 --wrap encoder.stages ...`: replay the measured step, changed.
+
+The run (a run directory, trace files or a folder of traces) is analyzed as `zdiag analyze`
+does (stored summaries first); each rank's modelled steps are replayed as measured (the model
+check: it must give back the measured step) and with the change, and the text gives the
+predicted step time and peak memory against the measured ones, per rank. `--json` writes
+`zdiag.whatif/1`, `--perfetto FILE` the replayed step as a trace overlay, `--html FILE` a page
+with the replayed timeline. The step model and its limits: docs/whatif.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zdiag.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from zdiag.analyzers.report import Report
+    from zdiag.analyzers.whatif.run_whatif import Change
+
+EXAMPLES = """\
+examples:
+  zdiag whatif runs/a --prefetch 2                 # gathers issued two units ahead
+  zdiag whatif runs/a --wrap model.layers          # one FSDP unit per child of model.layers
+  zdiag whatif runs/a --reshard-after-forward off  # keep gathered units until backward
+  zdiag whatif runs/a --no-host-syncs              # the .item() / synchronize calls removed
+  zdiag whatif runs/a --prefetch 1 --unshard-async-op   # CPU/gloo: FSDP2's async unshard
+  zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
+  zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
+"""
+
+MAX_PREFETCH = 8
+
+
+def _depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a prefetch depth: {text!r}") from exc
+    if not 0 <= value <= MAX_PREFETCH:
+        raise argparse.ArgumentTypeError(f"a prefetch depth is 0 to {MAX_PREFETCH}, got {value}")
+    return value
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"on or off, got {text!r}")
+    return text == "on"
+
+
+class WhatIfCommand:
+    """`zdiag whatif`."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Options of `zdiag whatif`."""
+        parser.epilog = EXAMPLES
+        parser.add_argument(
+            "run",
+            type=Path,
+            metavar="RUN",
+            nargs="?",
+            help="a run directory, a trace file or a folder of traces",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=_depth,
+            metavar="N",
+            help="issue each FSDP all-gather at least N units ahead of its use",
+        )
+        parser.add_argument(
+            "--reshard-after-forward",
+            type=_on_off,
+            metavar="on|off",
+            help="off: keep gathered units from forward to backward (no re-gather)",
+        )
+        parser.add_argument(
+            "--wrap",
+            metavar="MODULE",
+            help="wrap coarser: one FSDP unit per child of MODULE (e.g. model.layers)",
+        )
+        parser.add_argument(
+            "--no-host-syncs",
+            action="store_true",
+            help="remove the host syncs (.item(), synchronize) the traces show",
+        )
+        parser.add_argument(
+            "--unshard-async-op",
+            action="store_true",
+            help="CPU/gloo FSDP2: model _set_unshard_async_op(True), so gathers can overlap",
+        )
+        parser.add_argument("--json", action="store_true", help="write the result as JSON")
+        parser.add_argument(
+            "--output", "-o", type=Path, metavar="FILE", help="write the text (or JSON) to FILE"
+        )
+        parser.add_argument(
+            "--perfetto",
+            type=Path,
+            metavar="FILE",
+            help="write the replayed step as a Perfetto / chrome://tracing overlay",
+        )
+        parser.add_argument(
+            "--html", type=Path, metavar="FILE", help="write a page with the replayed timeline"
+        )
+        parser.add_argument(
+            "--no-cache",
+            action="store_true",
+            help="decode every trace: read no stored summary and write none",
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Analyze, replay, write; returns the exit code."""
+        from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
+        from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
+        from zdiag.analyzers.whatif.run_whatif import WhatIfError, run_whatif
+        from zdiag.render.output import OutputTarget, check_outputs
+
+        if args.run is None:
+            raise ConfigError("give a run: zdiag whatif RUN --prefetch 2 (see --help).")
+        change = _change(args)
+        targets = [
+            OutputTarget(flag, path)
+            for flag, path in (
+                ("--output", args.output),
+                ("--perfetto", args.perfetto),
+                ("--html", args.html),
+            )
+            if path
+        ]
+        check_outputs(targets, inputs=[args.run])
+        if not args.run.exists():
+            raise InputError(
+                f"{args.run} does not exist; give a run directory, a trace file or a folder of traces."
+            )
+        use_cache = not (args.no_cache or cache_disabled_by_env())
+        options = SummaryOptions(use_stored=use_cache, write_cache=use_cache)
+        run = analyze_via_summaries([args.run], options)
+        config = (run.report.run or {}).get("config") or {}
+        try:
+            result = run_whatif(
+                run.summaries,
+                change,
+                framework=config.get("framework"),
+                unshard_async_op=_async_op(config),
+                peaks=_peaks(run.report),
+            )
+        except WhatIfError as exc:
+            raise InputError(f"{args.run}: {exc}.") from exc
+        _write(result, args)
+        return 0
+
+
+def _change(args: argparse.Namespace) -> Change:
+    from zdiag.analyzers.whatif.run_whatif import Change
+
+    change = Change(
+        prefetch=args.prefetch,
+        reshard_after_forward=args.reshard_after_forward,
+        wrap=args.wrap.strip(".") if args.wrap else None,
+        remove_host_syncs=args.no_host_syncs,
+        unshard_async_op=args.unshard_async_op,
+    )
+    if change == Change():
+        raise ConfigError(
+            "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
+            "--no-host-syncs or --unshard-async-op."
+        )
+    return change
+
+
+def _async_op(config: dict[str, Any]) -> bool | None:
+    """Whether the run sets FSDP2's unshard async op, from its configuration table."""
+    value = str(config.get("fsdp2 unshard async op", ""))
+    if value.startswith("True"):
+        return True
+    return False if value.startswith("False") else None
+
+
+def _peaks(report: Report) -> dict[int, int]:
+    """Each rank's measured peak memory: its snapshot or memory-event breakdown, else timeline."""
+    peaks = {m.rank: m.peak_bytes for m in report.memory if m.peak_bytes}
+    for b in report.memory_breakdowns:
+        if b.peak_bytes:
+            peaks[b.rank] = b.peak_bytes
+    return peaks
+
+
+def _write(result: Any, args: argparse.Namespace) -> None:
+    from zdiag.render.output import write_output, write_stdout
+    from zdiag.render.terminal import DEFAULT_WIDTH, terminal_width
+    from zdiag.render.whatif_text import render_whatif_json, render_whatif_text
+
+    if args.json:
+        data = render_whatif_json(result).encode()
+    else:
+        width = DEFAULT_WIDTH if args.output is not None else terminal_width(sys.stdout)
+        data = render_whatif_text(result, width).encode()
+    if args.output is not None:
+        write_output(args.output, data)
+        print(f"zdiag: wrote the what-if to {args.output}", file=sys.stderr)
+    else:
+        write_stdout(data)
+    if args.perfetto is not None:
+        from zdiag.render.whatif_trace import whatif_trace
+
+        write_output(args.perfetto, json.dumps(whatif_trace(result)).encode())
+        print(f"zdiag: wrote the replay overlay to {args.perfetto}", file=sys.stderr)
+    if args.html is not None:
+        from zdiag.render.whatif_html import render_whatif_html
+
+        write_output(args.html, render_whatif_html(result).encode())
+        print(f"zdiag: wrote the what-if page to {args.html}", file=sys.stderr)
+
+
+COMMAND = WhatIfCommand()

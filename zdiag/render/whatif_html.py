@@ -1,0 +1,118 @@
+"""The what-if page (`zdiag whatif --html FILE`): the replayed step against the measured one.
+
+One self-contained page: the headline, a timeline figure of the representative step (the
+training lane's waits and each comm lane's collectives, as measured and as replayed with the
+change, one row each), and the per-rank table. plotly.js is inlined once and the figure script
+checked as in render/html.py (whose helpers this uses); every string from the data is escaped.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from zdiag.analyzers.rank.step_model import StepModel
+from zdiag.analyzers.whatif.replay import Replay
+from zdiag.analyzers.whatif.run_whatif import WhatIfResult
+from zdiag.render._html_parts import e
+from zdiag.render.format import fmt_bytes, fmt_ms
+from zdiag.render.html import CSS, PLOTLY_LOADER, _Figures, packed_plotlyjs
+from zdiag.render.whatif_text import render_whatif_text
+
+MEASURED_COLOR, CHANGED_COLOR, WAIT_COLOR = "#9aa5b1", "#4c78a8", "#c62828"
+MAX_BARS = 4000
+"""Bars drawn per side (a step with more ops draws its first ones; a note says so)."""
+
+
+def _bars(
+    model: StepModel, rep: Replay, side: str
+) -> tuple[list[str], list[float], list[float], list[str], list[str]]:
+    rows, bases, widths, colors, texts = [], [], [], [], []
+    for op, t in list(zip(model.ops, rep.ops, strict=True))[:MAX_BARS]:
+        rows.append(f"{side} · {op.lane}")
+        bases.append(t.start_us / 1e3)
+        widths.append(max(t.end_us - t.start_us, 0.0) / 1e3)
+        colors.append(MEASURED_COLOR if side == "measured" else CHANGED_COLOR)
+        texts.append(f"{op.kind} {op.unit}".strip())
+        if t.waited_us > 0:
+            rows.append(f"{side} · training lane waits")
+            bases.append((t.end_us - t.waited_us) / 1e3)
+            widths.append(t.waited_us / 1e3)
+            colors.append(WAIT_COLOR)
+            texts.append(f"wait {op.kind} {op.unit}".strip())
+    rows.append(f"{side} · step")
+    bases.append(0.0)
+    widths.append(rep.duration_us / 1e3)
+    colors.append(MEASURED_COLOR if side == "measured" else CHANGED_COLOR)
+    texts.append(f"step {fmt_ms(rep.duration_us / 1e3)}")
+    return rows, bases, widths, colors, texts
+
+
+def _timeline(result: WhatIfResult) -> tuple[go.Figure | None, list[str]]:
+    tl = result.timeline
+    if tl is None:
+        return None, ["no step was replayed: nothing to draw"]
+    notes = []
+    if len(tl.model.ops) > MAX_BARS:
+        notes.append(f"the timeline draws the first {MAX_BARS} of {len(tl.model.ops)} collectives")
+    fig = go.Figure()
+    for side, model, rep in (
+        ("measured", tl.model, tl.measured),
+        ("what-if", tl.changed_model, tl.changed),
+    ):
+        rows, bases, widths, colors, texts = _bars(model, rep, side)
+        fig.add_trace(
+            go.Bar(
+                y=rows,
+                x=widths,
+                base=bases,
+                orientation="h",
+                marker_color=colors,
+                hovertext=texts,
+                hoverinfo="text+x",
+                name=side,
+            )
+        )
+    n_rows = len({r for d in fig.data for r in d.y})
+    fig.update_layout(
+        title=f"rank {tl.rank}, step {tl.model.step}: as measured and with {result.change.label()}",
+        xaxis_title="ms from the step's start",
+        barmode="overlay",
+        height=max(320, 28 * n_rows + 140),
+        yaxis={"autorange": "reversed"},
+    )
+    return fig, notes
+
+
+def render_whatif_html(result: WhatIfResult) -> str:
+    """The complete page as a string."""
+    figures = _Figures()
+    body = figures.add(_timeline(result), "fig-whatif-timeline")
+    rows = "".join(
+        f"<tr><td>{x.rank}</td><td>{x.steps}</td><td>{e(fmt_ms(x.measured_ms))}</td>"
+        f"<td>{e(fmt_ms(x.replayed_ms))}</td><td>{e(fmt_ms(x.predicted_ms))}</td>"
+        f"<td>{e(fmt_bytes(x.peak_bytes))}</td><td>{e(fmt_bytes(x.predicted_peak_bytes))}</td></tr>"
+        for x in result.ranks
+    )
+    table = (
+        "<table><thead><tr><th>rank</th><th>steps</th><th>measured</th><th>replayed</th>"
+        f"<th>predicted</th><th>peak</th><th>predicted peak</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    text = render_whatif_text(result, 200)
+    notes = "".join(f"<li>{e(n)}</li>" for n in figures.notes)
+    script = (
+        f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
+        f"<script>{PLOTLY_LOADER}</script>"
+        if figures.count
+        else ""
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>zdiag what-if</title><style>{CSS}</style></head><body>"
+        f"<header><h1>zdiag what-if</h1><p>{e(result.change.label())}</p></header><main>"
+        f'<section id="summary"><pre>{e(text)}</pre></section>'
+        f'<section id="timeline"><h2>The replayed step</h2>{"".join(body)}'
+        f'<ul class="notes">{notes}</ul></section>'
+        f'<section id="ranks"><h2>Per rank</h2>{table}</section>'
+        f"</main>{script}</body></html>"
+    )
