@@ -6,6 +6,8 @@ app only lays them out: a header (job, ranks reporting, step rate, lag, drops, r
 listen address), the rank table (slowest first by default, sortable; stragglers, stale, gone,
 hung, finished and failed ranks styled), a sparkline of the slowest rank's step time per step,
 the live findings, and the keys in the footer. Enter opens a rank (`monitor_screens.RankScreen`),
+`h` the step-time history with the captures marked (`monitor_screens.HistoryScreen`), `l` the
+captures taken (`monitor_captures.CapturesScreen`), where Enter opens one in the report browser;
 `j` switches between jobs, `?` lists the keys.
 """
 
@@ -18,18 +20,34 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
+from textual.worker import get_current_worker
 
+from zdiag.analyzers.report import Report
 from zdiag.live.state import (
     Clock,
+    JobHistory,
     MonitorSource,
     MonitorState,
     MonitorView,
     RankDetail,
     RankRow,
 )
+from zdiag.render.printable import printable_report
 
-from .monitor_screens import HelpScreen, RankScreen
+from .monitor_captures import (
+    CaptureReportScreen,
+    CapturesScreen,
+    ReportLoader,
+    Where,
+    capture_entries,
+    load_capture_report,
+    report_title,
+    where_to_open,
+)
+from .monitor_history import CaptureMark
+from .monitor_screens import HelpScreen, HistoryScreen, RankScreen
 from .monitor_text import (
     COLUMNS,
     STATUS_ORDER,
@@ -67,6 +85,11 @@ def _sort_value(row: RankRow, key: str) -> float:
 
 
 SORT_KEYS = ("rank", "step time", "exposed comm", "mem alloc", "mem peak", "step", "status")
+TABLE_ACTIONS = frozenset(
+    {"cycle_sort", "reverse_sort", "worst_first", "toggle_findings", "next_job", "toggle_pause"}
+)
+"""The app's keys that act on the rank table: off while the history, the capture list or a
+capture's report is on top (they would change what is hidden)."""
 
 
 class MonitorApp(App[None]):
@@ -75,13 +98,16 @@ class MonitorApp(App[None]):
     CSS_PATH = "monitor.tcss"
     TITLE = "zdiag monitor"
     BINDINGS: ClassVar[list[BindingType]] = [
+        # in the footer's order: what fits 80 columns first
         Binding("s", "cycle_sort", "sort"),
-        Binding("r", "reverse_sort", "reverse"),
+        Binding("h", "history", "history"),
+        Binding("l", "captures", "captures"),
+        Binding("c", "capture", "capture"),
         Binding("w", "worst_first", "worst first"),
         Binding("f", "toggle_findings", "findings"),
         Binding("j", "next_job", "next job"),
         Binding("p", "toggle_pause", "pause"),
-        Binding("c", "capture", "capture"),
+        Binding("r", "reverse_sort", "reverse"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
@@ -96,10 +122,12 @@ class MonitorApp(App[None]):
         refresh_interval_s: float = 1.0,
         listen: str = "",
         captures: Any = None,
+        load_report: ReportLoader = load_capture_report,
     ) -> None:
         """Follow `source` (received on `listen`, shown in the header); figures are computed at
         `clock()` times. `captures` (a `zdiag.live.captures.CaptureController`, or None) asks the
-        ranks for triggered captures; its answers are shown under the findings."""
+        ranks for triggered captures; its answers are shown under the findings and in the
+        capture list, where `load_report` makes a capture's Report from its folders."""
         super().__init__()
         self.source = source
         self.clock = clock
@@ -108,6 +136,7 @@ class MonitorApp(App[None]):
         self.refresh_interval_s = refresh_interval_s
         self.listen = listen
         self.captures = captures
+        self.load_report = load_report
         self.sort_key = "step time"  # slowest first
         self.sort_reverse = True
         self.job: str | None = None  # the job shown; None follows the latest one
@@ -171,7 +200,7 @@ class MonitorApp(App[None]):
         last = view.slowest_step_ms[-1] if view.slowest_step_ms else None
         self.trend_label.update(f"slowest rank per step: {fmt_ms(last)} ")
         self.findings_panel.update(self._findings(view))
-        if isinstance(self.screen, RankScreen):
+        if isinstance(self.screen, RankScreen | HistoryScreen | CapturesScreen):
             self.screen.redraw()
 
     def _header(self, view: MonitorView) -> Text:
@@ -320,6 +349,78 @@ class MonitorApp(App[None]):
         key = str(event.column_key.value)
         if key in SORT_KEYS:
             self._set_sort(key, not self.sort_reverse if key == self.sort_key else False)
+
+    # -- history and captures ------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The rank table's keys only where the table is (shown in the footer only there too);
+        `h` and `l` not over a capture's report."""
+        top = self.screen
+        if action in TABLE_ACTIONS:
+            return not isinstance(top, HistoryScreen | CapturesScreen | CaptureReportScreen)
+        if action in ("history", "captures"):
+            return not isinstance(top, CaptureReportScreen)
+        return True
+
+    def _history(self, steps: int) -> tuple[JobHistory, list[CaptureMark]]:
+        """The shown job's history over `steps` steps and the marks of its captures."""
+        history = self.state.history(self.job, steps)
+        marks = [
+            mark
+            for c in capture_entries(self.captures)
+            if c.get("job") == history.job and (mark := CaptureMark.of(c)) is not None
+        ]
+        return history, marks
+
+    def _on_top(self, screen: Screen[None]) -> None:
+        """Show `screen` over the rank table (in place of the history or the capture list)."""
+        if isinstance(self.screen, HistoryScreen | CapturesScreen):
+            self.pop_screen()
+        self.push_screen(screen)
+
+    def action_history(self) -> None:
+        """The step-time history of the shown job (`h` again goes back)."""
+        if not isinstance(self.screen, HistoryScreen):
+            self._on_top(HistoryScreen(self._history))
+
+    def action_captures(self) -> None:
+        """The captures taken (`l` again goes back)."""
+        if not isinstance(self.screen, CapturesScreen):
+            self._on_top(
+                CapturesScreen(lambda: list(capture_entries(self.captures)), self.open_capture)
+            )
+
+    def open_capture(self, capture: dict[str, Any]) -> None:
+        """Open a capture's Report in the report browser, when its folder is on this machine
+        (else say why not); the analysis runs in a worker thread (opening another capture
+        meanwhile cancels it)."""
+        where = where_to_open(capture)
+        if not where.folders:
+            self.notify(where.reason, severity="warning", timeout=10)
+            return
+        self.notify(f"analyzing capture {capture.get('id')} ...")
+        self.run_worker(
+            lambda: self._load(capture, where),
+            thread=True,
+            exclusive=True,
+            group="capture-report",
+        )
+
+    def _load(self, capture: dict[str, Any], where: Where) -> None:
+        """In the worker: the Report, then its screen (or the error) on the app's thread."""
+        try:
+            report = printable_report(self.load_report(list(where.folders)))
+        except Exception as exc:  # a damaged capture is reported, never fatal to the monitor
+            message = f"capture {capture.get('id')} did not open: {type(exc).__name__}: {exc}"
+            self.call_from_thread(self.notify, message[:300], severity="error", timeout=10)
+            return
+        if not get_current_worker().is_cancelled:  # another capture was opened since
+            self.call_from_thread(self._show_report, report, *report_title(capture, where))
+
+    def _show_report(self, report: Report, title: str, sub_title: str) -> None:
+        screen = CaptureReportScreen(report, title=title)
+        screen.sub_title = f"{sub_title} · {screen.sub_title}"
+        self.push_screen(screen)
 
     def on_unmount(self) -> None:
         """Release the source."""

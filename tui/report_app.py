@@ -18,6 +18,9 @@ Report and computes nothing; every number comes from the Report through the view
 
 Every table sorts (`o`: next column, `O`: reverse) and filters (`/`: rows containing the text,
 Escape clears). `?` shows the keys, `q` or Ctrl-C quits. The layout works from 80x24 up.
+
+The browser is one screen, `ReportScreen`: `ReportApp` runs it on its own, and the live monitor
+pushes it over its own screen to open a triggered capture (tui/monitor_captures.py).
 Cells and texts built from trace names are Rich `Text` objects (never parsed as markup).
 """
 
@@ -32,7 +35,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
 from zdiag.render import _details as details
@@ -127,19 +130,22 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text(HELP), id="help-text")
 
 
-class ReportApp(App[None]):
+class ReportScreen(Screen[None]):
     """Browse a Report: steps per rank with drill-down, findings, units, collectives,
-    stragglers and a summary; every table sorts and filters."""
+    stragglers and a summary; every table sorts and filters.
+
+    The whole browser is this screen: `ReportApp` shows it as its only screen (`q` quits), and
+    another app can push it over its own (the live monitor opens a triggered capture's Report
+    this way; `q` then goes back). Its CSS (report_app.tcss) is scoped to `ReportScreen`, so it
+    leaves the host app's widgets alone."""
 
     CSS_PATH = "report_app.tcss"
-    TITLE = "zdiag report"
-    HORIZONTAL_BREAKPOINTS = [  # noqa: RUF012 (App declares it as an instance variable)
+    HORIZONTAL_BREAKPOINTS = [  # noqa: RUF012 (Screen declares it as an instance variable)
         (0, "-narrow"),
         (110, "-wide"),
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("q", "close", "Quit"),
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter"),
         Binding("o", "sort(False)", "Sort"),
@@ -162,9 +168,10 @@ class ReportApp(App[None]):
         "stragglers": "stragglers-table",
     }
 
-    def __init__(self, report: Report) -> None:
-        """Browse `report` (ranks by rank, findings by gain)."""
+    def __init__(self, report: Report, *, title: str = "zdiag report") -> None:
+        """Browse `report` (ranks by rank, findings by gain) under `title`."""
         super().__init__()
+        self.title = title
         self.report = report
         self.ranks: list[RankView] = sorted(report.ranks, key=lambda r: r.rank)
         self.findings: list[Finding] = sorted(report.findings, key=by_gain)
@@ -512,7 +519,14 @@ class ReportApp(App[None]):
 
     def action_help(self) -> None:
         """Show the keys."""
-        self.push_screen(HelpScreen())
+        self.app.push_screen(HelpScreen())
+
+    def action_close(self) -> None:
+        """`q`: quit the browser, or go back to the screen under it when an app pushed it."""
+        if len(self.app.screen_stack) > 1:
+            self.dismiss()
+        else:
+            self.app.exit()
 
     def action_show_tab(self, tab: str) -> None:
         """Switch to a tab and focus its main table."""
@@ -591,6 +605,42 @@ class ReportApp(App[None]):
         elif focused in self.rows and self.queries.get(focused):
             self.queries[focused] = ""
             self._fill(focused)
+
+
+class ReportApp(App[None]):
+    """The report browser as an app of its own: one `ReportScreen`."""
+
+    CSS_PATH = "report_app.tcss"
+    TITLE = "zdiag report"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", show=False),  # the browser's own `q`, also over its help
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    def __init__(self, report: Report) -> None:
+        """Browse `report`."""
+        super().__init__()
+        self.report = report
+        self.browser = ReportScreen(report)
+
+    def get_default_screen(self) -> Screen[None]:
+        """The browser is the app's only screen."""
+        return self.browser
+
+    @property
+    def ranks(self) -> list[RankView]:
+        """The Report's ranks, by rank (the browser's)."""
+        return self.browser.ranks
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The Report's findings, largest gain first (the browser's)."""
+        return self.browser.findings
+
+    @property
+    def current_rank(self) -> RankView | None:
+        """The rank highlighted in the Steps tab."""
+        return self.browser.current_rank
 
 
 def browse(report: Report) -> None:

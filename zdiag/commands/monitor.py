@@ -35,6 +35,8 @@ CAPTURE_CHECK_S = 0.5
 """How often the headless monitor runs the capture rules."""
 CAPTURE_ANALYSIS_WAIT_S = 30.0
 """At the end, how long the headless monitor waits for a capture being analyzed."""
+JSON_HISTORY_STEPS = 60
+"""Steps of step-time history `--headless --json` prints (`history`: per rank, median, slowest)."""
 
 
 def rss_bytes() -> int:
@@ -262,7 +264,7 @@ class MonitorCommand:
                 if next_summary is not None and now >= next_summary:
                     next_summary = now + args.every
                     state.sync_rejections(receiver)
-                    self._print(state.view(time.time()), receiver, args, start, rss, captures)
+                    self._print(state, receiver, args, start, rss, captures)
         except KeyboardInterrupt:
             pass
         finally:
@@ -277,24 +279,27 @@ class MonitorCommand:
             except Exception as exc:
                 print(f"zdiag monitor: captures stopped: {exc!r}", file=sys.stderr)
             wait_for_analyses(captures, CAPTURE_ANALYSIS_WAIT_S)
-        self._print(state.view(time.time()), receiver, args, start, rss, captures)
+        self._print(state, receiver, args, start, rss, captures)
         return 0
 
     def _print(
         self,
-        view: Any,
+        state: MonitorState,
         receiver: Any,
         args: argparse.Namespace,
         start: float,
         rss: list[tuple[float, int]],
         captures: Any = None,
     ) -> None:
-        from zdiag.tui.monitor_text import render_summary, view_to_json
+        """Print the summary of the state now (text, or JSON with `--json`)."""
+        from zdiag.tui.monitor_text import finite_json, render_summary, view_to_json
 
+        view = state.view(time.time())
         taken = captures.to_json() if captures is not None else []
         if args.json:
             out = view_to_json(view)
             out["captures"] = taken
+            out["history"] = finite_json(state.history(view.job, JSON_HISTORY_STEPS).to_json())
             out["listen"] = str(receiver.endpoint)
             out["duration_s"] = round(time.monotonic() - start, 3)
             out["rss_bytes"] = rss

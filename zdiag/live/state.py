@@ -28,11 +28,23 @@ from zdiag.live.history import (
     HISTORY_STEPS,
     LAST_FIELDS,
     NUMBER_LAST_FIELDS,
+    TIMELINE_STEPS,
+    JobHistory,
     RankState,
     StepSample,
+    job_history,
 )
 
-__all__ = ["HISTORY_STEPS", "LAST_FIELDS", "MonitorState", "MonitorView", "RankDetail", "RankRow"]
+__all__ = [
+    "HISTORY_STEPS",
+    "LAST_FIELDS",
+    "TIMELINE_STEPS",
+    "JobHistory",
+    "MonitorState",
+    "MonitorView",
+    "RankDetail",
+    "RankRow",
+]
 
 LAG_SAMPLES = 4096  # recent receive lags kept for percentiles
 MAX_RANKS = 65_536  # ranks tracked (all jobs together); records of further ranks are ignored
@@ -260,6 +272,7 @@ class MonitorState:
         if state.pid is not None and pid is not None and pid != state.pid:
             state.restarts += 1  # the rank was restarted: its history no longer applies
             state.steps.clear()
+            state.times.clear()
             state.last = {}
         state.pid = pid if isinstance(pid, int) else state.pid
         state.host = str(rec.get("host", state.host))[:128]
@@ -272,6 +285,7 @@ class MonitorState:
         state.steps.append(sample)
         step_ms = sample.step_time_ms
         if step_ms is not None:
+            state.times.append(sample.step, step_ms)
             if step_ms > job.slowest.get(sample.step, -1.0):
                 job.slowest[sample.step] = float(step_ms)
             while len(job.slowest) > 4 * HISTORY_STEPS:
@@ -396,6 +410,14 @@ class MonitorState:
             lag_p99_ms=_percentile(lags, 0.99),
             lag_max_ms=self._lag_max_ms,
         )
+
+    def history(self, job: str | None = None, steps: int = TIMELINE_STEPS) -> JobHistory:
+        """`job`'s (default: the current job's) step times over its last `steps` steps, per
+        rank, with the median and slowest rank per step (`history.job_history`; computed on
+        each call, for the history view and the headless JSON)."""
+        selected = self._selected(job)
+        ranks = self.jobs[selected].ranks.values() if selected is not None else ()
+        return job_history(ranks, selected or "", steps)
 
     def detail(self, rank: int, now: float, job: str | None = None) -> RankDetail | None:
         """Rank `rank` of `job` (default: the current job) in full; None when it is unknown."""

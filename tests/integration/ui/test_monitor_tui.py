@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,3 +324,163 @@ async def test_the_capture_key_asks_and_the_findings_panel_shows_the_capture() -
         panel = str(app.query_one("#findings", Static).render())
         assert "capture 1 at step 44: done - straggler (ranks 1)" in panel
         assert captures.updates >= 1
+
+
+# -- the step-time history (h) and the captures (l) --------------------------------------------
+
+SAMPLE_TRACES = Path(__file__).parents[2].parent / "sample_traces" / "missing-overlap" / "traces"
+
+
+class ListedCaptures(FakeCaptures):
+    """A capture controller that has taken the captures `entries` (as `to_json` lists them)."""
+
+    def __init__(self, *entries: dict[str, Any]) -> None:
+        super().__init__()
+        self.entries = list(entries)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return self.entries
+
+
+def taken(traces: list[str], **over: Any) -> dict[str, Any]:
+    """Capture 1 of job-7: asked for step 24, it recorded steps 25-27 on ranks 0-3."""
+    entry = {
+        "id": 1, "job": "job-7", "start_step": 24, "steps": 3, "reason": "straggler: rank 2",
+        "requested_at": NOW, "ranks": [0, 1, 2, 3], "traces": traces,
+        "states": {str(r): "done" for r in range(4)}, "error": None,
+        "findings": [{"id": "straggler", "severity": "warning", "title": "", "ranks": [2]}],
+    }  # fmt: skip
+    entry.update(over)
+    return entry
+
+
+def slow_rank_2() -> list[dict[str, Any]]:
+    """4 ranks, 40 steps; rank 2 takes 400 ms from step 20."""
+    return job(ranks=4, steps=40, r2={"step_time_ms": lambda s: 400.0 if s >= 20 else 100.0})
+
+
+def capture_app(captures: Any, **kw: Any) -> MonitorApp:
+    return MonitorApp(
+        FakeSource(slow_rank_2()), clock=lambda: NOW, poll_interval_s=0.05,
+        refresh_interval_s=3600, captures=captures, **kw,
+    )  # fmt: skip
+
+
+async def test_h_shows_the_step_time_history_with_the_capture_marked() -> None:
+    from zdiag.tui.monitor_history import GUTTER, MARK
+    from zdiag.tui.monitor_screens import HistoryScreen
+
+    app = capture_app(ListedCaptures(taken([])))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("h")
+        assert isinstance(app.screen, HistoryScreen)
+        history = app.screen.history
+        assert history is not None and history.steps == tuple(range(40))  # all fit in 100
+        assert history.ranks[2][19:21] == (100.0, 400.0)
+        title = str(app.screen.query_one("#history-title", Static).render())
+        assert "job job-7 · steps 0-39 · captures: c1 25-27" in title
+        lines = str(app.screen.query_one("#history-chart", Static).render()).splitlines()
+        assert lines[0].startswith("bars: median of the ranks")  # the legend, then the marks
+        marks = lines[1]
+        columns = [i - GUTTER for i, ch in enumerate(marks) if ch == MARK]
+        assert [history.steps[c] for c in columns] == [25, 26, 27]
+        assert any("max 400 ms ┤" in line for line in lines)
+        assert any("min 100 ms ┤" in line for line in lines)
+        rank_lines = [line.strip() for line in lines if line.strip().startswith("rank ")]
+        assert rank_lines[0].startswith("rank 2 250 ms │")  # the slowest rank first
+        await pilot.press("w")  # the table's keys are off here
+        assert app.sort_key == "step time" and isinstance(app.screen, HistoryScreen)
+        await pilot.press("l")  # to the capture list, in place of the history
+        assert type(app.screen).__name__ == "CapturesScreen" and len(app.screen_stack) == 2
+        await pilot.press("h", "escape")
+        assert not isinstance(app.screen, HistoryScreen) and len(app.screen_stack) == 1
+
+
+async def test_a_capture_on_this_machine_opens_in_the_report_browser(tmp_path: Path) -> None:
+    """The real analysis (in-job summaries, else the traces) of two sample traces."""
+    from zdiag.tui.monitor_captures import CapturesScreen
+    from zdiag.tui.report_app import ReportScreen
+
+    folder = tmp_path / "run" / "captures" / "capture-1"
+    folder.mkdir(parents=True)
+    for trace in SAMPLE_TRACES.glob("rank-*.json.gz"):
+        shutil.copy(trace, folder / trace.name)
+    app = capture_app(ListedCaptures(taken([str(folder / "rank-0.json.gz")])))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        before = app.export_screenshot()
+        await pilot.press("l")
+        assert isinstance(app.screen, CapturesScreen)
+        table = app.screen.query_one("#captures", DataTable)
+        assert [str(c) for c in table.get_row_at(0)] == [
+            "1", "job-7", "25-27", "straggler: rank 2", "4", "straggler (ranks 2)", "2 here",
+        ]  # fmt: skip
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        report = app.screen
+        assert isinstance(report, ReportScreen)
+        assert report.title == "capture 1 · steps 25-27"
+        assert "2 of 4 ranks' traces on this machine" in str(report.sub_title)
+        assert report.query_one("#ranks", DataTable).row_count == 2
+        assert "missing-overlap" in [f.id for f in report.findings]
+        # the monitor's rules for its own #findings panel leave the report's Findings tab alone
+        assert report.query_one("#findings").styles.max_height is None
+        await pilot.press("j")  # the monitor's keys are off over the report
+        assert app.job is None
+        await pilot.press("question_mark")  # the browser's keys; q closes them, not the monitor
+        assert type(app.screen).__name__ == "CaptureHelpScreen"
+        await pilot.press("q")
+        assert app.screen is report and app.is_running
+        await pilot.press("q")
+        assert isinstance(app.screen, CapturesScreen)
+        await pilot.press("escape")
+        app.refresh_css(animate=False)  # restyle the monitor with the report's CSS loaded
+        await pilot.pause()
+        assert app.export_screenshot() == before  # the report's CSS left the monitor alone
+
+
+async def test_a_capture_elsewhere_or_damaged_says_so_and_opens_nothing(tmp_path: Path) -> None:
+    from zdiag.tui.monitor_captures import CapturesScreen
+
+    damaged = tmp_path / "run" / "captures" / "capture-2"
+    damaged.mkdir(parents=True)
+    (damaged / "rank-0.json.gz").write_bytes(b"not gzip")
+    said: list[str] = []
+    asked: list[list[Path]] = []
+
+    def load(folders: list[Path]) -> Any:
+        asked.append(folders)
+        raise ValueError("not a trace")
+
+    app = capture_app(
+        ListedCaptures(
+            taken(["/on/node3/run/captures/capture-1/rank-0.json.gz"]),
+            taken([str(damaged / "rank-0.json.gz")], id=2, start_step=60),
+        ),
+        load_report=load,
+    )
+    app.notify = lambda message, **kw: said.append(message)  # type: ignore[method-assign]
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("l", "o")
+        await pilot.pause()
+        assert isinstance(app.screen, CapturesScreen) and not asked
+        assert said and "capture 1's traces are not on this machine" in said[-1]
+        assert "/on/node3/run/captures/capture-1" in said[-1]
+        await pilot.press("down", "o")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert asked == [[damaged]] and isinstance(app.screen, CapturesScreen)
+        assert said[-1] == "capture 2 did not open: ValueError: not a trace"
+
+
+def test_snapshot_80x24_history(snap_compare: Any) -> None:
+    app = capture_app(ListedCaptures(taken([])))
+    assert snap_compare(app, terminal_size=(80, 24), press=["h"])
+
+
+def test_snapshot_80x24_captures(snap_compare: Any) -> None:
+    app = capture_app(ListedCaptures(taken(["/on/node3/run/captures/capture-1/rank-0.json.gz"])))
+    assert snap_compare(app, terminal_size=(80, 24), press=["l"])

@@ -277,6 +277,9 @@ def test_headless_json_counts_rejections_by_reason_and_prints_no_infinity() -> N
     reasons = data["rejections"]
     assert reasons["nested"] >= 1 and reasons["oversize"] >= 1 and reasons["range"] >= 1
     assert data["records"] >= 1 and data["rejected"] == sum(reasons.values())
+    # the step-time history: step 2 only (step 1's absurd time was refused on the wire)
+    assert data["history"]["steps"] == [2] and data["history"]["ranks"] == {"0": [5.0]}
+    assert data["history"]["median_ms"] == [5.0] and data["history"]["slowest_rank"] == [0]
 
 
 def test_header_shows_rejections_by_reason() -> None:
