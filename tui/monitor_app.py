@@ -42,7 +42,6 @@ from .monitor_captures import (
     ReportLoader,
     Where,
     capture_entries,
-    load_capture_report,
     report_title,
     where_to_open,
 )
@@ -122,12 +121,13 @@ class MonitorApp(App[None]):
         refresh_interval_s: float = 1.0,
         listen: str = "",
         captures: Any = None,
-        load_report: ReportLoader = load_capture_report,
+        load_report: ReportLoader | None = None,
     ) -> None:
         """Follow `source` (received on `listen`, shown in the header); figures are computed at
         `clock()` times. `captures` (a `zdiag.live.captures.CaptureController`, or None) asks the
         ranks for triggered captures; its answers are shown under the findings and in the
-        capture list, where `load_report` makes a capture's Report from its folders."""
+        capture list, where `load_report` makes a capture's Report from its folders (None: captures
+        cannot open here)."""
         super().__init__()
         self.source = source
         self.clock = clock
@@ -398,6 +398,9 @@ class MonitorApp(App[None]):
         if not where.folders:
             self.notify(where.reason, severity="warning", timeout=10)
             return
+        if self.load_report is None:
+            self.notify("this monitor cannot open captures (no report loader)", severity="warning")
+            return
         self.notify(f"analyzing capture {capture.get('id')} ...")
         self.run_worker(
             lambda: self._load(capture, where),
@@ -409,6 +412,7 @@ class MonitorApp(App[None]):
     def _load(self, capture: dict[str, Any], where: Where) -> None:
         """In the worker: the Report, then its screen (or the error) on the app's thread."""
         try:
+            assert self.load_report is not None  # open_capture checked it
             report = printable_report(self.load_report(list(where.folders)))
         except Exception as exc:  # a damaged capture is reported, never fatal to the monitor
             message = f"capture {capture.get('id')} did not open: {type(exc).__name__}: {exc}"

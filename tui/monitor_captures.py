@@ -9,7 +9,7 @@ over the monitor: `q` or `Esc` comes back.
 A capture opens only when its folder, `RUN_DIR/captures/capture-<K>/`, is on the monitor's
 machine (one node, or a shared file system): `where_to_open` says which folders are here, or
 why none is. The Report is made as `zdiag analyze RUN_DIR/captures/capture-<K>/` makes it
-(`load_capture_report`: the in-job summaries first), in a worker thread.
+(the loader the command injects, `zdiag.commands.monitor.load_capture_report`: the in-job summaries first), in a worker thread.
 """
 
 from __future__ import annotations
@@ -33,20 +33,12 @@ from .monitor_text import shown
 from .report_app import HelpScreen, ReportScreen
 
 ReportLoader = Callable[[list[Path]], Report]
-"""Capture folders -> their Report (`load_capture_report`; a fake in tests)."""
+"""Capture folders -> their Report (the command injects `load_capture_report`; a fake in tests)."""
 CaptureList = Callable[[], list[dict[str, Any]]]
 """The captures now, as `CaptureController.to_json` lists them (oldest first)."""
 
 COLUMNS = ("capture", "job", "steps", "reason", "ranks", "verdict", "traces")
 TRACE_SUFFIXES = (".json.gz", ".json")
-
-
-def load_capture_report(folders: list[Path]) -> Report:
-    """The Report of capture folders, as `zdiag analyze FOLDER` makes it: each rank's in-job
-    summary where it matches its trace, the trace itself otherwise; nothing is written."""
-    from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
-
-    return analyze_via_summaries(folders, SummaryOptions(use_stored=True, write_cache=False)).report
 
 
 def recorded_steps(capture: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ import resource
 import signal
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from zdiag.errors import ConfigError, UserError
 from zdiag.live.wire import ENV_TOKEN
 
 if TYPE_CHECKING:  # imported where used: `zdiag --help` loads neither
+    from zdiag.analyzers.report import Report
     from zdiag.live.metrics import MetricsServer
     from zdiag.live.state import MonitorState
 
@@ -173,7 +175,12 @@ class MonitorCommand:
             from zdiag.tui.monitor_app import MonitorApp
 
             # the app closes the receiver when it exits
-            app = MonitorApp(receiver, listen=str(receiver.endpoint), captures=captures)
+            app = MonitorApp(
+                receiver,
+                listen=str(receiver.endpoint),
+                captures=captures,
+                load_report=load_capture_report,
+            )
             app.state = state  # the state the metrics endpoint reads (a `SharedMonitorState`)
             app.run()
             return 0
@@ -339,3 +346,11 @@ class MonitorCommand:
 
 
 COMMAND = MonitorCommand()
+
+
+def load_capture_report(folders: list[Path]) -> Report:
+    """The Report of capture folders, as `zdiag analyze FOLDER` makes it: each rank's in-job
+    summary where it matches its trace, the trace itself otherwise; nothing is written."""
+    from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
+
+    return analyze_via_summaries(folders, SummaryOptions(use_stored=True, write_cache=False)).report

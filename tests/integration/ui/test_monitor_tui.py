@@ -360,6 +360,9 @@ def slow_rank_2() -> list[dict[str, Any]]:
 
 
 def capture_app(captures: Any, **kw: Any) -> MonitorApp:
+    from zdiag.commands.monitor import load_capture_report
+
+    kw.setdefault("load_report", load_capture_report)  # what `zdiag monitor` injects
     return MonitorApp(
         FakeSource(slow_rank_2()), clock=lambda: NOW, poll_interval_s=0.05,
         refresh_interval_s=3600, captures=captures, **kw,
