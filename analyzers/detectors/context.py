@@ -30,6 +30,7 @@ from .mesh_dims import TP, group_roles, tensor_parallel
 
 if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
+    from ..rank.step_model import StepModel
     from ..rank.summary import RankSummary
     from ..run.crossrank import CrossRankResult
     from ..run.wait_graph import HangAnalysis
@@ -69,6 +70,9 @@ class DetectorContext:
     - `record_members`: rank -> {a ledger record's execution start (us, rounded to the ns):
       the members of the process group that ran it}, where the trace says (gloo calls: by the
       thread the collectors recorded); what tells a mesh dimension's collectives apart
+    - `step_models`: rank -> its modelled steps (rank/step_model.py), what the what-if replay
+      re-times for the findings' expected gains (detectors/replayed_gain.py); `device`: the
+      ranks' device kind
     - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
     - `group_roles`: {group members: mesh role} (detectors/mesh_dims.py); `tensor_parallel`:
       whether the run has a TP dimension (derived)
@@ -85,6 +89,8 @@ class DetectorContext:
     warnings: list[str] = field(default_factory=list)
     memory_breakdowns: list[MemoryBreakdown] = field(default_factory=list)
     record_members: dict[int, dict[float, Members]] = field(default_factory=dict)
+    step_models: dict[int, list[StepModel]] = field(default_factory=dict)
+    device: str = "unknown"
     sheet: RunFactSheet = field(init=False)
     group_roles: dict[Members, str] = field(init=False, repr=False)
     tensor_parallel: bool = field(init=False, repr=False)
@@ -187,6 +193,8 @@ def build_context(
         warnings=warnings,
         memory_breakdowns=list(memory_breakdowns),
         record_members={s.rank: _record_members(s, ledgers[s.rank]) for s in summaries},
+        step_models={s.rank: list(s.step_models) for s in summaries if s.step_models},
+        device=summaries[0].device if summaries else "unknown",
     )
 
 

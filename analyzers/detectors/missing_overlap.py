@@ -1,12 +1,12 @@
 """`missing-overlap`: all-gathers serialized with compute, judged by what the schedule could hide.
 
 The measured side: the exposed all-gather time (not covered by compute) on the rank's timeline.
-The schedule side: a replay of the measured per-unit timeline with prefetch depth 1, in which
-each gather that was issued only when needed (lead = needed - issued <= 0; for FSDP1 / ZeRO,
-which name no consumer, a gather not under a prefetch label) runs during the previous unit's
-measured window (its compute and idle time between the two gathers, less other collectives)
-and stays exposed only for what does not fit in it. Gathers already prefetched count for
-nothing. The finding fires when that replayed gain is worth chasing (at least
+The schedule side: the what-if replay (analyzers/whatif/) of the measured steps with prefetch
+depth 1, in which each gather is issued no later than when the unit before its consumer
+starts, queues on its comm lane and stays exposed only for what does not fit under that
+unit's work; on a CPU run whose gathers cannot overlap, with the unshard async op the FSDP2
+remedy adds (`zdiag whatif RUN --prefetch 1 --unshard-async-op` gives the same figure).
+Gathers already prefetched gain nothing. The finding fires when that replayed gain is worth chasing (at least
 MIN_GAIN_SHARE of the median step): a run whose gathers are already prefetched (every correct
 FSDP1 run with forward_prefetch / BACKWARD_PRE) has nothing to gain, however much of its
 gather time is exposed, and stays quiet.
@@ -24,17 +24,18 @@ gives it to `straggler`.
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from ..frameworks import Framework, Remedy
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding, Severity, StepBreakdown
+from ..whatif.run_whatif import Change, WhatIfResult
 from .blocks import find_block_pattern
 from .context import DetectorContext
 from .facts import block_set, blocks_are_units
 from .prefetch_lists import name_self_prefetch
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 from .unshard_async_op import ASYNC_OP_LINE, with_unshard_async_op
 
@@ -60,31 +61,6 @@ def _serialized(gathers: list[CollectiveRecord]) -> tuple[int, int]:
             total += 1
             late += (r.lead_us or 0.0) <= 0.0
     return late, total
-
-
-def _replay_gain_us(gathers: list[CollectiveRecord]) -> float:
-    """Exposed gather time removed by prefetch depth 1, from the measured timeline.
-
-    In a serialized pass, unit i runs between its gather's end and the next gather's start: the
-    ledger's `window_before_us`, that interval less the collectives in it (compute, on the
-    compute lanes, and the idle time of a host-bound unit). With prefetch the next gather is
-    issued when unit i starts and runs during that window: its exposed time becomes
-    max(0, exposed - window_i).
-    """
-    by_pass: dict[tuple[int, str], list[CollectiveRecord]] = defaultdict(list)
-    for r in gathers:
-        by_pass[(r.step, r.phase)].append(r)
-    gain = 0.0
-    for recs in by_pass.values():
-        recs.sort(key=lambda r: r.issued_us)
-        for prev, cur in itertools.pairwise(recs):
-            if (cur.lead_us or 0.0) > 0.0 or (cur.lead_us is None and cur.prefetched):
-                continue  # already prefetched
-            window = cur.window_before_us
-            if window is None:
-                window = max(0.0, cur.issued_us - prev.end_us)
-            gain += cur.exposed_us - max(0.0, cur.exposed_us - window)
-    return gain
 
 
 def _backward_prefetch_off(gathers: list[CollectiveRecord]) -> bool:
@@ -155,6 +131,7 @@ class _Measured:
     could: int  # gathers that could have been prefetched
     n_steps: int
     gain_ms: float  # replayed, per step
+    replay: WhatIfResult
     min_gain_ms: float
     median_step: float | None
     steps: list[StepBreakdown]
@@ -172,6 +149,12 @@ class _Measured:
         return self.late / self.could if self.could else 0.0
 
 
+def _needs_async(ctx: DetectorContext) -> bool:
+    """Whether the replay must set the unshard async op for gathers to overlap: a CPU run
+    whose gathers cannot overlap as configured."""
+    return ctx.sheet.cpu_only and not ctx.sheet.gathers_can_overlap()
+
+
 def _measure(ctx: DetectorContext) -> _Measured | None:
     """Gating: >= EXPOSED_SHARE of the gather time exposed, lateness measured (or a framework
     whose labels name no consumer), and a replayed gain of at least the minimum."""
@@ -187,7 +170,12 @@ def _measure(ctx: DetectorContext) -> _Measured | None:
     if exposed_share < EXPOSED_SHARE or (not could and ctx.sheet.framework.labels_name_consumer):
         return None
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
-    gain_ms = _replay_gain_us(gathers) / 1e3 / n_steps
+    # prefetch depth 1 where gathers can overlap: on a CPU run that cannot, with the unshard
+    # async op the FSDP2 remedy adds (FSDP1's blocking gathers: what a GPU would hide)
+    result = replayed(ctx, Change(prefetch=1, unshard_async_op=_needs_async(ctx)))
+    if result is None:
+        return None
+    gain_ms = max(0.0, result.gain_ms)
     bds = ctx.breakdowns.get(lg.rank, [])
     durations = sorted(b.duration_ms for b in bds if b.duration_ms > 0)
     median_step = durations[len(durations) // 2] if durations else None
@@ -195,7 +183,7 @@ def _measure(ctx: DetectorContext) -> _Measured | None:
     if gain_ms < min_gain:
         return None
     return _Measured(
-        lg, gathers, gather_us, exposed_us, late, could, n_steps, gain_ms, min_gain,
+        lg, gathers, gather_us, exposed_us, late, could, n_steps, gain_ms, result, min_gain,
         median_step, bds,
     )  # fmt: skip
 
@@ -284,15 +272,12 @@ def _evidence(
 
 def _gain_method(m: _Measured, blocking: bool) -> str:
     return (
-        "replay of the measured per-unit timeline with prefetch depth 1: each late gather "
-        "runs during the previous unit's measured window (compute and idle time between "
-        "the two gathers, less other collectives); "
-        "only the part longer than that window stays exposed"
+        gain_text(m.replay)
         + ("" if m.has_leads else " (gathers not under a prefetch label count as late)")
         + (
             f". On this CPU/gloo run FSDP1's gathers block the only thread whatever the "
-            f"prefetch settings: 0 ms here; {m.gain_ms:.2f} ms per step on GPUs, where "
-            "the all-gather stream runs the prefetched gather"
+            f"prefetch settings: 0 ms here; {m.gain_ms:.2f} ms per step where gathers overlap "
+            "(on GPUs, where the all-gather stream runs the prefetched gather)"
             if blocking
             else ""
         )
@@ -384,9 +369,10 @@ RULE = Rule(
         "worker thread runs them), so its CPU runs are judged able to overlap."
     ),
     gain=(
-        "Replay of the measured per-unit timeline with prefetch depth 1: each late gather runs "
-        "under the previous unit's measured window (its compute and idle time between the two "
-        "gathers, less other collectives: a gather issued one unit ahead runs during both)."
+        "The what-if replay of the measured steps with prefetch depth 1 (`zdiag whatif RUN "
+        "--prefetch 1`, plus `--unshard-async-op` on a CPU run whose gathers cannot overlap): "
+        "each gather issued when the unit before its consumer starts, queued on its comm lane, "
+        "exposed only for what does not fit under that unit's work (docs/whatif.md)."
     ),
     scope="FSDP2, FSDP1 and DeepSpeed ZeRO-3 runs (their parameter gathers)",
     fsdp_only=True,

@@ -205,25 +205,36 @@ class _Windows:
     number: npt.NDArray[np.int64]
     start: npt.NDArray[np.float64]
     end: npt.NDArray[np.float64]
+    host_start: npt.NDArray[np.float64]  # the same steps on the host (where issues happen)
+    host_end: npt.NDArray[np.float64]
 
     @staticmethod
     def of(
-        numbers: list[int] | None, starts: list[float] | None, ends: list[float] | None
+        numbers: list[int] | None,
+        starts: list[float] | None,
+        ends: list[float] | None,
+        host: tuple[list[float], list[float]] | None = None,
     ) -> _Windows:
         if numbers is None or starts is None or ends is None:
-            return _Windows(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+            empty = np.zeros(0)
+            return _Windows(np.zeros(0, np.int64), empty, empty, empty, empty)
+        start = np.asarray(starts, dtype=np.float64)
+        end = np.asarray(ends, dtype=np.float64)
         return _Windows(
             np.asarray(numbers, dtype=np.int64),
-            np.asarray(starts, dtype=np.float64),
-            np.asarray(ends, dtype=np.float64),
+            start,
+            end,
+            start if host is None else np.asarray(host[0], dtype=np.float64),
+            end if host is None else np.asarray(host[1], dtype=np.float64),
         )
 
     def step_at(self, t: float) -> int | None:
-        """The step number holding time t; -1 when there are no windows, None outside them."""
+        """The step number holding host time t (an issue); -1 when there are no windows, None
+        outside them."""
         if not len(self.number):
             return -1
-        k = int(np.searchsorted(self.start, t, side="right")) - 1
-        if k < 0 or t >= self.end[k]:
+        k = int(np.searchsorted(self.host_start, t, side="right")) - 1
+        if k < 0 or t >= self.host_end[k]:
             return None
         return int(self.number[k])
 
@@ -236,11 +247,14 @@ def build_rank_ledger(
     *,
     compute: intervals.IntervalSet | None = None,
     unit_param_bytes: Mapping[str, int] | None = None,
+    host_windows: tuple[list[float], list[float]] | None = None,
 ) -> RankLedger:
     """The FSDP ledger of one rank, limited to the given step windows (all events when None).
 
     Steps are given as parallel lists (number, start, end on the trace clock), e.g. from the
-    pipeline's `StepWindows` (`.step`, `.start_us`, `.end_us`). `compute` is where compute ran
+    pipeline's `StepWindows` (`.step`, `.start_us`, `.end_us`); `host_windows` (starts, ends)
+    are the same steps on the host (`.cpu_start_us`, `.cpu_end_us`), which decide the step of a
+    collective by its host issue (on a GPU trace the device windows lag the host's). `compute` is where compute ran
     (the breakdown's `ActivitySets.compute`, so a unit's exposed time agrees with the step
     table; built from the trace when not given). `unit_param_bytes` (e.g. the manifest's
     `fsdp_units`) sizes the collectives the trace recorded without shapes (`fill_missing_bytes`).
@@ -262,7 +276,7 @@ def build_rank_ledger(
         pairing = _pair_in_issue_order(trace, issues, execs, coll_row)
     if compute is None:
         compute = ActivitySets(trace).compute
-    windows = _Windows.of(step_numbers, step_starts_us, step_ends_us)
+    windows = _Windows.of(step_numbers, step_starts_us, step_ends_us, host_windows)
     records = _records(trace, issues, labels, zero3, pairing, coll_row, compute, windows)
     if not records:
         return ledger

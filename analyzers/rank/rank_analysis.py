@@ -148,6 +148,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         windows.end_us.tolist(),
         compute=sets.compute,
         unit_param_bytes=context.unit_param_bytes,
+        host_windows=(windows.cpu_start_us.tolist(), windows.cpu_end_us.tolist()),
     )
     capacity = device_capacity(trace)
     memory_breakdown, memory_timeline, memory_warnings = kineto_memory(trace, capacity)

@@ -70,6 +70,8 @@ class ModelOp(msgspec.Struct, kw_only=True, array_like=True):
     family: str = ""  # FSDP ledger family: "all_gather" / "reduce", "" otherwise
     phase: str = ""  # "forward" / "backward" / ""
     start_us: float = 0.0  # measured execution start, relative to the step start
+    start_pos_us: float = -1.0  # progress position at the measured start (-1: as issue_pos_us)
+    prefetched: bool = False  # issued under an FSDP prefetch label (the ledger's)
 
 
 class StepModel(msgspec.Struct, kw_only=True):
@@ -241,6 +243,8 @@ def build_step_models(
                     family=rec.family if rec is not None else "",
                     phase=rec.phase if rec is not None else "",
                     start_us=round(st - s, 3),
+                    start_pos_us=round(_pos(st, s, ws, we, before), 3),
+                    prefetched=rec.prefetched if rec is not None else False,
                 )
             )
             lane_last[lane] = j

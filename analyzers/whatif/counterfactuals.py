@@ -67,26 +67,42 @@ def measured_depth(model: StepModel) -> int:
 
 
 def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
-    """Gathers issued at least `depth` units ahead (see the module docstring)."""
+    """Gathers issued at least `depth` units ahead (see the module docstring).
+
+    A gather already issued under a prefetch label whose consumer the trace does not name
+    (FSDP1, ZeRO-3: awaited where issued) stays. A gather moves only when its new issue position
+    lies before the position at which it measurably started (a gather the host issued early but the device ran late, as on a GPU
+    whose all-gather stream waited, counts from its start); a moved gather keeps only the
+    smallest latency its lane showed (the launch), not the wait that delayed it."""
     if depth <= 0 or not platform.gathers_overlap:
         return model
     ops = list(model.ops)
+    floor = _latency_floor(model)
     for idx in _passes(model).values():
         anchors = [_anchor(ops[j]) for j in idx]
-        for k, j in enumerate(idx):
+        for k, j in enumerate(idx[depth:], start=depth):
             op = ops[j]
-            if k < depth:
-                issue = min(op.issue_pos_us, anchors[0]) if k else op.issue_pos_us
-            else:
-                issue = min(op.issue_pos_us, anchors[k - depth])
+            issue = anchors[k - depth]
+            started = op.start_pos_us if op.start_pos_us >= 0 else op.issue_pos_us
+            if issue >= started or (op.prefetched and op.wait_pos_us == op.issue_pos_us):
+                continue  # already ahead, or prefetched by a label whose consumer is unknown
             ops[j] = msgspec.structs.replace(
                 op,
                 issue_pos_us=issue,
                 wait_pos_us=anchors[k],
                 after=max(op.after, 0),
-                delay_us=op.delay_us if issue == op.issue_pos_us else 0.0,
+                delay_us=min(op.delay_us, floor.get(op.lane, 0.0)),
             )
     return msgspec.structs.replace(model, ops=ops)
+
+
+def _latency_floor(model: StepModel) -> dict[str, float]:
+    """Per comm lane, the smallest latency (`delay_us`) of its gathers: the launch cost."""
+    out: dict[str, float] = {}
+    for op in model.ops:
+        if op.family == GATHER:
+            out[op.lane] = min(out.get(op.lane, op.delay_us), op.delay_us)
+    return out
 
 
 def _resharded_units(model: StepModel) -> set[str]:

@@ -59,8 +59,12 @@ def platform_of(
     *,
     framework: str | None = None,
     unshard_async_op: bool | None = None,
+    overlap: tuple[bool, str] | None = None,
 ) -> Platform:
-    """The platform model of a run (see the module docstring)."""
+    """The platform model of a run (see the module docstring); `overlap` (whether gathers can
+    overlap, and why) is the caller's judgement when it has one (the detectors' fact sheet)."""
+    if overlap is not None:
+        return Platform(device, overlap[0], overlap[1])
     if device in ("cuda", "rocm"):
         return Platform(device, True, "GPU: collectives run on their own streams")
     if framework == "deepspeed":

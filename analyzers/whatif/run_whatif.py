@@ -173,12 +173,35 @@ def run_whatif(
 ) -> WhatIfResult:
     """The replay of `change` over the run of `summaries` (see the module docstring)."""
     modelled = [s for s in summaries if s.step_models]
-    if not modelled:
+    return replay_change(
+        {s.rank: s.step_models for s in modelled},
+        modelled[0].device if modelled else "unknown",
+        change,
+        framework=framework,
+        unshard_async_op=unshard_async_op,
+        peaks=peaks,
+    )
+
+
+def replay_change(
+    models_by_rank: Mapping[int, Sequence[StepModel]],
+    device: str,
+    change: Change,
+    *,
+    framework: str | None = None,
+    unshard_async_op: bool | None = None,
+    peaks: Mapping[int, int] | None = None,
+    overlap: tuple[bool, str] | None = None,
+) -> WhatIfResult:
+    """The replay of `change` over each rank's step models (`run_whatif` on summaries);
+    `overlap` overrides the platform's judgement of whether gathers can overlap (and why)."""
+    by_rank = {r: list(ms) for r, ms in models_by_rank.items() if ms}
+    if not by_rank:
         raise WhatIfError(
             "no rank has a modelled step (the traces hold no step, or the summaries were "
             "written by an older zdiag); run 'zdiag analyze --no-cache' on traces with steps"
         )
-    models = [m for s in modelled for m in s.step_models]
+    models = [m for ms in by_rank.values() for m in ms]
     notes: list[str] = []
     if change.wrap is not None and not cf.units_under(models, change.wrap):
         units = sorted({op.unit for m in models for op in m.ops if op.family})
@@ -191,12 +214,14 @@ def run_whatif(
         op.family for m in models for op in m.ops
     ):
         notes.append("the traces hold no FSDP collective: the FSDP changes change nothing here")
-    device = modelled[0].device
     platform = platform_of(
         device,
         models,
         framework=framework,
         unshard_async_op=True if change.unshard_async_op else unshard_async_op,
+        overlap=(True, "the change sets the unshard async op")
+        if change.unshard_async_op and overlap is not None
+        else overlap,
     )
     if change.prefetch and not platform.gathers_overlap:
         notes.append(
@@ -208,16 +233,17 @@ def run_whatif(
     delta, basis = _memory_delta(models, change)
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
-    for s in modelled:
-        base = [replay(m) for m in s.step_models]
-        changed_models = [apply_change(m, change, platform, fits, overhead) for m in s.step_models]
+    for rank in sorted(by_rank):
+        steps = by_rank[rank]
+        base = [replay(m) for m in steps]
+        changed_models = [apply_change(m, change, platform, fits, overhead) for m in steps]
         changed = [replay(m) for m in changed_models]
-        peak = (peaks or {}).get(s.rank)
+        peak = (peaks or {}).get(rank)
         ranks.append(
             RankPrediction(
-                rank=s.rank,
+                rank=rank,
                 steps=len(base),
-                measured_ms=statistics.median(m.duration_us for m in s.step_models) / 1e3,
+                measured_ms=statistics.median(m.duration_us for m in steps) / 1e3,
                 replayed_ms=statistics.median(r.duration_us for r in base) / 1e3,
                 predicted_ms=statistics.median(r.duration_us for r in changed) / 1e3,
                 waited_ms=statistics.median(r.waited_us for r in base) / 1e3,
@@ -227,14 +253,14 @@ def run_whatif(
             )
         )
         if timeline is None:
-            k = _median_index([m.duration_us for m in s.step_models])
-            timeline = StepReplay(s.rank, s.step_models[k], changed_models[k], base[k], changed[k])
+            k = _median_index([m.duration_us for m in steps])
+            timeline = StepReplay(rank, steps[k], changed_models[k], base[k], changed[k])
     return WhatIfResult(
         change=change,
         platform=platform,
         fits=sorted(fits.values(), key=lambda f: f.lane),
         overhead=overhead,
-        ranks=sorted(ranks, key=lambda r: r.rank),
+        ranks=ranks,
         memory_delta_bytes=delta,
         memory_basis=basis,
         notes=notes,

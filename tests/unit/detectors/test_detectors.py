@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write, zero3_cpu_trace
+from support.trace_contexts import trace_context
 from zdiag.analyzers.detectors import BY_ID, RULES, run_context
 from zdiag.analyzers.detectors.blocks import find_block_pattern
 from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
@@ -16,7 +17,6 @@ from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
-from zdiag.analyzers.rank.rank_analysis import rank_facts
 from zdiag.collectors.run_records import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
@@ -33,9 +33,7 @@ def _ids(path: Path) -> set[str]:
 
 
 def _ctx(tmp_path: Path, doc: dict[str, object], **kw: object) -> DetectorContext:
-    trace = load_rank_trace(write(tmp_path, doc))
-    ctx = DetectorContext(ledgers={0: build_rank_ledger(trace)}, facts={0: rank_facts(trace)}, **kw)  # type: ignore[arg-type]
-    return ctx
+    return trace_context(write(tmp_path, doc), **kw)
 
 
 def test_registry_lists_every_issue_detector() -> None:
@@ -267,7 +265,7 @@ def _cuda_forward(tmp_path: Path, overlap: bool) -> DetectorContext:
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     b = TraceBuilder()
-    host, corr = 100.0, 1
+    host, corr = 9_700.0, 1  # the host a little ahead of the device, as in a real trace
     prev_gemm_start, prev_gemm_end = 10_000.0, 10_000.0
     for k in range(4):
         fqn = f"layers.{k}"
@@ -352,12 +350,14 @@ def test_activation_oom_from_a_run_dir_without_traces(tmp_path: Path) -> None:
     assert f.evidence["source"] == "oom record"
 
 
-def _as_fsdp1(doc: dict[str, object]) -> dict[str, object]:
-    """The FSDP2 synthetic trace relabelled the way FSDP1 records (no module names)."""
+def _as_fsdp1(doc: dict[str, object], prefetched: bool = False) -> dict[str, object]:
+    """The FSDP2 synthetic trace relabelled the way FSDP1 records (no module names);
+    `prefetched`: every gather issued under FSDP1's prefetch label."""
+    gather = "_pre_backward_prefetch" if prefetched else "_pre_forward_unshard"
     names = {
         "FSDP::pre_forward": "FullyShardedDataParallel._pre_forward",
         "FSDP::pre_backward": "FullyShardedDataParallel._pre_backward_hook",
-        "FSDP::all_gather": "FullyShardedDataParallel._pre_forward_unshard",
+        "FSDP::all_gather": f"FullyShardedDataParallel.{gather}",
         "FSDP::post_backward_reduce": "FullyShardedDataParallel._post_backward_hook",
     }
     events = []
@@ -630,10 +630,8 @@ def test_missing_overlap_quiet_when_every_gather_is_already_prefetched(tmp_path:
     late = _ctx(tmp_path / "late", doc)
     (f,) = [f for f in run_context(late).findings if f.id == "missing-overlap"]
     assert f.evidence["exposed_share"] == 1.0 and (f.expected_gain_ms or 0) > 0
-    ctx = _ctx(tmp_path / "prefetched", doc)
-    for lg in ctx.fsdp_ledgers():
-        for r in lg.gathers:
-            r.prefetched = True
+    ctx = _ctx(tmp_path / "prefetched", _as_fsdp1(fsdp2_cpu_trace(BLOCKS, steps=2), True))
+    assert all(r.prefetched for lg in ctx.fsdp_ledgers() for r in lg.gathers)
     assert "missing-overlap" not in {f.id for f in run_context(ctx).findings}
 
 

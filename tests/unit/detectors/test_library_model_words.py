@@ -8,12 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write
+from support.trace_contexts import trace_context
 from zdiag.analyzers.detectors import missing_overlap, step_verdicts
 from zdiag.analyzers.detectors.context import DetectorContext
-from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.inputs.model_facts import ModelFacts
-from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
-from zdiag.analyzers.rank.rank_analysis import RankFacts, rank_facts
+from zdiag.analyzers.rank.rank_analysis import RankFacts
 from zdiag.analyzers.report import StepBreakdown
 from zdiag.collectors.model_schema import Fsdp2Unit, ModelDescription
 
@@ -47,10 +46,7 @@ def _fsdp2_model(
 
 
 def _serial_ctx(tmp_path: Path, model: ModelFacts) -> DetectorContext:
-    trace = load_rank_trace(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
-    return DetectorContext(
-        ledgers={0: build_rank_ledger(trace)}, facts={0: rank_facts(trace)}, model=model
-    )
+    return trace_context(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)), model=model)
 
 
 def test_missing_overlap_names_a_prefetch_list_that_names_the_unit_itself(

@@ -13,17 +13,17 @@ import pytest
 
 from conftest import REPO_ROOT
 from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write
+from support.trace_contexts import trace_context
 from zdiag.analyzers.detectors import BY_ID, RULES, STRAGGLER_RULE
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.detectors.docs import rules_markdown
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
-from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.analyzers.rank.declared_groups import ProcessGroupInfo
-from zdiag.analyzers.rank.fsdp_ledger import CollectiveRecord, RankLedger, build_rank_ledger
+from zdiag.analyzers.rank.fsdp_ledger import CollectiveRecord, RankLedger
 from zdiag.analyzers.rank.host_syncs import HostSyncSites
 from zdiag.analyzers.rank.pipeline_times import PipelineStepTimes
-from zdiag.analyzers.rank.rank_analysis import RankFacts, rank_facts
+from zdiag.analyzers.rank.rank_analysis import RankFacts
 from zdiag.analyzers.report import Finding, MemoryBreakdown, StepBreakdown
 from zdiag.analyzers.run import crossrank, stragglers
 from zdiag.cli import main as zdiag_main
@@ -108,10 +108,7 @@ def test_unreported_thresholds_are_the_pinned_ones() -> None:
 
 
 def _trace_ctx(tmp_path: Path, doc: dict[str, Any], **kw: Any) -> DetectorContext:
-    trace = load_rank_trace(write(tmp_path, doc))
-    return DetectorContext(
-        ledgers={0: build_rank_ledger(trace)}, facts={0: rank_facts(trace)}, **kw
-    )
+    return trace_context(write(tmp_path, doc), **kw)
 
 
 def _step(i: int, verdict: str, idle: float, exposed: float, comm: float = 0.0) -> StepBreakdown:

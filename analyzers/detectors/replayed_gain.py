@@ -1,0 +1,50 @@
+"""A finding's expected gain, replayed: the what-if engine (analyzers/whatif/) run on the
+detector context's step models with the change the finding recommends.
+
+`replayed(ctx, change)` replays the change on every modelled rank and gives the result (None
+when no rank has a modelled step or the change does not apply). The platform is the fact
+sheet's: on a CPU-only run, gathers overlap only where it says they can (the unshard async op
+the run sets, ZeRO-3), or where the change itself sets the async op; elsewhere they can. `gain_text` states the
+counterfactual that ran, for the finding's `gain_method`.
+"""
+
+from __future__ import annotations
+
+from ..whatif.run_whatif import Change, WhatIfError, WhatIfResult, replay_change
+from .context import DetectorContext
+
+
+def replayed(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
+    """The replay of `change` over the run (None: nothing modelled, or the change does not
+    apply to this run)."""
+    if not ctx.step_models:
+        return None
+    sheet = ctx.sheet
+    if sheet.cpu_only:
+        can = sheet.gathers_can_overlap()
+        why = (
+            "CPU/gloo: the run's gathers run on gloo's worker thread (unshard async op, ZeRO-3)"
+            if can
+            else "CPU/gloo: blocking all-gathers run on the training thread"
+        )
+    else:
+        can, why = True, "collectives run on their own streams (not a CPU-only run)"
+    try:
+        return replay_change(
+            ctx.step_models,
+            ctx.device,
+            change,
+            framework=sheet.framework.name if sheet.framework else None,
+            overlap=(can, why),
+        )
+    except WhatIfError:
+        return None
+
+
+def gain_text(result: WhatIfResult) -> str:
+    """How the gain was computed, with the counterfactual that ran."""
+    return (
+        f"replayed (zdiag whatif {result.change.label()}): the measured step re-timed with "
+        f"the change, {result.measured_ms:.1f} -> {result.predicted_ms:.1f} ms, median over "
+        f"{len(result.ranks)} rank(s); {result.platform.reason} (docs/whatif.md)"
+    )
