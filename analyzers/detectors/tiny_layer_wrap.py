@@ -17,16 +17,18 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..frameworks import BlockSet
 from ..frameworks.base import attribute_path
 from ..rank.fsdp_ledger import GATHER_FAMILY, CollectiveRecord, RankLedger
 from ..report import Finding
+from ..whatif.run_whatif import Change
 from .blocks import find_block_pattern
 from .comm_model import RESAMPLES, AlphaBeta, SizeJudgement, judge_below_flat
 from .context import DetectorContext
 from .facts import block_set, model_block_set
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 
 # (the reasoning behind each value: RULE's thresholds, at the end of the module)
@@ -259,12 +261,33 @@ def _evidence(sp: _Split, g: _Gain, per_block: float) -> dict[str, object]:
     }
 
 
+def _wrap_prefix(sp: _Split) -> str | None:
+    """The modules whose children the fix makes units, as `zdiag whatif --wrap` takes them
+    (comma-separated), from the split blocks' paths; None when a block path has no parent."""
+    parents = set()
+    for block in sp.split:
+        if "." not in block:
+            return None
+        parents.add(block.rsplit(".", 1)[0])
+    return ",".join(sorted(parents)) or None
+
+
+def _replayed_gain(ctx: DetectorContext, sp: _Split, g: _Gain) -> _Gain:
+    """`g` with the replayed gain of the fix (each block one unit, `zdiag whatif --wrap`)
+    where the step models allow, else `g` as measured."""
+    prefix = _wrap_prefix(sp)
+    result = replayed(ctx, Change(wrap=prefix)) if prefix else None
+    if result is None:
+        return g
+    return replace(g, ms=max(0.0, result.gain_ms), method=gain_text(result))
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """The tiny-layer-wrap finding, or none."""
     sp = _split_blocks(ctx)
     if sp is None:
         return []
-    g = _gain(ctx, sp)
+    g = _replayed_gain(ctx, sp, _gain(ctx, sp))
     per_block = statistics.mean(len(u) for u in sp.split.values())
     split_units = sp.units
     example = [attribute_path(u) for u in sorted(split_units)[:4]]  # as the code spells them

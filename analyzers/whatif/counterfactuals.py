@@ -5,7 +5,8 @@
   unit's work. Only where the platform overlaps gathers (`platform.py`): on a blocking CPU run
   a prefetch moves the gather, it does not hide it, and the model is left as measured.
 - `no_reshard_after_forward(model)`: the backward re-gathers of units that gathered in forward go.
-- `coarser_wrap(model, prefix, fits)`: the units under each child of `prefix` become one unit:
+- `coarser_wrap(model, prefix, fits)`: the units under each child of `prefix` (one module path,
+  or several comma-separated) become one unit:
   their gathers merge into one issued where the first was and awaited where the first was; their
   reduce-scatters merge into one issued where the last was. The merged call costs what the
   lane's fit gives for the members' bytes together (one latency, one wait for the peers), or,
@@ -126,11 +127,14 @@ def no_reshard_after_forward(model: StepModel) -> StepModel:
 
 
 def wrap_key(unit: str, prefix: str) -> str | None:
-    """The unit a coarser wrap at the children of `prefix` puts `unit` in (None: outside)."""
-    if not unit.startswith(prefix + "."):
-        return None
-    rest = unit[len(prefix) + 1 :]
-    return f"{prefix}.{rest.split('.', 1)[0]}"
+    """The unit a coarser wrap at the children of `prefix` puts `unit` in (None: outside).
+    `prefix` may name several modules, comma-separated (`encoder.towers,decoder.towers`)."""
+    for p in prefix.split(","):
+        p = p.strip().strip(".")
+        if p and unit.startswith(p + "."):
+            rest = unit[len(p) + 1 :]
+            return f"{p}.{rest.split('.', 1)[0]}"
+    return None
 
 
 def units_under(models: Sequence[StepModel], prefix: str) -> set[str]:

@@ -10,9 +10,10 @@ timeline hid (at least OVERLAP_EVIDENCE_SHARE of their time under compute) can o
 
 Cost. Per comm lane (process group and kind), `dur = alpha + bytes / bandwidth`, fitted on the
 run's own calls: the lower quartile of the durations at each message size (the fastest calls
-wait least for peers), then least squares over the sizes. With fewer than two sizes apart by
-at least SIZE_SPREAD the latency cannot be told from the bandwidth: alpha is 0 and the fit says
-so. `error` is the median relative error of the fit over every call it covers.
+wait least for peers), then least squares over the sizes (a negative intercept: no latency;
+no growth with size: the fastest size's time as the latency and the line through the largest
+size's point). With fewer than two sizes apart by at least SIZE_SPREAD the latency cannot be
+told from the bandwidth: alpha is 0 and the fit says so. `error` is the median relative error of the fit over every call it covers.
 """
 
 from __future__ import annotations
@@ -117,9 +118,11 @@ def fit_comm(models: Iterable[StepModel]) -> dict[str, CommFit]:
             if slope > 0 and intercept >= 0:
                 alpha, per_byte = float(intercept), float(slope)
             elif slope > 0:
-                per_byte = float(np.median(ys / xs))
-            else:
-                known = False
+                per_byte = float(slope)
+            else:  # no growth with size seen: the fastest call's latency, and the line to
+                # the largest size's point (never cheaper per byte than that call)
+                alpha = float(ys.min())
+                per_byte = max(float(ys[-1]) - alpha, 0.0) / float(xs[-1]) or 1e-12
         fit = CommFit(lane, alpha, 1.0 / per_byte, 0, len(xs), 0.0, known)
         errs = [abs(fit.duration_us(b) - d) / d for b, ds in sizes.items() for d in ds if d > 0]
         out[lane] = CommFit(
