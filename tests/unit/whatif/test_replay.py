@@ -217,3 +217,40 @@ def msgspec_replace(op: ModelOp, **kw: object) -> ModelOp:
     import msgspec
 
     return msgspec.structs.replace(op, **kw)
+
+
+def test_wrap_prefixes_may_name_several_containers() -> None:
+    assert (
+        cf.wrap_key("encoder.towers.1.attn.q", "decoder.towers,encoder.towers")
+        == "encoder.towers.1"
+    )
+    assert (
+        cf.wrap_key("decoder.towers.0.ffn", "decoder.towers,encoder.towers") == "decoder.towers.0"
+    )
+    assert cf.wrap_key("head", "decoder.towers,encoder.towers") is None
+    assert cf.wrap_key("layers", "layers") is None  # the container itself is not under it
+
+
+def test_comm_fit_without_growth_keeps_the_fastest_latency() -> None:
+    """Latency-bound calls (no growth with size): merging them must not cost more than the
+    calls it replaces (a bandwidth from the smallest message's time made a merged call 7x
+    slower than all its members together)."""
+    sizes = (1024, 65536, 262144, 720896)
+    ops = [
+        ModelOp(
+            kind="all_gather",
+            lane="pg|ag",
+            issue_pos_us=0.0,
+            after=-1,
+            delay_us=0.0,
+            dur_us=d,
+            bytes=b,
+        )
+        for b, d in zip(sizes, (900.0, 880.0, 870.0, 860.0), strict=True)
+    ]
+    fit = fit_comm([StepModel(step=0, start_us=0.0, duration_us=1.0, work_us=1.0, ops=ops)])[
+        "pg|ag"
+    ]
+    assert fit.alpha_us == pytest.approx(860.0)
+    merged = fit.duration_us(sum(sizes))
+    assert merged < sum((900.0, 880.0, 870.0, 860.0))
