@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from ..frameworks import Framework
 from ..report import Finding
+from ..whatif.run_whatif import Change
 from .context import DetectorContext
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 from .unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
 
@@ -137,6 +139,15 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
     gain = min(exposed, max(0.0, compute - (comm - exposed)))
     # nothing to gain here: the gathers block on CPU, or the run already has every setting
     nothing_to_do = blocking or not has_remedy
+    # a sharding framework's remedy is prefetching (with FSDP2's async unshard on a CPU run
+    # that lacks it): its gain is the replay of that change, the figure missing-overlap gives
+    lacks_async = lacks_unshard_async_op(ctx.sheet, fw)
+    replay = (
+        replayed(ctx, Change(prefetch=1, unshard_async_op=lacks_async))
+        if fw is not None and fw.name in SHARDING_FRAMEWORKS and has_remedy
+        and (lacks_async or not blocking)
+        else None
+    )  # fmt: skip
     return [
         Finding(
             id="exposed-comm",
@@ -158,16 +169,24 @@ def detect_exposed_comm(ctx: DetectorContext) -> list[Finding]:
             },
             recommendation=recommendation,
             code=code,
-            expected_gain_ms=0.0 if nothing_to_do else round(gain, 3),
-            gain_method=(
+            expected_gain_ms=(
+                round(max(0.0, replay.gain_ms), 3)
+                if replay is not None
+                else 0.0
+                if nothing_to_do
+                else round(gain, 3)
+            ),
+            gain_method=gain_text(replay)
+            if replay is not None
+            else (
                 "the exposed communication per step, up to the compute not already overlapping "
                 "communication (what perfect overlap could hide)"
                 + (
                     "; 0 on this CPU-only run, where FSDP2's gathers block the training thread "
                     "until its unshard runs as an async op, and what that op hides beside compute "
-                    "on the same cores is not predicted (overlap_gain_ms_per_step is the figure "
-                    "on GPUs)"
-                    if lacks_unshard_async_op(ctx.sheet, fw)
+                    "on the same cores is not predicted without the traces' step models "
+                    "(overlap_gain_ms_per_step is the figure on GPUs)"
+                    if lacks_async
                     else "; 0 on this CPU-only run, where the framework's collectives block the "
                     "training thread (overlap_gain_ms_per_step is the figure on GPUs)"
                     if blocking
@@ -312,9 +331,12 @@ EXPOSED_COMM_RULE = Rule(
         "runs are told to set that op (a private API), never that they have every setting."
     ),
     gain=(
-        "Exposed communication per step up to the compute not already overlapping "
-        "communication (`overlap_gain_ms_per_step`); 0 where the gathers block the CPU "
-        "training thread."
+        "For FSDP2, FSDP1 and ZeRO-3, whose remedy is prefetching: the what-if replay of that "
+        "change, the figure missing-overlap gives (`zdiag whatif RUN --prefetch 1`, plus "
+        "`--unshard-async-op` on a CPU FSDP2 run without it; docs/whatif.md); 0 where the "
+        "gathers block the CPU training thread whatever the settings. Otherwise the exposed "
+        "communication per step up to the compute not already overlapping communication "
+        "(`overlap_gain_ms_per_step`, what perfect overlap could hide)."
     ),
     scope="any run with step markers (the per-step verdicts)",
     thresholds=(

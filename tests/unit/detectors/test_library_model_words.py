@@ -104,7 +104,7 @@ def test_exposed_comm_on_cpu_fsdp2_proposes_the_unshard_async_op_it_lacks() -> N
     assert (f.code or "").startswith("model._set_unshard_async_op(True)")
     assert "until its unshard runs as an async op" in f.recommendation
     assert "whatever these settings" not in f.recommendation
-    # what the op hides beside compute on the same cores is not predicted: info, 0 ms, as before
+    # a context without the traces' step models: what the op hides is not predicted (0 ms)
     assert f.severity == "info" and f.expected_gain_ms == 0.0
     assert "is not predicted" in f.gain_method
     with_op = _exposed_comm_ctx(
@@ -115,6 +115,29 @@ def test_exposed_comm_on_cpu_fsdp2_proposes_the_unshard_async_op_it_lacks() -> N
     assert g.code is None and g.severity == "info" and g.expected_gain_ms == 0.0
     (h,) = step_verdicts.detect_exposed_comm(_exposed_comm_ctx(model, kernels=5))
     assert "already sets every" in h.recommendation and h.code is None  # not needed on GPUs
+
+
+def test_exposed_comm_and_missing_overlap_give_one_replayed_gain(tmp_path: Path) -> None:
+    """On a CPU FSDP2 run without the unshard async op whose steps are modelled, both findings
+    propose prefetching with that op and both take its gain from the same replay: one figure,
+    naming the `zdiag whatif` command that gives it."""
+    import dataclasses
+
+    ctx = trace_context(
+        write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)), model=_fsdp2_model({}, {})
+    )
+    step = StepBreakdown(
+        step=1, duration_ms=4.0, compute_ms=2.4, comm_ms=1.6, overlapped_ms=0.0,
+        exposed_comm_ms=1.6, idle_ms=0.0, verdict="exposed-comm",
+    )  # fmt: skip
+    ctx = dataclasses.replace(ctx, breakdowns={0: [step, step]})
+    assert ctx.sheet.cpu_only and not ctx.sheet.gathers_can_overlap()
+    (e,) = step_verdicts.detect_exposed_comm(ctx)
+    (m,) = missing_overlap.detect(ctx)
+    assert e.expected_gain_ms == m.expected_gain_ms
+    assert e.expected_gain_ms is not None and e.expected_gain_ms > 0
+    assert "zdiag whatif --prefetch 1 --unshard-async-op" in e.gain_method
+    assert e.gain_method == m.gain_method
 
 
 RESNET18 = Path(__file__).parents[2] / "data" / "library_models" / "resnet18_fsdp1.model.json"
