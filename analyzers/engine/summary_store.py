@@ -61,6 +61,7 @@ from ...collectors.rundir import summary_path_for
 from ..inputs.safe_read import open_regular
 from ..rank.fsdp_ledger import fill_missing_bytes
 from ..rank.rank_analysis import RankContext
+from ..rank.step_model import fill_missing_op_bytes
 from ..rank.summary import (
     SUMMARY_SCHEMA,
     RankSummary,
@@ -288,7 +289,7 @@ def apply_context(summary: RankSummary, context: RankContext) -> RankSummary | N
     be dropped as unfinished, no collector error reported and no gloo call to attribute by its
     thread (a rank of groups of different members with recorded threads); FSDP message sizes the
     trace did not record are filled from `context.unit_param_bytes` (as the map does: the
-    ledger's totals do not depend on them). `summary` is changed in place and returned."""
+    ledger's totals do not depend on them), in the ledger and in the step models. `summary` is changed in place and returned."""
     if summary.rank_source != "distributedInfo" or context.collector_errors:
         return None
     if context.thread_groups and _groups_differ(summary):  # gloo calls: groups by thread
@@ -302,6 +303,8 @@ def apply_context(summary: RankSummary, context: RankContext) -> RankSummary | N
         return None
     if context.unit_param_bytes and summary.ledger is not None:
         fill_missing_bytes(summary.ledger, context.unit_param_bytes)
+    if context.unit_param_bytes:
+        fill_missing_op_bytes(summary.step_models, context.unit_param_bytes)
     return summary
 
 

@@ -26,7 +26,7 @@ back the measured step (to rounding), which `bench/whatif_replay.py` checks on e
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import numpy as np
@@ -272,6 +272,16 @@ def build_step_models(
             )
         )
     return out
+
+
+def fill_missing_op_bytes(models: Sequence[StepModel], unit_param_bytes: Mapping[str, int]) -> None:
+    """FSDP ops whose size the trace did not record take their unit's unsharded parameter
+    bytes, as the ledger's records do (`fsdp_ledger.fill_missing_bytes`); for a summary computed
+    before those sizes were known (inside the job). Changes the models in place."""
+    for m in models:
+        for op in m.ops:
+            if op.family and op.bytes <= 0 and unit_param_bytes.get(op.unit, 0) > 0:
+                op.bytes = unit_param_bytes[op.unit]
 
 
 def _time_at(pos: float, start: float, ws: npt.NDArray[np.float64], we: npt.NDArray[np.float64],
