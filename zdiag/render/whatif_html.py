@@ -16,7 +16,7 @@ from zdiag.analyzers.whatif.run_whatif import WhatIfResult
 from zdiag.render._html_parts import e
 from zdiag.render.format import fmt_bytes, fmt_ms
 from zdiag.render.html import CSS, PLOTLY_LOADER, _Figures, packed_plotlyjs
-from zdiag.render.whatif_text import render_whatif_text
+from zdiag.render.whatif_text import lane_label, render_whatif_text
 
 MEASURED_COLOR, CHANGED_COLOR, WAIT_COLOR = "#9aa5b1", "#4c78a8", "#c62828"
 MAX_BARS = 4000
@@ -28,7 +28,7 @@ def _bars(
 ) -> tuple[list[str], list[float], list[float], list[str], list[str]]:
     rows, bases, widths, colors, texts = [], [], [], [], []
     for op, t in list(zip(model.ops, rep.ops, strict=True))[:MAX_BARS]:
-        rows.append(f"{side} · {op.lane}")
+        rows.append(f"{side} · {lane_label(op.lane)}")
         bases.append(t.start_us / 1e3)
         widths.append(max(t.end_us - t.start_us, 0.0) / 1e3)
         colors.append(MEASURED_COLOR if side == "measured" else CHANGED_COLOR)

@@ -13,6 +13,13 @@ MAX_RANK_ROWS = 32
 """Rank rows in the text (the slowest predicted first); --json has every rank."""
 
 
+def lane_label(lane: str) -> str:
+    """A comm lane as shown: "<process group> <kind>", or the kind alone when the trace names
+    no group."""
+    group, _, kind = lane.rpartition("|")
+    return f"{group} {kind}" if group else kind
+
+
 def _pct(new: float, old: float) -> str:
     return f"{100.0 * (new - old) / old:+.1f}%" if old else "n/a"
 
@@ -40,7 +47,7 @@ def render_whatif_text(result: WhatIfResult, width: int = 100) -> str:
     for f in r.fits:
         latency = f"{f.alpha_us:.0f} us + " if f.latency_known else "(one size: no latency) "
         lines.append(
-            f"comm fit {f.lane}: {latency}{f.bytes_per_us / 1e3:.3g} GB/s, "
+            f"comm fit {lane_label(f.lane)}: {latency}{f.bytes_per_us / 1e3:.3g} GB/s, "
             f"{f.calls} calls, {f.sizes} sizes, median error {f.error:.0%}"
         )
     if r.overhead is not None:

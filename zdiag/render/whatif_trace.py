@@ -14,6 +14,7 @@ from typing import Any
 from zdiag.analyzers.rank.step_model import StepModel
 from zdiag.analyzers.whatif.replay import Replay
 from zdiag.analyzers.whatif.run_whatif import WhatIfResult
+from zdiag.render.whatif_text import lane_label
 
 PID_BASE = 2_000_000_000
 LANE_TID = 1
@@ -68,7 +69,13 @@ def _process(pid: int, name: str, model: StepModel, rep: Replay) -> list[dict[st
             )
     for lane, tid in tids.items():
         events.append(
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": lane_label(lane)},
+            }
         )
     return events
 
