@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "zdiag.commands.whatif",
         "replay the measured step with a changed schedule: predicted step time and memory",
     ),
+    "plan": (
+        "zdiag.commands.plan",
+        "search wrap, prefetch and resharding with the replay: the best plan as code",
+    ),
     "monitor": ("zdiag.commands.monitor", "follow a running multi-node job live, rank by rank"),
     "capture": (
         "zdiag.commands.capture",
@@ -57,6 +61,7 @@ examples:
   zdiag analyze run_dir/ --html report.html       # the interactive page
   zdiag diff runs/good runs/bad                   # what changed between two runs, and why
   zdiag whatif run_dir/ --prefetch 2              # the step replayed with a changed schedule
+  zdiag plan run_dir/ --memory-budget-gb 40       # the fastest wrap/prefetch/reshard plan, as code
   zdiag monitor --listen 127.0.0.1:5577           # follow a running job live
   zdiag completion bash > ~/.local/share/bash-completion/completions/zdiag
 """,

@@ -18,7 +18,7 @@ from msgspec import UNSET
 from zdiag import __version__
 
 from ...collectors.run_records import Manifest
-from ..detectors import STRAGGLER_RULE, build_context, run_context
+from ..detectors import STRAGGLER_RULE, DetectorContext, build_context, run_context
 from ..inputs.model_facts import ModelFacts
 from ..inputs.oom_records import OomRecords
 from ..rank import verdict
@@ -74,10 +74,12 @@ class RunFacts:
 
 @dataclass(frozen=True)
 class Reduction:
-    """The reduce's result: the Report and the cross-rank matching it was built from."""
+    """The reduce's result: the Report, the cross-rank matching and the detectors' context it
+    was built from (what `zdiag plan` reads: the fact sheet and the step models)."""
 
     report: Report
     crossrank: CrossRankResult
+    context: DetectorContext | None = None
 
 
 def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
@@ -134,7 +136,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         comm_dimensions=comm_dimensions(summaries, run.model.mesh if run.model else None),
         operators=merge_tables([s.operators for s in summaries if s.operators]) or UNSET,
     )
-    return Reduction(report=report, crossrank=matching)
+    return Reduction(report=report, crossrank=matching, context=ctx)
 
 
 def merged_memory(

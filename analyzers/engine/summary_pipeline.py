@@ -24,6 +24,7 @@ import msgspec
 
 from zdiag.errors import InputError
 
+from ..detectors.context import DetectorContext
 from ..detectors.hang_finding import dump_warnings
 from ..inputs.discovery import discover, json_bytes, manifest_ranks
 from ..inputs.flight_dumps import find_dumps, read_dumps
@@ -90,6 +91,7 @@ class SummaryRun:
     report: Report
     summaries: list[RankSummary]
     sources: SummarySources
+    context: DetectorContext | None = None  # the detectors' context (fact sheet, step models)
 
 
 @dataclass(frozen=True)
@@ -212,9 +214,12 @@ def _analyze_urls(
         summaries = [s for s in summaries if s.rank in set(options.ranks)]
     summaries = _with_timelines(summaries, dict(by_url))
     facts = RunFacts(inputs=tuple(files))
-    report = reduce_run(summaries, facts).report
+    reduction = reduce_run(summaries, facts)
     return SummaryRun(
-        report=report, summaries=summaries, sources=SummarySources(mapped=len(outputs))
+        report=reduction.report,
+        summaries=summaries,
+        sources=SummarySources(mapped=len(outputs)),
+        context=reduction.context,
     )
 
 
@@ -361,7 +366,9 @@ def _analyze_local(
         summaries = [s for s in summaries if s.rank in set(options.ranks)]
     summaries = _with_timelines(summaries, encoded)
     reduction = reduce_run(summaries, run_facts(run, summaries, model, model_warnings))
-    return SummaryRun(report=reduction.report, summaries=summaries, sources=sources)
+    return SummaryRun(
+        report=reduction.report, summaries=summaries, sources=sources, context=reduction.context
+    )
 
 
 def analyze_paths(

@@ -1,0 +1,205 @@
+"""The planner: every combination of the changes the replay models and the run can take,
+replayed, ranked by predicted step time under a memory budget.
+
+The grid (exact: every combination is replayed on every modelled step of every rank):
+
+- wrap: as measured, or, where today's FSDP2 units are finer than the repeated blocks, each
+  block one unit (the containers the detectors find; `zdiag whatif --wrap`);
+- prefetch: as measured, or depth 1 on every unit (with FSDP2's async unshard on a CPU run that
+  lacks it, without which nothing overlaps there);
+- FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
+
+A finer wrap, activation checkpointing, micro-batches and mesh shapes are not modelled yet and
+not searched (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
+ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
+plans are ranked by step time alone (a note says so). The best plan's code comes from the
+framework's own remedies, so it names the run's modules and mesh as the findings' code does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..detectors.blocks import find_block_pattern
+from ..detectors.context import DetectorContext
+from ..detectors.facts import block_set, blocks_are_units
+from ..detectors.replayed_gain import replayed
+from ..detectors.unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
+from ..frameworks import Remedy, RunFacts
+from ..whatif.run_whatif import Change, WhatIfResult
+
+RESHARD_OFF_LINE = (
+    "model.set_reshard_after_forward(False)  # every unit keeps its gathered parameters "
+    "from forward to backward"
+)
+
+
+class PlanError(ValueError):
+    """A run the planner cannot plan for (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One candidate: the change, its replay, its predicted peak and whether it fits."""
+
+    change: Change
+    result: WhatIfResult
+    predicted_peak_bytes: int | None
+    fits_budget: bool | None  # None: no budget, or no measured peak to judge it
+
+    @property
+    def predicted_ms(self) -> float:
+        """The job's predicted median step."""
+        return self.result.predicted_ms
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """The ranked plans (best first) and how the search was made."""
+
+    plans: list[Plan]
+    measured_ms: float
+    measured_peak_bytes: int | None
+    budget_bytes: int | None
+    framework: str
+    grid: list[str]  # the choices searched, in words
+    code: str | None  # the best plan as code (None: the best is the run as it is)
+    text: str  # what the best plan changes, in words
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Plan:
+        """The first plan: the fastest within the budget."""
+        return self.plans[0]
+
+
+def _wrap_choice(ctx: DetectorContext) -> tuple[str | None, RunFacts]:
+    """(the containers a block wrap would use, the RunFacts for the remedies), from the first
+    FSDP rank's units; no wrap choice when the blocks are units already or not found."""
+    fw = ctx.sheet.framework
+    ledgers = ctx.fsdp_ledgers()
+    units = ledgers[0].unit_order if ledgers else []
+    pattern = find_block_pattern(units)
+    facts = ctx.sheet.run_facts(fw, block_set(pattern), blocks_are_units(pattern, units))
+    blocks = facts.blocks
+    finer = facts.blocks_are_units is False and blocks is not None and blocks.containers
+    if fw.name != "fsdp2" or not finer or blocks is None:
+        return None, facts
+    return ",".join(blocks.containers), facts
+
+
+def _reshards(ctx: DetectorContext) -> bool:
+    """Whether the run's FSDP2 units re-gather in backward (the step models show it)."""
+    for models in ctx.step_models.values():
+        for m in models:
+            fwd = {op.unit for op in m.ops if op.family == "all_gather" and op.phase == "forward"}
+            if any(op.family == "all_gather" and op.phase == "backward" and op.unit in fwd
+                   for op in m.ops):  # fmt: skip
+                return True
+    return False
+
+
+def _code(ctx: DetectorContext, change: Change, facts: RunFacts) -> tuple[str | None, str]:
+    """The change as code and words, from the framework's remedies."""
+    fw = ctx.sheet.framework
+    parts: list[Remedy] = []
+    if change.prefetch:
+        remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))  # wraps first if finer
+        if remedy is not None:
+            parts.append(remedy)
+    elif change.wrap:
+        remedy = fw.wrap_blocks(facts)
+        if remedy is not None:
+            parts.append(remedy)
+    if change.reshard_after_forward is False:
+        parts.append(
+            Remedy(
+                "Keep each unit's gathered parameters from forward to backward "
+                "(no re-gather in backward, more memory held).",
+                RESHARD_OFF_LINE,
+            )
+        )
+    code = "\n".join(p.code for p in parts if p.code) or None
+    return code, " ".join(
+        t if t.endswith(".") else t + "." for t in (p.text.strip() for p in parts) if t
+    )
+
+
+def search(
+    ctx: DetectorContext,
+    *,
+    budget_bytes: int | None = None,
+    peaks: Mapping[int, int] | None = None,
+) -> PlanSearch:
+    """Replay every combination of the grid and rank the plans (see the module docstring)."""
+    if not ctx.step_models:
+        raise PlanError("no rank has a modelled step: the traces hold no step to replay")
+    if not ctx.fsdp_ledgers():
+        raise PlanError(
+            "the traces hold no FSDP or ZeRO collective: there is no wrap or prefetch to plan"
+        )
+    fw = ctx.sheet.framework
+    wrap, facts = _wrap_choice(ctx)
+    async_op = lacks_unshard_async_op(ctx.sheet, fw)
+    wraps: list[str | None] = [None] + ([wrap] if wrap else [])
+    prefetches: list[int | None] = [None, 1]
+    reshards: list[bool | None] = [None] + (
+        [False] if fw.name == "fsdp2" and _reshards(ctx) else []
+    )
+    grid = [
+        "wrap: as measured" + (f", each block one unit ({wrap})" if wrap else ""),
+        "prefetch: as measured, depth 1" + (" with the async unshard" if async_op else ""),
+        "reshard_after_forward: as measured" + (", off" if len(reshards) > 1 else ""),
+    ]
+    peak = max(peaks.values()) if peaks else None
+    plans: list[Plan] = []
+    for w, p, r in itertools.product(wraps, prefetches, reshards):
+        change = Change(prefetch=p, reshard_after_forward=r, wrap=w,
+                        unshard_async_op=bool(p) and async_op)  # fmt: skip
+        result = replayed(ctx, change)
+        if result is None:
+            continue
+        delta = result.memory_delta_bytes
+        predicted_peak = None if peak is None or delta is None else peak + delta
+        fits = (
+            None
+            if budget_bytes is None or predicted_peak is None
+            else predicted_peak <= budget_bytes
+        )
+        plans.append(Plan(change, result, predicted_peak, fits))
+    if not plans:
+        raise PlanError("the replay could not run on this run's step models")
+    baseline = next(pl for pl in plans if pl.change == Change())
+    plans.sort(
+        key=lambda pl: (pl.fits_budget is False, round(pl.predicted_ms, 3), _size(pl.change))
+    )
+    notes: list[str] = []
+    if budget_bytes is not None and peak is None:
+        notes.append(
+            "the run recorded no peak memory (zdiag run --profile-memory, or CUDA snapshots): the "
+            "budget cannot be judged, plans are ranked by step time and their memory deltas shown"
+        )
+    if budget_bytes is not None and all(pl.fits_budget is False for pl in plans):
+        notes.append("no plan fits the budget: the one closest in step time is shown first")
+    best = plans[0]
+    code, text = (None, "") if best.change == Change() else _code(ctx, best.change, facts)
+    return PlanSearch(
+        plans=plans,
+        measured_ms=baseline.result.measured_ms,
+        measured_peak_bytes=peak,
+        budget_bytes=budget_bytes,
+        framework=fw.title,
+        grid=grid,
+        code=code,
+        text=text,
+        notes=notes,
+    )
+
+
+def _size(change: Change) -> int:
+    """How many things a change changes (fewer first among equally fast plans)."""
+    return sum(
+        x not in (None, False) for x in (change.prefetch, change.reshard_after_forward, change.wrap)
+    )

@@ -1,0 +1,60 @@
+"""The planner on synthetic FSDP2 traces: every combination replayed, the budget respected, the
+best plan's code from the framework's remedies."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write
+from support.trace_contexts import trace_context
+from zdiag.analyzers.planning.plan import PlanError, search
+from zdiag.analyzers.report import StepBreakdown
+from zdiag.analyzers.whatif.run_whatif import Change
+
+
+def test_the_grid_is_replayed_whole_and_ranked(tmp_path: Path) -> None:
+    ctx = trace_context(write(tmp_path, fsdp2_cpu_trace(LEAVES, steps=2)))
+    found = search(ctx)
+    labels = {p.change.label() for p in found.plans}
+    assert len(found.plans) == 8  # wrap (as is / blocks) x prefetch (as is / 1) x reshard
+    assert any("--wrap layers" in lb for lb in labels)
+    assert [p.predicted_ms for p in found.plans] == sorted(p.predicted_ms for p in found.plans)
+    baseline = next(p for p in found.plans if p.change == Change())
+    assert baseline.predicted_ms == pytest.approx(found.measured_ms)
+
+
+def test_the_budget_puts_plans_that_fit_first(tmp_path: Path) -> None:
+    ctx = trace_context(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
+    free = search(ctx, peaks={0: 1_000_000})
+    assert free.best.change.reshard_after_forward is False  # no re-gather: fastest, more memory
+    tight = search(ctx, budget_bytes=1_000_000, peaks={0: 1_000_000})
+    assert tight.best.fits_budget is True
+    assert tight.best.change.reshard_after_forward is None  # keeping units costs memory
+    held = [p for p in tight.plans if p.change.reshard_after_forward is False]
+    assert held and all(p.fits_budget is False for p in held)
+    assert tight.plans.index(held[0]) > tight.plans.index(tight.best)
+
+
+def test_a_cpu_fsdp2_run_without_the_async_unshard_gets_it_with_prefetch(tmp_path: Path) -> None:
+    ctx = trace_context(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
+    step = StepBreakdown(step=1, duration_ms=4.0, compute_ms=2.4, comm_ms=1.6, overlapped_ms=0.0,
+                         exposed_comm_ms=1.6, idle_ms=0.0, verdict="exposed-comm")  # fmt: skip
+    ctx = dataclasses.replace(ctx, breakdowns={0: [step, step]})
+    assert ctx.sheet.cpu_only and not ctx.sheet.gathers_can_overlap()
+    found = search(ctx)
+    prefetched = [p for p in found.plans if p.change.prefetch]
+    assert prefetched and all(p.change.unshard_async_op for p in prefetched)
+    assert found.best.change.prefetch == 1  # the gathers are exposed: prefetch pays
+    code = found.code or ""
+    assert "blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])" in code
+    assert "model._set_unshard_async_op(True)" in code
+
+
+def test_no_step_models_is_refused() -> None:
+    from zdiag.analyzers.detectors.context import DetectorContext
+
+    with pytest.raises(PlanError, match="no rank has a modelled step"):
+        search(DetectorContext(ledgers={}))
