@@ -11,7 +11,6 @@ predicted step time and peak, and the runners-up; `--json` writes `zdiag.plan/1`
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from zdiag.errors import ConfigError, InputError
@@ -56,9 +55,8 @@ class PlanCommand:
         from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
         from zdiag.analyzers.planning.plan import PlanError, search
         from zdiag.commands.whatif import _peaks
-        from zdiag.render.output import OutputTarget, check_outputs, write_output, write_stdout
+        from zdiag.render.output import OutputTarget, check_outputs, deliver
         from zdiag.render.plan_text import render_plan_json, render_plan_text
-        from zdiag.render.terminal import DEFAULT_WIDTH, terminal_width
 
         if args.run is None:
             raise ConfigError("give a run: zdiag plan RUN [--memory-budget-gb X] (see --help).")
@@ -80,16 +78,13 @@ class PlanCommand:
             found = search(run.context, budget_bytes=budget, peaks=_peaks(run.report))
         except PlanError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc
-        if args.json:
-            data = render_plan_json(found).encode()
-        else:
-            width = DEFAULT_WIDTH if args.output is not None else terminal_width(sys.stdout)
-            data = render_plan_text(found, width).encode()
-        if args.output is not None:
-            write_output(args.output, data)
-            print(f"zdiag: wrote the plan to {args.output}", file=sys.stderr)
-        else:
-            write_stdout(data)
+        deliver(
+            lambda width: (
+                render_plan_json(found) if args.json else render_plan_text(found, width)
+            ).encode(),
+            args.output,
+            "the plan",
+        )
         return 0
 
 

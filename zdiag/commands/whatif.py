@@ -189,20 +189,16 @@ def _peaks(report: Report) -> dict[int, int]:
 
 
 def _write(result: Any, args: argparse.Namespace) -> None:
-    from zdiag.render.output import write_output, write_stdout
-    from zdiag.render.terminal import DEFAULT_WIDTH, terminal_width
+    from zdiag.render.output import deliver, write_output
     from zdiag.render.whatif_text import render_whatif_json, render_whatif_text
 
-    if args.json:
-        data = render_whatif_json(result).encode()
-    else:
-        width = DEFAULT_WIDTH if args.output is not None else terminal_width(sys.stdout)
-        data = render_whatif_text(result, width).encode()
-    if args.output is not None:
-        write_output(args.output, data)
-        print(f"zdiag: wrote the what-if to {args.output}", file=sys.stderr)
-    else:
-        write_stdout(data)
+    deliver(
+        lambda width: (
+            render_whatif_json(result) if args.json else render_whatif_text(result, width)
+        ).encode(),
+        args.output,
+        "the what-if",
+    )
     if args.perfetto is not None:
         from zdiag.render.whatif_trace import whatif_trace
 

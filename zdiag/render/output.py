@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,3 +251,15 @@ def write_rendered(
         print(f"zdiag: wrote {fmt.wrote} to {destination.path}", file=sys.stderr)
     for note in rendered.notes:
         print(f"zdiag: note: {note}", file=sys.stderr)
+
+
+def deliver(render: Callable[[int], bytes], output: Path | None, what: str) -> None:
+    """A command's main output: `render(width)` to `output` (at DEFAULT_WIDTH, then one line on
+    stderr naming the file) or to stdout (at the terminal's width)."""
+    from zdiag.render.terminal import DEFAULT_WIDTH, terminal_width
+
+    if output is not None:
+        write_output(output, render(DEFAULT_WIDTH))
+        print(f"zdiag: wrote {what} to {output}", file=sys.stderr)
+    else:
+        write_stdout(render(terminal_width(sys.stdout)))
