@@ -56,11 +56,11 @@ def check(path: Path) -> str:
             steps += 1
             ops += len(m.ops)
     took_ms = (time.perf_counter() - t0) * 1e3
-    name = (
-        str(path.relative_to(REPO))
-        if path.is_relative_to(REPO)
-        else str(path.relative_to(REAL.parent))
-    )
+    name = str(path)
+    for root in (REPO, REAL.parent):
+        if path.is_relative_to(root):
+            name = str(path.relative_to(root))
+            break
     return (
         f"| {name} | {len(summaries)} | {steps} | {ops} | {worst_rel:.5%} | {worst_abs:.1f} | "
         f"{took_ms:.1f} |"
