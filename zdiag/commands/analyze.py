@@ -169,6 +169,10 @@ class AnalyzeCommand:
             try:
                 paths = [p if is_url(p) else Path(p) for p in args.paths]
                 report = analyze_via_summaries(paths, options, progress=progress).report
+                if len(inputs) == 1 and inputs[0].is_dir() and not args.rank:
+                    from zdiag.analyzers.engine.capture_reports import with_captures
+
+                    report = with_captures(report, inputs[0], options)  # each its own window
             finally:
                 if progress is not None:
                     progress.close()

@@ -269,11 +269,53 @@ def collectives(report: Report) -> str:
     return "".join(parts)
 
 
+def captures(report: Report) -> str:
+    """The triggered captures, each its own window (the run's `captures`), or nothing."""
+    entries = (report.run or {}).get("captures") or []
+    if not entries:
+        return ""
+    rows = []
+    for c in entries[:MAX_TABLE_ROWS]:
+        if c.get("error"):
+            rows.append(
+                [
+                    f"<code>{e(c['capture'])}</code>",
+                    "",
+                    "",
+                    "",
+                    "",
+                    f"not analyzed: {e(c['error'])}",
+                ]
+            )
+            continue
+        steps = c.get("steps") or []
+        found = "; ".join(
+            f"{f['severity']} {f['id']}: {f['title']}" for f in c.get("findings") or []
+        )
+        rows.append(
+            [
+                f"<code>{e(c['capture'])}</code>",
+                e(f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else steps[0] if steps else ""),
+                e(", ".join(str(r) for r in c.get("ranks") or [])),
+                e(c.get("median_step_ms") if c.get("median_step_ms") is not None else ""),
+                e(c.get("verdict") or ""),
+                e(found or "no finding"),
+            ]
+        )
+    return (
+        '<section id="captures"><h2>Triggered captures</h2><p>Each capture is its own profiler '
+        "window, analyzed on its own.</p>"
+        + _table(["capture", "steps", "ranks", "median step ms", "verdict", "findings"], rows)
+        + "</section>"
+    )
+
+
 def run_facts(report: Report) -> str:
     """Inputs, the manifest summary and the verdict thresholds."""
     parts = ['<section id="run"><h2>Run and thresholds</h2>']
     if report.run:
-        rows = [[e(k), _value(v)] for k, v in list(report.run.items())[:MAX_TABLE_ROWS]]
+        items = [(k, v) for k, v in report.run.items() if k != "captures"]
+        rows = [[e(k), _value(v)] for k, v in items[:MAX_TABLE_ROWS]]
         parts.append(_table(["run", "value"], rows))
     if report.thresholds:
         rows = [[e(k), _value(v)] for k, v in report.thresholds.items()]

@@ -216,8 +216,10 @@ def render_html(report: Report) -> str:
         parts.findings(report),
         *_chart_sections(report, figures),
         parts.collectives(report),
+        parts.captures(report),
         parts.run_facts(report),
     ]
+    sections = [s for s in sections if s]
     if len(report.ranks) >= LARGE_RUN_RANKS:  # large runs: a summarizing section (issue 16.4)
         sections.insert(2, large_run_section(report))
     if figures.notes:

@@ -329,6 +329,38 @@ def _stragglers(out: TextOut, report: Report) -> None:
         )
 
 
+def _captures(out: TextOut, report: Report) -> None:
+    """The triggered captures, each its own window: its steps, verdict and findings."""
+    captures = (report.run or {}).get("captures") or []
+    if not captures:
+        return
+    out.heading(f"Triggered captures ({len(captures)}), each its own profiler window")
+    for c in captures:
+        if c.get("error"):
+            out.wrap(f"- {c['capture']}: not analyzed: {c['error']}", "  ")
+            continue
+        steps = c.get("steps") or []
+        span = (
+            f"steps {steps[0]}-{steps[-1]}"
+            if len(steps) > 1
+            else f"step {steps[0]}"
+            if steps
+            else "no step"
+        )
+        median = c.get("median_step_ms")
+        out.wrap(
+            f"- {c['capture']}: {span}, {fmt_ranks(c.get('ranks') or [])}"
+            + (f", median step {fmt_ms(median)}" if median is not None else "")
+            + (f", mostly {c['verdict']}" if c.get("verdict") else ""),
+            "  ",
+        )
+        for f in c.get("findings") or []:
+            ranks = f" ({fmt_ranks(f['ranks'])})" if f.get("ranks") else ""
+            out.wrap(f"    {f['severity']} {f['id']}{ranks}: {f['title']}", "      ")
+        if not c.get("findings"):
+            out.add("    no finding")
+
+
 def render_text(
     report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False, verbose: bool = False
 ) -> str:
@@ -365,6 +397,7 @@ def render_text(
         out.add(
             "  none" + (" (some detectors failed: see Warnings)" if report.failed_detectors else "")
         )
+    _captures(out, report)
     warnings = list(report.warnings)
     ranks_by_warning: dict[str, list[int]] = {}
     for rank in report.ranks:
