@@ -28,6 +28,7 @@ from ..detectors.facts import block_set, blocks_are_units
 from ..detectors.replayed_gain import replayed
 from ..detectors.unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
 from ..frameworks import Remedy, RunFacts
+from ..whatif.counterfactuals import resharded_units
 from ..whatif.run_whatif import Change, WhatIfResult
 
 RESHARD_OFF_LINE = (
@@ -92,13 +93,7 @@ def _wrap_choice(ctx: DetectorContext) -> tuple[str | None, RunFacts]:
 
 def _reshards(ctx: DetectorContext) -> bool:
     """Whether the run's FSDP2 units re-gather in backward (the step models show it)."""
-    for models in ctx.step_models.values():
-        for m in models:
-            fwd = {op.unit for op in m.ops if op.family == "all_gather" and op.phase == "forward"}
-            if any(op.family == "all_gather" and op.phase == "backward" and op.unit in fwd
-                   for op in m.ops):  # fmt: skip
-                return True
-    return False
+    return any(resharded_units(m) for models in ctx.step_models.values() for m in models)
 
 
 def _code(ctx: DetectorContext, change: Change, facts: RunFacts) -> tuple[str | None, str]:

@@ -60,7 +60,8 @@ class ModelOp(msgspec.Struct, kw_only=True, array_like=True):
     kind: str  # "all_gather", "reduce_scatter", "all_reduce", "send", ...
     lane: str  # comm lane: "<process group>|<kind>"
     issue_pos_us: float  # progress position at which it was issued
-    after: int  # index of the op it queued behind on its lane (-1: none)
+    after: int  # the op it queued behind on its lane (-1: none; the replay queues it behind its
+    # lane's latest op)
     delay_us: float  # measured start - max(issue, lane free): launch, peers, queueing
     dur_us: float  # measured execution time
     wait_pos_us: float | None = None  # progress position the lane waits for its end
@@ -84,12 +85,12 @@ class StepModel(msgspec.Struct, kw_only=True):
     ops: list[ModelOp] = msgspec.field(default_factory=list)
     syncs: list[tuple[float, float]] = msgspec.field(default_factory=list)  # (pos, length)
     # CPU traces: progress inside each FSDP2 unit's own ranges (hooks, copy-in/out): (pos, length,
-    # unit), what a coarser or finer wrap changes besides the collectives
+    # unit), what a coarser wrap changes besides the collectives
     unit_chunks: list[tuple[float, float, str]] = msgspec.field(default_factory=list)
     truncated: bool = False
 
 
-def _progress(waits: iv.IntervalSet, start: float) -> tuple[npt.NDArray[np.float64], ...]:
+def _progress(waits: iv.IntervalSet) -> tuple[npt.NDArray[np.float64], ...]:
     """Arrays for P(t): wait starts, ends, and the waited time before each wait."""
     ws, we = waits
     before = np.concatenate([[0.0], np.cumsum(we - ws)])[:-1] if len(ws) else np.zeros(0)
@@ -204,7 +205,7 @@ def build_step_models(
         waits = iv.union(
             np.array([w[0] for w in wait_of.values()]), np.array([w[1] for w in wait_of.values()])
         )
-        ws, we, before = _progress(waits, s)
+        ws, we, before = _progress(waits)
         work = (e - s) - iv.total(waits)
         ops: list[ModelOp] = []
         lane_last: dict[str, int] = {}

@@ -29,10 +29,11 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from ..rank.fsdp_ledger import GATHER_FAMILY
 from ..rank.step_model import ModelOp, StepModel
 from .platform import CommFit, OverheadFit, Platform
 
-GATHER, REDUCE = "all_gather", "reduce"
+GATHER = GATHER_FAMILY
 
 
 def _passes(model: StepModel) -> dict[str, list[int]]:
@@ -71,10 +72,11 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
     """Gathers issued at least `depth` units ahead (see the module docstring).
 
     A gather already issued under a prefetch label whose consumer the trace does not name
-    (FSDP1, ZeRO-3: awaited where issued) stays. A gather moves only when its new issue position
-    lies before the position at which it measurably started (a gather the host issued early but the device ran late, as on a GPU
-    whose all-gather stream waited, counts from its start); a moved gather keeps only the
-    smallest latency its lane showed (the launch), not the wait that delayed it."""
+    (FSDP1, ZeRO-3: awaited where issued) stays. A gather moves only when its new issue
+    position lies before the position at which it measurably started (a gather the host issued
+    early but the device ran late, as on a GPU whose all-gather stream waited, counts from its
+    start); a moved gather keeps only the smallest latency its lane showed (the launch), not
+    the wait that delayed it."""
     if depth <= 0 or not platform.gathers_overlap:
         return model
     ops = list(model.ops)
@@ -106,7 +108,8 @@ def _latency_floor(model: StepModel) -> dict[str, float]:
     return out
 
 
-def _resharded_units(model: StepModel) -> set[str]:
+def resharded_units(model: StepModel) -> set[str]:
+    """The units the step gathers in forward and again in backward."""
     forward = {op.unit for op in model.ops if op.family == GATHER and op.phase == "forward"}
     return {
         op.unit
@@ -117,7 +120,7 @@ def _resharded_units(model: StepModel) -> set[str]:
 
 def no_reshard_after_forward(model: StepModel) -> StepModel:
     """The backward re-gathers of units gathered in forward removed."""
-    units = _resharded_units(model)
+    units = resharded_units(model)
     ops = [
         op
         for op in model.ops

@@ -151,7 +151,7 @@ def _memory_delta(models: Sequence[StepModel], change: Change) -> tuple[int | No
         delta += max(merged.values()) - largest
         how.append("the largest unit after the wrap, gathered, against the largest now")
     if change.reshard_after_forward is False:
-        kept = {u for m in models for u in cf._resharded_units(m)}
+        kept = {u for m in models for u in cf.resharded_units(m)}
         held = sum(sizes.get(u, 0) for u in kept)
         delta += max(0, held - max((sizes.get(u, 0) for u in kept), default=0))
         how.append("units kept gathered from forward to backward")
