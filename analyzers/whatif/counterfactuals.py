@@ -57,22 +57,30 @@ AHEAD_US = 1.0
 
 
 def measured_depth(model: StepModel) -> int:
-    """The prefetch depth the step shows: 0 when every gather was issued where its consumer
-    ran, 1 when the furthest was issued while the unit before its consumer ran, and so on."""
+    """The prefetch depth the step shows: 0 when every gather started where its consumer ran,
+    1 when the furthest started while the unit before its consumer ran, and so on."""
     depth = 0
     for idx in _passes(model).values():
         anchors = [_anchor(model.ops[j]) for j in idx]
         for k, j in enumerate(idx):
-            issue = model.ops[j].issue_pos_us
-            depth = max(depth, sum(1 for a in anchors[: k + 1] if a > issue + AHEAD_US))
+            started = _started(model.ops[j])
+            depth = max(depth, sum(1 for a in anchors[: k + 1] if a > started + AHEAD_US))
     return depth
+
+
+def _started(op: ModelOp) -> float:
+    """Where the op measurably started (its issue position when the start is not known): on a
+    GPU the host issues far ahead of the device, so only the start compares with consumers."""
+    return op.start_pos_us if op.start_pos_us >= 0 else op.issue_pos_us
 
 
 def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
     """Gathers issued at least `depth` units ahead (see the module docstring).
 
-    A gather already issued under a prefetch label whose consumer the trace does not name
-    (FSDP1, ZeRO-3: awaited where issued) stays. A gather moves only when its new issue
+    A gather already issued `depth` units ahead of its consumer stays (an explicit prefetch
+    list of that depth gains nothing more), and so does one issued under a prefetch label whose
+    consumer the trace does not name (FSDP1, ZeRO-3: awaited where issued). A gather moves only
+    when its new issue
     position lies before the position at which it measurably started (a gather the host issued
     early but the device ran late, as on a GPU whose all-gather stream waited, counts from its
     start); a moved gather keeps only the smallest latency its lane showed (the launch), not
@@ -86,9 +94,12 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
         for k, j in enumerate(idx[depth:], start=depth):
             op = ops[j]
             issue = anchors[k - depth]
-            started = op.start_pos_us if op.start_pos_us >= 0 else op.issue_pos_us
-            if issue >= started or (op.prefetched and op.wait_pos_us == op.issue_pos_us):
-                continue  # already ahead, or prefetched by a label whose consumer is unknown
+            started = _started(op)
+            ahead = sum(1 for a in anchors[: k + 1] if a > started + AHEAD_US)
+            if ahead >= depth or issue >= started:
+                continue  # already issued that far ahead, or started before the new issue
+            if op.prefetched and op.wait_pos_us == op.issue_pos_us:
+                continue  # prefetched under a label whose consumer the trace does not name
             ops[j] = msgspec.structs.replace(
                 op,
                 issue_pos_us=issue,
