@@ -4,7 +4,8 @@
 detectors, the Report) reads, and nothing that needs the trace again: the rank's identity and
 step table, its collectives with per-call timing (as packed columns), the per-kind totals, the
 representative-step timeline, the operators and kernels by name (at most 1000), the FSDP unit
-ledger, the detector facts and, for traces recorded
+ledger, the step models the what-if replay re-times (step_model.py: the first MAX_MODEL_STEPS
+steps), the detector facts and, for traces recorded
 with `profile_memory=True`, the memory breakdown and timeline from their Kineto `[memory]`
 events (kineto_memory.py; at most 2000 timeline points). `encode_summary` /
 `decode_summary` write and read it as zlib-compressed msgpack under the schema
@@ -12,7 +13,9 @@ events (kineto_memory.py; at most 2000 timeline points). `encode_summary` /
 and merged later.
 
 Size: what grows with the trace is the per-call columns (8 + 8 + 2 + 2 + 4 bytes per collective
-before compression), the ledger (one record per FSDP collective, ~120 bytes before compression)
+before compression), the ledger (one record per FSDP collective, ~120 bytes before compression),
+the step models (one row per collective of a modelled step, ~100 bytes, plus the host-sync and
+FSDP-range chunks; at most MAX_MODEL_STEPS steps and MAX_OPS_PER_STEP collectives a step)
 and the step table; the timeline is capped at MAX_TIMELINE_SPANS spans and the operator table at
 MAX_OPERATORS names (one row per distinct name, not per call); nothing grows with the number of
 kernels or host ops. zlib (level 1, ~20 ms per MB) shrinks the whole 4x
