@@ -54,7 +54,7 @@ class PlanCommand:
         from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
         from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
         from zdiag.analyzers.planning.plan import PlanError, search
-        from zdiag.commands.whatif import _peaks
+        from zdiag.commands.whatif import measured_peaks
         from zdiag.render.output import OutputTarget, check_outputs, deliver
         from zdiag.render.plan_text import render_plan_json, render_plan_text
 
@@ -75,7 +75,7 @@ class PlanCommand:
             raise InputError(f"{args.run}: no trace to plan from; give a run with its traces.")
         budget = None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30)
         try:
-            found = search(run.context, budget_bytes=budget, peaks=_peaks(run.report))
+            found = search(run.context, budget_bytes=budget, peaks=measured_peaks(run.report))
         except PlanError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc
         deliver(

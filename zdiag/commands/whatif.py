@@ -145,7 +145,7 @@ class WhatIfCommand:
                 change,
                 framework=config.get("framework"),
                 unshard_async_op=_async_op(config),
-                peaks=_peaks(run.report),
+                peaks=measured_peaks(run.report),
             )
         except WhatIfError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc
@@ -179,7 +179,7 @@ def _async_op(config: dict[str, Any]) -> bool | None:
     return False if value.startswith("False") else None
 
 
-def _peaks(report: Report) -> dict[int, int]:
+def measured_peaks(report: Report) -> dict[int, int]:
     """Each rank's measured peak memory: its snapshot or memory-event breakdown, else timeline."""
     peaks = {m.rank: m.peak_bytes for m in report.memory if m.peak_bytes}
     for b in report.memory_breakdowns:
