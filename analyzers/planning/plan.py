@@ -31,10 +31,7 @@ from ..frameworks import Remedy, RunFacts
 from ..whatif.counterfactuals import resharded_units
 from ..whatif.run_whatif import Change, WhatIfResult
 
-RESHARD_OFF_LINE = (
-    "model.set_reshard_after_forward(False)  # every unit keeps its gathered parameters "
-    "from forward to backward"
-)
+RESHARD_OFF_LINE = "model.set_reshard_after_forward(False)  # no re-gather in backward"
 
 
 class PlanError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from zdiag.analyzers.planning.plan import Plan, PlanSearch
@@ -51,29 +52,35 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         )
     if s.budget_bytes is not None:
         lines.append(f"memory budget: {fmt_bytes(s.budget_bytes)} per rank")
+    lines = [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="  ")]
     if s.text:
-        lines += ["", s.text]
+        lines += ["", *textwrap.wrap(s.text, width)]
     if s.code:
         lines += ["", *s.code.splitlines()]
     lines += ["", "plans (replayed; the fastest within the budget first):"]
-    head = f"{'plan':<58} {'step':>10} {'change':>8} {'peak':>10} {'fits':>5}"
-    if s.measured_peak_bytes is None:
-        head = head.replace("      peak", "peak delta")
-    lines.append(head[:width])
+    peak_head = "peak" if s.measured_peak_bytes is not None else "peak delta"
+    lines.append(f"{'step':>10} {'change':>8} {peak_head:>10} {'fits':>5}  plan")
     for pl in s.plans[: RUNNERS_UP + 1]:
-        lines.append(
-            f"{pl.change.label()[:58]:<58} {fmt_ms(pl.predicted_ms):>10} "
-            f"{_pct(pl.predicted_ms, s.measured_ms):>8} {_peak(pl):>10} "
-            f"{_fits(pl.fits_budget):>5}"[:width]
+        lines.extend(
+            w.rstrip()
+            for w in textwrap.wrap(
+                f"{fmt_ms(pl.predicted_ms):>10} {_pct(pl.predicted_ms, s.measured_ms):>8} "
+                f"{_peak(pl):>10} {_fits(pl.fits_budget):>5}  {pl.change.label()}",
+                max(width, 60),
+                subsequent_indent=" " * 38,
+                drop_whitespace=False,
+            )
         )
     if len(s.plans) > RUNNERS_UP + 1:
         lines.append(f"(+{len(s.plans) - RUNNERS_UP - 1} more in --json)")
-    lines += ["", "searched exactly, every combination replayed: " + "; ".join(s.grid) + "."]
-    lines.append(
+    tail = [
+        "searched exactly, every combination replayed: " + "; ".join(s.grid) + ".",
         "Not searched (not modelled yet): a finer wrap, activation checkpointing, micro-batches, "
-        "mesh shapes (docs/whatif.md). Check the plan: apply it and run again."
-    )
-    lines.extend(f"note: {n}" for n in s.notes)
+        "mesh shapes (docs/whatif.md). Check the plan: apply it and run again.",
+        *(f"note: {n}" for n in s.notes),
+    ]
+    lines.append("")
+    lines += [w for line in tail for w in textwrap.wrap(line, width, subsequent_indent="  ")]
     return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from zdiag.analyzers.whatif.run_whatif import WhatIfResult
@@ -57,19 +58,25 @@ def render_whatif_text(result: WhatIfResult, width: int = 100) -> str:
             f"ms/MiB per unit and step, {o.units} unit-steps, median error {o.error:.0%}"
         )
     lines.extend(f"note: {n}" for n in r.notes)
+    lines = [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="  ")]
     lines.append("")
-    head = f"{'rank':>5} {'steps':>5} {'measured':>11} {'replayed':>11} {'predicted':>11} {'change':>8} {'waited':>10} {'-> waited':>10} {'peak':>10} {'-> peak':>10}"
+    peaks = any(x.peak_bytes is not None for x in r.ranks)  # else the peak columns are left out
+    head = (
+        f"{'rank':>5} {'steps':>5} {'measured':>10} {'replayed':>10} {'predicted':>10} "
+        f"{'change':>8} {'waited':>9} {'-> waited':>9}"
+        + (f" {'peak':>10} {'-> peak':>10}" if peaks else "")
+    )
     lines.append(head[:width])
     rows = sorted(r.ranks, key=lambda x: -x.predicted_ms)
     for x in rows[:MAX_RANK_ROWS]:
-        lines.append(
-            (
-                f"{x.rank:>5} {x.steps:>5} {fmt_ms(x.measured_ms):>11} {fmt_ms(x.replayed_ms):>11} "
-                f"{fmt_ms(x.predicted_ms):>11} {_pct(x.predicted_ms, x.measured_ms):>8} "
-                f"{fmt_ms(x.waited_ms):>10} {fmt_ms(x.predicted_waited_ms):>10} "
-                f"{fmt_bytes(x.peak_bytes):>10} {fmt_bytes(x.predicted_peak_bytes):>10}"
-            )[:width]
+        row = (
+            f"{x.rank:>5} {x.steps:>5} {fmt_ms(x.measured_ms):>10} {fmt_ms(x.replayed_ms):>10} "
+            f"{fmt_ms(x.predicted_ms):>10} {_pct(x.predicted_ms, x.measured_ms):>8} "
+            f"{fmt_ms(x.waited_ms):>9} {fmt_ms(x.predicted_waited_ms):>9}"
         )
+        if peaks:
+            row += f" {fmt_bytes(x.peak_bytes):>10} {fmt_bytes(x.predicted_peak_bytes):>10}"
+        lines.append(row[:width])
     if len(rows) > MAX_RANK_ROWS:
         lines.append(f"(+{len(rows) - MAX_RANK_ROWS} more ranks in --json)")
     return "\n".join(lines) + "\n"
