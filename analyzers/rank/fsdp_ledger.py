@@ -248,6 +248,7 @@ def build_rank_ledger(
     compute: intervals.IntervalSet | None = None,
     unit_param_bytes: Mapping[str, int] | None = None,
     host_windows: tuple[list[float], list[float]] | None = None,
+    labels: dict[int, list[Label]] | None = None,
 ) -> RankLedger:
     """The FSDP ledger of one rank, limited to the given step windows (all events when None).
 
@@ -258,9 +259,10 @@ def build_rank_ledger(
     (the breakdown's `ActivitySets.compute`, so a unit's exposed time agrees with the step
     table; built from the trace when not given). `unit_param_bytes` (e.g. the manifest's
     `fsdp_units`) sizes the collectives the trace recorded without shapes (`fill_missing_bytes`).
+    `labels`: the trace's `labels_by_lane`, when the caller has them already.
     """
     ledger = RankLedger(rank=trace.rank, framework=None, device=trace.device)
-    labels = labels_by_lane(trace)
+    labels = labels_by_lane(trace) if labels is None else labels
     fsdp_labelled = any(lab.framework != "deepspeed" for labs in labels.values() for lab in labs)
     zero3 = set() if fsdp_labelled else zero3_lanes(trace)
     if not labels and not zero3:

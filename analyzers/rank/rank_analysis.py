@@ -36,6 +36,7 @@ from .collective_columns import RankCollectives, rank_collectives
 from .collective_table import build_collectives, collectives_of
 from .comm_dimensions import with_comm_by_dimension
 from .declared_groups import ProcessGroupInfo, trace_groups
+from .fsdp_labels import labels_by_lane
 from .fsdp_ledger import RankLedger, build_rank_ledger
 from .host_syncs import HostSyncSites, host_sync_sites
 from .module_classes import repeated_module_class
@@ -141,6 +142,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
     breakdown = with_comm_by_dimension(trace, windows, sets, breakdown_rank(trace, windows, sets))
     timeline = step_timeline(trace, windows, breakdown, sets)
     warnings += thin_trace_warnings(trace)
+    labels = labels_by_lane(trace)  # read once: the ledger and the step models use them
     ledger = build_rank_ledger(
         trace,
         windows.step.tolist(),
@@ -149,6 +151,7 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         compute=sets.compute,
         unit_param_bytes=context.unit_param_bytes,
         host_windows=(windows.cpu_start_us.tolist(), windows.cpu_end_us.tolist()),
+        labels=labels,
     )
     capacity = device_capacity(trace)
     memory_breakdown, memory_timeline, memory_warnings = kineto_memory(trace, capacity)
@@ -183,7 +186,9 @@ def analyze_rank(trace: RankTrace, context: RankContext | None = None) -> RankAn
         memory_breakdown=memory_breakdown,
         memory_timeline=memory_timeline,
         operators=operator_table(trace, windows),
-        step_models=tuple(build_step_models(trace, windows, sets, collectives, ledger.records)),
+        step_models=tuple(
+            build_step_models(trace, windows, sets, collectives, ledger.records, labels)
+        ),
     )
 
 

@@ -36,7 +36,7 @@ from ..inputs.events import RankTrace
 from . import intervals as iv
 from .breakdown import ActivitySets
 from .collective_columns import RankCollectives
-from .fsdp_labels import labels_by_lane
+from .fsdp_labels import Label
 from .fsdp_ledger import CollectiveRecord
 from .host_syncs import sync_events
 from .steps import StepWindows
@@ -158,10 +158,10 @@ def _sync_chunks(
     return out
 
 
-def _unit_spans(trace: RankTrace) -> dict[str, iv.IntervalSet]:
+def _unit_spans(labels_by_lane: Mapping[int, list[Label]]) -> dict[str, iv.IntervalSet]:
     """Per FSDP2 unit, the union of its labelled ranges (`FSDP::pre_forward (<fqn>)`, ...)."""
     spans: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for labels in labels_by_lane(trace).values():
+    for labels in labels_by_lane.values():
         for lb in labels:
             if lb.framework == "fsdp2" and lb.fqn is not None:
                 spans[lb.fqn][0].append(lb.start)
@@ -175,13 +175,15 @@ def build_step_models(
     sets: ActivitySets,
     collectives: RankCollectives,
     records: Sequence[CollectiveRecord],
+    labels: Mapping[int, list[Label]],
 ) -> list[StepModel]:
-    """The step models of one rank's first MAX_MODEL_STEPS steps (see the module docstring)."""
+    """The step models of one rank's first MAX_MODEL_STEPS steps (see the module docstring);
+    `labels` are the trace's framework labels (`fsdp_labels.labels_by_lane`)."""
     by_step: dict[int, list[CollectiveRecord]] = defaultdict(list)
     for r in records:
         by_step[r.step].append(r)
     syncs = _sync_chunks(trace, sets, windows)
-    unit_spans = _unit_spans(trace) if sets.host_only else {}
+    unit_spans = _unit_spans(labels) if sets.host_only else {}
     out: list[StepModel] = []
     for k in range(min(len(windows), MAX_MODEL_STEPS)):
         step = int(windows.step[k])
