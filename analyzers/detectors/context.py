@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..rank.summary import RankSummary
     from ..run.crossrank import CrossRankResult
     from ..run.wait_graph import HangAnalysis
+    from ..whatif.run_whatif import Change, WhatIfResult
 
 MIB = 1024**2
 
@@ -95,6 +96,9 @@ class DetectorContext:
     group_roles: dict[Members, str] = field(init=False, repr=False)
     tensor_parallel: bool = field(init=False, repr=False)
     _tp_groups: frozenset[Members] = field(init=False, repr=False)
+    # the what-if replays the detectors asked for, by change (detectors/replayed_gain.py): a
+    # change two findings price (missing-overlap, exposed-comm) is replayed once
+    replays: dict[Change, WhatIfResult | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sheet = build_fact_sheet(
@@ -110,6 +114,7 @@ class DetectorContext:
         object.__setattr__(self, "tensor_parallel", tensor_parallel(sheet.mesh, roles))
         tp = frozenset(m for m, role in roles.items() if role == TP)
         object.__setattr__(self, "_tp_groups", tp)
+        object.__setattr__(self, "replays", {})
 
     def module_class(self, rank: int) -> tuple[str, int] | None:
         """(class, instances) of the rank's most repeated module class (`with_stack` traces)."""

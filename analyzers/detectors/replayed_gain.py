@@ -2,7 +2,7 @@
 detector context's step models with the change the finding recommends.
 
 `replayed(ctx, change)` replays the change on every modelled rank and gives the result (None
-when no rank has a modelled step or the change does not apply). The platform is the fact
+when no rank has a modelled step or the change does not apply), once per context and change. The platform is the fact
 sheet's: on a CPU-only run, gathers overlap only where it says they can (the unshard async op
 the run sets, ZeRO-3), or where the change itself sets the async op; elsewhere they can. `gain_text` states the
 counterfactual that ran, for the finding's `gain_method`.
@@ -19,6 +19,13 @@ def replayed(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
     apply to this run)."""
     if not ctx.step_models:
         return None
+    if change not in ctx.replays:
+        ctx.replays[change] = _replay(ctx, change)
+    return ctx.replays[change]
+
+
+def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
+    """The replay itself (`replayed` keeps it on the context)."""
     sheet = ctx.sheet
     if sheet.cpu_only:
         can = sheet.gathers_can_overlap()

@@ -138,6 +138,9 @@ def test_exposed_comm_and_missing_overlap_give_one_replayed_gain(tmp_path: Path)
     assert e.expected_gain_ms is not None and e.expected_gain_ms > 0
     assert "zdiag whatif --prefetch 1 --unshard-async-op" in e.gain_method
     assert e.gain_method == m.gain_method
+    from zdiag.analyzers.whatif.run_whatif import Change
+
+    assert list(ctx.replays) == [Change(prefetch=1, unshard_async_op=True)]  # replayed once
 
 
 RESNET18 = Path(__file__).parents[2] / "data" / "library_models" / "resnet18_fsdp1.model.json"
