@@ -19,7 +19,7 @@ from zdiag.render import _diff_html_tables as tables
 from zdiag.render import _html_figures as figs
 from zdiag.render._html_parts import e, memory_breakdowns
 from zdiag.render.format import known_bytes
-from zdiag.render.html import CSS, PLOTLY_LOADER, _Figures, _section, packed_plotlyjs
+from zdiag.render.html import CSS, _Figures, _section, page
 
 DIFF_CSS = """
 .headline { font-size: 19px; font-weight: 600; background: var(--soft); border: 1px solid var(--line);
@@ -285,19 +285,6 @@ def render_diff_html(diff: RunDiff, a: Report, b: Report) -> str:
         sections.insert(
             1, f'<section id="notes"><h2>Notes</h2><ul class="notes">{notes}</ul></section>'
         )
-    script = (
-        f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
-        f"<script>{PLOTLY_LOADER}</script>"
-        if figures.count
-        else ""
-    )
     nav = "".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in NAV)
     subtitle = f"A: {diff.baseline} — B: {diff.candidate}"
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        "<title>zdiag diff</title>"
-        f"<style>{CSS}{DIFF_CSS}</style></head><body>"
-        f"<header><h1>zdiag diff</h1><p>{e(subtitle)}</p></header>"
-        f"<nav>{nav}</nav><main>{''.join(sections)}</main>{script}</body></html>"
-    )
+    return page("zdiag diff", subtitle, "".join(sections), figures, nav=nav, css=CSS + DIFF_CSS)

@@ -230,6 +230,21 @@ def render_html(report: Report) -> str:
             + "".join(f"<li>{e(n)}</li>" for n in figures.notes)
             + "</ul></section>",
         )
+    return page("zdiag report", _subtitle(report), "".join(sections), figures, nav=_nav(report))
+
+
+def page(
+    title: str,
+    subtitle: str,
+    main: str,
+    figures: _Figures,
+    *,
+    nav: str | None = None,
+    css: str = CSS,
+) -> str:
+    """A complete zdiag page: its head and style, a header with `title` and the escaped
+    `subtitle`, the `nav` links (already HTML), `main` (already HTML), and plotly.js (inlined
+    once, packed) when `figures` drew any."""
     script = (
         f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
         f"<script>{PLOTLY_LOADER}</script>"
@@ -239,10 +254,11 @@ def render_html(report: Report) -> str:
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        "<title>zdiag report</title>"
-        f"<style>{CSS}</style></head><body>"
-        f"<header><h1>zdiag report</h1><p>{e(_subtitle(report))}</p></header>"
-        f"<nav>{_nav(report)}</nav><main>{''.join(sections)}</main>{script}</body></html>"
+        f"<title>{e(title)}</title>"
+        f"<style>{css}</style></head><body>"
+        f"<header><h1>{e(title)}</h1><p>{e(subtitle)}</p></header>"
+        + (f"<nav>{nav}</nav>" if nav is not None else "")
+        + f"<main>{main}</main>{script}</body></html>"
     )
 
 

@@ -13,9 +13,9 @@ import plotly.graph_objects as go
 from zdiag.analyzers.rank.step_model import StepModel
 from zdiag.analyzers.whatif.replay import Replay
 from zdiag.analyzers.whatif.run_whatif import WhatIfResult
-from zdiag.render._html_parts import e
+from zdiag.render._html_parts import _table, e
 from zdiag.render.format import fmt_bytes, fmt_ms
-from zdiag.render.html import CSS, PLOTLY_LOADER, _Figures, packed_plotlyjs
+from zdiag.render.html import _Figures, page
 from zdiag.render.whatif_text import lane_label, render_whatif_text
 
 MEASURED_COLOR, CHANGED_COLOR, WAIT_COLOR = "#9aa5b1", "#4c78a8", "#c62828"
@@ -87,32 +87,24 @@ def render_whatif_html(result: WhatIfResult) -> str:
     """The complete page as a string."""
     figures = _Figures()
     body = figures.add(_timeline(result), "fig-whatif-timeline")
-    rows = "".join(
-        f"<tr><td>{x.rank}</td><td>{x.steps}</td><td>{e(fmt_ms(x.measured_ms))}</td>"
-        f"<td>{e(fmt_ms(x.replayed_ms))}</td><td>{e(fmt_ms(x.predicted_ms))}</td>"
-        f"<td>{e(fmt_bytes(x.peak_bytes))}</td><td>{e(fmt_bytes(x.predicted_peak_bytes))}</td></tr>"
+    rows = [
+        [
+            e(x.rank),
+            e(x.steps),
+            e(fmt_ms(x.measured_ms)),
+            e(fmt_ms(x.replayed_ms)),
+            e(fmt_ms(x.predicted_ms)),
+            e(fmt_bytes(x.peak_bytes)),
+            e(fmt_bytes(x.predicted_peak_bytes)),
+        ]
         for x in result.ranks
-    )
-    table = (
-        "<table><thead><tr><th>rank</th><th>steps</th><th>measured</th><th>replayed</th>"
-        f"<th>predicted</th><th>peak</th><th>predicted peak</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
-    text = render_whatif_text(result, 200)
+    ]
+    headers = ["rank", "steps", "measured", "replayed", "predicted", "peak", "predicted peak"]
     notes = "".join(f"<li>{e(n)}</li>" for n in figures.notes)
-    script = (
-        f'<script id="zdiag-plotly-gz" type="application/gzip;base64">{packed_plotlyjs()}</script>'
-        f"<script>{PLOTLY_LOADER}</script>"
-        if figures.count
-        else ""
-    )
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>zdiag what-if</title><style>{CSS}</style></head><body>"
-        f"<header><h1>zdiag what-if</h1><p>{e(result.change.label())}</p></header><main>"
-        f'<section id="summary"><pre>{e(text)}</pre></section>'
+    main = (
+        f'<section id="summary"><pre>{e(render_whatif_text(result, 200))}</pre></section>'
         f'<section id="timeline"><h2>The replayed step</h2>{"".join(body)}'
         f'<ul class="notes">{notes}</ul></section>'
-        f'<section id="ranks"><h2>Per rank</h2>{table}</section>'
-        f"</main>{script}</body></html>"
+        f'<section id="ranks"><h2>Per rank</h2>{_table(headers, rows)}</section>'
     )
+    return page("zdiag what-if", result.change.label(), main, figures)
