@@ -340,14 +340,18 @@ def control_endpoint(data: Endpoint) -> Endpoint:
 
 def decode_control(frames: list[bytes], token: bytes) -> dict[str, Any] | None:
     """A capture request from the monitor's control socket, or None for anything else (a wrong
-    token or schema, bad JSON, a missing or out-of-range field): the rank ignores it."""
+    token or schema, bad or nested JSON, a missing or out-of-range field): the rank ignores it.
+    No input makes it raise."""
     if len(frames) != 3 or frames[0] != SCHEMA_FRAME or not token_matches(token, frames[1]):
         return None
-    if len(frames[2]) > MAX_MESSAGE_BYTES or frames[2].count(b"{") > 1:
+    payload = frames[2]
+    if len(payload) > MAX_MESSAGE_BYTES or payload.count(b"{") > 1:
+        return None
+    if payload.count(b"[") > MAX_NESTING_BRACKETS:  # never deep enough to exhaust the parser
         return None
     try:
-        obj = json.loads(frames[2])
-    except (ValueError, UnicodeDecodeError):
+        obj = json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(obj, dict) or obj.get("kind") != "capture":
         return None

@@ -23,6 +23,8 @@ def test_a_control_message_decodes_only_with_the_token_and_sane_fields() -> None
     for bad in ({"steps": 0}, {"steps": 99}, {"step": -1}, {"id": True}, {"kind": "step"}):
         assert decode_control(encode({**good, **bad}, b"t"), b"t") is None, bad
     assert decode_control([b"zdiag.live/1", b"t", b"{not json"], b"t") is None
+    deep = b"[" * 3000 + b"]" * 3000  # once raised RecursionError, stopping a rank's publisher
+    assert decode_control([b"zdiag.live/1", b"t", deep], b"t") is None
 
 
 def test_step_records_carry_the_latest_capture() -> None:
