@@ -3,7 +3,10 @@
 `ControlSender` binds the monitor's control socket (a ZeroMQ PUB on the data port + 1,
 `wire.control_endpoint`), authenticated like the data path: with a token only holders of it
 connect (CURVE), without one it listens on loopback only. Ranks subscribe from their publisher's
-thread and never wait on it (`zdiag.live.publisher`).
+thread and never wait on it (`zdiag.live.publisher`). Ranks behind a per-node relay subscribe to
+the relay's control socket (its port + 1), which re-publishes every valid request it receives
+from its upstream's (`zdiag.live.receiver.Relay`), so the requests reach them too, through any
+chain of relays.
 
 `CaptureController.update(state, now)`, called by the monitor about twice a second:
 - asks for a capture when a rule that names a lasting problem fires (a `chronic` straggler,
@@ -31,9 +34,14 @@ from typing import Any
 import zmq
 
 from zdiag.errors import ConfigError
-from zdiag.live.auth import HandshakeGuard
 from zdiag.live.state import MonitorState
-from zdiag.live.wire import MAX_CAPTURES_PER_RUN, Endpoint, control_endpoint, encode
+from zdiag.live.wire import (
+    MAX_CAPTURES_PER_RUN,
+    Endpoint,
+    control_endpoint,
+    control_pub_socket,
+    encode,
+)
 
 CAPTURE_LEAD_STEPS = 3
 """The capture starts this many steps after the latest step any rank reported (room for the
@@ -56,17 +64,15 @@ class ControlSender:
     """The monitor's control socket (see the module docstring)."""
 
     def __init__(self, data: Endpoint, token: str = "") -> None:
-        """Bind next to the data endpoint `data`; ConfigError when that port is taken."""
+        """Bind next to the data endpoint `data` (`wire.control_pub_socket`); ConfigError when
+        that port is taken."""
         self._token = token.encode()
         self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
-        self._sock: zmq.Socket[Any] = self._ctx.socket(zmq.PUB)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._guard = HandshakeGuard(self._ctx, self._sock, self._token)
         self.endpoint = control_endpoint(data)
         try:
-            self._sock.bind(self.endpoint.bind_url)
+            self._sock, self._guard = control_pub_socket(self._ctx, data, self._token)
         except zmq.ZMQError as exc:
-            self.close()
+            self._ctx.term()
             raise ConfigError(
                 f"the control port {self.endpoint} (the data port + 1, for triggered captures) "
                 f"is taken ({exc.strerror}): choose another --listen port or pass --no-capture."

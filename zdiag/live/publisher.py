@@ -17,9 +17,10 @@ Guarantees, for the training step:
   zmq's ``IMMEDIATE`` option keeps nothing queued for a peer that is not connected.
 - zmq reconnects by itself (`wire.push_socket`: every ``RECONNECT_IVL_MS``, backing off),
   so a monitor that starts late, or is killed and restarted, just starts receiving.
-- The same thread subscribes to the monitor's control socket (`wire.control_endpoint`, the
-  monitor's port + 1, authenticated as the data path) and keeps this job's latest capture
-  request in `capture_request`, which the training step reads (`collectors.capture_window`).
+- The same thread subscribes to the control socket of its target (`wire.control_endpoint`,
+  the target's port + 1, authenticated as the data path): the monitor's, or, behind a relay, the
+  relay's, which re-publishes the monitor's. It keeps this job's latest capture request in
+  `capture_request`, which the training step reads (`collectors.capture_window`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ from typing import Any
 import zmq
 
 from zdiag.live.wire import (
+    CONTROL_HWM,
     ENV_JOB,
     ENV_MONITOR,
     ENV_TOKEN,
     JOB_ENV_FALLBACKS,
     SCHEMA,
     Endpoint,
-    control_endpoint,
+    control_sub_socket,
     decode_control,
     encode,
     parse_endpoint,
@@ -52,8 +54,6 @@ QUEUE_SIZE = 256  # records waiting for the sender thread (a few minutes of step
 SEND_HWM = 64  # messages zmq may hold for a connected but slow peer
 CLOSE_LINGER_MS = 250  # on close, zmq may take this long to get the last records out
 FLUSH_INTERVAL_S = 0.05  # the sender thread wakes this often and sends what is queued
-CONTROL_HWM = 16  # capture requests waiting on the control socket (the monitor sends few)
-CONTROL_MAX_BYTES = 4096  # a larger control message is refused by zmq
 
 
 def job_id_from_env() -> str:
@@ -167,19 +167,11 @@ class StepPublisher:
                 ctx.destroy(linger=0)  # the control socket too
 
     def _control_socket(self, ctx: zmq.Context[Any]) -> zmq.Socket[Any] | None:
-        """A SUB socket on the monitor's control endpoint (capture requests), authenticated as
-        the data path; None when it cannot be set up (the records still flow)."""
-        from zdiag.live.auth import secure_sender
-
+        """A SUB socket on the target's control endpoint (capture requests: the monitor's, or
+        the relay's, which re-publishes the monitor's), authenticated as the data path
+        (`wire.control_sub_socket`); None when it cannot be set up (the records still flow)."""
         try:
-            sub = ctx.socket(zmq.SUB)
-            secure_sender(sub, self._token)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)
-            sub.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
-            sub.setsockopt(zmq.SUBSCRIBE, b"")
-            sub.connect(control_endpoint(self.target).connect_url)
-            return sub
+            return control_sub_socket(ctx, self.target, self._token)
         except zmq.ZMQError:
             return None
 

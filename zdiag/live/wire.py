@@ -41,6 +41,8 @@ from zdiag.errors import ConfigError
 if TYPE_CHECKING:  # zmq is imported where a socket is made: `zdiag run` needs only the constants
     import zmq
 
+    from zdiag.live.auth import HandshakeGuard
+
 SCHEMA = "zdiag.live/1"
 SCHEMA_FRAME = SCHEMA.encode()
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -210,7 +212,13 @@ record after the rank saw the request, so a dropped record loses nothing."""
 MAX_PATH_CHARS = 1024
 """`capture_path` (the capture's trace, for the monitor's analysis) is cut to this length."""
 CONTROL_PORT_OFFSET = 1
-"""The monitor's control socket (triggered captures) listens on its data port + this."""
+"""A control socket (triggered captures: the monitor's, a relay's) listens on its data port +
+this."""
+CONTROL_HWM = 16
+"""Control messages a control socket holds per peer (the monitor sends few: about one a second
+while a capture is being asked for); beyond it they are dropped."""
+CONTROL_MAX_BYTES = 4096
+"""A larger frame on a control socket is refused by zmq (a capture request is ~150 bytes)."""
 MAX_CAPTURE_STEPS = 20
 """A capture request records at most this many steps."""
 MAX_CAPTURES_PER_RUN = 4
@@ -334,8 +342,69 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
 
 
 def control_endpoint(data: Endpoint) -> Endpoint:
-    """The monitor's control endpoint (triggered captures) for its data endpoint `data`."""
+    """The control endpoint (triggered captures) of a monitor or relay listening on `data`."""
     return Endpoint(data.host, data.port + CONTROL_PORT_OFFSET)
+
+
+def control_sub_socket(ctx: zmq.Context[Any], data: Endpoint, token: bytes) -> zmq.Socket[Any]:
+    """A SUB socket connected to the control endpoint of `data` (a monitor's or a relay's data
+    endpoint), as every control receiver (a rank's publisher, a relay) sets it up.
+
+    Authenticated as the data path (`auth.secure_sender` with `token`), subscribed to everything,
+    nothing lingers on close, at most `CONTROL_HWM` messages wait, and zmq disconnects a peer
+    that sends a frame over `CONTROL_MAX_BYTES`; zmq reconnects by itself. Read it with NOBLOCK
+    and `decode_control`. Raises zmq.ZMQError (with a token: no CURVE in this libzmq); nothing
+    is left open then.
+    """
+    import zmq
+
+    from zdiag.live.auth import secure_sender
+
+    sub = ctx.socket(zmq.SUB)
+    try:
+        secure_sender(sub, token)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)
+        sub.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(control_endpoint(data).connect_url)
+    except zmq.ZMQError:
+        sub.close(linger=0)
+        raise
+    return sub
+
+
+def control_pub_socket(
+    ctx: zmq.Context[Any], data: Endpoint, token: bytes
+) -> tuple[zmq.Socket[Any], HandshakeGuard]:
+    """A PUB socket bound on the control endpoint of `data`, as every control sender (the
+    monitor's `captures.ControlSender`, a relay) sets it up, and its `auth.HandshakeGuard`.
+
+    With a `token` only its holders connect (CURVE, a ZAP handler in `ctx`: one guarded socket
+    per context); without one, `data` is on loopback (the data socket's rule). Nothing lingers
+    on close, at most `CONTROL_HWM` messages wait per subscriber (then zmq drops: a PUB socket
+    never blocks), and zmq disconnects a subscriber that sends a frame over
+    `CONTROL_MAX_BYTES`. Raises zmq.ZMQError when the port is taken (or, with a token, this
+    libzmq has no CURVE); nothing is left open then. Close the guard before the socket.
+    """
+    import zmq
+
+    from zdiag.live.auth import HandshakeGuard
+
+    sock = ctx.socket(zmq.PUB)
+    guard: HandshakeGuard | None = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
+        guard = HandshakeGuard(ctx, sock, token)
+        sock.bind(control_endpoint(data).bind_url)
+    except zmq.ZMQError:
+        if guard is not None:
+            guard.close()
+        sock.close(linger=0)
+        raise
+    return sock, guard
 
 
 def decode_control(frames: list[bytes], token: bytes) -> dict[str, Any] | None:
