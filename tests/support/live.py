@@ -1,9 +1,11 @@
-"""Live-stream test helpers: step records, a collecting loop, free ports, and real rank and
-monitor processes (a fake rank publishing records, `zdiag monitor --headless --json`)."""
+"""Live-stream test helpers: step records, a collecting loop, free ports (and port pairs), and
+real rank and monitor processes (a fake rank publishing records, `zdiag monitor --headless
+--json`)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +43,22 @@ def free_port() -> int:
     port = r.endpoint.port
     r.close()
     return port
+
+
+def free_port_pair() -> int:
+    """A port on 127.0.0.1 whose next one was free a moment ago too: a monitor's or a relay's
+    data and control ports (`wire.control_endpoint`)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            try:
+                with socket.socket() as b:
+                    b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
 
 
 RANK = r"""

@@ -3,7 +3,8 @@
 - ``zdiag monitor [--listen 127.0.0.1:5577]``: the Textual app (one job at a time, `j` switches,
   Enter opens a rank, `?` lists the keys).
 - ``zdiag monitor --headless --duration S [--json]``: receive for S seconds, print a summary.
-- ``zdiag monitor --relay --listen 127.0.0.1:5578 --forward MONITOR:5577``: the per-node relay.
+- ``zdiag monitor --relay --listen 127.0.0.1:5578 --forward MONITOR:5577``: the per-node relay
+  (records up to the monitor; the monitor's capture requests down to the ranks, on 5579).
 
 Listening on anything but loopback needs a shared token (``--token`` or ``ZDIAG_MONITOR_TOKEN``);
 senders without it are refused at the connection's handshake and counted. Ranks publish when
@@ -331,6 +332,12 @@ class MonitorCommand:
         print(
             f"zdiag monitor --relay: {relay.receiver.endpoint} -> {relay.forward}", file=sys.stderr
         )
+        if relay.control_error is not None:
+            print(
+                f"zdiag monitor --relay: no triggered captures for this node's ranks: "
+                f"{relay.control_error}",
+                file=sys.stderr,
+            )
         try:
             relay.run(duration_s=args.duration)
         except KeyboardInterrupt:
@@ -339,7 +346,8 @@ class MonitorCommand:
             signal.signal(signal.SIGTERM, previous)
         print(
             f"zdiag monitor --relay: forwarded {relay.forwarded}, dropped {relay.dropped}, "
-            f"rejected {relay.receiver.rejected}",
+            f"rejected {relay.receiver.rejected}; capture requests forwarded "
+            f"{relay.control_forwarded}, rejected {relay.control_rejected}",
             file=sys.stderr,
         )
         return 0

@@ -20,9 +20,18 @@ hold one long message, which the receiver then discards without copying.
 
 `Relay` fans in one node's ranks: it listens on the node (loopback by default), and forwards
 every valid record, re-encoded from its decoded schema (so nothing it was sent beyond the schema,
-and no invalid message, goes on), over one connection to the monitor, dropping and counting when the monitor is
-slow or absent, and reporting its counters as ``kind="relay"`` records every few seconds. Run it as
-``zdiag monitor --relay`` or inside the local-rank-0 process with `Relay.start_thread`.
+and no invalid message, goes on), over one connection to the monitor, dropping and counting when
+the monitor is slow or absent, and reporting its counters as ``kind="relay"`` records every few
+seconds. Run it as ``zdiag monitor --relay`` or inside the local-rank-0 process with
+`Relay.start_thread`.
+
+The control path (triggered captures) goes the other way through the relay: it subscribes to its
+upstream's control socket (the monitor's, or the next relay's: `--forward`'s port + 1) and
+re-publishes each valid capture request, decoded and re-encoded (`wire.decode_control`), on its
+own (its listen port + 1), where its ranks' publishers subscribe. Both are authenticated as the
+data path, bounded (`wire.CONTROL_HWM`, `wire.CONTROL_MAX_BYTES`) and never block; a relay whose
+control sockets cannot be set up (its control port taken) forwards records all the same and says
+so in its counters (`control_error`). Relays chain: a relay behind a relay needs nothing more.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import zmq
 from zdiag.errors import ConfigError
 from zdiag.live.auth import HandshakeGuard
 from zdiag.live.wire import (
+    CONTROL_HWM,
     ENV_MONITOR,
     ENV_TOKEN,
     MAX_FRAME_BYTES,
@@ -48,7 +58,11 @@ from zdiag.live.wire import (
     SCHEMA_FRAME,
     Endpoint,
     WireError,
+    control_endpoint,
+    control_pub_socket,
+    control_sub_socket,
     decode,
+    decode_control,
     encode,
     parse_endpoint,
     push_socket,
@@ -64,6 +78,8 @@ not keep up (bench/monitor_fanin.py --hz 4 on a saturated machine) reached 1.2 G
 MAX_FRAMES = 3  # a zdiag.live/1 message has exactly 3 frames
 RELAY_SEND_HWM = 10_000
 RELAY_STATS_INTERVAL_S = 2.0
+RELAY_POLL_MS = 100
+"""The relay's loop waits at most this long for a record or a control message."""
 
 
 def _as_endpoint(value: Endpoint | str, option: str) -> Endpoint:
@@ -119,6 +135,12 @@ class LiveReceiver:
                 f"{option} {endpoint}: cannot listen there ({exc.strerror}); choose another port."
             ) from None
         self.endpoint = endpoint
+
+    @property
+    def socket(self) -> zmq.Socket[Any]:
+        """The PULL socket, for a `zmq.Poller` that waits on it beside other sockets (read it
+        with `poll`, never directly)."""
+        return self._sock
 
     @property
     def rejected(self) -> int:
@@ -212,7 +234,8 @@ class LiveReceiver:
 
 
 class Relay:
-    """Forwards one node's ranks to the monitor over a single connection."""
+    """Forwards one node's ranks to the monitor over a single connection, and the monitor's
+    capture requests back to them."""
 
     def __init__(
         self,
@@ -223,7 +246,8 @@ class Relay:
         host: str | None = None,
         stats_interval_s: float = RELAY_STATS_INTERVAL_S,
     ) -> None:
-        """Bind `listen` (token rules as for the monitor) and connect to `forward` in the background."""
+        """Bind `listen` (token rules as for the monitor) and connect to `forward` in the
+        background; also the control path (`_open_control`), unless it cannot be set up."""
         self.forward = _as_endpoint(forward, "--forward")  # before binding: nothing to undo
         self.receiver = LiveReceiver(listen, token=token, option="--listen")
         self.host = host or socket.gethostname()
@@ -231,12 +255,39 @@ class Relay:
         self._stats_interval_s = stats_interval_s
         self.forwarded = 0
         self.dropped = 0
+        self.control_forwarded = 0
+        """Control messages (capture requests) re-published to this node's ranks."""
+        self.control_rejected = 0
+        """Control messages from upstream that did not decode (`wire.decode_control`): dropped."""
+        self.control_error: str | None = None
+        """Why this relay has no control path (its control port taken, ...), or None."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
         self._out: zmq.Socket[Any] = push_socket(
             self._ctx, self.forward, RELAY_SEND_HWM, self._token
         )
+        self._control_in: zmq.Socket[Any] | None = None
+        self._control_out: zmq.Socket[Any] | None = None
+        self._control_guard: HandshakeGuard | None = None
+        self._open_control()
+
+    def _open_control(self) -> None:
+        """Subscribe to the upstream's control endpoint and bind this relay's own (its listen
+        port + 1), both as the monitor and the publishers set them up (`wire.control_sub_socket`,
+        `wire.control_pub_socket`; the ZAP handler of the latter in this relay's sending
+        context, the receiver's context has its own). When either fails the relay goes on
+        without a control path (`control_error` says why); the records still flow."""
+        where = f"control port {control_endpoint(self.receiver.endpoint)} (--listen port + 1)"
+        try:
+            self._control_out, self._control_guard = control_pub_socket(
+                self._ctx, self.receiver.endpoint, self._token
+            )
+            where = f"upstream control port {control_endpoint(self.forward)}"
+            self._control_in = control_sub_socket(self._ctx, self.forward, self._token)
+        except zmq.ZMQError as exc:
+            self._close_control()
+            self.control_error = f"{where}: {exc.strerror}"
 
     def _send(self, frames: list[bytes]) -> None:
         try:
@@ -244,6 +295,29 @@ class Relay:
             self.forwarded += 1
         except zmq.Again:
             self.dropped += 1
+
+    def _forward_control(self) -> None:
+        """Re-publish the control messages waiting from upstream (at most `CONTROL_HWM`, never
+        blocks): each one that decodes, re-encoded from its decoded fields with this relay's
+        token, so nothing invalid and nothing beyond the schema goes on; the others are counted."""
+        if self._control_in is None or self._control_out is None:
+            return
+        for _ in range(CONTROL_HWM):
+            try:
+                frames = self._control_in.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            request = decode_control(frames, self._token)
+            if request is None:
+                self.control_rejected += 1
+                continue
+            try:  # a PUB socket drops for a subscriber whose queue is full; it never blocks
+                self._control_out.send_multipart(
+                    encode({"kind": "capture", **request}, self._token), flags=zmq.NOBLOCK
+                )
+                self.control_forwarded += 1
+            except zmq.ZMQError:
+                pass
 
     def stats_record(self) -> dict[str, Any]:
         """This relay's counters as a ``kind="relay"`` record."""
@@ -255,20 +329,39 @@ class Relay:
             "forwarded": self.forwarded,
             "dropped": self.dropped,
             "rejected": self.receiver.rejected,
+            "control_forwarded": self.control_forwarded,
+            "control_rejected": self.control_rejected,
+            "control_error": self.control_error,
         }
 
     def run(self, duration_s: float | None = None) -> None:
-        """Forward until `stop()` (or for `duration_s` seconds); then close the sockets."""
+        """Forward until `stop()` (or for `duration_s` seconds); then close the sockets.
+
+        One `zmq.Poller` waits on the records' socket and the upstream's control socket (up to
+        `RELAY_POLL_MS`, so `stop()` and the counters are seen that often): a record is
+        forwarded as soon as it arrives, whatever the control socket does."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         next_stats = time.monotonic() + self._stats_interval_s
+        poller = zmq.Poller()
+        poller.register(self.receiver.socket, zmq.POLLIN)
+        if self._control_in is not None:
+            poller.register(self._control_in, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     break
-                for record in self.receiver.poll(timeout_ms=100):
+                ready = dict(poller.poll(RELAY_POLL_MS))
+                for record in self.receiver.poll(timeout_ms=0):  # also counts refused handshakes
                     record.pop("recv_ts", None)
                     self._send(encode(record, self._token))
+                if self._control_in is not None and self._control_in in ready:
+                    try:
+                        self._forward_control()
+                    except zmq.ZMQError as exc:  # contained: the records keep flowing
+                        poller.unregister(self._control_in)
+                        self._close_control()
+                        self.control_error = f"control path closed ({exc.strerror})"
                 if now >= next_stats:
                     next_stats = now + self._stats_interval_s
                     self._send(encode(self.stats_record(), self._token))
@@ -287,7 +380,16 @@ class Relay:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def _close_control(self) -> None:
+        if self._control_guard is not None:
+            self._control_guard.close()
+        for sock in (self._control_in, self._control_out):
+            if sock is not None:
+                sock.close(linger=0)
+        self._control_in = self._control_out = self._control_guard = None
+
     def _close(self) -> None:
+        self._close_control()
         self._out.close(linger=0)
         self._ctx.term()
         self.receiver.close()

@@ -15,7 +15,8 @@ One message is three ZeroMQ frames: ``[SCHEMA, token, payload]``.
   ``last_collective`` names the last collective the step issued
   (when the comm split is measured), and ``comm_by_dim``, when the step's collectives ran on
   groups of 2+ mesh dimensions, maps each dimension label (at most `MAX_DIMS`, 32 characters)
-  to ``[comm_ms, exposed_comm_ms]``. A relay sends ``kind="relay"`` records with its own counters.
+  to ``[comm_ms, exposed_comm_ms]``. A relay sends ``kind="relay"`` records with its own counters
+  (`RELAY_FIELDS`).
 - The end-of-run record is a step record with ``ended`` set (``"finished"``: the rank's training
   returned; ``"failed"``: it raised), ``step`` the last step's number and no figures. It is a field
   added to ``zdiag.live/1``, not a new kind, so older monitors decode it as an empty step.
@@ -225,8 +226,22 @@ MAX_CAPTURES_PER_RUN = 4
 """Captures a monitor asks of one job, and a rank takes in one run."""
 MEM_SOURCES = ("device", "reader", "process")
 """`mem_source` values (`collectors.memory.memory_source`); any other decodes as None."""
-RELAY_FIELDS = ("kind", "schema", "host", "ts", "forwarded", "dropped", "rejected")
-"""The fields a decoded relay record holds."""
+RELAY_FIELDS = (
+    "kind",
+    "schema",
+    "host",
+    "ts",
+    "forwarded",
+    "dropped",
+    "rejected",
+    "control_forwarded",
+    "control_rejected",
+    "control_error",
+)
+"""The fields a decoded relay record holds: its records forwarded, dropped and refused; the
+capture requests it re-published to its ranks and refused; the error that left it without a
+control path, if it reported one (None: none reported; relays before the control path had
+none and sent neither control field)."""
 
 REJECT_REASONS = (
     "handshake",
@@ -278,6 +293,7 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
         host = obj.get("host")
         if not isinstance(host, str):
             raise WireError("field", "relay record without host")
+        error = obj.get("control_error")
         return {
             "kind": "relay",
             "schema": SCHEMA,
@@ -286,6 +302,9 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
             "forwarded": _count(obj.get("forwarded")),
             "dropped": _count(obj.get("dropped")),
             "rejected": _count(obj.get("rejected")),
+            "control_forwarded": _count(obj.get("control_forwarded")),
+            "control_rejected": _count(obj.get("control_rejected")),
+            "control_error": _text(error) if isinstance(error, str) else None,
         }
     if kind == "capture":  # `zdiag capture`: a person asks the monitor for a capture
         job = obj.get("job", "")

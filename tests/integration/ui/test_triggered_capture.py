@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,28 +18,14 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
+from support.live import free_port_pair
 
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "late_straggler.py"
 SLOW_RANK, SLOW_FROM, STEPS = 2, 30, 60
 
 
-def _port_pair() -> int:
-    """A port whose next one is free too (the monitor's data and control ports)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 def _job(tmp_path: Path, slow: bool) -> tuple[dict[str, Any], Path]:
-    port = _port_pair()
+    port = free_port_pair()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     zdiag = [sys.executable, "-m", "zdiag"]
     monitor = subprocess.Popen(
