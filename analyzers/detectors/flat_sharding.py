@@ -136,8 +136,9 @@ RULE = Rule(
     fix=(
         "An HSDP mesh built from the run's host layout, `(nnodes, ranks_per_node)` (an explicit "
         "`DeviceMesh` when nodes hold non-consecutive ranks); on a mesh with TP/PP, the run's "
-        "mesh with its FSDP dimension split into `<dim>_replicate` x `<dim>_shard`. The "
-        "evidence gives the cross-node bytes per step before and after."
+        "mesh with its FSDP dimension split into `<dim>_replicate` x `<dim>_shard` and the "
+        'pair flattened back into `<dim>` (the script\'s other `mesh["<dim>"]` keeps its '
+        "ranks). The evidence gives the cross-node bytes per step before and after."
     ),
     gain="Half the exposed FSDP communication (assumes intra-node collectives >= 2x faster).",
     scope="multi-node FSDP/ZeRO runs (nodes from the manifest, else distinct trace hosts)",

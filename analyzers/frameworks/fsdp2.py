@@ -278,6 +278,9 @@ def hybrid_shard(facts: RunFacts) -> Remedy | None:
             f"# {', '.join(others)} as before (parallelize_module and the rest)",
             f"mesh = {layout.build()}",
             f'dp_mesh = mesh["{layout.fsdp_dims[0]}", "{layout.fsdp_dims[1]}"]',
+            # the script's other uses of the old dimension (the data's rank) keep working:
+            # the split is in place, so the flattened pair holds the same ranks in the same order
+            f'dp_mesh._flatten("{name}")  # mesh["{name}"] as before: the same ranks, flattened',
         ]
         var = "dp_mesh"
     else:

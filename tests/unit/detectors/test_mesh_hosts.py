@@ -107,7 +107,9 @@ def test_one_node_or_already_hsdp_is_no_finding() -> None:
 def test_fsdp_tp_run_with_dp_across_nodes_splits_its_own_mesh() -> None:
     """(dp=4, tp=2) on 2 nodes of 4: "dp" groups {0,2,4,6} span both nodes. The code keeps the
     run's "tp" and splits "dp" into dp_replicate x dp_shard (not a bare ("replicate", "shard")
-    mesh from the node count, which would drop the TP dimension)."""
+    mesh from the node count, which would drop the TP dimension), and flattens the pair back
+    into "dp": the script's other `mesh["dp"]` (its data's rank) still runs once pasted (without
+    it: KeyError, tests/integration/runs/test_mesh_split_dp.py)."""
     model = described((4, 2), (("dp", "shard"), ("tp", "tp")))
     ctx = DetectorContext(
         ledgers={0: ledger()}, manifest=manifest([[0, 1, 2, 3], [4, 5, 6, 7]]), model=model
@@ -118,7 +120,7 @@ def test_fsdp_tp_run_with_dp_across_nodes_splits_its_own_mesh() -> None:
     assert f.evidence["fsdp_group"] == [0, 2, 4, 6]
     assert (
         'mesh = init_device_mesh("cuda", (2, 2, 2), mesh_dim_names=("dp_replicate", "dp_shard", '
-        '"tp"))\ndp_mesh = mesh["dp_replicate", "dp_shard"]\n'
+        '"tp"))\ndp_mesh = mesh["dp_replicate", "dp_shard"]\ndp_mesh._flatten("dp")  # '
     ) in code
     assert code.endswith("fully_shard(block, mesh=dp_mesh)  # for each block, then the root")
     assert '("replicate", "shard")' not in code
@@ -134,6 +136,9 @@ def test_split_dp_keeps_shard_groups_on_one_node() -> None:
     layout = split_dp(mesh, ((0, 1, 2, 3), (4, 5, 6, 7)))
     assert layout is not None and layout.shape == (2, 2, 2)
     assert groups_along(layout.shape, layout.ranks, 1) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    # split in place: (dp_replicate, dp_shard) flattened is the old "dp", the same ranks in order
+    flat = groups_along((4, 2), layout.ranks, 0)
+    assert flat == groups_along(mesh.shape, mesh.ranks, 0) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert split_dp(mesh, ((0, 1, 2, 3, 4, 5, 6, 7),)) is None  # one node: nothing to split
     facts = RunFacts(
         framework="fsdp2", blocks=STAGES, mesh=mesh, nodes=((0, 1, 2, 3), (4, 5, 6, 7))
