@@ -70,13 +70,20 @@ from ..rank.summary import (
 )
 from ..rank.summary_checks import check_summary
 
+ANALYZERS_ROOT = Path(__file__).resolve().parent.parent
+"""The analyzer package (engine/, rank/, run/, ...): every source the map may call."""
+
+
+def digested_sources() -> list[Path]:
+    """The analyzer package's Python sources, in digest order."""
+    return sorted(ANALYZERS_ROOT.rglob("*.py"))
+
 
 def _analyzer_digest() -> str:
     """A digest of the analyzer package's Python sources (the map and what it calls)."""
-    root = Path(__file__).resolve().parent
     h = hashlib.sha1(usedforsecurity=False)
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
+    for path in digested_sources():
+        h.update(str(path.relative_to(ANALYZERS_ROOT)).encode())
         try:
             h.update(path.read_bytes())
         except OSError:

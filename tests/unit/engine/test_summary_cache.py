@@ -209,3 +209,20 @@ def test_cli_no_cache_and_engine_options(tmp_path: Path) -> None:
     assert off.stdout == nocache.stdout
     bad = subprocess.run([*cmd, "--ray-address", "auto"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "--engine ray" in bad.stderr
+
+
+def test_the_code_version_digests_the_whole_map() -> None:
+    """A stored summary is reused only by the code that computed it: the digest covers every
+    analyzer source the map calls (the rank's map in rank/, the run's in run/), not only the
+    engine's (summary_store moved into engine/ once and digested engine/ alone)."""
+    from zdiag.analyzers.engine.summary_store import ANALYZERS_ROOT, digested_sources
+
+    names = {p.relative_to(ANALYZERS_ROOT).as_posix() for p in digested_sources()}
+    for source in (
+        "rank/step_model.py",
+        "rank/rank_analysis.py",
+        "rank/fsdp_ledger.py",
+        "inputs/loader.py",
+        "engine/summary_store.py",
+    ):
+        assert source in names
