@@ -69,3 +69,28 @@ def test_fsdp_collectives_carry_their_units() -> None:
     assert all(op.wait_pos_us is not None for op in ops if op.family == "all_gather")
     chunks = [c for s in summaries for m in s.step_models for c in m.unit_chunks]
     assert {c[2] for c in chunks} >= units
+
+
+def test_a_lane_that_wakes_after_its_collective_ended_waited_on_it(tmp_path: Path) -> None:
+    """CPU/gloo, DDP-like: two bucket all-reduces run on gloo's worker threads; the training
+    thread blocks on the first and resumes 100 µs after it ends (a thread's wake-up), while the
+    second still runs. The exposed interval ends at that resumption, at no collective's end; it
+    is a wait on the first all-reduce all the same (the wake-up stays the lane's own time)."""
+    from support.traces import TraceBuilder
+
+    b = TraceBuilder(rank=0, backend="gloo", gpu_name=None)
+    b.step(1, 0, 1000)
+    b.cpu_op("aten::mm", 0, 100)
+    b.annotation("gloo:all_reduce", 100, 605, tid=9001)  # bucket 1: [100, 705)
+    b.cpu_op("aten::mm", 110, 90)
+    b.annotation("gloo:all_reduce", 200, 700, tid=9002)  # bucket 2: [200, 900)
+    b.cpu_op("aten::copy_", 805, 45)  # woken 100 µs after bucket 1 ended
+    b.cpu_op("aten::add", 900, 100)  # after bucket 2
+    (summary,) = summaries_of([b.write(tmp_path / "rank-0.json")])
+    (model,) = summary.step_models
+    first, second = sorted(model.ops, key=lambda op: op.start_us)
+    assert first.waited_us == pytest.approx(705 - 200)  # [200, 705): not the wake-up
+    assert first.wait_pos_us == pytest.approx(200)
+    assert second.waited_us == pytest.approx(900 - 850)
+    assert replay(model).duration_us == pytest.approx(model.duration_us)
+    assert model.work_us == pytest.approx(1000 - 505 - 50)
