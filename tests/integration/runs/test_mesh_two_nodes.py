@@ -13,63 +13,27 @@ raises it.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import REPO_ROOT
+from support.processes import analyze_json, two_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
 
-TIMEOUT_S = 300
 SCRIPT = REPO_ROOT / "examples" / "mesh" / "fsdp_tp.py"
 MESH_LINE = '    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))\n'
 TP_FIRST = '    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("tp", "dp"))\n'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _two_nodes(script: Path, out: Path) -> list[dict[str, Any]]:
     """Record `script` with two launchers of 2 ranks each on localhost; the findings of
     `zdiag analyze --json`."""
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    port = _free_port()
-    zdiag = [sys.executable, "-m", "zdiag"]
-    launch = [*zdiag, "run", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    launch += ["--rdzv-id", out.name, "--nproc-per-node", "2", "--out", str(out)]
-    logs = [out.parent / f"{out.name}-node-{k}.log" for k in (0, 1)]
-    with contextlib.ExitStack() as files:
-        launchers = [  # output to files: a full pipe would stall one launcher, hang the other
-            subprocess.Popen(
-                [*launch, "--node-rank", str(k), str(script), "--steps", "4"],
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=files.enter_context(log.open("w")),
-                stderr=subprocess.STDOUT,
-            )
-            for k, log in enumerate(logs)
-        ]
-        codes = [p.wait(timeout=TIMEOUT_S) for p in launchers]
-    for code, log in zip(codes, logs, strict=True):
-        assert code == 0, log.read_text()[-3000:]
-    proc = subprocess.run(
-        [*zdiag, "analyze", "--json", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    findings: list[dict[str, Any]] = json.loads(proc.stdout)["findings"]
+    two_nodes(script, out, "--steps", "4")
+    findings: list[dict[str, Any]] = analyze_json(out)["findings"]
     return findings
 
 
