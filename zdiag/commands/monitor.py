@@ -112,7 +112,9 @@ class MonitorCommand:
         parser.add_argument(
             "--relay",
             action="store_true",
-            help="run the per-node relay: receive this node's ranks on --listen, forward to --forward",
+            help="run the per-node relay: receive this node's ranks on --listen, forward to "
+            "--forward, and pass the monitor's capture requests back to the ranks on the "
+            "--listen port + 1",
         )
         parser.add_argument(
             "--forward",
