@@ -8,10 +8,14 @@ reduce's matching and declares the rule, with those constants as its thresholds 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..report import Finding
 from ..run import crossrank as cr
 from ..run import stragglers as st
+from ..whatif.run_whatif import Change
 from .context import DetectorContext
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 
 
@@ -22,8 +26,17 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     sheet = ctx.sheet
     gpu = not sheet.cpu_only
     one_host = len(sheet.hosts) == 1 and None not in sheet.hosts
+
+    def replayed_gain(ranks: Sequence[int]) -> tuple[float, str] | None:
+        result = replayed(ctx, Change(without_stragglers=tuple(sorted(ranks))))
+        return None if result is None else (result.gain_ms, gain_text(result))
+
     return st.find_stragglers(
-        ctx.crossrank, ctx.breakdowns, gpu=gpu, shared_cpu_host=not gpu and one_host
+        ctx.crossrank,
+        ctx.breakdowns,
+        gpu=gpu,
+        shared_cpu_host=not gpu and one_host,
+        replayed_gain=replayed_gain,
     )
 
 
@@ -173,9 +186,14 @@ RULE = Rule(
         "its step table says whether it computes more or idles more than the others."
     ),
     gain=(
-        "Per step, the sum of its lead over the second-to-last arrival at the collectives it "
-        "was last to (what every rank would save), capped by the other ranks' exposed "
-        "communication per step. Collectives are matched by process group, kind, step and "
+        "The what-if replay of the measured steps with the stragglers arriving with the others "
+        "(`zdiag whatif RUN --without-straggler RANK`): each other rank's call of a collective "
+        "gets shorter by the stragglers' lead over the last of the others (the ranks finish a "
+        "call together, so a lead is a difference of call durations), the steps are re-timed, "
+        "and the stragglers run as their peers' median. Without modelled steps: per step, the "
+        "sum of its lead over the second-to-last arrival at the collectives it was last to, "
+        "capped by the other ranks' exposed communication per step. Either way the judgement "
+        "rests on the leads: collectives are matched by process group, kind, step and "
         "sequence; device kernels may fall back to end-time matching with a measured clock "
         "offset when counts differ, host-thread collectives (CPU/gloo) keep the sequence."
     ),

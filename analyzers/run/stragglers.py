@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -450,12 +450,16 @@ def find_stragglers(
     breakdowns: Mapping[int, Sequence[StepBreakdown]] | None = None,
     gpu: bool = True,
     shared_cpu_host: bool = False,
+    replayed_gain: Callable[[Sequence[int]], tuple[float, str] | None] | None = None,
 ) -> list[Finding]:
     """The `straggler` finding (zero or one) from matched collectives and, when given, the
     per-rank step breakdowns (for the step time and the diagnosis). A rank is a straggler by
     its share of last arrivals (often last, beyond chance) or by the waiting it causes (late by a
     lot in most steps, and far more than any other rank: STRAGGLER_PERSISTENT_STEP_SHARE,
-    STRAGGLER_DOMINANCE). `gpu=False` (a CPU-only run) keeps GPU advice out."""
+    STRAGGLER_DOMINANCE). `gpu=False` (a CPU-only run) keeps GPU advice out. The gain is
+    `replayed_gain(stragglers)` (ms per step, how) when it gives one (the what-if replay with the
+    stragglers removed), else the leads over the second-to-last arrivals; the judgement itself
+    always rests on the leads."""
     breakdowns = breakdowns or {}
     if len(result.ranks) < 2 or not len(result.table):
         return []
@@ -467,6 +471,16 @@ def find_stragglers(
         return []
     ranks = [c[1] for c in culprits]
     gain_total = sum(c[0] for c in culprits)
+    gain_method = (
+        "per step, the sum over the collectives where the straggler arrived last of its "
+        "lead over the second-to-last arrival, capped by the other ranks' exposed "
+        "communication per step (a wait hidden behind their compute costs no step time): "
+        "the time every rank would save if it arrived with the others (an upper bound "
+        "when its lateness is work it must do)"
+    )
+    replayed = replayed_gain(ranks) if replayed_gain is not None else None
+    if replayed is not None:
+        gain_total, gain_method = replayed
     critical = (
         gate.median_step is not None
         and gain_total >= STRAGGLER_CRITICAL_GAIN_SHARE * gate.median_step
@@ -497,13 +511,7 @@ def find_stragglers(
             evidence=_evidence(result, gate, per_rank),
             recommendation=_recommendation(names, plural, hints, gpu, shared_cpu_host),
             expected_gain_ms=round(gain_total, 3),
-            gain_method=(
-                "per step, the sum over the collectives where the straggler arrived last of its "
-                "lead over the second-to-last arrival, capped by the other ranks' exposed "
-                "communication per step (a wait hidden behind their compute costs no step time): "
-                "the time every rank would save if it arrived with the others (an upper bound "
-                "when its lateness is work it must do)"
-            ),
+            gain_method=gain_method,
         )
     ]
 

@@ -14,6 +14,12 @@
   counted in merged units: with depth 1 a merged unit's gather is issued when the merged unit
   before it starts.
 - `without_host_syncs(model)`: the host syncs' chunks of progress are removed.
+- `without_stragglers(models_by_rank, ranks)`: the named ranks arrive with the others. The
+  ranks of a collective finish it together, so a rank's call lasts from its arrival to the
+  common end, and the stragglers' lead over the last of the others is the others' shortest call
+  less the stragglers' shortest (the same call: the i-th of the step on the same comm lane).
+  Every other rank's call gets that much shorter. The stragglers' own steps are not replayed:
+  with the cause removed they run as their peers do (`run_whatif` gives them the peers' median).
 
 Memory: `memory_delta_bytes` gives the change in peak each one implies, from the gathered bytes
 of the units (what prefetching further, keeping units unsharded or wrapping coarser holds at
@@ -286,6 +292,52 @@ def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepMode
         unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
         work_us=shift(model.work_us),
     )
+
+
+def _call_key(models: Sequence[StepModel]) -> dict[tuple[int, str, int], float]:
+    """Each call's duration by (step, lane, occurrence on that lane in the step)."""
+    out: dict[tuple[int, str, int], float] = {}
+    for m in models:
+        seen: dict[str, int] = defaultdict(int)
+        for op in m.ops:
+            out[(m.step, op.lane, seen[op.lane])] = op.dur_us
+            seen[op.lane] += 1
+    return out
+
+
+def without_stragglers(
+    models_by_rank: Mapping[int, Sequence[StepModel]], stragglers: Sequence[int]
+) -> dict[int, list[StepModel]]:
+    """The other ranks' steps with their waits for `stragglers` removed (see the module
+    docstring); calls the stragglers do not share are left as measured."""
+    gone = set(stragglers)
+    calls = {r: _call_key(ms) for r, ms in models_by_rank.items()}
+    late: dict[tuple[int, str, int], float] = {}  # the stragglers' shortest call
+    for r in gone:
+        for key, dur in calls.get(r, {}).items():
+            late[key] = min(dur, late.get(key, dur))
+    first: dict[tuple[int, str, int], float] = {}  # the others' shortest call
+    for r, durs in calls.items():
+        if r not in gone:
+            for key, dur in durs.items():
+                first[key] = min(dur, first.get(key, dur))
+    out: dict[int, list[StepModel]] = {}
+    for r, models in models_by_rank.items():
+        if r in gone:
+            continue
+        changed = []
+        for m in models:
+            seen: dict[str, int] = defaultdict(int)
+            ops = []
+            for op in m.ops:
+                key = (m.step, op.lane, seen[op.lane])
+                seen[op.lane] += 1
+                # the stragglers' lead over the last of the others (ends agree)
+                lead = first[key] - late[key] if key in late else 0.0
+                ops.append(msgspec.structs.replace(op, dur_us=op.dur_us - lead) if lead > 0 else op)
+            changed.append(msgspec.structs.replace(m, ops=ops))
+        out[r] = changed
+    return out
 
 
 def unit_gather_bytes(models: Sequence[StepModel]) -> dict[str, int]:

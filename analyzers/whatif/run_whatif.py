@@ -10,6 +10,7 @@ synchronous job run in lock step, each step as long as its slowest part).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class Change:
     wrap: str | None = None  # coarser wrap: one unit per child of this module
     remove_host_syncs: bool = False
     unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
+    without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -48,6 +50,8 @@ class Change:
             parts.append("--no-host-syncs")
         if self.unshard_async_op:
             parts.append("--unshard-async-op")
+        if self.without_stragglers:
+            parts.append("--without-straggler " + ",".join(map(str, self.without_stragglers)))
         return " ".join(parts) or "(nothing: the measured schedule)"
 
 
@@ -203,6 +207,17 @@ def replay_change(
         )
     models = [m for ms in by_rank.values() for m in ms]
     notes: list[str] = []
+    missing = [r for r in change.without_stragglers if r not in by_rank]
+    if missing:
+        raise WhatIfError(
+            f"rank {missing[0]} has no modelled step in this run (modelled ranks: "
+            f"{', '.join(map(str, sorted(by_rank)))}); name a rank the traces hold"
+        )
+    if change.without_stragglers and not set(by_rank) - set(change.without_stragglers):
+        raise WhatIfError(
+            "removing a straggler needs at least one other modelled rank to compare it with; "
+            "analyze the traces of more ranks"
+        )
     if change.wrap is not None and not cf.units_under(models, change.wrap):
         units = sorted({op.unit for m in models for op in m.ops if op.family})
         shown = ", ".join(u or "(root)" for u in units[:6]) or "none"
@@ -231,30 +246,20 @@ def replay_change(
     fits = fit_comm(models)
     overhead = fit_unit_overhead(models)
     delta, basis = _memory_delta(models, change)
+    changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead)
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
-    for rank in sorted(by_rank):
+    for rank in sorted(changed_by_rank):
         steps = by_rank[rank]
         base = [replay(m) for m in steps]
-        changed_models = [apply_change(m, change, platform, fits, overhead) for m in steps]
+        changed_models = changed_by_rank[rank]
         changed = [replay(m) for m in changed_models]
-        peak = (peaks or {}).get(rank)
-        ranks.append(
-            RankPrediction(
-                rank=rank,
-                steps=len(base),
-                measured_ms=statistics.median(m.duration_us for m in steps) / 1e3,
-                replayed_ms=statistics.median(r.duration_us for r in base) / 1e3,
-                predicted_ms=statistics.median(r.duration_us for r in changed) / 1e3,
-                waited_ms=statistics.median(r.waited_us for r in base) / 1e3,
-                predicted_waited_ms=statistics.median(r.waited_us for r in changed) / 1e3,
-                peak_bytes=peak,
-                predicted_peak_bytes=None if peak is None or delta is None else peak + delta,
-            )
-        )
+        ranks.append(_prediction(rank, steps, base, changed, (peaks or {}).get(rank), delta))
         if timeline is None:
             k = _median_index([m.duration_us for m in steps])
             timeline = StepReplay(rank, steps[k], changed_models[k], base[k], changed[k])
+    ranks += _stragglers_as_peers(by_rank, change, ranks, peaks)
+    ranks.sort(key=lambda p: p.rank)
     return WhatIfResult(
         change=change,
         platform=platform,
@@ -266,6 +271,70 @@ def replay_change(
         notes=notes,
         timeline=timeline,
     )
+
+
+def _changed_models(
+    by_rank: Mapping[int, list[StepModel]],
+    change: Change,
+    platform: Platform,
+    fits: Mapping[str, CommFit],
+    overhead: OverheadFit | None,
+) -> dict[int, list[StepModel]]:
+    """Each replayed rank's steps with `change` applied (the stragglers it removes are left out:
+    `_stragglers_as_peers` gives them their peers' figures)."""
+    if change.without_stragglers:
+        by_rank = cf.without_stragglers(by_rank, change.without_stragglers)
+    return {
+        rank: [apply_change(m, change, platform, fits, overhead) for m in steps]
+        for rank, steps in by_rank.items()
+    }
+
+
+def _prediction(
+    rank: int,
+    steps: Sequence[StepModel],
+    base: Sequence[Replay],
+    changed: Sequence[Replay],
+    peak: int | None,
+    delta: int | None,
+) -> RankPrediction:
+    """One rank's medians over its steps."""
+    return RankPrediction(
+        rank=rank,
+        steps=len(base),
+        measured_ms=statistics.median(m.duration_us for m in steps) / 1e3,
+        replayed_ms=statistics.median(r.duration_us for r in base) / 1e3,
+        predicted_ms=statistics.median(r.duration_us for r in changed) / 1e3,
+        waited_ms=statistics.median(r.waited_us for r in base) / 1e3,
+        predicted_waited_ms=statistics.median(r.waited_us for r in changed) / 1e3,
+        peak_bytes=peak,
+        predicted_peak_bytes=None if peak is None or delta is None else peak + delta,
+    )
+
+
+def _stragglers_as_peers(
+    by_rank: Mapping[int, list[StepModel]],
+    change: Change,
+    peers: Sequence[RankPrediction],
+    peaks: Mapping[int, int] | None,
+) -> list[RankPrediction]:
+    """The removed stragglers' rows: measured and replayed as they ran, predicted as the median
+    of their peers' predictions (what made them slow is gone; they run as the others do)."""
+    out = []
+    for rank in change.without_stragglers:
+        steps = by_rank.get(rank)
+        if not steps or not peers:
+            continue
+        base = [replay(m) for m in steps]
+        row = _prediction(rank, steps, base, base, (peaks or {}).get(rank), 0)
+        out.append(
+            dataclasses.replace(
+                row,
+                predicted_ms=statistics.median(p.predicted_ms for p in peers),
+                predicted_waited_ms=statistics.median(p.predicted_waited_ms for p in peers),
+            )
+        )
+    return out
 
 
 def _median_index(values: Sequence[float]) -> int:

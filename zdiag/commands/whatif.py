@@ -29,6 +29,7 @@ examples:
   zdiag whatif runs/a --reshard-after-forward off  # keep gathered units until backward
   zdiag whatif runs/a --no-host-syncs              # the .item() / synchronize calls removed
   zdiag whatif runs/a --prefetch 1 --unshard-async-op   # CPU/gloo: FSDP2's async unshard
+  zdiag whatif runs/a --without-straggler 3        # rank 3 arrives with the others
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
@@ -44,6 +45,16 @@ def _depth(text: str) -> int:
     if not 0 <= value <= MAX_PREFETCH:
         raise argparse.ArgumentTypeError(f"a prefetch depth is 0 to {MAX_PREFETCH}, got {value}")
     return value
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a rank list: {text!r} (e.g. 3 or 3,5)") from exc
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"ranks are 0 or more, e.g. 3 or 3,5; got {text!r}")
+    return ranks
 
 
 def _on_off(text: str) -> bool:
@@ -91,6 +102,13 @@ class WhatIfCommand:
             "--unshard-async-op",
             action="store_true",
             help="CPU/gloo FSDP2: model _set_unshard_async_op(True), so gathers can overlap",
+        )
+        parser.add_argument(
+            "--without-straggler",
+            type=_ranks,
+            metavar="RANK[,RANK]",
+            default=(),
+            help="these ranks arrive with the others: the waits for them go",
         )
         parser.add_argument("--json", action="store_true", help="write the result as JSON")
         parser.add_argument(
@@ -162,11 +180,12 @@ def _change(args: argparse.Namespace) -> Change:
         wrap=args.wrap.strip(".") if args.wrap else None,
         remove_host_syncs=args.no_host_syncs,
         unshard_async_op=args.unshard_async_op,
+        without_stragglers=args.without_straggler,
     )
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
-            "--no-host-syncs or --unshard-async-op."
+            "--no-host-syncs, --unshard-async-op or --without-straggler RANK."
         )
     return change
 

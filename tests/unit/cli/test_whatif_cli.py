@@ -71,12 +71,15 @@ def test_overlay_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ([str(TINY), "--wrap", "nowhere"], "no FSDP unit of this run lies under 'nowhere'"),
         (["/nonexistent/run", "--prefetch", "1"], "does not exist"),
         ([str(TINY), "--prefetch", "99"], "prefetch depth is 0 to 8"),
+        ([str(TINY), "--without-straggler", "7"], "rank 7 has no modelled step"),
+        ([str(TINY), "--without-straggler", "x"], "not a rank list"),
     ],
 )
 def test_refusals_are_one_sentence_and_exit_2(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) if "99" in argv else _nullcontext() as exc:
+    argparse_exits = "99" in argv or "x" in argv
+    with pytest.raises(SystemExit) if argparse_exits else _nullcontext() as exc:
         code, _, err = _whatif(argv, capsys)
     if exc is not None and getattr(exc, "value", None) is not None:
         code, err = exc.value.code, capsys.readouterr().err  # argparse exits itself

@@ -207,10 +207,17 @@ def test_single_rank_has_nothing_to_compare() -> None:
 
 
 def _stragglers(analysis: Analysis) -> list[Finding]:
-    """The pipeline's straggler findings (the detector's output in the Report)."""
+    """The pipeline's straggler findings (the detector's output in the Report): the judgement
+    of `find_stragglers` on the reduce's matching, with the gain the what-if replay gives."""
     found = find_stragglers(analysis.crossrank, analysis.breakdowns)
-    assert found == [f for f in analysis.report.findings if f.id == "straggler"]
-    return found
+    reported = [f for f in analysis.report.findings if f.id == "straggler"]
+
+    def judged(f: Finding) -> tuple[object, ...]:
+        return (f.id, f.severity, f.ranks, f.steps, f.evidence, f.recommendation)
+
+    assert [judged(f) for f in found] == [judged(f) for f in reported]
+    assert all("--without-straggler" in f.gain_method for f in reported)
+    return reported
 
 
 def test_delayed_rank_is_named_with_its_cost(tmp_path: Path) -> None:

@@ -254,3 +254,45 @@ def test_comm_fit_without_growth_keeps_the_fastest_latency() -> None:
     assert fit.alpha_us == pytest.approx(860.0)
     merged = fit.duration_us(sum(sizes))
     assert merged < sum((900.0, 880.0, 870.0, 860.0))
+
+
+def _one_call(rank_dur: float, work: float = 100.0) -> list[StepModel]:
+    """One step: `work` µs of progress, then one blocking all-reduce of `rank_dur` µs, waited."""
+    op = ModelOp(
+        kind="all_reduce",
+        lane="pg|all_reduce",
+        issue_pos_us=work,
+        after=-1,
+        delay_us=0.0,
+        dur_us=rank_dur,
+        wait_pos_us=work,
+        waited_us=rank_dur,
+    )
+    return [StepModel(step=5, start_us=0.0, duration_us=work + rank_dur, work_us=work, ops=[op])]
+
+
+def test_without_a_straggler_the_others_lose_its_lead_over_the_last_of_them() -> None:
+    # the call ends together on every rank: rank 1 arrived last (its call is the shortest, 4 µs),
+    # rank 2 last of the others (7 µs); rank 1's lead over rank 2 is 3 µs
+    models = {0: _one_call(10.0), 1: _one_call(4.0), 2: _one_call(7.0)}
+    changed = cf.without_stragglers(models, [1])
+    assert set(changed) == {0, 2}  # the straggler's own steps are not replayed
+    assert [m[0].ops[0].dur_us for m in (changed[0], changed[2])] == [7.0, 4.0]
+    assert replay(changed[0][0]).duration_us == pytest.approx(107.0)
+    # a rank that is never last costs nothing when removed
+    assert cf.without_stragglers(models, [0])[2][0].ops[0].dur_us == 7.0
+
+
+def test_a_straggler_removed_runs_as_its_peers_do() -> None:
+    from zdiag.analyzers.whatif.run_whatif import Change, WhatIfError, replay_change
+
+    models = {0: _one_call(10.0), 1: _one_call(4.0, work=106.0), 2: _one_call(7.0)}
+    result = replay_change(models, "cpu", Change(without_stragglers=(1,)))
+    by_rank = {r.rank: r for r in result.ranks}
+    assert by_rank[0].predicted_ms == pytest.approx(0.107)
+    assert by_rank[2].predicted_ms == pytest.approx(0.104)
+    assert by_rank[1].measured_ms == pytest.approx(0.110)
+    assert by_rank[1].predicted_ms == pytest.approx((0.107 + 0.104) / 2)  # the peers' median
+    assert result.change.label() == "--without-straggler 1"
+    with pytest.raises(WhatIfError, match="at least one other modelled rank"):
+        replay_change(models, "cpu", Change(without_stragglers=(0, 1, 2)))
