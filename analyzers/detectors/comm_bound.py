@@ -2,7 +2,8 @@
 
 Overlap can hide communication only up to the compute it runs under; when comm > compute the
 step is comm-bound whatever the prefetch settings. What helps then: fewer bytes (bf16 gathers),
-more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi-node jobs).
+more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi-node jobs whose
+FSDP still shards across nodes).
 
 On a run with a tensor-parallel dimension, the step verdicts count the TP collectives too: those
 are not FSDP traffic (no FSDP setting changes them), so each step is judged again on the FSDP
@@ -18,6 +19,7 @@ from ..rank.fsdp_ledger import RankLedger
 from ..rank.verdict import COMM_BOUND_STEP_SHARE, decide
 from ..report import Finding, StepBreakdown
 from .context import DetectorContext
+from .flat_sharding import shards_across_nodes
 from .fp32_collectives import bf16_remedy, is_fp32
 from .rule import Rule, Threshold
 
@@ -90,14 +92,13 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not n or bound / n < COMM_BOUND_STEP_SHARE:
         return []
     fp32 = any(is_fp32(r.dtype) for lg in ledgers for r in lg.gathers)
-    nnodes = ctx.sheet.nnodes or 1
     what = "FSDP communication" if fsdp_only else "communication"
     options = []
     bf16 = bf16_remedy(ctx) if fp32 else None
     if bf16 is not None:
         options.append(bf16.text)
     options.append("a bigger batch per rank (more compute per gathered byte)")
-    if nnodes > 1:
+    if shards_across_nodes(ctx):  # never proposed to a run that already replicates
         options.append("HSDP (shard within a node, replicate across nodes)")
     return [
         Finding(
@@ -148,7 +149,8 @@ RULE = Rule(
     ),
     fix=(
         "Says no overlap fixes it; fewer bytes (bf16, with the same code as `fp32-collectives` "
-        "when the gathers are fp32), a bigger batch per rank, HSDP on multi-node jobs."
+        "when the gathers are fp32), a bigger batch per rank, HSDP on multi-node jobs whose "
+        "FSDP still shards across nodes (never to a run that already replicates across them)."
     ),
     gain="Upper bound: the communication time in excess of compute per step.",
     scope="FSDP/ZeRO runs (the ranks with FSDP traffic)",

@@ -34,7 +34,7 @@ def fsdp_group(ctx: DetectorContext, rank: int) -> tuple[int, ...] | None:
     return tuple(range(world))
 
 
-def _nodes_spanned(ctx: DetectorContext, group: tuple[int, ...]) -> int:
+def nodes_spanned(ctx: DetectorContext, group: tuple[int, ...]) -> int:
     """How many nodes the group's ranks sit on (the manifest's node count for the whole world
     when the nodes' ranks are unknown)."""
     nodes = ctx.sheet.nodes
@@ -43,6 +43,15 @@ def _nodes_spanned(ctx: DetectorContext, group: tuple[int, ...]) -> int:
     world = ctx.sheet.world_size
     nnodes = ctx.sheet.nnodes or 1
     return nnodes if world and len(group) == world and world % nnodes == 0 else 1
+
+
+def shards_across_nodes(ctx: DetectorContext) -> bool:
+    """Whether some rank shards its parameters with ranks on other nodes (no HSDP yet)."""
+    for rank in sorted(ctx.breakdowns):
+        group = fsdp_group(ctx, rank)
+        if group is not None and nodes_spanned(ctx, group) > 1:
+            return True
+    return False
 
 
 def cross_node_bytes(lg: RankLedger, replicas: int, shard_size: int) -> dict[str, int] | None:
@@ -69,7 +78,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     group = fsdp_group(ctx, lg.rank)
     if group is None:
         return []
-    spanned = _nodes_spanned(ctx, group)
+    spanned = nodes_spanned(ctx, group)
     if spanned < 2:
         return []
     facts = ctx.sheet.run_facts()

@@ -215,3 +215,31 @@ def test_tp_across_nodes_from_the_trace_headers_without_a_captured_mesh() -> Non
         facts={0: facts([0, 1]), 2: facts([2, 3])},
     )
     assert tp_across_nodes.detect(ok) == []
+
+
+def test_comm_bound_offers_hsdp_only_to_a_run_that_shards_across_nodes() -> None:
+    """comm-bound lists HSDP among what would help only while FSDP shards across nodes: never to
+    a run on one node, nor to one that already replicates across them."""
+    from zdiag.analyzers.detectors import comm_bound
+    from zdiag.analyzers.report import StepBreakdown
+
+    def bound_step(n: int) -> StepBreakdown:
+        return StepBreakdown(
+            step=n, duration_ms=100.0, compute_ms=30.0, comm_ms=60.0, overlapped_ms=20.0,
+            exposed_comm_ms=40.0, idle_ms=10.0, verdict="comm-bound",
+        )  # fmt: skip
+
+    def advice(nodes: list[list[int]], model: ModelFacts | None = None) -> str:
+        ctx = DetectorContext(
+            ledgers={0: ledger()},
+            breakdowns={0: [bound_step(1), bound_step(2)]},
+            manifest=manifest(nodes),
+            model=model,
+        )
+        (f,) = comm_bound.detect(ctx)
+        return f.recommendation
+
+    assert "HSDP" in advice([[0, 1], [2, 3]])
+    assert "HSDP" not in advice([[0, 1, 2, 3]])
+    hsdp = described((2, 2), (("replicate", "replicate"), ("shard", "shard")))
+    assert "HSDP" not in advice([[0, 1], [2, 3]], hsdp)
