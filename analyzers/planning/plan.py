@@ -9,8 +9,9 @@ The grid (exact: every combination is replayed on every modelled step of every r
   lacks it, without which nothing overlaps there);
 - FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
 
-A finer wrap, activation checkpointing, micro-batches and mesh shapes are not modelled yet and
-not searched (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
+A finer wrap, micro-batches and mesh shapes are not modelled yet and not searched; activation
+checkpointing is modelled in time only (its memory saving is unknown), so it is not searched
+either (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
 ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
 plans are ranked by step time alone (a note says so). The best plan's code comes from the
 framework's own remedies, so it names the run's modules and mesh as the findings' code does.

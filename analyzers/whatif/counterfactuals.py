@@ -14,6 +14,13 @@
   counted in merged units: with depth 1 a merged unit's gather is issued when the merged unit
   before it starts.
 - `without_host_syncs(model)`: the host syncs' chunks of progress are removed.
+- `checkpointed(model, prefix)`: activation checkpointing of each child of `prefix` (a block):
+  its forward runs again at the start of its backward, once its backward gather is consumed.
+  A block's forward is the progress from its first forward gather's consumer to the next
+  block's; the last block's is the median of the others' (repeated blocks compute alike). The
+  gathers issued there (the backward prefetch) stay where they were, so they now hide under the
+  recompute too. Blocks without a backward gather (kept unsharded after forward) have no
+  position for their backward and are left as measured (`run_whatif` says how many).
 - `without_stragglers(models_by_rank, ranks)`: the named ranks arrive with the others. The
   ranks of a collective finish it together, so a rank's call lasts from its arrival to the
   common end, and the stragglers' lead over the last of the others is the others' shortest call
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -258,6 +266,72 @@ def without_host_syncs(model: StepModel) -> StepModel:
     if not model.syncs:
         return model
     return msgspec.structs.replace(_compress(model, model.syncs), syncs=[])
+
+
+def _block_anchors(model: StepModel, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Per child of `prefix`: where its forward starts and where its backward starts (its
+    earliest gather consumer in each pass)."""
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    for op in model.ops:
+        key = wrap_key(op.unit, prefix) if op.family == GATHER else None
+        starts = {"forward": fwd, "backward": bwd}.get(op.phase) if key else None
+        if key is not None and starts is not None:
+            starts[key] = min(starts.get(key, _anchor(op)), _anchor(op))
+    return fwd, bwd
+
+
+def block_forwards(model: StepModel, prefix: str) -> dict[str, float]:
+    """Per child of `prefix`, the progress its forward takes (see the module docstring); empty
+    with fewer than two blocks (the last block's length comes from the others)."""
+    fwd, _ = _block_anchors(model, prefix)
+    order = sorted(fwd, key=lambda k: (fwd[k], k))
+    if len(order) < 2:
+        return {}
+    spans = {a: fwd[b] - fwd[a] for a, b in itertools.pairwise(order)}
+    spans[order[-1]] = statistics.median(spans.values())
+    return spans
+
+
+def checkpointed(model: StepModel, prefix: str) -> tuple[StepModel, int]:
+    """The step with each child of `prefix` checkpointed (see the module docstring), and how
+    many of its blocks had no backward position (left as measured)."""
+    spans = block_forwards(model, prefix)
+    _, bwd = _block_anchors(model, prefix)
+    inserts = [(bwd[k], length) for k, length in spans.items() if k in bwd and length > 0]
+    return _expand(model, inserts), sum(1 for k in spans if k not in bwd)
+
+
+def _expand(model: StepModel, inserts: Sequence[tuple[float, float]]) -> StepModel:
+    """The step with `inserts` ((position, length) of progress) added: every position after
+    one moves on by its length; a position exactly at it stays (what waits or is issued there
+    comes first)."""
+    if not inserts:
+        return model
+    chunks = sorted(inserts)
+    starts = [p for p, _ in chunks]
+    added = list(itertools.accumulate(length for _, length in chunks))
+
+    def shift(p: float) -> float:
+        k = bisect.bisect_left(starts, p)  # inserts strictly before p
+        return p + (added[k - 1] if k else 0.0)
+
+    ops = [
+        msgspec.structs.replace(
+            op,
+            issue_pos_us=shift(op.issue_pos_us),
+            wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
+            start_pos_us=op.start_pos_us if op.start_pos_us < 0 else shift(op.start_pos_us),
+        )
+        for op in model.ops
+    ]
+    return msgspec.structs.replace(
+        model,
+        ops=ops,
+        syncs=[(shift(p), length) for p, length in model.syncs],
+        unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
+        work_us=model.work_us + added[-1],
+    )
 
 
 def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepModel:

@@ -36,6 +36,7 @@ class Change:
     remove_host_syncs: bool = False
     unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
     without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
+    checkpoint: str | None = None  # activation checkpointing of each child of this module
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -52,6 +53,8 @@ class Change:
             parts.append("--unshard-async-op")
         if self.without_stragglers:
             parts.append("--without-straggler " + ",".join(map(str, self.without_stragglers)))
+        if self.checkpoint is not None:
+            parts.append(f"--checkpoint {self.checkpoint}")
         return " ".join(parts) or "(nothing: the measured schedule)"
 
 
@@ -125,11 +128,14 @@ def apply_change(
     fits: Mapping[str, CommFit],
     overhead: OverheadFit | None = None,
 ) -> StepModel:
-    """`model` with `change` applied (coarser wrap first, then reshard, prefetch, syncs)."""
+    """`model` with `change` applied (coarser wrap first, then reshard, checkpointing,
+    prefetch, syncs)."""
     if change.wrap is not None:
         model = cf.coarser_wrap(model, change.wrap, fits, platform, overhead)
     if change.reshard_after_forward is False:
         model = cf.no_reshard_after_forward(model)
+    if change.checkpoint is not None:
+        model, _ = cf.checkpointed(model, change.checkpoint)
     if change.prefetch is not None:
         model = cf.prefetch(model, change.prefetch, platform)
     if change.remove_host_syncs:
@@ -140,6 +146,11 @@ def apply_change(
 def _memory_delta(models: Sequence[StepModel], change: Change) -> tuple[int | None, str]:
     """The change's estimated peak-memory delta, and how it was estimated."""
     sizes = cf.unit_gather_bytes(models)
+    if change.checkpoint is not None:
+        return None, (
+            "unknown: checkpointing frees the blocks' saved activations less their inputs, and "
+            "the step model holds no activation sizes (measure it: apply and run again)"
+        )
     needs_sizes = change.wrap or change.prefetch or change.reshard_after_forward is False
     if not needs_sizes:
         return 0, "no change in what is held"
@@ -225,6 +236,8 @@ def replay_change(
             f"no FSDP unit of this run lies under '{change.wrap}' (its units: {shown}); give the "
             "module whose children should each become one unit"
         )
+    if change.checkpoint is not None:
+        notes += _checkpoint_notes(models, change.checkpoint)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops
     ):
@@ -271,6 +284,31 @@ def replay_change(
         notes=notes,
         timeline=timeline,
     )
+
+
+def _checkpoint_notes(models: Sequence[StepModel], prefix: str) -> list[str]:
+    """What the checkpointing replay could not place (or WhatIfError when nothing)."""
+    spans = [cf.block_forwards(m, prefix) for m in models]
+    if not any(spans):
+        blocks = sorted({cf.wrap_key(op.unit, prefix) or "" for m in models for op in m.ops})
+        blocks = [b for b in blocks if b]
+        raise WhatIfError(
+            f"checkpointing the children of '{prefix}' needs at least two of them gathered as "
+            f"FSDP units in forward (found: {', '.join(blocks) or 'none'}); give the module "
+            "whose children are the repeated blocks"
+        )
+    missing = max(cf.checkpointed(m, prefix)[1] for m in models)
+    notes = [
+        "checkpointing: each block's forward (the progress from its forward gather to the "
+        "next block's; the last block as the median of the others) runs again where its "
+        "backward gather is consumed"
+    ]
+    if missing:
+        notes.append(
+            f"{missing} block(s) have no backward gather (kept unsharded after forward), so "
+            "their recompute has no position and is left out: the prediction is low by it"
+        )
+    return notes
 
 
 def _changed_models(

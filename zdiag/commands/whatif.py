@@ -30,6 +30,7 @@ examples:
   zdiag whatif runs/a --no-host-syncs              # the .item() / synchronize calls removed
   zdiag whatif runs/a --prefetch 1 --unshard-async-op   # CPU/gloo: FSDP2's async unshard
   zdiag whatif runs/a --without-straggler 3        # rank 3 arrives with the others
+  zdiag whatif runs/a --checkpoint model.layers    # activation checkpointing of each layer
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
@@ -92,6 +93,12 @@ class WhatIfCommand:
             "--wrap",
             metavar="MODULE",
             help="wrap coarser: one FSDP unit per child of MODULE (e.g. model.layers)",
+        )
+        parser.add_argument(
+            "--checkpoint",
+            metavar="MODULE",
+            help="activation checkpointing of each child of MODULE: its forward runs again in "
+            "backward",
         )
         parser.add_argument(
             "--no-host-syncs",
@@ -181,11 +188,12 @@ def _change(args: argparse.Namespace) -> Change:
         remove_host_syncs=args.no_host_syncs,
         unshard_async_op=args.unshard_async_op,
         without_stragglers=args.without_straggler,
+        checkpoint=args.checkpoint.strip(".") if args.checkpoint else None,
     )
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
-            "--no-host-syncs, --unshard-async-op or --without-straggler RANK."
+            "--checkpoint MODULE, --no-host-syncs, --unshard-async-op or --without-straggler RANK."
         )
     return change
 

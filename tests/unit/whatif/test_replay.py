@@ -296,3 +296,52 @@ def test_a_straggler_removed_runs_as_its_peers_do() -> None:
     assert result.change.label() == "--without-straggler 1"
     with pytest.raises(WhatIfError, match="at least one other modelled rank"):
         replay_change(models, "cpu", Change(without_stragglers=(0, 1, 2)))
+
+
+def three_blocks() -> StepModel:
+    """Forward: layers.0-2 gathered where they run (0, 100, 200 µs of progress, 100 µs of work
+    each, 10 µs gathers, exposed); 100 µs of head and loss; backward: layers.2 at 400, layers.1
+    at 500 (its gather issued at 400, ahead: hidden), layers.0 at 600; step work 700 µs, five
+    exposed gathers: 750 µs."""
+    ops = [gather(f"layers.{k}", 100.0 * k, 100.0 * k, 10.0, after=-1) for k in range(3)]
+    ops += [
+        gather("layers.2", 400.0, 400.0, 10.0, phase="backward", after=-1),
+        gather("layers.1", 400.0, 500.0, 10.0, phase="backward", after=-1),
+        gather("layers.0", 600.0, 600.0, 10.0, phase="backward", after=-1),
+    ]
+    return StepModel(step=1, start_us=0.0, duration_us=750.0, work_us=700.0, ops=ops)
+
+
+def test_checkpointing_runs_each_blocks_forward_again_where_its_backward_starts() -> None:
+    model = three_blocks()
+    assert replay(model).duration_us == pytest.approx(750.0)
+    assert cf.block_forwards(model, "layers") == {
+        "layers.0": 100.0,
+        "layers.1": 100.0,
+        "layers.2": 100.0,  # the last block: the others' median
+    }
+    changed, unplaced = cf.checkpointed(model, "layers")
+    assert unplaced == 0
+    assert changed.work_us == pytest.approx(1000.0)
+    backward = [op for op in changed.ops if op.phase == "backward"]
+    # each recompute comes after its block's gather is consumed, before what follows
+    assert [op.wait_pos_us for op in backward] == [400.0, 600.0, 800.0]
+    assert backward[1].issue_pos_us == 400.0  # the backward prefetch stays where it was issued
+    assert replay(changed).duration_us == pytest.approx(1050.0)
+
+
+def test_checkpointing_leaves_blocks_kept_unsharded_after_forward_as_measured() -> None:
+    changed, unplaced = cf.checkpointed(cf.no_reshard_after_forward(three_blocks()), "layers")
+    assert unplaced == 3
+    assert changed.work_us == pytest.approx(700.0)
+
+
+def test_checkpointing_needs_two_blocks_gathered_in_forward() -> None:
+    from zdiag.analyzers.whatif.run_whatif import Change, WhatIfError, replay_change
+
+    with pytest.raises(WhatIfError, match="at least two of them gathered"):
+        replay_change({0: [three_blocks()]}, "cuda", Change(checkpoint="nowhere"))
+    result = replay_change({0: [three_blocks()]}, "cuda", Change(checkpoint="layers"))
+    assert result.predicted_ms == pytest.approx(1.050)
+    assert result.memory_delta_bytes is None  # the step model holds no activation sizes
+    assert result.change.label() == "--checkpoint layers"
