@@ -89,7 +89,7 @@ examples:
 examples:
   zdiag monitor --listen 127.0.0.1:5577           # the live terminal UI (? lists its keys)
   zdiag monitor --listen 127.0.0.1:5577 --headless --duration 60 --json
-  zdiag monitor --relay --listen 127.0.0.1:5578 --forward monitor-host:5577
+  zdiag monitor --relay --listen 127.0.0.1:5580 --forward monitor-host:5577
 """,
     "demo": """\
 examples:

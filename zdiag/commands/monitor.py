@@ -3,8 +3,8 @@
 - ``zdiag monitor [--listen 127.0.0.1:5577]``: the Textual app (one job at a time, `j` switches,
   Enter opens a rank, `?` lists the keys).
 - ``zdiag monitor --headless --duration S [--json]``: receive for S seconds, print a summary.
-- ``zdiag monitor --relay --listen 127.0.0.1:5578 --forward MONITOR:5577``: the per-node relay
-  (records up to the monitor; the monitor's capture requests down to the ranks, on 5579).
+- ``zdiag monitor --relay --listen 127.0.0.1:5580 --forward MONITOR:5577``: the per-node relay
+  (records up to the monitor; the monitor's capture requests down to the ranks, on 5581).
 
 Listening on anything but loopback needs a shared token (``--token`` or ``ZDIAG_MONITOR_TOKEN``);
 senders without it are refused at the connection's handshake and counted. Ranks publish when
