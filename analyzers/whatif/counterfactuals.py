@@ -98,7 +98,9 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
     position lies before the position at which it measurably started (a gather the host issued
     early but the device ran late, as on a GPU whose all-gather stream waited, counts from its
     start); a moved gather keeps only the smallest latency its lane showed (the launch), not
-    the wait that delayed it."""
+    the wait that delayed it. On a CPU run the host is the device: a gather the training thread
+    issued that far ahead is prefetched already, and if gloo's worker thread started it late,
+    it waited for that thread, which a deeper prefetch does not change."""
     if depth <= 0 or not platform.gathers_overlap:
         return model
     ops = list(model.ops)
@@ -109,7 +111,8 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
             op = ops[j]
             issue = anchors[k - depth]
             started = _started(op)
-            ahead = sum(1 for a in anchors[: k + 1] if a > started + AHEAD_US)
+            sent = op.issue_pos_us if platform.device == "cpu" else started
+            ahead = sum(1 for a in anchors[: k + 1] if a > sent + AHEAD_US)
             if ahead >= depth or issue >= started:
                 continue  # already issued that far ahead, or started before the new issue
             if op.prefetched and op.wait_pos_us == op.issue_pos_us:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from zdiag.analyzers.rank.step_model import ModelOp, StepModel
@@ -345,3 +346,24 @@ def test_checkpointing_needs_two_blocks_gathered_in_forward() -> None:
     assert result.predicted_ms == pytest.approx(1.050)
     assert result.memory_delta_bytes is None  # the step model holds no activation sizes
     assert result.change.label() == "--checkpoint layers"
+
+
+def test_a_gather_issued_ahead_but_started_late_moves_on_a_gpu_only() -> None:
+    """layers.1's gather was issued while layers.0 ran (position 0) but started only at 100,
+    where it was needed. On a GPU the host runs ahead of the device, so only the start counts
+    and prefetching moves it; on CPU the training thread issued it ahead already, and it started
+    late because gloo's worker thread was busy, which a deeper prefetch does not change."""
+    late = msgspec.structs.replace(
+        gather("layers.1", 0.0, 100.0, 30.0, after=-1), start_pos_us=100.0, delay_us=100.0
+    )
+    model = StepModel(
+        step=1,
+        start_us=0.0,
+        duration_us=360.0,
+        work_us=300.0,
+        ops=[gather("layers.0", 0.0, 0.0, 30.0, after=-1), late],
+    )
+    cpu = Platform("cpu", True, "test: async unshard")
+    assert cf.prefetch(model, 1, cpu).ops[1] == late
+    moved = cf.prefetch(model, 1, GPU).ops[1]
+    assert moved.issue_pos_us == 0.0 and moved.delay_us == 0.0
