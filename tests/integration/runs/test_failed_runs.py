@@ -14,6 +14,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +30,61 @@ SCRIPT = str(REPO_ROOT / "tests" / "scripts" / "fail_train.py")
 TIMEOUT_S = 240
 
 
-def zdiag(*args: str, kill_after_s: float | None = None) -> subprocess.CompletedProcess[str]:
+def zdiag(
+    *args: str, kill_after_s: float | None = None, kill_when: Callable[[], bool] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`zdiag ARGS` in a fresh interpreter; with `kill_after_s`, SIGTERM it then (as `timeout`
-    does to a hung job) and collect what it printed."""
+    does to a hung job), or as soon as `kill_when()` holds (polled; a second's grace first),
+    and collect what it printed."""
     cmd = [sys.executable, "-m", "zdiag", *args]
     if kill_after_s is None:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + kill_after_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if kill_when is not None and kill_when():
+            time.sleep(1.0)
+            break
+        time.sleep(0.25)
     try:
-        out, err = proc.communicate(timeout=kill_after_s)
+        out, err = proc.communicate(timeout=0.1)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT_S)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def hang_written(run_dir: Path, ranks: int = 2) -> Callable[[], bool]:
+    """Whether every rank's part of the manifest records its hang dump (the watchdog wrote the
+    dump, then the window and the part): what a `timeout` after it would find."""
+
+    def written() -> bool:
+        for r in range(ranks):
+            part = run_dir / "manifest.d" / f"rank-{r}.json"
+            try:
+                if not json.loads(part.read_text()).get("hang"):
+                    return False
+            except (OSError, ValueError):
+                return False
+        return True
+
+    return written
+
+
+def steps_logged(run_dir: Path, steps: int, ranks: int = 2) -> Callable[[], bool]:
+    """Whether every rank's step log holds at least `steps` lines."""
+
+    def logged() -> bool:
+        for r in range(ranks):
+            try:
+                text = (run_dir / "steps" / f"rank-{r}.jsonl").read_text()
+            except OSError:
+                return False
+            if text.count("\n") < steps:
+                return False
+        return True
+
+    return logged
 
 
 def manifest_ranks(run_dir: Path) -> dict[int, dict[str, Any]]:
@@ -140,7 +184,7 @@ def test_hang_dumps_stacks_collective_and_partial_traces(tmp_path: Path) -> None
     zdiag(
         "run", "--nproc-per-node", "2", "--out", str(run), "--hang-timeout", "4", SCRIPT,
         "--steps", "12", "--hang-at-step", "3", "--hang-rank", "1",
-        kill_after_s=60,
+        kill_after_s=60, kill_when=hang_written(run),
     )  # fmt: skip
     ranks = manifest_ranks(run)
     waiting, stuck = ranks[0]["hang"], ranks[1]["hang"]
@@ -177,7 +221,7 @@ def test_sigterm_mid_window_keeps_the_steps_so_far(tmp_path: Path) -> None:
     zdiag(
         "run", "--nproc-per-node", "2", "--out", str(run), "--profile-steps", "1:1:500", SCRIPT,
         "--steps", "2000", "--step-sleep", "0.05",
-        kill_after_s=25,
+        kill_after_s=25, kill_when=steps_logged(run, 8),
     )  # fmt: skip
     ranks = manifest_ranks(run)
     for r in (0, 1):
@@ -199,8 +243,10 @@ def test_the_monitor_shows_the_hung_rank_within_seconds_of_the_dump(tmp_path: Pa
         zdiag(
             "run", "--nproc-per-node", "2", "--out", str(run), "--monitor", target,
             "--hang-timeout", "4", SCRIPT, "--steps", "12", "--hang-at-step", "3",
-            kill_after_s=35,
+            kill_after_s=35, kill_when=hang_written(run),
         )  # fmt: skip
+        time.sleep(1.0)  # the hang records reach the monitor right after the dump
+        monitor.send_signal(signal.SIGTERM)  # a headless monitor prints its summary and exits
         summary = finish(monitor, timeout_s=60)
     finally:
         reap(monitor)
