@@ -87,12 +87,9 @@ def test_whole_model_wrap_code_runs_pasted_into_the_script(
 
     patched = tmp_path / f"wrapped_{script_name}"
     patched.write_text(paste_into_wrap(script.read_text(), code))
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone")
-    proc = _run(*torchrun, "--nproc-per-node", "4", str(patched), "--steps", "3")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "step 2 loss" in proc.stdout
-
-    after = _findings(patched, tmp_path / "after")
+    after = _findings(patched, tmp_path / "after")  # it trains (exit 0) on all 4 ranks
+    ranks = json.loads((tmp_path / "after" / "manifest.json").read_text())["ranks"]
+    assert len(ranks) == 4 and all(r["exit_code"] == 0 and r["steps"] >= 3 for r in ranks)
     assert "whole-model-wrap" not in {f["id"] for f in after}
 
 
