@@ -25,6 +25,9 @@ Checks:
 6. diff: `zdiag diff` on device runs: one configuration run twice is "no change"; a whole-model
    wrap against the healthy wrap is named on the first line; dropping activation checkpointing
    trips `--fail-on-memory` (and adding it does not); a CPU run against a GPU run is refused.
+7. what-if: `zdiag whatif --checkpoint layers` on the healthy run against the run with `--ac
+   block`, and `--prefetch 1` on a run without prefetch against the run with it (NCCL only),
+   each predicted gain within 2x of the re-run's (or both inside 2% of the step).
 """
 
 from __future__ import annotations
@@ -426,6 +429,66 @@ def check_diff(r: Runner) -> list[Check]:
     return out
 
 
+def _job_step_ms(run_dir: Path) -> float | None:
+    """The job's measured step: the median over ranks of each rank's median step."""
+    report = analyze_paths([run_dir])
+    medians = []
+    for rank in report.ranks:
+        steps = sorted(s.duration_ms for s in rank.steps)
+        if steps:
+            medians.append(steps[len(steps) // 2])
+    return sorted(medians)[len(medians) // 2] if medians else None
+
+
+def _whatif_ms(r: Runner, run_dir: Path, *change: str) -> tuple[float | None, str]:
+    """(the job's predicted step, or None; what went wrong) from `zdiag whatif --json`."""
+    proc = r.zdiag(["whatif", str(run_dir), *change, "--json", "--no-cache"])
+    if proc.returncode != 0:
+        return None, f"whatif exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
+    ranks = json.loads(proc.stdout)["ranks"]
+    predicted = sorted(x["predicted_ms"] for x in ranks)
+    return predicted[len(predicted) // 2], ""
+
+
+def check_whatif(r: Runner) -> list[Check]:
+    """The what-if replay against re-runs on this device: activation checkpointing of every
+    block predicted on the healthy run (`--checkpoint layers`) against the run with `--ac
+    block`, and prefetch depth 1 predicted on a run without prefetch against the run with it
+    (with NCCL only: gloo on a shared GPU blocks in every collective). Each within 2x of the
+    measured change, or inside the two runs' own noise."""
+    opts = [*shape(r.device), "--steps", "10"]
+    out = []
+    base, pb = r.harness("whatif-healthy", opts, "2:1:5", comm=True)
+    ac, pa = r.harness("whatif-ac", [*opts, "--ac", "block"], "2:1:5", comm=True)
+    pairs = [("checkpointing", base, pb, ac, pa, ("--checkpoint", "layers"))]
+    if r.device != "cpu" and not r.shared_gpu:
+        off, po = r.harness("whatif-no-prefetch", [*opts, "--prefetch", "off"], "2:1:5")
+        pairs.append(("prefetch", off, po, base, pb, ("--prefetch", "1")))
+    else:  # (the harness's prefetch off also drops the async unshard: blocking gathers)
+        out.append(Check("whatif prefetch", None, "gloo blocks in every collective here"))
+    for name, before, p_before, after, p_after, change in pairs:
+        if p_before.returncode or p_after.returncode:
+            out.append(Check(f"whatif {name}", False, "a harness run failed (see log.txt)"))
+            continue
+        measured_before, measured_after = _job_step_ms(before), _job_step_ms(after)
+        predicted, why = _whatif_ms(r, before, *change)
+        if predicted is None or measured_before is None or measured_after is None:
+            out.append(Check(f"whatif {name}", False, why or "no steps"))
+            continue
+        want, got = measured_before - measured_after, measured_before - predicted
+        ok = (want * got > 0 and 0.5 <= got / want <= 2.0) or abs(want) < 0.02 * measured_before
+        out.append(
+            Check(
+                f"whatif {name}",
+                ok,
+                f"{' '.join(change)}: step {measured_before:.1f} ms, predicted {predicted:.1f}, "
+                f"re-run with the change {measured_after:.1f} (gain {got:+.1f} predicted, "
+                f"{want:+.1f} measured)",
+            )
+        )
+    return out
+
+
 def _small_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if info.size > MAX_TAR_MEMBER else info
 
@@ -452,6 +515,7 @@ CHECKS: dict[str, Callable[[Runner], Check | list[Check]]] = {
     "nvtx": check_nvtx,
     "snapshot_sites": check_snapshot_sites,
     "diff": check_diff,
+    "whatif": check_whatif,
 }
 
 
