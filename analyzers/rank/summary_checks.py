@@ -132,6 +132,41 @@ def _check_memory(summary: RankSummary) -> None:
             raise ValueError(f"its memory timeline's {category!r} column holds negative bytes")
 
 
+_SKIPPED = frozenset({str, bytes, bool, type(None)})
+
+
+def _check_column(values: list[Any] | tuple[Any, ...], where: str) -> None:
+    """`_check_numbers` over many values at once: only floats (None aside) are checked through
+    their sum (finite unless a value is not, or the sum overflows: then value by value), only
+    ints through their extremes; strings, bools and None need nothing; anything else goes value
+    by value. The step models, the ledger and the process groups' member lists hold tens of
+    thousands of values per rank."""
+    kinds = set(map(type, values))
+    if kinds <= _SKIPPED:
+        return
+    numbers = [v for v in values if v is not None] if type(None) in kinds else values
+    kinds.discard(type(None))
+    if kinds == {float} and math.isfinite(sum(numbers)):
+        return
+    if kinds == {int} and -_INT64 <= min(numbers) and max(numbers) < _INT64:
+        return
+    for v in values:
+        _check_numbers(v, where)
+
+
+def _check_sequence(items: list[Any] | tuple[Any, ...], where: str) -> None:
+    """A list: structs of one class and tuples of one length a field (a column) at a time."""
+    first = items[0]
+    if isinstance(first, msgspec.Struct) and all(type(i) is type(first) for i in items):
+        for name in first.__struct_fields__:
+            _check_column([getattr(i, name) for i in items], f"{where}.{name}")
+    elif type(first) is tuple and all(type(i) is tuple and len(i) == len(first) for i in items):
+        for column in zip(*items, strict=True):
+            _check_column(column, where)
+    else:
+        _check_column(items, where)
+
+
 def _check_numbers(value: Any, where: str) -> None:
     """Every float finite and every int inside 64 bits, through structs, lists and dicts."""
     if isinstance(value, float):
@@ -146,6 +181,9 @@ def _check_numbers(value: Any, where: str) -> None:
         for name in value.__struct_fields__:
             _check_numbers(getattr(value, name), f"{where}.{name}")
     elif isinstance(value, list | tuple):
+        if len(value) > 1:
+            _check_sequence(value, where)
+            return
         for item in value:
             _check_numbers(item, where)
     elif isinstance(value, dict):

@@ -342,7 +342,9 @@ def _prediction(
     its own counterfactual keeps one odd step (a gather that waited long on a peer once) from
     deciding the figure, as the median of the changed steps alone would."""
     measured = statistics.median(m.duration_us for m in steps)
-    change = statistics.median(b.duration_us - c.duration_us for b, c in zip(base, changed))
+    change = statistics.median(
+        b.duration_us - c.duration_us for b, c in zip(base, changed, strict=True)
+    )
     return RankPrediction(
         rank=rank,
         steps=len(base),

@@ -284,6 +284,10 @@ def _craft(tree: dict[str, Any], how: str) -> None:
         tree["collectives"]["end_us"] = b"\x00" * 6 + b"\xf0\x7f" + calls["end_us"][8:]
     elif how == "ledger of another rank":
         tree["ledger"]["rank"] = 3
+    elif how == "NaN in a step model's collective":
+        tree["step_models"][0]["ops"][1][5] = math.nan  # array-like ModelOp: its dur_us
+    elif how == "infinite step model position":
+        tree["step_models"][-1]["ops"][-1][2] = math.inf  # its issue_pos_us
     else:
         raise AssertionError(how)
 
@@ -300,6 +304,8 @@ CRAFTS = [
     "rank 2^62",
     "infinite collective time",
     "ledger of another rank",
+    "NaN in a step model's collective",
+    "infinite step model position",
 ]
 
 
@@ -463,3 +469,16 @@ def test_a_stamp_taken_too_soon_after_a_change_does_not_vouch(tmp_path: Path) ->
     settled = FileStamp.of(st, st.st_ctime_ns + SETTLED_NS)
     racy = FileStamp.of(st, st.st_ctime_ns + SETTLED_NS - 1)
     assert settled.still(st) and not racy.still(st)
+
+
+def test_many_values_are_checked_at_once_and_exactly() -> None:
+    """The column check: a sum that overflows on finite values is no error (each value is then
+    checked), one non-finite value among thousands is, and so is an int beyond 64 bits."""
+    from zdiag.analyzers.rank.summary_checks import _check_column
+
+    _check_column([1e308] * 3 + [None], "big")
+    with pytest.raises(ValueError, match="not a finite number"):
+        _check_column([1.0] * 5000 + [math.nan], "x")
+    with pytest.raises(ValueError, match="beyond 64 bits"):
+        _check_column([*range(5000), 2**64], "members")
+    _check_column(["a", None, True, b"x"], "names")
