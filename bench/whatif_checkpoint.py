@@ -1,0 +1,112 @@
+"""The checkpointing what-if against re-runs: `zdiag whatif --checkpoint BLOCKS` on the user zoo's
+runs without checkpointing, against the same scripts run with it (issue 27).
+
+It reads run directories a `bench/user_zoo.py --fix-verify --workdir DIR` left behind: for each
+case, `DIR/<script>__act-oom__bad<k>` (no checkpointing, no budget) and `..__fix<k>` (the zoo's
+fix: checkpointing on, under the budget, which only adds a check). Per case:
+
+- predicted: the median over the bad runs of `zdiag whatif RUN --checkpoint BLOCKS --json`'s
+  job change (predicted minus measured step, on the traced steps);
+- measured: the median fix step less the median bad step, from the scripts' own summary lines
+  (the slowest rank's median step per run, as the zoo reads them).
+
+    python bench/whatif_checkpoint.py --workdir /tmp/fv2 [-o out.md]
+        [--case tabular_fsdp2=encoder.stages ...]
+
+The default cases are the FSDP2 scripts of the zoo with an activation-checkpointing fix, with the
+module holding their repeated blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from user_zoo import parse_summaries  # noqa: E402
+
+CASES = {
+    "tabular_fsdp2": "encoder.stages",
+    "seq2seq_fsdp2": "encoder.towers,decoder.towers",
+    "moe_fsdp2": "body.mixers",
+    "recsys_fsdp2": "interaction.towers",
+}
+
+
+def predicted_change_ms(run_dir: Path, blocks: str) -> float | None:
+    """The job's predicted minus measured step for `--checkpoint blocks` (None: refused)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "zdiag", "whatif", str(run_dir), "--checkpoint", blocks, "--json",
+         "--no-cache"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        print(f"{run_dir}: {proc.stderr.strip()}", file=sys.stderr)
+        return None
+    ranks = json.loads(proc.stdout)["ranks"]
+    return statistics.median(r["predicted_ms"] - r["measured_ms"] for r in ranks)
+
+
+def script_step_ms(run_dir: Path) -> float | None:
+    """The slowest rank's median step the script printed."""
+    log = run_dir / "zoo-run.log"
+    return parse_summaries(log.read_text())[0] if log.is_file() else None
+
+
+def row(workdir: Path, script: str, blocks: str) -> str:
+    """One markdown row."""
+    bad = sorted(workdir.glob(f"{script}__act-oom__bad*"))
+    fix = sorted(workdir.glob(f"{script}__act-oom__fix*"))
+    preds = [p for d in bad if (p := predicted_change_ms(d, blocks)) is not None]
+    b = [s for d in bad if (s := script_step_ms(d)) is not None]
+    f = [s for d in fix if (s := script_step_ms(d)) is not None]
+    if not preds or not b or not f:
+        return f"| `{script}` | `{blocks}` | - | - | - | no runs |"
+    pred = statistics.median(preds)
+    meas = statistics.median(f) - statistics.median(b)
+    spread = max(max(b) - min(b), max(f) - min(f))
+    within = "yes" if pred * meas > 0 and 0.5 <= pred / meas <= 2.0 else "no"
+    if abs(meas) <= spread:
+        within = "noise"
+    return (
+        f"| `{script}` | `{blocks}` | {pred:+.1f} | {meas:+.1f} | {spread:.1f} | {within} "
+        f"| {len(bad)} / {len(fix)} |"
+    )
+
+
+def main() -> int:
+    """Write the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", type=Path, required=True, help="a --fix-verify --workdir")
+    p.add_argument("--case", action="append", default=[], metavar="SCRIPT=BLOCKS",
+                   help="a zoo script and the module holding its blocks (repeatable)")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, help="markdown file (else stdout)")
+    args = p.parse_args()
+    cases = dict(c.split("=", 1) for c in args.case) if args.case else CASES
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"Command: `bench/whatif_checkpoint.py {' '.join(sys.argv[1:])}` ({started}; "
+        f"{platform.machine()}, Python {platform.python_version()}).",
+        "",
+        "| script | --checkpoint | predicted ms/step | measured ms/step | spread ms "
+        "| within 2x | runs (bad / fix) |",
+        "|---|---|---|---|---|---|---|",
+        *(row(args.workdir, s, b) for s, b in cases.items()),
+    ]
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        args.output.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
