@@ -100,7 +100,8 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
     start); a moved gather keeps only the smallest latency its lane showed (the launch), not
     the wait that delayed it. On a CPU run the host is the device: a gather the training thread
     issued that far ahead is prefetched already, and if gloo's worker thread started it late,
-    it waited for that thread, which a deeper prefetch does not change."""
+    it waited for that thread, which a deeper prefetch does not change. (One that blocked the
+    training thread where it was issued, without the async op, is judged as before.)"""
     if depth <= 0 or not platform.gathers_overlap:
         return model
     ops = list(model.ops)
@@ -111,7 +112,10 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
             op = ops[j]
             issue = anchors[k - depth]
             started = _started(op)
-            sent = op.issue_pos_us if platform.device == "cpu" else started
+            # on CPU a gather that did not block where issued ran on gloo's thread: issued
+            # ahead is prefetched (see the docstring)
+            async_cpu = platform.device == "cpu" and not _blocked_where_issued(op)
+            sent = op.issue_pos_us if async_cpu else started
             ahead = sum(1 for a in anchors[: k + 1] if a > sent + AHEAD_US)
             if ahead >= depth or issue >= started:
                 continue  # already issued that far ahead, or started before the new issue
@@ -125,6 +129,11 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
                 delay_us=min(op.delay_us, floor.get(op.lane, 0.0)),
             )
     return msgspec.structs.replace(model, ops=ops)
+
+
+def _blocked_where_issued(op: ModelOp) -> bool:
+    """Whether the lane stood waiting for the op right where it issued it (a blocking call)."""
+    return op.wait_pos_us is not None and op.wait_pos_us <= op.issue_pos_us + AHEAD_US
 
 
 def _latency_floor(model: StepModel) -> dict[str, float]:
