@@ -367,3 +367,10 @@ def test_a_gather_issued_ahead_but_started_late_moves_on_a_gpu_only() -> None:
     assert cf.prefetch(model, 1, cpu).ops[1] == late
     moved = cf.prefetch(model, 1, GPU).ops[1]
     assert moved.issue_pos_us == 0.0 and moved.delay_us == 0.0
+
+
+def test_blocking_cpu_gathers_issued_when_needed_move_with_the_async_op() -> None:
+    """CPU without the async op: each gather blocked the training thread where it was issued,
+    when needed. Replayed with the async op and prefetch depth 1, the last two hide."""
+    cpu = Platform("cpu", True, "test: the change sets the async op")
+    assert replay(cf.prefetch(serialized(), 1, cpu)).duration_us == pytest.approx(330.0)
