@@ -39,7 +39,7 @@ import bisect
 import itertools
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
@@ -328,22 +328,7 @@ def _expand(model: StepModel, inserts: Sequence[tuple[float, float]]) -> StepMod
         k = bisect.bisect_left(starts, p)  # inserts strictly before p
         return p + (added[k - 1] if k else 0.0)
 
-    ops = [
-        msgspec.structs.replace(
-            op,
-            issue_pos_us=shift(op.issue_pos_us),
-            wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
-            start_pos_us=op.start_pos_us if op.start_pos_us < 0 else shift(op.start_pos_us),
-        )
-        for op in model.ops
-    ]
-    return msgspec.structs.replace(
-        model,
-        ops=ops,
-        syncs=[(shift(p), length) for p, length in model.syncs],
-        unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
-        work_us=model.work_us + added[-1],
-    )
+    return _moved(model, shift, model.work_us + added[-1])
 
 
 def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepModel:
@@ -363,11 +348,18 @@ def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepMode
         pos, length = chunks[k - 1]
         return p - before - min(length, p - pos)
 
+    return _moved(model, shift, shift(model.work_us))
+
+
+def _moved(model: StepModel, shift: Callable[[float], float], work_us: float) -> StepModel:
+    """The step with every progress position (issue, start, wait, host syncs, unit chunks)
+    mapped through `shift`, and `work_us` of progress."""
     ops = [
         msgspec.structs.replace(
             op,
             issue_pos_us=shift(op.issue_pos_us),
             wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
+            start_pos_us=op.start_pos_us if op.start_pos_us < 0 else shift(op.start_pos_us),
         )
         for op in model.ops
     ]
@@ -376,7 +368,7 @@ def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepMode
         ops=ops,
         syncs=[(shift(p), length) for p, length in model.syncs],
         unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
-        work_us=shift(model.work_us),
+        work_us=work_us,
     )
 
 

@@ -374,3 +374,25 @@ def test_blocking_cpu_gathers_issued_when_needed_move_with_the_async_op() -> Non
     when needed. Replayed with the async op and prefetch depth 1, the last two hide."""
     cpu = Platform("cpu", True, "test: the change sets the async op")
     assert replay(cf.prefetch(serialized(), 1, cpu)).duration_us == pytest.approx(330.0)
+
+
+def test_cutting_progress_moves_measured_starts_with_the_issue_positions() -> None:
+    """A gather issued at 60 that started at 80: with the host sync at 10 cut, both positions
+    move back by 5, so a later prefetch still sees the start after the issue, not before it."""
+    op = msgspec.structs.replace(gather("a", 60.0, 80.0, 30.0), start_pos_us=80.0)
+    m = StepModel(
+        step=1, start_us=0.0, duration_us=140.0, work_us=100.0, ops=[op], syncs=[(10.0, 5.0)]
+    )
+    out = cf.without_host_syncs(m).ops[0]
+    assert (out.issue_pos_us, out.start_pos_us, out.wait_pos_us) == (55.0, 75.0, 75.0)
+
+
+def test_inserting_progress_moves_every_position_after_it() -> None:
+    op = msgspec.structs.replace(gather("b", 60.0, 80.0, 30.0), start_pos_us=70.0)
+    m = StepModel(
+        step=1, start_us=0.0, duration_us=130.0, work_us=100.0, ops=[op], syncs=[(90.0, 5.0)]
+    )
+    out = cf._expand(m, [(60.0, 10.0), (75.0, 20.0)])
+    moved = out.ops[0]
+    assert (moved.issue_pos_us, moved.start_pos_us, moved.wait_pos_us) == (60.0, 80.0, 110.0)
+    assert out.syncs == [(120.0, 5.0)] and out.work_us == 130.0
