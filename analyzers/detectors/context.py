@@ -24,6 +24,7 @@ from ..inputs.oom_records import OomRecords
 from ..rank.declared_groups import Members
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..rank.host_syncs import HostSyncSites
+from ..rank.step_model import with_unit_paths
 from ..report import MemoryBreakdown, MemoryTimeline, StepBreakdown
 from .fact_sheet import RunFactSheet, build_fact_sheet
 from .mesh_dims import TP, group_roles, tensor_parallel
@@ -72,8 +73,9 @@ class DetectorContext:
       the members of the process group that ran it}, where the trace says (gloo calls: by the
       thread the collectors recorded); what tells a mesh dimension's collectives apart
     - `step_models`: rank -> its modelled steps (rank/step_model.py), what the what-if replay
-      re-times for the findings' expected gains (detectors/replayed_gain.py); `device`: the
-      ranks' device kind
+      re-times for the findings' expected gains (detectors/replayed_gain.py), their FSDP units
+      named by module path where the captured model says (FSDP1's are named by position in a
+      trace); `device`: the ranks' device kind
     - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
     - `group_roles`: {group members: mesh role} (detectors/mesh_dims.py); `tensor_parallel`:
       whether the run has a TP dimension (derived)
@@ -186,6 +188,7 @@ def build_context(
         memory_breakdowns,
     )
     ledgers = {s.rank: s.rank_ledger() for s in summaries}
+    paths = model.trace_unit_paths() if model is not None else {}  # FSDP1 units by module path
     return DetectorContext(
         ledgers=ledgers,
         breakdowns={s.rank: list(s.steps) for s in summaries},
@@ -198,7 +201,9 @@ def build_context(
         warnings=warnings,
         memory_breakdowns=list(memory_breakdowns),
         record_members={s.rank: _record_members(s, ledgers[s.rank]) for s in summaries},
-        step_models={s.rank: list(s.step_models) for s in summaries if s.step_models},
+        step_models={
+            s.rank: with_unit_paths(s.step_models, paths) for s in summaries if s.step_models
+        },
         device=summaries[0].device if summaries else "unknown",
     )
 

@@ -12,7 +12,7 @@ manifest's units and the harness's recorded options.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..frameworks import BlockSet, FsdpMesh
@@ -65,10 +65,35 @@ def wrap_candidates(model: ModelFacts) -> list[BlockCandidate]:
     return chosen
 
 
-def model_block_set(model: ModelFacts) -> BlockSet | None:
-    """The blocks to wrap, from a captured description (see `wrap_candidates`), with the user's
-    container paths and classes and the import of each class where it is defined."""
-    cands = wrap_candidates(model)
+def wrap_levels(model: ModelFacts) -> list[list[BlockCandidate]]:
+    """The module-tree levels a block wrap could take, the detectors' choice first
+    (`wrap_candidates`), then each other repeated class that is not too fine and whose blocks
+    contain or lie in the chosen ones (the mixers around chosen experts, say): what `zdiag plan`
+    replays against each other."""
+    chosen = wrap_candidates(model)
+    if not chosen:
+        return []
+    levels = [chosen]
+    for cand in model.block_candidates():
+        if cand.too_fine or cand in chosen:
+            continue
+        if any(
+            _inside_blocks(a, b) or _inside_blocks(b, a)
+            for c in chosen
+            for a in cand.containers
+            for b in c.containers
+        ):
+            levels.append([cand])
+    return levels
+
+
+def model_block_set(
+    model: ModelFacts, cands: Sequence[BlockCandidate] | None = None
+) -> BlockSet | None:
+    """The blocks to wrap, from a captured description (`cands`, default `wrap_candidates`),
+    with the user's container paths and classes and the import of each class where it is
+    defined."""
+    cands = wrap_candidates(model) if cands is None else cands
     if not cands:
         return None
     containers = [p for c in cands for p in c.containers]

@@ -25,9 +25,10 @@ gives it to `straggler`.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..frameworks import Framework, Remedy
+from ..frameworks import Framework, Remedy, RunFacts
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding, Severity, StepBreakdown
 from ..whatif.run_whatif import Change, WhatIfResult
@@ -105,18 +106,23 @@ def _cpu_note(ctx: DetectorContext, framework: str | None, code: str | None) -> 
     )
 
 
-def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
-    """The framework's overlap settings, whose prefetch lists name FSDP units only: over the
+def overlap_facts(ctx: DetectorContext, unit_order: Sequence[str], fw: Framework) -> RunFacts:
+    """The RunFacts for an overlap remedy, whose prefetch lists name FSDP units only: over the
     repeated units the unit names show when the description's blocks lie inside them (a mixer
-    unit holding expert blocks); when the blocks are not units yet (a finer wrap), the
-    framework's code wraps them first (frameworks/fsdp2.py `overlap`; FSDP1's wrap policy names
-    the blocks)."""
-    pattern = find_block_pattern(lg.unit_order)
-    are_units = blocks_are_units(pattern, lg.unit_order)
+    unit holding expert blocks); else the description's blocks (when they are not units yet,
+    the framework's code wraps them first: frameworks/fsdp2.py `overlap`; FSDP1's wrap policy
+    names the blocks)."""
+    pattern = find_block_pattern(unit_order)
+    are_units = blocks_are_units(pattern, unit_order)
     facts = ctx.sheet.run_facts(fw, block_set(pattern), are_units)
     if are_units and facts.blocks_are_units is False:
         facts = replace(facts, blocks=block_set(pattern), blocks_are_units=True)
-    return with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))
+    return facts
+
+
+def _remedy(ctx: DetectorContext, lg: RankLedger, fw: Framework) -> Remedy | None:
+    """The framework's overlap settings over the run's units (`overlap_facts`)."""
+    return with_unshard_async_op(ctx.sheet, fw, fw.overlap(overlap_facts(ctx, lg.unit_order, fw)))
 
 
 @dataclass(frozen=True)

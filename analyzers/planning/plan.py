@@ -3,8 +3,9 @@ replayed, ranked by predicted step time under a memory budget.
 
 The grid (exact: every combination is replayed on every modelled step of every rank):
 
-- wrap: as measured, or, where today's FSDP2 units are finer than the repeated blocks, each
-  block one unit (the containers the detectors find; `zdiag whatif --wrap`);
+- wrap: as measured, or, where today's FSDP2 or FSDP1 units are finer than the repeated blocks,
+  each block one unit, at each level of the captured module tree that holds repeated blocks
+  (experts, and the mixers around them) (the containers the detectors find; `zdiag whatif --wrap`);
 - prefetch: as measured, or depth 1 on every unit (with FSDP2's async unshard on a CPU run that
   lacks it, without which nothing overlaps there);
 - FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
@@ -21,11 +22,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..detectors.blocks import find_block_pattern
 from ..detectors.context import DetectorContext
-from ..detectors.facts import block_set, blocks_are_units
+from ..detectors.facts import (
+    block_set,
+    blocks_are_units,
+    model_block_set,
+    model_blocks_are_units,
+    wrap_levels,
+)
+from ..detectors.missing_overlap import overlap_facts
 from ..detectors.replayed_gain import replayed
 from ..detectors.unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
 from ..frameworks import Remedy, RunFacts
@@ -74,19 +82,32 @@ class PlanSearch:
         return self.plans[0]
 
 
-def _wrap_choice(ctx: DetectorContext) -> tuple[str | None, RunFacts]:
-    """(the containers a block wrap would use, the RunFacts for the remedies), from the first
-    FSDP rank's units; no wrap choice when the blocks are units already or not found."""
+def _wrap_choices(ctx: DetectorContext) -> dict[str, RunFacts]:
+    """{the containers of a block wrap (`zdiag whatif --wrap`): the RunFacts of its remedy},
+    one per module-tree level whose blocks are not units yet (the captured model's levels,
+    `wrap_levels`: experts and the mixers around them, say), else the level the first FSDP
+    rank's unit names show; empty outside FSDP2 and FSDP1."""
     fw = ctx.sheet.framework
+    if fw.name not in ("fsdp2", "fsdp1"):
+        return {}
+    model = ctx.sheet.model
+    out: dict[str, RunFacts] = {}
+    if model is not None and not model.inferred:
+        for level in wrap_levels(model):
+            blocks = model_block_set(model, level)
+            if blocks is None or not blocks.containers or not all(blocks.containers):
+                continue
+            if model_blocks_are_units(model, blocks) is False:
+                facts = replace(ctx.sheet.run_facts(fw), blocks=blocks, blocks_are_units=False)
+                out.setdefault(",".join(blocks.containers), facts)
+        return out
     ledgers = ctx.fsdp_ledgers()
     units = ledgers[0].unit_order if ledgers else []
     pattern = find_block_pattern(units)
     facts = ctx.sheet.run_facts(fw, block_set(pattern), blocks_are_units(pattern, units))
-    blocks = facts.blocks
-    finer = facts.blocks_are_units is False and blocks is not None and blocks.containers
-    if fw.name != "fsdp2" or not finer or blocks is None:
-        return None, facts
-    return ",".join(blocks.containers), facts
+    if facts.blocks_are_units is False and facts.blocks is not None and facts.blocks.containers:
+        out[",".join(facts.blocks.containers)] = facts
+    return out
 
 
 def _reshards(ctx: DetectorContext) -> bool:
@@ -94,9 +115,17 @@ def _reshards(ctx: DetectorContext) -> bool:
     return any(resharded_units(m) for models in ctx.step_models.values() for m in models)
 
 
-def _code(ctx: DetectorContext, change: Change, facts: RunFacts) -> tuple[str | None, str]:
-    """The change as code and words, from the framework's remedies."""
+def _code(
+    ctx: DetectorContext, change: Change, wraps: Mapping[str, RunFacts]
+) -> tuple[str | None, str]:
+    """The change as code and words, from the framework's remedies: with a wrap, over the
+    wrapped level's blocks; without, over the run's own units (`overlap_facts`)."""
     fw = ctx.sheet.framework
+    if change.wrap is not None:
+        facts = wraps[change.wrap]
+    else:
+        ledgers = ctx.fsdp_ledgers()
+        facts = overlap_facts(ctx, ledgers[0].unit_order if ledgers else [], fw)
     parts: list[Remedy] = []
     if change.prefetch:
         remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))  # wraps first if finer
@@ -134,15 +163,15 @@ def search(
             "the traces hold no FSDP or ZeRO collective: there is no wrap or prefetch to plan"
         )
     fw = ctx.sheet.framework
-    wrap, facts = _wrap_choice(ctx)
+    choices = _wrap_choices(ctx)
     async_op = lacks_unshard_async_op(ctx.sheet, fw)
-    wraps: list[str | None] = [None] + ([wrap] if wrap else [])
+    wraps: list[str | None] = [None, *choices]
     prefetches: list[int | None] = [None, 1]
     reshards: list[bool | None] = [None] + (
         [False] if fw.name == "fsdp2" and _reshards(ctx) else []
     )
     grid = [
-        "wrap: as measured" + (f", each block one unit ({wrap})" if wrap else ""),
+        "wrap: as measured" + "".join(f", each block one unit ({w})" for w in choices),
         "prefetch: as measured, depth 1" + (" with the async unshard" if async_op else ""),
         "reshard_after_forward: as measured" + (", off" if len(reshards) > 1 else ""),
     ]
@@ -177,7 +206,7 @@ def search(
     if budget_bytes is not None and all(pl.fits_budget is False for pl in plans):
         notes.append("no plan fits the budget: the one closest in step time is shown first")
     best = plans[0]
-    code, text = (None, "") if best.change == Change() else _code(ctx, best.change, facts)
+    code, text = (None, "") if best.change == Change() else _code(ctx, best.change, choices)
     return PlanSearch(
         plans=plans,
         measured_ms=baseline.result.measured_ms,

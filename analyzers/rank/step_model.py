@@ -324,3 +324,24 @@ def _time_at(pos: float, start: float, ws: npt.NDArray[np.float64], we: npt.NDAr
         if wpos[k] >= pos:
             waited = float(before[k])
     return float(start + pos + waited)
+
+
+def with_unit_paths(models: Sequence[StepModel], paths: Mapping[str, str]) -> list[StepModel]:
+    """`models` with each FSDP unit renamed to its module path (`paths`: {name in the trace:
+    module path}, from the captured model: FSDP1 names its units by position,
+    `fsdp1-unit-<k>`); the models themselves when no unit needs a new name. A coarser wrap or
+    checkpointing picks units by module path, so it needs the paths."""
+    rename = {name: path for name, path in paths.items() if name != path}
+    if not any(op.unit in rename for m in models for op in m.ops):
+        return list(models)
+    return [
+        msgspec.structs.replace(
+            m,
+            ops=[
+                msgspec.structs.replace(op, unit=rename[op.unit]) if op.unit in rename else op
+                for op in m.ops
+            ],
+            unit_chunks=[(p, length, rename.get(u, u)) for p, length, u in m.unit_chunks],
+        )
+        for m in models
+    ]

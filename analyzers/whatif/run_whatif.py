@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..rank.step_model import StepModel
+from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import counterfactuals as cf
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
@@ -186,11 +186,14 @@ def run_whatif(
     framework: str | None = None,
     unshard_async_op: bool | None = None,
     peaks: Mapping[int, int] | None = None,
+    unit_paths: Mapping[str, str] | None = None,
 ) -> WhatIfResult:
-    """The replay of `change` over the run of `summaries` (see the module docstring)."""
+    """The replay of `change` over the run of `summaries` (see the module docstring);
+    `unit_paths` names FSDP units by module path ({name in the trace: path}, from the captured
+    model: FSDP1 names its units by position)."""
     modelled = [s for s in summaries if s.step_models]
     return replay_change(
-        {s.rank: s.step_models for s in modelled},
+        {s.rank: with_unit_paths(s.step_models, unit_paths or {}) for s in modelled},
         modelled[0].device if modelled else "unknown",
         change,
         framework=framework,

@@ -164,6 +164,7 @@ class WhatIfCommand:
         options = SummaryOptions(use_stored=use_cache, write_cache=use_cache)
         run = analyze_via_summaries([args.run], options)
         config = (run.report.run or {}).get("config") or {}
+        model = run.context.model if run.context is not None else None
         try:
             result = run_whatif(
                 run.summaries,
@@ -171,6 +172,7 @@ class WhatIfCommand:
                 framework=config.get("framework"),
                 unshard_async_op=_async_op(config),
                 peaks=measured_peaks(run.report),
+                unit_paths=model.trace_unit_paths() if model is not None else None,
             )
         except WhatIfError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc

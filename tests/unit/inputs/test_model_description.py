@@ -22,6 +22,7 @@ from torch import nn
 from conftest import REPO_ROOT
 from zdiag.analyzers.inputs.model_facts import (
     MIN_BLOCK_SHARE,
+    ModelFacts,
     facts_from_run_dir,
     inferred_facts,
     python_path,
@@ -451,3 +452,33 @@ def test_fsdp2_unit_degrades_when_private_attributes_are_missing() -> None:
     assert {"_fsdp_param_group", "_states_to_forward_prefetch", "post_forward_mesh_info"} <= set(
         unit.missing
     )
+
+
+class _Expert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_in, self.w_out = nn.Linear(16, 64), nn.Linear(64, 16)
+
+
+class _Mixer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Linear(16, 48)
+        self.experts = nn.ModuleList(_Expert() for _ in range(4))
+
+
+def test_wrap_levels_offer_the_mixers_around_the_chosen_experts() -> None:
+    """`zdiag plan` replays each level of blocks: the detectors' choice first, then the
+    repeated class that holds it (the mixers around the experts), as block sets with the
+    user's container paths."""
+    from zdiag.analyzers.detectors.facts import model_block_set, wrap_levels
+
+    model = nn.Module()
+    model.body = nn.Module()
+    model.body.mixers = nn.ModuleList(_Mixer() for _ in range(3))
+    facts = ModelFacts(describe_model(model))
+    levels = wrap_levels(facts)
+    containers = [model_block_set(facts, level).containers for level in levels]  # type: ignore[union-attr]
+    assert ("body.mixers",) in containers
+    assert any(c[0].endswith(".experts") for c in containers)
+    assert len(containers) == len(set(containers)) == 2

@@ -396,3 +396,24 @@ def test_inserting_progress_moves_every_position_after_it() -> None:
     moved = out.ops[0]
     assert (moved.issue_pos_us, moved.start_pos_us, moved.wait_pos_us) == (60.0, 80.0, 110.0)
     assert out.syncs == [(120.0, 5.0)] and out.work_us == 130.0
+
+
+def test_units_named_by_position_take_their_module_paths() -> None:
+    """FSDP1's trace names units `fsdp1-unit-<k>`; renamed by the captured paths, a coarser
+    wrap finds them under their container."""
+    from zdiag.analyzers.rank.step_model import with_unit_paths
+
+    m = StepModel(
+        step=1,
+        start_us=0.0,
+        duration_us=390.0,
+        work_us=300.0,
+        ops=[gather(f"fsdp1-unit-{k}", 100.0 * k, 100.0 * k, 30.0) for k in range(3)],
+        unit_chunks=[(5.0, 1.0, "fsdp1-unit-1")],
+    )
+    paths = {"fsdp1-unit-0": "", "fsdp1-unit-1": "stack.0.fc", "fsdp1-unit-2": "stack.0.out"}
+    (named,) = with_unit_paths([m], paths)
+    assert [op.unit for op in named.ops] == ["", "stack.0.fc", "stack.0.out"]
+    assert named.unit_chunks == [(5.0, 1.0, "stack.0.fc")]
+    assert cf.units_under([named], "stack") == {"stack.0.fc", "stack.0.out"}
+    assert with_unit_paths([named], paths)[0] is named  # nothing left to rename
