@@ -132,6 +132,8 @@ def _cases() -> list[Case]:
     # FSDP2's prefetch fix on CPU/gloo, as missing-overlap recommends it there: the script's
     # explicit prefetch lists (its defaults) and the unshard async op (without it nothing overlaps)
     async_fix = ("--unshard-async",)
+    # host syncs' fix: the finding's code, the checks kept on the device and read once at the end
+    on_device = ("--checks-on-device",)
     crash = ("--crash-at-step", "3", "--crash-rank", "1")
     hang = ("--hang-rank", "1", "--hang-at-step", "3", "--pg-timeout-s", "20")
     # oom: a batch whose saved activations exceed the emulated budget; fix: checkpointing
@@ -142,7 +144,7 @@ def _cases() -> list[Case]:
     add(s, "whole-wrap", ["--wrap", "whole"], ["whole-model-wrap"])
     add(s, "leaf-wrap", ["--wrap", "leaf"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--prefetch", "off"], ["missing-overlap"], async_fix)
-    add(s, "host-sync", ["--nan-check"], ["host-sync"])
+    add(s, "host-sync", ["--nan-check"], ["host-sync"], ["--nan-check", *on_device])
     add(s, "slow-rank", slow, ["straggler"])
     add(s, "crash", crash, ["crash"], None, "fault")
     add(s, "hang", hang, ["hang"], None, "fault")
@@ -158,7 +160,7 @@ def _cases() -> list[Case]:
 
     s = "cnn_ddp"
     add(s, "healthy", [])
-    add(s, "host-sync", ["--nan-check"], ["host-sync"])
+    add(s, "host-sync", ["--nan-check"], ["host-sync"], ["--nan-check", *on_device])
     add(s, "slow-rank", ("--slow-rank", "0", "--slow-ms", "300"), ["straggler"])
     add(s, "crash", crash, ["crash"], None, "fault")
     add(s, "hang", hang, ["hang"], None, "fault")
@@ -168,7 +170,7 @@ def _cases() -> list[Case]:
     add(s, "whole-wrap", ["--wrap", "whole"], ["whole-model-wrap"])
     add(s, "leaf-wrap", ["--wrap", "leaf"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--prefetch", "off"], ["missing-overlap"], async_fix)
-    add(s, "host-sync", ["--finite-checks"], ["host-sync"])
+    add(s, "host-sync", ["--finite-checks"], ["host-sync"], ["--finite-checks", *on_device])
     oom = ["--batch", "1024", "--mem-budget-mib", "48"]
     add(s, "act-oom", oom, ["activation-oom"], [*oom, "--ac"])
     add(s, "slow-rank", slow, ["straggler"])
@@ -179,12 +181,12 @@ def _cases() -> list[Case]:
     add(s, "leaf-wrap", ["--wrap-policy", "linear"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--backward-prefetch", "none", "--no-forward-prefetch"],
         ["missing-overlap"])  # fmt: skip
-    add(s, "host-sync", ["--nan-check"], ["host-sync"])
+    add(s, "host-sync", ["--nan-check"], ["host-sync"], ["--nan-check", *on_device])
 
     s = "tabular_deepspeed"
     add(s, "healthy", [])
     add(s, "prefetch-off", ["--prefetch-bucket", "0", "--no-overlap-comm"], ["missing-overlap"])
-    add(s, "host-sync", ["--nan-check"], ["host-sync"])
+    add(s, "host-sync", ["--nan-check"], ["host-sync"], ["--nan-check", *on_device])
     oom = ["--batch", "1024", "--mem-budget-mib", "60"]
     add(s, "act-oom", oom, ["activation-oom"], [*oom, "--activation-checkpointing"])
     add(s, "slow-rank", slow, ["straggler"])
@@ -194,11 +196,11 @@ def _cases() -> list[Case]:
     add(s, "whole-wrap", ["--shard-granularity", "model"], ["whole-model-wrap"])
     add(s, "leaf-wrap", ["--shard-granularity", "linear"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--no-prefetch"], ["missing-overlap"], async_fix)
-    add(s, "host-sync", ["--sanity-checks"], ["host-sync"])
+    add(s, "host-sync", ["--sanity-checks"], ["host-sync"], ["--sanity-checks", *on_device])
 
     s = "trunk_ddp"
     add(s, "healthy", [])
-    add(s, "host-sync", ["--sanity-checks"], ["host-sync"])
+    add(s, "host-sync", ["--sanity-checks"], ["host-sync"], ["--sanity-checks", *on_device])
     oom = ["--batch", "1024", "--mem-budget-mib", "90"]
     add(s, "act-oom", oom, ["activation-oom"], [*oom, "--checkpoint-cells"])
     add(s, "slow-rank", slow, ["straggler"])
@@ -218,12 +220,12 @@ def _cases() -> list[Case]:
     add(s, "leaf-wrap", ["--auto-wrap", "linear"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--backward-prefetch", "NONE", "--no-forward-prefetch"],
         ["missing-overlap"])  # fmt: skip
-    add(s, "host-sync", ["--nan-check"], ["host-sync"])
+    add(s, "host-sync", ["--nan-check"], ["host-sync"], ["--nan-check", *on_device])
 
     s = "seq2seq_deepspeed"
     add(s, "healthy", [])
     add(s, "prefetch-off", ["--no-prefetch"], ["missing-overlap"])
-    add(s, "host-sync", ["--nan-check"], ["host-sync"])
+    add(s, "host-sync", ["--nan-check"], ["host-sync"], ["--nan-check", *on_device])
     add(s, "slow-rank", slow, ["straggler"])
 
     s = "moe_fsdp2"
@@ -231,13 +233,13 @@ def _cases() -> list[Case]:
     add(s, "whole-wrap", ["--granularity", "none"], ["whole-model-wrap"])
     add(s, "leaf-wrap", ["--granularity", "linear"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--prefetch", "off"], ["missing-overlap"], async_fix)
-    add(s, "host-sync", ["--log-balance"], ["host-sync"])
+    add(s, "host-sync", ["--log-balance"], ["host-sync"], ["--log-balance", *on_device])
     oom = ["--batch", "16", "--seq", "64", "--mem-budget-mib", "40"]
     add(s, "act-oom", oom, ["activation-oom"], [*oom, "--ckpt"])
 
     s = "moe_ddp"
     add(s, "healthy", [])
-    add(s, "host-sync", ["--log-balance"], ["host-sync"])
+    add(s, "host-sync", ["--log-balance"], ["host-sync"], ["--log-balance", *on_device])
     add(s, "slow-rank", slow, ["straggler"])
     add(s, "crash", ("--crash-at-step", "2", "--crash-rank", "0"), ["crash"], None, "fault")
 
@@ -248,7 +250,7 @@ def _cases() -> list[Case]:
     add(s, "whole-wrap", ["--units", "root"], ["whole-model-wrap"], ["--units", "towers-only"])
     add(s, "leaf-wrap", ["--units", "leaf"], ["tiny-layer-wrap"])
     add(s, "prefetch-off", ["--prefetch", "off"], ["missing-overlap"], async_fix)
-    add(s, "host-sync", ["--validate"], ["host-sync"])
+    add(s, "host-sync", ["--validate"], ["host-sync"], ["--validate", *on_device])
     oom = ["--batch", "2048", "--mem-budget-mib", "58"]
     add(s, "act-oom", oom, ["activation-oom"], [*oom, "--ac"])
 

@@ -19,7 +19,15 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    device,
+    init_distributed,
+    wrap_or_paste,
+)
 
 
 def main() -> None:
@@ -50,16 +58,21 @@ def main() -> None:
         "leaf": ModuleWrapPolicy({nn.Conv2d, nn.Linear}),
         "none": None,
     }[args.policy]
-    model = FSDP(
-        model,
-        auto_wrap_policy=policy,
-        sharding_strategy=ShardingStrategy.FULL_SHARD,
-        backward_prefetch=None if args.no_backward_prefetch else BackwardPrefetch.BACKWARD_PRE,
-        forward_prefetch=not args.no_forward_prefetch,
-        limit_all_gathers=True,
-        device_id=device(),
-        use_orig_params=True,
-    )
+
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        model = FSDP(
+            model,
+            auto_wrap_policy=policy,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            backward_prefetch=None if args.no_backward_prefetch else BackwardPrefetch.BACKWARD_PRE,
+            forward_prefetch=not args.no_forward_prefetch,
+            limit_all_gathers=True,
+            device_id=device(),
+            use_orig_params=True,
+        )
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
     if args.act_ckpt:
         apply_activation_checkpointing(
             model,

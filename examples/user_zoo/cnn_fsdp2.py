@@ -23,6 +23,7 @@ from trainkit import (
     device,
     init_distributed,
     set_unshard_async,
+    wrap_or_paste,
 )
 
 
@@ -73,8 +74,13 @@ def main() -> None:
     for unit in model.modules():
         if isinstance(unit, ConvUnit):
             unit.debug_checks = args.nan_check
-    shard_model(model, args.wrap, args.prefetch)
-    set_unshard_async(model, args.unshard_async)
+
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        shard_model(model, args.wrap, args.prefetch)
+        set_unshard_async(model, args.unshard_async)
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))
     faults, log = Faults(args, rank), StepLog(rank)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from trainkit import nan_check
+from trainkit import checks_on_device, nan_check
 
 
 class Expert(nn.Module):
@@ -45,7 +45,8 @@ class MoEMixer(nn.Module):
             out = out + mask * probs[..., j : j + 1] * expert(h)
         if self.log_balance:  # "how balanced is the routing?" debugging, one sync per mixer
             nan_check(out)
-            self.last_load = float((top == 0).float().mean().item())
+            load = (top == 0).float().mean().detach()
+            self.last_load = load if checks_on_device() else float(load.item())
         return x + out
 
 

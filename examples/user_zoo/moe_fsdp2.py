@@ -23,6 +23,7 @@ from trainkit import (
     device,
     init_distributed,
     set_unshard_async,
+    wrap_or_paste,
 )
 
 
@@ -55,25 +56,30 @@ def main() -> None:
         if args.ckpt:
             fwd = mixer.forward
             mixer.forward = lambda x, _f=fwd: checkpoint(_f, x, use_reentrant=False)  # type: ignore[method-assign]
-    if args.granularity == "mixer":
-        for mixer in mixers:
-            fully_shard(mixer)
-    elif args.granularity == "linear":
-        for mixer in mixers:
-            for m in list(mixer.modules()):
-                if type(m) is nn.Linear:  # not attention's out_proj: MHA reads it directly
-                    fully_shard(m)
-    fully_shard(model)
-    units = [m for m in mixers if isinstance(m, FSDPModule)]
-    for i, unit in enumerate(units):
-        if args.prefetch == "on":
-            unit.set_modules_to_forward_prefetch(units[i + 1 : i + 2])
-            unit.set_modules_to_backward_prefetch(units[max(0, i - 1) : i])
-        else:
-            unit.set_modules_to_forward_prefetch([unit])
-            unit.set_modules_to_backward_prefetch([unit])
 
-    set_unshard_async(model, args.unshard_async)
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        if args.granularity == "mixer":
+            for mixer in mixers:
+                fully_shard(mixer)
+        elif args.granularity == "linear":
+            for mixer in mixers:
+                for m in list(mixer.modules()):
+                    if type(m) is nn.Linear:  # not attention's out_proj: MHA reads it directly
+                        fully_shard(m)
+        fully_shard(model)
+        units = [m for m in mixers if isinstance(m, FSDPModule)]
+        for i, unit in enumerate(units):
+            if args.prefetch == "on":
+                unit.set_modules_to_forward_prefetch(units[i + 1 : i + 2])
+                unit.set_modules_to_backward_prefetch(units[max(0, i - 1) : i])
+            else:
+                unit.set_modules_to_forward_prefetch([unit])
+                unit.set_modules_to_backward_prefetch([unit])
+
+        set_unshard_async(model, args.unshard_async)
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
 
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=False)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

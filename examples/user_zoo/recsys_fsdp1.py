@@ -15,7 +15,15 @@ from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    device,
+    init_distributed,
+    wrap_or_paste,
+)
 
 
 def main() -> None:
@@ -44,15 +52,20 @@ def main() -> None:
         "whole": None,
         "every-linear": ModuleWrapPolicy({nn.Linear, nn.EmbeddingBag}),
     }[args.wrap]
-    model = FSDP(
-        model,
-        auto_wrap_policy=policy,
-        sharding_strategy=ShardingStrategy[args.strategy],
-        backward_prefetch=BackwardPrefetch.BACKWARD_PRE
-        if args.backward_prefetch == "pre"
-        else None,
-        device_id=device(),
-    )
+
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        model = FSDP(
+            model,
+            auto_wrap_policy=policy,
+            sharding_strategy=ShardingStrategy[args.strategy],
+            backward_prefetch=BackwardPrefetch.BACKWARD_PRE
+            if args.backward_prefetch == "pre"
+            else None,
+            device_id=device(),
+        )
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))
     faults, log = Faults(args, rank), StepLog(rank)

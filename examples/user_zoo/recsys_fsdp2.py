@@ -23,6 +23,7 @@ from trainkit import (
     device,
     init_distributed,
     set_unshard_async,
+    wrap_or_paste,
 )
 
 
@@ -49,25 +50,30 @@ def main() -> None:
         if args.ac:
             fwd = t.forward
             t.forward = lambda x0, x, _f=fwd: checkpoint(_f, x0, x, use_reentrant=False)  # type: ignore[method-assign]
-    if args.units in ("towers", "towers-only"):
-        if args.units == "towers":
-            fully_shard(model.features)  # the embedding tables: one unit
-        for t in towers:  # towers-only: the tables stay in the root unit
-            fully_shard(t)
-    elif args.units == "leaf":
-        for m in list(model.modules()):
-            if isinstance(m, (nn.Linear, nn.EmbeddingBag, nn.LayerNorm)):
-                fully_shard(m)
-    fully_shard(model)
-    units = [u for u in [model.features, *towers] if isinstance(u, FSDPModule)]
-    if args.units in ("towers", "towers-only"):
-        for i, u in enumerate(units):
-            nxt, prev = units[i + 1 : i + 2], units[i - 1 : i] if i else []
-            u.set_modules_to_forward_prefetch(nxt if args.prefetch == "on" else [u])
-            u.set_modules_to_backward_prefetch(prev if args.prefetch == "on" else [u])
-    assert all(isinstance(t, CrossUnit) for t in model.interaction.towers)
 
-    set_unshard_async(model, args.unshard_async)
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        if args.units in ("towers", "towers-only"):
+            if args.units == "towers":
+                fully_shard(model.features)  # the embedding tables: one unit
+            for t in towers:  # towers-only: the tables stay in the root unit
+                fully_shard(t)
+        elif args.units == "leaf":
+            for m in list(model.modules()):
+                if isinstance(m, (nn.Linear, nn.EmbeddingBag, nn.LayerNorm)):
+                    fully_shard(m)
+        fully_shard(model)
+        units = [u for u in [model.features, *towers] if isinstance(u, FSDPModule)]
+        if args.units in ("towers", "towers-only"):
+            for i, u in enumerate(units):
+                nxt, prev = units[i + 1 : i + 2], units[i - 1 : i] if i else []
+                u.set_modules_to_forward_prefetch(nxt if args.prefetch == "on" else [u])
+                u.set_modules_to_backward_prefetch(prev if args.prefetch == "on" else [u])
+        assert all(isinstance(t, CrossUnit) for t in model.interaction.towers)
+
+        set_unshard_async(model, args.unshard_async)
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
 
     opt = torch.optim.Adagrad(model.parameters(), lr=0.02)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

@@ -20,7 +20,15 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.fsdp import BackwardPrefetch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, lambda_auto_wrap_policy
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    device,
+    init_distributed,
+    wrap_or_paste,
+)
 
 
 def main() -> None:
@@ -56,15 +64,20 @@ def main() -> None:
             lambda_fn=lambda m: type(m) in (nn.Linear, nn.Embedding, nn.MultiheadAttention),
         )
     bwd = None if args.backward_prefetch == "NONE" else BackwardPrefetch[args.backward_prefetch]
-    model = FSDP(
-        model,
-        auto_wrap_policy=policy,
-        backward_prefetch=bwd,
-        forward_prefetch=args.forward_prefetch,
-        limit_all_gathers=not args.no_limit_all_gathers,
-        device_id=device(),
-        use_orig_params=True,
-    )
+
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        model = FSDP(
+            model,
+            auto_wrap_policy=policy,
+            backward_prefetch=bwd,
+            forward_prefetch=args.forward_prefetch,
+            limit_all_gathers=not args.no_limit_all_gathers,
+            device_id=device(),
+            use_orig_params=True,
+        )
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
     if args.checkpoint_towers:
         apply_activation_checkpointing(
             model, check_fn=lambda m: isinstance(m, (EncoderTower, DecoderTower))

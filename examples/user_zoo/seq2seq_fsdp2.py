@@ -26,6 +26,7 @@ from trainkit import (
     device,
     init_distributed,
     set_unshard_async,
+    wrap_or_paste,
 )
 
 
@@ -52,27 +53,32 @@ def main() -> None:
         apply_activation_checkpointing(
             model, check_fn=lambda m: isinstance(m, (EncoderTower, DecoderTower))
         )
-    if args.fsdp_wrap == "towers":
-        for t in towers:
-            fully_shard(t, reshard_after_forward=True)
-    elif args.fsdp_wrap == "leaf":
-        # every layer with weights (MultiheadAttention reads its out_proj weight directly, so
-        # the attention module is one unit and its out_proj is left inside it)
-        for m in list(model.modules()):
-            if type(m) in (nn.Linear, nn.Embedding, nn.LayerNorm, nn.MultiheadAttention):
-                fully_shard(m)
-    fully_shard(model)
-    units = [t for t in towers if isinstance(t, FSDPModule)]
-    if args.prefetch == "chain":
-        for a, b in itertools.pairwise(units):
-            a.set_modules_to_forward_prefetch([b])
-            b.set_modules_to_backward_prefetch([a])
-    else:
-        for u in units:
-            u.set_modules_to_forward_prefetch([u])
-            u.set_modules_to_backward_prefetch([u])
 
-    set_unshard_async(model, args.unshard_async)
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        if args.fsdp_wrap == "towers":
+            for t in towers:
+                fully_shard(t, reshard_after_forward=True)
+        elif args.fsdp_wrap == "leaf":
+            # every layer with weights (MultiheadAttention reads its out_proj weight directly, so
+            # the attention module is one unit and its out_proj is left inside it)
+            for m in list(model.modules()):
+                if type(m) in (nn.Linear, nn.Embedding, nn.LayerNorm, nn.MultiheadAttention):
+                    fully_shard(m)
+        fully_shard(model)
+        units = [t for t in towers if isinstance(t, FSDPModule)]
+        if args.prefetch == "chain":
+            for a, b in itertools.pairwise(units):
+                a.set_modules_to_forward_prefetch([b])
+                b.set_modules_to_backward_prefetch([a])
+        else:
+            for u in units:
+                u.set_modules_to_forward_prefetch([u])
+                u.set_modules_to_backward_prefetch([u])
+
+        set_unshard_async(model, args.unshard_async)
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
 
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

@@ -23,7 +23,15 @@ from torch.distributed.fsdp.wrap import (
     size_based_auto_wrap_policy,
     transformer_auto_wrap_policy,
 )
-from trainkit import ActivationBudget, Faults, StepLog, add_common_args, device, init_distributed
+from trainkit import (
+    ActivationBudget,
+    Faults,
+    StepLog,
+    add_common_args,
+    device,
+    init_distributed,
+    wrap_or_paste,
+)
 
 PREFETCH = {
     "pre": BackwardPrefetch.BACKWARD_PRE,
@@ -66,14 +74,19 @@ def main() -> None:
     model = TabularResNet(args.features, args.width, args.hidden, args.depth)
     for stage in model.encoder.stages:
         stage.check_finite = args.nan_check
-    model = FSDP(
-        model,
-        auto_wrap_policy=wrap_policy(args.wrap_policy),
-        sharding_strategy=ShardingStrategy.FULL_SHARD,
-        backward_prefetch=PREFETCH[args.backward_prefetch],
-        forward_prefetch=args.forward_prefetch,
-        device_id=device(),
-    )
+
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        model = FSDP(
+            model,
+            auto_wrap_policy=wrap_policy(args.wrap_policy),
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            backward_prefetch=PREFETCH[args.backward_prefetch],
+            forward_prefetch=args.forward_prefetch,
+            device_id=device(),
+        )
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
     if args.checkpoint_stages:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, ResidualMLP))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))

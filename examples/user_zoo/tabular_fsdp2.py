@@ -26,6 +26,7 @@ from trainkit import (
     device,
     init_distributed,
     set_unshard_async,
+    wrap_or_paste,
 )
 
 
@@ -72,8 +73,13 @@ def main() -> None:
         stage.check_finite = args.finite_checks or args.nan_check
     if args.ac:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, ResidualMLP))
-    apply_fsdp(model, args.wrap, args.prefetch)
-    set_unshard_async(model, args.unshard_async)
+
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        apply_fsdp(model, args.wrap, args.prefetch)
+        set_unshard_async(model, args.unshard_async)
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

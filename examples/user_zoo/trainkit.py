@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import statistics
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,8 +43,22 @@ def add_common_args(parser: argparse.ArgumentParser, steps: int = 6, batch: int 
         "saved activations past it raise torch.OutOfMemoryError",
     )
     g.add_argument("--pg-timeout-s", type=float, default=120.0, help="collective timeout")
+    g.add_argument(
+        "--paste",
+        metavar="FILE",
+        default=None,
+        help="Python code run on the model (named `model`), as a suggested change is pasted: "
+        "in place of the script's own wrap when it wraps (calls fully_shard( or FSDP( ), "
+        "else after it",
+    )
     f = parser.add_argument_group("debugging and fault injection")
     f.add_argument("--nan-check", action="store_true", help="check every block's output for NaN")
+    f.add_argument(
+        "--checks-on-device",
+        action="store_true",
+        help="keep the debug checks' results on the device and read them once, at the end of "
+        "the run (no host sync per block)",
+    )
     f.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps before each step")
     f.add_argument("--slow-ms", type=float, default=300.0, help="how long --slow-rank sleeps")
     f.add_argument("--crash-at-step", type=int, default=-1, help="raise at this step")
@@ -67,6 +83,22 @@ def set_unshard_async(model: nn.Module, on: bool) -> None:
         model._set_unshard_async_op(True)  # type: ignore[operator]
 
 
+def wrap_or_paste(
+    model: nn.Module, paste: str | None, wrap: Callable[[nn.Module], nn.Module]
+) -> nn.Module:
+    """The model wrapped: by the code of the file `paste` when that code wraps (calls
+    `fully_shard(` or `FSDP(`), else by the script's own `wrap` followed by that code (if any).
+    The code sees `model` and `torch`, and may rebind `model`."""
+    code = Path(paste).read_text() if paste else ""
+    if not re.search(r"\b(fully_shard|FSDP)\(", code):
+        model = wrap(model)
+    if code:
+        scope: dict[str, Any] = {"model": model, "torch": torch}
+        exec(compile(code, paste or "<paste>", "exec"), scope)
+        model = scope["model"]
+    return model
+
+
 def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> tuple[int, int]:
     """Join the process group torchrun describes; returns (rank, world size)."""
     if not dist.is_initialized():
@@ -84,10 +116,34 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+class _DeviceChecks:
+    """The debug checks' mode (`--checks-on-device`, set by `Faults`) and, in that mode, the
+    accumulated "something was not finite" flag, still on the device."""
+
+    on_device = False
+    bad: torch.Tensor | None = None
+
+
+def checks_on_device() -> bool:
+    """Whether debug checks keep their results on the device (`--checks-on-device`)."""
+    return _DeviceChecks.on_device
+
+
 def nan_check(x: torch.Tensor) -> None:
-    """Raise on NaN/Inf (blocks the host until the tensor is computed)."""
-    if not bool(torch.isfinite(x).all().item()):
+    """Raise on NaN/Inf (blocks the host until the tensor is computed); with
+    `--checks-on-device`, fold the result into a flag on the device instead (read at the end)."""
+    finite = torch.isfinite(x).all()
+    if _DeviceChecks.on_device:
+        bad = ~finite
+        _DeviceChecks.bad = bad if _DeviceChecks.bad is None else _DeviceChecks.bad | bad
+    elif not bool(finite.item()):
         raise FloatingPointError("non-finite activation")
+
+
+def raise_if_checks_failed() -> None:
+    """Read the on-device checks' flag (one host sync) and raise if any failed."""
+    if _DeviceChecks.bad is not None and bool(_DeviceChecks.bad.item()):
+        raise FloatingPointError("non-finite activation (an on-device check)")
 
 
 class Faults:
@@ -96,6 +152,7 @@ class Faults:
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
         self.args = args
         self.rank = rank
+        _DeviceChecks.on_device = args.checks_on_device
 
     def before_step(self, step: int) -> None:
         """Sleep, crash or hang as the flags say."""
@@ -246,7 +303,9 @@ class StepLog:
             print(f"step {step} loss {value:.4f} {self.times_ms[-1]:.1f} ms", flush=True)
 
     def summary(self, budget: ActivationBudget) -> None:
-        """`summary: median_step_ms=... peak_mem_mib=...` (steps 0-1 are warm-up)."""
+        """`summary: median_step_ms=... peak_mem_mib=...` (steps 0-1 are warm-up), after
+        reading the on-device checks (`--checks-on-device`)."""
+        raise_if_checks_failed()
         steady = self.times_ms[2:] or self.times_ms
         med = statistics.median(steady) if steady else 0.0
         if torch.cuda.is_available():

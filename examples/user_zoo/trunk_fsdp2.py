@@ -23,6 +23,7 @@ from trainkit import (
     device,
     init_distributed,
     set_unshard_async,
+    wrap_or_paste,
 )
 
 
@@ -60,26 +61,30 @@ def main() -> None:
     if args.recompute:
         model.trunk.cells = nn.ModuleList(Recompute(c) for c in model.trunk.cells)
 
-    if args.shard_granularity == "cell":
-        for cell in model.trunk.cells:
-            fully_shard(cell)
-    elif args.shard_granularity == "linear":
-        for m in model.modules():
-            if isinstance(m, nn.Linear):
-                fully_shard(m)
-    fully_shard(model)
-    cells = [c for c in model.trunk.cells if isinstance(c, FSDPModule)]
-    if args.no_prefetch:
-        for c in cells:
-            c.set_modules_to_forward_prefetch([c])
-            c.set_modules_to_backward_prefetch([c])
-    else:
-        for i, c in enumerate(cells):
-            c.set_modules_to_forward_prefetch(cells[i + 1 : i + 2])
-            c.set_modules_to_backward_prefetch(cells[i - 1 : i] if i else [])
-    assert all(isinstance(m, GatedCell) or isinstance(m, Recompute) for m in model.trunk.cells)
+    def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        if args.shard_granularity == "cell":
+            for cell in model.trunk.cells:
+                fully_shard(cell)
+        elif args.shard_granularity == "linear":
+            for m in model.modules():
+                if isinstance(m, nn.Linear):
+                    fully_shard(m)
+        fully_shard(model)
+        cells = [c for c in model.trunk.cells if isinstance(c, FSDPModule)]
+        if args.no_prefetch:
+            for c in cells:
+                c.set_modules_to_forward_prefetch([c])
+                c.set_modules_to_backward_prefetch([c])
+        else:
+            for i, c in enumerate(cells):
+                c.set_modules_to_forward_prefetch(cells[i + 1 : i + 2])
+                c.set_modules_to_backward_prefetch(cells[i - 1 : i] if i else [])
+        assert all(isinstance(m, GatedCell) or isinstance(m, Recompute) for m in model.trunk.cells)
 
-    set_unshard_async(model, args.unshard_async)
+        set_unshard_async(model, args.unshard_async)
+        return model
+
+    model = wrap_or_paste(model, args.paste, wrap)
 
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     budget = ActivationBudget(model, int(args.mem_budget_mib * 2**20))

@@ -82,6 +82,52 @@ def test_zoo_sources_are_user_code() -> None:
 
 
 # ---- scoring arithmetic on a hand-made table ---------------------------------------------------
+def _trainkit() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("zoo_trainkit", ZOO / "trainkit.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pasted_code_replaces_the_scripts_wrap_only_when_it_wraps(tmp_path: Path) -> None:
+    """`--paste FILE` (what bench/plan_verify.py applies a plan with): code that wraps runs in
+    place of the script's wrap and may rebind `model`; other code runs after the script's."""
+    tk = _trainkit()
+    calls: list[str] = []
+
+    def wrap(model: Any) -> Any:
+        calls.append("script")
+        return model
+
+    settings = tmp_path / "settings.py"
+    settings.write_text("model.tag = 'pasted'\n")
+    m = tk.wrap_or_paste(tk.nn.Linear(2, 2), str(settings), wrap)
+    assert calls == ["script"] and m.tag == "pasted"
+    rewrap = tmp_path / "rewrap.py"
+    rewrap.write_text("FSDP = lambda m, **kw: ('wrapped', m)\nmodel = FSDP(model)\n")
+    calls.clear()
+    assert tk.wrap_or_paste("m", str(rewrap), wrap) == ("wrapped", "m")
+    assert calls == []
+    assert tk.wrap_or_paste("m", None, wrap) == "m" and calls == ["script"]
+
+
+def test_checks_on_device_defer_the_host_read_to_the_end() -> None:
+    """`--checks-on-device` (the host-sync fix): no `.item()` per check, one at the end."""
+    tk = _trainkit()
+    tk._DeviceChecks.on_device, tk._DeviceChecks.bad = True, None
+    try:
+        tk.nan_check(tk.torch.ones(3))
+        tk.raise_if_checks_failed()
+        tk.nan_check(tk.torch.tensor([1.0, float("nan")]))  # no raise here: nothing read yet
+        with pytest.raises(FloatingPointError):
+            tk.raise_if_checks_failed()
+    finally:
+        tk._DeviceChecks.on_device, tk._DeviceChecks.bad = False, None
+    with pytest.raises(FloatingPointError):
+        tk.nan_check(tk.torch.tensor([float("inf")]))
+
+
 def test_score_counts_tp_fp_fn_per_detector() -> None:
     table = [
         (frozenset({"whole-model-wrap"}), {"whole-model-wrap"}),  # TP wmw
@@ -346,3 +392,24 @@ def test_a_timed_out_run_s_orphan_ranks_are_killed(tmp_path: Path) -> None:
         rank.kill()
         other.kill()
         other.wait()
+
+
+@pytest.mark.dist
+def test_fsdp1_leaf_wrap_gain_and_plan_are_replayed_by_module_path(
+    ci_results: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FSDP1 names its units by position in a trace (`fsdp1-unit-<k>`); with the captured
+    model's paths the replay merges each ResidualMLP's units: tiny-layer-wrap's gain is replayed
+    and `zdiag plan` proposes the block wrap in FSDP1's API, faster than the run."""
+    from zdiag.cli import main
+
+    r = ci_results["tabular_fsdp1:leaf-wrap"]
+    report = json.loads((Path(r.run_dir) / "report.json").read_text())
+    (found,) = [f for f in report["findings"] if f["id"] == "tiny-layer-wrap"]
+    assert found["gain_method"].startswith("replayed (zdiag whatif --wrap encoder.stages)")
+    assert found["expected_gain_ms"] > 0
+    assert main(["plan", r.run_dir, "--json", "--no-cache"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "--wrap encoder.stages" in plan["best"]
+    assert "ModuleWrapPolicy({ResidualMLP})" in plan["code"]
+    assert plan["plans"][0]["predicted_ms"] < plan["measured_ms"]
