@@ -209,6 +209,7 @@ def model_settings(model: ModelFacts) -> dict[str, Any]:
         _agree(out, "backward_prefetch", [i.backward_prefetch or "NONE" for i in fsdp1])
         _agree(out, "limit_all_gathers", [i.limit_all_gathers for i in fsdp1])
         _agree(out, "sharding_strategy", [i.sharding_strategy for i in fsdp1])
+        _agree(out, "use_orig_params", [i.use_orig_params for i in fsdp1])
         _agree(
             out,
             "param_dtype",

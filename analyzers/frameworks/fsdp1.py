@@ -38,6 +38,35 @@ def _device(facts: RunFacts) -> tuple[list[str], str, str]:
     return [], "", KEEP_ARGS
 
 
+_OWN = (  # (setting, FSDP's default, the argument's enum: the run's value is kept when it differs)
+    ("sharding_strategy", "FULL_SHARD", "ShardingStrategy"),
+    ("backward_prefetch", "BACKWARD_PRE", "BackwardPrefetch"),
+    ("forward_prefetch", False, ""),
+    ("limit_all_gathers", True, ""),
+    ("use_orig_params", False, ""),
+)
+
+
+def _own_arguments(facts: RunFacts) -> tuple[list[str], list[str]]:
+    """(imports, `, name=value` arguments) for the run's own FSDP settings that differ from
+    FSDP's defaults, where the captured configuration knows them: a wrap remedy pasted in place
+    of the user's call keeps them (forward_prefetch=True, use_orig_params=True, ...)."""
+    imports: list[str] = []
+    args: list[str] = []
+    for key, default, enum in _OWN:
+        value = facts.settings.get(key)
+        if value is None or value == default:
+            continue
+        if enum and value == "NONE":
+            args.append(f", {key}=None")
+        elif enum:
+            imports.append(f"from torch.distributed.fsdp import {enum}")
+            args.append(f", {key}={enum}.{value}")
+        elif isinstance(value, bool):
+            args.append(f", {key}={value}")
+    return imports, args
+
+
 def unit_name(k: int | str) -> str:
     """The name of FSDP1's k-th unit of a step ("fsdp1-unit-3"; k "?" when unplaced)."""
     return f"{UNIT_PREFIX}{k}"
@@ -72,10 +101,11 @@ def wrap_blocks(facts: RunFacts, replacing: Sequence[str] = ()) -> Remedy | None
         return Remedy("wrap each repeated block as an FSDP unit", None)
     expr, lines = policy
     imports, device, keep = _device(facts)
-    code = [*imports, _FSDP_IMPORT, *lines]
+    own_imports, own = _own_arguments(facts)
+    code = [*imports, _FSDP_IMPORT, *own_imports, *lines]
     if replacing:
         code.append(f"# instead of wrapping each submodule ({', '.join(replacing)}, ...):")
-    code.append(f"model = FSDP(model, auto_wrap_policy={expr}{device}){keep}")
+    code.append(f"model = FSDP(model, auto_wrap_policy={expr}{''.join(own)}{device}){keep}")
     assert facts.blocks is not None
     return Remedy(f"wrap each {facts.blocks.describe()} as an FSDP unit", "\n".join(code))
 

@@ -231,6 +231,24 @@ def test_fsdp1_wrap_uses_module_wrap_policy_with_the_block_class() -> None:
     assert fsdp1.wrap_blocks(replace(facts("fsdp1"), blocks_are_units=True)) is None
 
 
+OWN = {"forward_prefetch": True, "use_orig_params": True, "sharding_strategy": "SHARD_GRAD_OP",
+       "backward_prefetch": "NONE", "limit_all_gathers": True}  # fmt: skip
+
+
+def test_fsdp1_wrap_keeps_the_runs_own_arguments() -> None:
+    """Pasted in place of the user's `FSDP(...)`, the wrap keeps the settings the run made that
+    differ from FSDP's defaults (a default the run also has is not written)."""
+    r = fsdp1.wrap_blocks(facts("fsdp1", BY_CLASS, **OWN))
+    assert r and r.code
+    for arg in ("forward_prefetch=True", "use_orig_params=True",
+                "sharding_strategy=ShardingStrategy.SHARD_GRAD_OP", "backward_prefetch=None"):  # fmt: skip
+        assert arg in r.code
+    assert "from torch.distributed.fsdp import ShardingStrategy" in r.code
+    assert "limit_all_gathers" not in r.code  # FSDP's default
+    plain = fsdp1.wrap_blocks(facts("fsdp1", BY_CLASS))
+    assert plain and plain.code and "forward_prefetch" not in plain.code
+
+
 def test_fsdp1_prefetch_never_repeats_a_flag_the_run_sets() -> None:
     r = fsdp1.overlap(facts("fsdp1", None))
     assert r and r.code
@@ -401,6 +419,7 @@ def test_remedy_code_runs_on_the_model_it_names(tmp_path: Path) -> None:
         cases[f"fsdp1 wrap {label}"] = code(fsdp1.wrap_blocks(facts("fsdp1", blocks)))
         cases[f"checkpoint {label}"] = code(checkpoint_blocks(blocks))
     cases["fsdp1 prefetch"] = code(fsdp1.overlap(facts("fsdp1", BY_CLASS)))
+    cases["fsdp1 wrap own settings"] = code(fsdp1.wrap_blocks(facts("fsdp1", BY_CLASS, **OWN)))
     cases["ddp overlap"] = code(ddp.overlap(facts("ddp")))
     results = _run(cases, tmp_path)
     stages = ["encoder.stages.0", "encoder.stages.1", "encoder.stages.2"]
