@@ -80,6 +80,10 @@ class ModelOp(msgspec.Struct, kw_only=True, array_like=True):
     start_us: float = 0.0  # measured execution start, relative to the step start
     start_pos_us: float = -1.0  # progress position at the measured start (-1: as issue_pos_us)
     prefetched: bool = False  # issued under an FSDP prefetch label (the ledger's)
+    # progress position at which its consumer's pre-forward / pre-backward began (gathers whose
+    # ledger names the consumer; None: unknown): a gather issued there or later, inside its own
+    # unit's hooks, was not issued ahead however much hook work lies before its wait
+    needed_pos_us: float | None = None
 
 
 class StepModel(msgspec.Struct, kw_only=True):
@@ -271,6 +275,11 @@ def build_step_models(
                     start_us=round(st - s, 3),
                     start_pos_us=round(_pos(st, s, ws, we, before), 3),
                     prefetched=rec.prefetched if rec is not None else False,
+                    needed_pos_us=(
+                        round(_pos(rec.needed_us, s, ws, we, before), 3)
+                        if rec is not None and rec.needed_us is not None
+                        else None
+                    ),
                 )
             )
             lane_last[lane] = j

@@ -116,7 +116,7 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
             # ahead is prefetched (see the docstring)
             async_cpu = platform.device == "cpu" and not _blocked_where_issued(op)
             sent = op.issue_pos_us if async_cpu else started
-            ahead = sum(1 for a in anchors[: k + 1] if a > sent + AHEAD_US)
+            ahead = _units_ahead(anchors[:k], op, anchors[k], sent)
             if ahead >= depth or issue >= started:
                 continue  # already issued that far ahead, or started before the new issue
             if op.prefetched and op.wait_pos_us == op.issue_pos_us:
@@ -129,6 +129,15 @@ def prefetch(model: StepModel, depth: int, platform: Platform) -> StepModel:
                 delay_us=min(op.delay_us, floor.get(op.lane, 0.0)),
             )
     return msgspec.structs.replace(model, ops=ops)
+
+
+def _units_ahead(before: Sequence[float], op: ModelOp, anchor: float, sent: float) -> int:
+    """How many units ahead of its consumer a gather sent at `sent` was: the earlier consumers
+    of its pass (`before`) that run after it, and its own when it was sent before the consumer's
+    hooks began (its ledger's `needed` position; else its wait, `anchor`). A gather its own
+    pre-forward issued, some hook work before its wait, was not sent ahead."""
+    own = op.needed_pos_us if op.needed_pos_us is not None else anchor
+    return sum(1 for a in before if a > sent + AHEAD_US) + (own > sent + AHEAD_US)
 
 
 def _blocked_where_issued(op: ModelOp) -> bool:

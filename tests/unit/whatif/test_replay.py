@@ -376,6 +376,31 @@ def test_blocking_cpu_gathers_issued_when_needed_move_with_the_async_op() -> Non
     assert replay(cf.prefetch(serialized(), 1, cpu)).duration_us == pytest.approx(330.0)
 
 
+def test_a_gather_its_own_hooks_issued_before_its_wait_was_not_sent_ahead() -> None:
+    """FSDP2 without prefetch on CPU: each unit's pre-forward begins (needed), issues its own
+    gather 10 us later and waits for it 15 us after the issue (15 us exposed per unit: 345 us).
+    The issue lies before the wait,
+    but inside the consumer's own hooks: not a prefetch. With the async op and depth 1 the
+    gather moves to where the unit before starts (the ledger's needed position decides; judged
+    by the wait alone, it would count as issued one unit ahead and stay)."""
+    ops = [
+        msgspec.structs.replace(
+            gather(f"blocks.{k}", 100.0 * k + 10.0, 100.0 * k + 25.0, 30.0, after=k - 1),
+            needed_pos_us=100.0 * k,
+        )
+        for k in range(3)
+    ]
+    model = StepModel(step=1, start_us=0.0, duration_us=390.0, work_us=300.0, ops=ops)
+    assert replay(model).duration_us == pytest.approx(345.0)
+    cpu = Platform("cpu", True, "test: the change sets the async op")
+    moved = cf.prefetch(model, 1, cpu)
+    assert [op.issue_pos_us for op in moved.ops] == [10.0, 25.0, 125.0]
+    assert replay(moved).duration_us == pytest.approx(315.0)  # only the first stays exposed
+    unlabelled = [msgspec.structs.replace(op, needed_pos_us=None) for op in ops]
+    kept = msgspec.structs.replace(model, ops=unlabelled)
+    assert cf.prefetch(kept, 1, cpu) == kept
+
+
 def test_cutting_progress_moves_measured_starts_with_the_issue_positions() -> None:
     """A gather issued at 60 that started at 80: with the host sync at 10 cut, both positions
     move back by 5, so a later prefetch still sees the start after the issue, not before it."""
