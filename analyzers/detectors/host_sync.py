@@ -80,8 +80,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         elif gain < WARNING_GAIN_SHARE * median:
             severity = "info"
     units = sorted(sites.units, key=lambda u: (-sites.units[u], u))
+    shown = [u or "the root" for u in units]
     where = (
-        f"in {len(units)} FSDP unit{'s' if len(units) != 1 else ''} ({', '.join(units[:6])}"
+        f"in {len(units)} FSDP unit{'s' if len(units) != 1 else ''} ({', '.join(shown[:6])}"
         f"{', ...' if len(units) > 6 else ''})"
         if units
         else "inside the model's forward"
@@ -131,7 +132,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "rank": rank,
                 "steps": n,
                 "syncs_in_model": sites.in_model,
-                "syncs_by_unit": dict(sites.units),
+                "syncs_by_unit": {u or "(root)": k for u, k in sites.units.items()},
                 "syncs_in_wrapper_forward": sites.model_forward,
                 "syncs_in_optimizer": dict(sites.optimizer),
                 "syncs_in_loop": sites.loop,
@@ -165,9 +166,12 @@ RULE = Rule(
         "(analyzers/rank/host_syncs.py) to the optimizer's internals (inside "
         "`Optimizer.step#<Class>.step`: AdamW's step-counter `.item()`, never counted), an FSDP "
         "unit's forward/backward (between `FSDP::pre_forward (<fqn>)` and `FSDP::post_forward "
-        "(<fqn>)`, or pre/post backward: the unit is named), a DDP / FSDP1 forward range (no "
-        "module name), or the loop (loss logging: not counted); source "
-        "lines come from the innermost non-torch frame when the trace has stacks. On "
+        "(<fqn>)`, or pre/post backward: the unit is named; the root's own code, outside its "
+        "blocks, is the root's), a DDP / FSDP1 forward range (no module name), or the loop (loss "
+        "logging: not counted); source lines come from the innermost frame outside torch and "
+        "the standard library when the trace has stacks, and a frame of an installed library "
+        "(transformers' `masking_utils.py`) makes the syncs the library's: no code, the library "
+        "and its line named. On "
         "DeepSpeed ZeRO-3 a sync between the first and last forward-time ZeRO-3 autograd "
         "Function of a step counts as the model's; ZeRO-1/2 traces have no such marks (a "
         "known miss). Severity follows the gain: info below 2% of the step, critical from 10%."
@@ -183,7 +187,8 @@ RULE = Rule(
     ),
     fix=(
         "Keep the check on the device and read it once every N steps outside the model "
-        "(code); `--with-stack` for source lines."
+        "(code); `--with-stack` for source lines. Syncs in a library's code: where they are and "
+        "that the fix lies on the library's path (an option, a newer version), no code."
     ),
     gain=(
         "The model's syncs' own host time per step: a lower bound (on GPUs the relaunch idle, "

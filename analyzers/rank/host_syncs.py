@@ -9,7 +9,9 @@ Where it comes from decides who can remove it:
 - a sync inside an FSDP unit's forward (between `FSDP::pre_forward (<fqn>)` and
   `FSDP::post_forward (<fqn>)`) or backward (between `FSDP::pre_backward (<fqn>)` and
   `FSDP::post_backward_* (<fqn>)`) on the same thread: the user's code in that module (a
-  per-block `.item()`, a NaN check); the innermost unit range gets it;
+  per-block `.item()`, a NaN check); the innermost unit range gets it. The root unit's ranges
+  carry no path (`FSDP::pre_forward`): its own code (a Hugging Face model's mask building, its
+  head) is the unit "" (the root);
 - a sync inside DDP's `DistributedDataParallel.forward` or FSDP1's
   `FullyShardedDataParallel.forward` range: the user's model code (no module name there);
 - on DeepSpeed ZeRO-3, which records no forward range, a sync between the first and the last of
@@ -21,13 +23,18 @@ Where it comes from decides who can remove it:
 With stacks (`with_stack=True`) the innermost enclosing Python frame outside torch and the
 standard library names the source line (`file.py(28): forward`): the user's own code
 (`source_lines`), or a library's (`library_lines`, e.g. transformers' `masking_utils.py`), which
-the user cannot edit. Only what the map reads from the trace is kept (counts per
+the user cannot edit. The profiler trims `sys.path` prefixes off its file names, so a library's
+file usually reads `transformers/masking_utils.py` and the standard library's `typing.py`
+(`_library_of`, `_framework_file`). Only what the map reads from the trace is kept (counts per
 caller, the time the syncs block, source lines): the reduce sees no traces.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
+import sys
 from collections import Counter
 
 import msgspec
@@ -42,8 +49,9 @@ HOST_SYNC_NAMES = ("aten::_local_scalar_dense", "aten::item")
 OPTIMIZER_PREFIX = "Optimizer.step#"
 MODEL_FORWARD_RANGES = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
 """Wrapper forward ranges that enclose the model's own forward (DDP, FSDP1: no unit names)."""
-_UNIT_OPEN = re.compile(r"^FSDP::pre_(forward|backward) \((.+)\)$")
-_UNIT_CLOSE = re.compile(r"^FSDP::post_(forward|backward)[a-z_]* \((.+)\)$")
+_UNIT_OPEN = re.compile(r"^FSDP::pre_(forward|backward)(?: \((.*)\))?$")
+_UNIT_CLOSE = re.compile(r"^FSDP::post_(forward|backward)[a-z_]*(?: \((.*)\))?$")
+"""A unit's range opens and closes; the root's names carry no module path (`FSDP::pre_forward`)."""
 _PY_FRAME = re.compile(r"^(?P<file>[^()]+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
 _FRAMEWORK_PATH = re.compile(
     r"(^|/)torch/|(^|/)lib/python3[.\d]*/(?!site-packages/|dist-packages/)"
@@ -51,6 +59,16 @@ _FRAMEWORK_PATH = re.compile(
 """torch's own files and the standard library's: never a sync's source line."""
 _LIBRARY_PATH = re.compile(r"(^|/)(?:site-packages|dist-packages)/(?P<package>[^/]+)/")
 """An installed package's file: its package directory names the library."""
+KNOWN_LIBRARIES = frozenset(
+    {
+        "accelerate", "apex", "datasets", "deepspeed", "diffusers", "einops", "fairscale",
+        "flash_attn", "lightning", "megatron", "numpy", "open_clip", "peft", "pytorch_lightning",
+        "sentence_transformers", "timm", "tokenizers", "torchaudio", "torchmetrics", "torchrec",
+        "torchtitan", "torchtune", "torchvision", "transformer_engine", "transformers", "trl",
+        "xformers",
+    }
+)  # fmt: skip
+"""Libraries recognised by name in a frame whose path the profiler trimmed (see `_library_of`)."""
 MAX_SOURCE_LINES = 20
 """Distinct source lines kept per rank (the most frequent)."""
 
@@ -105,13 +123,14 @@ def _unit_spans(trace: RankTrace) -> list[tuple[int, float, float, str]]:
         lane = int(trace.lane_id[i])
         m = _UNIT_OPEN.match(name)
         if m:
-            opens.setdefault((lane, m.group(1), m.group(2)), []).append(float(trace.end_us[i]))
+            key = (lane, m.group(1), m.group(2) or "")
+            opens.setdefault(key, []).append(float(trace.end_us[i]))
             continue
         c = _UNIT_CLOSE.match(name)
         if c:
-            stack = opens.get((lane, c.group(1), c.group(2)))
+            stack = opens.get((lane, c.group(1), c.group(2) or ""))
             if stack:
-                spans.append((lane, stack.pop(), float(trace.ts_us[i]), c.group(2)))
+                spans.append((lane, stack.pop(), float(trace.ts_us[i]), c.group(2) or ""))
     return spans
 
 
@@ -164,6 +183,48 @@ def _innermost(spans: list[tuple[int, float, float, str]], lane: int, t: float) 
     return best[1] if best else None
 
 
+def _library_of(file: str) -> str | None:
+    """The library that owns a Python frame's file, or None for the user's own code.
+
+    An absolute path is a library's when it lies in site-packages / dist-packages. torch's
+    profiler trims the `sys.path` prefixes off the files it records, so an installed library's
+    file usually reads `transformers/masking_utils.py`: a relative path is a library's when its
+    top-level name is a well-known library (KNOWN_LIBRARIES) or, in this interpreter, imports from
+    site-packages (an editable install of the user's own package does not)."""
+    m = _LIBRARY_PATH.search(file)
+    if m is not None:
+        return m.group("package")
+    if file.startswith(("/", "<", ".")) or "/" not in file:
+        return None  # absolute outside site-packages, or a module beside the script
+    top = file.split("/", 1)[0]
+    return top if _installed_library(top) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _installed_library(top: str) -> bool:
+    if top in KNOWN_LIBRARIES:
+        return True
+    if not top.isidentifier():
+        return False
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    origin = spec.origin if spec is not None else None
+    return bool(origin and _LIBRARY_PATH.search(origin))
+
+
+def _framework_file(file: str) -> bool:
+    """torch's own files and the standard library's, absolute or trimmed by the profiler
+    (`typing.py`, `json/encoder.py`): never a sync's source line."""
+    if _FRAMEWORK_PATH.search(file):
+        return True
+    if file.startswith("/"):
+        return False
+    top = file.split("/", 1)[0].removesuffix(".py")
+    return top in sys.stdlib_module_names
+
+
 def _source_line(
     frames: list[tuple[int, float, float, str]], lane: int, t: float
 ) -> tuple[str, str] | None:
@@ -174,12 +235,11 @@ def _source_line(
         if ln != lane or not s <= t <= e:
             continue
         m = _PY_FRAME.match(name)
-        if m is None or _FRAMEWORK_PATH.search(m.group("file")):
+        if m is None or _framework_file(m.group("file")):
             continue
         if best is None or s > best[0]:
-            lib = _LIBRARY_PATH.search(m.group("file"))
             where = f"{m.group('file')}:{m.group('line')} {m.group('func')}"
-            best = (s, where, lib.group("package") if lib else "")
+            best = (s, where, _library_of(m.group("file")) or "")
     return (best[1], best[2]) if best else None
 
 

@@ -24,6 +24,7 @@ from support.processes import run as _run
 pytestmark = pytest.mark.slow  # real processes (make integration)
 
 SCRIPT = REPO_ROOT / "examples" / "library" / "llama_per_linear.py"
+POSITIONS = REPO_ROOT / "examples" / "library" / "llama_position_ids.py"
 
 
 def _transformers_path() -> list[str]:
@@ -36,11 +37,11 @@ def _transformers_path() -> list[str]:
     return [] if where in site.getsitepackages() else [where]
 
 
-def _findings(out: Path) -> dict[str, dict[str, Any]]:
+def _findings(out: Path, script: Path = SCRIPT, *flags: str) -> dict[str, dict[str, Any]]:
     extra = _transformers_path()
     env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *extra])} if extra else {}
     zdiag = (sys.executable, "-m", "zdiag")
-    args = ("run", "--nproc-per-node", "2", "--out", str(out), str(SCRIPT))
+    args = ("run", *flags, "--nproc-per-node", "2", "--out", str(out), str(script))
     proc = _run(*zdiag, *args, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     proc = _run(*zdiag, "analyze", "--json", str(out))
@@ -65,3 +66,18 @@ def test_per_linear_llama_is_judged_tiny_layer_wrap(tmp_path: Path) -> None:
     for f in found.values():  # prefetch lists name blocks, never a Linear
         for call in re.findall(r"set_modules_to_\w+_prefetch\(\[([^\]]*)\]", f["code"] or ""):
             assert "_proj" not in call and "lm_head" not in call, (f["id"], call)
+
+
+def test_a_host_sync_in_transformers_own_code_is_the_librarys(tmp_path: Path) -> None:
+    """Packed-sequence style training (position_ids, no mask, no cache) makes transformers check
+    each batch for packed sequences on the host, once per forward: the finding names the library
+    and its line, says the user's code does not hold it, and proposes no code."""
+    found = _findings(tmp_path / "run", POSITIONS, "--with-stack")
+    sync = found["host-sync"]
+    assert sync["title"].startswith("Host syncs in the transformers library's code")
+    assert "not in yours" in sync["recommendation"]
+    assert "masking_utils.py" in sync["recommendation"]
+    assert "find_packed_sequence_indices" in sync["recommendation"]
+    assert sync["code"] is None
+    lines = sync["evidence"]["library_lines"]
+    assert all(line.startswith("transformers: ") for line in lines), lines

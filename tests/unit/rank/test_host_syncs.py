@@ -27,7 +27,11 @@ LIBRARY_FRAME = (
 
 
 def _trace(
-    tmp_path: Path, per_block_checks: bool, with_stack: bool = False, library: bool = False
+    tmp_path: Path,
+    per_block_checks: bool,
+    with_stack: bool = False,
+    library: bool = False,
+    library_frame: str = LIBRARY_FRAME,
 ) -> Path:
     """Two steps of a 2-unit FSDP2 model: AdamW's step-counter syncs inside
     `Optimizer.step#AdamW.step`, a loss `.item()` in the loop, and (optionally) one NaN-check
@@ -44,7 +48,9 @@ def _trace(
                 if with_stack:
                     ev.append(_x("examples/net.py(28): forward", s + 200, 300.0, "python_function"))
                     if library:  # the sync is inside transformers' own code, under the model
-                        ev.append(_x(LIBRARY_FRAME, s + 220, 260.0, "python_function"))
+                        ev.append(_x(library_frame, s + 220, 260.0, "python_function"))
+                        # a standard-library wrapper inside it (trimmed as torch records it)
+                        ev.append(_x("contextlib.py(81): inner", s + 230, 200.0, "python_function"))
                     ev.append(
                         _x("torch/nn/module.py(1): _call_impl", s + 250, 100.0, "python_function")
                     )
@@ -131,3 +137,36 @@ def test_zero3_forward_marks_bound_the_model_code(tmp_path: Path) -> None:
     assert sites.total == 6
     assert sites.model_forward == 2  # one per step, between the forward marks
     assert sites.loop == 4 and sites.units == {}
+
+
+def test_trimmed_frames_name_the_library_and_skip_the_standard_library(tmp_path: Path) -> None:
+    """torch's profiler trims the sys.path prefixes: transformers' file reads
+    `transformers/masking_utils.py` and contextlib's `contextlib.py`, as on a real run."""
+    frame = "transformers/masking_utils.py(735): find_packed_sequence_indices"
+    trace = _trace(tmp_path, True, with_stack=True, library=True, library_frame=frame)
+    sites = host_sync_sites(load_rank_trace(trace))
+    assert sites.source_lines == {}
+    assert sites.library_lines == {
+        "transformers: transformers/masking_utils.py:735 find_packed_sequence_indices": 4
+    }
+
+
+def test_a_sync_in_the_root_units_own_code_is_the_models(tmp_path: Path) -> None:
+    """The root unit's ranges carry no module path (`FSDP::pre_forward`): a sync in its own
+    forward, outside every block (a Hugging Face model building its mask), is the model's."""
+    ev: list[dict[str, object]] = []
+    for step in range(2):
+        t0 = step * 10_000.0
+        ev.append(_x(f"ProfilerStep#{step}", t0, 9_000.0, "user_annotation"))
+        ev.append(_x("FSDP::pre_forward", t0 + 10, 50.0, "user_annotation"))
+        ev.extend(_sync(t0 + 100))  # the root's own code, before the blocks
+        ev.append(_x("FSDP::pre_forward (layers.0)", t0 + 200, 50.0, "user_annotation"))
+        ev.extend(_sync(t0 + 300))
+        ev.append(_x("FSDP::post_forward (layers.0)", t0 + 400, 50.0, "user_annotation"))
+        ev.append(_x("FSDP::post_forward", t0 + 500, 50.0, "user_annotation"))
+        ev.extend(_sync(t0 + 8000))  # loss.item() in the loop
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    sites = host_sync_sites(load_rank_trace(path))
+    assert sites.units == {"": 2, "layers.0": 2}
+    assert sites.loop == 2
