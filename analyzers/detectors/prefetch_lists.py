@@ -64,6 +64,6 @@ def name_self_prefetch(model: ModelFacts | None, remedy: Remedy | None) -> Remed
         return remedy
     code = remedy.code
     if code is not None:
-        replaced = " and ".join(f"blocks[i].{DIRECTIONS[d][0]}([blocks[i]])" for d in found)
-        code = f"# replaces {replaced}: a unit that prefetches itself prefetches nothing\n{code}"
+        replaced = "\n#   and ".join(f"blocks[i].{DIRECTIONS[d][0]}([blocks[i]])" for d in found)
+        code = f"# replaces {replaced}:\n# a unit that prefetches itself prefetches nothing\n{code}"
     return Remedy(self_prefetch_text(found) + remedy.text, code)

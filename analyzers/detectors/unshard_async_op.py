@@ -13,7 +13,7 @@ from ..frameworks import Framework, Remedy
 from .fact_sheet import RunFactSheet
 
 ASYNC_OP_LINE = (
-    "model._set_unshard_async_op(True)  # CPU/gloo only: lets prefetched gathers overlap"
+    "# CPU/gloo only: lets prefetched gathers overlap\nmodel._set_unshard_async_op(True)"
 )
 
 

@@ -11,6 +11,7 @@ from support.ledger_traces import BLOCKS, fsdp2_cpu_trace, write
 from support.trace_contexts import trace_context
 from zdiag.analyzers.detectors import missing_overlap, step_verdicts
 from zdiag.analyzers.detectors.context import DetectorContext
+from zdiag.analyzers.detectors.unshard_async_op import ASYNC_OP_LINE
 from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.analyzers.rank.rank_analysis import RankFacts
 from zdiag.analyzers.report import StepBreakdown
@@ -101,7 +102,7 @@ def test_exposed_comm_on_cpu_fsdp2_proposes_the_unshard_async_op_it_lacks() -> N
     assert lacking.sheet.cpu_only and not lacking.sheet.gathers_can_overlap()
     (f,) = step_verdicts.detect_exposed_comm(lacking)
     assert "already sets" not in f.recommendation
-    assert (f.code or "").startswith("model._set_unshard_async_op(True)")
+    assert (f.code or "").startswith(ASYNC_OP_LINE)
     assert "until its unshard runs as an async op" in f.recommendation
     assert "whatever these settings" not in f.recommendation
     # a context without the traces' step models: what the op hides is not predicted (0 ms)
