@@ -14,6 +14,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -322,6 +323,28 @@ def test_expected_outcome(ci_results: dict[str, Any], name: str, finding: str) -
         assert not scored, f"{name}: a healthy run got {sorted(scored)}"
     else:
         assert finding in scored, f"{name}: got {sorted(r.fired)} instead of {finding}"
+
+
+@pytest.mark.dist
+def test_the_straggler_words_agree_with_their_evidence_on_a_cpu_run(
+    ci_results: dict[str, Any],
+) -> None:
+    """Issue 30: a title said "last at 45% of collectives" beside "min last 75%" in its
+    evidence, and "its device idles" on a CPU-only run. On the real slow-rank run the title's
+    share is the evidence's, a share under the bar says the rank was named by the wait it
+    causes, and nothing speaks of a device."""
+    report = json.loads(
+        (Path(ci_results["cnn_fsdp2:slow-rank"].run_dir) / "report.json").read_text()
+    )
+    (f,) = [f for f in report["findings"] if f["id"] == "straggler"]
+    words = f["title"] + " " + f["recommendation"]
+    assert "device" not in words and "GPU" not in f["title"], words
+    ev = f["evidence"]
+    share = re.search(r"last at (\d+)% of collectives", f["title"])
+    assert share is not None, f["title"]
+    bar = ev.get("min_last_share")
+    if bar is not None and int(share.group(1)) < round(100 * bar):
+        assert "named by the wait it causes" in f["title"], f["title"]
 
 
 # `zdiag diff healthy broken`: the first line names the cause (what B measured differently)
