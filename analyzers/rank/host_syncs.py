@@ -69,6 +69,9 @@ KNOWN_LIBRARIES = frozenset(
     }
 )  # fmt: skip
 """Libraries recognised by name in a frame whose path the profiler trimmed (see `_library_of`)."""
+_SCRIPT_NAMES = frozenset({"code", "profile", "test", "trace"})
+"""Standard-library module names a user's own script is often called: as a lone file
+(`test.py`, trimmed like the standard library's), it stays the user's."""
 MAX_SOURCE_LINES = 20
 """Distinct source lines kept per rank (the most frequent)."""
 
@@ -222,7 +225,7 @@ def _framework_file(file: str) -> bool:
     if file.startswith("/"):
         return False
     top = file.split("/", 1)[0].removesuffix(".py")
-    return top in sys.stdlib_module_names
+    return top in sys.stdlib_module_names and not ("/" not in file and top in _SCRIPT_NAMES)
 
 
 def _source_line(

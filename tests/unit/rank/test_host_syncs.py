@@ -170,3 +170,12 @@ def test_a_sync_in_the_root_units_own_code_is_the_models(tmp_path: Path) -> None
     sites = host_sync_sites(load_rank_trace(path))
     assert sites.units == {"": 2, "layers.0": 2}
     assert sites.loop == 2
+
+
+def test_a_script_named_like_a_standard_module_stays_the_users() -> None:
+    from zdiag.analyzers.rank.host_syncs import _framework_file, _library_of
+
+    assert _framework_file("typing.py") and _framework_file("json/encoder.py")
+    assert not _framework_file("test.py") and not _framework_file("examples/net.py")
+    assert _library_of("transformers/masking_utils.py") == "transformers"
+    assert _library_of("test.py") is None and _library_of("/home/me/model.py") is None
