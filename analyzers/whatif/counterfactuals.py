@@ -77,8 +77,8 @@ def measured_depth(model: StepModel) -> int:
     for idx in _passes(model).values():
         anchors = [_anchor(model.ops[j]) for j in idx]
         for k, j in enumerate(idx):
-            started = _started(model.ops[j])
-            depth = max(depth, sum(1 for a in anchors[: k + 1] if a > started + AHEAD_US))
+            op = model.ops[j]
+            depth = max(depth, _units_ahead(anchors[:k], op, anchors[k], _started(op)))
     return depth
 
 
