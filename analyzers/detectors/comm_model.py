@@ -56,11 +56,11 @@ def _fit_points(sizes: np.ndarray, times: np.ndarray) -> AlphaBeta:
             alpha = float(np.median(times - slope * sizes))
             alpha = min(max(alpha, 0.0), float(times.min()))
             return AlphaBeta(alpha, 1.0 / slope, len(sizes))
+    # no growth with size: beta is the best bandwidth seen and the fastest time is all overhead
+    # (the time left after the transfer at that bandwidth is 0 at the point that sets it, up to
+    # rounding: an `== 0.0` test on it once let 1e-14 through as the latency)
     beta = float((sizes / times).max())
-    alpha = float(max(0.0, (times - sizes / beta).min()))
-    if alpha == 0.0:
-        alpha = float(times.min())  # the smallest message's time is all overhead
-    return AlphaBeta(alpha, beta, len(sizes))
+    return AlphaBeta(float(times.min()), beta, len(sizes))
 
 
 def fit_alpha_beta(records: Sequence[CollectiveRecord]) -> AlphaBeta | None:
@@ -70,7 +70,8 @@ def fit_alpha_beta(records: Sequence[CollectiveRecord]) -> AlphaBeta | None:
     envelope points: one size whose few samples all hit a slow moment moves it little, where a
     least-squares line would follow it. alpha is kept within [0, fastest time seen] (no
     collective can beat its own overhead). With one size, or a non-positive slope, beta is the
-    best bandwidth seen and alpha the fastest time minus its transfer at that bandwidth.
+    best bandwidth seen and alpha the fastest time seen (all overhead: no growth with size tells
+    the transfer apart).
     """
     env = _envelope(records)
     if not env:

@@ -148,3 +148,18 @@ def test_two_sizes_never_clear_a_split_wrap() -> None:
         (f,) = tiny_layer_wrap.detect(_ctx(big, seed=seed, noise_us=50.0))
         assert f.severity == "info" and f.evidence["judgement"] == "undecided"
         assert f.evidence["threshold_min_sizes_to_clear"] == 3
+
+
+def test_flat_times_across_sizes_are_all_latency_whatever_the_rounding() -> None:
+    """Fastest times that do not grow with size (as in a CI harness run: about 89, 93 and 83 us
+    at 256 B, 16 KiB and 48 KiB) are overhead: alpha is the fastest time. The time left after
+    the transfer at the best bandwidth can come out as 1.4e-14, not 0.0, and an `== 0.0` test
+    kept that as the latency: 119 of that run's 500 resamples called its messages
+    bandwidth-bound, and the judgement was undecided."""
+    times = np.array([90.574, 93.383, 83.605])
+    sizes = np.array([256.0, 16384.0, 49152.0])
+    from zdiag.analyzers.detectors.comm_model import _fit_points
+
+    fit = _fit_points(sizes, times)
+    assert fit.alpha_us == pytest.approx(83.605)
+    assert fit.half_bandwidth_bytes == pytest.approx(49152.0)
