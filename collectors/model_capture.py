@@ -106,7 +106,7 @@ def _unwrap_step(module: nn.Module) -> nn.Module | None:
     return None
 
 
-def _chain(module: nn.Module) -> list[nn.Module]:
+def wrapper_chain(module: nn.Module) -> list[nn.Module]:
     """The wrappers around a module, outermost first, then the user's module itself."""
     chain = [module]
     for _ in range(16):
@@ -197,7 +197,7 @@ def _build_tree(model: nn.Module) -> tuple[_Node, list[_Node]]:
     visited: set[int] = set()
 
     def make(path: str, name: str, module: nn.Module, depth: int) -> _Node:
-        chain = list(_chain(module))
+        chain = list(wrapper_chain(module))
         for m in chain:
             visited.add(id(m))
         node = _Node(path, name, chain, depth)
@@ -417,6 +417,11 @@ class ModelCapture:
         self._optimizers: dict[int, OptimizerInfo] = {}
         self._model_id: int | None = None
         self._pipeline = pipeline  # the pipeline stages and schedules recorded so far
+
+    @property
+    def model_id(self) -> int | None:
+        """`id()` of the module described as the model (None before its first forward)."""
+        return self._model_id
 
     def arm(self) -> ModelCapture:
         """Register the forward pre-hook and the optimizer hook (both remove themselves)."""

@@ -20,6 +20,7 @@ import torch
 from . import memory, rundir, runinfo
 from .config import CollectorConfig
 from .error_log import ErrorLog
+from .failure_point import FailurePoint, failure_point
 from .fsio import write_json_atomically
 from .manifest import hostname, process_env_info, utc_now_iso
 from .profiler_window import ProfilerWindow
@@ -114,13 +115,16 @@ def capture_out_of_memory(
     step: int,
     window: ProfilerWindow,
     errors: ErrorLog,
+    model_id: int | None = None,
 ) -> bool:
     """At an out-of-memory error, write the memory data first: the profiler window (trace and
-    timeline), the CUDA snapshot at the failure, the OOM record. Whether the record was written."""
+    timeline), the CUDA snapshot at the failure, the OOM record (with the modules whose forward
+    was running, under the model `model_id` names). Whether the record was written."""
     allocated, reserved, peak = (
         errors.guard("memory reading", memory.read_device_memory, torch.cuda.is_available())
         or memory.NO_READING
     )
+    where = errors.guard("failure point", failure_point, exc, model_id) or FailurePoint()
     window_open = window.stop_for_oom()
     if memory.cuda_in_use():  # replaces the window's snapshot: the state at the failure
         window.dump_snapshot()
@@ -136,6 +140,8 @@ def capture_out_of_memory(
         mem_peak_bytes=peak,
         memory_budget_bytes=runinfo.memory_budget_bytes(runinfo.current_run_info()),
         profiler_window_open=window_open,
+        modules=where.modules,
+        in_backward=where.in_backward,
     )
     path = run_dir / rundir.oom_relpath(who.rank)
     errors.guard("OOM record", memory.write_oom_record, path, record)

@@ -6,7 +6,7 @@ says how it is read, and a few declarations say the rest:
 - `at_least(n)`: a whole number below `n` is ignored (with a warning);
 - `run_path()`: a path relative to the run directory, never absolute nor climbing out with `..`;
 - `not_written()`: kept in memory only (the warnings of a manifest read);
-- metadata `WRITTEN_WHEN_SET`: written only when not None/False, after the fields always written;
+- metadata `WRITTEN_WHEN_SET`: written only when not None/False/(), after the fields always written;
 - metadata `nested_sep(": ")`: a record field whose warnings read `<where>: <key>: ...`.
 
 Reading is tolerant: unknown keys are ignored, and a value of the wrong type takes the field's
@@ -59,7 +59,7 @@ def not_written() -> Any:
 
 
 WRITTEN_WHEN_SET = {_WHEN_SET: True}
-"""Metadata of a field written only when set (not None, not False), after those always written."""
+"""Metadata of a field written only when set (not None, False or ()), after those always written."""
 
 
 def nested_sep(sep: str) -> dict[str, str]:
@@ -220,7 +220,7 @@ class JsonRecord:
             value = getattr(self, fld.name)
             if not fld.metadata.get(_WHEN_SET):
                 first[fld.name] = _plain(value)
-            elif value is not None and value is not False:
+            elif value is not None and value is not False and value != ():
                 last[fld.name] = _plain(value)
         return {**first, **last}
 

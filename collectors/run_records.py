@@ -379,6 +379,10 @@ class OomRecord(JsonRecord):
     mem_peak_bytes: int | None = at_least(0)
     memory_budget_bytes: int | None = at_least(1)
     profiler_window_open: bool = False
+    # the module paths whose call was running at the failure, outermost first (the model's own
+    # description paths; collectors/failure_point.py), and whether it came inside backward
+    modules: tuple[str, ...] = field(default=(), metadata=WRITTEN_WHEN_SET)
+    in_backward: bool = field(default=False, metadata=WRITTEN_WHEN_SET)
 
     @classmethod
     def from_json(

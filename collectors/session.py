@@ -359,7 +359,13 @@ class RankSession:
             return
         self.oom = True
         self.oom_record_written = capture_out_of_memory(
-            exc, self.run_dir, self.who, self.step_index, self._window, self._errors
+            exc,
+            self.run_dir,
+            self.who,
+            self.step_index,
+            self._window,
+            self._errors,
+            self._model.model_id if self._model is not None else None,
         )
         error = f"{type(exc).__name__}: {str(exc)[:500]}"
         self._errors.guard("manifest part", self._write_part, None, error)

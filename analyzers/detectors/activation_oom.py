@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..frameworks import checkpoint_blocks
+from ..frameworks import BlockSet, checkpoint_blocks
 from ..report import Finding, WhatIf
 from .blocks import BlockPattern, find_block_pattern, harness_block_pattern
 from .context import MIB, DetectorContext, MemoryEvidence
@@ -64,38 +65,97 @@ def _dominated(ev: MemoryEvidence) -> bool:
     )
 
 
-def _saved(ctx: DetectorContext, h: Mapping[str, Any], act: int, rank: int) -> tuple[int, str]:
-    """(bytes checkpointing frees, how): the harness's shape (every block keeps its input),
-    else the snapshot's checkpointing what-if, else at least 7/8 of the activations."""
+@dataclass(frozen=True)
+class _ForwardShare:
+    """How far the forward had gone at a failure inside it: in block `block`, so `done` of
+    `total` blocks (the failing block counted as half done)."""
+
+    block: str
+    done: float
+    total: int
+
+    @property
+    def factor(self) -> float:
+        """A whole forward's activations over those held at the failure (blocks save alike)."""
+        return self.total / self.done
+
+    def describe(self, act: int) -> str:
+        """The extrapolation in words, for the gain's method."""
+        return (
+            f"the forward failed in {self.block}, {self.done:g} of {self.total} blocks done (the "
+            f"failing one counted as half): a whole forward holds about {self.factor:.2f}x the "
+            f"{act / MIB:.2f} MiB of activations held at the failure, "
+            f"{act * self.factor / MIB:.2f} MiB (repeated blocks save alike); "
+        )
+
+
+def _forward_share(ev: MemoryEvidence, blocks: BlockSet | None) -> _ForwardShare | None:
+    """Where in the blocks the forward failed (the OOM record's innermost module inside one),
+    None for a failure in backward or outside the blocks, or for blocks in several containers
+    (their order in the forward is not known)."""
+    if ev.in_backward or not ev.modules or blocks is None or len(blocks.containers) != 1:
+        return None
+    total = blocks.count
+    if not total:
+        return None
+    prefix = f"{blocks.containers[0]}." if blocks.containers[0] else ""
+    for path in reversed(ev.modules):
+        head = path[len(prefix) :].split(".", 1)[0] if path.startswith(prefix) else ""
+        if head.isdigit() and int(head) < total:
+            return _ForwardShare(prefix + head, int(head) + 0.5, total)
+    return None
+
+
+def _saved(
+    ctx: DetectorContext,
+    h: Mapping[str, Any],
+    act: int,
+    rank: int,
+    share: _ForwardShare | None = None,
+) -> tuple[int, str]:
+    """(bytes checkpointing frees at the whole forward's peak, how): the harness's shape (every
+    block keeps its input), else the snapshot's checkpointing what-if, else at least 7/8 of the
+    activations. A failure partway through the forward (`share`) scales what was held at the
+    failure to a whole forward's."""
+    scale = share.factor if share is not None else 1.0
+    whole = int(act * scale)
+    lead = share.describe(act) if share is not None else ""
+    at = "a whole forward" if share is not None else "the failure"
     try:
         width = 2 if h.get("precision") == "bf16" else 4
         kept = int(h["batch"]) * int(h["seq"]) * int(h["dim"]) * width * int(h["layers"])
-        return max(0, act - kept), (
+        return max(0, whole - kept), lead + (
             "activation checkpointing of every block keeps only each block's input "
             f"(batch x seq x dim x {width} bytes x {h['layers']} blocks = {kept / MIB:.2f} MiB) "
-            f"of the {act / MIB:.2f} MiB activations at the failure"
+            f"of the {whole / MIB:.2f} MiB activations at {at}"
         )
     except (KeyError, TypeError, ValueError):
-        kept = act // MIN_SAVED_TENSORS_PER_BLOCK
+        pass
     predicted = _checkpointing_what_if(ctx, rank)
     if predicted is not None and predicted.saved_bytes is not None:
-        return predicted.saved_bytes, f"from the snapshot at the peak: {predicted.arithmetic}"
-    return max(0, act - kept), (
+        scaled = f", x {scale:.2f}" if share is not None else ""
+        return int(predicted.saved_bytes * scale), (
+            f"{lead}from the snapshot at the failure: {predicted.arithmetic}{scaled}"
+        )
+    kept = whole // MIN_SAVED_TENSORS_PER_BLOCK
+    return max(0, whole - kept), lead + (
         f"activation checkpointing frees at least {MIN_SAVED_TENSORS_PER_BLOCK - 1}/"
-        f"{MIN_SAVED_TENSORS_PER_BLOCK} of the {act / MIB:.2f} MiB activations (a block saves "
-        f">= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps one)"
+        f"{MIN_SAVED_TENSORS_PER_BLOCK} of the {whole / MIB:.2f} MiB activations at {at} (a "
+        f"block saves >= {MIN_SAVED_TENSORS_PER_BLOCK} input-sized tensors; checkpointing keeps "
+        "one)"
     )
 
 
-def _accumulation(worst: MemoryEvidence, act: int, h: Mapping[str, Any]) -> str:
+def _accumulation(worst: MemoryEvidence, act: int, h: Mapping[str, Any], whole: int) -> str:
     """The alternative: N micro-batches with gradient accumulation, N so that the activations
-    of one fit under the capacity when the overflow is known."""
+    of one (a whole forward's: `whole`) fit in what the `act` held at the failure left under
+    the capacity, when the overflow is known."""
     over_by = None
     if worst.capacity_bytes is not None and worst.peak_bytes is not None:
         over_by = max(0, worst.peak_bytes - worst.capacity_bytes)
     accum = None
     if over_by is not None and act > over_by:
-        accum = max(2, math.ceil(act / (act - over_by)))
+        accum = max(2, math.ceil(whole / (act - over_by)))
     if accum and isinstance(h.get("batch"), int):
         return (
             f" Or split each batch into {accum} micro-batches with gradient accumulation "
@@ -124,10 +184,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     act = _activation_bytes(worst)
     in_use = sum(worst.category_bytes.values())
     h = ctx.sheet.harness
-    block = _block(ctx)
-    layers = block.count if block else None
-    saved, method = _saved(ctx, h, act, worst.rank)
-    remedy = checkpoint_blocks(block_set(block), ctx.sheet.framework.checkpoint_note)
+    blocks = ctx.sheet.model_blocks or block_set(_block(ctx))
+    share = _forward_share(worst, blocks)
+    saved, method = _saved(ctx, h, act, worst.rank, share)
+    remedy = checkpoint_blocks(blocks, ctx.sheet.framework.checkpoint_note)
+    units: list[str] = []
+    if blocks is not None and len(blocks.containers) == 1 and blocks.count:
+        prefix = f"{blocks.containers[0]}." if blocks.containers[0] else ""
+        units = [f"{prefix}{i}" for i in range(blocks.count)]
     return [
         Finding(
             id="activation-oom",
@@ -137,7 +201,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 f"{act / MIB:.1f} MiB of {in_use / MIB:.1f} MiB in use ({act / in_use:.0%})"
             ),
             ranks=sorted({ev.rank for ev in hits}),
-            units=[f"{block.list_path}.{i}" for i in range(layers)] if block and layers else [],
+            units=units,
             evidence={
                 "source": worst.source,
                 "oom": worst.oom,
@@ -150,11 +214,22 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "peak_bytes": worst.peak_bytes,
                 "category_bytes": dict(worst.category_bytes),
                 "activation_checkpointing": h.get("ac"),
+                **(
+                    {
+                        "failed_in_block": share.block,
+                        "blocks_done_at_failure": f"{share.done:g} of {share.total}",
+                        "whole_forward_activation_bytes": int(act * share.factor),
+                    }
+                    if share is not None
+                    else {}
+                ),
             },
             recommendation=(
-                f"Checkpoint the activations of each {block.pattern if block else 'transformer block'}"
-                f" (recompute in backward): frees about {saved / MIB:.1f} MiB."
-                + _accumulation(worst, act, h)
+                f"Checkpoint the activations of each "
+                f"{blocks.describe() if blocks is not None else 'transformer block'}"
+                f" (recompute in backward): frees about {saved / MIB:.1f} MiB"
+                f"{' at the whole forward' if share is not None else ''}."
+                + _accumulation(worst, act, h, int(act * share.factor) if share else act)
             ),
             code=remedy.code if remedy else None,
             expected_gain_bytes=saved,
@@ -200,7 +275,10 @@ RULE = Rule(
     ),
     gain=(
         "Activations minus the block inputs checkpointing keeps (batch x seq x dim x bytes x "
-        "blocks); without the shape, the snapshot's checkpointing what-if, else at least 7/8."
+        "blocks); without the shape, the snapshot's checkpointing what-if, else at least 7/8. "
+        "When the OOM record says the forward failed in block k of N (0-based; the module "
+        "whose forward was running), what was held there is scaled to a whole forward's, "
+        "x N / (k + 1/2): repeated blocks save alike, the failing one counted as half done."
     ),
     scope=(
         "runs with memory evidence: OOM records, CUDA snapshots with allocation stacks, "

@@ -51,6 +51,10 @@ class MemoryEvidence:
     peak_bytes: int | None = None
     category_bytes: dict[str, int] = field(default_factory=dict)  # ACTIVATION, PARAMETER, ...
     message: str = ""
+    # the OOM record's failure point: the module paths whose call was running, outermost first,
+    # and whether it came inside backward
+    modules: tuple[str, ...] = ()
+    in_backward: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,7 @@ def _memory_evidence(
             ev = parse_oom_message(entry.rank, rec.error)
             if ev.capacity_bytes is None and rec.memory_budget_bytes is not None:
                 ev.capacity_bytes = rec.memory_budget_bytes
+            ev.modules, ev.in_backward = rec.modules, rec.in_backward
             by_rank[entry.rank] = ev
         elif entry.oom:
             by_rank[entry.rank] = parse_oom_message(entry.rank, entry.error or "", "manifest")

@@ -347,6 +347,28 @@ def test_the_straggler_words_agree_with_their_evidence_on_a_cpu_run(
         assert "named by the wait it causes" in f["title"], f["title"]
 
 
+@pytest.mark.dist
+def test_an_oom_in_a_forward_names_the_block_and_counts_the_whole_forward(
+    ci_results: dict[str, Any],
+) -> None:
+    """A real out-of-memory error raised inside a DDP model's forward: the OOM record names the
+    block it failed in by the model's own paths (the DDP wrapper names none), and the finding
+    scales the activations held there to a whole forward's before taking checkpointing's
+    saving, with the blocks' code."""
+    run_dir = Path(ci_results["trunk_ddp:act-oom"].run_dir)
+    records = [json.loads(p.read_text()) for p in sorted(run_dir.glob("memory/rank-*.oom.json"))]
+    assert records and all(not r.get("in_backward") for r in records)
+    for record in records:
+        assert any(re.fullmatch(r"trunk\.cells\.\d+", m) for m in record["modules"]), record
+    report = json.loads((run_dir / "report.json").read_text())
+    (f,) = [f for f in report["findings"] if f["id"] == "activation-oom"]
+    ev = f["evidence"]
+    assert re.fullmatch(r"trunk\.cells\.\d+", ev["failed_in_block"])
+    assert ev["whole_forward_activation_bytes"] > ev["activation_bytes"]
+    assert f["expected_gain_bytes"] > ev["activation_bytes"] * 7 // 8
+    assert "set(model.trunk.cells)" in f["code"]
+
+
 # `zdiag diff healthy broken`: the first line names the cause (what B measured differently)
 DIFF_CAUSES = [
     ("cnn_fsdp2:whole-wrap", "whole-model wrap"),

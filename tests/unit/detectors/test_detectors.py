@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch import nn
 
 from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write, zero3_cpu_trace
 from support.trace_contexts import trace_context
@@ -15,8 +16,10 @@ from zdiag.analyzers.detectors.comm_model import fit_alpha_beta
 from zdiag.analyzers.detectors.context import DetectorContext, parse_oom_message
 from zdiag.analyzers.engine.summary_pipeline import analyze_paths
 from zdiag.analyzers.inputs.loader import load_rank_trace
+from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.analyzers.misconfigs import MISCONFIGS
 from zdiag.analyzers.rank.fsdp_ledger import build_rank_ledger
+from zdiag.collectors.model_capture import describe_model
 from zdiag.collectors.run_records import Manifest
 
 HARNESS = {"layers": 3, "dim": 64, "vocab": 512, "batch": 8, "seq": 1024, "zero": 3, "ac": "none"}
@@ -760,3 +763,52 @@ def test_missing_overlap_on_cpu_fsdp2_sets_the_unshard_async_op(tmp_path: Path) 
     assert "the code's last line" in f.recommendation and "FSDP1" not in f.recommendation
     zero = dataclasses.replace(ctx, facts={0: RankFacts(framework="deepspeed")})
     assert zero.sheet.gathers_can_overlap()
+
+
+class _MlpBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+
+
+class _BlockModel(nn.Module):
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.stem = nn.Linear(16, 64)
+        self.blocks = nn.ModuleList(_MlpBlock() for _ in range(blocks))
+
+
+def _described(blocks: int) -> ModelFacts:
+    """A real model's captured description: a stem and `blocks` repeated MLP blocks."""
+    return ModelFacts(describe_model(_BlockModel(blocks), rank=0))
+
+
+@pytest.mark.parametrize(
+    ("modules", "in_backward", "scale"),
+    [
+        (("", "blocks.1", "blocks.1.0"), False, 4 / 1.5),  # failed in the 2nd of 4 blocks
+        (("", "blocks.3"), False, 4 / 3.5),
+        (("", "blocks.1"), True, 1.0),  # a recompute in backward: the forward was whole
+        (("", "stem"), False, 1.0),  # before the blocks: no block to count from
+        ((), False, 1.0),  # an older record: no failure point
+    ],
+)
+def test_activation_oom_scales_a_failure_partway_through_the_forward(
+    modules: tuple[str, ...], in_backward: bool, scale: float
+) -> None:
+    """An OOM record naming the block the forward failed in: the activations held there are
+    that share of a whole forward's, so checkpointing frees about 7/8 of the whole forward's
+    (blocks save alike); in backward, or outside the blocks, the failure's own figure stands."""
+    text = (
+        "CUDA out of memory (emulated). Tried to allocate 1.00 MiB; budget 48.0 MiB, "
+        "29.27 MiB held by saved activations."
+    )
+    ev = parse_oom_message(0, text)
+    ev.modules, ev.in_backward = modules, in_backward
+    ctx = DetectorContext(ledgers={}, memory=[ev], model=_described(4))
+    (f,) = run_context(ctx).findings
+    act = ev.category_bytes["ACTIVATION"]
+    whole = int(act * scale)
+    assert f.expected_gain_bytes == whole - whole // 8
+    assert "model.blocks[N]" in f.recommendation and "set(model.blocks)" in (f.code or "")
+    assert ("failed_in_block" in f.evidence) == (scale != 1.0)
