@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..frameworks import BlockSet, checkpoint_blocks
+from ..inputs.model_facts import ModelFacts
 from ..report import Finding, WhatIf
 from .blocks import BlockPattern, find_block_pattern, harness_block_pattern
 from .context import MIB, DetectorContext, MemoryEvidence
@@ -82,17 +83,40 @@ class _ForwardShare:
     def describe(self, act: int) -> str:
         """The extrapolation in words, for the gain's method."""
         return (
-            f"the forward failed in {self.block}, {self.done:g} of {self.total} blocks done (the "
-            f"failing one counted as half): a whole forward holds about {self.factor:.2f}x the "
+            f"the forward failed in {self.block}, {self.done:.2f} of {self.total} blocks done "
+            f"(the failing one up to half of the child it failed in): a whole forward holds about "
+            f"{self.factor:.2f}x the "
             f"{act / MIB:.2f} MiB of activations held at the failure, "
             f"{act * self.factor / MIB:.2f} MiB (repeated blocks save alike); "
         )
 
 
-def _forward_share(ev: MemoryEvidence, blocks: BlockSet | None) -> _ForwardShare | None:
+def _children(model: ModelFacts | None, block: str, template: str) -> list[str]:
+    """The names of a block's direct children in the description's (definition) order; the
+    `template` block's where the description collapsed this one's subtree."""
+    if model is None:
+        return []
+    for path in (block, template):
+        depth = path.count(".") + 1 if path else 0
+        prefix = f"{path}." if path else ""
+        names = [
+            m.path[len(prefix) :]
+            for m in model.description.modules
+            if m.path.startswith(prefix) and m.path.count(".") == depth and m.path
+        ]
+        if names:
+            return names
+    return []
+
+
+def _forward_share(
+    ev: MemoryEvidence, blocks: BlockSet | None, model: ModelFacts | None
+) -> _ForwardShare | None:
     """Where in the blocks the forward failed (the OOM record's innermost module inside one),
     None for a failure in backward or outside the blocks, or for blocks in several containers
-    (their order in the forward is not known)."""
+    (their order in the forward is not known). Within the failing block, the child it failed
+    in counts, its children taken to run in the order they are defined (half of that child
+    done), else half the block."""
     if ev.in_backward or not ev.modules or blocks is None or len(blocks.containers) != 1:
         return None
     total = blocks.count
@@ -100,9 +124,17 @@ def _forward_share(ev: MemoryEvidence, blocks: BlockSet | None) -> _ForwardShare
         return None
     prefix = f"{blocks.containers[0]}." if blocks.containers[0] else ""
     for path in reversed(ev.modules):
-        head = path[len(prefix) :].split(".", 1)[0] if path.startswith(prefix) else ""
-        if head.isdigit() and int(head) < total:
-            return _ForwardShare(prefix + head, int(head) + 0.5, total)
+        head, _, rest = (
+            path[len(prefix) :].partition(".") if path.startswith(prefix) else ("", "", "")
+        )
+        if not (head.isdigit() and int(head) < total):
+            continue
+        within = 0.5
+        children = _children(model, prefix + head, f"{prefix}0")
+        child = rest.split(".", 1)[0]
+        if child in children:
+            within = (children.index(child) + 0.5) / len(children)
+        return _ForwardShare(prefix + head, int(head) + within, total)
     return None
 
 
@@ -185,7 +217,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     in_use = sum(worst.category_bytes.values())
     h = ctx.sheet.harness
     blocks = ctx.sheet.model_blocks or block_set(_block(ctx))
-    share = _forward_share(worst, blocks)
+    share = _forward_share(worst, blocks, ctx.sheet.model)
     saved, method = _saved(ctx, h, act, worst.rank, share)
     remedy = checkpoint_blocks(blocks, ctx.sheet.framework.checkpoint_note)
     units: list[str] = []
@@ -217,7 +249,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 **(
                     {
                         "failed_in_block": share.block,
-                        "blocks_done_at_failure": f"{share.done:g} of {share.total}",
+                        "blocks_done_at_failure": f"{share.done:.2f} of {share.total}",
                         "whole_forward_activation_bytes": int(act * share.factor),
                     }
                     if share is not None
@@ -278,7 +310,8 @@ RULE = Rule(
         "blocks); without the shape, the snapshot's checkpointing what-if, else at least 7/8. "
         "When the OOM record says the forward failed in block k of N (0-based; the module "
         "whose forward was running), what was held there is scaled to a whole forward's, "
-        "x N / (k + 1/2): repeated blocks save alike, the failing one counted as half done."
+        "x N / (k + f): repeated blocks save alike; f is (j + 1/2) / m when it failed in the "
+        "block's j-th of m children (taken to run in the order they are defined), else 1/2."
     ),
     scope=(
         "runs with memory evidence: OOM records, CUDA snapshots with allocation stacks, "

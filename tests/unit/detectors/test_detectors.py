@@ -786,7 +786,9 @@ def _described(blocks: int) -> ModelFacts:
 @pytest.mark.parametrize(
     ("modules", "in_backward", "scale"),
     [
-        (("", "blocks.1", "blocks.1.0"), False, 4 / 1.5),  # failed in the 2nd of 4 blocks
+        (("", "blocks.1"), False, 4 / 1.5),  # failed in the 2nd of 4 blocks: half of it done
+        (("", "blocks.1", "blocks.1.down"), False, 4 / 1.75),  # in its 2nd of 2 children
+        (("", "blocks.1", "blocks.1.up"), False, 4 / 1.25),
         (("", "blocks.3"), False, 4 / 3.5),
         (("", "blocks.1"), True, 1.0),  # a recompute in backward: the forward was whole
         (("", "stem"), False, 1.0),  # before the blocks: no block to count from
