@@ -175,6 +175,25 @@ def _local_bytes(p: torch.Tensor) -> int:
     return p.numel() * p.element_size()
 
 
+def _param_groups(module: nn.Module) -> list[Any]:
+    """An FSDP2 unit's parameter groups (torch's private state; [] where it differs)."""
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
+
+
+def _pending_gather_bytes(group: Any) -> int:
+    """Bytes of an FSDP2 parameter group's all-gather output issued and not yet waited for."""
+    result = getattr(group, "_all_gather_result", None)
+    out = getattr(result, "all_gather_output", None)
+    if out is None or getattr(group, "is_unsharded", False):
+        return 0
+    return out.numel() * out.element_size()
+
+
 class _Held:
     __slots__ = ("budget", "key", "tensor")
 
@@ -191,10 +210,13 @@ class ActivationBudget:
     In use = the local parameter shards x 4 (parameter, gradient, two AdamW moments) +
     the parameters gathered right now (FSDP2: plain tensors next to DTensor shards; FSDP1: flat
     parameters whose data is not their local shard; ZeRO-3: parameters whose status is
-    AVAILABLE) + the tensors autograd saved for backward (each storage once, until autograd frees
-    it). Gradients are not counted. Build it after the model is sharded: the shard sizes are read
-    then, while every parameter is still sharded. Past `budget_bytes` (0: no limit) a new saved
-    tensor raises `torch.OutOfMemoryError`.
+    AVAILABLE; FSDP2 units prefetched, their all-gather output issued and not yet waited for) +
+    the tensors autograd saved for backward (each storage once, until autograd frees it).
+    Gradients are not counted. The peak is sampled whenever autograd saves a tensor (forward,
+    and the recompute of checkpointed blocks) and whenever backward reads one. Build it after
+    the model is sharded: the shard sizes are read then, while every parameter is still
+    sharded. Past `budget_bytes` (0: no limit) a new saved tensor raises
+    `torch.OutOfMemoryError`.
     """
 
     def __init__(self, model: nn.Module, budget_bytes: int = 0) -> None:
@@ -214,6 +236,15 @@ class ActivationBudget:
         self._flat = list({id(f): f for f in flat if f is not None}.values())
         state = self._flat or list(model.parameters())
         self._state_bytes = 4 * sum(_local_bytes(p) for p in state)
+        # FSDP2's parameter groups: a prefetched unit's all-gather output is held from its
+        # issue to its own wait, before its parameters are swapped in (FSDP1's flat
+        # parameters point at the gathered buffer from the issue on: counted above)
+        self._fsdp2_groups = [
+            g
+            for m in model.modules()
+            if self._fsdp2 and hasattr(m, "_get_fsdp_state")
+            for g in _param_groups(m)
+        ]
 
     def unsharded_bytes(self) -> int:
         """Parameters gathered right now, beyond their local shards."""
@@ -224,7 +255,7 @@ class ActivationBudget:
                 if (shard := getattr(f, "_local_shard", None)) is not None
                 and f.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
             )
-        total = 0
+        total = sum(_pending_gather_bytes(g) for g in self._fsdp2_groups)
         model = self._model()
         for p in model.parameters() if model is not None else ():
             if self._fsdp2:
@@ -273,9 +304,14 @@ class ActivationBudget:
             return t
         return _Held(self, t, self._acquire(t))
 
-    @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
-        return packed.tensor if isinstance(packed, _Held) else packed
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Held):
+            return packed
+        # backward reads a saved tensor: what is in use now (the units gathered for backward and
+        # the one prefetched, beside the activations not yet freed) counts toward the peak too
+        in_use = self.saved_bytes + self.state_bytes() + self.unsharded_bytes()
+        self.peak_bytes = max(self.peak_bytes, in_use)
+        return packed.tensor
 
     @contextmanager
     def track(self) -> Iterator[None]:
