@@ -69,7 +69,7 @@ def _dominated(ev: MemoryEvidence) -> bool:
 @dataclass(frozen=True)
 class _ForwardShare:
     """How far the forward had gone at a failure inside it: in block `block`, so `done` of
-    `total` blocks (the failing block counted as half done)."""
+    `total` blocks (`_forward_share` says how much of the failing block counts)."""
 
     block: str
     done: float
@@ -84,8 +84,8 @@ class _ForwardShare:
         """The extrapolation in words, for the gain's method."""
         return (
             f"the forward failed in {self.block}, {self.done:.2f} of {self.total} blocks done "
-            f"(the failing one up to half of the child it failed in): a whole forward holds about "
-            f"{self.factor:.2f}x the "
+            "(of the failing block: its children before the one it failed in and half of that "
+            f"one, else half the block): a whole forward holds about {self.factor:.2f}x the "
             f"{act / MIB:.2f} MiB of activations held at the failure, "
             f"{act * self.factor / MIB:.2f} MiB (repeated blocks save alike); "
         )
@@ -167,7 +167,8 @@ def _saved(
     if predicted is not None and predicted.saved_bytes is not None:
         scaled = f", x {scale:.2f}" if share is not None else ""
         return int(predicted.saved_bytes * scale), (
-            f"{lead}from the snapshot at the failure: {predicted.arithmetic}{scaled}"
+            f"{lead}from the snapshot at the {'failure' if share else 'peak'}: "
+            f"{predicted.arithmetic}{scaled}"
         )
     kept = whole // MIN_SAVED_TENSORS_PER_BLOCK
     return max(0, whole - kept), lead + (
