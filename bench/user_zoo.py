@@ -710,6 +710,9 @@ def markdown_fix(rows: list[FixRow]) -> str:
         )
     verdicts = [w for r in rows for w in _within(r)]
     checked = [w for w in verdicts if isinstance(w, bool)]
+    # a "noise" row has a positive prediction: its measurement agrees on the sign when positive
+    in_spread = [r for r in rows if _within(r)[0] == "noise"]
+    same_sign = sum(1 for r in in_spread if r.measured_ms is not None and r.measured_ms > 0)
     raised = [r for r in rows if r.finding_raised]
     zero_missed = [
         r
@@ -723,7 +726,8 @@ def markdown_fix(rows: list[FixRow]) -> str:
         "",
         f"Predictions checkable (a positive prediction and a measurement, not both inside the "
         f"run-to-run spread): {len(checked)}; within 2x: {sum(checked)}. Inside the spread "
-        f"(neither confirmed nor refuted): {verdicts.count('noise')}. A 0 ms prediction with a "
+        f"(neither confirmed nor refuted): {len(in_spread)}, of which {same_sign} agree on the "
+        f"sign (measured faster, as predicted). A 0 ms prediction with a "
         f"measured change beyond the spread: {len(zero_missed)}. Findings raised before the fix: "
         f"{len(raised)} of {len(rows)}; gone after it: {sum(r.finding_gone for r in raised)} of "
         f"{len(raised)}.",

@@ -243,9 +243,13 @@ def test_fix_table_compares_prediction_and_measurement() -> None:
     assert "| -9.0 | 20.0 | noise |" in lines[3]
     assert "| -30.0 | 20.0 | no |" in lines[4]
     assert "checkable (a positive prediction and a measurement, not both inside the" in text
-    assert "spread): 4; within 2x: 1. Inside the spread (neither confirmed nor refuted): 1." in (
-        " ".join(text.split())
+    words = " ".join(text.split())
+    assert (
+        "spread): 4; within 2x: 1. Inside the spread (neither confirmed nor refuted): 1," in words
     )
+    assert "of which 0 agree on the sign" in words  # 0.01 predicted faster, -9.0 measured slower
+    rows[3] = uz.FixRow(sync, 0.01, None, 9.0, 0.0, True, True, 3, 20.0)
+    assert "of which 1 agree on the sign" in " ".join(uz.markdown_fix(rows).split())
 
 
 # ---- real runs (dist) ----------------------------------------------------------------------------
