@@ -109,32 +109,53 @@ def _children(model: ModelFacts | None, block: str, template: str) -> list[str]:
     return []
 
 
+def _containers_in_order(
+    blocks: BlockSet, model: ModelFacts | None
+) -> list[tuple[str, int]] | None:
+    """The block containers with their block counts, in the order the forward is taken to run
+    them: one container with the set's count, or several in the description's (definition)
+    order with each one's own count (an encoder's blocks, then a decoder's); None when a
+    count is not known."""
+    if len(blocks.containers) == 1:
+        return [(blocks.containers[0], blocks.count)] if blocks.count else None
+    if model is None:
+        return None
+    counts = {rs.path: rs.count for rs in model.description.repeated}
+    order = {m.path: i for i, m in enumerate(model.description.modules)}
+    if any(not counts.get(c) or c not in order for c in blocks.containers):
+        return None
+    return [(c, counts[c]) for c in sorted(blocks.containers, key=order.__getitem__)]
+
+
 def _forward_share(
     ev: MemoryEvidence, blocks: BlockSet | None, model: ModelFacts | None
 ) -> _ForwardShare | None:
     """Where in the blocks the forward failed (the OOM record's innermost module inside one),
-    None for a failure in backward or outside the blocks, or for blocks in several containers
-    (their order in the forward is not known). Within the failing block, the child it failed
-    in counts, its children taken to run in the order they are defined (half of that child
-    done), else half the block."""
-    if ev.in_backward or not ev.modules or blocks is None or len(blocks.containers) != 1:
+    None for a failure in backward or outside the blocks, or when the blocks' counts are not
+    known. Blocks in several containers run container after container, in definition order.
+    Within the failing block, the child it failed in counts, its children taken to run in the
+    order they are defined (half of that child done), else half the block."""
+    if ev.in_backward or not ev.modules or blocks is None:
         return None
-    total = blocks.count
-    if not total:
+    containers = _containers_in_order(blocks, model)
+    if not containers:
         return None
-    prefix = f"{blocks.containers[0]}." if blocks.containers[0] else ""
+    total = sum(n for _, n in containers)
     for path in reversed(ev.modules):
-        head, _, rest = (
-            path[len(prefix) :].partition(".") if path.startswith(prefix) else ("", "", "")
-        )
-        if not (head.isdigit() and int(head) < total):
-            continue
-        within = 0.5
-        children = _children(model, prefix + head, f"{prefix}0")
-        child = rest.split(".", 1)[0]
-        if child in children:
-            within = (children.index(child) + 0.5) / len(children)
-        return _ForwardShare(prefix + head, int(head) + within, total)
+        before = 0
+        for container, count in containers:
+            prefix = f"{container}." if container else ""
+            head, _, rest = (
+                path[len(prefix) :].partition(".") if path.startswith(prefix) else ("", "", "")
+            )
+            if head.isdigit() and int(head) < count:
+                within = 0.5
+                children = _children(model, prefix + head, f"{prefix}0")
+                child = rest.split(".", 1)[0]
+                if child in children:
+                    within = (children.index(child) + 0.5) / len(children)
+                return _ForwardShare(prefix + head, before + int(head) + within, total)
+            before += count
     return None
 
 
@@ -221,10 +242,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     share = _forward_share(worst, blocks, ctx.sheet.model)
     saved, method = _saved(ctx, h, act, worst.rank, share)
     remedy = checkpoint_blocks(blocks, ctx.sheet.framework.checkpoint_note)
-    units: list[str] = []
-    if blocks is not None and len(blocks.containers) == 1 and blocks.count:
-        prefix = f"{blocks.containers[0]}." if blocks.containers[0] else ""
-        units = [f"{prefix}{i}" for i in range(blocks.count)]
+    containers = (_containers_in_order(blocks, ctx.sheet.model) if blocks else None) or []
+    units = [f"{c}.{i}" if c else str(i) for c, count in containers for i in range(count)]
     return [
         Finding(
             id="activation-oom",
@@ -310,9 +329,10 @@ RULE = Rule(
         "Activations minus the block inputs checkpointing keeps (batch x seq x dim x bytes x "
         "blocks); without the shape, the snapshot's checkpointing what-if, else at least 7/8. "
         "When the OOM record says the forward failed in block k of N (0-based; the module "
-        "whose forward was running), what was held there is scaled to a whole forward's, "
-        "x N / (k + f): repeated blocks save alike; f is (j + 1/2) / m when it failed in the "
-        "block's j-th of m children (taken to run in the order they are defined), else 1/2."
+        "whose forward was running; several containers, an encoder's and a decoder's, run in "
+        "definition order), what was held there is scaled to a whole forward's, x N / (k + f): "
+        "repeated blocks save alike; f is (j + 1/2) / m when it failed in the block's j-th of m "
+        "children (taken to run in the order they are defined), else 1/2."
     ),
     scope=(
         "runs with memory evidence: OOM records, CUDA snapshots with allocation stacks, "

@@ -814,3 +814,46 @@ def test_activation_oom_scales_a_failure_partway_through_the_forward(
     assert f.expected_gain_bytes == whole - whole // 8
     assert "model.blocks[N]" in f.recommendation and "set(model.blocks)" in (f.code or "")
     assert ("failed_in_block" in f.evidence) == (scale != 1.0)
+
+
+class _EncoderTower(_MlpBlock):
+    pass
+
+
+class _DecoderTower(_MlpBlock):
+    pass
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList(_EncoderTower() for _ in range(3))
+
+
+class _Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList(_DecoderTower() for _ in range(2))
+
+
+class _Seq2Seq(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder, self.decoder = _Encoder(), _Decoder()
+
+
+def test_activation_oom_counts_an_encoders_blocks_before_a_decoders() -> None:
+    """Blocks in two containers run container after container, in definition order: a failure
+    in the decoder's first block had the encoder's 3 blocks and half of it done, of 5."""
+    text = "CUDA out of memory. Tried to allocate 1.00 MiB; budget 48.0 MiB, 29.27 MiB held by "
+    ev = parse_oom_message(0, text + "saved activations.")
+    ev.modules = ("", "decoder", "decoder.towers.0")
+    ctx = DetectorContext(ledgers={}, memory=[ev], model=ModelFacts(describe_model(_Seq2Seq())))
+    (f,) = run_context(ctx).findings
+    assert f.evidence["failed_in_block"] == "decoder.towers.0"
+    assert f.evidence["blocks_done_at_failure"] == "3.50 of 5"
+    assert f.units == [
+        *(f"encoder.towers.{i}" for i in range(3)),
+        "decoder.towers.0",
+        "decoder.towers.1",
+    ]
