@@ -43,6 +43,7 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
             change,
             framework=sheet.framework.name if sheet.framework else None,
             overlap=(can, why),
+            model=sheet.model,
         )
     except WhatIfError:
         return None

@@ -13,9 +13,11 @@ from ..frameworks import BlockSet, RunFacts
 from ..inputs.model_facts import ModelFacts
 from ..rank.fsdp_ledger import GATHER_FAMILY, RankLedger
 from ..report import Finding, FsdpUnit
+from ..whatif.run_whatif import Change
 from .blocks import find_block_pattern, harness_block_pattern
 from .context import MIB, DetectorContext
 from .facts import MODEL_SOURCE, block_set, wrap_candidates
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 
 # (the reasoning behind each value: RULE's thresholds, at the end of the module)
@@ -197,6 +199,23 @@ def _time_gain(
     )
 
 
+def _replayed_time_gain(ctx: DetectorContext, blocks: BlockSet | None) -> tuple[float, str] | None:
+    """(ms per step, how) from the replay of the per-block wrap (the unit split into the
+    captured model's blocks: analyzers/whatif/finer_wrap.py); None without the captured blocks
+    or a modelled step. Negative: the step gets slower (CPU/gloo, where every call blocks)."""
+    if blocks is None or blocks.source != MODEL_SOURCE or not all(blocks.containers):
+        return None
+    result = replayed(ctx, Change(wrap=",".join(blocks.containers)))
+    if result is None:
+        return None
+    cost = ""
+    if result.gain_ms < 0:
+        cost = "; a cost: the blocks' backward re-gathers and extra calls block here"
+        if any("no per-unit hook cost" in n for n in result.notes):
+            cost += ", and their hooks' time is not counted (a one-unit run does not show it)"
+    return round(result.gain_ms, 3), gain_text(result) + cost
+
+
 def _recommendation(blocks: BlockSet | None, blocking: bool) -> str:
     return (
         "Shard each repeated block ("
@@ -234,7 +253,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
     exposed_ms = sum(r.exposed_us for r in gathers) / 1e3 / n_steps
     blocking = bool(layers) and not ctx.sheet.gathers_can_overlap(lg.device)
-    gain_ms, method_ms = _time_gain(exposed_ms, layers, blocking, share.fraction)
+    gain_ms, method_ms = _replayed_time_gain(ctx, blocks) or _time_gain(
+        exposed_ms, layers, blocking, share.fraction
+    )
     remedy = ctx.sheet.framework.wrap_blocks(facts)
     ranks = [
         other.rank
@@ -311,11 +332,13 @@ RULE = Rule(
     gain=(
         "Bytes: whole unit minus (root-only parameters + the 2 largest blocks) under "
         "reshard-after-forward, the block sizes from the description (else equal blocks, their "
-        "share from the harness's shape, else ~all). ms: the "
-        "unit's measured exposed gather time x the share per-block prefetch would hide (all but "
-        "the root-only parameters and the first block); none where gathers cannot overlap "
-        "compute (CPU/gloo without FSDP2's unshard async op, FSDP1 on CPU): there the gain is "
-        "memory only."
+        "share from the harness's shape, else ~all). ms: with the captured blocks, replayed "
+        "(`zdiag whatif --wrap <containers>`: the unit split into one unit per block, each "
+        "gathered in forward and again in backward and reduced on its own); negative, a cost, "
+        "where every call blocks (CPU/gloo without FSDP2's unshard async op, FSDP1 on CPU). "
+        "Without them the unit's measured exposed gather time x the share per-block prefetch "
+        "would hide (all but the root-only parameters and the first block), and none where "
+        "gathers cannot overlap."
     ),
     scope="FSDP2 and FSDP1 runs (not ZeRO, which has no wrap to choose)",
     fsdp_only=True,

@@ -165,7 +165,7 @@ def overlap(facts: RunFacts) -> Remedy | None:
     if rewrap:
         text = (
             "Make each block an FSDP unit first (prefetch lists can name FSDP units only, and "
-            "today the blocks' submodules are the units). " + text
+            "the blocks are not units today). " + text
         )
     return Remedy(text, "\n".join(lines) if blocks else None)
 

@@ -3,14 +3,15 @@ replayed, ranked by predicted step time under a memory budget.
 
 The grid (exact: every combination is replayed on every modelled step of every rank):
 
-- wrap: as measured, or, where today's FSDP2 or FSDP1 units are finer than the repeated blocks,
-  each block one unit, at each level of the captured module tree that holds repeated blocks
-  (experts, and the mixers around them) (the containers the detectors find; `zdiag whatif --wrap`);
+- wrap: as measured, or, where today's FSDP2 or FSDP1 units are not the repeated blocks (finer,
+  merged; or coarser, a whole-model unit split), each block one unit, at each level of the
+  captured module tree that holds repeated blocks (experts, and the mixers around them) (the
+  containers the detectors find; `zdiag whatif --wrap`);
 - prefetch: as measured, or depth 1 on every unit (with FSDP2's async unshard on a CPU run that
   lacks it, without which nothing overlaps there);
 - FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
 
-A finer wrap, micro-batches and mesh shapes are not modelled yet and not searched; activation
+Micro-batches and mesh shapes are not modelled yet and not searched; activation
 checkpointing is modelled in time only (its memory saving is unknown), so it is not searched
 either (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
 ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and

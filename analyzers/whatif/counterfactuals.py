@@ -320,10 +320,10 @@ def checkpointed(model: StepModel, prefix: str) -> tuple[StepModel, int]:
     spans = block_forwards(model, prefix)
     _, bwd = _block_anchors(model, prefix)
     inserts = [(bwd[k], length) for k, length in spans.items() if k in bwd and length > 0]
-    return _expand(model, inserts), sum(1 for k in spans if k not in bwd)
+    return expanded(model, inserts), sum(1 for k in spans if k not in bwd)
 
 
-def _expand(model: StepModel, inserts: Sequence[tuple[float, float]]) -> StepModel:
+def expanded(model: StepModel, inserts: Sequence[tuple[float, float]]) -> StepModel:
     """The step with `inserts` ((position, length) of progress) added: every position after
     one moves on by its length; a position exactly at it stays (what waits or is issued there
     comes first)."""

@@ -146,6 +146,7 @@ class OverheadFit:
     us_per_byte: float
     units: int
     error: float  # median relative error over the units
+    sizes: int = 1  # distinct unit sizes seen: with one, the fixed cost is not told from bytes
 
     def overhead_us(self, nbytes: int) -> float:
         """The fitted per-step overhead of a unit gathering `nbytes`."""
@@ -180,4 +181,4 @@ def fit_unit_overhead(models: Iterable[StepModel]) -> OverheadFit | None:
             c0, slope = 0.0, float(np.median(y / np.maximum(x, 1.0)))
     fit = OverheadFit(c0, slope, len(xs), 0.0)
     errs = [abs(fit.overhead_us(int(a)) - b) / b for a, b in zip(xs, ys, strict=True) if b > 0]
-    return OverheadFit(c0, slope, len(xs), statistics.median(errs) if errs else 0.0)
+    return OverheadFit(c0, slope, len(xs), statistics.median(errs) if errs else 0.0, len(set(xs)))

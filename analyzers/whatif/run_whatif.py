@@ -16,9 +16,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..inputs.model_facts import ModelFacts
 from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import counterfactuals as cf
+from .finer_wrap import SplitError, WrapSplit, finer_wrap, split_memory_delta, wrap_split
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
 
@@ -33,7 +35,7 @@ class Change:
 
     prefetch: int | None = None  # FSDP prefetch depth: gathers issued this many units ahead
     reshard_after_forward: bool | None = None  # False: keep gathered units until backward
-    wrap: str | None = None  # coarser wrap: one unit per child of this module
+    wrap: str | None = None  # one unit per child of this module (coarser, or finer: split)
     remove_host_syncs: bool = False
     unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
     without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
@@ -128,10 +130,13 @@ def apply_change(
     platform: Platform,
     fits: Mapping[str, CommFit],
     overhead: OverheadFit | None = None,
+    split: WrapSplit | None = None,
 ) -> StepModel:
-    """`model` with `change` applied (coarser wrap first, then reshard, checkpointing,
-    prefetch, syncs)."""
-    if change.wrap is not None:
+    """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
+    then reshard, checkpointing, prefetch, syncs)."""
+    if split is not None:
+        model = finer_wrap(model, split, fits, platform, overhead)
+    elif change.wrap is not None:
         model = cf.coarser_wrap(model, change.wrap, fits, platform, overhead)
     if change.reshard_after_forward is False:
         model = cf.no_reshard_after_forward(model)
@@ -144,7 +149,9 @@ def apply_change(
     return model
 
 
-def _memory_delta(models: Sequence[StepModel], change: Change) -> tuple[int | None, str]:
+def _memory_delta(
+    models: Sequence[StepModel], change: Change, split: WrapSplit | None = None
+) -> tuple[int | None, str]:
     """The change's estimated peak-memory delta, and how it was estimated."""
     sizes = cf.unit_gather_bytes(models)
     if change.checkpoint is not None:
@@ -152,6 +159,9 @@ def _memory_delta(models: Sequence[StepModel], change: Change) -> tuple[int | No
             "unknown: checkpointing frees the blocks' saved activations less their inputs, and "
             "the step model holds no activation sizes (measure it: apply and run again)"
         )
+    if split is not None:  # blocks held at once: all when kept from forward to backward
+        held = len(split.blocks) if change.reshard_after_forward is False else None
+        return split_memory_delta(split, sizes, held or 1 + max(1, change.prefetch or 1))
     needs_sizes = change.wrap or change.prefetch or change.reshard_after_forward is False
     if not needs_sizes:
         return 0, "no change in what is held"
@@ -186,19 +196,21 @@ def run_whatif(
     framework: str | None = None,
     unshard_async_op: bool | None = None,
     peaks: Mapping[int, int] | None = None,
-    unit_paths: Mapping[str, str] | None = None,
+    model: ModelFacts | None = None,
 ) -> WhatIfResult:
-    """The replay of `change` over the run of `summaries` (see the module docstring);
-    `unit_paths` names FSDP units by module path ({name in the trace: path}, from the captured
-    model: FSDP1 names its units by position)."""
+    """The replay of `change` over the run of `summaries` (see the module docstring); `model`,
+    the captured model, names FSDP units by module path (FSDP1 names its units by position in
+    a trace) and gives a finer wrap its blocks' sizes."""
     modelled = [s for s in summaries if s.step_models]
+    paths = model.trace_unit_paths() if model is not None else {}
     return replay_change(
-        {s.rank: with_unit_paths(s.step_models, unit_paths or {}) for s in modelled},
+        {s.rank: with_unit_paths(s.step_models, paths) for s in modelled},
         modelled[0].device if modelled else "unknown",
         change,
         framework=framework,
         unshard_async_op=unshard_async_op,
         peaks=peaks,
+        model=model,
     )
 
 
@@ -211,9 +223,11 @@ def replay_change(
     unshard_async_op: bool | None = None,
     peaks: Mapping[int, int] | None = None,
     overlap: tuple[bool, str] | None = None,
+    model: ModelFacts | None = None,
 ) -> WhatIfResult:
     """The replay of `change` over each rank's step models (`run_whatif` on summaries);
-    `overlap` overrides the platform's judgement of whether gathers can overlap (and why)."""
+    `overlap` overrides the platform's judgement of whether gathers can overlap (and why);
+    `model`, the captured model, gives a finer wrap its blocks' sizes."""
     by_rank = {r: list(ms) for r, ms in models_by_rank.items() if ms}
     if not by_rank:
         raise WhatIfError(
@@ -233,12 +247,17 @@ def replay_change(
             "removing a straggler needs at least one other modelled rank to compare it with; "
             "analyze the traces of more ranks"
         )
+    split = None
     if change.wrap is not None and not cf.units_under(models, change.wrap):
         units = sorted({op.unit for m in models for op in m.ops if op.family})
-        shown = ", ".join(u or "(root)" for u in units[:6]) or "none"
-        raise WhatIfError(
-            f"no FSDP unit of this run lies under '{change.wrap}' (its units: {shown}); give the "
-            "module whose children should each become one unit"
+        try:
+            split = wrap_split(model, change.wrap, units)
+        except SplitError as exc:
+            raise WhatIfError(str(exc)) from exc
+        notes.append(
+            f"finer wrap: {len(split.blocks)} blocks split out of the unit "
+            f"'{split.unit or '(root)'}' ({1 - split.rest_share:.0%} of its parameters), placed "
+            "evenly over its forward and backward (docs/whatif.md)"
         )
     if change.checkpoint is not None:
         notes += _checkpoint_notes(models, change.checkpoint)
@@ -262,8 +281,13 @@ def replay_change(
         )
     fits = fit_comm(models)
     overhead = fit_unit_overhead(models)
-    delta, basis = _memory_delta(models, change)
-    changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead)
+    if split is not None and (overhead is None or overhead.sizes < 2):
+        notes.append(
+            "the run's one unit shows no per-unit hook cost, so the new units add none: where "
+            "every call blocks (CPU) the predicted cost is low by their hooks"
+        )
+    delta, basis = _memory_delta(models, change, split)
+    changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead, split)
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
     for rank in sorted(changed_by_rank):
@@ -321,13 +345,14 @@ def _changed_models(
     platform: Platform,
     fits: Mapping[str, CommFit],
     overhead: OverheadFit | None,
+    split: WrapSplit | None = None,
 ) -> dict[int, list[StepModel]]:
     """Each replayed rank's steps with `change` applied (the stragglers it removes are left out:
     `_stragglers_as_peers` gives them their peers' figures)."""
     if change.without_stragglers:
         by_rank = cf.without_stragglers(by_rank, change.without_stragglers)
     return {
-        rank: [apply_change(m, change, platform, fits, overhead) for m in steps]
+        rank: [apply_change(m, change, platform, fits, overhead, split) for m in steps]
         for rank, steps in by_rank.items()
     }
 

@@ -92,7 +92,9 @@ class WhatIfCommand:
         parser.add_argument(
             "--wrap",
             metavar="MODULE",
-            help="wrap coarser: one FSDP unit per child of MODULE (e.g. model.layers)",
+            help="one FSDP unit per child of MODULE (e.g. model.layers): coarser where its "
+            "children hold several units now, finer where they lie inside one unit (a "
+            "whole-model wrap split per block; needs the captured model)",
         )
         parser.add_argument(
             "--checkpoint",
@@ -172,7 +174,7 @@ class WhatIfCommand:
                 framework=config.get("framework"),
                 unshard_async_op=_async_op(config),
                 peaks=measured_peaks(run.report),
-                unit_paths=model.trace_unit_paths() if model is not None else None,
+                model=model,
             )
         except WhatIfError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc

@@ -106,6 +106,8 @@ def summary(report: Report) -> str:
         for index, f in top:
             gain = (
                 f" — expected gain {e(fmt_ms(f.expected_gain_ms))}/step"
+                if f.expected_gain_ms and f.expected_gain_ms > 0
+                else f" — expected cost {e(fmt_ms(-f.expected_gain_ms))}/step"
                 if f.expected_gain_ms
                 else ""
             )

@@ -132,7 +132,9 @@ def fmt_value(value: object, limit: int = 6) -> str:
 def fmt_gain(finding: Finding) -> str:
     """A finding's expected gain ("12.5 ms per step and 1.0 GiB of peak memory"; "" for none)."""
     gains = []
-    if finding.expected_gain_ms is not None:
+    if finding.expected_gain_ms is not None and finding.expected_gain_ms < 0:
+        gains.append(f"a cost of {fmt_ms(-finding.expected_gain_ms)} per step")
+    elif finding.expected_gain_ms is not None:
         gains.append(f"{fmt_ms(finding.expected_gain_ms)} per step")
     if finding.expected_gain_bytes is not None:
         gains.append(f"{fmt_bytes(finding.expected_gain_bytes)} of peak memory")

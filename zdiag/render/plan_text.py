@@ -75,7 +75,7 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         lines.append(f"(+{len(s.plans) - RUNNERS_UP - 1} more in --json)")
     tail = [
         "searched exactly, every combination replayed: " + "; ".join(s.grid) + ".",
-        "Not searched: a finer wrap, micro-batches, mesh shapes (not modelled yet); activation "
+        "Not searched: micro-batches, mesh shapes (not modelled yet); activation "
         "checkpointing (its cost in time: zdiag whatif --checkpoint; its memory saving is not "
         "modelled) (docs/whatif.md). Check the plan: apply it and run again.",
         *(f"note: {n}" for n in s.notes),

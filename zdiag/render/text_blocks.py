@@ -154,7 +154,11 @@ def add_finding(out: TextOut, f: Finding, *, verbose: bool = False) -> None:
         out.add(*(f"      {line}".rstrip() for line in f.code.splitlines()))
     if f.expected_gain_ms is not None:
         how = f" ({f.gain_method})" if f.gain_method else ""
-        out.wrap(f"expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}", "    ", "    ")
+        if f.expected_gain_ms < 0:
+            said = f"expected cost: {fmt_ms(-f.expected_gain_ms)} per step slower{how}"
+        else:
+            said = f"expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}"
+        out.wrap(said, "    ", "    ")
     if f.expected_gain_bytes is not None:
         out.wrap(f"expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory", "    ")
 

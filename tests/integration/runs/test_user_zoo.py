@@ -373,6 +373,31 @@ def test_an_oom_in_a_forward_names_the_block_and_counts_the_whole_forward(
     assert "set(model.trunk.cells)" in f["code"]
 
 
+@pytest.mark.dist
+def test_a_whole_model_wrap_gets_its_step_time_from_the_split_replayed(
+    ci_results: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27: whole-model-wrap gave no step-time figure on CPU. Its gain now comes from the
+    replay of the root unit split into the captured model's blocks, a cost where every call
+    blocks, and `zdiag whatif --wrap` with the container it names gives the same figure;
+    `zdiag plan` replays the split too."""
+    from zdiag.cli import main
+
+    run_dir = ci_results["cnn_fsdp2:whole-wrap"].run_dir
+    report = json.loads((Path(run_dir) / "report.json").read_text())
+    (f,) = [f for f in report["findings"] if f["id"] == "whole-model-wrap"]
+    assert f["expected_gain_ms"] is not None and f["expected_gain_ms"] < 0, f["gain_method"]
+    wrap = re.search(r"zdiag whatif --wrap (\S+)\)", f["gain_method"])
+    assert wrap is not None, f["gain_method"]
+    assert main(["whatif", run_dir, "--wrap", wrap.group(1), "--json", "--no-cache"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["gain_ms"] == pytest.approx(f["expected_gain_ms"], abs=0.01)
+    assert replayed["memory_delta_bytes"] < 0  # the root no longer holds every block at once
+    assert main(["plan", run_dir, "--json", "--no-cache"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert f"--wrap {wrap.group(1)}" in [p["change"] for p in plans], plans
+
+
 # `zdiag diff healthy broken`: the first line names the cause (what B measured differently)
 DIFF_CAUSES = [
     ("cnn_fsdp2:whole-wrap", "whole-model wrap"),

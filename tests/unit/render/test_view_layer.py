@@ -88,6 +88,8 @@ def test_shares_lists_and_values() -> None:
         id="x", severity="info", title="t", expected_gain_ms=12.5, expected_gain_bytes=2**30
     )
     assert fmt_gain(f) == "12.5 ms per step and 1.0 GiB of peak memory"
+    f.expected_gain_ms = -3.0  # a change that pays in memory and costs time (a finer wrap on CPU)
+    assert fmt_gain(f) == "a cost of 3.00 ms per step and 1.0 GiB of peak memory"
 
 
 def test_rank_stats_is_the_one_summary() -> None:

@@ -417,7 +417,7 @@ def test_inserting_progress_moves_every_position_after_it() -> None:
     m = StepModel(
         step=1, start_us=0.0, duration_us=130.0, work_us=100.0, ops=[op], syncs=[(90.0, 5.0)]
     )
-    out = cf._expand(m, [(60.0, 10.0), (75.0, 20.0)])
+    out = cf.expanded(m, [(60.0, 10.0), (75.0, 20.0)])
     moved = out.ops[0]
     assert (moved.issue_pos_us, moved.start_pos_us, moved.wait_pos_us) == (60.0, 80.0, 110.0)
     assert out.syncs == [(120.0, 5.0)] and out.work_us == 130.0
