@@ -382,6 +382,7 @@ def test_a_whole_model_wrap_gets_its_step_time_from_the_split_replayed(
     blocks, and `zdiag whatif --wrap` with the container it names gives the same figure;
     `zdiag plan` replays the split too."""
     from zdiag.cli import main
+    from zdiag.render.format import fmt_ms
 
     run_dir = ci_results["cnn_fsdp2:whole-wrap"].run_dir
     report = json.loads((Path(run_dir) / "report.json").read_text())
@@ -396,6 +397,9 @@ def test_a_whole_model_wrap_gets_its_step_time_from_the_split_replayed(
     assert main(["plan", run_dir, "--json", "--no-cache"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert f"--wrap {wrap.group(1)}" in [p["change"] for p in plans], plans
+    assert main(["analyze", run_dir, "--no-cache"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"expected cost: {fmt_ms(-f['expected_gain_ms'])} per step slower" in text
 
 
 # `zdiag diff healthy broken`: the first line names the cause (what B measured differently)
