@@ -619,10 +619,12 @@ def in_noise(pred: float | None, meas: float | None, noise: float | None) -> boo
 
 
 def within_factor(pred: float | None, meas: float | None, factor: float = 2.0) -> bool | None:
-    """Measured within [pred/factor, pred*factor] (None when either is missing or pred <= 0)."""
-    if pred is None or meas is None or pred <= 0:
+    """Measured within [pred/factor, pred*factor], a predicted cost (pred < 0) within
+    [pred*factor, pred/factor] (None when either is missing or pred == 0)."""
+    if pred is None or meas is None or pred == 0:
         return None
-    return pred / factor <= meas <= pred * factor
+    low, high = sorted((pred / factor, pred * factor))
+    return low <= meas <= high
 
 
 def fix_verify(
@@ -710,9 +712,13 @@ def markdown_fix(rows: list[FixRow]) -> str:
         )
     verdicts = [w for r in rows for w in _within(r)]
     checked = [w for w in verdicts if isinstance(w, bool)]
-    # a "noise" row has a positive prediction: its measurement agrees on the sign when positive
+    # a "noise" row has a nonzero prediction: its measurement agrees when of the same sign
     in_spread = [r for r in rows if _within(r)[0] == "noise"]
-    same_sign = sum(1 for r in in_spread if r.measured_ms is not None and r.measured_ms > 0)
+    same_sign = sum(
+        1
+        for r in in_spread
+        if r.measured_ms is not None and r.predicted_ms and r.measured_ms * r.predicted_ms > 0
+    )
     raised = [r for r in rows if r.finding_raised]
     zero_missed = [
         r
@@ -724,10 +730,11 @@ def markdown_fix(rows: list[FixRow]) -> str:
     ]
     lines += [
         "",
-        f"Predictions checkable (a positive prediction and a measurement, not both inside the "
-        f"run-to-run spread): {len(checked)}; within 2x: {sum(checked)}. Inside the spread "
-        f"(neither confirmed nor refuted): {len(in_spread)}, of which {same_sign} agree on the "
-        f"sign (measured faster, as predicted). A 0 ms prediction with a "
+        f"Predictions checkable (a nonzero prediction, a gain or a cost, and a measurement, "
+        f"not both inside the run-to-run spread): {len(checked)}; within 2x: {sum(checked)}. "
+        f"Inside the spread (neither confirmed nor refuted): {len(in_spread)}, of which "
+        f"{same_sign} agree on the sign (measured faster or slower, as predicted). A 0 ms "
+        f"prediction with a "
         f"measured change beyond the spread: {len(zero_missed)}. Findings raised before the fix: "
         f"{len(raised)} of {len(rows)}; gone after it: {sum(r.finding_gone for r in raised)} of "
         f"{len(raised)}.",

@@ -198,6 +198,9 @@ def test_within_factor_and_summaries() -> None:
     assert uz.within_factor(10.0, 19.0) is True
     assert uz.within_factor(10.0, 4.0) is False
     assert uz.within_factor(None, 4.0) is None and uz.within_factor(0.0, 1.0) is None
+    # a predicted cost is checked the same way: -10 predicted, -19 measured is within 2x
+    assert uz.within_factor(-10.0, -19.0) is True and uz.within_factor(-10.0, -21.0) is False
+    assert uz.within_factor(-10.0, 8.0) is False  # measured faster: the wrong sign
     text = (
         "summary: rank=1 median_step_ms=80.50 peak_mem_mib=19.000\n"
         "noise\nsummary: rank=0 median_step_ms=90.25 peak_mem_mib=18.500\n"
@@ -242,8 +245,8 @@ def test_fix_table_compares_prediction_and_measurement() -> None:
     assert lines[2].endswith("| not raised before the fix |")
     assert "| -9.0 | 20.0 | noise |" in lines[3]
     assert "| -30.0 | 20.0 | no |" in lines[4]
-    assert "checkable (a positive prediction and a measurement, not both inside the" in text
     words = " ".join(text.split())
+    assert "checkable (a nonzero prediction, a gain or a cost, and a measurement, not" in words
     assert (
         "spread): 4; within 2x: 1. Inside the spread (neither confirmed nor refuted): 1," in words
     )
