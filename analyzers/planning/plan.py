@@ -11,9 +11,9 @@ The grid (exact: every combination is replayed on every modelled step of every r
   lacks it, without which nothing overlaps there);
 - FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
 
-Micro-batches and mesh shapes are not modelled yet and not searched; activation
-checkpointing is modelled in time only (its memory saving is unknown), so it is not searched
-either (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
+Mesh shapes are not modelled yet and not searched; activation checkpointing and micro-batches
+are modelled in time only (their memory saving is unknown), so they are not searched either
+(docs/whatif.md). The predicted peak is the run's measured peak (the largest over
 ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
 plans are ranked by step time alone (a note says so). The best plan's code comes from the
 framework's own remedies, so it names the run's modules and mesh as the findings' code does.

@@ -21,6 +21,7 @@ from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import counterfactuals as cf
 from .finer_wrap import SplitError, WrapSplit, finer_wrap, split_memory_delta, wrap_split
+from .micro_batch import micro_batched, passes_span
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
 
@@ -40,6 +41,7 @@ class Change:
     unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
     without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
     checkpoint: str | None = None  # activation checkpointing of each child of this module
+    micro_batches: int | None = None  # each step's batch split into this many, accumulated
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -58,6 +60,8 @@ class Change:
             parts.append("--without-straggler " + ",".join(map(str, self.without_stragglers)))
         if self.checkpoint is not None:
             parts.append(f"--checkpoint {self.checkpoint}")
+        if self.micro_batches is not None:
+            parts.append(f"--micro-batches {self.micro_batches}")
         return " ".join(parts) or "(nothing: the measured schedule)"
 
 
@@ -133,7 +137,7 @@ def apply_change(
     split: WrapSplit | None = None,
 ) -> StepModel:
     """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
-    then reshard, checkpointing, prefetch, syncs)."""
+    then reshard, checkpointing, micro-batches, prefetch, syncs)."""
     if split is not None:
         model = finer_wrap(model, split, fits, platform, overhead)
     elif change.wrap is not None:
@@ -142,6 +146,8 @@ def apply_change(
         model = cf.no_reshard_after_forward(model)
     if change.checkpoint is not None:
         model, _ = cf.checkpointed(model, change.checkpoint)
+    if change.micro_batches is not None:
+        model = micro_batched(model, change.micro_batches)
     if change.prefetch is not None:
         model = cf.prefetch(model, change.prefetch, platform)
     if change.remove_host_syncs:
@@ -154,6 +160,13 @@ def _memory_delta(
 ) -> tuple[int | None, str]:
     """The change's estimated peak-memory delta, and how it was estimated."""
     sizes = cf.unit_gather_bytes(models)
+    if change.micro_batches is not None:
+        return None, (
+            "unknown: activations shrink about "
+            f"{change.micro_batches}-fold and FSDP keeps each unit's unsharded gradients between "
+            "micro-batches, and the step model holds no activation sizes (measure it: apply and "
+            "run again)"
+        )
     if change.checkpoint is not None:
         return None, (
             "unknown: checkpointing frees the blocks' saved activations less their inputs, and "
@@ -261,6 +274,8 @@ def replay_change(
         )
     if change.checkpoint is not None:
         notes += _checkpoint_notes(models, change.checkpoint)
+    if change.micro_batches is not None:
+        notes += _micro_batch_notes(models, change.micro_batches)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops
     ):
@@ -337,6 +352,23 @@ def _checkpoint_notes(models: Sequence[StepModel], prefix: str) -> list[str]:
             "their recompute has no position and is left out: the prediction is low by it"
         )
     return notes
+
+
+def _micro_batch_notes(models: Sequence[StepModel], k: int) -> list[str]:
+    """What the micro-batch replay assumes (or WhatIfError when it cannot place them)."""
+    if k < 2:
+        raise WhatIfError(f"--micro-batches takes 2 or more (got {k})")
+    if any(passes_span(m) is None for m in models):
+        raise WhatIfError(
+            "micro-batches are placed between the first FSDP gather and the last reduce of each "
+            "step, and some modelled steps have no FSDP gather or reduce (FSDP and ZeRO runs "
+            "only)"
+        )
+    return [
+        f"micro-batches: the passes run {k} times, their compute at 1/{k} (taken as linear in "
+        "the batch: low where a micro-batch gets small), FSDP's hooks, host syncs and gathers "
+        "at full length each time, gradients reduced in the last one only (docs/whatif.md)"
+    ]
 
 
 def _changed_models(

@@ -31,11 +31,13 @@ examples:
   zdiag whatif runs/a --prefetch 1 --unshard-async-op   # CPU/gloo: FSDP2's async unshard
   zdiag whatif runs/a --without-straggler 3        # rank 3 arrives with the others
   zdiag whatif runs/a --checkpoint model.layers    # activation checkpointing of each layer
+  zdiag whatif runs/a --micro-batches 2            # each batch as 2 accumulated halves
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
 
 MAX_PREFETCH = 8
+MAX_MICRO_BATCHES = 64
 
 
 def _depth(text: str) -> int:
@@ -45,6 +47,18 @@ def _depth(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a prefetch depth: {text!r}") from exc
     if not 0 <= value <= MAX_PREFETCH:
         raise argparse.ArgumentTypeError(f"a prefetch depth is 0 to {MAX_PREFETCH}, got {value}")
+    return value
+
+
+def _micro_batches(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number of micro-batches: {text!r}") from exc
+    if not 2 <= value <= MAX_MICRO_BATCHES:
+        raise argparse.ArgumentTypeError(
+            f"micro-batches are 2 to {MAX_MICRO_BATCHES} per step, got {value}"
+        )
     return value
 
 
@@ -101,6 +115,13 @@ class WhatIfCommand:
             metavar="MODULE",
             help="activation checkpointing of each child of MODULE: its forward runs again in "
             "backward",
+        )
+        parser.add_argument(
+            "--micro-batches",
+            type=_micro_batches,
+            metavar="K",
+            help="each step's batch as K micro-batches with gradient accumulation (FSDP, ZeRO): "
+            "the passes run K times at 1/K of their compute",
         )
         parser.add_argument(
             "--no-host-syncs",
@@ -193,11 +214,13 @@ def _change(args: argparse.Namespace) -> Change:
         unshard_async_op=args.unshard_async_op,
         without_stragglers=args.without_straggler,
         checkpoint=args.checkpoint.strip(".") if args.checkpoint else None,
+        micro_batches=args.micro_batches,
     )
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
-            "--checkpoint MODULE, --no-host-syncs, --unshard-async-op or --without-straggler RANK."
+            "--checkpoint MODULE, --micro-batches K, --no-host-syncs, --unshard-async-op or "
+            "--without-straggler RANK."
         )
     return change
 

@@ -75,9 +75,10 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         lines.append(f"(+{len(s.plans) - RUNNERS_UP - 1} more in --json)")
     tail = [
         "searched exactly, every combination replayed: " + "; ".join(s.grid) + ".",
-        "Not searched: micro-batches, mesh shapes (not modelled yet); activation "
-        "checkpointing (its cost in time: zdiag whatif --checkpoint; its memory saving is not "
-        "modelled) (docs/whatif.md). Check the plan: apply it and run again.",
+        "Not searched: mesh shapes (not modelled yet); activation checkpointing and "
+        "micro-batches (their cost in time: zdiag whatif --checkpoint, --micro-batches; their "
+        "memory saving is not modelled) (docs/whatif.md). Check the plan: apply it and run "
+        "again.",
         *(f"note: {n}" for n in s.notes),
     ]
     lines.append("")
