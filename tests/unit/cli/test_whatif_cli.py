@@ -73,12 +73,13 @@ def test_overlay_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ([str(TINY), "--prefetch", "99"], "prefetch depth is 0 to 8"),
         ([str(TINY), "--without-straggler", "7"], "rank 7 has no modelled step"),
         ([str(TINY), "--without-straggler", "x"], "not a rank list"),
+        ([str(TINY), "--micro-batches", "1"], "micro-batches are 2 to 64 per step, got 1"),
     ],
 )
 def test_refusals_are_one_sentence_and_exit_2(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argparse_exits = "99" in argv or "x" in argv
+    argparse_exits = "99" in argv or "x" in argv or "--micro-batches" in argv
     with pytest.raises(SystemExit) if argparse_exits else _nullcontext() as exc:
         code, _, err = _whatif(argv, capsys)
     if exc is not None and getattr(exc, "value", None) is not None:
@@ -110,3 +111,15 @@ class _nullcontext:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_micro_batches_replay_the_passes_and_leave_memory_unestimated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _whatif([str(TINY), "--micro-batches", "2", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["change"] == "--micro-batches 2"
+    # every modelled step's passes run twice: their hooks and gathers at full length each time
+    assert result["predicted_ms"] > result["measured_ms"]
+    assert result["memory_delta_bytes"] is None and "activation" in result["memory_basis"]
