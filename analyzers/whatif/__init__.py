@@ -4,6 +4,8 @@
 - `platform.py`: what can overlap what on this run's device, and the collective cost fitted on
   the run itself (alpha-beta per process group and kind, with its fit error);
 - `counterfactuals.py`: the changes (prefetch depth, reshard after forward, a coarser wrap, host
-  syncs removed), each a function from a step model to a step model;
+  syncs removed, checkpointing, stragglers removed), each a function from a step model to a step
+  model; `finer_wrap.py` (a unit split into the captured model's blocks) and `micro_batch.py`
+  (the passes run K times) are two more;
 - `run_whatif.py`: a change applied to every rank's modelled steps, predicted against measured.
 """

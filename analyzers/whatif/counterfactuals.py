@@ -13,6 +13,8 @@
   without sizes, the members' measured time less one fitted latency per call saved. The step's prefetch depth is kept,
   counted in merged units: with depth 1 a merged unit's gather is issued when the merged unit
   before it starts.
+- A finer wrap (a unit split into its blocks) lives in `finer_wrap.py`, micro-batches in
+  `micro_batch.py`.
 - `without_host_syncs(model)`: the host syncs' chunks of progress are removed.
 - `checkpointed(model, prefix)`: activation checkpointing of each child of `prefix` (a block):
   its forward runs again at the start of its backward, once its backward gather is consumed.
