@@ -207,6 +207,11 @@ def search(
     if budget_bytes is not None and all(pl.fits_budget is False for pl in plans):
         notes.append("no plan fits the budget: the one closest in step time is shown first")
     best = plans[0]
+    if best.result.lower_bound:
+        notes.append(
+            "the best plan splits a unit the run shows alone: its predicted step leaves out the "
+            "new units' hooks (a one-unit run does not show them), so the step will be longer"
+        )
     code, text = (None, "") if best.change == Change() else _code(ctx, best.change, choices)
     return PlanSearch(
         plans=plans,

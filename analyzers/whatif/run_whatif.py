@@ -111,6 +111,9 @@ class WhatIfResult:
     memory_basis: str
     notes: list[str] = field(default_factory=list)
     timeline: StepReplay | None = None
+    # the predicted step leaves out costs the run cannot show (a split's per-unit hooks): the
+    # step will be at least that long
+    lower_bound: bool = False
 
     @property
     def measured_ms(self) -> float:
@@ -296,7 +299,8 @@ def replay_change(
         )
     fits = fit_comm(models)
     overhead = fit_unit_overhead(models)
-    if split is not None and (overhead is None or overhead.sizes < 2):
+    lower_bound = split is not None and (overhead is None or overhead.sizes < 2)
+    if lower_bound:
         notes.append(
             "the run's one unit shows no per-unit hook cost, so the new units add none: where "
             "every call blocks (CPU) the predicted cost is low by their hooks"
@@ -326,6 +330,7 @@ def replay_change(
         memory_basis=basis,
         notes=notes,
         timeline=timeline,
+        lower_bound=lower_bound,
     )
 
 

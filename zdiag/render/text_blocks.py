@@ -160,7 +160,11 @@ def add_finding(out: TextOut, f: Finding, *, verbose: bool = False) -> None:
             said = f"expected gain: {fmt_ms(f.expected_gain_ms)} per step{how}"
         out.wrap(said, "    ", "    ")
     if f.expected_gain_bytes is not None:
-        out.wrap(f"expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory", "    ")
+        # how, when the step-time line above did not say it already
+        how = f" ({f.gain_method})" if f.gain_method and f.expected_gain_ms is None else ""
+        out.wrap(
+            f"expected saving: {fmt_bytes(f.expected_gain_bytes)} peak memory{how}", "    ", "    "
+        )
 
 
 STRAGGLER_PREFIX = "straggler_"

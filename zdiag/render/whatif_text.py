@@ -91,6 +91,7 @@ def whatif_json(result: WhatIfResult) -> dict[str, Any]:
         "measured_ms": round(r.measured_ms, 4),
         "predicted_ms": round(r.predicted_ms, 4),
         "gain_ms": round(r.gain_ms, 4),
+        "predicted_is_lower_bound": r.lower_bound,
         "memory_delta_bytes": r.memory_delta_bytes,
         "memory_basis": r.memory_basis,
         "platform": {
