@@ -1,7 +1,7 @@
 """Train the encoder-decoder (`encoder.towers`, `decoder.towers`) with FSDP2 on a copy task.
 
 torchrun --standalone --nproc-per-node 2 seq2seq_fsdp2.py [--fsdp-wrap towers|root|leaf]
-    [--prefetch chain|off] [--checkpoint] [--nan-check] [--seq 32]
+    [--prefetch chain|off] [--checkpoint] [--nan-check] [--seq 32] [--grad-accum 1]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     add_common_args(p, batch=16)
     add_fsdp2_args(p)
     args = p.parse_args()
@@ -86,13 +87,16 @@ def main() -> None:
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
         faults.before_step(step)
-        src, dec_in, tgt = (
-            t.to(device()) for t in copy_task(args.batch, args.seq, args.vocab, gen)
-        )
-        with budget.track():
-            logits = model(src, dec_in)
-            loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), label_smoothing=0.1)
-            loss.backward()
+        for micro in range(args.grad_accum):  # the last micro-batch reduces the gradients
+            if args.grad_accum > 1:
+                model.set_requires_gradient_sync(micro == args.grad_accum - 1)
+            src, dec_in, tgt = (
+                t.to(device()) for t in copy_task(args.batch, args.seq, args.vocab, gen)
+            )
+            with budget.track():
+                logits = model(src, dec_in)
+                loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), label_smoothing=0.1)
+                loss.backward()
         opt.step()
         opt.zero_grad()
         log.step_done(step, loss.detach())

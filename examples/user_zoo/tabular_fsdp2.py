@@ -1,7 +1,7 @@
 """Train a tabular ResNet (`encoder.stages[i]`, ResidualMLP) with FSDP2 and a warm-up schedule.
 
 torchrun --standalone --nproc-per-node 2 tabular_fsdp2.py [--wrap block|whole|leaf]
-    [--prefetch explicit|off] [--ac] [--finite-checks] [--mem-budget-mib 40]
+    [--prefetch explicit|off] [--ac] [--finite-checks] [--mem-budget-mib 40] [--grad-accum 1]
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     add_common_args(p, batch=256)
     add_fsdp2_args(p)
     args = p.parse_args()
@@ -88,11 +89,14 @@ def main() -> None:
 
     for step in range(args.steps):
         faults.before_step(step)
-        x, y = random_rows(args.batch, args.features, gen)
-        with budget.track():
-            logits = model(x.to(device()))
-            loss = F.cross_entropy(logits, y.to(device()))
-            loss.backward()
+        for micro in range(args.grad_accum):  # the last micro-batch reduces the gradients
+            if args.grad_accum > 1:
+                model.set_requires_gradient_sync(micro == args.grad_accum - 1)
+            x, y = random_rows(args.batch, args.features, gen)
+            with budget.track():
+                logits = model(x.to(device()))
+                loss = F.cross_entropy(logits, y.to(device()))
+                loss.backward()
         opt.step()
         warmup.step()
         opt.zero_grad()
