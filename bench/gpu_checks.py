@@ -26,8 +26,10 @@ Checks:
    wrap against the healthy wrap is named on the first line; dropping activation checkpointing
    trips `--fail-on-memory` (and adding it does not); a CPU run against a GPU run is refused.
 7. what-if: `zdiag whatif --checkpoint layers` on the healthy run against the run with `--ac
-   block`, and `--prefetch 1` on a run without prefetch against the run with it (NCCL only),
-   each predicted gain within 2x of the re-run's (or both inside 2% of the step).
+   block`, `--prefetch 1` on a run without prefetch against the run with it, and `--wrap layers`
+   on a whole-model wrap (the finer wrap: the root split per block) against the per-block run
+   (both NCCL only), each predicted gain within 2x of the re-run's (or both inside 2% of the
+   step).
 """
 
 from __future__ import annotations
@@ -453,9 +455,11 @@ def _whatif_ms(r: Runner, run_dir: Path, *change: str) -> tuple[float | None, st
 def check_whatif(r: Runner) -> list[Check]:
     """The what-if replay against re-runs on this device: activation checkpointing of every
     block predicted on the healthy run (`--checkpoint layers`) against the run with `--ac
-    block`, and prefetch depth 1 predicted on a run without prefetch against the run with it
-    (with NCCL only: gloo on a shared GPU blocks in every collective). Each within 2x of the
-    measured change, or inside the two runs' own noise."""
+    block`, prefetch depth 1 predicted on a run without prefetch against the run with it, and
+    the whole-model wrap split per block (`--wrap layers`) against the per-block run (the last
+    two with NCCL only: gloo on a shared GPU blocks in every collective, where the split's
+    replay is only a lower bound on the step). Each within 2x of the measured change, or inside
+    the two runs' own noise."""
     opts = [*shape(r.device), "--steps", "10"]
     out = []
     base, pb = r.harness("whatif-healthy", opts, "2:1:5", comm=True)
@@ -464,8 +468,11 @@ def check_whatif(r: Runner) -> list[Check]:
     if r.device != "cpu" and not r.shared_gpu:
         off, po = r.harness("whatif-no-prefetch", [*opts, "--prefetch", "off"], "2:1:5")
         pairs.append(("prefetch", off, po, base, pb, ("--prefetch", "1")))
+        whole, pw = r.harness("whatif-whole-wrap", [*opts, "--wrap", "whole"], "2:1:5")
+        pairs.append(("finer wrap", whole, pw, base, pb, ("--wrap", "layers")))
     else:  # (the harness's prefetch off also drops the async unshard: blocking gathers)
         out.append(Check("whatif prefetch", None, "gloo blocks in every collective here"))
+        out.append(Check("whatif finer wrap", None, "blocking gloo: the split is a lower bound"))
     for name, before, p_before, after, p_after, change in pairs:
         if p_before.returncode or p_after.returncode:
             out.append(Check(f"whatif {name}", False, "a harness run failed (see log.txt)"))
