@@ -40,11 +40,11 @@ CASES = {
 }
 
 
-def predicted_change_ms(run_dir: Path, blocks: str) -> float | None:
-    """The job's predicted minus measured step for `--checkpoint blocks` (None: refused)."""
+def predicted_change_ms(run_dir: Path, *change: str) -> float | None:
+    """The job's predicted minus measured step for `zdiag whatif RUN *change` (None: refused):
+    the median over ranks."""
     proc = subprocess.run(
-        [sys.executable, "-m", "zdiag", "whatif", str(run_dir), "--checkpoint", blocks, "--json",
-         "--no-cache"],
+        [sys.executable, "-m", "zdiag", "whatif", str(run_dir), *change, "--json", "--no-cache"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -52,6 +52,24 @@ def predicted_change_ms(run_dir: Path, blocks: str) -> float | None:
         return None
     ranks = json.loads(proc.stdout)["ranks"]
     return statistics.median(r["predicted_ms"] - r["measured_ms"] for r in ranks)
+
+
+def write_table(title: str, header: list[str], rows: list[str], output: Path | None) -> None:
+    """The command line, the machine and a markdown table, to `output` (else stdout)."""
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"Command: `{title} {' '.join(sys.argv[1:])}` ({started}; "
+        f"{platform.machine()}, Python {platform.python_version()}).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *rows,
+    ]
+    text = "\n".join(lines) + "\n"
+    if output:
+        output.write_text(text)
+    else:
+        print(text, end="")
 
 
 def script_step_ms(run_dir: Path) -> float | None:
@@ -64,7 +82,7 @@ def row(workdir: Path, script: str, blocks: str) -> str:
     """One markdown row."""
     bad = sorted(workdir.glob(f"{script}__act-oom__bad*"))
     fix = sorted(workdir.glob(f"{script}__act-oom__fix*"))
-    preds = [p for d in bad if (p := predicted_change_ms(d, blocks)) is not None]
+    preds = [p for d in bad if (p := predicted_change_ms(d, "--checkpoint", blocks)) is not None]
     b = [s for d in bad if (s := script_step_ms(d)) is not None]
     f = [s for d in fix if (s := script_step_ms(d)) is not None]
     if not preds or not b or not f:
@@ -90,21 +108,13 @@ def main() -> int:
     p.add_argument("-o", "--output", type=Path, help="markdown file (else stdout)")
     args = p.parse_args()
     cases = dict(c.split("=", 1) for c in args.case) if args.case else CASES
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [
-        f"Command: `bench/whatif_checkpoint.py {' '.join(sys.argv[1:])}` ({started}; "
-        f"{platform.machine()}, Python {platform.python_version()}).",
-        "",
-        "| script | --checkpoint | predicted ms/step | measured ms/step | spread ms "
-        "| within 2x | runs (bad / fix) |",
-        "|---|---|---|---|---|---|---|",
-        *(row(args.workdir, s, b) for s, b in cases.items()),
-    ]
-    text = "\n".join(lines) + "\n"
-    if args.output:
-        args.output.write_text(text)
-    else:
-        print(text, end="")
+    write_table(
+        "bench/whatif_checkpoint.py",
+        ["script", "--checkpoint", "predicted ms/step", "measured ms/step", "spread ms",
+         "within 2x", "runs (bad / fix)"],
+        [row(args.workdir, s, b) for s, b in cases.items()],
+        args.output,
+    )  # fmt: skip
     return 0
 
 

@@ -17,18 +17,16 @@ Per case, `--repeats` runs of each side, interleaved (full batch, then accumulat
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import ZOO, parse_summaries  # noqa: E402
+from whatif_checkpoint import predicted_change_ms, write_table  # noqa: E402
 
 # script:batch:K, FSDP2 scripts of the zoo that take --grad-accum
 CASES = ("trunk_fsdp2:256:2", "trunk_fsdp2:256:4", "tabular_fsdp2:256:2", "seq2seq_fsdp2:16:2")
@@ -47,20 +45,6 @@ def record(out: Path, script: str, args: list[str]) -> float | None:
     return parse_summaries(proc.stdout + proc.stderr)[0]
 
 
-def predicted_change_ms(run_dir: Path, k: int) -> float | None:
-    """The job's predicted minus measured step for `--micro-batches k` (None: refused)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "zdiag", "whatif", str(run_dir), "--micro-batches", str(k),
-         "--json", "--no-cache"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        print(f"{run_dir}: {proc.stderr.strip()}", file=sys.stderr)
-        return None
-    ranks = json.loads(proc.stdout)["ranks"]
-    return statistics.median(r["predicted_ms"] - r["measured_ms"] for r in ranks)
-
-
 def row(workdir: Path, case: str, repeats: int) -> str:
     """One markdown row: record both sides, predict, compare."""
     script, batch, k = case.split(":")
@@ -73,7 +57,7 @@ def row(workdir: Path, case: str, repeats: int) -> str:
         d = workdir / f"{script}_b{batch}_k{k}_full{i}"
         if (s := record(d, script, full_args)) is not None:
             full.append(s)
-            if (p := predicted_change_ms(d, int(k))) is not None:
+            if (p := predicted_change_ms(d, "--micro-batches", k)) is not None:
                 preds.append(p)
         if (
             s := record(workdir / f"{script}_b{batch}_k{k}_acc{i}", script, accum_args)
@@ -102,24 +86,15 @@ def main() -> int:
     p.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
     p.add_argument("-o", "--output", type=Path, help="markdown file (else stdout)")
     args = p.parse_args()
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="zdiag-micro-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    rows = [row(workdir, c, args.repeats) for c in (args.case or CASES)]
-    lines = [
-        f"Command: `bench/whatif_micro_batch.py {' '.join(sys.argv[1:])}` ({started}; "
-        f"{platform.machine()}, Python {platform.python_version()}).",
-        "",
-        "| script | batch | K | full-batch ms/step | predicted change ms | measured change ms "
-        "| spread ms | within 2x |",
-        "|---|---|---|---|---|---|---|---|",
-        *rows,
-    ]
-    text = "\n".join(lines) + "\n"
-    if args.output:
-        args.output.write_text(text)
-    else:
-        print(text, end="")
+    write_table(
+        "bench/whatif_micro_batch.py",
+        ["script", "batch", "K", "full-batch ms/step", "predicted change ms",
+         "measured change ms", "spread ms", "within 2x"],
+        [row(workdir, c, args.repeats) for c in (args.case or CASES)],
+        args.output,
+    )  # fmt: skip
     return 0
 
 
