@@ -29,7 +29,8 @@ def render_whatif_text(result: WhatIfResult, width: int = 100) -> str:
     """The text: the headline, the platform and fits, then the per-rank table."""
     r = result
     lines = [
-        f"what-if {r.change.label()}: step {fmt_ms(r.measured_ms)} -> {fmt_ms(r.predicted_ms)} "
+        f"what-if {r.change.label()}: step {fmt_ms(r.measured_ms)} -> "
+        f"{'at least ' if r.lower_bound else ''}{fmt_ms(r.predicted_ms)} "
         f"({_pct(r.predicted_ms, r.measured_ms)}), median over {len(r.ranks)} rank(s)",
     ]
     if r.memory_delta_bytes is None:

@@ -170,3 +170,15 @@ def test_replay_change_splits_where_no_unit_lies_under_the_module() -> None:
     assert any("finer wrap: 4 blocks" in n for n in result.notes)
     # memory: the root gathered whole (8.5 MiB) against its rest plus two blocks (4.5 MiB)
     assert result.memory_delta_bytes == pytest.approx(-4 * MIB, abs=8)
+
+
+def test_a_split_without_a_units_hook_cost_is_a_lower_bound_and_says_so() -> None:
+    from zdiag.render.whatif_text import render_whatif_text, whatif_json
+
+    models = {0: [whole_step()], 1: [whole_step()]}
+    result = replay_change(models, "cpu", Change(wrap="layers"), model=described())
+    assert result.lower_bound  # one unit: no per-unit hook cost to add
+    assert " -> at least " in render_whatif_text(result).splitlines()[0]
+    assert whatif_json(result)["predicted_is_lower_bound"] is True
+    merged = replay_change(models, "cpu", Change(prefetch=1))
+    assert not merged.lower_bound and " -> at least " not in render_whatif_text(merged)
