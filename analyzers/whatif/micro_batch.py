@@ -109,11 +109,14 @@ def micro_batched(model: StepModel, k: int) -> StepModel:
     one = _Map(start, end, _fixed(model, start, end), k)
     grown = k * one.length - (end - start)
 
-    def at(p: float, m: int = 0) -> float:
-        """`p` in micro-batch `m` (before the passes: as measured; after them: moved on)."""
+    def at(p: float, m: int | None = None) -> float:
+        """`p` in micro-batch `m` (None: the first, or, from the passes' end on, after the
+        last); before the passes as measured, after them moved on by what they grew."""
         if p < start:
             return p
-        return start + m * one.length + one(p) if p <= end else p + grown
+        if p > end or (p == end and m is None):
+            return p + grown
+        return start + (m or 0) * one.length + one(p)
 
     ops: list[ModelOp] = []
     for op in model.ops:
