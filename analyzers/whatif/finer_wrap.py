@@ -13,7 +13,8 @@ description cannot be split. Then, on each modelled step (`finer_wrap`):
   pass evenly, in definition order forward and the reverse backward (repeated blocks compute
   alike; what the unit computes outside its blocks is spread with them).
 - **Its collectives.** Each block gathers at the start of its forward and again at the start of
-  its backward (FSDP's default resharding after forward), and reduces at the end of its backward,
+  its backward (FSDP's default resharding after forward; costed from the unit's own backward
+  gather where it re-gathered, else from its forward one), and reduces at the end of its backward,
   awaited where the unit's reduce was. The unit keeps its own calls for the parameters outside
   the blocks. A call of bytes share f costs `alpha + (d - alpha) x f`, from the measured call of
   duration d and its lane's fitted latency alpha (the per-byte time of the very call it splits),
@@ -150,6 +151,18 @@ def _enclosing(units: Sequence[str], container: str) -> str | None:
     return max(holding, key=lambda u: (u.count(".") + 1) if u else 0) if holding else None
 
 
+def unplaceable(model: StepModel, unit: str) -> str | None:
+    """Why a step's passes cannot be placed for a split of `unit` (None: they can): the unit's
+    forward gather marks where its forward starts and its gradient reduce where its backward
+    ends."""
+    own = [op for op in model.ops if op.family and op.unit == unit]
+    if not any(op.family == GATHER_FAMILY and op.phase == "forward" for op in own):
+        return "has no forward all-gather in the traces"
+    if not any(op.family != GATHER_FAMILY for op in own):
+        return "has no gradient reduce among the traces' FSDP collectives"
+    return None
+
+
 def finer_wrap(
     model: StepModel,
     split: WrapSplit,
@@ -162,11 +175,13 @@ def finer_wrap(
     gathers = [op for op in own if op.family == GATHER_FAMILY]
     forward = next((op for op in gathers if op.phase == "forward"), None)
     if forward is None:
-        return model  # nothing gathered in forward: no position to place the blocks at
+        return model  # nothing gathered in forward (`unplaceable` says so first)
     backward = next((op for op in gathers if op.phase == "backward"), None)
     reduce = next((op for op in own if op.family != GATHER_FAMILY), None)
+    if reduce is None:
+        return model  # no end to the unit's backward (`unplaceable` says so first)
     start = _needed(forward)
-    end = reduce.issue_pos_us if reduce is not None else model.work_us
+    end = reduce.issue_pos_us
     fwd_end = _needed(backward) if backward is not None else start + (end - start) * FORWARD_SHARE
     launch = min(op.delay_us for op in model.ops if op.family)
     sizes: dict[str, int] = {}
@@ -181,13 +196,14 @@ def finer_wrap(
         at_fwd = start + (fwd_end - start) * i / n
         at_bwd = fwd_end + (end - fwd_end) * (n - 1 - i) / n
         ops.append(_placed(_scaled(forward, f, fits), path, at_fwd, at_fwd, launch))
-        ops.append(_placed(_scaled(forward, f, fits), path, at_bwd, at_bwd, launch, "backward"))
-        if reduce is not None:
-            at_end = fwd_end + (end - fwd_end) * (n - i) / n - _BEFORE_NEXT
-            wait = reduce.wait_pos_us
-            if wait is not None:
-                wait = at_end if _blocking(reduce) else max(wait, at_end)
-            ops.append(_placed(_scaled(reduce, f, fits), path, at_end, wait, launch))
+        ops.append(  # the unit's own backward gather's cost where it re-gathered, else forward's
+            _placed(_scaled(backward or forward, f, fits), path, at_bwd, at_bwd, launch, "backward")
+        )
+        at_end = fwd_end + (end - fwd_end) * (n - i) / n - _BEFORE_NEXT
+        wait = reduce.wait_pos_us
+        if wait is not None:
+            wait = at_end if _blocking(reduce) else max(wait, at_end)
+        ops.append(_placed(_scaled(reduce, f, fits), path, at_end, wait, launch))
         sizes[path] = max(0, int(forward.bytes * f)) if forward.bytes > 0 else 0
         if overhead is not None and overhead.sizes >= 2:
             o = overhead.overhead_us(sizes[path]) / 2

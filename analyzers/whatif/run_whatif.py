@@ -20,7 +20,14 @@ from ..inputs.model_facts import ModelFacts
 from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import counterfactuals as cf
-from .finer_wrap import SplitError, WrapSplit, finer_wrap, split_memory_delta, wrap_split
+from .finer_wrap import (
+    SplitError,
+    WrapSplit,
+    finer_wrap,
+    split_memory_delta,
+    unplaceable,
+    wrap_split,
+)
 from .micro_batch import micro_batched, passes_span
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
@@ -270,6 +277,12 @@ def replay_change(
             split = wrap_split(model, change.wrap, units)
         except SplitError as exc:
             raise WhatIfError(str(exc)) from exc
+        why = next((w for m in models if (w := unplaceable(m, split.unit))), None)
+        if why is not None:
+            raise WhatIfError(
+                f"splitting the unit '{split.unit or '(root)'}' needs its passes, and it {why}: "
+                "its blocks cannot be placed"
+            )
         notes.append(
             f"finer wrap: {len(split.blocks)} blocks split out of the unit "
             f"'{split.unit or '(root)'}' ({1 - split.rest_share:.0%} of its parameters), placed "

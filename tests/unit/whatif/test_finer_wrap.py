@@ -182,3 +182,13 @@ def test_a_split_without_a_units_hook_cost_is_a_lower_bound_and_says_so() -> Non
     assert whatif_json(result)["predicted_is_lower_bound"] is True
     merged = replay_change(models, "cpu", Change(prefetch=1))
     assert not merged.lower_bound and " -> at least " not in render_whatif_text(merged)
+
+
+def test_a_unit_without_its_gradient_reduce_cannot_be_split() -> None:
+    """A GPU trace over gloo whose reduce the FSDP labels do not name: without the end of the
+    unit's backward the blocks would be spread over the optimizer step too, so the split is
+    refused (the finding then keeps its own estimate)."""
+    step = whole_step()
+    no_reduce = msgspec.structs.replace(step, ops=[op for op in step.ops if op.family != "reduce"])
+    with pytest.raises(WhatIfError, match="no gradient reduce"):
+        replay_change({0: [no_reduce]}, "cuda", Change(wrap="layers"), model=described())
