@@ -20,6 +20,8 @@ later). FSDP collectives carry their unit, pass and message bytes from the ledge
 
 Host syncs (`.item()`, stream synchronizes) are kept as progress chunks (`syncs`): the op's own
 time on the host and, on a device trace, the device idle that follows it until the next kernel.
+So are the optimizer steps (`optimizer`: the progress inside the `Optimizer.step#...` ranges the
+profiler records), whose work grows with the shard a rank holds (a mesh-shape what-if scales them).
 
 The replay (`analyzers/whatif/replay.py`) walks these positions; with nothing changed it gives
 back the measured step (to rounding), which `bench/whatif_replay.py` checks on every trace.
@@ -99,6 +101,8 @@ class StepModel(msgspec.Struct, kw_only=True):
     # unit), what a coarser wrap changes besides the collectives
     unit_chunks: list[tuple[float, float, str]] = msgspec.field(default_factory=list)
     truncated: bool = False
+    # progress inside the optimizer-step ranges: (pos, length); empty when the trace has none
+    optimizer: list[tuple[float, float]] = msgspec.field(default_factory=list)
 
 
 def _waited_on(
@@ -184,6 +188,17 @@ def _sync_chunks(
     return out
 
 
+OPTIMIZER_STEP_RE = r"^Optimizer\.step#"
+"""The profiler's range around each optimizer step (`Optimizer.step#AdamW.step`)."""
+
+
+def _optimizer_spans(trace: RankTrace) -> iv.IntervalSet:
+    """The union of the trace's optimizer-step ranges (nested or repeated ones count once)."""
+    idx = trace.matching(OPTIMIZER_STEP_RE)
+    ts = np.asarray(trace.ts_us, dtype=np.float64)[idx]
+    return iv.union(ts, ts + np.asarray(trace.dur_us, dtype=np.float64)[idx])
+
+
 def _unit_spans(labels_by_lane: Mapping[int, list[Label]]) -> dict[str, iv.IntervalSet]:
     """Per FSDP2 unit, the union of its labelled ranges (`FSDP::pre_forward (<fqn>)`, ...)."""
     spans: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
@@ -210,6 +225,7 @@ def build_step_models(
         by_step[r.step].append(r)
     syncs = _sync_chunks(trace, sets, windows)
     unit_spans = _unit_spans(labels) if sets.host_only else {}
+    optimizer_spans = _optimizer_spans(trace)
     out: list[StepModel] = []
     for k in range(min(len(windows), MAX_MODEL_STEPS)):
         step = int(windows.step[k])
@@ -294,6 +310,12 @@ def build_step_models(
             for a, b in zip(a_s.tolist(), a_e.tolist(), strict=True):
                 unit_chunks.append((round(_pos(a, s, ws, we, before), 3), round(b - a, 3), unit))
         unit_chunks.sort()
+        o_s, o_e = iv.subtract(iv.clip(optimizer_spans, s, e), waits)
+        optimizer = [
+            (round(_pos(a, s, ws, we, before), 3), round(b - a, 3))
+            for a, b in zip(o_s.tolist(), o_e.tolist(), strict=True)
+            if b > a
+        ]
         out.append(
             StepModel(
                 step=step,
@@ -304,6 +326,7 @@ def build_step_models(
                 syncs=chunks,
                 unit_chunks=unit_chunks[:MAX_UNIT_CHUNKS],
                 truncated=truncated or len(unit_chunks) > MAX_UNIT_CHUNKS,
+                optimizer=optimizer[:MAX_UNIT_CHUNKS],
             )
         )
     return out

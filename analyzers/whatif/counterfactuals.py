@@ -211,7 +211,7 @@ def coarser_wrap(
     depth = measured_depth(model)
     merged = _merge_units(model, prefix, fits)
     if overhead is not None:
-        merged = _compress(merged, _merged_overhead_cuts(model, prefix, overhead))
+        merged = compressed(merged, _merged_overhead_cuts(model, prefix, overhead))
     return prefetch(merged, depth, platform)
 
 
@@ -288,7 +288,7 @@ def without_host_syncs(model: StepModel) -> StepModel:
     """The step with its host syncs' progress chunks removed."""
     if not model.syncs:
         return model
-    return msgspec.structs.replace(_compress(model, model.syncs), syncs=[])
+    return msgspec.structs.replace(compressed(model, model.syncs), syncs=[])
 
 
 def _block_anchors(model: StepModel, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -342,7 +342,7 @@ def expanded(model: StepModel, inserts: Sequence[tuple[float, float]]) -> StepMo
     return _moved(model, shift, model.work_us + added[-1])
 
 
-def _compress(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepModel:
+def compressed(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepModel:
     """The step with `cuts` ((position, length) of progress) taken out: every later position
     moves back by what was cut before it."""
     if not cuts:
@@ -371,6 +371,7 @@ def _moved(model: StepModel, shift: Callable[[float], float], work_us: float) ->
             issue_pos_us=shift(op.issue_pos_us),
             wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
             start_pos_us=op.start_pos_us if op.start_pos_us < 0 else shift(op.start_pos_us),
+            needed_pos_us=None if op.needed_pos_us is None else shift(op.needed_pos_us),
         )
         for op in model.ops
     ]
@@ -379,6 +380,7 @@ def _moved(model: StepModel, shift: Callable[[float], float], work_us: float) ->
         ops=ops,
         syncs=[(shift(p), length) for p, length in model.syncs],
         unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
+        optimizer=[(shift(p), length) for p, length in model.optimizer],
         work_us=work_us,
     )
 

@@ -136,6 +136,7 @@ def micro_batched(model: StepModel, k: int) -> StepModel:
         ops=ops,
         syncs=sorted(syncs),
         unit_chunks=sorted(chunks),
+        optimizer=[(at(p), n) for p, n in model.optimizer],
         work_us=model.work_us + grown,
     )
 

@@ -94,3 +94,21 @@ def test_a_lane_that_wakes_after_its_collective_ended_waited_on_it(tmp_path: Pat
     assert second.waited_us == pytest.approx(900 - 850)
     assert replay(model).duration_us == pytest.approx(model.duration_us)
     assert model.work_us == pytest.approx(1000 - 505 - 50)
+
+
+def test_the_optimizer_steps_are_kept_as_progress_less_the_waits_inside_them(
+    tmp_path: Path,
+) -> None:
+    """The `Optimizer.step#` range runs [600, 900); a collective the lane waited on inside it,
+    [700, 750), is not the optimizer's work."""
+    from support.traces import TraceBuilder
+
+    b = TraceBuilder(rank=0, backend="gloo", gpu_name=None)
+    b.step(1, 0, 1000)
+    b.cpu_op("aten::mm", 0, 700)
+    b.annotation("Optimizer.step#AdamW.step", 600, 300)
+    b.annotation("gloo:all_reduce", 700, 50, tid=9001)
+    b.cpu_op("aten::add", 750, 250)
+    (summary,) = summaries_of([b.write(tmp_path / "rank-0.json")])
+    (model,) = summary.step_models
+    assert model.optimizer == [(600.0, 100.0), (700.0, 150.0)]
