@@ -10,6 +10,7 @@ counterfactual that ran, for the finding's `gain_method`.
 
 from __future__ import annotations
 
+from ..rank.declared_groups import sizes_by_name
 from ..whatif.run_whatif import Change, WhatIfError, WhatIfResult, replay_change
 from .context import DetectorContext
 
@@ -44,6 +45,8 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
             framework=sheet.framework.name if sheet.framework else None,
             overlap=(can, why),
             model=sheet.model,
+            group_sizes={r: sizes_by_name(f.process_groups) for r, f in ctx.facts.items()},
+            world=sheet.world_size,
         )
     except WhatIfError:
         return None

@@ -148,3 +148,14 @@ def trace_groups(trace: RankTrace) -> list[ProcessGroupInfo]:
         for i in trace.of_kind(EventKind.COMM_OP, EventKind.COMM_KERNEL).tolist()
     )
     return groups_from_calls(declared_groups(trace.distributed_info), calls)
+
+
+def sizes_by_name(infos: Iterable[ProcessGroupInfo]) -> dict[str, int]:
+    """Each declared group's size by its name (the declared size, else its member count);
+    groups of unknown size are left out."""
+    out: dict[str, int] = {}
+    for g in infos:
+        size = g.size or (len(g.ranks) if g.ranks else 0)
+        if size:
+            out[g.name] = size
+    return out

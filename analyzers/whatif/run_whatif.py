@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..inputs.model_facts import ModelFacts
+from ..rank.declared_groups import sizes_by_name
 from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import counterfactuals as cf
@@ -27,6 +28,14 @@ from .finer_wrap import (
     split_memory_delta,
     unplaceable,
     wrap_split,
+)
+from .mesh_shape import (
+    DpGroups,
+    MeshShapeError,
+    check_shape,
+    dp_groups,
+    mesh_memory_delta,
+    reshaped,
 )
 from .micro_batch import micro_batched, passes_span
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
@@ -49,6 +58,7 @@ class Change:
     without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
     checkpoint: str | None = None  # activation checkpointing of each child of this module
     micro_batches: int | None = None  # each step's batch split into this many, accumulated
+    mesh_shape: tuple[int, int] | None = None  # FSDP's ranks as (replicate, shard)
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -69,6 +79,8 @@ class Change:
             parts.append(f"--checkpoint {self.checkpoint}")
         if self.micro_batches is not None:
             parts.append(f"--micro-batches {self.micro_batches}")
+        if self.mesh_shape is not None:
+            parts.append("--mesh-shape {},{}".format(*self.mesh_shape))
         return " ".join(parts) or "(nothing: the measured schedule)"
 
 
@@ -145,9 +157,11 @@ def apply_change(
     fits: Mapping[str, CommFit],
     overhead: OverheadFit | None = None,
     split: WrapSplit | None = None,
+    groups: DpGroups | None = None,
 ) -> StepModel:
     """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
-    then reshard, checkpointing, micro-batches, prefetch, syncs)."""
+    then reshard, checkpointing, micro-batches, prefetch, syncs, and last the mesh shape, on
+    the rank's data-parallel `groups`)."""
     if split is not None:
         model = finer_wrap(model, split, fits, platform, overhead)
     elif change.wrap is not None:
@@ -162,6 +176,8 @@ def apply_change(
         model = cf.prefetch(model, change.prefetch, platform)
     if change.remove_host_syncs:
         model = cf.without_host_syncs(model)
+    if change.mesh_shape is not None and groups is not None:
+        model = reshaped(model, groups, change.mesh_shape, fits)
     return model
 
 
@@ -234,6 +250,8 @@ def run_whatif(
         unshard_async_op=unshard_async_op,
         peaks=peaks,
         model=model,
+        group_sizes={s.rank: sizes_by_name(s.facts.process_groups) for s in modelled},
+        world=next((s.world_size for s in modelled if s.world_size), None),
     )
 
 
@@ -247,10 +265,14 @@ def replay_change(
     peaks: Mapping[int, int] | None = None,
     overlap: tuple[bool, str] | None = None,
     model: ModelFacts | None = None,
+    group_sizes: Mapping[int, Mapping[str, int]] | None = None,
+    world: int | None = None,
 ) -> WhatIfResult:
     """The replay of `change` over each rank's step models (`run_whatif` on summaries);
     `overlap` overrides the platform's judgement of whether gathers can overlap (and why);
-    `model`, the captured model, gives a finer wrap its blocks' sizes."""
+    `model`, the captured model, gives a finer wrap its blocks' sizes and a mesh shape the
+    parameter bytes and the optimizer; `group_sizes` (per rank, its process groups' sizes by
+    name) and `world` give a mesh shape the groups' sizes."""
     by_rank = {r: list(ms) for r, ms in models_by_rank.items() if ms}
     if not by_rank:
         raise WhatIfError(
@@ -292,6 +314,10 @@ def replay_change(
         notes += _checkpoint_notes(models, change.checkpoint)
     if change.micro_batches is not None:
         notes += _micro_batch_notes(models, change.micro_batches)
+    groups: dict[int, DpGroups] = {}
+    if change.mesh_shape is not None:
+        groups = _mesh_groups(by_rank, change.mesh_shape, group_sizes or {}, world, model)
+        notes += _mesh_notes(by_rank, groups, change.mesh_shape)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops
     ):
@@ -319,7 +345,18 @@ def replay_change(
             "every call blocks (CPU) the predicted cost is low by their hooks"
         )
     delta, basis = _memory_delta(models, change, split)
-    changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead, split)
+    if groups and change.mesh_shape is not None:
+        captured = model.description.param_bytes if model is not None else None
+        d, b = mesh_memory_delta(
+            captured or sum(cf.unit_gather_bytes(models).values()),
+            next(iter(groups.values())),
+            change.mesh_shape,
+            model.optimizer_classes if model is not None else (),
+            gathered=not captured,
+        )
+        delta = None if delta is None or d is None else delta + d
+        basis = b if basis == "no change in what is held" else f"{basis}; {b}"
+    changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead, split, groups)
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
     for rank in sorted(changed_by_rank):
@@ -372,6 +409,60 @@ def _checkpoint_notes(models: Sequence[StepModel], prefix: str) -> list[str]:
     return notes
 
 
+def _mesh_groups(
+    by_rank: Mapping[int, list[StepModel]],
+    shape: tuple[int, int],
+    sizes: Mapping[int, Mapping[str, int]],
+    world: int | None,
+    model: ModelFacts | None,
+) -> dict[int, DpGroups]:
+    """Each rank's data-parallel groups, checked against `shape` (or WhatIfError)."""
+    mesh = model.mesh if model is not None else None
+    try:
+        groups = {
+            r: dp_groups(ms, sizes.get(r, {}), world=world, mesh=mesh) for r, ms in by_rank.items()
+        }
+        shapes = {g.shape for g in groups.values()}
+        if len(shapes) > 1:
+            raise MeshShapeError(
+                "the ranks' FSDP groups differ in size ("
+                + ", ".join("{} x {}".format(*s) for s in sorted(shapes))
+                + "): no one mesh shape to change"
+            )
+        check_shape(next(iter(groups.values())), shape)
+    except MeshShapeError as exc:
+        raise WhatIfError(str(exc)) from exc
+    return groups
+
+
+def _mesh_notes(
+    by_rank: Mapping[int, list[StepModel]], groups: Mapping[int, DpGroups], shape: tuple[int, int]
+) -> list[str]:
+    """What the mesh-shape replay assumed."""
+    g = next(iter(groups.values()))
+    r, s = shape
+    notes = [
+        f"mesh shape: the run's FSDP ranks are {g.replicate} x {g.shard} (replicate x shard), "
+        f"replayed as {r} x {s}: gathers and reduce-scatters as ring collectives over {s} "
+        f"rank(s), {'no replicate all-reduce' if r == 1 else f'an all-reduce of each gradient shard over {r}'} "
+        "(docs/whatif.md)"
+    ]
+    if g.replicate == 1 and r > 1:
+        notes.append(
+            "the run has no replicate group to fit: its new all-reduces use the shard group's "
+            "links (across nodes they run on slower ones than this)"
+        )
+    if g.shard != s:
+        if any(m.optimizer for ms in by_rank.values() for m in ms):
+            notes.append(f"the optimizer steps scaled by {g.shard}/{s} (the shard each rank holds)")
+        else:
+            notes.append(
+                "the traces hold no optimizer-step range: its change with the shard "
+                f"({g.shard}/{s}) is left out"
+            )
+    return notes
+
+
 def _micro_batch_notes(models: Sequence[StepModel], k: int) -> list[str]:
     """What the micro-batch replay assumes (or WhatIfError when it cannot place them)."""
     if k < 2:
@@ -396,13 +487,17 @@ def _changed_models(
     fits: Mapping[str, CommFit],
     overhead: OverheadFit | None,
     split: WrapSplit | None = None,
+    groups: Mapping[int, DpGroups] | None = None,
 ) -> dict[int, list[StepModel]]:
     """Each replayed rank's steps with `change` applied (the stragglers it removes are left out:
     `_stragglers_as_peers` gives them their peers' figures)."""
     if change.without_stragglers:
         by_rank = cf.without_stragglers(by_rank, change.without_stragglers)
     return {
-        rank: [apply_change(m, change, platform, fits, overhead, split) for m in steps]
+        rank: [
+            apply_change(m, change, platform, fits, overhead, split, (groups or {}).get(rank))
+            for m in steps
+        ]
         for rank, steps in by_rank.items()
     }
 

@@ -32,6 +32,7 @@ examples:
   zdiag whatif runs/a --without-straggler 3        # rank 3 arrives with the others
   zdiag whatif runs/a --checkpoint model.layers    # activation checkpointing of each layer
   zdiag whatif runs/a --micro-batches 2            # each batch as 2 accumulated halves
+  zdiag whatif runs/a --mesh-shape 2,4             # HSDP: 2 replicas of 4-way sharding
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
@@ -60,6 +61,19 @@ def _micro_batches(text: str) -> int:
             f"micro-batches are 2 to {MAX_MICRO_BATCHES} per step, got {value}"
         )
     return value
+
+
+def _mesh_shape(text: str) -> tuple[int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        r, s = (int(p) for p in parts)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"a mesh shape is REPLICATE,SHARD, e.g. 2,4; got {text!r}"
+        ) from exc
+    if r < 1 or s < 1:
+        raise argparse.ArgumentTypeError(f"mesh dimensions are 1 or more, got {text!r}")
+    return r, s
 
 
 def _ranks(text: str) -> tuple[int, ...]:
@@ -122,6 +136,13 @@ class WhatIfCommand:
             metavar="K",
             help="each step's batch as K micro-batches with gradient accumulation (FSDP, ZeRO): "
             "the passes run K times at 1/K of their compute",
+        )
+        parser.add_argument(
+            "--mesh-shape",
+            type=_mesh_shape,
+            metavar="R,S",
+            help="FSDP's ranks as R replicas of S-way sharding (HSDP; 1,N: flat FSDP over N): "
+            "gathers and reduce-scatters over S ranks, gradient shards all-reduced over R",
         )
         parser.add_argument(
             "--no-host-syncs",
@@ -215,12 +236,13 @@ def _change(args: argparse.Namespace) -> Change:
         without_stragglers=args.without_straggler,
         checkpoint=args.checkpoint.strip(".") if args.checkpoint else None,
         micro_batches=args.micro_batches,
+        mesh_shape=args.mesh_shape,
     )
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
-            "--checkpoint MODULE, --micro-batches K, --no-host-syncs, --unshard-async-op or "
-            "--without-straggler RANK."
+            "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --no-host-syncs, "
+            "--unshard-async-op or --without-straggler RANK."
         )
     return change
 

@@ -74,12 +74,15 @@ def test_overlay_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ([str(TINY), "--without-straggler", "7"], "rank 7 has no modelled step"),
         ([str(TINY), "--without-straggler", "x"], "not a rank list"),
         ([str(TINY), "--micro-batches", "1"], "micro-batches are 2 to 64 per step, got 1"),
+        ([str(TINY), "--mesh-shape", "2,2"], "needs R x S = 2 (got 2,2)"),
+        ([str(TINY), "--mesh-shape", "1,2"], "the run is already 1 x 2"),
+        ([str(TINY), "--mesh-shape", "two"], "a mesh shape is REPLICATE,SHARD"),
     ],
 )
 def test_refusals_are_one_sentence_and_exit_2(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argparse_exits = "99" in argv or "x" in argv or "--micro-batches" in argv
+    argparse_exits = "99" in argv or "x" in argv or "--micro-batches" in argv or "two" in argv
     with pytest.raises(SystemExit) if argparse_exits else _nullcontext() as exc:
         code, _, err = _whatif(argv, capsys)
     if exc is not None and getattr(exc, "value", None) is not None:
@@ -123,3 +126,16 @@ def test_micro_batches_replay_the_passes_and_leave_memory_unestimated(
     # every modelled step's passes run twice: their hooks and gathers at full length each time
     assert result["predicted_ms"] > result["measured_ms"]
     assert result["memory_delta_bytes"] is None and "activation" in result["memory_basis"]
+
+
+def test_a_mesh_shape_replays_the_gathers_on_the_new_groups_and_grows_the_shards(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _whatif([str(TINY), "--mesh-shape", "2,1", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["change"] == "--mesh-shape 2,1"
+    assert any("replayed as 2 x 1" in n for n in result["notes"])
+    # whole copies on each rank: the gathered bytes held twice over (no captured model here)
+    assert result["memory_delta_bytes"] > 0
+    assert "summed from the FSDP gathers" in result["memory_basis"]

@@ -1,0 +1,299 @@
+"""Another HSDP mesh shape: the run's data-parallel ranks as R replicas of S-way sharding.
+
+FSDP2 on a 2-D mesh (replicate, shard) gathers parameters and reduce-scatters gradients inside a
+shard group of S ranks, then all-reduces each rank's gradient shard across the R replicas; flat
+FSDP is R = 1, and R x 1 keeps whole copies (each "gather" is a copy on one rank).
+`zdiag whatif --mesh-shape R,S` re-times the run's FSDP collectives for another split of the
+same ranks (R x S = the run's R0 x S0):
+
+- **The groups.** The shard group is the process group the FSDP all-gathers ran on, the
+  replicate group the one of the FSDP reduces that are not on it. Their sizes come from the
+  traces' process-group table (`distributedInfo.pg_config`), else the captured mesh, else the
+  world (a run with no replicate group shards over all of it).
+- **The cost.** FSDP issues no collective on a group of one rank: S = 1 drops the gathers and
+  reduce-scatters. A ring collective over p ranks costs (p - 1) latencies and moves (p - 1) / p of
+  its bytes per rank (an all-reduce twice both). Each gather and reduce-scatter keeps its
+  measured duration, split into the lane's fitted latency and the rest, each part scaled by its
+  factor from S0 to S; each replicate all-reduce likewise from R0 to R, its bytes part also by
+  S0 / S (the shard it carries grows as the shards get fewer). A replicate all-reduce the run
+  did not have (from a flat run) is costed from the reduce-scatter it follows: the same link (a
+  latency and a time per byte on the wire), 2 (R - 1) latencies and 2 (R - 1) / R of the shard's
+  bytes. It queues behind that reduce-scatter on its lane and is awaited where it was. R = 1
+  removes them.
+- **The optimizer** steps over the rank's shard: its measured progress (the profiler's
+  `Optimizer.step#` ranges) is scaled by S0 / S.
+- **Memory.** The sharded parameters, their gradients and the optimizer's states scale by
+  S0 / S; the gathered units do not change (`mesh_memory_delta`).
+
+Limits: one fabric per group. A new replicate all-reduce uses the shard group's links, and a new
+shard group its old one's: where the new groups cross nodes the old ones did not (or the
+reverse), the links differ from the replay's. Bandwidth shared between groups running at once,
+NCCL's tree algorithms and the optimizer's per-tensor overhead are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from ..inputs.mesh_facts import MeshFacts
+from ..rank.fsdp_ledger import GATHER_FAMILY
+from ..rank.step_model import ModelOp, StepModel
+from . import counterfactuals as cf
+from .platform import CommFit
+
+REDUCE_FAMILY = "reduce"
+
+ADAM_STATES = 2
+"""Optimizer states per parameter of the Adam family (exp_avg, exp_avg_sq)."""
+
+_STATES = {
+    "Adam": ADAM_STATES,
+    "AdamW": ADAM_STATES,
+    "NAdam": ADAM_STATES,
+    "RAdam": ADAM_STATES,
+    "Adamax": ADAM_STATES,
+    "Adadelta": 2,
+    "Adagrad": 1,
+    "RMSprop": 1,
+}
+
+
+class MeshShapeError(ValueError):
+    """The run cannot be replayed on another mesh shape (the message says why)."""
+
+
+@dataclass(frozen=True)
+class DpGroups:
+    """One rank's data-parallel groups: the shard group (its process-group name and size) and
+    the replicate group (None and 1 when the run shards over all its data-parallel ranks)."""
+
+    shard_group: str
+    shard: int
+    replicate_group: str | None
+    replicate: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(replicate, shard)."""
+        return (self.replicate, self.shard)
+
+
+def _group(lane: str) -> str:
+    return lane.rsplit("|", 1)[0]
+
+
+def dp_groups(
+    models: Sequence[StepModel],
+    sizes: Mapping[str, int],
+    *,
+    world: int | None = None,
+    mesh: MeshFacts | None = None,
+) -> DpGroups:
+    """The data-parallel groups of one rank's steps (see the module docstring); `sizes` maps
+    the rank's process-group names to their sizes. MeshShapeError when they cannot be told."""
+    ops = [op for m in models for op in m.ops]
+    gathers = {_group(op.lane) for op in ops if op.family == GATHER_FAMILY}
+    if not gathers and any(op.family == REDUCE_FAMILY for op in ops):
+        raise MeshShapeError(
+            "the run keeps a whole copy of the model on each rank (FSDP reduces but no "
+            "all-gather: shard groups of one rank), so its traces show no gather to re-time for "
+            "another shape; replay a run that shards"
+        )
+    if not gathers:
+        raise MeshShapeError(
+            "another mesh shape re-times the FSDP all-gathers and reduces, and the traces hold "
+            "none (FSDP and HSDP runs only)"
+        )
+    if len(gathers) > 1:
+        raise MeshShapeError(
+            "the FSDP all-gathers run on several process groups "
+            f"({', '.join(sorted(gathers))}): modules sharded over different meshes have no one "
+            "mesh shape to change"
+        )
+    shard_group = gathers.pop()
+    replicas = {_group(op.lane) for op in ops if op.family == REDUCE_FAMILY} - {shard_group}
+    if len(replicas) > 1:
+        raise MeshShapeError(
+            f"the FSDP reduces run on several replicate groups ({', '.join(sorted(replicas))})"
+        )
+    replicate_group = replicas.pop() if replicas else None
+    by_role = {d.role: d.size for d in mesh.dims} if mesh is not None else {}
+    shard = sizes.get(shard_group) or by_role.get("shard")
+    if shard is None and replicate_group is None:
+        shard = world
+    replicate = 1
+    if replicate_group is not None:
+        replicate = sizes.get(replicate_group) or by_role.get("replicate") or 0
+    if not shard or not replicate:
+        raise MeshShapeError(
+            "the traces do not say how many ranks the FSDP groups hold (no process-group table "
+            "in their headers and no captured mesh); record the run with torch 2.2 or later, "
+            "or with 'zdiag run'"
+        )
+    return DpGroups(shard_group, shard, replicate_group, replicate)
+
+
+def check_shape(groups: DpGroups, shape: tuple[int, int]) -> None:
+    """MeshShapeError unless `shape` (replicate, shard) splits the run's data-parallel ranks."""
+    r, s = shape
+    n = groups.replicate * groups.shard
+    if r < 1 or s < 1 or r * s != n:
+        raise MeshShapeError(
+            f"the run's FSDP spans {n} ranks ({groups.replicate} x {groups.shard}, replicate x "
+            f"shard), so a mesh shape R,S needs R x S = {n} (got {r},{s})"
+        )
+    if (r, s) == groups.shape:
+        raise MeshShapeError(f"the run is already {r} x {s} (replicate x shard)")
+    if groups.shard < 2:
+        raise MeshShapeError(
+            "the run's shard groups hold one rank, so its gathers show nothing of the links "
+            "another shape would use"
+        )
+
+
+def _ring(p0: int, p: int) -> tuple[float, float]:
+    """The latency and bytes factors of a ring collective going from p0 to p ranks (p0 >= 2)."""
+    return (p - 1) / (p0 - 1), ((p - 1) / p) / ((p0 - 1) / p0)
+
+
+def _alpha(op: ModelOp, fit: CommFit | None) -> float:
+    """The latency part of the op's measured duration (the lane's fitted latency, at most it)."""
+    if fit is None or not fit.latency_known:
+        return 0.0
+    return min(fit.alpha_us, op.dur_us)
+
+
+def _rescaled(
+    op: ModelOp, fit: CommFit | None, p0: int, p: int, share: float, after: int | None = None
+) -> ModelOp:
+    """`op` on a group of p ranks instead of p0, carrying `share` times its bytes (queued
+    behind `after` when given)."""
+    a = _alpha(op, fit)
+    ra, rb = _ring(p0, p)
+    nbytes = int(op.bytes * share) if op.bytes > 0 else op.bytes
+    return msgspec.structs.replace(
+        op,
+        dur_us=a * ra + (op.dur_us - a) * rb * share,
+        bytes=nbytes,
+        after=op.after if after is None else after,
+    )
+
+
+def _replicate_reduce(
+    rs: ModelOp, fit: CommFit | None, groups: DpGroups, shape: tuple[int, int], after: int,
+    delay_us: float,
+) -> ModelOp:  # fmt: skip
+    """The replicate all-reduce a flat run's reduce-scatter `rs` gains (module docstring)."""
+    r, s = shape
+    s0 = groups.shard
+    c = 2 if rs.kind == "all_reduce" else 1  # gloo reduces a gradient by an all-reduce
+    a = _alpha(rs, fit)
+    link_alpha = a / (c * (s0 - 1))
+    link_bytes_us = (rs.dur_us - a) / (c * (s0 - 1) / s0)  # the whole message at link rate
+    dur = 2 * (r - 1) * link_alpha + 2 * (r - 1) / r * link_bytes_us / s
+    return ModelOp(
+        kind="all_reduce",
+        lane=rs.lane,
+        issue_pos_us=rs.issue_pos_us,
+        after=after,
+        delay_us=delay_us,
+        dur_us=dur,
+        wait_pos_us=rs.wait_pos_us,
+        bytes=rs.bytes // s if rs.bytes > 0 else -1,
+        unit=rs.unit,
+        family=REDUCE_FAMILY,
+        phase=rs.phase,
+        start_us=rs.start_us + rs.dur_us,
+    )
+
+
+def reshaped(
+    model: StepModel, groups: DpGroups, shape: tuple[int, int], fits: Mapping[str, CommFit]
+) -> StepModel:
+    """The step on the mesh shape (replicate, shard) = `shape` (see the module docstring)."""
+    r, s = shape
+    ops: list[ModelOp] = []
+    moved: dict[int, int] = {}  # old index -> new
+    floor = min((op.delay_us for op in model.ops if op.family), default=0.0)
+    for j, op in enumerate(model.ops):
+        group = _group(op.lane)
+        in_shard = bool(op.family) and group == groups.shard_group
+        if in_shard and groups.replicate == 1 and r > 1 and op.family == REDUCE_FAMILY:
+            # a flat run's reduce-scatter gains the replicate all-reduce after it
+            after = _after(model.ops, op.after, moved)
+            if s > 1:
+                moved[j] = len(ops)
+                ops.append(_rescaled(op, fits.get(op.lane), groups.shard, s, 1.0, after))
+                after = len(ops) - 1
+            ops.append(_replicate_reduce(op, fits.get(op.lane), groups, shape, after, floor))
+            continue
+        if in_shard:
+            if s == 1:
+                continue  # FSDP issues no collective on a group of one rank
+            new = _rescaled(op, fits.get(op.lane), groups.shard, s, 1.0)
+        elif op.family == REDUCE_FAMILY and group == groups.replicate_group:
+            if r == 1:
+                continue
+            new = _rescaled(op, fits.get(op.lane), groups.replicate, r, groups.shard / s)
+        else:
+            new = op
+        moved[j] = len(ops)
+        ops.append(msgspec.structs.replace(new, after=_after(model.ops, op.after, moved)))
+    changed = msgspec.structs.replace(model, ops=ops)
+    factor = groups.shard / s
+    if factor > 1:
+        changed = cf.expanded(changed, [(p + n, n * (factor - 1)) for p, n in model.optimizer])
+    elif factor < 1:
+        changed = cf.compressed(
+            changed, [(p + n * factor, n * (1 - factor)) for p, n in model.optimizer]
+        )
+    return msgspec.structs.replace(
+        changed, optimizer=[(p, n * factor) for p, n in changed.optimizer]
+    )
+
+
+def _after(old: Sequence[ModelOp], after: int, moved: Mapping[int, int]) -> int:
+    """The new index of the op an op queued behind (its own predecessor when that one went)."""
+    while after >= 0 and after not in moved:
+        after = old[after].after
+    return moved[after] if after >= 0 else -1
+
+
+def optimizer_states(classes: Sequence[str]) -> tuple[int, str]:
+    """States per parameter of the run's optimizers (0 when unknown), and what was assumed."""
+    if not classes:
+        return 0, "the optimizer is unknown, its states not counted"
+    known = [_STATES.get(c) for c in classes]
+    if any(k is None for k in known):
+        odd = ", ".join(c for c, k in zip(classes, known, strict=True) if k is None)
+        return 0, f"{odd}'s states not counted (SGD's momentum would be one more copy)"
+    states = max(k for k in known if k is not None)
+    return states, f"{', '.join(classes)}'s {states} state(s)"
+
+
+def mesh_memory_delta(
+    param_bytes: int | None,
+    groups: DpGroups,
+    shape: tuple[int, int],
+    classes: Sequence[str],
+    *,
+    gathered: bool = False,
+) -> tuple[int | None, str]:
+    """The peak-memory change per rank of `shape`: the sharded parameters, gradients and
+    optimizer states grow by S0 / S (`param_bytes`: the model's parameters, unsharded; summed
+    from the FSDP gathers' messages when `gathered`, so in the gathered dtype)."""
+    if not param_bytes:
+        return None, "unknown: the run's parameter bytes are not known (no captured model)"
+    states, said = optimizer_states(classes)
+    copies = 2 + states
+    delta = param_bytes * copies * (1 / shape[1] - 1 / groups.shard)
+    what = "parameters, gradients and optimizer states" if states else "parameters and gradients"
+    return int(delta), (
+        f"{what} ({copies} copies of "
+        f"{param_bytes / 2**20:.1f} MiB) sharded over {shape[1]} ranks instead of "
+        f"{groups.shard}; {said}"
+        + ("; the parameters' bytes summed from the FSDP gathers (their dtype)" if gathered else "")
+    )

@@ -1,0 +1,176 @@
+"""Another HSDP mesh shape: gathers and reduces as ring collectives over the new groups."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from zdiag.analyzers.rank.step_model import ModelOp, StepModel
+from zdiag.analyzers.whatif.mesh_shape import (
+    DpGroups,
+    MeshShapeError,
+    check_shape,
+    dp_groups,
+    mesh_memory_delta,
+    reshaped,
+)
+from zdiag.analyzers.whatif.platform import CommFit
+from zdiag.analyzers.whatif.replay import replay
+from zdiag.analyzers.whatif.run_whatif import Change, WhatIfError, replay_change
+
+
+def call(kind: str, group: str, family: str, pos: float, dur: float, after: int = -1) -> ModelOp:
+    """A blocking FSDP call of unit `layers.0` on `group`: issued and awaited at `pos`."""
+    return ModelOp(
+        kind=kind,
+        lane=f"{group}|{kind}",
+        issue_pos_us=pos,
+        after=after,
+        delay_us=0.0,
+        dur_us=dur,
+        wait_pos_us=pos,
+        bytes=4000,
+        unit="layers.0",
+        family=family,
+        phase="forward" if family == "all_gather" else "backward",
+    )
+
+
+def flat_step() -> StepModel:
+    """Flat FSDP over group "0": a 300 us gather at 100, a 400 us reduce (gloo: an all-reduce)
+    at 600, and a 100 us optimizer step at 800 of 1000 us of progress."""
+    return StepModel(
+        step=1,
+        start_us=0.0,
+        duration_us=1700.0,
+        work_us=1000.0,
+        ops=[
+            call("all_gather", "0", "all_gather", 100.0, 300.0),
+            call("all_reduce", "0", "reduce", 600.0, 400.0),
+        ],
+        optimizer=[(800.0, 100.0)],
+    )
+
+
+def hsdp_step() -> StepModel:
+    """HSDP 2 x 2: the gather and reduce on shard group "3", the reduce's all-reduce of the
+    gradient shard on replicate group "1" right after it."""
+    model = flat_step()
+    ops = [
+        call("all_gather", "3", "all_gather", 100.0, 300.0),
+        call("all_reduce", "3", "reduce", 600.0, 400.0),
+        call("all_reduce", "1", "reduce", 600.0, 200.0),
+        call("all_reduce", "3", "reduce", 700.0, 400.0, after=1),
+    ]
+    return StepModel(
+        step=1, start_us=0.0, duration_us=2300.0, work_us=1000.0, ops=ops,
+        optimizer=model.optimizer,
+    )  # fmt: skip
+
+
+def fit(lane: str, alpha: float) -> CommFit:
+    return CommFit(lane, alpha, 1.0, 10, 2, 0.1, True)
+
+
+def test_the_groups_come_from_the_gathers_and_the_other_reduces_with_their_declared_sizes() -> None:
+    flat = dp_groups([flat_step()], {"0": 4})
+    assert flat == DpGroups("0", 4, None, 1)
+    hsdp = dp_groups([hsdp_step()], {"1": 2, "3": 2})
+    assert hsdp == DpGroups("3", 2, "1", 2)
+    # no process-group table: a run with no replicate group shards over the world
+    assert dp_groups([flat_step()], {}, world=8).shape == (1, 8)
+    with pytest.raises(MeshShapeError, match="do not say how many ranks"):
+        dp_groups([hsdp_step()], {}, world=4)
+
+
+def test_runs_that_cannot_be_reshaped_are_refused_with_the_reason() -> None:
+    copies = StepModel(
+        step=1, start_us=0.0, duration_us=10.0, work_us=10.0,
+        ops=[call("all_reduce", "1", "reduce", 5.0, 1.0)],
+    )  # fmt: skip
+    with pytest.raises(MeshShapeError, match="whole copy of the model"):
+        dp_groups([copies], {"1": 4})
+    two_meshes = flat_step()
+    two_meshes.ops.append(call("all_gather", "5", "all_gather", 200.0, 10.0))
+    with pytest.raises(MeshShapeError, match="several process groups"):
+        dp_groups([two_meshes], {"0": 4, "5": 2})
+    groups = DpGroups("0", 4, None, 1)
+    with pytest.raises(MeshShapeError, match="R x S = 4"):
+        check_shape(groups, (3, 2))
+    with pytest.raises(MeshShapeError, match="already 1 x 4"):
+        check_shape(groups, (1, 4))
+
+
+def test_a_flat_run_on_half_the_shard_gets_ring_costs_a_replicate_all_reduce_and_a_bigger_optimizer() -> (
+    None
+):
+    model = flat_step()
+    fits = {"0|all_gather": fit("0|all_gather", 60.0), "0|all_reduce": fit("0|all_reduce", 90.0)}
+    out = reshaped(model, DpGroups("0", 4, None, 1), (2, 2), fits)
+    gather, reduce, new = out.ops
+    # ring over p ranks: (p-1) latencies, (p-1)/p of the bytes; 4 -> 2: 1/3 and 2/3
+    assert gather.dur_us == pytest.approx(60.0 / 3 + 240.0 * (1 / 2) / (3 / 4))
+    assert reduce.dur_us == pytest.approx(90.0 / 3 + 310.0 * (1 / 2) / (3 / 4))
+    # the replicate all-reduce of the 2-way shard over 2 replicas, on the reduce's link: the
+    # all-reduce over 4 had 2*3 latencies (15 us each) and moved 2*3/4 of the message (310 us)
+    assert new.kind == "all_reduce" and new.family == "reduce" and new.lane == reduce.lane
+    assert new.after == 1 and new.bytes == 2000
+    assert new.dur_us == pytest.approx(2 * 1 * 15.0 + 2 * (1 / 2) * (310.0 / 1.5) / 2)
+    # the optimizer holds twice the shard: its 100 us become 200, what follows moves on
+    assert out.optimizer == [(800.0, 200.0)] and out.work_us == pytest.approx(1100.0)
+    # every call blocks: the step is the progress plus the three calls, one after the other
+    assert replay(out).duration_us == pytest.approx(1100.0 + sum(op.dur_us for op in out.ops))
+
+
+def test_an_hsdp_run_made_flat_loses_its_all_reduces_and_halves_its_optimizer() -> None:
+    out = reshaped(hsdp_step(), DpGroups("3", 2, "1", 2), (1, 4), {})
+    assert [op.lane for op in out.ops] == ["3|all_gather", "3|all_reduce", "3|all_reduce"]
+    assert out.ops[2].after == 1  # still queued behind the first reduce, re-indexed
+    # no fit: no latency part; 2 -> 4 ranks moves (3/4) / (1/2) of the bytes
+    assert out.ops[0].dur_us == pytest.approx(300.0 * 1.5)
+    assert out.work_us == pytest.approx(950.0)
+
+
+def test_an_hsdp_run_with_more_replicas_all_reduces_a_bigger_shard_over_more_ranks() -> None:
+    four = StepModel(step=1, start_us=0.0, duration_us=1.0, work_us=1000.0,
+                     ops=hsdp_step().ops)  # fmt: skip
+    # 2 x 4 -> 4 x 2: the replicate all-reduce goes from 2 to 4 ranks and carries twice the shard
+    out = reshaped(four, DpGroups("3", 4, "1", 2), (4, 2), {})
+    assert out.ops[2].dur_us == pytest.approx(200.0 * ((3 / 4) / (1 / 2)) * 2)
+    assert out.ops[2].bytes == 8000
+
+
+def test_the_memory_grows_with_the_shard_by_parameters_gradients_and_adams_two_states() -> None:
+    groups = DpGroups("0", 4, None, 1)
+    delta, how = mesh_memory_delta(8 * 2**20, groups, (2, 2), ("AdamW",))
+    assert delta == 4 * 8 * 2**20 * (1 / 2 - 1 / 4)
+    assert "AdamW's 2 state(s)" in how
+    delta, how = mesh_memory_delta(8 * 2**20, groups, (2, 2), ("SGD",))
+    assert delta == 2 * 8 * 2**20 * (1 / 2 - 1 / 4) and "not counted" in how
+    assert mesh_memory_delta(None, groups, (2, 2), ())[0] is None
+
+
+def test_replay_change_reshapes_every_rank_and_refuses_a_shape_of_other_ranks() -> None:
+    sizes = {0: {"0": 4}, 1: {"0": 4}}
+    step = msgspec.structs.replace(flat_step(), optimizer=[(800.0, 30.0)])
+    result = replay_change(
+        {0: [step], 1: [step]}, "cpu", Change(mesh_shape=(2, 2)), group_sizes=sizes
+    )
+    assert result.change.label() == "--mesh-shape 2,2"
+    assert any("1 x 4 (replicate x shard), replayed as 2 x 2" in n for n in result.notes)
+    assert any("shard group's links" in n for n in result.notes)
+    # one message size per lane: no latency fitted. The gather and the reduce lose a third
+    # (-100, -133.3 us), the new all-reduce costs 133.3 us, the optimizer 30 us more
+    assert result.gain_ms == pytest.approx(0.07)
+    with pytest.raises(WhatIfError, match="R x S = 4"):
+        replay_change({0: [flat_step()]}, "cpu", Change(mesh_shape=(2, 4)), group_sizes=sizes)
+
+
+def test_a_shard_of_one_rank_drops_the_gathers_and_reduce_scatters_and_keeps_the_all_reduce() -> None:
+    out = reshaped(flat_step(), DpGroups("0", 4, None, 1), (4, 1), {})
+    # FSDP2 issues no collective on a group of one rank: only the new all-reduce of the whole
+    # gradients over 4 replicas is left, where the reduce-scatter was (the same ring all-reduce)
+    (only,) = out.ops
+    assert only.kind == "all_reduce" and only.after == -1 and only.issue_pos_us == 600.0
+    assert only.dur_us == pytest.approx(400.0)
+    assert out.work_us == pytest.approx(1300.0)  # the optimizer over the whole model: 4x
