@@ -24,6 +24,7 @@ from trainkit import (
     add_common_args,
     add_fsdp2_args,
     device,
+    fsdp_mesh,
     init_distributed,
     set_unshard_async,
     wrap_or_paste,
@@ -56,16 +57,17 @@ def main() -> None:
         )
 
     def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        mesh = fsdp_mesh(args)
         if args.fsdp_wrap == "towers":
             for t in towers:
-                fully_shard(t, reshard_after_forward=True)
+                fully_shard(t, reshard_after_forward=True, mesh=mesh)
         elif args.fsdp_wrap == "leaf":
             # every layer with weights (MultiheadAttention reads its out_proj weight directly, so
             # the attention module is one unit and its out_proj is left inside it)
             for m in list(model.modules()):
                 if type(m) in (nn.Linear, nn.Embedding, nn.LayerNorm, nn.MultiheadAttention):
-                    fully_shard(m)
-        fully_shard(model)
+                    fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         units = [t for t in towers if isinstance(t, FSDPModule)]
         if args.prefetch == "chain":
             for a, b in itertools.pairwise(units):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,23 +25,24 @@ from trainkit import (
     add_common_args,
     add_fsdp2_args,
     device,
+    fsdp_mesh,
     init_distributed,
     set_unshard_async,
     wrap_or_paste,
 )
 
 
-def apply_fsdp(model: TabularResNet, wrap: str, prefetch: str) -> None:
-    """Shard per residual stage (or as `wrap` says) and chain the prefetches."""
+def apply_fsdp(model: TabularResNet, wrap: str, prefetch: str, mesh: Any = None) -> None:
+    """Shard per residual stage (or as `wrap` says) over `mesh` and chain the prefetches."""
     mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     if wrap == "block":
         for stage in model.encoder.stages:
-            fully_shard(stage, mp_policy=mp)
+            fully_shard(stage, mp_policy=mp, mesh=mesh)
     elif wrap == "leaf":
         for module in list(model.modules()):
             if isinstance(module, (nn.Linear, nn.LayerNorm)):
-                fully_shard(module, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+                fully_shard(module, mp_policy=mp, mesh=mesh)
+    fully_shard(model, mp_policy=mp, mesh=mesh)
     stages = [s for s in model.encoder.stages if isinstance(s, FSDPModule)]
     if prefetch == "explicit" and stages:
         for prev, nxt in itertools.pairwise(stages):
@@ -76,7 +78,7 @@ def main() -> None:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, ResidualMLP))
 
     def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
-        apply_fsdp(model, args.wrap, args.prefetch)
+        apply_fsdp(model, args.wrap, args.prefetch, fsdp_mesh(args))
         set_unshard_async(model, args.unshard_async)
         return model
 

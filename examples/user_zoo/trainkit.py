@@ -75,6 +75,25 @@ def add_fsdp2_args(parser: argparse.ArgumentParser) -> None:
         help="FSDP2's unshard as an async op on the root (private API): on CPU/gloo the "
         "prefetched all-gathers then overlap compute",
     )
+    parser.add_argument(
+        "--mesh-shape",
+        metavar="R,S",
+        help="HSDP: R replicas of S-way sharding on a (replicate, shard) mesh (1,N: a 1-D mesh); "
+        "default: shard over the world",
+    )
+
+
+def fsdp_mesh(args: argparse.Namespace) -> Any:
+    """The DeviceMesh `--mesh-shape R,S` asks for: (replicate, shard) for HSDP, a 1-D "shard"
+    mesh when R is 1; None without the option (fully_shard's default: the world)."""
+    if not args.mesh_shape:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    r, s = (int(v) for v in args.mesh_shape.split(","))
+    if r == 1:
+        return init_device_mesh(device().type, (s,), mesh_dim_names=("shard",))
+    return init_device_mesh(device().type, (r, s), mesh_dim_names=("replicate", "shard"))
 
 
 def set_unshard_async(model: nn.Module, on: bool) -> None:

@@ -21,6 +21,7 @@ from trainkit import (
     add_common_args,
     add_fsdp2_args,
     device,
+    fsdp_mesh,
     init_distributed,
     set_unshard_async,
     wrap_or_paste,
@@ -62,14 +63,15 @@ def main() -> None:
         model.trunk.cells = nn.ModuleList(Recompute(c) for c in model.trunk.cells)
 
     def wrap(model: nn.Module) -> nn.Module:  # the script's own wrap (--paste may replace it)
+        mesh = fsdp_mesh(args)
         if args.shard_granularity == "cell":
             for cell in model.trunk.cells:
-                fully_shard(cell)
+                fully_shard(cell, mesh=mesh)
         elif args.shard_granularity == "linear":
             for m in model.modules():
                 if isinstance(m, nn.Linear):
-                    fully_shard(m)
-        fully_shard(model)
+                    fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         cells = [c for c in model.trunk.cells if isinstance(c, FSDPModule)]
         if args.no_prefetch:
             for c in cells:
