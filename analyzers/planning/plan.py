@@ -11,7 +11,9 @@ The grid (exact: every combination is replayed on every modelled step of every r
   lacks it, without which nothing overlaps there);
 - FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
 
-Mesh shapes are not modelled yet and not searched; activation checkpointing and micro-batches
+Mesh shapes are replayed (`zdiag whatif --mesh-shape`) but not searched: the replay keeps each
+group's links, so it cannot rank shapes whose groups cross nodes differently; activation
+checkpointing and micro-batches
 are modelled in time only (their memory saving is unknown), so they are not searched either
 (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
 ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and

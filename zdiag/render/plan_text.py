@@ -75,7 +75,8 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         lines.append(f"(+{len(s.plans) - RUNNERS_UP - 1} more in --json)")
     tail = [
         "searched exactly, every combination replayed: " + "; ".join(s.grid) + ".",
-        "Not searched: mesh shapes (not modelled yet); activation checkpointing and "
+        "Not searched: mesh shapes (zdiag whatif --mesh-shape; the replay keeps each group's "
+        "links, so it cannot rank shapes that cross nodes differently); activation checkpointing and "
         "micro-batches (their cost in time: zdiag whatif --checkpoint, --micro-batches; their "
         "memory saving is not modelled) (docs/whatif.md). Check the plan: apply it and run "
         "again.",
