@@ -101,9 +101,7 @@ def test_runs_that_cannot_be_reshaped_are_refused_with_the_reason() -> None:
         check_shape(groups, (1, 4))
 
 
-def test_a_flat_run_on_half_the_shard_gets_ring_costs_a_replicate_all_reduce_and_a_bigger_optimizer() -> (
-    None
-):
+def test_a_flat_run_on_half_the_shard_gets_a_replicate_all_reduce_and_a_bigger_optimizer() -> None:
     model = flat_step()
     fits = {"0|all_gather": fit("0|all_gather", 60.0), "0|all_reduce": fit("0|all_reduce", 90.0)}
     out = reshaped(model, DpGroups("0", 4, None, 1), (2, 2), fits)
@@ -132,8 +130,7 @@ def test_an_hsdp_run_made_flat_loses_its_all_reduces_and_halves_its_optimizer() 
 
 
 def test_an_hsdp_run_with_more_replicas_all_reduces_a_bigger_shard_over_more_ranks() -> None:
-    four = StepModel(step=1, start_us=0.0, duration_us=1.0, work_us=1000.0,
-                     ops=hsdp_step().ops)  # fmt: skip
+    four = StepModel(step=1, start_us=0.0, duration_us=1.0, work_us=1000.0, ops=hsdp_step().ops)
     # 2 x 4 -> 4 x 2: the replicate all-reduce goes from 2 to 4 ranks and carries twice the shard
     out = reshaped(four, DpGroups("3", 4, "1", 2), (4, 2), {})
     assert out.ops[2].dur_us == pytest.approx(200.0 * ((3 / 4) / (1 / 2)) * 2)
@@ -166,7 +163,7 @@ def test_replay_change_reshapes_every_rank_and_refuses_a_shape_of_other_ranks() 
         replay_change({0: [flat_step()]}, "cpu", Change(mesh_shape=(2, 4)), group_sizes=sizes)
 
 
-def test_a_shard_of_one_rank_drops_the_gathers_and_reduce_scatters_and_keeps_the_all_reduce() -> None:
+def test_one_rank_per_shard_drops_the_gathers_and_reduce_scatters() -> None:
     out = reshaped(flat_step(), DpGroups("0", 4, None, 1), (4, 1), {})
     # FSDP2 issues no collective on a group of one rank: only the new all-reduce of the whole
     # gradients over 4 replicas is left, where the reduce-scatter was (the same ring all-reduce)
