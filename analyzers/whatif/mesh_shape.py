@@ -255,6 +255,27 @@ def reshaped(
     )
 
 
+def all_reduced_once(model: StepModel, groups: DpGroups) -> tuple[StepModel, int]:
+    """The step with each unit's replicate all-reduces kept in its last micro-batch only (HSDP
+    with gradient accumulation: `set_requires_all_reduce(False)` before the last; the
+    reduce-scatters still run each time and their shards accumulate), and how many went."""
+    last: dict[str, int] = {}
+    for j, op in enumerate(model.ops):
+        if op.family == REDUCE_FAMILY and _group(op.lane) == groups.replicate_group:
+            k = last.get(op.unit)
+            if k is None or op.issue_pos_us >= model.ops[k].issue_pos_us:
+                last[op.unit] = j
+    ops: list[ModelOp] = []
+    moved: dict[int, int] = {}
+    for j, op in enumerate(model.ops):
+        replicate = op.family == REDUCE_FAMILY and _group(op.lane) == groups.replicate_group
+        if replicate and last.get(op.unit) != j:
+            continue
+        moved[j] = len(ops)
+        ops.append(msgspec.structs.replace(op, after=_after(model.ops, op.after, moved)))
+    return msgspec.structs.replace(model, ops=ops), len(model.ops) - len(ops)
+
+
 def _after(old: Sequence[ModelOp], after: int, moved: Mapping[int, int]) -> int:
     """The new index of the op an op queued behind (its own predecessor when that one went)."""
     while after >= 0 and after not in moved:

@@ -32,6 +32,7 @@ from .finer_wrap import (
 from .mesh_shape import (
     DpGroups,
     MeshShapeError,
+    all_reduced_once,
     check_shape,
     dp_groups,
     mesh_memory_delta,
@@ -59,6 +60,7 @@ class Change:
     checkpoint: str | None = None  # activation checkpointing of each child of this module
     micro_batches: int | None = None  # each step's batch split into this many, accumulated
     mesh_shape: tuple[int, int] | None = None  # FSDP's ranks as (replicate, shard)
+    all_reduce_once: bool = False  # HSDP: replicate all-reduces in the last micro-batch only
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -81,6 +83,8 @@ class Change:
             parts.append(f"--micro-batches {self.micro_batches}")
         if self.mesh_shape is not None:
             parts.append("--mesh-shape {},{}".format(*self.mesh_shape))
+        if self.all_reduce_once:
+            parts.append("--all-reduce-once")
         return " ".join(parts) or "(nothing: the measured schedule)"
 
 
@@ -160,8 +164,8 @@ def apply_change(
     groups: DpGroups | None = None,
 ) -> StepModel:
     """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
-    then reshard, checkpointing, micro-batches, prefetch, syncs, and last the mesh shape, on
-    the rank's data-parallel `groups`)."""
+    then reshard, checkpointing, micro-batches, prefetch, syncs, and last the replicate
+    all-reduces and the mesh shape, on the rank's data-parallel `groups`)."""
     if split is not None:
         model = finer_wrap(model, split, fits, platform, overhead)
     elif change.wrap is not None:
@@ -176,6 +180,8 @@ def apply_change(
         model = cf.prefetch(model, change.prefetch, platform)
     if change.remove_host_syncs:
         model = cf.without_host_syncs(model)
+    if change.all_reduce_once and groups is not None:
+        model, _ = all_reduced_once(model, groups)
     if change.mesh_shape is not None and groups is not None:
         model = reshaped(model, groups, change.mesh_shape, fits)
     return model
@@ -315,8 +321,11 @@ def replay_change(
     if change.micro_batches is not None:
         notes += _micro_batch_notes(models, change.micro_batches)
     groups: dict[int, DpGroups] = {}
-    if change.mesh_shape is not None:
+    if change.mesh_shape is not None or change.all_reduce_once:
         groups = _mesh_groups(by_rank, change.mesh_shape, group_sizes or {}, world, model)
+    if change.all_reduce_once:
+        notes += _all_reduce_notes(by_rank, groups)
+    if change.mesh_shape is not None:
         notes += _mesh_notes(by_rank, groups, change.mesh_shape)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops
@@ -411,12 +420,12 @@ def _checkpoint_notes(models: Sequence[StepModel], prefix: str) -> list[str]:
 
 def _mesh_groups(
     by_rank: Mapping[int, list[StepModel]],
-    shape: tuple[int, int],
+    shape: tuple[int, int] | None,
     sizes: Mapping[int, Mapping[str, int]],
     world: int | None,
     model: ModelFacts | None,
 ) -> dict[int, DpGroups]:
-    """Each rank's data-parallel groups, checked against `shape` (or WhatIfError)."""
+    """Each rank's data-parallel groups, checked against `shape` when given (or WhatIfError)."""
     mesh = model.mesh if model is not None else None
     try:
         groups = {
@@ -429,10 +438,32 @@ def _mesh_groups(
                 + ", ".join("{} x {}".format(*s) for s in sorted(shapes))
                 + "): no one mesh shape to change"
             )
-        check_shape(next(iter(groups.values())), shape)
+        if shape is not None:
+            check_shape(next(iter(groups.values())), shape)
     except MeshShapeError as exc:
         raise WhatIfError(str(exc)) from exc
     return groups
+
+
+def _all_reduce_notes(
+    by_rank: Mapping[int, list[StepModel]], groups: Mapping[int, DpGroups]
+) -> list[str]:
+    """What the all-reduce-once replay drops (or WhatIfError when it drops nothing)."""
+    if any(g.replicate_group is None for g in groups.values()):
+        raise WhatIfError(
+            "--all-reduce-once drops HSDP's replicate all-reduces, and this run has none (its "
+            "FSDP reduces all run in the shard group)"
+        )
+    dropped = max(all_reduced_once(m, groups[r])[1] for r, ms in by_rank.items() for m in ms)
+    if not dropped:
+        raise WhatIfError(
+            "each unit's gradients are all-reduced across the replicas once per step already "
+            "(one micro-batch, or set_requires_all_reduce(False) before the last)"
+        )
+    return [
+        f"all-reduce once: each unit's replicate all-reduces kept in its last micro-batch only "
+        f"(up to {dropped} per step dropped; set_requires_all_reduce(False) before the last)"
+    ]
 
 
 def _mesh_notes(

@@ -33,6 +33,7 @@ examples:
   zdiag whatif runs/a --checkpoint model.layers    # activation checkpointing of each layer
   zdiag whatif runs/a --micro-batches 2            # each batch as 2 accumulated halves
   zdiag whatif runs/a --mesh-shape 2,4             # HSDP: 2 replicas of 4-way sharding
+  zdiag whatif runs/a --all-reduce-once            # HSDP + accumulation: last micro-batch only
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
@@ -145,6 +146,12 @@ class WhatIfCommand:
             "gathers and reduce-scatters over S ranks, gradient shards all-reduced over R",
         )
         parser.add_argument(
+            "--all-reduce-once",
+            action="store_true",
+            help="HSDP with gradient accumulation: all-reduce across the replicas in the last "
+            "micro-batch only (set_requires_all_reduce(False) before it)",
+        )
+        parser.add_argument(
             "--no-host-syncs",
             action="store_true",
             help="remove the host syncs (.item(), synchronize) the traces show",
@@ -237,12 +244,13 @@ def _change(args: argparse.Namespace) -> Change:
         checkpoint=args.checkpoint.strip(".") if args.checkpoint else None,
         micro_batches=args.micro_batches,
         mesh_shape=args.mesh_shape,
+        all_reduce_once=args.all_reduce_once,
     )
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
-            "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --no-host-syncs, "
-            "--unshard-async-op or --without-straggler RANK."
+            "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --all-reduce-once, "
+            "--no-host-syncs, --unshard-async-op or --without-straggler RANK."
         )
     return change
 

@@ -171,3 +171,46 @@ def test_one_rank_per_shard_drops_the_gathers_and_reduce_scatters() -> None:
     assert only.kind == "all_reduce" and only.after == -1 and only.issue_pos_us == 600.0
     assert only.dur_us == pytest.approx(400.0)
     assert out.work_us == pytest.approx(1300.0)  # the optimizer over the whole model: 4x
+
+
+def accumulated_step() -> StepModel:
+    """HSDP 2 x 2 with two micro-batches: unit `layers.0` reduce-scatters (shard group "3") and
+    all-reduces (replicate group "1") right after in each, blocking."""
+    ops = [
+        call("all_reduce", "3", "reduce", 300.0, 100.0),
+        call("all_reduce", "1", "reduce", 300.5, 200.0),
+        call("all_reduce", "3", "reduce", 700.0, 100.0, after=0),
+        call("all_reduce", "1", "reduce", 700.5, 200.0, after=1),
+        call("all_gather", "3", "all_gather", 100.0, 50.0),
+    ]
+    return StepModel(step=1, start_us=0.0, duration_us=1650.0, work_us=1000.0, ops=ops)
+
+
+def test_all_reduce_once_keeps_each_units_last_replicate_all_reduce() -> None:
+    from zdiag.analyzers.whatif.mesh_shape import all_reduced_once
+
+    out, dropped = all_reduced_once(accumulated_step(), DpGroups("3", 2, "1", 2))
+    assert dropped == 1
+    assert [(op.lane, op.issue_pos_us) for op in out.ops] == [
+        ("3|all_reduce", 300.0),
+        ("3|all_reduce", 700.0),
+        ("1|all_reduce", 700.5),
+        ("3|all_gather", 100.0),
+    ]
+    assert [op.after for op in out.ops] == [-1, 0, -1, -1]  # its predecessor went with it
+    assert replay(out).duration_us == pytest.approx(1650.0 - 200.0)
+
+
+def test_all_reduce_once_needs_replicate_all_reduces_to_drop() -> None:
+    sizes = {0: {"1": 2, "3": 2}}
+    result = replay_change(
+        {0: [accumulated_step()]}, "cpu", Change(all_reduce_once=True), group_sizes=sizes
+    )
+    assert result.change.label() == "--all-reduce-once"
+    assert result.gain_ms == pytest.approx(0.2)
+    with pytest.raises(WhatIfError, match="this run has none"):
+        replay_change({0: [flat_step()]}, "cpu", Change(all_reduce_once=True),
+                      group_sizes={0: {"0": 4}})  # fmt: skip
+    once = msgspec.structs.replace(accumulated_step(), ops=accumulated_step().ops[2:])
+    with pytest.raises(WhatIfError, match="once per step already"):
+        replay_change({0: [once]}, "cpu", Change(all_reduce_once=True), group_sizes=sizes)
