@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from ..frameworks import Remedy, fsdp2
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding
+from ..whatif.run_whatif import Change
 from .comm_model import fit_alpha_beta
 from .context import DetectorContext
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 
 # (the reasoning behind each value: RULE's thresholds, at the end of the module)
@@ -151,6 +153,15 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if removed < MIN_REMOVED_SHARE:
         return []  # latency-bound all-reduces: half the bytes would not shorten them
     exposed_ms = exposed_us / 1e3 / n_steps
+    gain = round(exposed_ms * removed, 3)
+    method = (
+        f"measured exposed all-reduce time per step ({exposed_ms:.2f} ms) x the share "
+        f"removed ({removed:.0%}: {how})"
+    )
+    if split.micro_batches > 1 and split.all_reduces_per_pass >= 1:
+        result = replayed(ctx, Change(all_reduce_once=True))
+        if result is not None:
+            gain, method = round(result.gain_ms, 3), gain_text(result)
     last = [max((r for r in split.all_reduces if r.step == s), key=lambda r: r.start_us)
             for s in sorted({r.step for r in split.all_reduces})]  # fmt: skip
     return [
@@ -177,11 +188,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             },
             recommendation=f"{remedy.text[0].upper()}{remedy.text[1:]}.",
             code=remedy.code,
-            expected_gain_ms=round(exposed_ms * removed, 3),
-            gain_method=(
-                f"measured exposed all-reduce time per step ({exposed_ms:.2f} ms) x the share "
-                f"removed ({removed:.0%}: {how})"
-            ),
+            expected_gain_ms=gain,
+            gain_method=method,
         )
     ]
 
@@ -209,8 +217,10 @@ RULE = Rule(
         "(`MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)` on the run's own mesh)."
     ),
     gain=(
-        "Measured exposed all-reduce time x the share removed: (k-1)/k for k micro-batches; "
-        "for bf16, the all-reduces' own latency-bandwidth fit at half the bytes (at most half)."
+        "For k micro-batches, replayed: the step with each unit's replicate all-reduces in "
+        "its last micro-batch only (`zdiag whatif --all-reduce-once`; else the measured exposed "
+        "all-reduce time x (k-1)/k); for bf16, the measured exposed all-reduce time x the share "
+        "the all-reduces' own latency-bandwidth fit gives at half the bytes (at most half)."
     ),
     scope="FSDP2 HSDP runs (a replicate dimension in the captured mesh or the traces' groups)",
     fsdp_only=True,

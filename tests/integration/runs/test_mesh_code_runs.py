@@ -115,6 +115,9 @@ def test_replicate_all_reduce_code_runs_in_the_accumulation_loop(tmp_path: Path)
     before = _findings(script, tmp_path / "before")
     finding = next(f for f in before if f["id"] == "exposed-replicate-allreduce")
     assert finding["code"].endswith("model.set_requires_all_reduce(i == 3)"), finding["code"]
+    # its gain is the replay of that change, which `zdiag whatif --all-reduce-once` gives too
+    assert "zdiag whatif --all-reduce-once" in finding["gain_method"], finding["gain_method"]
+    assert finding["expected_gain_ms"] > 0
     calls_before = _replicate_calls(tmp_path / "before")
 
     text = script.read_text()
