@@ -15,6 +15,9 @@
   before it starts.
 - A finer wrap (a unit split into its blocks) lives in `finer_wrap.py`, micro-batches in
   `micro_batch.py`.
+- `half_reduce_bytes(model, fits)`: gradients reduced in bf16 instead of fp32: every FSDP
+  reduce keeps its lane's fitted latency and halves the rest of its time (the cast to bf16 and
+  back is left out).
 - `without_host_syncs(model)`: the host syncs' chunks of progress are removed.
 - `checkpointed(model, prefix)`: activation checkpointing of each child of `prefix` (a block):
   its forward runs again at the start of its backward, once its backward gather is consumed.
@@ -282,6 +285,24 @@ def _merge_units(model: StepModel, prefix: str, fits: Mapping[str, CommFit]) -> 
         )
         drop.update(j for j in idx if j != lead)
     return msgspec.structs.replace(model, ops=[op for j, op in enumerate(ops) if j not in drop])
+
+
+def half_reduce_bytes(model: StepModel, fits: Mapping[str, CommFit]) -> StepModel:
+    """The step with every FSDP gradient reduce (reduce-scatter, HSDP's all-reduce) moving half
+    its bytes (`reduce_dtype` bf16 where it was fp32): each call keeps its lane's fitted latency
+    and halves the rest of its measured duration."""
+    ops = []
+    for op in model.ops:
+        if op.family and op.family != GATHER:
+            fit = fits.get(op.lane)
+            alpha = min(fit.alpha_us, op.dur_us) if fit is not None and fit.latency_known else 0.0
+            op = msgspec.structs.replace(
+                op,
+                dur_us=alpha + (op.dur_us - alpha) / 2,
+                bytes=op.bytes // 2 if op.bytes > 0 else op.bytes,
+            )
+        ops.append(op)
+    return msgspec.structs.replace(model, ops=ops)
 
 
 def without_host_syncs(model: StepModel) -> StepModel:

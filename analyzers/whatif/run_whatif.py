@@ -61,6 +61,7 @@ class Change:
     micro_batches: int | None = None  # each step's batch split into this many, accumulated
     mesh_shape: tuple[int, int] | None = None  # FSDP's ranks as (replicate, shard)
     all_reduce_once: bool = False  # HSDP: replicate all-reduces in the last micro-batch only
+    bf16_reduce: bool = False  # FSDP's gradient reduces in bf16 (MixedPrecisionPolicy)
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -85,6 +86,8 @@ class Change:
             parts.append("--mesh-shape {},{}".format(*self.mesh_shape))
         if self.all_reduce_once:
             parts.append("--all-reduce-once")
+        if self.bf16_reduce:
+            parts.append("--reduce-dtype bf16")
         return " ".join(parts) or "(nothing: the measured schedule)"
 
 
@@ -180,6 +183,8 @@ def apply_change(
         model = cf.prefetch(model, change.prefetch, platform)
     if change.remove_host_syncs:
         model = cf.without_host_syncs(model)
+    if change.bf16_reduce:
+        model = cf.half_reduce_bytes(model, fits)
     if change.all_reduce_once and groups is not None:
         model, _ = all_reduced_once(model, groups)
     if change.mesh_shape is not None and groups is not None:
@@ -325,6 +330,8 @@ def replay_change(
         groups = _mesh_groups(by_rank, change.mesh_shape, group_sizes or {}, world, model)
     if change.all_reduce_once:
         notes += _all_reduce_notes(by_rank, groups)
+    if change.bf16_reduce:
+        notes += _bf16_reduce_notes(models, model)
     if change.mesh_shape is not None:
         notes += _mesh_notes(by_rank, groups, change.mesh_shape)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
@@ -463,6 +470,29 @@ def _all_reduce_notes(
     return [
         f"all-reduce once: each unit's replicate all-reduces kept in its last micro-batch only "
         f"(up to {dropped} per step dropped; set_requires_all_reduce(False) before the last)"
+    ]
+
+
+def _bf16_reduce_notes(models: Sequence[StepModel], model: ModelFacts | None) -> list[str]:
+    """What the bf16-reduce replay assumes (or WhatIfError where it cannot apply)."""
+    if not any(op.family and op.family != cf.GATHER for m in models for op in m.ops):
+        raise WhatIfError(
+            "--reduce-dtype bf16 halves the FSDP gradient reduces, and the traces hold none "
+            "(FSDP and ZeRO runs only)"
+        )
+    units = model.description.fsdp2_units if model is not None else ()
+    dtypes = {
+        str(u.mixed_precision.reduce_dtype or u.mixed_precision.param_dtype or u.dtype or "")
+        if u.mixed_precision is not None
+        else str(u.dtype or "")
+        for u in units
+    }
+    if dtypes and all(d.removeprefix("torch.") in ("bfloat16", "float16") for d in dtypes):
+        raise WhatIfError("the run reduces its gradients in 16 bits already")
+    known = "" if dtypes else " (the captured model does not say: taken as fp32 now)"
+    return [
+        "bf16 reduce: each FSDP reduce keeps its lane's fitted latency and moves half its bytes"
+        f"{known}; the casts to bf16 and back are left out"
     ]
 
 

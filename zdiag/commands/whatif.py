@@ -34,6 +34,7 @@ examples:
   zdiag whatif runs/a --micro-batches 2            # each batch as 2 accumulated halves
   zdiag whatif runs/a --mesh-shape 2,4             # HSDP: 2 replicas of 4-way sharding
   zdiag whatif runs/a --all-reduce-once            # HSDP + accumulation: last micro-batch only
+  zdiag whatif runs/a --reduce-dtype bf16          # gradients reduced in bf16
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
@@ -152,6 +153,12 @@ class WhatIfCommand:
             "micro-batch only (set_requires_all_reduce(False) before it)",
         )
         parser.add_argument(
+            "--reduce-dtype",
+            choices=("bf16",),
+            help="bf16: FSDP's gradient reduce-scatters and all-reduces in bf16 "
+            "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)): half the bytes",
+        )
+        parser.add_argument(
             "--no-host-syncs",
             action="store_true",
             help="remove the host syncs (.item(), synchronize) the traces show",
@@ -245,12 +252,14 @@ def _change(args: argparse.Namespace) -> Change:
         micro_batches=args.micro_batches,
         mesh_shape=args.mesh_shape,
         all_reduce_once=args.all_reduce_once,
+        bf16_reduce=args.reduce_dtype == "bf16",
     )
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
             "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --all-reduce-once, "
-            "--no-host-syncs, --unshard-async-op or --without-straggler RANK."
+            "--reduce-dtype bf16, --no-host-syncs, --unshard-async-op or --without-straggler "
+            "RANK."
         )
     return change
 

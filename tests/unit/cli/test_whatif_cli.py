@@ -139,3 +139,13 @@ def test_a_mesh_shape_replays_the_gathers_on_the_new_groups_and_grows_the_shards
     # whole copies on each rank: the gathered bytes held twice over (no captured model here)
     assert result["memory_delta_bytes"] > 0
     assert "summed from the FSDP gathers" in result["memory_basis"]
+
+
+def test_bf16_reduces_replay_every_gradient_reduce_at_half_the_bytes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _whatif([str(TINY), "--reduce-dtype", "bf16", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["change"] == "--reduce-dtype bf16"
+    assert result["predicted_ms"] < result["measured_ms"]

@@ -214,3 +214,16 @@ def test_all_reduce_once_needs_replicate_all_reduces_to_drop() -> None:
     once = msgspec.structs.replace(accumulated_step(), ops=accumulated_step().ops[2:])
     with pytest.raises(WhatIfError, match="once per step already"):
         replay_change({0: [once]}, "cpu", Change(all_reduce_once=True), group_sizes=sizes)
+
+
+def test_bf16_reduces_keep_their_latency_and_halve_the_rest() -> None:
+    from zdiag.analyzers.whatif.counterfactuals import half_reduce_bytes
+
+    model = hsdp_step()
+    fits = {"3|all_reduce": fit("3|all_reduce", 100.0)}
+    out = half_reduce_bytes(model, fits)
+    assert [op.dur_us for op in out.ops] == [300.0, 250.0, 100.0, 250.0]  # the gather unchanged
+    assert [op.bytes for op in out.ops] == [4000, 2000, 2000, 2000]
+    result = replay_change({0: [model]}, "cpu", Change(bf16_reduce=True))
+    assert result.change.label() == "--reduce-dtype bf16"
+    assert any("taken as fp32 now" in n for n in result.notes)
