@@ -158,10 +158,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         f"measured exposed all-reduce time per step ({exposed_ms:.2f} ms) x the share "
         f"removed ({removed:.0%}: {how})"
     )
-    if split.micro_batches > 1 and split.all_reduces_per_pass >= 1:
-        result = replayed(ctx, Change(all_reduce_once=True))
-        if result is not None:
-            gain, method = round(result.gain_ms, 3), gain_text(result)
+    once = split.micro_batches > 1 and split.all_reduces_per_pass >= 1
+    result = replayed(ctx, Change(all_reduce_once=True) if once else Change(bf16_reduce=True))
+    if result is not None:
+        gain, method = round(result.gain_ms, 3), gain_text(result)
     last = [max((r for r in split.all_reduces if r.step == s), key=lambda r: r.start_us)
             for s in sorted({r.step for r in split.all_reduces})]  # fmt: skip
     return [
@@ -217,10 +217,11 @@ RULE = Rule(
         "(`MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)` on the run's own mesh)."
     ),
     gain=(
-        "For k micro-batches, replayed: the step with each unit's replicate all-reduces in "
-        "its last micro-batch only (`zdiag whatif --all-reduce-once`; else the measured exposed "
-        "all-reduce time x (k-1)/k); for bf16, the measured exposed all-reduce time x the share "
-        "the all-reduces' own latency-bandwidth fit gives at half the bytes (at most half)."
+        "Replayed: for k micro-batches, the step with each unit's replicate all-reduces in its "
+        "last micro-batch only (`zdiag whatif --all-reduce-once`); for bf16, with every "
+        "gradient reduce moving half its bytes (`zdiag whatif --reduce-dtype bf16`). Without a "
+        "step model: the measured exposed all-reduce time x (k-1)/k, or x the share the "
+        "all-reduces' own latency-bandwidth fit gives at half the bytes."
     ),
     scope="FSDP2 HSDP runs (a replicate dimension in the captured mesh or the traces' groups)",
     fsdp_only=True,

@@ -131,6 +131,7 @@ def test_replicate_all_reduce_code_runs_in_the_accumulation_loop(tmp_path: Path)
     if again:  # the bf16 reduction, pasted into wrap(): it trains and is not proposed again
         code = again[0]["code"]
         assert 'mesh_dim_names=("replicate", "shard")' in code and "reduce_dtype" in code
+        assert "zdiag whatif --reduce-dtype bf16" in again[0]["gain_method"]
         bf16 = tmp_path / "hsdp_accum_bf16.py"
         bf16.write_text(paste_into_wrap(patched.read_text(), code))
         last = _findings(bf16, tmp_path / "bf16")
