@@ -104,8 +104,8 @@ def dp_groups(
         )
     if not gathers:
         raise MeshShapeError(
-            "another mesh shape re-times the FSDP all-gathers and reduces, and the traces hold "
-            "none (FSDP and HSDP runs only)"
+            "the shard and replicate groups are those of the FSDP all-gathers and reduces, and "
+            "the traces hold none (FSDP and HSDP runs only)"
         )
     if len(gathers) > 1:
         raise MeshShapeError(
