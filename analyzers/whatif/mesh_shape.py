@@ -166,26 +166,17 @@ def _alpha(op: ModelOp, fit: CommFit | None) -> float:
     return min(fit.alpha_us, op.dur_us)
 
 
-def _rescaled(
-    op: ModelOp, fit: CommFit | None, p0: int, p: int, share: float, after: int | None = None
-) -> ModelOp:
-    """`op` on a group of p ranks instead of p0, carrying `share` times its bytes (queued
-    behind `after` when given)."""
+def _rescaled(op: ModelOp, fit: CommFit | None, p0: int, p: int, share: float) -> ModelOp:
+    """`op` on a group of p ranks instead of p0, carrying `share` times its bytes."""
     a = _alpha(op, fit)
     ra, rb = _ring(p0, p)
     nbytes = int(op.bytes * share) if op.bytes > 0 else op.bytes
-    return msgspec.structs.replace(
-        op,
-        dur_us=a * ra + (op.dur_us - a) * rb * share,
-        bytes=nbytes,
-        after=op.after if after is None else after,
-    )
+    return msgspec.structs.replace(op, dur_us=a * ra + (op.dur_us - a) * rb * share, bytes=nbytes)
 
 
 def _replicate_reduce(
-    rs: ModelOp, fit: CommFit | None, groups: DpGroups, shape: tuple[int, int], after: int,
-    delay_us: float,
-) -> ModelOp:  # fmt: skip
+    rs: ModelOp, fit: CommFit | None, groups: DpGroups, shape: tuple[int, int], delay_us: float
+) -> ModelOp:
     """The replicate all-reduce a flat run's reduce-scatter `rs` gains (module docstring)."""
     r, s = shape
     s0 = groups.shard
@@ -198,7 +189,7 @@ def _replicate_reduce(
         kind="all_reduce",
         lane=rs.lane,
         issue_pos_us=rs.issue_pos_us,
-        after=after,
+        after=-1,
         delay_us=delay_us,
         dur_us=dur,
         wait_pos_us=rs.wait_pos_us,
@@ -215,34 +206,30 @@ def reshaped(
 ) -> StepModel:
     """The step on the mesh shape (replicate, shard) = `shape` (see the module docstring)."""
     r, s = shape
-    ops: list[ModelOp] = []
-    moved: dict[int, int] = {}  # old index -> new
+    ops = _Ops()
     floor = min((op.delay_us for op in model.ops if op.family), default=0.0)
-    for j, op in enumerate(model.ops):
+    for op in model.ops:
         group = _group(op.lane)
         in_shard = bool(op.family) and group == groups.shard_group
         if in_shard and groups.replicate == 1 and r > 1 and op.family == REDUCE_FAMILY:
             # a flat run's reduce-scatter gains the replicate all-reduce after it
-            after = _after(model.ops, op.after, moved)
+            queued = op.after >= 0
             if s > 1:
-                moved[j] = len(ops)
-                ops.append(_rescaled(op, fits.get(op.lane), groups.shard, s, 1.0, after))
-                after = len(ops) - 1
-            ops.append(_replicate_reduce(op, fits.get(op.lane), groups, shape, after, floor))
+                ops.add(_rescaled(op, fits.get(op.lane), groups.shard, s, 1.0))
+                queued = True
+            ar = _replicate_reduce(op, fits.get(op.lane), groups, shape, floor)
+            ops.add(ar, queued=queued)
             continue
         if in_shard:
             if s == 1:
                 continue  # FSDP issues no collective on a group of one rank
-            new = _rescaled(op, fits.get(op.lane), groups.shard, s, 1.0)
+            ops.add(_rescaled(op, fits.get(op.lane), groups.shard, s, 1.0))
         elif op.family == REDUCE_FAMILY and group == groups.replicate_group:
-            if r == 1:
-                continue
-            new = _rescaled(op, fits.get(op.lane), groups.replicate, r, groups.shard / s)
+            if r > 1:
+                ops.add(_rescaled(op, fits.get(op.lane), groups.replicate, r, groups.shard / s))
         else:
-            new = op
-        moved[j] = len(ops)
-        ops.append(msgspec.structs.replace(new, after=_after(model.ops, op.after, moved)))
-    changed = msgspec.structs.replace(model, ops=ops)
+            ops.add(op)
+    changed = msgspec.structs.replace(model, ops=ops.ops)
     factor = groups.shard / s
     if factor > 1:
         changed = cf.expanded(changed, [(p + n, n * (factor - 1)) for p, n in model.optimizer])
@@ -265,22 +252,30 @@ def all_reduced_once(model: StepModel, groups: DpGroups) -> tuple[StepModel, int
             k = last.get(op.unit)
             if k is None or op.issue_pos_us >= model.ops[k].issue_pos_us:
                 last[op.unit] = j
-    ops: list[ModelOp] = []
-    moved: dict[int, int] = {}
+    ops = _Ops()
     for j, op in enumerate(model.ops):
         replicate = op.family == REDUCE_FAMILY and _group(op.lane) == groups.replicate_group
-        if replicate and last.get(op.unit) != j:
-            continue
-        moved[j] = len(ops)
-        ops.append(msgspec.structs.replace(op, after=_after(model.ops, op.after, moved)))
-    return msgspec.structs.replace(model, ops=ops), len(model.ops) - len(ops)
+        if not replicate or last.get(op.unit) == j:
+            ops.add(op)
+    return msgspec.structs.replace(model, ops=ops.ops), len(model.ops) - len(ops.ops)
 
 
-def _after(old: Sequence[ModelOp], after: int, moved: Mapping[int, int]) -> int:
-    """The new index of the op an op queued behind (its own predecessor when that one went)."""
-    while after >= 0 and after not in moved:
-        after = old[after].after
-    return moved[after] if after >= 0 else -1
+class _Ops:
+    """A step's ops being rebuilt: an op that queued on its lane (`after` >= 0) queues behind
+    the latest op kept on that lane (the replay reads only whether it queued; the index keeps
+    the model readable)."""
+
+    def __init__(self) -> None:
+        self.ops: list[ModelOp] = []
+        self._last: dict[str, int] = {}
+
+    def add(self, op: ModelOp, *, queued: bool | None = None) -> None:
+        """Append `op` (`queued`: whether it queues on its lane; None: as it did)."""
+        behind = (
+            self._last.get(op.lane, -1) if (op.after >= 0 if queued is None else queued) else -1
+        )
+        self._last[op.lane] = len(self.ops)
+        self.ops.append(msgspec.structs.replace(op, after=behind))
 
 
 def optimizer_states(classes: Sequence[str]) -> tuple[int, str]:

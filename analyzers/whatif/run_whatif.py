@@ -502,11 +502,11 @@ def _mesh_notes(
     """What the mesh-shape replay assumed."""
     g = next(iter(groups.values()))
     r, s = shape
+    replicas = f"an all-reduce of each gradient shard over {r}" if r > 1 else "no all-reduce"
     notes = [
         f"mesh shape: the run's FSDP ranks are {g.replicate} x {g.shard} (replicate x shard), "
         f"replayed as {r} x {s}: gathers and reduce-scatters as ring collectives over {s} "
-        f"rank(s), {'no replicate all-reduce' if r == 1 else f'an all-reduce of each gradient shard over {r}'} "
-        "(docs/whatif.md)"
+        f"rank(s), {replicas} across replicas (docs/whatif.md)"
     ]
     if g.replicate == 1 and r > 1:
         notes.append(
