@@ -246,14 +246,15 @@ def _merged_overhead_cuts(
 
 
 def _merge_units(model: StepModel, prefix: str, fits: Mapping[str, CommFit]) -> StepModel:
-    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    # per lane too: an HSDP unit's reduce-scatter and its replicate all-reduce stay apart
+    groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
     for j, op in enumerate(model.ops):
         key = wrap_key(op.unit, prefix) if op.family else None
         if key is not None:
-            groups[(key, op.family, op.phase)].append(j)
+            groups[(key, op.family, op.phase, op.lane)].append(j)
     drop: set[int] = set()
     ops = list(model.ops)
-    for (key, family, _phase), idx in groups.items():
+    for (key, family, _phase, _lane), idx in groups.items():
         if len(idx) < 2:
             ops[idx[0]] = msgspec.structs.replace(ops[idx[0]], unit=key)
             continue

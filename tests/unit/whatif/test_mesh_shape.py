@@ -227,3 +227,18 @@ def test_bf16_reduces_keep_their_latency_and_halve_the_rest() -> None:
     result = replay_change({0: [model]}, "cpu", Change(bf16_reduce=True))
     assert result.change.label() == "--reduce-dtype bf16"
     assert any("taken as fp32 now" in n for n in result.notes)
+
+
+def test_a_coarser_wrap_merges_an_hsdp_units_reduces_per_group() -> None:
+    from zdiag.analyzers.whatif.counterfactuals import coarser_wrap
+    from zdiag.analyzers.whatif.platform import Platform
+
+    ops = []
+    for k, pos in (("attn", 600.0), ("mlp", 700.0)):
+        rs = call("all_reduce", "3", "reduce", pos, 100.0)
+        ar = call("all_reduce", "1", "reduce", pos + 0.5, 50.0)
+        ops += [msgspec.structs.replace(op, unit=f"layers.0.{k}") for op in (rs, ar)]
+    model = StepModel(step=1, start_us=0.0, duration_us=1300.0, work_us=1000.0, ops=ops)
+    out = coarser_wrap(model, "layers", {}, Platform("cpu", False, "test"))
+    # layers.0's two units' reduce-scatters merge, and so do their all-reduces: one of each
+    assert sorted(op.lane for op in out.ops) == ["1|all_reduce", "3|all_reduce"]
