@@ -147,8 +147,9 @@ def _memory_gain(
 ) -> tuple[int | None, str]:
     """(bytes saved at the peak, how): the whole unit against root-only parameters plus the
     BLOCKS_UNSHARDED_AT_PEAK largest blocks (equal blocks when their sizes are unknown), under
-    reshard-after-forward."""
-    if not layers or not reshard:
+    reshard-after-forward, as the remedy's per-block units do (FSDP's default); `reshard`
+    False (the run keeps its units gathered after forward) is said in the method."""
+    if not layers:
         return None, ""
     frac = share.fraction if share.fraction is not None else 1.0
     if share.peak is not None:
@@ -171,6 +172,12 @@ def _memory_gain(
         f"block with reshard_after_forward=True and prefetch depth 1 = root-only parameters + "
         + blocks
     )
+    if not reshard:
+        method += (
+            "; the run sets reshard_after_forward=False, and the code's blocks reshard (FSDP's "
+            "default): with False kept on them, every block stays gathered until backward and "
+            "nothing is saved"
+        )
     return max(0, int(whole_bytes - new_peak)), method
 
 
