@@ -54,6 +54,14 @@ def predicted_change_ms(run_dir: Path, *change: str) -> float | None:
     return statistics.median(r["predicted_ms"] - r["measured_ms"] for r in ranks)
 
 
+def verdict(pred: float, meas: float, spread: float) -> str:
+    """A prediction against a measured change: "yes" (same sign, within 2x), "no", or, with
+    both inside the run-to-run spread, "noise" (and whether the signs differ)."""
+    if abs(meas) <= spread and abs(pred) <= spread:
+        return "noise" if pred * meas >= 0 else "noise, sign differs"
+    return "yes" if pred * meas > 0 and 0.5 <= pred / meas <= 2.0 else "no"
+
+
 def write_table(title: str, header: list[str], rows: list[str], output: Path | None) -> None:
     """The command line, the machine and a markdown table, to `output` (else stdout)."""
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import step_log_ms  # noqa: E402
-from whatif_checkpoint import predicted_change_ms, write_table  # noqa: E402
+from whatif_checkpoint import predicted_change_ms, verdict, write_table  # noqa: E402
 
 MESH = ROOT / "examples" / "mesh"
 HOOK = '    """Called before micro-batch i\'s backward (i = 0 .. MICRO_BATCHES - 1)."""\n'
@@ -96,9 +96,7 @@ def row(workdir: Path, case: str, repeats: int, steps: int) -> str:
     pred = statistics.median(preds)
     meas = statistics.median(after) - statistics.median(before)
     spread = max(max(before) - min(before), max(after) - min(after))
-    within = "yes" if pred * meas > 0 and 0.5 <= pred / meas <= 2.0 else "no"
-    if abs(meas) <= spread and abs(pred) <= spread:
-        within = "noise" if pred * meas >= 0 else "noise, sign differs"
+    within = verdict(pred, meas, spread)
     return (
         f"| `{name}` | `{' '.join(change)}` | {statistics.median(before):.1f} | {pred:+.1f} "
         f"| {meas:+.1f} | {spread:.1f} | {within} |"

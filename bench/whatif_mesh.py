@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import ZOO, parse_summaries  # noqa: E402
-from whatif_checkpoint import write_table  # noqa: E402
+from whatif_checkpoint import verdict, write_table  # noqa: E402
 
 # script:ranks:recorded shape:replayed shape (replicate,shard)
 CASES = (
@@ -91,12 +91,6 @@ def predicted(run_dir: Path, shape: str) -> tuple[float, float] | None:
     return change, (data["memory_delta_bytes"] or 0) / 2**20
 
 
-def _within(pred: float, meas: float, spread: float) -> str:
-    if abs(meas) <= spread and abs(pred) <= spread:
-        return "noise" if pred * meas >= 0 else "noise, sign differs"
-    return "yes" if pred * meas > 0 and 0.5 <= pred / meas <= 2.0 else "no"
-
-
 def main() -> int:
     """Record every configuration, replay each case, write the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -133,8 +127,8 @@ def main() -> int:
         spread = max(max(v) - min(v) for v in steps)
         rows.append(
             f"| `{script}` | {ranks} | {src} -> {dst} | {statistics.median(steps[0]):.1f} "
-            f"| {pred:+.1f} | {meas:+.1f} | {spread:.1f} | {_within(pred, meas, spread)} "
-            f"| {pred_mem:+.1f} / {meas_mem:+.1f} | {_within(pred_mem, meas_mem, 0.0)} |"
+            f"| {pred:+.1f} | {meas:+.1f} | {spread:.1f} | {verdict(pred, meas, spread)} "
+            f"| {pred_mem:+.1f} / {meas_mem:+.1f} | {verdict(pred_mem, meas_mem, 0.0)} |"
         )
     write_table(
         "bench/whatif_mesh.py",

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import ZOO, parse_summaries  # noqa: E402
-from whatif_checkpoint import predicted_change_ms, write_table  # noqa: E402
+from whatif_checkpoint import predicted_change_ms, verdict, write_table  # noqa: E402
 
 # script:batch:K, FSDP2 scripts of the zoo that take --grad-accum
 CASES = ("trunk_fsdp2:256:2", "trunk_fsdp2:256:4", "tabular_fsdp2:256:2", "seq2seq_fsdp2:16:2")
@@ -68,9 +68,7 @@ def row(workdir: Path, case: str, repeats: int) -> str:
     pred = statistics.median(preds)
     meas = statistics.median(accum) - statistics.median(full)
     spread = max(max(full) - min(full), max(accum) - min(accum))
-    within = "yes" if pred * meas > 0 and 0.5 <= pred / meas <= 2.0 else "no"
-    if abs(meas) <= spread and abs(pred) <= spread:
-        within = "noise"
+    within = verdict(pred, meas, spread)
     return (
         f"| `{script}` | {batch} | {k} | {statistics.median(full):.1f} | {pred:+.1f} "
         f"| {meas:+.1f} | {spread:.1f} | {within} |"

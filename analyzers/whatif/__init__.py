@@ -5,7 +5,9 @@
   the run itself (alpha-beta per process group and kind, with its fit error);
 - `counterfactuals.py`: the changes (prefetch depth, reshard after forward, a coarser wrap, host
   syncs removed, checkpointing, stragglers removed), each a function from a step model to a step
-  model; `finer_wrap.py` (a unit split into the captured model's blocks) and `micro_batch.py`
-  (the passes run K times) are two more;
+  model; `finer_wrap.py` (a unit split into the captured model's blocks), `micro_batch.py`
+  (the passes run K times) and `mesh_shape.py` (another HSDP mesh shape; HSDP's all-reduces
+  kept once per step) are more;
+- `change_checks.py`: what each change assumes on a run, or why it cannot apply there;
 - `run_whatif.py`: a change applied to every rank's modelled steps, predicted against measured.
 """

@@ -20,7 +20,9 @@ from ..inputs.model_facts import ModelFacts
 from ..rank.declared_groups import sizes_by_name
 from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
+from . import change_checks as checks
 from . import counterfactuals as cf
+from .change_checks import WhatIfError
 from .finer_wrap import (
     SplitError,
     WrapSplit,
@@ -29,22 +31,10 @@ from .finer_wrap import (
     unplaceable,
     wrap_split,
 )
-from .mesh_shape import (
-    DpGroups,
-    MeshShapeError,
-    all_reduced_once,
-    check_shape,
-    dp_groups,
-    mesh_memory_delta,
-    reshaped,
-)
-from .micro_batch import micro_batched, passes_span
+from .mesh_shape import DpGroups, all_reduced_once, mesh_memory_delta, reshaped
+from .micro_batch import micro_batched
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
-
-
-class WhatIfError(ValueError):
-    """A change that cannot be applied to this run (the message says why and what to do)."""
 
 
 @dataclass(frozen=True)
@@ -322,18 +312,18 @@ def replay_change(
             "evenly over its forward and backward (docs/whatif.md)"
         )
     if change.checkpoint is not None:
-        notes += _checkpoint_notes(models, change.checkpoint)
+        notes += checks.checkpoint_notes(models, change.checkpoint)
     if change.micro_batches is not None:
-        notes += _micro_batch_notes(models, change.micro_batches)
+        notes += checks.micro_batch_notes(models, change.micro_batches)
     groups: dict[int, DpGroups] = {}
     if change.mesh_shape is not None or change.all_reduce_once:
-        groups = _mesh_groups(by_rank, change.mesh_shape, group_sizes or {}, world, model)
+        groups = checks.mesh_groups(by_rank, change.mesh_shape, group_sizes or {}, world, model)
     if change.all_reduce_once:
-        notes += _all_reduce_notes(by_rank, groups)
+        notes += checks.all_reduce_notes(by_rank, groups)
     if change.bf16_reduce:
-        notes += _bf16_reduce_notes(models, model)
+        notes += checks.bf16_reduce_notes(models, model)
     if change.mesh_shape is not None:
-        notes += _mesh_notes(by_rank, groups, change.mesh_shape)
+        notes += checks.mesh_notes(by_rank, groups, change.mesh_shape)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops
     ):
@@ -398,147 +388,6 @@ def replay_change(
         timeline=timeline,
         lower_bound=lower_bound,
     )
-
-
-def _checkpoint_notes(models: Sequence[StepModel], prefix: str) -> list[str]:
-    """What the checkpointing replay could not place (or WhatIfError when nothing)."""
-    spans = [cf.block_forwards(m, prefix) for m in models]
-    if not any(spans):
-        blocks = sorted({cf.wrap_key(op.unit, prefix) or "" for m in models for op in m.ops})
-        blocks = [b for b in blocks if b]
-        raise WhatIfError(
-            f"checkpointing the children of '{prefix}' needs at least two of them gathered as "
-            f"FSDP units in forward (found: {', '.join(blocks) or 'none'}); give the module "
-            "whose children are the repeated blocks"
-        )
-    missing = max(cf.checkpointed(m, prefix)[1] for m in models)
-    notes = [
-        "checkpointing: each block's forward (the progress from its forward gather to the "
-        "next block's; the last block as the median of the others) runs again where its "
-        "backward gather is consumed"
-    ]
-    if missing:
-        notes.append(
-            f"{missing} block(s) have no backward gather (kept unsharded after forward), so "
-            "their recompute has no position and is left out: the prediction is low by it"
-        )
-    return notes
-
-
-def _mesh_groups(
-    by_rank: Mapping[int, list[StepModel]],
-    shape: tuple[int, int] | None,
-    sizes: Mapping[int, Mapping[str, int]],
-    world: int | None,
-    model: ModelFacts | None,
-) -> dict[int, DpGroups]:
-    """Each rank's data-parallel groups, checked against `shape` when given (or WhatIfError)."""
-    mesh = model.mesh if model is not None else None
-    try:
-        groups = {
-            r: dp_groups(ms, sizes.get(r, {}), world=world, mesh=mesh) for r, ms in by_rank.items()
-        }
-        shapes = {g.shape for g in groups.values()}
-        if len(shapes) > 1:
-            raise MeshShapeError(
-                "the ranks' FSDP groups differ in size ("
-                + ", ".join("{} x {}".format(*s) for s in sorted(shapes))
-                + "): no one mesh shape to change"
-            )
-        if shape is not None:
-            check_shape(next(iter(groups.values())), shape)
-    except MeshShapeError as exc:
-        raise WhatIfError(str(exc)) from exc
-    return groups
-
-
-def _all_reduce_notes(
-    by_rank: Mapping[int, list[StepModel]], groups: Mapping[int, DpGroups]
-) -> list[str]:
-    """What the all-reduce-once replay drops (or WhatIfError when it drops nothing)."""
-    if any(g.replicate_group is None for g in groups.values()):
-        raise WhatIfError(
-            "--all-reduce-once drops HSDP's replicate all-reduces, and this run has none (its "
-            "FSDP reduces all run in the shard group)"
-        )
-    dropped = max(all_reduced_once(m, groups[r])[1] for r, ms in by_rank.items() for m in ms)
-    if not dropped:
-        raise WhatIfError(
-            "each unit's gradients are all-reduced across the replicas once per step already "
-            "(one micro-batch, or set_requires_all_reduce(False) before the last)"
-        )
-    return [
-        f"all-reduce once: each unit's replicate all-reduces kept in its last micro-batch only "
-        f"(up to {dropped} per step dropped; set_requires_all_reduce(False) before the last)"
-    ]
-
-
-def _bf16_reduce_notes(models: Sequence[StepModel], model: ModelFacts | None) -> list[str]:
-    """What the bf16-reduce replay assumes (or WhatIfError where it cannot apply)."""
-    if not any(op.family and op.family != cf.GATHER for m in models for op in m.ops):
-        raise WhatIfError(
-            "--reduce-dtype bf16 halves the FSDP gradient reduces, and the traces hold none "
-            "(FSDP and ZeRO runs only)"
-        )
-    units = model.description.fsdp2_units if model is not None else ()
-    dtypes = {
-        str(u.mixed_precision.reduce_dtype or u.mixed_precision.param_dtype or u.dtype or "")
-        if u.mixed_precision is not None
-        else str(u.dtype or "")
-        for u in units
-    }
-    if dtypes and all(d.removeprefix("torch.") in ("bfloat16", "float16") for d in dtypes):
-        raise WhatIfError("the run reduces its gradients in 16 bits already")
-    known = "" if dtypes else " (the captured model does not say: taken as fp32 now)"
-    return [
-        "bf16 reduce: each FSDP reduce keeps its lane's fitted latency and moves half its bytes"
-        f"{known}; the casts to bf16 and back are left out"
-    ]
-
-
-def _mesh_notes(
-    by_rank: Mapping[int, list[StepModel]], groups: Mapping[int, DpGroups], shape: tuple[int, int]
-) -> list[str]:
-    """What the mesh-shape replay assumed."""
-    g = next(iter(groups.values()))
-    r, s = shape
-    replicas = f"an all-reduce of each gradient shard over {r}" if r > 1 else "no all-reduce"
-    notes = [
-        f"mesh shape: the run's FSDP ranks are {g.replicate} x {g.shard} (replicate x shard), "
-        f"replayed as {r} x {s}: gathers and reduce-scatters as ring collectives over {s} "
-        f"rank(s), {replicas} across replicas (docs/whatif.md)"
-    ]
-    if g.replicate == 1 and r > 1:
-        notes.append(
-            "the run has no replicate group to fit: its new all-reduces use the shard group's "
-            "links (across nodes they run on slower ones than this)"
-        )
-    if g.shard != s:
-        if any(m.optimizer for ms in by_rank.values() for m in ms):
-            notes.append(f"the optimizer steps scaled by {g.shard}/{s} (the shard each rank holds)")
-        else:
-            notes.append(
-                "the traces hold no optimizer-step range: its change with the shard "
-                f"({g.shard}/{s}) is left out"
-            )
-    return notes
-
-
-def _micro_batch_notes(models: Sequence[StepModel], k: int) -> list[str]:
-    """What the micro-batch replay assumes (or WhatIfError when it cannot place them)."""
-    if k < 2:
-        raise WhatIfError(f"--micro-batches takes 2 or more (got {k})")
-    if any(passes_span(m) is None for m in models):
-        raise WhatIfError(
-            "micro-batches are placed between the first FSDP gather and the last reduce of each "
-            "step, and some modelled steps have no FSDP gather or reduce (FSDP and ZeRO runs "
-            "only)"
-        )
-    return [
-        f"micro-batches: the passes run {k} times, their compute at 1/{k} (taken as linear in "
-        "the batch: low where a micro-batch gets small), FSDP's hooks, host syncs and gathers "
-        "at full length each time, gradients reduced in the last one only (docs/whatif.md)"
-    ]
 
 
 def _changed_models(
