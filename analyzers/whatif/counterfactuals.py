@@ -50,7 +50,7 @@ import msgspec
 
 from ..rank.fsdp_ledger import GATHER_FAMILY
 from ..rank.step_model import ModelOp, StepModel
-from .platform import CommFit, OverheadFit, Platform
+from .platform import CommFit, OverheadFit, Platform, with_bytes_share
 
 GATHER = GATHER_FAMILY
 
@@ -292,17 +292,10 @@ def half_reduce_bytes(model: StepModel, fits: Mapping[str, CommFit]) -> StepMode
     """The step with every FSDP gradient reduce (reduce-scatter, HSDP's all-reduce) moving half
     its bytes (`reduce_dtype` bf16 where it was fp32): each call keeps its lane's fitted latency
     and halves the rest of its measured duration."""
-    ops = []
-    for op in model.ops:
-        if op.family and op.family != GATHER:
-            fit = fits.get(op.lane)
-            alpha = min(fit.alpha_us, op.dur_us) if fit is not None and fit.latency_known else 0.0
-            op = msgspec.structs.replace(
-                op,
-                dur_us=alpha + (op.dur_us - alpha) / 2,
-                bytes=op.bytes // 2 if op.bytes > 0 else op.bytes,
-            )
-        ops.append(op)
+    ops = [
+        with_bytes_share(op, 0.5, fits) if op.family and op.family != GATHER else op
+        for op in model.ops
+    ]
     return msgspec.structs.replace(model, ops=ops)
 
 

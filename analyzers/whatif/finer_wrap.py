@@ -39,7 +39,7 @@ from ..inputs.model_facts import ModelFacts
 from ..rank.fsdp_ledger import GATHER_FAMILY
 from ..rank.step_model import ModelOp, StepModel
 from . import counterfactuals as cf
-from .platform import CommFit, OverheadFit, Platform
+from .platform import CommFit, OverheadFit, Platform, with_bytes_share
 
 FORWARD_SHARE = 1 / 3
 """A unit's forward as a share of its forward plus backward, when the trace does not say."""
@@ -188,22 +188,29 @@ def finer_wrap(
     ops = [op for op in model.ops if not (op.family and op.unit == split.unit)]
     rest = split.rest_share
     if rest >= _MIN_SHARE:
-        ops += [_scaled(op, rest, fits) for op in own]
+        ops += [with_bytes_share(op, rest, fits) for op in own]
     n = len(split.blocks)
     inserts: list[tuple[float, float]] = []
     for i, (path, nbytes) in enumerate(split.blocks):
         f = split.share(nbytes)
         at_fwd = start + (fwd_end - start) * i / n
         at_bwd = fwd_end + (end - fwd_end) * (n - 1 - i) / n
-        ops.append(_placed(_scaled(forward, f, fits), path, at_fwd, at_fwd, launch))
+        ops.append(_placed(with_bytes_share(forward, f, fits), path, at_fwd, at_fwd, launch))
         ops.append(  # the unit's own backward gather's cost where it re-gathered, else forward's
-            _placed(_scaled(backward or forward, f, fits), path, at_bwd, at_bwd, launch, "backward")
+            _placed(
+                with_bytes_share(backward or forward, f, fits),
+                path,
+                at_bwd,
+                at_bwd,
+                launch,
+                "backward",
+            )
         )
         at_end = fwd_end + (end - fwd_end) * (n - i) / n - _BEFORE_NEXT
         wait = reduce.wait_pos_us
         if wait is not None:
             wait = at_end if _blocking(reduce) else max(wait, at_end)
-        ops.append(_placed(_scaled(reduce, f, fits), path, at_end, wait, launch))
+        ops.append(_placed(with_bytes_share(reduce, f, fits), path, at_end, wait, launch))
         sizes[path] = max(0, int(forward.bytes * f)) if forward.bytes > 0 else 0
         if overhead is not None and overhead.sizes >= 2:
             o = overhead.overhead_us(sizes[path]) / 2
@@ -228,17 +235,6 @@ def _needed(op: ModelOp) -> float:
     if op.needed_pos_us is not None:
         return op.needed_pos_us
     return op.wait_pos_us if op.wait_pos_us is not None else op.issue_pos_us
-
-
-def _scaled(op: ModelOp, share: float, fits: Mapping[str, CommFit]) -> ModelOp:
-    """`op` carrying `share` of its bytes: its lane's latency plus that share of the rest."""
-    fit = fits.get(op.lane)
-    alpha = min(fit.alpha_us, op.dur_us) if fit is not None else 0.0
-    return msgspec.structs.replace(
-        op,
-        dur_us=alpha + (op.dur_us - alpha) * share,
-        bytes=int(op.bytes * share) if op.bytes > 0 else -1,
-    )
 
 
 def _placed(

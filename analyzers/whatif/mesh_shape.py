@@ -42,7 +42,7 @@ from ..inputs.mesh_facts import MeshFacts
 from ..rank.fsdp_ledger import GATHER_FAMILY
 from ..rank.step_model import ModelOp, StepModel
 from . import counterfactuals as cf
-from .platform import CommFit
+from .platform import CommFit, latency_part
 
 REDUCE_FAMILY = "reduce"
 
@@ -159,29 +159,26 @@ def _ring(p0: int, p: int) -> tuple[float, float]:
     return (p - 1) / (p0 - 1), ((p - 1) / p) / ((p0 - 1) / p0)
 
 
-def _alpha(op: ModelOp, fit: CommFit | None) -> float:
-    """The latency part of the op's measured duration (the lane's fitted latency, at most it)."""
-    if fit is None or not fit.latency_known:
-        return 0.0
-    return min(fit.alpha_us, op.dur_us)
-
-
-def _rescaled(op: ModelOp, fit: CommFit | None, p0: int, p: int, share: float) -> ModelOp:
+def _rescaled(op: ModelOp, fits: Mapping[str, CommFit], p0: int, p: int, share: float) -> ModelOp:
     """`op` on a group of p ranks instead of p0, carrying `share` times its bytes."""
-    a = _alpha(op, fit)
+    a = latency_part(op, fits)
     ra, rb = _ring(p0, p)
     nbytes = int(op.bytes * share) if op.bytes > 0 else op.bytes
     return msgspec.structs.replace(op, dur_us=a * ra + (op.dur_us - a) * rb * share, bytes=nbytes)
 
 
 def _replicate_reduce(
-    rs: ModelOp, fit: CommFit | None, groups: DpGroups, shape: tuple[int, int], delay_us: float
+    rs: ModelOp,
+    fits: Mapping[str, CommFit],
+    groups: DpGroups,
+    shape: tuple[int, int],
+    delay_us: float,
 ) -> ModelOp:
     """The replicate all-reduce a flat run's reduce-scatter `rs` gains (module docstring)."""
     r, s = shape
     s0 = groups.shard
     c = 2 if rs.kind == "all_reduce" else 1  # gloo reduces a gradient by an all-reduce
-    a = _alpha(rs, fit)
+    a = latency_part(rs, fits)
     link_alpha = a / (c * (s0 - 1))
     link_bytes_us = (rs.dur_us - a) / (c * (s0 - 1) / s0)  # the whole message at link rate
     dur = 2 * (r - 1) * link_alpha + 2 * (r - 1) / r * link_bytes_us / s
@@ -215,18 +212,18 @@ def reshaped(
             # a flat run's reduce-scatter gains the replicate all-reduce after it
             queued = op.after >= 0
             if s > 1:
-                ops.add(_rescaled(op, fits.get(op.lane), groups.shard, s, 1.0))
+                ops.add(_rescaled(op, fits, groups.shard, s, 1.0))
                 queued = True
-            ar = _replicate_reduce(op, fits.get(op.lane), groups, shape, floor)
+            ar = _replicate_reduce(op, fits, groups, shape, floor)
             ops.add(ar, queued=queued)
             continue
         if in_shard:
             if s == 1:
                 continue  # FSDP issues no collective on a group of one rank
-            ops.add(_rescaled(op, fits.get(op.lane), groups.shard, s, 1.0))
+            ops.add(_rescaled(op, fits, groups.shard, s, 1.0))
         elif op.family == REDUCE_FAMILY and group == groups.replicate_group:
             if r > 1:
-                ops.add(_rescaled(op, fits.get(op.lane), groups.replicate, r, groups.shard / s))
+                ops.add(_rescaled(op, fits, groups.replicate, r, groups.shard / s))
         else:
             ops.add(op)
     changed = msgspec.structs.replace(model, ops=ops.ops)

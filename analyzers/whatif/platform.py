@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
-from ..rank.step_model import StepModel
+from ..rank.step_model import ModelOp, StepModel
 
 OVERLAP_EVIDENCE_SHARE = 0.25
 """A CPU run's gathers can overlap when at least this share of their time was hidden."""
@@ -135,6 +136,23 @@ def fit_comm(models: Iterable[StepModel]) -> dict[str, CommFit]:
             known,
         )
     return out
+
+
+def latency_part(op: ModelOp, fits: Mapping[str, CommFit]) -> float:
+    """The part of a call's measured duration that is its lane's fitted latency (at most the
+    whole call; 0 without a fit, or where one message size left the latency unknown)."""
+    fit = fits.get(op.lane)
+    return min(fit.alpha_us, op.dur_us) if fit is not None else 0.0
+
+
+def with_bytes_share(op: ModelOp, share: float, fits: Mapping[str, CommFit]) -> ModelOp:
+    """`op` carrying `share` of its bytes: its lane's latency plus that share of the rest."""
+    alpha = latency_part(op, fits)
+    return msgspec.structs.replace(
+        op,
+        dur_us=alpha + (op.dur_us - alpha) * share,
+        bytes=int(op.bytes * share) if op.bytes > 0 else op.bytes,
+    )
 
 
 @dataclass(frozen=True)
