@@ -36,6 +36,9 @@ from .micro_batch import micro_batched
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
 
+NO_CHANGE = "no change in what is held"
+"""The memory basis of a change that holds nothing more or less."""
+
 
 @dataclass(frozen=True)
 class Change:
@@ -183,9 +186,33 @@ def apply_change(
 
 
 def _memory_delta(
+    models: Sequence[StepModel],
+    change: Change,
+    split: WrapSplit | None = None,
+    groups: Mapping[int, DpGroups] | None = None,
+    model: ModelFacts | None = None,
+) -> tuple[int | None, str]:
+    """The change's estimated peak-memory delta, and how it was estimated: the schedule's
+    (`_schedule_memory_delta`), plus a mesh shape's on the ranks' data-parallel `groups`."""
+    delta, basis = _schedule_memory_delta(models, change, split)
+    if not groups or change.mesh_shape is None:
+        return delta, basis
+    captured = model.description.param_bytes if model is not None else None
+    d, b = mesh_memory_delta(
+        captured or sum(cf.unit_gather_bytes(models).values()),
+        next(iter(groups.values())),
+        change.mesh_shape,
+        model.optimizer_classes if model is not None else (),
+        gathered=not captured,
+    )
+    total = None if delta is None or d is None else delta + d
+    return total, b if basis == NO_CHANGE else f"{basis}; {b}"
+
+
+def _schedule_memory_delta(
     models: Sequence[StepModel], change: Change, split: WrapSplit | None = None
 ) -> tuple[int | None, str]:
-    """The change's estimated peak-memory delta, and how it was estimated."""
+    """The peak-memory delta of the schedule changes (wrap, prefetch, reshard, ...)."""
     sizes = cf.unit_gather_bytes(models)
     if change.micro_batches is not None:
         return None, (
@@ -204,7 +231,7 @@ def _memory_delta(
         return split_memory_delta(split, sizes, held or 1 + max(1, change.prefetch or 1))
     needs_sizes = change.wrap or change.prefetch or change.reshard_after_forward is False
     if not needs_sizes:
-        return 0, "no change in what is held"
+        return 0, NO_CHANGE
     if not sizes:
         return None, "unknown: the traces record no FSDP message sizes (record_shapes)"
     largest = max(sizes.values())
@@ -350,18 +377,7 @@ def replay_change(
             "the run's one unit shows no per-unit hook cost, so the new units add none: where "
             "every call blocks (CPU) the predicted cost is low by their hooks"
         )
-    delta, basis = _memory_delta(models, change, split)
-    if groups and change.mesh_shape is not None:
-        captured = model.description.param_bytes if model is not None else None
-        d, b = mesh_memory_delta(
-            captured or sum(cf.unit_gather_bytes(models).values()),
-            next(iter(groups.values())),
-            change.mesh_shape,
-            model.optimizer_classes if model is not None else (),
-            gathered=not captured,
-        )
-        delta = None if delta is None or d is None else delta + d
-        basis = b if basis == "no change in what is held" else f"{basis}; {b}"
+    delta, basis = _memory_delta(models, change, split, groups, model)
     changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead, split, groups)
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
