@@ -377,22 +377,24 @@ def compressed(model: StepModel, cuts: Sequence[tuple[float, float]]) -> StepMod
     return _moved(model, shift, shift(model.work_us))
 
 
+def shifted(op: ModelOp, shift: Callable[[float], float]) -> ModelOp:
+    """`op` with its progress positions (issue, wait, measured start, consumer) mapped through
+    `shift`."""
+    return msgspec.structs.replace(
+        op,
+        issue_pos_us=shift(op.issue_pos_us),
+        wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
+        start_pos_us=op.start_pos_us if op.start_pos_us < 0 else shift(op.start_pos_us),
+        needed_pos_us=None if op.needed_pos_us is None else shift(op.needed_pos_us),
+    )
+
+
 def _moved(model: StepModel, shift: Callable[[float], float], work_us: float) -> StepModel:
     """The step with every progress position (issue, start, wait, host syncs, unit chunks)
     mapped through `shift`, and `work_us` of progress."""
-    ops = [
-        msgspec.structs.replace(
-            op,
-            issue_pos_us=shift(op.issue_pos_us),
-            wait_pos_us=None if op.wait_pos_us is None else shift(op.wait_pos_us),
-            start_pos_us=op.start_pos_us if op.start_pos_us < 0 else shift(op.start_pos_us),
-            needed_pos_us=None if op.needed_pos_us is None else shift(op.needed_pos_us),
-        )
-        for op in model.ops
-    ]
     return msgspec.structs.replace(
         model,
-        ops=ops,
+        ops=[shifted(op, shift) for op in model.ops],
         syncs=[(shift(p), length) for p, length in model.syncs],
         unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
         optimizer=[(shift(p), length) for p, length in model.optimizer],

@@ -26,12 +26,13 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 
 from ..rank.fsdp_ledger import GATHER_FAMILY
 from ..rank.step_model import ModelOp, StepModel
+from .counterfactuals import shifted
 
 
 class MicroBatchError(ValueError):
@@ -121,11 +122,11 @@ def micro_batched(model: StepModel, k: int) -> StepModel:
     ops: list[ModelOp] = []
     for op in model.ops:
         if not start <= op.issue_pos_us <= end:
-            ops.append(_shifted(op, at))
+            ops.append(shifted(op, at))
             continue
         reduced_once = op.family and op.family != GATHER_FAMILY
         for m in range(k - 1 if reduced_once else 0, k):
-            ops.append(_shifted(op, functools.partial(at, m=m)))
+            ops.append(shifted(op, functools.partial(at, m=m)))
     syncs = [(at(p), n) for p, n in model.syncs if not start <= p < end]
     chunks = [(at(p), n, u) for p, n, u in model.unit_chunks if not start <= p < end]
     for m in range(k):
@@ -138,15 +139,4 @@ def micro_batched(model: StepModel, k: int) -> StepModel:
         unit_chunks=sorted(chunks),
         optimizer=[(at(p), n) for p, n in model.optimizer],
         work_us=model.work_us + grown,
-    )
-
-
-def _shifted(op: ModelOp, at: Callable[[float], float]) -> ModelOp:
-    """`op` with its positions mapped through `at`."""
-    return msgspec.structs.replace(
-        op,
-        issue_pos_us=at(op.issue_pos_us),
-        wait_pos_us=None if op.wait_pos_us is None else at(op.wait_pos_us),
-        start_pos_us=op.start_pos_us if op.start_pos_us < 0 else at(op.start_pos_us),
-        needed_pos_us=None if op.needed_pos_us is None else at(op.needed_pos_us),
     )
