@@ -25,8 +25,10 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -40,9 +42,8 @@ CASES = {
 }
 
 
-def predicted_change_ms(run_dir: Path, *change: str) -> float | None:
-    """The job's predicted minus measured step for `zdiag whatif RUN *change` (None: refused):
-    the median over ranks."""
+def whatif_json(run_dir: Path, *change: str) -> dict[str, Any] | None:
+    """`zdiag whatif RUN *change --json` (`zdiag.whatif/1`; None: refused, said on stderr)."""
     proc = subprocess.run(
         [sys.executable, "-m", "zdiag", "whatif", str(run_dir), *change, "--json", "--no-cache"],
         capture_output=True, text=True, timeout=600, check=False,
@@ -50,8 +51,29 @@ def predicted_change_ms(run_dir: Path, *change: str) -> float | None:
     if proc.returncode != 0:
         print(f"{run_dir}: {proc.stderr.strip()}", file=sys.stderr)
         return None
-    ranks = json.loads(proc.stdout)["ranks"]
-    return statistics.median(r["predicted_ms"] - r["measured_ms"] for r in ranks)
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def job_change_ms(data: dict[str, Any]) -> float:
+    """A what-if's job change: the median over ranks of predicted minus measured step."""
+    return statistics.median(r["predicted_ms"] - r["measured_ms"] for r in data["ranks"])
+
+
+def predicted_change_ms(run_dir: Path, *change: str) -> float | None:
+    """The job's predicted minus measured step for `zdiag whatif RUN *change` (None: refused)."""
+    data = whatif_json(run_dir, *change)
+    return None if data is None else job_change_ms(data)
+
+
+def compared(
+    preds: Sequence[float], base: Sequence[float], other: Sequence[float]
+) -> tuple[float, float, float]:
+    """(median prediction, measured change: other's median less base's, run-to-run spread: the
+    larger of the two sides' max - min)."""
+    meas = statistics.median(other) - statistics.median(base)
+    spread = max(max(base) - min(base), max(other) - min(other))
+    return statistics.median(preds), meas, spread
 
 
 def verdict(pred: float, meas: float, spread: float) -> str:
@@ -95,9 +117,7 @@ def row(workdir: Path, script: str, blocks: str) -> str:
     f = [s for d in fix if (s := script_step_ms(d)) is not None]
     if not preds or not b or not f:
         return f"| `{script}` | `{blocks}` | - | - | - | no runs |"
-    pred = statistics.median(preds)
-    meas = statistics.median(f) - statistics.median(b)
-    spread = max(max(b) - min(b), max(f) - min(f))
+    pred, meas, spread = compared(preds, b, f)
     within = "yes" if pred * meas > 0 and 0.5 <= pred / meas <= 2.0 else "no"
     if abs(meas) <= spread:
         within = "noise"

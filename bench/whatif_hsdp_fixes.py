@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import step_log_ms  # noqa: E402
-from whatif_checkpoint import predicted_change_ms, verdict, write_table  # noqa: E402
+from whatif_checkpoint import compared, predicted_change_ms, verdict, write_table  # noqa: E402
 
 MESH = ROOT / "examples" / "mesh"
 HOOK = '    """Called before micro-batch i\'s backward (i = 0 .. MICRO_BATCHES - 1)."""\n'
@@ -93,9 +93,7 @@ def row(workdir: Path, case: str, repeats: int, steps: int) -> str:
             after.append(s)
     if not before or not after or not preds:
         return f"| `{name}` | `{' '.join(change)}` | - | - | - | - | no complete runs |"
-    pred = statistics.median(preds)
-    meas = statistics.median(after) - statistics.median(before)
-    spread = max(max(before) - min(before), max(after) - min(after))
+    pred, meas, spread = compared(preds, before, after)
     within = verdict(pred, meas, spread)
     return (
         f"| `{name}` | `{' '.join(change)}` | {statistics.median(before):.1f} | {pred:+.1f} "

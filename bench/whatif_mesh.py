@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import ZOO, parse_summaries  # noqa: E402
-from whatif_checkpoint import verdict, write_table  # noqa: E402
+from whatif_checkpoint import compared, job_change_ms, verdict, whatif_json, write_table  # noqa: E402
 
 # script:ranks:recorded shape:replayed shape (replicate,shard)
 CASES = (
@@ -76,19 +76,10 @@ def record(
 
 def predicted(run_dir: Path, shape: str) -> tuple[float, float] | None:
     """(job's predicted minus measured step ms, memory delta MiB) of the replay (None: refused)."""
-    import json
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "zdiag", "whatif", str(run_dir), "--mesh-shape", shape,
-         "--json", "--no-cache"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        print(f"{run_dir}: {proc.stderr.strip()}", file=sys.stderr)
+    data = whatif_json(run_dir, "--mesh-shape", shape)
+    if data is None:
         return None
-    data = json.loads(proc.stdout)
-    change = statistics.median(r["predicted_ms"] - r["measured_ms"] for r in data["ranks"])
-    return change, (data["memory_delta_bytes"] or 0) / 2**20
+    return job_change_ms(data), (data["memory_delta_bytes"] or 0) / 2**20
 
 
 def main() -> int:
@@ -120,11 +111,8 @@ def main() -> int:
             continue
         steps = [s for _d, s, _m in base], [s for _d, s, _m in other]
         mems = [m for _d, _s, m in base], [m for _d, _s, m in other]
-        pred = statistics.median(q[0] for q in preds)
-        pred_mem = statistics.median(q[1] for q in preds)
-        meas = statistics.median(steps[1]) - statistics.median(steps[0])
-        meas_mem = statistics.median(mems[1]) - statistics.median(mems[0])
-        spread = max(max(v) - min(v) for v in steps)
+        pred, meas, spread = compared([q[0] for q in preds], *steps)
+        pred_mem, meas_mem, _ = compared([q[1] for q in preds], *mems)
         rows.append(
             f"| `{script}` | {ranks} | {src} -> {dst} | {statistics.median(steps[0]):.1f} "
             f"| {pred:+.1f} | {meas:+.1f} | {spread:.1f} | {verdict(pred, meas, spread)} "

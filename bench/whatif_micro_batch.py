@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from user_zoo import ZOO, parse_summaries  # noqa: E402
-from whatif_checkpoint import predicted_change_ms, verdict, write_table  # noqa: E402
+from whatif_checkpoint import compared, predicted_change_ms, verdict, write_table  # noqa: E402
 
 # script:batch:K, FSDP2 scripts of the zoo that take --grad-accum
 CASES = ("trunk_fsdp2:256:2", "trunk_fsdp2:256:4", "tabular_fsdp2:256:2", "seq2seq_fsdp2:16:2")
@@ -65,9 +65,7 @@ def row(workdir: Path, case: str, repeats: int) -> str:
             accum.append(s)
     if not full or not accum or not preds:
         return f"| `{script}` | {batch} | {k} | - | - | - | - | no runs |"
-    pred = statistics.median(preds)
-    meas = statistics.median(accum) - statistics.median(full)
-    spread = max(max(full) - min(full), max(accum) - min(accum))
+    pred, meas, spread = compared(preds, full, accum)
     within = verdict(pred, meas, spread)
     return (
         f"| `{script}` | {batch} | {k} | {statistics.median(full):.1f} | {pred:+.1f} "
