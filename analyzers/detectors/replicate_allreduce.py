@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ..frameworks import Remedy, fsdp2
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding
+from ..whatif.change_checks import CPU_BF16_REDUCE
 from ..whatif.run_whatif import Change
 from .comm_model import fit_alpha_beta
 from .context import DetectorContext
@@ -153,7 +154,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if removed < MIN_REMOVED_SHARE:
         return []  # latency-bound all-reduces: half the bytes would not shorten them
     exposed_ms = exposed_us / 1e3 / n_steps
-    gain = round(exposed_ms * removed, 3)
+    gain_ms: float | None = round(exposed_ms * removed, 3)
     method = (
         f"measured exposed all-reduce time per step ({exposed_ms:.2f} ms) x the share "
         f"removed ({removed:.0%}: {how})"
@@ -161,7 +162,9 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     once = split.micro_batches > 1 and split.all_reduces_per_pass >= 1
     result = replayed(ctx, Change(all_reduce_once=True) if once else Change(bf16_reduce=True))
     if result is not None:
-        gain, method = round(result.gain_ms, 3), gain_text(result)
+        gain_ms, method = round(result.gain_ms, 3), gain_text(result)
+    elif not once and ctx.sheet.cpu_only:
+        gain_ms, method = None, f"not predicted: {CPU_BF16_REDUCE}"
     last = [max((r for r in split.all_reduces if r.step == s), key=lambda r: r.start_us)
             for s in sorted({r.step for r in split.all_reduces})]  # fmt: skip
     return [
@@ -188,7 +191,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             },
             recommendation=f"{remedy.text[0].upper()}{remedy.text[1:]}.",
             code=remedy.code,
-            expected_gain_ms=gain,
+            expected_gain_ms=gain_ms,
             gain_method=method,
         )
     ]
@@ -221,7 +224,9 @@ RULE = Rule(
         "last micro-batch only (`zdiag whatif --all-reduce-once`); for bf16, with every "
         "gradient reduce moving half its bytes (`zdiag whatif --reduce-dtype bf16`). Without a "
         "step model: the measured exposed all-reduce time x (k-1)/k, or x the share the "
-        "all-reduces' own latency-bandwidth fit gives at half the bytes."
+        "all-reduces' own latency-bandwidth fit gives at half the bytes. No bf16 figure on a "
+        "CPU-only run: gloo sums bf16 on the host, and a GPT-2 on a (2, 2) mesh ran slower with "
+        "it."
     ),
     scope="FSDP2 HSDP runs (a replicate dimension in the captured mesh or the traces' groups)",
     fsdp_only=True,

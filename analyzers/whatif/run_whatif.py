@@ -348,7 +348,7 @@ def replay_change(
     if change.all_reduce_once:
         notes += checks.all_reduce_notes(by_rank, groups)
     if change.bf16_reduce:
-        notes += checks.bf16_reduce_notes(models, model)
+        notes += checks.bf16_reduce_notes(models, model, device)
     if change.mesh_shape is not None:
         notes += checks.mesh_notes(by_rank, groups, change.mesh_shape)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(

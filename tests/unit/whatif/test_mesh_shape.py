@@ -224,9 +224,12 @@ def test_bf16_reduces_keep_their_latency_and_halve_the_rest() -> None:
     out = half_reduce_bytes(model, fits)
     assert [op.dur_us for op in out.ops] == [300.0, 250.0, 100.0, 250.0]  # the gather unchanged
     assert [op.bytes for op in out.ops] == [4000, 2000, 2000, 2000]
-    result = replay_change({0: [model]}, "cpu", Change(bf16_reduce=True))
+    result = replay_change({0: [model]}, "cuda", Change(bf16_reduce=True))
     assert result.change.label() == "--reduce-dtype bf16"
     assert any("taken as fp32 now" in n for n in result.notes)
+    # on CPU/gloo the halved bytes do not pay: refused, with the measured reason
+    with pytest.raises(WhatIfError, match="gloo sums bf16 on the host"):
+        replay_change({0: [model]}, "cpu", Change(bf16_reduce=True))
 
 
 def test_a_coarser_wrap_merges_an_hsdp_units_reduces_per_group() -> None:
