@@ -5,7 +5,8 @@ script, against the same script with `exposed-replicate-allreduce`'s code for it
   each all-reduced across the replicas), against it with `model.set_requires_all_reduce(i == 3)`
   in its `before_backward` hook;
 - `--reduce-dtype bf16` on examples/mesh/hsdp.py, against it with
-  `mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)` on each `fully_shard`.
+  `mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)` on each `fully_shard`. The
+  what-if refuses it on CPU runs (gloo sums bf16 on the host), so this row needs NCCL ranks.
 
 Per case and repeat, one run of each script (interleaved), 4 gloo ranks:
 
