@@ -8,14 +8,18 @@ model: once per step is the usual, harmless pattern). The finding fires when the
 syncs at least once per step on a rank: a `.item()`, `bool(tensor)` or NaN check inside a
 block. On GPUs each one drains the launch queue (the host waits for every queued kernel, then
 the device waits for the host's next launches, and a prefetched all-gather cannot be issued
-ahead); on CPU it only costs what the check itself computes.
+ahead); on CPU it only costs what the check itself computes, so a CPU-only run gets the finding
+(at info) without a step-time gain. Elsewhere the gain is the replay's, with the model's syncs
+removed and the optimizer's and the loop's kept.
 """
 
 from __future__ import annotations
 
 from ..rank.host_syncs import HostSyncSites
 from ..report import Finding, Severity
+from ..whatif.run_whatif import Change
 from .context import DetectorContext
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 
 # (the reasoning behind each value: RULE's thresholds, at the end of the module)
@@ -70,11 +74,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if not hits:
         return []
     rank, sites, n = max(hits, key=lambda h: h[1].model_blocked_ms / h[2])
-    gain = sites.model_blocked_ms / n
+    blocked = sites.model_blocked_ms / n
+    gain, method = _gain(ctx, blocked)
     durs = sorted(b.duration_ms for b in ctx.breakdowns.get(rank, []) if b.duration_ms > 0)
     median = durs[len(durs) // 2] if durs else None
     severity: Severity = "warning"
-    if median:
+    if gain is None:
+        severity = "info"
+    elif median:
         if gain >= CRITICAL_GAIN_SHARE * median:
             severity = "critical"
         elif gain < WARNING_GAIN_SHARE * median:
@@ -139,21 +146,40 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 "syncs_total": sites.total,
                 "source_lines": dict(sites.source_lines),
                 **({"library_lines": dict(sites.library_lines)} if sites.library_lines else {}),
-                "model_sync_host_ms_per_step": round(gain, 3),
+                "model_sync_host_ms_per_step": round(blocked, 3),
                 "median_step_ms": median,
                 "threshold_syncs_per_step": MIN_MODEL_SYNCS_PER_STEP,
             },
             recommendation=recommendation,
             code=None if in_library else _CODE,
-            expected_gain_ms=round(gain, 3),
-            gain_method=(
-                "the host time of the model's syncs per step (each sync's own duration: on GPUs "
-                "the wait for the device to drain its queue). A lower bound: it leaves out the "
-                "device idling while the host relaunches after each sync and, on CPU, the "
-                "compute of the checks themselves"
-            ),
+            expected_gain_ms=None if gain is None else round(gain, 3),
+            gain_method=method,
         )
     ]
+
+
+def _gain(ctx: DetectorContext, blocked_ms: float) -> tuple[float | None, str]:
+    """(ms per step, how): on a CPU-only run none (a sync waits for nothing there); else the
+    replay with the model's syncs removed (`zdiag whatif --no-model-syncs`), else, without
+    modelled steps, the syncs' own host time."""
+    if ctx.sheet.cpu_only:
+        return None, (
+            "none on a CPU-only run: a sync there waits for no device queue, so removing it "
+            f"saves only the read itself ({blocked_ms:.3f} ms per step of host time), less than "
+            "a re-run can tell apart, while the fix keeps the check's compute; the finding is "
+            "for the same code on GPUs, where each sync drains the launch queue"
+        )
+    result = replayed(ctx, Change(remove_model_syncs=True))
+    if result is not None:
+        return max(0.0, result.measured_ms - result.predicted_ms), gain_text(result) + (
+            "; each sync's chunk is the device's idle after it until its next kernel: an "
+            "upper bound where the host is behind for other reasons too"
+        )
+    return blocked_ms, (
+        "the host time of the model's syncs per step (each sync's own duration: on GPUs "
+        "the wait for the device to drain its queue). A lower bound: it leaves out the "
+        "device idling while the host relaunches after each sync"
+    )
 
 
 RULE = Rule(
@@ -174,7 +200,8 @@ RULE = Rule(
         "and its line named. On "
         "DeepSpeed ZeRO-3 a sync between the first and last forward-time ZeRO-3 autograd "
         "Function of a step counts as the model's; ZeRO-1/2 traces have no such marks (a "
-        "known miss). Severity follows the gain: info below 2% of the step, critical from 10%."
+        "known miss). Severity follows the gain: info below 2% of the step (and without a gain: "
+        "a CPU-only run), critical from 10%."
     ),
     why=(
         "On GPUs each sync drains the launch queue: the host waits for every queued kernel, "
@@ -191,8 +218,11 @@ RULE = Rule(
         "that the fix lies on the library's path (an option, a newer version), no code."
     ),
     gain=(
-        "The model's syncs' own host time per step: a lower bound (on GPUs the relaunch idle, "
-        "on CPU the checks' compute are not counted)."
+        "Replayed (`zdiag whatif --no-model-syncs`): the measured step re-timed without the "
+        "model's syncs (each one's host time and the device idle after it; the optimizer's and "
+        "the loop's stay): an upper bound where the host is behind for other reasons too. "
+        "None on a CPU-only run: a sync there waits for no device queue (only its read, "
+        "microseconds, would go). Without modelled steps, the syncs' own host time."
     ),
     scope="any run whose traces show host syncs (CPU or GPU)",
     thresholds=(

@@ -246,16 +246,41 @@ def _source_line(
     return (best[1], best[2]) if best else None
 
 
+def _callers(trace: RankTrace, idx: np.ndarray) -> list[tuple[str, str]]:
+    """Each sync's caller, in `idx` order: ("optimizer", range name), ("unit", fqn),
+    ("forward", "") inside a wrapper's forward range, or ("loop", "")."""
+    units = _unit_spans(trace)
+    optim = _ranges(trace, OPTIMIZER_PREFIX)
+    fwd = [r for name in MODEL_FORWARD_RANGES for r in _ranges(trace, name)]
+    fwd += _zero3_forward_spans(trace)
+    out: list[tuple[str, str]] = []
+    for i in idx:
+        lane, t = int(trace.lane_id[i]), float(trace.ts_us[i])
+        name = _innermost(optim, lane, t)
+        fqn = _innermost(units, lane, t) if name is None else None
+        if name is not None:
+            out.append(("optimizer", name))
+        elif fqn is not None:
+            out.append(("unit", fqn))
+        elif _innermost(fwd, lane, t) is not None:
+            out.append(("forward", ""))
+        else:
+            out.append(("loop", ""))
+    return out
+
+
+def in_model_mask(trace: RankTrace, idx: np.ndarray) -> list[bool]:
+    """For each sync of `idx` (`sync_events`), whether it is the model's own (inside an FSDP
+    unit or a wrapper's forward): the syncs the `host-sync` finding asks to remove."""
+    return [kind in ("unit", "forward") for kind, _ in _callers(trace, idx)]
+
+
 def host_sync_sites(trace: RankTrace) -> HostSyncSites:
     """Every host sync of the trace attributed to its caller (see the module docstring)."""
     idx = sync_events(trace)
     sites = HostSyncSites(total=len(idx))
     if not len(idx):
         return sites
-    units = _unit_spans(trace)
-    optim = _ranges(trace, OPTIMIZER_PREFIX)
-    fwd = [r for name in MODEL_FORWARD_RANGES for r in _ranges(trace, name)]
-    fwd += _zero3_forward_spans(trace)
     frames: list[tuple[int, float, float, str]] = []
     if trace.names and len(trace.of_kind(EventKind.PYTHON_FUNCTION)):
         frames = [
@@ -267,24 +292,21 @@ def host_sync_sites(trace: RankTrace) -> HostSyncSites:
     lines: Counter[str] = Counter()
     library: Counter[str] = Counter()
     blocked_us = 0.0
-    for i in idx:
+    for i, (kind, name) in zip(idx, _callers(trace, idx), strict=True):
         sites.blocked_ms += float(trace.dur_us[i]) / 1000.0
-        lane, t = int(trace.lane_id[i]), float(trace.ts_us[i])
-        name = _innermost(optim, lane, t)
-        if name is not None:
+        if kind == "optimizer":
             opt[name] += 1
             continue
-        fqn = _innermost(units, lane, t)
-        if fqn is not None:
-            unit[fqn] += 1
-        elif _innermost(fwd, lane, t) is not None:
+        if kind == "unit":
+            unit[name] += 1
+        elif kind == "forward":
             sites.model_forward += 1
         else:
             sites.loop += 1
             continue
         blocked_us += float(trace.dur_us[i])
         if frames:
-            found = _source_line(frames, lane, t)
+            found = _source_line(frames, int(trace.lane_id[i]), float(trace.ts_us[i]))
             if found is not None:
                 where, package = found
                 if package:

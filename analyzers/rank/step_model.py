@@ -19,8 +19,9 @@ which its consumer ran: a wait that does not bind as measured but binds once the
 later). FSDP collectives carry their unit, pass and message bytes from the ledger.
 
 Host syncs (`.item()`, stream synchronizes) are kept as progress chunks (`syncs`): the op's own
-time on the host and, on a device trace, the device idle that follows it until the next kernel.
-So are the optimizer steps (`optimizer`: the progress inside the `Optimizer.step#...` ranges the
+time on the host and, on a device trace, the device idle that follows it until the next kernel,
+each marked the model's own (inside an FSDP unit or a wrapper's forward) or not (the optimizer's,
+the training loop's). So are the optimizer steps (`optimizer`: the progress inside the `Optimizer.step#...` ranges the
 profiler records), whose work grows with the shard a rank holds (a mesh-shape what-if scales them).
 
 The replay (`analyzers/whatif/replay.py`) walks these positions; with nothing changed it gives
@@ -42,7 +43,7 @@ from .breakdown import ActivitySets
 from .collective_columns import RankCollectives
 from .fsdp_labels import Label
 from .fsdp_ledger import CollectiveRecord
-from .host_syncs import sync_events
+from .host_syncs import in_model_mask, sync_events
 from .steps import StepWindows
 
 END_MATCH_US = 1.0
@@ -96,7 +97,9 @@ class StepModel(msgspec.Struct, kw_only=True):
     duration_us: float  # measured
     work_us: float  # progress: duration less the waits
     ops: list[ModelOp] = msgspec.field(default_factory=list)
-    syncs: list[tuple[float, float]] = msgspec.field(default_factory=list)  # (pos, length)
+    # (pos, length, the model's own: inside an FSDP unit or a wrapper's forward, not the
+    # optimizer's or the training loop's)
+    syncs: list[tuple[float, float, bool]] = msgspec.field(default_factory=list)
     # CPU traces: progress inside each FSDP2 unit's own ranges (hooks, copy-in/out): (pos, length,
     # unit), what a coarser wrap changes besides the collectives
     unit_chunks: list[tuple[float, float, str]] = msgspec.field(default_factory=list)
@@ -164,27 +167,29 @@ def _match_ledger(
 
 def _sync_chunks(
     trace: RankTrace, sets: ActivitySets, windows: StepWindows
-) -> dict[int, list[tuple[float, float]]]:
-    """Per step index: (time, length) of each host sync's cost (host op; device idle after it)."""
+) -> dict[int, list[tuple[float, float, bool]]]:
+    """Per step index: (time, length, the model's own) of each host sync's cost (host op;
+    device idle after it)."""
     idx = sync_events(trace)
-    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    out: dict[int, list[tuple[float, float, bool]]] = defaultdict(list)
     if not len(idx) or not len(windows):
         return out
     ts = np.asarray(trace.ts_us, dtype=np.float64)[idx]
     ends = ts + np.asarray(trace.dur_us, dtype=np.float64)[idx]
     at = windows.index_of(ts)
+    mine = in_model_mask(trace, idx)
     busy_s, busy_e = sets.busy
-    for t0, t1, k in zip(ts.tolist(), ends.tolist(), at.tolist(), strict=True):
+    for t0, t1, k, own in zip(ts.tolist(), ends.tolist(), at.tolist(), mine, strict=True):
         if k < 0:
             continue
         if sets.host_only:
-            out[k].append((t0, t1 - t0))
+            out[k].append((t0, t1 - t0, own))
             continue
         # the device idles from the sync's end until its next activity starts
         j = int(np.searchsorted(busy_s, t1, side="left"))
         inside = j > 0 and busy_e[j - 1] > t1
         if not inside and j < len(busy_s):
-            out[k].append((t1, min(float(busy_s[j]), float(windows.end_us[k])) - t1))
+            out[k].append((t1, min(float(busy_s[j]), float(windows.end_us[k])) - t1, own))
     return out
 
 
@@ -300,8 +305,8 @@ def build_step_models(
             )
             lane_last[lane] = j
         chunks = [
-            (round(_pos(t, s, ws, we, before), 3), round(length, 3))
-            for t, length in syncs.get(k, [])
+            (round(_pos(t, s, ws, we, before), 3), round(length, 3), own)
+            for t, length, own in syncs.get(k, [])
             if length > 0
         ]
         unit_chunks: list[tuple[float, float, str]] = []

@@ -18,7 +18,8 @@
 - `half_reduce_bytes(model, fits)`: gradients reduced in bf16 instead of fp32: every FSDP
   reduce keeps its lane's fitted latency and halves the rest of its time (the cast to bf16 and
   back is left out).
-- `without_host_syncs(model)`: the host syncs' chunks of progress are removed.
+- `without_host_syncs(model, model_only=...)`: the host syncs' chunks of progress are removed
+  (all of them, or the model's own only).
 - `checkpointed(model, prefix)`: activation checkpointing of each child of `prefix` (a block):
   its forward runs again at the start of its backward, once its backward gather is consumed.
   A block's forward is the progress from its first forward gather's consumer to the next
@@ -299,11 +300,16 @@ def half_reduce_bytes(model: StepModel, fits: Mapping[str, CommFit]) -> StepMode
     return msgspec.structs.replace(model, ops=ops)
 
 
-def without_host_syncs(model: StepModel) -> StepModel:
-    """The step with its host syncs' progress chunks removed."""
-    if not model.syncs:
+def without_host_syncs(model: StepModel, *, model_only: bool = False) -> StepModel:
+    """The step with its host syncs' progress chunks removed: every one, or (`model_only`) only
+    the model's own (not the optimizer's or the training loop's)."""
+    cut = [(p, n) for p, n, own in model.syncs if own or not model_only]
+    if not cut:
         return model
-    return msgspec.structs.replace(compressed(model, model.syncs), syncs=[])
+    moved = compressed(model, cut)  # moves the syncs kept too
+    return msgspec.structs.replace(
+        moved, syncs=[(p, n, own) for p, n, own in moved.syncs if model_only and not own]
+    )
 
 
 def _block_anchors(model: StepModel, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -395,7 +401,7 @@ def _moved(model: StepModel, shift: Callable[[float], float], work_us: float) ->
     return msgspec.structs.replace(
         model,
         ops=[shifted(op, shift) for op in model.ops],
-        syncs=[(shift(p), length) for p, length in model.syncs],
+        syncs=[(shift(p), length, own) for p, length, own in model.syncs],
         unit_chunks=[(shift(p), length, u) for p, length, u in model.unit_chunks],
         optimizer=[(shift(p), length) for p, length in model.optimizer],
         work_us=work_us,

@@ -61,7 +61,10 @@ def _fixed(model: StepModel, start: float, end: float) -> list[tuple[float, floa
     merged, as (from, to)."""
     spans = sorted(
         (max(p, start), min(p + length, end))
-        for p, length in [*model.syncs, *((p, n) for p, n, _u in model.unit_chunks)]
+        for p, length in [
+            *((p, n) for p, n, _o in model.syncs),
+            *((p, n) for p, n, _u in model.unit_chunks),
+        ]
         if p + length > start and p < end
     )
     merged: list[tuple[float, float]] = []
@@ -127,10 +130,10 @@ def micro_batched(model: StepModel, k: int) -> StepModel:
         reduced_once = op.family and op.family != GATHER_FAMILY
         for m in range(k - 1 if reduced_once else 0, k):
             ops.append(shifted(op, functools.partial(at, m=m)))
-    syncs = [(at(p), n) for p, n in model.syncs if not start <= p < end]
+    syncs = [(at(p), n, o) for p, n, o in model.syncs if not start <= p < end]
     chunks = [(at(p), n, u) for p, n, u in model.unit_chunks if not start <= p < end]
     for m in range(k):
-        syncs += [(at(p, m), n) for p, n in model.syncs if start <= p < end]
+        syncs += [(at(p, m), n, o) for p, n, o in model.syncs if start <= p < end]
         chunks += [(at(p, m), n, u) for p, n, u in model.unit_chunks if start <= p < end]
     return msgspec.structs.replace(
         model,

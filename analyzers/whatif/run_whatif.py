@@ -47,7 +47,8 @@ class Change:
     prefetch: int | None = None  # FSDP prefetch depth: gathers issued this many units ahead
     reshard_after_forward: bool | None = None  # False: keep gathered units until backward
     wrap: str | None = None  # one unit per child of this module (coarser, or finer: split)
-    remove_host_syncs: bool = False
+    remove_host_syncs: bool = False  # every host sync the traces show
+    remove_model_syncs: bool = False  # the model's own (in its units or forward) only
     unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
     without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
     checkpoint: str | None = None  # activation checkpointing of each child of this module
@@ -67,6 +68,8 @@ class Change:
             parts.append(f"--wrap {self.wrap}")
         if self.remove_host_syncs:
             parts.append("--no-host-syncs")
+        elif self.remove_model_syncs:
+            parts.append("--no-model-syncs")
         if self.unshard_async_op:
             parts.append("--unshard-async-op")
         if self.without_stragglers:
@@ -174,8 +177,8 @@ def apply_change(
         model = micro_batched(model, change.micro_batches)
     if change.prefetch is not None:
         model = cf.prefetch(model, change.prefetch, platform)
-    if change.remove_host_syncs:
-        model = cf.without_host_syncs(model)
+    if change.remove_host_syncs or change.remove_model_syncs:
+        model = cf.without_host_syncs(model, model_only=not change.remove_host_syncs)
     if change.bf16_reduce:
         model = cf.half_reduce_bytes(model, fits)
     if change.all_reduce_once and groups is not None:

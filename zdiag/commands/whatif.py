@@ -164,6 +164,13 @@ class WhatIfCommand:
             help="remove the host syncs (.item(), synchronize) the traces show",
         )
         parser.add_argument(
+            "--no-model-syncs",
+            action="store_true",
+            help="remove only the model's own host syncs (inside its FSDP units or its "
+            "wrapper's forward; not the optimizer's or the training loop's): the host-sync "
+            "finding's change",
+        )
+        parser.add_argument(
             "--unshard-async-op",
             action="store_true",
             help="CPU/gloo FSDP2: model _set_unshard_async_op(True), so gathers can overlap",
@@ -246,6 +253,7 @@ def _change(args: argparse.Namespace) -> Change:
         reshard_after_forward=args.reshard_after_forward,
         wrap=args.wrap.strip(".") if args.wrap else None,
         remove_host_syncs=args.no_host_syncs,
+        remove_model_syncs=args.no_model_syncs,
         unshard_async_op=args.unshard_async_op,
         without_stragglers=args.without_straggler,
         checkpoint=args.checkpoint.strip(".") if args.checkpoint else None,

@@ -8,7 +8,7 @@ from pathlib import Path
 from zdiag.analyzers.detectors import BY_ID, run_context
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.inputs.loader import load_rank_trace
-from zdiag.analyzers.rank.host_syncs import host_sync_sites
+from zdiag.analyzers.rank.host_syncs import host_sync_sites, in_model_mask, sync_events
 from zdiag.analyzers.rank.rank_analysis import rank_facts
 
 
@@ -71,6 +71,13 @@ def test_syncs_go_to_the_optimizer_the_units_and_the_loop(tmp_path: Path) -> Non
     assert sites.units == {"encoder.stages.0": 2, "encoder.stages.1": 2}
     assert sites.loop == 2 and sites.in_model == 4
     assert sites.source_lines == {}
+
+
+def test_the_step_models_mark_the_models_own_syncs(tmp_path: Path) -> None:
+    """The mask the replay's `--no-model-syncs` reads: the units' syncs only, in start order."""
+    trace = load_rank_trace(_trace(tmp_path, per_block_checks=True))
+    mask = in_model_mask(trace, sync_events(trace))
+    assert mask == [True, True, False, False, False, False, False] * 2
 
 
 def test_source_lines_skip_torch_frames(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def step() -> StepModel:
         duration_us=1090.0,
         work_us=1000.0,
         ops=ops,
-        syncs=[(500.0, 10.0)],
+        syncs=[(500.0, 10.0, True)],
         unit_chunks=[(100.0, 20.0, "layers.0")],
     )
 
@@ -86,10 +86,10 @@ def test_micro_batches_need_the_fsdp_passes_and_two_or_more() -> None:
 
 
 def test_what_lies_at_the_passes_end_follows_the_last_micro_batch() -> None:
-    model = msgspec.structs.replace(step(), syncs=[(500.0, 10.0), (900.0, 5.0)])
+    model = msgspec.structs.replace(step(), syncs=[(500.0, 10.0, True), (900.0, 5.0, False)])
     out = micro_batched(model, 2)
     # the sync at 500 runs in each micro-batch: after the 20 us of hooks and half of the 380 us
     # of compute before it; the one where the last reduce is issued stays after them both
-    first, second, last = sorted(p for p, _n in out.syncs)
+    first, second, last = sorted(p for p, _n, _o in out.syncs)
     assert (first, second) == pytest.approx((100.0 + 20.0 + 190.0, 515.0 + 20.0 + 190.0))
     assert last == pytest.approx(100.0 + 2 * 415.0)

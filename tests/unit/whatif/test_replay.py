@@ -142,12 +142,30 @@ def test_removing_host_syncs_shortens_progress_and_moves_later_ops() -> None:
         duration_us=130.0,
         work_us=100.0,
         ops=[gather("a", 60.0, 60.0, 30.0)],
-        syncs=[(10.0, 5.0), (40.0, 5.0)],
+        syncs=[(10.0, 5.0, True), (40.0, 5.0, True)],
     )
     out = cf.without_host_syncs(m)
     assert out.work_us == pytest.approx(90.0)
     assert out.ops[0].issue_pos_us == pytest.approx(50.0)
     assert replay(out).duration_us == pytest.approx(120.0)
+
+
+def test_removing_the_models_syncs_keeps_the_optimizers_and_moves_them() -> None:
+    """`--no-model-syncs`: only the syncs marked the model's own go; the optimizer's sync at 40
+    stays, moved back by the 5 us cut before it."""
+    m = StepModel(
+        step=1,
+        start_us=0.0,
+        duration_us=130.0,
+        work_us=100.0,
+        ops=[gather("a", 60.0, 60.0, 30.0)],
+        syncs=[(10.0, 5.0, True), (40.0, 5.0, False)],
+    )
+    out = cf.without_host_syncs(m, model_only=True)
+    assert out.work_us == pytest.approx(95.0)
+    assert out.syncs == [(35.0, 5.0, False)]
+    assert out.ops[0].issue_pos_us == pytest.approx(55.0)
+    assert cf.without_host_syncs(out, model_only=True) == out  # nothing of the model's left
 
 
 def test_measured_depth_reads_how_far_ahead_gathers_were_issued() -> None:
@@ -406,7 +424,7 @@ def test_cutting_progress_moves_measured_starts_with_the_issue_positions() -> No
     move back by 5, so a later prefetch still sees the start after the issue, not before it."""
     op = msgspec.structs.replace(gather("a", 60.0, 80.0, 30.0), start_pos_us=80.0)
     m = StepModel(
-        step=1, start_us=0.0, duration_us=140.0, work_us=100.0, ops=[op], syncs=[(10.0, 5.0)]
+        step=1, start_us=0.0, duration_us=140.0, work_us=100.0, ops=[op], syncs=[(10.0, 5.0, True)]
     )
     out = cf.without_host_syncs(m).ops[0]
     assert (out.issue_pos_us, out.start_pos_us, out.wait_pos_us) == (55.0, 75.0, 75.0)
@@ -415,12 +433,12 @@ def test_cutting_progress_moves_measured_starts_with_the_issue_positions() -> No
 def test_inserting_progress_moves_every_position_after_it() -> None:
     op = msgspec.structs.replace(gather("b", 60.0, 80.0, 30.0), start_pos_us=70.0)
     m = StepModel(
-        step=1, start_us=0.0, duration_us=130.0, work_us=100.0, ops=[op], syncs=[(90.0, 5.0)]
+        step=1, start_us=0.0, duration_us=130.0, work_us=100.0, ops=[op], syncs=[(90.0, 5.0, True)]
     )
     out = cf.expanded(m, [(60.0, 10.0), (75.0, 20.0)])
     moved = out.ops[0]
     assert (moved.issue_pos_us, moved.start_pos_us, moved.wait_pos_us) == (60.0, 80.0, 110.0)
-    assert out.syncs == [(120.0, 5.0)] and out.work_us == 130.0
+    assert out.syncs == [(120.0, 5.0, True)] and out.work_us == 130.0
 
 
 def test_units_named_by_position_take_their_module_paths() -> None:
