@@ -88,7 +88,8 @@ class CollectorConfig:
     profile_memory: bool = _flag(
         False,
         "--profile-memory",
-        "record allocations and export the memory timeline (also records shapes and stacks)",
+        "record allocations and export the memory timeline (also records shapes and stacks), "
+        "and measure what each block's first forward saves for backward",
     )
     with_stack: bool = _flag(False, "--with-stack", "record Python stacks of operators")
     nvtx: bool = _flag(

@@ -3,7 +3,7 @@
 `ModelCapture.arm()` registers a global module forward pre-hook. The first forward of a module
 that holds parameters is the model's (nothing encloses the first forward of a run; a parameterless
 module, a data transform say, is passed over). It writes `RUN_DIR/model/rank-<N>.json` (schema
-`zdiag.model/1.2`, types in `model_schema.py`). A global optimizer step post-hook records the
+`zdiag.model/1.3`, types in `model_schema.py`). A global optimizer step post-hook records the
 optimizer(s) that step before the next forward and rewrites the file once with them. At that next
 forward both hooks are removed (a step hook cannot remove itself: torch iterates them live), so
 after the first iteration neither the forward path nor the step carries a zdiag hook of this
@@ -58,6 +58,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import rundir
+from .activation_probe import ActivationProbe, is_compiled
 from .compile_safe import eager_or_opaque
 from .framework_settings import (
     ddp_config,
@@ -79,6 +80,7 @@ from .model_schema import (
     MAX_FSDP_UNITS,
     MAX_MODULES,
     MAX_REPEATED_SETS,
+    ActivationSizes,
     ModelDescription,
     ModuleNode,
     OptimizerInfo,
@@ -275,6 +277,27 @@ def _repeated_sets(order: list[_Node]) -> list[RepeatedSet]:
     return found
 
 
+def probed_blocks(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
+    """(container path, block path, the module its parent calls) of each repeated block that
+    holds parameters, in pre-order; only the outermost sets (a MoE's experts inside repeated
+    layers are part of their layer)."""
+    _, order = _build_tree(model)
+    out: list[tuple[str, str, nn.Module]] = []
+    inside: list[str] = []
+    for node in order:
+        if any(node.path == b or node.path.startswith(b + ".") for b in inside):
+            continue
+        groups: dict[tuple[str, str], list[_Node]] = {}
+        for kid in node.children:
+            if kid.total[1] > 0:
+                groups.setdefault(_class_key(kid.cls), []).append(kid)
+        for kids in groups.values():
+            if len(kids) >= 2:
+                out += [(node.path, k.path, k.chain[0]) for k in kids]
+                inside += [k.path for k in kids]
+    return out
+
+
 def _emitted_nodes(root: _Node) -> tuple[list[ModuleNode], int]:
     """The capped tree: same-class siblings past the first few collapsed, then MAX_MODULES."""
     out: list[ModuleNode] = []
@@ -406,7 +429,10 @@ class ModelCapture:
         rank: int,
         report: Callable[[str], None],
         pipeline: Callable[[], PipelineInfo | None] | None = None,
+        probe_activations: bool = False,
     ) -> None:
+        """`probe_activations`: measure what the model's first forward saves for backward, by
+        block (`activation_probe.py`; `zdiag run --profile-memory`)."""
         self.path = Path(run_dir) / rundir.model_description_relpath(rank)
         self.rank = rank
         self.written = False
@@ -417,6 +443,8 @@ class ModelCapture:
         self._optimizers: dict[int, OptimizerInfo] = {}
         self._model_id: int | None = None
         self._pipeline = pipeline  # the pipeline stages and schedules recorded so far
+        self._probe_activations = probe_activations
+        self._probe: ActivationProbe | None = None
 
     @property
     def model_id(self) -> int | None:
@@ -433,6 +461,8 @@ class ModelCapture:
         """Remove whatever hook is still registered (the run ends)."""
         self._remove_forward_hook()
         self._remove_step_hook()
+        if self._probe is not None:
+            self._probe.stop()
 
     def _remove_forward_hook(self) -> None:
         if self._forward_hook is not None:
@@ -463,6 +493,32 @@ class ModelCapture:
         except Exception as exc:
             self.disarm()
             self._report(f"model description failed: {type(exc).__name__}: {exc}")
+            return
+        if self._probe_activations:
+            self._start_probe(module)
+
+    def _start_probe(self, model: nn.Module) -> None:
+        """Measure this forward's saved tensors by block (not under torch.compile)."""
+        try:
+            if is_compiled(model):
+                self._report("activation sizes not measured: the model runs under torch.compile")
+                return
+            self._probe = ActivationProbe(probed_blocks(model), self._on_activations, self._report)
+            self._probe.start(model)
+        except Exception as exc:
+            if self._probe is not None:
+                self._probe.stop()
+            self._report(f"activation sizes not measured: {type(exc).__name__}: {exc}")
+
+    def _on_activations(self, sizes: ActivationSizes) -> None:
+        self._probe = None
+        if self._description is None:
+            return
+        try:
+            self._description = dataclasses.replace(self._description, activations=sizes)
+            self._write()
+        except Exception as exc:
+            self._report(f"activation sizes not written: {type(exc).__name__}: {exc}")
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # torch iterates the step hooks while calling them: removing one here would break the

@@ -3,7 +3,9 @@
 Versions within the major schema: `zdiag.model/1` (the first), `zdiag.model/1.1` (adds the device
 mesh, the DTensor placements per module and the process groups: `mesh`, `dtensor_modules`,
 `process_groups`, and `Fsdp2Unit.mesh_roles`), `zdiag.model/1.2` (adds the pipeline stages and
-schedules the script built, `pipeline`, and the mesh role "pp"). Files of any load with any reader.
+schedules the script built, `pipeline`, and the mesh role "pp"), `zdiag.model/1.3` (adds what the
+first forward saved for backward, by repeated block, `activations`, with `zdiag run
+--profile-memory`). Files of any load with any reader.
 
 Standard library only: the collectors write it (`model_capture.py`, which imports torch) and the
 analyzers read it (`analyzers/inputs/model_facts.py`, which never imports torch) through these same types.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 MODEL_SCHEMA = "zdiag.model/1"  # the major schema: readers accept it and any `.minor` of it
-MODEL_SCHEMA_VERSION = MODEL_SCHEMA + ".2"  # what this writer writes
+MODEL_SCHEMA_VERSION = MODEL_SCHEMA + ".3"  # what this writer writes
 
 # Bounds that keep one rank's file small (a few hundred KB at most); what they drop is counted.
 MAX_MODULES = 1000  # module tree entries kept
@@ -86,6 +88,28 @@ class RepeatedSet:
     total_bytes: int | None = None
     container_class: str = ""
     depth: int = 0  # depth of the children
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """One repeated block's share of what the model's forward saved for backward."""
+
+    path: str  # the block ("transformer.h.3")
+    saved_bytes: int  # saved while its forward ran (innermost block), parameters left out
+    input_bytes: int  # its forward's tensor inputs: what activation checkpointing keeps
+
+
+@dataclass(frozen=True)
+class ActivationSizes:
+    """What one forward of the model saved for backward (`activation_probe.py`), each storage
+    once, parameters and their views left out; measured with `zdiag run --profile-memory`."""
+
+    saved_bytes: int = 0
+    tensors: int = 0
+    outside_blocks_bytes: int = 0  # saved outside every repeated block (embeddings, the head)
+    containers: tuple[str, ...] = ()  # the containers whose children are the blocks
+    blocks: tuple[BlockActivations, ...] = ()
+    blocks_dropped: int = 0  # past MAX_PROBED_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -311,6 +335,8 @@ class ModelDescription:
     dtensor_modules: tuple[DTensorModule, ...] = ()
     process_groups: tuple[ProcessGroupInfo, ...] = ()
     pipeline: PipelineInfo | None = None  # None: no pipeline stage built (or before 1.2)
+    # what the first forward saved for backward, by block (None: not measured, or before 1.3)
+    activations: ActivationSizes | None = None
     notes: tuple[str, ...] = ()  # what was dropped or unknown, in words
     inferred: bool = False  # True: built from trace labels, not captured from the live model
 

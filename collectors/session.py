@@ -195,7 +195,13 @@ class RankSession:
             self._pipeline = self._errors.guard("pipeline stages", PipelineRecorder().install)
         self._model = self._errors.guard(
             "model description",
-            ModelCapture(self.run_dir, self.rank, self._errors.report, self._pipeline_info).arm,
+            ModelCapture(
+                self.run_dir,
+                self.rank,
+                self._errors.report,
+                self._pipeline_info,
+                probe_activations=self.config.profile_memory,
+            ).arm,
         )
         if self.config.profile:
             if self._dist:

@@ -9,15 +9,20 @@ The grid (exact: every combination is replayed on every modelled step of every r
   containers the detectors find; `zdiag whatif --wrap`);
 - prefetch: as measured, or depth 1 on every unit (with FSDP2's async unshard on a CPU run that
   lacks it, without which nothing overlaps there);
-- FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards).
+- FSDP2 `reshard_after_forward`: as measured, or off (when the run reshards);
+- activation checkpointing: none, or each block (the captured model's blocks), where the run
+  measured what each block's forward saves for backward (`zdiag run --profile-memory`: the
+  model description's `activations`), so that its memory saving is known
+  (`memory_delta.checkpoint_saving`); its time is the replay's recompute, which needs the blocks
+  to be FSDP units as measured.
 
 Mesh shapes are replayed (`zdiag whatif --mesh-shape`) but not searched: the replay keeps each
-group's links, so it cannot rank shapes whose groups cross nodes differently; activation
-checkpointing and micro-batches
-are modelled in time only (their memory saving is unknown), so they are not searched either
-(docs/whatif.md). The predicted peak is the run's measured peak (the largest over
+group's links, so it cannot rank shapes whose groups cross nodes differently; micro-batches
+are modelled in time only (their memory saving is not estimated), so they are not searched
+either (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
 ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
-plans are ranked by step time alone (a note says so). The best plan's code comes from the
+plans are ranked by step time alone (a note says so); when no plan fits, by predicted peak, the
+lowest first. The best plan's code comes from the
 framework's own remedies, so it names the run's modules and mesh as the findings' code does.
 """
 
@@ -39,8 +44,9 @@ from ..detectors.facts import (
 from ..detectors.missing_overlap import overlap_facts
 from ..detectors.replayed_gain import replayed
 from ..detectors.unshard_async_op import lacks_unshard_async_op, with_unshard_async_op
-from ..frameworks import Remedy, RunFacts
+from ..frameworks import BlockSet, Remedy, RunFacts, checkpoint_blocks
 from ..whatif.counterfactuals import resharded_units
+from ..whatif.memory_delta import checkpoint_saving
 from ..whatif.run_whatif import Change, WhatIfResult
 
 RESHARD_OFF_LINE = "model.set_reshard_after_forward(False)  # no re-gather in backward"
@@ -118,6 +124,17 @@ def _reshards(ctx: DetectorContext) -> bool:
     return any(resharded_units(m) for models in ctx.step_models.values() for m in models)
 
 
+def _checkpointable(ctx: DetectorContext) -> BlockSet | None:
+    """The captured model's blocks, when the run measured what their forward saves (so that
+    checkpointing them has a memory figure); None otherwise."""
+    blocks = ctx.sheet.model_blocks
+    if blocks is None or not blocks.containers:
+        return None
+    if checkpoint_saving(ctx.sheet.model, ",".join(blocks.containers)) is None:
+        return None
+    return blocks
+
+
 def _code(
     ctx: DetectorContext, change: Change, wraps: Mapping[str, RunFacts]
 ) -> tuple[str | None, str]:
@@ -130,6 +147,10 @@ def _code(
         ledgers = ctx.fsdp_ledgers()
         facts = overlap_facts(ctx, ledgers[0].unit_order if ledgers else [], fw)
     parts: list[Remedy] = []
+    if change.checkpoint is not None:  # applied first: before the wrap, as its note says
+        remedy = checkpoint_blocks(ctx.sheet.model_blocks, fw.checkpoint_note)
+        if remedy is not None:
+            parts.append(remedy)
     if change.prefetch:
         remedy = with_unshard_async_op(ctx.sheet, fw, fw.overlap(facts))  # wraps first if finer
         if remedy is not None:
@@ -173,15 +194,21 @@ def search(
     reshards: list[bool | None] = [None] + (
         [False] if fw.name == "fsdp2" and _reshards(ctx) else []
     )
+    blocks = _checkpointable(ctx)
+    checkpoints: list[str | None] = [None] + ([",".join(blocks.containers)] if blocks else [])
     grid = [
         "wrap: as measured" + "".join(f", each block one unit ({w})" for w in choices),
         "prefetch: as measured, depth 1" + (" with the async unshard" if async_op else ""),
         "reshard_after_forward: as measured" + (", off" if len(reshards) > 1 else ""),
+        f"activation checkpointing: none, each block ({checkpoints[1]})"
+        if blocks
+        else "activation checkpointing: not searched (the run did not measure what its blocks "
+        "save for backward: record it with `zdiag run --profile-memory`)",
     ]
     peak = max(peaks.values()) if peaks else None
     plans: list[Plan] = []
-    for w, p, r in itertools.product(wraps, prefetches, reshards):
-        change = Change(prefetch=p, reshard_after_forward=r, wrap=w,
+    for w, p, r, c in itertools.product(wraps, prefetches, reshards, checkpoints):
+        change = Change(prefetch=p, reshard_after_forward=r, wrap=w, checkpoint=c,
                         unshard_async_op=bool(p) and async_op)  # fmt: skip
         result = replayed(ctx, change)
         if result is None:
@@ -197,8 +224,14 @@ def search(
     if not plans:
         raise PlanError("the replay could not run on this run's step models")
     baseline = next(pl for pl in plans if pl.change == Change())
+    none_fit = budget_bytes is not None and all(pl.fits_budget is False for pl in plans)
     plans.sort(
-        key=lambda pl: (pl.fits_budget is False, round(pl.predicted_ms, 3), _size(pl.change))
+        key=lambda pl: (
+            pl.fits_budget is False,
+            (pl.predicted_peak_bytes or 0) if none_fit else 0,  # then the nearest the budget
+            round(pl.predicted_ms, 3),
+            _size(pl.change),
+        )
     )
     notes: list[str] = []
     if budget_bytes is not None and peak is None:
@@ -206,8 +239,10 @@ def search(
             "the run recorded no peak memory (zdiag run --profile-memory, or CUDA snapshots): the "
             "budget cannot be judged, plans are ranked by step time and their memory deltas shown"
         )
-    if budget_bytes is not None and all(pl.fits_budget is False for pl in plans):
-        notes.append("no plan fits the budget: the one closest in step time is shown first")
+    if none_fit:
+        notes.append(
+            "no plan fits the budget: the plans are ranked by predicted peak, the lowest first"
+        )
     best = plans[0]
     if best.result.lower_bound:
         notes.append(
@@ -231,5 +266,6 @@ def search(
 def _size(change: Change) -> int:
     """How many things a change changes (fewer first among equally fast plans)."""
     return sum(
-        x not in (None, False) for x in (change.prefetch, change.reshard_after_forward, change.wrap)
+        x not in (None, False)
+        for x in (change.prefetch, change.reshard_after_forward, change.wrap, change.checkpoint)
     )

@@ -22,69 +22,20 @@ from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import change_checks as checks
 from . import counterfactuals as cf
+from .change import Change as Change
 from .change_checks import WhatIfError
 from .finer_wrap import (
     SplitError,
     WrapSplit,
     finer_wrap,
-    split_memory_delta,
     unplaceable,
     wrap_split,
 )
-from .mesh_shape import DpGroups, all_reduced_once, mesh_memory_delta, reshaped
+from .memory_delta import memory_delta
+from .mesh_shape import DpGroups, all_reduced_once, reshaped
 from .micro_batch import micro_batched
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
-
-NO_CHANGE = "no change in what is held"
-"""The memory basis of a change that holds nothing more or less."""
-
-
-@dataclass(frozen=True)
-class Change:
-    """The schedule changes to replay (None / False: as measured)."""
-
-    prefetch: int | None = None  # FSDP prefetch depth: gathers issued this many units ahead
-    reshard_after_forward: bool | None = None  # False: keep gathered units until backward
-    wrap: str | None = None  # one unit per child of this module (coarser, or finer: split)
-    remove_host_syncs: bool = False  # every host sync the traces show
-    remove_model_syncs: bool = False  # the model's own (in its units or forward) only
-    unshard_async_op: bool = False  # FSDP2 on CPU/gloo: gathers run on gloo's worker thread
-    without_stragglers: tuple[int, ...] = ()  # these ranks arrive with the others
-    checkpoint: str | None = None  # activation checkpointing of each child of this module
-    micro_batches: int | None = None  # each step's batch split into this many, accumulated
-    mesh_shape: tuple[int, int] | None = None  # FSDP's ranks as (replicate, shard)
-    all_reduce_once: bool = False  # HSDP: replicate all-reduces in the last micro-batch only
-    bf16_reduce: bool = False  # FSDP's gradient reduces in bf16 (MixedPrecisionPolicy)
-
-    def label(self) -> str:
-        """The change in the CLI's words."""
-        parts = []
-        if self.prefetch is not None:
-            parts.append(f"--prefetch {self.prefetch}")
-        if self.reshard_after_forward is not None:
-            parts.append(f"--reshard-after-forward {'on' if self.reshard_after_forward else 'off'}")
-        if self.wrap is not None:
-            parts.append(f"--wrap {self.wrap}")
-        if self.remove_host_syncs:
-            parts.append("--no-host-syncs")
-        elif self.remove_model_syncs:
-            parts.append("--no-model-syncs")
-        if self.unshard_async_op:
-            parts.append("--unshard-async-op")
-        if self.without_stragglers:
-            parts.append("--without-straggler " + ",".join(map(str, self.without_stragglers)))
-        if self.checkpoint is not None:
-            parts.append(f"--checkpoint {self.checkpoint}")
-        if self.micro_batches is not None:
-            parts.append(f"--micro-batches {self.micro_batches}")
-        if self.mesh_shape is not None:
-            parts.append("--mesh-shape {},{}".format(*self.mesh_shape))
-        if self.all_reduce_once:
-            parts.append("--all-reduce-once")
-        if self.bf16_reduce:
-            parts.append("--reduce-dtype bf16")
-        return " ".join(parts) or "(nothing: the measured schedule)"
 
 
 @dataclass(frozen=True)
@@ -163,16 +114,16 @@ def apply_change(
     groups: DpGroups | None = None,
 ) -> StepModel:
     """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
-    then reshard, checkpointing, micro-batches, prefetch, syncs, and last the replicate
+    then checkpointing, reshard, micro-batches, prefetch, syncs, and last the replicate
     all-reduces and the mesh shape, on the rank's data-parallel `groups`)."""
     if split is not None:
         model = finer_wrap(model, split, fits, platform, overhead)
     elif change.wrap is not None:
         model = cf.coarser_wrap(model, change.wrap, fits, platform, overhead)
+    if change.checkpoint is not None:  # placed at the backward gathers, before they may go
+        model, _ = cf.checkpointed(model, change.checkpoint)
     if change.reshard_after_forward is False:
         model = cf.no_reshard_after_forward(model)
-    if change.checkpoint is not None:
-        model, _ = cf.checkpointed(model, change.checkpoint)
     if change.micro_batches is not None:
         model = micro_batched(model, change.micro_batches)
     if change.prefetch is not None:
@@ -186,77 +137,6 @@ def apply_change(
     if change.mesh_shape is not None and groups is not None:
         model = reshaped(model, groups, change.mesh_shape, fits)
     return model
-
-
-def _memory_delta(
-    models: Sequence[StepModel],
-    change: Change,
-    split: WrapSplit | None = None,
-    groups: Mapping[int, DpGroups] | None = None,
-    model: ModelFacts | None = None,
-) -> tuple[int | None, str]:
-    """The change's estimated peak-memory delta, and how it was estimated: the schedule's
-    (`_schedule_memory_delta`), plus a mesh shape's on the ranks' data-parallel `groups`."""
-    delta, basis = _schedule_memory_delta(models, change, split)
-    if not groups or change.mesh_shape is None:
-        return delta, basis
-    captured = model.description.param_bytes if model is not None else None
-    d, b = mesh_memory_delta(
-        captured or sum(cf.unit_gather_bytes(models).values()),
-        next(iter(groups.values())),
-        change.mesh_shape,
-        model.optimizer_classes if model is not None else (),
-        gathered=not captured,
-    )
-    total = None if delta is None or d is None else delta + d
-    return total, b if basis == NO_CHANGE else f"{basis}; {b}"
-
-
-def _schedule_memory_delta(
-    models: Sequence[StepModel], change: Change, split: WrapSplit | None = None
-) -> tuple[int | None, str]:
-    """The peak-memory delta of the schedule changes (wrap, prefetch, reshard, ...)."""
-    sizes = cf.unit_gather_bytes(models)
-    if change.micro_batches is not None:
-        return None, (
-            "unknown: activations shrink about "
-            f"{change.micro_batches}-fold and FSDP keeps each unit's unsharded gradients between "
-            "micro-batches, and the step model holds no activation sizes (measure it: apply and "
-            "run again)"
-        )
-    if change.checkpoint is not None:
-        return None, (
-            "unknown: checkpointing frees the blocks' saved activations less their inputs, and "
-            "the step model holds no activation sizes (measure it: apply and run again)"
-        )
-    if split is not None:  # blocks held at once: all when kept from forward to backward
-        held = len(split.blocks) if change.reshard_after_forward is False else None
-        return split_memory_delta(split, sizes, held or 1 + max(1, change.prefetch or 1))
-    needs_sizes = change.wrap or change.prefetch or change.reshard_after_forward is False
-    if not needs_sizes:
-        return 0, NO_CHANGE
-    if not sizes:
-        return None, "unknown: the traces record no FSDP message sizes (record_shapes)"
-    largest = max(sizes.values())
-    delta, how = 0, []
-    if change.wrap is not None:
-        merged: dict[str, int] = {}
-        for unit, b in sizes.items():
-            key = cf.wrap_key(unit, change.wrap) or unit
-            merged[key] = merged.get(key, 0) + b
-        delta += max(merged.values()) - largest
-        how.append("the largest unit after the wrap, gathered, against the largest now")
-    if change.reshard_after_forward is False:
-        kept = {u for m in models for u in cf.resharded_units(m)}
-        held = sum(sizes.get(u, 0) for u in kept)
-        delta += max(0, held - max((sizes.get(u, 0) for u in kept), default=0))
-        how.append("units kept gathered from forward to backward")
-    if change.prefetch is not None:
-        depth = max((cf.measured_depth(m) for m in models), default=0)
-        extra = max(0, change.prefetch - depth)
-        delta += extra * largest
-        how.append(f"{extra} more unit(s) gathered ahead (measured depth {depth})")
-    return delta, "; ".join(how)
 
 
 def run_whatif(
@@ -380,7 +260,7 @@ def replay_change(
             "the run's one unit shows no per-unit hook cost, so the new units add none: where "
             "every call blocks (CPU) the predicted cost is low by their hooks"
         )
-    delta, basis = _memory_delta(models, change, split, groups, model)
+    delta, basis = memory_delta(models, change, split, groups, model)
     changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead, split, groups)
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None

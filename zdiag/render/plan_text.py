@@ -76,10 +76,9 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
     tail = [
         "searched exactly, every combination replayed: " + "; ".join(s.grid) + ".",
         "Not searched: mesh shapes (zdiag whatif --mesh-shape; the replay keeps each group's "
-        "links, so it cannot rank shapes that cross nodes differently); activation checkpointing and "
-        "micro-batches (their cost in time: zdiag whatif --checkpoint, --micro-batches; their "
-        "memory saving is not modelled) (docs/whatif.md). Check the plan: apply it and run "
-        "again.",
+        "links, so it cannot rank shapes that cross nodes differently); micro-batches (their "
+        "cost in time: zdiag whatif --micro-batches; their memory saving is not estimated) "
+        "(docs/whatif.md). Check the plan: apply it and run again.",
         *(f"note: {n}" for n in s.notes),
     ]
     lines.append("")

@@ -39,7 +39,7 @@ def assert_analyzes(run_dir: Path) -> None:
 def test_hsdp_mesh_is_captured_with_each_ranks_groups(tmp_path: Path) -> None:
     descriptions = run_example("hsdp", tmp_path / "hsdp")
     for rank, desc in enumerate(descriptions):
-        assert desc["schema"] == "zdiag.model/1.2" and desc["rank"] == rank
+        assert desc["schema"] == "zdiag.model/1.3" and desc["rank"] == rank
         mesh = desc["mesh"]
         assert mesh["shape"] == [2, 2] and mesh["dim_names"] == ["replicate", "shard"]
         assert mesh["ranks"] == [0, 1, 2, 3]

@@ -29,7 +29,7 @@ def test_pipeline_stages_are_captured_and_the_slow_stage_named(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     for rank in range(4):
         desc = json.loads((out / "model" / f"rank-{rank}.json").read_text())
-        assert desc["schema"] == "zdiag.model/1.2"
+        assert desc["schema"] == "zdiag.model/1.3"
         pipeline = next(g for g in PIPELINES if rank in g)
         (stage,) = desc["pipeline"]["stages"]
         assert stage["stage_index"] == pipeline.index(rank) and stage["num_stages"] == 2

@@ -94,7 +94,7 @@ def test_an_old_description_loads_without_a_mesh(tmp_path: Path) -> None:
 
 def test_a_description_without_a_mesh_writes_the_new_version() -> None:
     desc = describe_model(nn.Linear(2, 2))
-    assert desc.schema == MODEL_SCHEMA_VERSION == "zdiag.model/1.2"
+    assert desc.schema == MODEL_SCHEMA_VERSION == "zdiag.model/1.3"
     assert desc.mesh is None and desc.dtensor_modules == () and desc.process_groups == ()
     data = json.loads(json.dumps(desc.to_json()))
     assert data["mesh"] is None and ModelDescription.from_json(data) == desc

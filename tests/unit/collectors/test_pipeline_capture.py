@@ -184,7 +184,7 @@ def test_description_gets_the_pipeline_and_the_pp_role() -> None:
     assert out.mesh is not None and [d.role for d in out.mesh.dims] == ["shard", "pp"]
     assert pc.with_pipeline(desc, None) is desc
     # written as 1.2, read back; a 1.1 file (no pipeline) still loads
-    assert MODEL_SCHEMA_VERSION == "zdiag.model/1.2"
+    assert MODEL_SCHEMA_VERSION == "zdiag.model/1.3"
     back = ModelDescription.from_json(out.to_json())
     assert back == out
     old = {k: v for k, v in desc.to_json().items() if k != "pipeline"}

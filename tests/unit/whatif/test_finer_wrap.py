@@ -5,48 +5,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from zdiag.analyzers.inputs.model_facts import ModelFacts
+from support.described_models import MIB, described
 from zdiag.analyzers.rank.step_model import ModelOp, StepModel
 from zdiag.analyzers.whatif import finer_wrap as fw
 from zdiag.analyzers.whatif.platform import CommFit, OverheadFit, Platform
 from zdiag.analyzers.whatif.replay import replay
 from zdiag.analyzers.whatif.run_whatif import Change, WhatIfError, replay_change
-from zdiag.collectors.model_schema import ModelDescription, ModuleNode, RepeatedSet
 
 GPU = Platform("cuda", True, "test: overlaps")
 BLOCKING = Platform("cpu", False, "test: blocking")
-MIB = 2**20
-
-
-def described(blocks: int = 4, block_bytes: int = 2 * MIB, rest: int = MIB // 2) -> ModelFacts:
-    """A model of `blocks` equal blocks under `layers` plus `rest` bytes in an embedding; the
-    description keeps the first two blocks' nodes and collapses the others."""
-    total = blocks * block_bytes + rest
-    modules = (
-        ModuleNode(path="", cls="Net", total_bytes=total, children=2),
-        ModuleNode(path="embed", cls="Embedding", depth=1, total_bytes=rest),
-        ModuleNode(
-            path="layers",
-            cls="ModuleList",
-            depth=1,
-            total_bytes=blocks * block_bytes,
-            children=blocks,
-            collapsed_children=blocks - 2,
-        ),
-        ModuleNode(path="layers.0", cls="Block", depth=2, total_bytes=block_bytes),
-        ModuleNode(path="layers.1", cls="Block", depth=2, total_bytes=block_bytes),
-    )
-    rep = RepeatedSet(
-        path="layers",
-        child_class="Block",
-        count=blocks,
-        child_names=("0", "1"),
-        bytes_per_child_min=block_bytes,
-        bytes_per_child_max=block_bytes,
-        total_bytes=blocks * block_bytes,
-    )
-    desc = ModelDescription(framework="fsdp2", param_bytes=total, modules=modules, repeated=(rep,))
-    return ModelFacts(desc)
 
 
 def call(
