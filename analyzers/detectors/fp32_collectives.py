@@ -2,15 +2,20 @@
 
 Parameters gathered for compute in bf16 are enough for the forward and backward math of
 mixed-precision training (FSDP2's MixedPrecisionPolicy keeps fp32 shards and reduces gradients in
-fp32 if asked): half the bytes on the wire and in the unsharded parameter memory.
+fp32 if asked): half the bytes on the wire and in the unsharded parameter memory. The gain is
+the replay's with the gathers' bytes halved (`zdiag whatif --param-dtype bf16`), none on CPU-only
+runs.
 """
 
 from __future__ import annotations
 
 from ..frameworks import Remedy
+from ..rank.fsdp_ledger import CollectiveRecord
 from ..report import Finding
+from ..whatif.run_whatif import Change
 from .comm_model import fit_alpha_beta
 from .context import DetectorContext
+from .replayed_gain import gain_text, replayed
 from .rule import Rule, Threshold
 
 FP32_NAMES = ("float", "float32", "torch.float32", "fp32")
@@ -30,6 +35,37 @@ def bf16_remedy(ctx: DetectorContext) -> Remedy | None:
     """The run's framework's change that moves parameters (or gradients) in bf16, None when the
     run already does (analyzers/frameworks/: MixedPrecisionPolicy, MixedPrecision, "bf16")."""
     return ctx.sheet.framework.bf16_comm(ctx.sheet.run_facts())
+
+
+def _gain(
+    ctx: DetectorContext,
+    gathers: list[CollectiveRecord],
+    fp32: list[CollectiveRecord],
+    exposed_us: float,
+    n_steps: int,
+) -> tuple[float | None, str]:
+    """(ms per step, how): on a CPU-only run none (bf16 parameters move the math to bf16, at a
+    speed the fp32 trace does not show); else the replay with the gathers' bytes halved
+    (`zdiag whatif --param-dtype bf16`), else, without modelled steps, the fitted bandwidth."""
+    if ctx.sheet.cpu_only:
+        return None, (
+            "none on a CPU-only run: bf16 parameters also move the model's math to bf16, which "
+            "a CPU runs at another speed than the fp32 the trace shows"
+        )
+    result = replayed(ctx, Change(bf16_params=True))
+    if result is not None:
+        return max(0.0, result.measured_ms - result.predicted_ms), gain_text(result) + (
+            "; compute kept as measured (bf16 math is faster on GPUs): a lower bound"
+        )
+    model = fit_alpha_beta(gathers)
+    if model is None:
+        return None, ""
+    saved = sum(r.bytes / 2 / model.beta_bytes_per_us for r in fp32)
+    total = sum(r.dur_us for r in fp32)
+    return round(min(saved, total) * (exposed_us / total if total else 0) / 1e3 / n_steps, 3), (
+        "half the bytes of each fp32 all-gather at the fitted bandwidth "
+        f"({model.beta_bytes_per_us:.0f} B/us), scaled by the measured exposed share"
+    )
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -52,17 +88,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if remedy is None:
         return []  # the run already gathers in bf16: these fp32 gathers are not its parameters
     n_steps = max(1, len(lg.steps) or len({r.step for r in fp32}))
-    model = fit_alpha_beta(gathers)
-    gain_ms = None
-    method = ""
-    if model is not None:
-        saved = sum(r.bytes / 2 / model.beta_bytes_per_us for r in fp32)
-        total = sum(r.dur_us for r in fp32)
-        gain_ms = round(min(saved, total) * (exposed / total if total else 0) / 1e3 / n_steps, 3)
-        method = (
-            "half the bytes of each fp32 all-gather at the fitted bandwidth "
-            f"({model.beta_bytes_per_us:.0f} B/us), scaled by the measured exposed share"
-        )
+    gain_ms, method = _gain(ctx, gathers, fp32, exposed, n_steps)
     return [
         Finding(
             id="fp32-collectives",
@@ -81,9 +107,10 @@ def detect(ctx: DetectorContext) -> list[Finding]:
                 + ": half the all-gather bytes and half the unsharded parameter memory."
             ),
             code=remedy.code,
-            expected_gain_ms=gain_ms,
+            expected_gain_ms=None if gain_ms is None else round(gain_ms, 3),
             expected_gain_bytes=int(max((r.bytes for r in fp32), default=0) / 2),
-            gain_method=method + "; bytes: half of the largest unit's unsharded parameters",
+            gain_method=(method + "; " if method else "")
+            + "bytes: half of the largest unit's unsharded parameters",
         )
     ]
 
@@ -108,7 +135,13 @@ RULE = Rule(
     ),
     example="100% of all-gathered parameter bytes are fp32 (FSDP2 without a MixedPrecisionPolicy).",
     fix="`MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`.",
-    gain="Half the bytes at the fitted bandwidth x the measured exposed share.",
+    gain=(
+        "Replayed (`zdiag whatif --param-dtype bf16`): each FSDP all-gather keeps its lane's "
+        "fitted latency and moves half its bytes, compute kept as measured (bf16 math is "
+        "faster on GPUs: a lower bound). None on a CPU-only run, where bf16 moves the math to "
+        "a speed the fp32 trace does not show. Without modelled steps, half the bytes at the "
+        "fitted bandwidth x the measured exposed share."
+    ),
     scope="FSDP2, FSDP1 and ZeRO runs whose trace records the collectives' dtype",
     fsdp_only=True,
     thresholds=(

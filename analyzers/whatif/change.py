@@ -21,6 +21,7 @@ class Change:
     mesh_shape: tuple[int, int] | None = None  # FSDP's ranks as (replicate, shard)
     all_reduce_once: bool = False  # HSDP: replicate all-reduces in the last micro-batch only
     bf16_reduce: bool = False  # FSDP's gradient reduces in bf16 (MixedPrecisionPolicy)
+    bf16_params: bool = False  # FSDP's parameter gathers in bf16 (MixedPrecisionPolicy)
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -49,4 +50,6 @@ class Change:
             parts.append("--all-reduce-once")
         if self.bf16_reduce:
             parts.append("--reduce-dtype bf16")
+        if self.bf16_params:
+            parts.append("--param-dtype bf16")
         return " ".join(parts) or "(nothing: the measured schedule)"

@@ -123,6 +123,41 @@ def bf16_reduce_notes(
     ]
 
 
+CPU_BF16_PARAMS = (
+    "on CPU a bf16 parameter gather also moves the model's math to bf16, which CPUs run at "
+    "another speed than fp32 (often slower), so the measured compute says nothing of it; the "
+    "replay's halved gathers, with compute kept as measured, hold on GPUs"
+)
+
+
+def bf16_params_notes(
+    models: Sequence[StepModel], model: ModelFacts | None, device: str
+) -> list[str]:
+    """What the bf16-gather replay assumes (or WhatIfError where it cannot apply)."""
+    if device == "cpu":
+        raise WhatIfError(CPU_BF16_PARAMS)
+    if not any(op.family == cf.GATHER for m in models for op in m.ops):
+        raise WhatIfError(
+            "--param-dtype bf16 halves the FSDP parameter all-gathers, and the traces hold none "
+            "(FSDP and ZeRO runs only)"
+        )
+    units = model.description.fsdp2_units if model is not None else ()
+    dtypes = {
+        str(u.mixed_precision.param_dtype or u.dtype or "")
+        if u.mixed_precision is not None
+        else str(u.dtype or "")
+        for u in units
+    }
+    if dtypes and all(d.removeprefix("torch.") in ("bfloat16", "float16") for d in dtypes):
+        raise WhatIfError("the run gathers its parameters in 16 bits already")
+    known = "" if dtypes else " (the captured model does not say: taken as fp32 now)"
+    return [
+        "bf16 parameters: each FSDP all-gather keeps its lane's fitted latency and moves half "
+        f"its bytes{known}; compute is kept as measured, though bf16 math runs faster on GPUs: "
+        "the gain is a lower bound"
+    ]
+
+
 def mesh_notes(
     by_rank: Mapping[int, list[StepModel]], groups: Mapping[int, DpGroups], shape: tuple[int, int]
 ) -> list[str]:

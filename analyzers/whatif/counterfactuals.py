@@ -300,6 +300,13 @@ def half_reduce_bytes(model: StepModel, fits: Mapping[str, CommFit]) -> StepMode
     return msgspec.structs.replace(model, ops=ops)
 
 
+def half_gather_bytes(model: StepModel, fits: Mapping[str, CommFit]) -> StepModel:
+    """The step with every FSDP parameter all-gather moving half its bytes (`param_dtype` bf16
+    where it was fp32): each call keeps its lane's fitted latency and halves the rest."""
+    ops = [with_bytes_share(op, 0.5, fits) if op.family == GATHER else op for op in model.ops]
+    return msgspec.structs.replace(model, ops=ops)
+
+
 def without_host_syncs(model: StepModel, *, model_only: bool = False) -> StepModel:
     """The step with its host syncs' progress chunks removed: every one, or (`model_only`) only
     the model's own (not the optimizer's or the training loop's)."""

@@ -3,8 +3,8 @@
 The schedule's changes count the FSDP units' gathered bytes held at once (a wrap, a prefetch
 depth, units kept from forward to backward, a split unit's blocks); a mesh shape counts the
 sharded parameters, gradients and optimizer states (`mesh_shape.mesh_memory_delta`);
-checkpointing counts what the model's forward saved for backward, by block, as the run measured
-it (`zdiag run --profile-memory`: the model description's `activations`).
+checkpointing and micro-batches count what the model's forward saved for backward, by block, as
+the run measured it (`zdiag run --profile-memory`: the model description's `activations`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,25 @@ def memory_delta(
     """The change's estimated peak-memory delta, and how it was estimated: the schedule's
     (`schedule_memory_delta`), plus a mesh shape's on the ranks' data-parallel `groups`, less
     what checkpointing frees (`checkpoint_saving`, from the captured `model`'s activations)."""
+    if change.checkpoint is not None and change.micro_batches is not None:
+        return None, (
+            "unknown: checkpointing and micro-batches together (each one's saving is estimated "
+            "alone; what checkpointing frees shrinks with the micro-batch)"
+        )
+    if change.micro_batches is not None:
+        rest, basis = memory_delta(
+            models, dataclasses.replace(change, micro_batches=None), split, groups, model
+        )
+        shift = micro_batch_delta(model, models, change.micro_batches)
+        if shift is None:
+            return None, (
+                f"unknown: activations shrink about {change.micro_batches}-fold and the "
+                "gradients are held unsharded between micro-batches, and the run did not "
+                "measure its activations (record it with `zdiag run --profile-memory`)"
+            )
+        if rest is None:
+            return None, f"{basis}; {shift[1]}"
+        return rest + shift[0], shift[1] if basis == NO_CHANGE else f"{shift[1]}; {basis}"
     if change.checkpoint is not None:
         rest, basis = memory_delta(
             models, dataclasses.replace(change, checkpoint=None), split, groups, model
@@ -88,28 +107,53 @@ def checkpoint_saving(model: ModelFacts | None, prefix: str) -> tuple[int, str] 
     )
 
 
+def micro_batch_delta(
+    model: ModelFacts | None, models: Sequence[StepModel], k: int
+) -> tuple[int, str] | None:
+    """(bytes, how) of K micro-batches with gradient accumulation at a peak at the end of a
+    later micro-batch's forward: the activations the run measured shrink K-fold, and the
+    gradients of the earlier micro-batches are held unsharded (FSDP's units: their gathered
+    bytes; without FSDP units, the model's parameter bytes), where the measured step's forward
+    held none (`zero_grad` sets them to None). None without the measurement."""
+    act = model.description.activations if model is not None else None
+    if act is None or model is None:
+        return None
+    freed = act.saved_bytes - act.saved_bytes // k
+    units = cf.unit_gather_bytes(models)
+    grads = sum(units.values()) if units else model.description.param_bytes
+    held = "its FSDP units' unsharded gradients" if units else "the model's gradients"
+    return grads - freed, (
+        f"{k} micro-batches: the forward's saved tensors ({act.saved_bytes / MIB:.1f} MiB, "
+        f"measured in the run's first forward) shrink to 1/{k}, and {held} "
+        f"({grads / MIB:.1f} MiB) are held from one micro-batch to the next: at a peak at "
+        "the end of a later micro-batch's forward"
+    )
+
+
 def schedule_memory_delta(
     models: Sequence[StepModel], change: Change, split: WrapSplit | None = None
 ) -> tuple[int | None, str]:
     """The peak-memory delta of the schedule changes (wrap, prefetch, reshard, ...)."""
     sizes = cf.unit_gather_bytes(models)
-    if change.micro_batches is not None:
-        return None, (
-            "unknown: activations shrink about "
-            f"{change.micro_batches}-fold and FSDP keeps each unit's unsharded gradients between "
-            "micro-batches, and the step model holds no activation sizes (measure it: apply and "
-            "run again)"
-        )
     if split is not None:  # blocks held at once: all when kept from forward to backward
         held = len(split.blocks) if change.reshard_after_forward is False else None
         return split_memory_delta(split, sizes, held or 1 + max(1, change.prefetch or 1))
-    needs_sizes = change.wrap or change.prefetch or change.reshard_after_forward is False
+    needs_sizes = (
+        change.wrap
+        or change.prefetch
+        or change.reshard_after_forward is False
+        or change.bf16_params
+    )
     if not needs_sizes:
         return 0, NO_CHANGE
     if not sizes:
         return None, "unknown: the traces record no FSDP message sizes (record_shapes)"
     largest = max(sizes.values())
     delta, how = 0, []
+    if change.bf16_params:
+        depth = max((cf.measured_depth(m) for m in models), default=0)
+        delta -= (1 + depth) * largest // 2
+        how.append(f"half of the {1 + depth} largest gathered unit(s) held at once, in bf16")
     if change.wrap is not None:
         merged: dict[str, int] = {}
         for unit, b in sizes.items():

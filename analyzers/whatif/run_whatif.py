@@ -132,6 +132,8 @@ def apply_change(
         model = cf.without_host_syncs(model, model_only=not change.remove_host_syncs)
     if change.bf16_reduce:
         model = cf.half_reduce_bytes(model, fits)
+    if change.bf16_params:
+        model = cf.half_gather_bytes(model, fits)
     if change.all_reduce_once and groups is not None:
         model, _ = all_reduced_once(model, groups)
     if change.mesh_shape is not None and groups is not None:
@@ -232,6 +234,8 @@ def replay_change(
         notes += checks.all_reduce_notes(by_rank, groups)
     if change.bf16_reduce:
         notes += checks.bf16_reduce_notes(models, model, device)
+    if change.bf16_params:
+        notes += checks.bf16_params_notes(models, model, device)
     if change.mesh_shape is not None:
         notes += checks.mesh_notes(by_rank, groups, change.mesh_shape)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from zdiag.analyzers.inputs.model_facts import ModelFacts
-from zdiag.collectors.model_schema import ModelDescription, ModuleNode, RepeatedSet
+from zdiag.collectors.model_schema import (
+    ActivationSizes,
+    BlockActivations,
+    ModelDescription,
+    ModuleNode,
+    RepeatedSet,
+)
 
 MIB = 2**20
 
@@ -37,3 +45,17 @@ def described(blocks: int = 4, block_bytes: int = 2 * MIB, rest: int = MIB // 2)
     )
     desc = ModelDescription(framework="fsdp2", param_bytes=total, modules=modules, repeated=(rep,))
     return ModelFacts(desc)
+
+
+def measured(blocks: int, saved: int, inputs: int) -> ModelFacts:
+    """A captured model of `blocks` blocks under `layers` whose forward saved `saved` bytes
+    per block for backward, from inputs of `inputs` bytes (what `zdiag run --profile-memory`
+    records)."""
+    facts = described(blocks=blocks)
+    act = ActivationSizes(
+        saved_bytes=blocks * saved,
+        tensors=4 * blocks,
+        containers=("layers",),
+        blocks=tuple(BlockActivations(f"layers.{k}", saved, inputs) for k in range(blocks)),
+    )
+    return ModelFacts(dataclasses.replace(facts.description, activations=act))

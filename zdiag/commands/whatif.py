@@ -159,6 +159,13 @@ class WhatIfCommand:
             "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)): half the bytes",
         )
         parser.add_argument(
+            "--param-dtype",
+            choices=("bf16",),
+            help="bf16: FSDP's parameter all-gathers in bf16 "
+            "(MixedPrecisionPolicy(param_dtype=torch.bfloat16)): half the bytes; refused on "
+            "CPU runs",
+        )
+        parser.add_argument(
             "--no-host-syncs",
             action="store_true",
             help="remove the host syncs (.item(), synchronize) the traces show",
@@ -261,6 +268,7 @@ def _change(args: argparse.Namespace) -> Change:
         mesh_shape=args.mesh_shape,
         all_reduce_once=args.all_reduce_once,
         bf16_reduce=args.reduce_dtype == "bf16",
+        bf16_params=args.param_dtype == "bf16",
     )
     if change == Change():
         raise ConfigError(

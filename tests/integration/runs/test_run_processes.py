@@ -173,6 +173,19 @@ def test_memory_timeline_on_two_gloo_ranks(tmp_path: Path) -> None:
             [error] = rank["collector_errors"]
             assert "AssertionError: version mismatch" in error, error
             assert "pytorch/pytorch#167838" in error
+        # what each block's first forward saved for backward, measured in the rank
+        act = json.loads((out / "model" / f"rank-{r}.json").read_text())["activations"]
+        assert [b["path"] for b in act["blocks"]] == ["layers.0", "layers.1"]
+        assert all(b["input_bytes"] == 2 * 32 * 64 * 4 for b in act["blocks"])  # batch x seq x dim
+        assert all(b["saved_bytes"] > 4 * b["input_bytes"] for b in act["blocks"])
+    whatif = subprocess.run(
+        [sys.executable, "-m", "zdiag", "whatif", str(out), "--checkpoint", "layers", "--json",
+         "--no-cache"],
+        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert whatif.returncode == 0, whatif.stderr
+    result = json.loads(whatif.stdout)
+    assert result["memory_delta_bytes"] < 0 and "measured" in result["memory_basis"]
 
 
 @pytest.mark.dist

@@ -232,6 +232,23 @@ def test_bf16_reduces_keep_their_latency_and_halve_the_rest() -> None:
         replay_change({0: [model]}, "cpu", Change(bf16_reduce=True))
 
 
+def test_bf16_parameters_halve_the_gathers_only_and_are_refused_on_cpu() -> None:
+    from zdiag.analyzers.whatif.counterfactuals import half_gather_bytes
+
+    model = hsdp_step()
+    fits = {"3|all_gather": fit("3|all_gather", 100.0)}
+    out = half_gather_bytes(model, fits)
+    assert [op.bytes for op in out.ops] == [2000, 4000, 4000, 4000]  # the reduces unchanged
+    assert out.ops[0].dur_us == pytest.approx(100.0 + (model.ops[0].dur_us - 100.0) / 2)
+    result = replay_change({0: [model]}, "cuda", Change(bf16_params=True))
+    assert result.change.label() == "--param-dtype bf16"
+    assert result.predicted_ms < result.measured_ms
+    assert result.memory_delta_bytes is not None and result.memory_delta_bytes < 0
+    assert any("a lower bound" in n for n in result.notes)
+    with pytest.raises(WhatIfError, match="moves the model's math to bf16"):
+        replay_change({0: [model]}, "cpu", Change(bf16_params=True))
+
+
 def test_a_coarser_wrap_merges_an_hsdp_units_reduces_per_group() -> None:
     from zdiag.analyzers.whatif.counterfactuals import coarser_wrap
     from zdiag.analyzers.whatif.platform import Platform

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from support.described_models import MIB, described
+from support.described_models import MIB, described, measured
 from support.ledger_traces import BLOCKS, LEAVES, fsdp2_cpu_trace, write
 from support.trace_contexts import trace_context
-from zdiag.analyzers.inputs.model_facts import ModelFacts
 from zdiag.analyzers.planning.plan import PlanError, search
 from zdiag.analyzers.report import StepBreakdown
-from zdiag.analyzers.whatif.memory_delta import checkpoint_saving
 from zdiag.analyzers.whatif.run_whatif import Change
-from zdiag.collectors.model_schema import ActivationSizes, BlockActivations
 
 
 def test_the_grid_is_replayed_whole_and_ranked(tmp_path: Path) -> None:
@@ -64,33 +61,10 @@ def test_no_step_models_is_refused() -> None:
         search(DetectorContext(ledgers={}))
 
 
-def _measured(blocks: int, saved: int, inputs: int) -> ModelFacts:
-    """A captured model of `blocks` blocks under `layers` whose forward saved `saved` bytes
-    per block for backward, from inputs of `inputs` bytes (what `zdiag run --profile-memory`
-    records)."""
-    facts = described(blocks=blocks)
-    act = ActivationSizes(
-        saved_bytes=blocks * saved,
-        tensors=4 * blocks,
-        containers=("layers",),
-        blocks=tuple(BlockActivations(f"layers.{k}", saved, inputs) for k in range(blocks)),
-    )
-    return ModelFacts(dataclasses.replace(facts.description, activations=act))
-
-
-def test_checkpointing_frees_the_saved_tensors_less_inputs_and_one_recompute() -> None:
-    facts = _measured(blocks=4, saved=10 * MIB, inputs=MIB)
-    freed, how = checkpoint_saving(facts, "layers") or (0, "")
-    assert freed == 4 * 10 * MIB - 4 * MIB - 10 * MIB
-    assert "40.0 MiB" in how and "4.0 MiB" in how
-    assert checkpoint_saving(facts, "encoder") is None  # no measured block there
-    assert checkpoint_saving(described(blocks=4), "layers") is None  # nothing measured
-
-
-def test_checkpointing_is_searched_where_the_blocks_activations_were_measured(
+def test_checkpointing_is_searched_where_the_blocks_activations_weremeasured(
     tmp_path: Path,
 ) -> None:
-    facts = _measured(blocks=3, saved=10 * MIB, inputs=MIB)
+    facts = measured(blocks=3, saved=10 * MIB, inputs=MIB)
     ctx = trace_context(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)), model=facts)
     free = search(ctx, peaks={0: 100 * MIB})
     assert any("activation checkpointing: none, each block (layers)" in g for g in free.grid)
