@@ -503,6 +503,14 @@ class ModelCapture:
             if is_compiled(model):
                 self._report("activation sizes not measured: the model runs under torch.compile")
                 return
+            if not torch.is_grad_enabled() and self._description is not None:
+                note = "activation sizes not measured: the model's first forward saved nothing "
+                note += "for backward (it ran without gradients: no_grad, inference mode)"
+                self._description = dataclasses.replace(
+                    self._description, notes=(*self._description.notes, note)
+                )
+                self._write()
+                return
             self._probe = ActivationProbe(probed_blocks(model), self._on_activations, self._report)
             self._probe.start(model)
         except Exception as exc:

@@ -54,7 +54,7 @@ def _gain(
         )
     result = replayed(ctx, Change(bf16_params=True))
     if result is not None:
-        return max(0.0, result.measured_ms - result.predicted_ms), gain_text(result) + (
+        return max(0.0, result.gain_ms), gain_text(result) + (
             "; compute kept as measured (bf16 math is faster on GPUs): a lower bound"
         )
     model = fit_alpha_beta(gathers)

@@ -171,7 +171,7 @@ def _gain(ctx: DetectorContext, blocked_ms: float) -> tuple[float | None, str]:
         )
     result = replayed(ctx, Change(remove_model_syncs=True))
     if result is not None:
-        return max(0.0, result.measured_ms - result.predicted_ms), gain_text(result) + (
+        return max(0.0, result.gain_ms), gain_text(result) + (
             "; each sync's chunk is the device's idle after it until its next kernel: an "
             "upper bound where the host is behind for other reasons too"
         )

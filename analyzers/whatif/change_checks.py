@@ -89,6 +89,26 @@ def all_reduce_notes(
     ]
 
 
+def _unit_dtypes(model: ModelFacts | None, *, reduce: bool) -> set[str]:
+    """The captured FSDP2 units' gradient-reduce (`reduce`) or parameter-gather dtypes: their
+    mixed-precision policy's, else their parameters'; empty without a captured model."""
+    units = model.description.fsdp2_units if model is not None else ()
+    out = set()
+    for u in units:
+        mp = u.mixed_precision
+        if mp is None:
+            out.add(str(u.dtype or ""))
+        else:
+            policy = (mp.reduce_dtype or mp.param_dtype) if reduce else mp.param_dtype
+            out.add(str(policy or u.dtype or ""))
+    return out
+
+
+def _all_16_bits(dtypes: set[str]) -> bool:
+    """Whether every dtype of a non-empty set is bf16 or fp16."""
+    return bool(dtypes) and all(d.removeprefix("torch.") in ("bfloat16", "float16") for d in dtypes)
+
+
 CPU_BF16_REDUCE = (
     "on CPU/gloo a bf16 reduce is not cheaper: gloo sums bf16 on the host and the casts cost "
     "more than the halved bytes save (a GPT-2 on a (2, 2) mesh ran about 95 ms per step slower "
@@ -107,14 +127,8 @@ def bf16_reduce_notes(
             "--reduce-dtype bf16 halves the FSDP gradient reduces, and the traces hold none "
             "(FSDP and ZeRO runs only)"
         )
-    units = model.description.fsdp2_units if model is not None else ()
-    dtypes = {
-        str(u.mixed_precision.reduce_dtype or u.mixed_precision.param_dtype or u.dtype or "")
-        if u.mixed_precision is not None
-        else str(u.dtype or "")
-        for u in units
-    }
-    if dtypes and all(d.removeprefix("torch.") in ("bfloat16", "float16") for d in dtypes):
+    dtypes = _unit_dtypes(model, reduce=True)
+    if _all_16_bits(dtypes):
         raise WhatIfError("the run reduces its gradients in 16 bits already")
     known = "" if dtypes else " (the captured model does not say: taken as fp32 now)"
     return [
@@ -141,14 +155,8 @@ def bf16_params_notes(
             "--param-dtype bf16 halves the FSDP parameter all-gathers, and the traces hold none "
             "(FSDP and ZeRO runs only)"
         )
-    units = model.description.fsdp2_units if model is not None else ()
-    dtypes = {
-        str(u.mixed_precision.param_dtype or u.dtype or "")
-        if u.mixed_precision is not None
-        else str(u.dtype or "")
-        for u in units
-    }
-    if dtypes and all(d.removeprefix("torch.") in ("bfloat16", "float16") for d in dtypes):
+    dtypes = _unit_dtypes(model, reduce=False)
+    if _all_16_bits(dtypes):
         raise WhatIfError("the run gathers its parameters in 16 bits already")
     known = "" if dtypes else " (the captured model does not say: taken as fp32 now)"
     return [

@@ -132,3 +132,17 @@ def test_without_the_flag_nothing_is_measured(tmp_path: Path) -> None:
         capture.disarm()
     desc = json.loads((tmp_path / "model" / "rank-0.json").read_text())
     assert desc["activations"] is None
+
+
+def test_a_first_forward_without_gradients_is_not_measured_and_says_so(tmp_path: Path) -> None:
+    capture = ModelCapture(tmp_path, 0, lambda _m: None, probe_activations=True).arm()
+    try:
+        model = Net()
+        with torch.no_grad():
+            model(torch.randn(BATCH, DIM))  # an evaluation before training
+        model(torch.randn(BATCH, DIM)).sum().backward()
+    finally:
+        capture.disarm()
+    desc = json.loads((tmp_path / "model" / "rank-0.json").read_text())
+    assert desc["activations"] is None
+    assert any("ran without gradients" in n for n in desc["notes"])
