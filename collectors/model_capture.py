@@ -10,7 +10,10 @@ after the first iteration neither the forward path nor the step carries a zdiag 
 module; until then the forward pre-hook costs one flag test per module call. A model that runs
 forward again before any optimizer step (gradient accumulation, no torch optimizer) stops the
 forward hook there; a later first step re-adds it once, to remove both at the next forward. Every failure is reported through the session's collector-error channel
-and never reaches training.
+and never reaches training. With `probe_activations` (`zdiag run --profile-memory`) that first
+forward is also measured by `activation_probe.py` (what it saves for backward, by block) and the
+file rewritten with the sizes when the forward ends; a compiled model, or a first forward without
+gradients, is not measured and the description's notes say why.
 
 What is read, and where torch keeps it (torch 2.13; each private attribute is read with a fallback
 and listed in `missing` when absent, so torch 2.6+ degrades to fewer fields, never to an error):
@@ -500,12 +503,16 @@ class ModelCapture:
     def _start_probe(self, model: nn.Module) -> None:
         """Measure this forward's saved tensors by block (not under torch.compile)."""
         try:
-            if is_compiled(model):
-                self._report("activation sizes not measured: the model runs under torch.compile")
-                return
-            if not torch.is_grad_enabled() and self._description is not None:
-                note = "activation sizes not measured: the model's first forward saved nothing "
-                note += "for backward (it ran without gradients: no_grad, inference mode)"
+            why = (
+                "the model runs under torch.compile (its graphs would break on the hooks)"
+                if is_compiled(model)
+                else "the model's first forward ran without gradients (no_grad, inference "
+                "mode), so it saved nothing for backward"
+                if not torch.is_grad_enabled()
+                else None
+            )
+            if why is not None and self._description is not None:
+                note = f"activation sizes not measured: {why}"
                 self._description = dataclasses.replace(
                     self._description, notes=(*self._description.notes, note)
                 )
