@@ -30,6 +30,9 @@ Checks:
    on a whole-model wrap (the finer wrap: the root split per block) against the per-block run
    (both NCCL only), each predicted gain within 2x of the re-run's (or both inside 2% of the
    step).
+8. measured activations: `--profile-memory` measures what each block saves for backward in the
+   rank; `zdiag whatif --checkpoint layers`'s memory change against the allocator's peak of the
+   `--ac block` run, and `--param-dtype bf16` against the `--precision bf16` run (NCCL only).
 """
 
 from __future__ import annotations
@@ -496,6 +499,66 @@ def check_whatif(r: Runner) -> list[Check]:
     return out
 
 
+def check_measured_memory(r: Runner) -> list[Check]:
+    """The activation sizes `--profile-memory` measures in the rank, on this device: the memory
+    `zdiag whatif --checkpoint layers` predicts on the healthy run against the allocator's peak
+    of the run with `--ac block` (within 2x of the measured change), and `--param-dtype bf16`
+    on the fp32 run against the `--precision bf16` run (NCCL only: a lower bound, since bf16
+    math is faster too, so the measured gain must reach at least half the predicted one)."""
+    opts = [*shape(r.device), "--steps", "8"]
+    out = []
+    base, pb = r.harness("memory-healthy", opts, "2:1:3", memory=True, comm=True)
+    ac, pa = r.harness("memory-ac", [*opts, "--ac", "block"], "2:1:3", memory=True, comm=True)
+    before, after = _peak_bytes(base), _peak_bytes(ac)
+    proc = r.zdiag(["whatif", str(base), "--checkpoint", "layers", "--json", "--no-cache"])
+    if r.device == "cpu" and not (pb.returncode or pa.returncode or proc.returncode):
+        predicted = json.loads(proc.stdout)["memory_delta_bytes"]
+        out.append(
+            Check(
+                "measured activations",
+                None,
+                f"predicted {_mib(predicted)}; no allocator peak on CPU to compare with "
+                "(bench/plan_checkpoint.py measures the resident memory there)",
+            )
+        )
+    elif pb.returncode or pa.returncode or proc.returncode or before is None or after is None:
+        out.append(Check("measured activations", False, "a run or the what-if failed (log.txt)"))
+    else:
+        predicted = json.loads(proc.stdout)["memory_delta_bytes"]
+        want = after - before
+        ok = predicted is not None and want < 0 and 0.5 <= predicted / want <= 2.0
+        out.append(
+            Check(
+                "measured activations",
+                ok,
+                f"--checkpoint layers: peak {_mib(before)}, predicted change "
+                f"{_mib(predicted)}, re-run with --ac block {_mib(after)} ({_mib(want)})",
+            )
+        )
+    if r.device == "cpu" or r.shared_gpu:
+        out.append(Check("whatif bf16 params", None, "refused on CPU runs; NCCL only"))
+        return out
+    fp32, p32 = r.harness("bf16-fp32", opts, "2:1:5")
+    bf16, p16 = r.harness("bf16-bf16", [*opts, "--precision", "bf16"], "2:1:5")
+    m32, m16 = _job_step_ms(fp32), _job_step_ms(bf16)
+    predicted_ms, why = _whatif_ms(r, fp32, "--param-dtype", "bf16")
+    if p32.returncode or p16.returncode or None in (m32, m16, predicted_ms):
+        out.append(Check("whatif bf16 params", False, why or "a harness run failed"))
+        return out
+    assert m32 is not None and m16 is not None and predicted_ms is not None
+    got, want = m32 - predicted_ms, m32 - m16
+    out.append(
+        Check(
+            "whatif bf16 params",
+            got > 0 and want >= got / 2,
+            f"--param-dtype bf16: step {m32:.1f} ms, predicted {predicted_ms:.1f} (a lower "
+            f"bound of the gain: {got:+.1f}), re-run with --precision bf16 {m16:.1f} "
+            f"({want:+.1f})",
+        )
+    )
+    return out
+
+
 def _small_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if info.size > MAX_TAR_MEMBER else info
 
@@ -523,6 +586,7 @@ CHECKS: dict[str, Callable[[Runner], Check | list[Check]]] = {
     "snapshot_sites": check_snapshot_sites,
     "diff": check_diff,
     "whatif": check_whatif,
+    "measured-memory": check_measured_memory,
 }
 
 
