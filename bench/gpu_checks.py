@@ -546,14 +546,14 @@ def check_measured_memory(r: Runner) -> list[Check]:
         out.append(Check("whatif bf16 params", False, why or "a harness run failed"))
         return out
     assert m32 is not None and m16 is not None and predicted_ms is not None
-    got, want = m32 - predicted_ms, m32 - m16
+    gain_predicted, gain_measured = m32 - predicted_ms, m32 - m16
     out.append(
         Check(
             "whatif bf16 params",
-            got > 0 and want >= got / 2,
+            gain_predicted > 0 and gain_measured >= gain_predicted / 2,
             f"--param-dtype bf16: step {m32:.1f} ms, predicted {predicted_ms:.1f} (a lower "
-            f"bound of the gain: {got:+.1f}), re-run with --precision bf16 {m16:.1f} "
-            f"({want:+.1f})",
+            f"bound of the gain: {gain_predicted:+.1f}), re-run with --precision bf16 "
+            f"{m16:.1f} ({gain_measured:+.1f})",
         )
     )
     return out
