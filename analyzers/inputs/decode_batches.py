@@ -99,12 +99,31 @@ def _has_nan_token(buf: Buffer) -> bool:
     return re.search(rb"[:\[,]\s*-?(NaN|Infinity)\b", buf) is not None
 
 
+def not_utf8(exc: Exception) -> bool:
+    """Whether a decode failure is bytes that are not UTF-8: msgspec before 0.23 raised
+    UnicodeDecodeError, 0.23 a DecodeError "Invalid UTF-8 encoded string"."""
+    return isinstance(exc, UnicodeDecodeError) or (
+        isinstance(exc, msgspec.DecodeError) and "utf-8" in str(exc).lower()
+    )
+
+
+def _bad_byte(exc: Exception, buf: Buffer) -> str:
+    """ " (byte 0x..)" for the first byte that is not UTF-8, "" when it cannot be told."""
+    if not isinstance(exc, UnicodeDecodeError):
+        try:
+            bytes(buf).decode("utf-8")
+            return ""
+        except UnicodeDecodeError as found:
+            exc = found
+    return f" (byte 0x{exc.object[exc.start]:02x})"
+
+
 def decode_error(exc: Exception, buf: Buffer, path: Path) -> InputError:
     """The InputError sentence for a decode failure (truncated, NaN tokens, invalid JSON, bytes
     that are not UTF-8, nesting deeper than the decoder's limit)."""
-    if isinstance(exc, UnicodeDecodeError):
+    if not_utf8(exc):
         return InputError(
-            f"{path}: holds bytes that are not UTF-8 text (byte 0x{exc.object[exc.start]:02x}), "
+            f"{path}: holds bytes that are not UTF-8 text{_bad_byte(exc, buf)}, "
             "so the file is damaged; copy it again or re-export the trace."
         )
     if isinstance(exc, RecursionError):

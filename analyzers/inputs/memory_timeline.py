@@ -29,6 +29,7 @@ import numpy.typing as npt
 from zdiag.errors import InputError
 
 from ..report import MemoryTimeline
+from .decode_batches import not_utf8
 from .loader import read_trace_bytes
 from .reader import Reader
 
@@ -72,10 +73,13 @@ def load_memory_timeline(
     try:
         data: Any = msgspec.json.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-        problem = {
-            UnicodeDecodeError: "holds bytes that are not UTF-8 text",
-            RecursionError: "is nested deeper than the decoder's limit",
-        }.get(type(exc), f"is not valid JSON ({exc})")
+        problem = (
+            "holds bytes that are not UTF-8 text"
+            if not_utf8(exc)
+            else "is nested deeper than the decoder's limit"
+            if isinstance(exc, RecursionError)
+            else f"is not valid JSON ({exc})"
+        )
         raise InputError(
             f"{path}: the memory timeline {problem}; re-export it or leave it out."
         ) from None
