@@ -98,6 +98,7 @@ class ActivationProbe:
         self._outside = 0
         self._tensors = 0
         self._failed = False
+        self._stopped = False
 
     def start(self, model: nn.Module) -> None:
         """Arm the hooks for the forward of `model` that is starting now."""
@@ -116,34 +117,44 @@ class ActivationProbe:
         self._handles.append(
             model.register_forward_hook(eager_or_opaque(lambda *_a: self.stop()), always_call=True)
         )
-        self._context = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._context.__enter__()
+        context = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        context.__enter__()
+        self._context = context  # only once entered: `stop` leaves what it did not push
 
     def stop(self) -> None:
-        """Remove every hook and hand over the sizes (once)."""
-        if self._context is None:
+        """Remove every hook and hand over the sizes (once; an error is reported, never
+        raised: this runs inside the model's forward hook)."""
+        if self._stopped:
             return
+        self._stopped = True
         context, self._context = self._context, None
         try:
-            context.__exit__(None, None, None)
+            if context is not None:
+                context.__exit__(None, None, None)
+        except Exception as exc:
+            self._fail(exc)
         finally:
             for h in self._handles:
                 h.remove()
             self._handles.clear()
-        if self._failed:
+        if self._failed or context is None:
             return
-        self._done(
-            ActivationSizes(
-                saved_bytes=self._outside + sum(self._saved),
-                tensors=self._tensors,
-                outside_blocks_bytes=self._outside,
-                containers=tuple(dict.fromkeys(c for c, _, _ in self._blocks)),
-                blocks=tuple(
-                    BlockActivations(path=p, saved_bytes=s, input_bytes=i)
-                    for (_, p, _), s, i in zip(self._blocks, self._saved, self._inputs, strict=True)
-                ),
-                blocks_dropped=self._dropped,
-            )
+        try:
+            self._done(self._sizes())
+        except Exception as exc:
+            self._fail(exc)
+
+    def _sizes(self) -> ActivationSizes:
+        return ActivationSizes(
+            saved_bytes=self._outside + sum(self._saved),
+            tensors=self._tensors,
+            outside_blocks_bytes=self._outside,
+            containers=tuple(dict.fromkeys(c for c, _, _ in self._blocks)),
+            blocks=tuple(
+                BlockActivations(path=p, saved_bytes=s, input_bytes=i)
+                for (_, p, _), s, i in zip(self._blocks, self._saved, self._inputs, strict=True)
+            ),
+            blocks_dropped=self._dropped,
         )
 
     def _enter(self, k: int, args: Any, kwargs: Any) -> None:

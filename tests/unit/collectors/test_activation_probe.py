@@ -146,3 +146,23 @@ def test_a_first_forward_without_gradients_is_not_measured_and_says_so(tmp_path:
     desc = json.loads((tmp_path / "model" / "rank-0.json").read_text())
     assert desc["activations"] is None
     assert any("ran without gradients" in n for n in desc["notes"])
+
+
+def test_a_probe_that_cannot_start_removes_its_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entering the saved-tensor hooks fails (a library disabled them): the block hooks
+    registered first come off when the probe is stopped, and nothing is handed over."""
+    model = Net()
+    probe, got, _ = _probe(model)
+
+    def refuse(*_a: object) -> None:
+        raise RuntimeError("saved tensors default hooks are disabled")
+
+    monkeypatch.setattr(torch.autograd.graph.saved_tensors_hooks, "__enter__", refuse)
+    with pytest.raises(RuntimeError, match="disabled"):
+        probe.start(model)
+    monkeypatch.undo()
+    probe.stop()
+    assert not model._forward_hooks
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+    model(torch.randn(BATCH, DIM)).sum().backward()
+    assert got == []
