@@ -121,10 +121,10 @@ def _containers_in_order(
     if model is None:
         return None
     counts = {rs.path: rs.count for rs in model.description.repeated}
-    order = {m.path: i for i, m in enumerate(model.description.modules)}
-    if any(not counts.get(c) or c not in order for c in blocks.containers):
+    keys = {c: model.definition_key(c) for c in blocks.containers}
+    if any(not counts.get(c) or keys[c] is None for c in blocks.containers):
         return None
-    return [(c, counts[c]) for c in sorted(blocks.containers, key=order.__getitem__)]
+    return [(c, counts[c]) for c in sorted(blocks.containers, key=lambda c: keys[c] or ())]
 
 
 def _forward_share(

@@ -189,6 +189,27 @@ class ModelFacts:
             "unknown": [k for k, v in known.items() if not v],
         }
 
+    def definition_key(self, path: str) -> tuple[int, ...] | None:
+        """A sort key putting module paths in definition order (the order a forward taken
+        front to back runs them), None when the description does not place `path`. The
+        description collapses same-class siblings past the first few (`body.mixers.2` is left
+        out when `body.mixers.0` is kept), so an index counts by its number and a named child
+        by where its first indexed sibling's subtree (each index read as 0) lists it."""
+        order = {m.path: k for k, m in enumerate(self.description.modules)}
+        key: list[int] = []
+        template: list[str] = []
+        for part in path.split(".") if path else ():
+            if part.isdigit():
+                key.append(int(part))
+                template.append("0")
+                continue
+            template.append(part)
+            where = order.get(".".join(template))
+            if where is None:
+                return None
+            key.append(where)
+        return tuple(key)
+
     def block_candidates(self) -> list[BlockCandidate]:
         """Repeated block classes, best first, by the granularity rule in the module docstring."""
         return rank_blocks(self.description)

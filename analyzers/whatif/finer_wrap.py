@@ -114,11 +114,11 @@ def wrap_split(model: ModelFacts | None, prefix: str, units: Sequence[str]) -> W
             "splitting a unit into blocks needs their sizes from the captured module tree, "
             "which this run lacks (record it with zdiag run)"
         )
-    order = {m.path: k for k, m in enumerate(model.description.modules)}
+    unplaced = (len(model.description.modules),)
     containers = sorted(
         (p.strip().strip(".") for p in prefix.split(",") if p.strip().strip(".")),
-        key=lambda c: order.get(c, len(order)),
-    )  # definition order: an encoder's blocks before a decoder's
+        key=lambda c: model.definition_key(c) or unplaced,
+    )  # definition order: an encoder's blocks before a decoder's, body.mixers.2's after 1's
     blocks = [cb for c in containers for cb in _children(model, c) if cb[1] > 0]
     if len(blocks) < 2:
         raise SplitError(

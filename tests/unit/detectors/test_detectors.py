@@ -857,3 +857,33 @@ def test_activation_oom_counts_an_encoders_blocks_before_a_decoders() -> None:
         "decoder.towers.0",
         "decoder.towers.1",
     ]
+
+
+class _Experts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(64, 4)
+        self.experts = nn.ModuleList(_MlpBlock() for _ in range(4))
+
+
+class _MoeModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Experts() for _ in range(4))
+
+
+def test_activation_oom_counts_blocks_of_layers_the_description_collapsed() -> None:
+    """Blocks nested in a repeated layer (experts in every MoE layer): the description lists
+    only the first few layers, yet every layer's blocks run layer after layer, so a failure
+    in layer 1's 3rd expert had 4 + 2.5 of the 16 blocks done."""
+    desc = describe_model(_MoeModel())
+    assert "layers.3.experts" not in {m.path for m in desc.modules}  # collapsed
+    text = "CUDA out of memory. Tried to allocate 1.00 MiB; budget 48.0 MiB, 29.27 MiB held by "
+    ev = parse_oom_message(0, text + "saved activations.")
+    ev.modules = ("", "layers.1", "layers.1.experts.2")
+    ctx = DetectorContext(ledgers={}, memory=[ev], model=ModelFacts(desc))
+    (f,) = run_context(ctx).findings
+    assert f.evidence["failed_in_block"] == "layers.1.experts.2"
+    assert f.evidence["blocks_done_at_failure"] == "6.50 of 16"
+    assert f.units[:5] == [*(f"layers.0.experts.{i}" for i in range(4)), "layers.1.experts.0"]
+    assert f.units[-1] == "layers.3.experts.3"

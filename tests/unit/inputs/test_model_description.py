@@ -482,3 +482,38 @@ def test_wrap_levels_offer_the_mixers_around_the_chosen_experts() -> None:
     assert ("body.mixers",) in containers
     assert any(c[0].endswith(".experts") for c in containers)
     assert len(containers) == len(set(containers)) == 2
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Linear(8, 8)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.layers = nn.ModuleList(_Layer() for _ in range(5))
+        self.head = nn.Linear(8, 10)
+
+
+def test_definition_key_orders_paths_the_description_collapsed() -> None:
+    """Paths under siblings the description left out are placed by their index, and named
+    children by where the first sibling's subtree lists them; unknown names are not placed."""
+    facts = ModelFacts(describe_model(_Stack()))
+    listed = {m.path for m in facts.description.modules}
+    assert "layers.4" not in listed and "layers.4.experts" not in listed
+    paths = ["head", "layers.4.experts", "layers.1.experts.2", "layers.4.attn", "embed", ""]
+    keys = {p: facts.definition_key(p) for p in paths}
+    assert None not in keys.values()
+    assert sorted(paths, key=lambda p: keys[p] or ()) == [
+        "",
+        "embed",
+        "layers.1.experts.2",
+        "layers.4.attn",
+        "layers.4.experts",
+        "head",
+    ]
+    assert facts.definition_key("layers.4.nowhere") is None
