@@ -11,7 +11,13 @@ counterfactual that ran, for the finding's `gain_method`.
 from __future__ import annotations
 
 from ..rank.declared_groups import sizes_by_name
-from ..whatif.run_whatif import Change, WhatIfError, WhatIfResult, replay_change
+from ..whatif.run_whatif import (
+    CORE_SHARING_NOTE,
+    Change,
+    WhatIfError,
+    WhatIfResult,
+    replay_change,
+)
 from .context import DetectorContext
 
 
@@ -57,5 +63,12 @@ def gain_text(result: WhatIfResult) -> str:
     return (
         f"replayed (zdiag whatif {result.change.label()}): the measured step re-timed with "
         f"the change, {result.measured_ms:.1f} -> {result.predicted_ms:.1f} ms, median over "
-        f"{len(result.ranks)} rank(s); {result.platform.reason} (docs/whatif.md)"
+        f"{len(result.ranks)} rank(s); {result.platform.reason}"
+        + (
+            "; compute kept as measured, though gloo's worker thread shares the host's cores: "
+            "an upper bound where the ranks fill them"
+            if CORE_SHARING_NOTE in result.notes
+            else ""
+        )
+        + " (docs/whatif.md)"
     )

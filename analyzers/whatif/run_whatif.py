@@ -104,6 +104,14 @@ class WhatIfResult:
         return self.measured_ms - self.predicted_ms
 
 
+CORE_SHARING_NOTE = (
+    "compute keeps its measured time: gloo's worker thread now runs the gathers beside it and "
+    "shares the host's cores, which a blocking run does not show; where the ranks fill the "
+    "cores the gain is an upper bound (docs/whatif.md)"
+)
+"""The note on a CPU replay that turns the unshard async op on (docs/whatif.md, limits)."""
+
+
 def apply_change(
     model: StepModel,
     change: Change,
@@ -251,6 +259,9 @@ def replay_change(
         if change.unshard_async_op and overlap is not None
         else overlap,
     )
+    newly_async = not unshard_async_op and not (overlap is not None and overlap[0])
+    if change.unshard_async_op and device == "cpu" and newly_async:
+        notes.append(CORE_SHARING_NOTE)
     if change.prefetch and not platform.gathers_overlap:
         notes.append(
             f"prefetch changes nothing here: {platform.reason} (a prefetched gather still "

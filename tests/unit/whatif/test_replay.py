@@ -460,3 +460,19 @@ def test_units_named_by_position_take_their_module_paths() -> None:
     assert named.unit_chunks == [(5.0, 1.0, "stack.0.fc")]
     assert cf.units_under([named], "stack") == {"stack.0.fc", "stack.0.out"}
     assert with_unit_paths([named], paths)[0] is named  # nothing left to rename
+
+
+def test_the_async_op_on_a_blocking_cpu_run_says_its_gain_ignores_core_sharing() -> None:
+    """`--unshard-async-op` on a CPU run whose gathers blocked hides them under compute kept as
+    measured; the result says gloo's thread shares the cores, which no blocking run shows. A
+    run that already set it, or a GPU run, gets no such note."""
+    from zdiag.analyzers.whatif.run_whatif import Change, replay_change
+
+    models = {0: [serialized()], 1: [serialized()]}
+    change = Change(prefetch=1, unshard_async_op=True)
+    result = replay_change(models, "cpu", change, unshard_async_op=False)
+    assert result.ranks[0].predicted_ms < result.ranks[0].measured_ms
+    assert any("shares the host's cores" in n for n in result.notes)
+    for device, flag in (("cpu", True), ("cuda", None)):
+        again = replay_change(models, device, change, unshard_async_op=flag)
+        assert not any("shares the host's cores" in n for n in again.notes)
