@@ -53,6 +53,7 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
             model=sheet.model,
             group_sizes={r: sizes_by_name(f.process_groups) for r, f in ctx.facts.items()},
             world=sheet.world_size,
+            nodes=sheet.nodes,
         )
     except WhatIfError:
         return None

@@ -22,6 +22,9 @@ class Change:
     all_reduce_once: bool = False  # HSDP: replicate all-reduces in the last micro-batch only
     bf16_reduce: bool = False  # FSDP's gradient reduces in bf16 (MixedPrecisionPolicy)
     bf16_params: bool = False  # FSDP's parameter gathers in bf16 (MixedPrecisionPolicy)
+    # a mesh shape's groups inside one node move bytes this many times faster than across
+    # nodes (None: mesh_shape.INTRA_NODE_SPEEDUP); read on multi-node runs only
+    intra_node_speedup: float | None = None
 
     def label(self) -> str:
         """The change in the CLI's words."""
@@ -52,4 +55,6 @@ class Change:
             parts.append("--reduce-dtype bf16")
         if self.bf16_params:
             parts.append("--param-dtype bf16")
+        if self.intra_node_speedup is not None:
+            parts.append(f"--intra-node-speedup {self.intra_node_speedup:g}")
         return " ".join(parts) or "(nothing: the measured schedule)"

@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from ..inputs.model_facts import ModelFacts
 from ..rank.step_model import StepModel
 from . import counterfactuals as cf
-from .mesh_shape import DpGroups, MeshShapeError, all_reduced_once, check_shape, dp_groups
+from .mesh_shape import (
+    DpGroups,
+    Fabric,
+    MeshShapeError,
+    all_reduced_once,
+    check_shape,
+    dp_groups,
+)
 from .micro_batch import passes_span
 
 
@@ -167,9 +174,12 @@ def bf16_params_notes(
 
 
 def mesh_notes(
-    by_rank: Mapping[int, list[StepModel]], groups: Mapping[int, DpGroups], shape: tuple[int, int]
+    by_rank: Mapping[int, list[StepModel]],
+    groups: Mapping[int, DpGroups],
+    shape: tuple[int, int],
+    fabric: Fabric | None = None,
 ) -> list[str]:
-    """What the mesh-shape replay assumed."""
+    """What the mesh-shape replay assumed (`fabric`: the run's nodes, when it has several)."""
     g = next(iter(groups.values()))
     r, s = shape
     replicas = f"an all-reduce of each gradient shard over {r}" if r > 1 else "no all-reduce"
@@ -178,10 +188,13 @@ def mesh_notes(
         f"replayed as {r} x {s}: gathers and reduce-scatters as ring collectives over {s} "
         f"rank(s), {replicas} across replicas (docs/whatif.md)"
     ]
+    if fabric is not None:
+        notes.append(_fabric_note(fabric, g.shape, shape))
     if g.replicate == 1 and r > 1:
         notes.append(
-            "the run has no replicate group to fit: its new all-reduces use the shard group's "
-            "links (across nodes they run on slower ones than this)"
+            "the run has no replicate group to fit: its new all-reduces are costed from the "
+            "shard group's links"
+            + (" (a single-node run: across nodes they would be slower)" if fabric is None else "")
         )
     if g.shard != s:
         if any(m.optimizer for ms in by_rank.values() for m in ms):
@@ -192,6 +205,27 @@ def mesh_notes(
                 f"({g.shard}/{s}) is left out"
             )
     return notes
+
+
+def _fabric_note(fabric: Fabric, before: tuple[int, int], after: tuple[int, int]) -> str:
+    """Which groups cross nodes before and after, and the link speeds assumed."""
+
+    def where(shape: tuple[int, int], group: str) -> str:
+        if group == "replicate" and shape[0] == 1:
+            return "none"
+        return "across nodes" if fabric.crosses(shape, group) else "inside a node"
+
+    moved = [
+        f"{group} groups {where(before, group)} -> {where(after, group)}"
+        for group in ("shard", "replicate")
+        if (group == "shard" or after[0] > 1)
+    ]
+    return (
+        f"nodes of {fabric.ranks_per_node} ranks, the mesh laid out row-major: "
+        + ", ".join(moved)
+        + f"; a group inside one node moves bytes {fabric.intra_node_speedup:g}x as fast as one "
+        "across nodes (assumed, not measured: --intra-node-speedup), latencies as measured"
+    )
 
 
 def micro_batch_notes(models: Sequence[StepModel], k: int) -> list[str]:

@@ -25,10 +25,17 @@ same ranks (R x S = the run's R0 x S0):
 - **Memory.** The sharded parameters, their gradients and the optimizer's states scale by
   S0 / S; the gathered units do not change (`mesh_memory_delta`).
 
-Limits: one fabric per group. A new replicate all-reduce uses the shard group's links, and a new
-shard group its old one's: where the new groups cross nodes the old ones did not (or the
-reverse), the links differ from the replay's. Bandwidth shared between groups running at once,
-NCCL's tree algorithms and the optimizer's per-tensor overhead are not modelled.
+- **The fabric.** On a multi-node run (`Fabric`: the ranks per node), a group of consecutive
+  ranks (the shard group; the replicate group strides over them) crosses nodes when it holds
+  more ranks than a node. A collective whose group moves inside one node from a group that
+  crossed nodes moves its bytes INTRA_NODE_SPEEDUP times faster (`--intra-node-speedup`), and
+  the reverse that many times slower; its latencies stay. A single-node run, or one whose nodes
+  are not known, keeps every group's measured link.
+
+Limits: one link speed per side of a node boundary, stated, not measured: a run whose groups
+all cross nodes (flat FSDP over nodes) never used the links inside one. Bandwidth shared between
+groups running at once, NCCL's tree algorithms and the optimizer's per-tensor overhead are not
+modelled.
 """
 
 from __future__ import annotations
@@ -59,6 +66,37 @@ _STATES = {
     "Adagrad": 1,
     "RMSprop": 1,
 }
+
+
+INTRA_NODE_SPEEDUP = 2.0
+"""How much faster a group inside one node moves bytes than one crossing nodes, by default: a
+floor (NVLink or PCIe inside a node against the network between nodes is often 5-20x)."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Where the ranks sit: `ranks_per_node` consecutive ranks per node, and how much faster
+    a group inside one node moves bytes than one crossing nodes."""
+
+    ranks_per_node: int
+    intra_node_speedup: float = INTRA_NODE_SPEEDUP
+
+    def crosses(self, shape: tuple[int, int], group: str) -> bool:
+        """Whether the `group` ("shard" or "replicate") of a (replicate, shard) mesh laid out
+        row-major crosses nodes: the shard group's S consecutive ranks when S > ranks per
+        node; a replicate group (ranks S apart) when it has two or more and R x S > ranks per
+        node."""
+        r, s = shape
+        if group == "shard":
+            return s > self.ranks_per_node
+        return r > 1 and r * s > self.ranks_per_node
+
+    def link(self, before: bool, after: bool) -> float:
+        """The factor on a collective's bytes time when its group goes from crossing nodes
+        (`before`) to `after`."""
+        if before == after:
+            return 1.0
+        return 1 / self.intra_node_speedup if before else self.intra_node_speedup
 
 
 class MeshShapeError(ValueError):
@@ -159,12 +197,16 @@ def _ring(p0: int, p: int) -> tuple[float, float]:
     return (p - 1) / (p0 - 1), ((p - 1) / p) / ((p0 - 1) / p0)
 
 
-def _rescaled(op: ModelOp, fits: Mapping[str, CommFit], p0: int, p: int, share: float) -> ModelOp:
-    """`op` on a group of p ranks instead of p0, carrying `share` times its bytes."""
+def _rescaled(
+    op: ModelOp, fits: Mapping[str, CommFit], p0: int, p: int, share: float, link: float = 1.0
+) -> ModelOp:
+    """`op` on a group of p ranks instead of p0, carrying `share` times its bytes, its bytes
+    moving `link` times as slowly."""
     a = latency_part(op, fits)
     ra, rb = _ring(p0, p)
     nbytes = int(op.bytes * share) if op.bytes > 0 else op.bytes
-    return msgspec.structs.replace(op, dur_us=a * ra + (op.dur_us - a) * rb * share, bytes=nbytes)
+    dur = a * ra + (op.dur_us - a) * rb * share * link
+    return msgspec.structs.replace(op, dur_us=dur, bytes=nbytes)
 
 
 def _replicate_reduce(
@@ -173,15 +215,17 @@ def _replicate_reduce(
     groups: DpGroups,
     shape: tuple[int, int],
     delay_us: float,
+    link: float = 1.0,
 ) -> ModelOp:
-    """The replicate all-reduce a flat run's reduce-scatter `rs` gains (module docstring)."""
+    """The replicate all-reduce a flat run's reduce-scatter `rs` gains (module docstring), its
+    bytes moving `link` times as slowly as the reduce-scatter's."""
     r, s = shape
     s0 = groups.shard
     c = 2 if rs.kind == "all_reduce" else 1  # gloo reduces a gradient by an all-reduce
     a = latency_part(rs, fits)
     link_alpha = a / (c * (s0 - 1))
     link_bytes_us = (rs.dur_us - a) / (c * (s0 - 1) / s0)  # the whole message at link rate
-    dur = 2 * (r - 1) * link_alpha + 2 * (r - 1) / r * link_bytes_us / s
+    dur = 2 * (r - 1) * link_alpha + 2 * (r - 1) / r * link_bytes_us / s * link
     return ModelOp(
         kind="all_reduce",
         lane=rs.lane,
@@ -199,10 +243,21 @@ def _replicate_reduce(
 
 
 def reshaped(
-    model: StepModel, groups: DpGroups, shape: tuple[int, int], fits: Mapping[str, CommFit]
+    model: StepModel,
+    groups: DpGroups,
+    shape: tuple[int, int],
+    fits: Mapping[str, CommFit],
+    fabric: Fabric | None = None,
 ) -> StepModel:
-    """The step on the mesh shape (replicate, shard) = `shape` (see the module docstring)."""
+    """The step on the mesh shape (replicate, shard) = `shape` (see the module docstring);
+    `fabric`: the run's nodes (None: one link speed for every group)."""
     r, s = shape
+
+    def link(before: str, after: str) -> float:
+        if fabric is None:
+            return 1.0
+        return fabric.link(fabric.crosses(groups.shape, before), fabric.crosses(shape, after))
+
     ops = _Ops()
     floor = min((op.delay_us for op in model.ops if op.family), default=0.0)
     for op in model.ops:
@@ -212,18 +267,21 @@ def reshaped(
             # a flat run's reduce-scatter gains the replicate all-reduce after it
             queued = op.after >= 0
             if s > 1:
-                ops.add(_rescaled(op, fits, groups.shard, s, 1.0))
+                ops.add(_rescaled(op, fits, groups.shard, s, 1.0, link("shard", "shard")))
                 queued = True
-            ar = _replicate_reduce(op, fits, groups, shape, floor)
+            ar = _replicate_reduce(op, fits, groups, shape, floor, link("shard", "replicate"))
             ops.add(ar, queued=queued)
             continue
         if in_shard:
             if s == 1:
                 continue  # FSDP issues no collective on a group of one rank
-            ops.add(_rescaled(op, fits, groups.shard, s, 1.0))
+            ops.add(_rescaled(op, fits, groups.shard, s, 1.0, link("shard", "shard")))
         elif op.family == REDUCE_FAMILY and group == groups.replicate_group:
             if r > 1:
-                ops.add(_rescaled(op, fits, groups.replicate, r, groups.shard / s))
+                share = groups.shard / s
+                ops.add(
+                    _rescaled(op, fits, groups.replicate, r, share, link("replicate", "replicate"))
+                )
         else:
             ops.add(op)
     changed = msgspec.structs.replace(model, ops=ops.ops)

@@ -32,7 +32,7 @@ from .finer_wrap import (
     wrap_split,
 )
 from .memory_delta import memory_delta
-from .mesh_shape import DpGroups, all_reduced_once, reshaped
+from .mesh_shape import INTRA_NODE_SPEEDUP, DpGroups, Fabric, all_reduced_once, reshaped
 from .micro_batch import micro_batched
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
 from .replay import Replay, replay
@@ -120,10 +120,12 @@ def apply_change(
     overhead: OverheadFit | None = None,
     split: WrapSplit | None = None,
     groups: DpGroups | None = None,
+    fabric: Fabric | None = None,
 ) -> StepModel:
     """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
     then checkpointing, reshard, micro-batches, prefetch, syncs, and last the replicate
-    all-reduces and the mesh shape, on the rank's data-parallel `groups`)."""
+    all-reduces and the mesh shape, on the rank's data-parallel `groups` and the run's
+    `fabric`)."""
     if split is not None:
         model = finer_wrap(model, split, fits, platform, overhead)
     elif change.wrap is not None:
@@ -145,8 +147,18 @@ def apply_change(
     if change.all_reduce_once and groups is not None:
         model, _ = all_reduced_once(model, groups)
     if change.mesh_shape is not None and groups is not None:
-        model = reshaped(model, groups, change.mesh_shape, fits)
+        model = reshaped(model, groups, change.mesh_shape, fits, fabric)
     return model
+
+
+def fabric_of(nodes: Sequence[Sequence[int]], change: Change) -> Fabric | None:
+    """The run's fabric for a mesh shape: its nodes' size when it has two or more nodes of one
+    size (None: a single node, unknown nodes, or nodes of different sizes)."""
+    sizes = {len(n) for n in nodes}
+    if len(nodes) < 2 or len(sizes) != 1:
+        return None
+    speedup = change.intra_node_speedup or INTRA_NODE_SPEEDUP
+    return Fabric(sizes.pop(), speedup)
 
 
 def run_whatif(
@@ -157,10 +169,12 @@ def run_whatif(
     unshard_async_op: bool | None = None,
     peaks: Mapping[int, int] | None = None,
     model: ModelFacts | None = None,
+    nodes: Sequence[Sequence[int]] = (),
 ) -> WhatIfResult:
     """The replay of `change` over the run of `summaries` (see the module docstring); `model`,
     the captured model, names FSDP units by module path (FSDP1 names its units by position in
-    a trace) and gives a finer wrap its blocks' sizes."""
+    a trace) and gives a finer wrap its blocks' sizes; `nodes` (each node's ranks) give a mesh
+    shape the links inside and across nodes."""
     modelled = [s for s in summaries if s.step_models]
     paths = model.trace_unit_paths() if model is not None else {}
     return replay_change(
@@ -173,6 +187,7 @@ def run_whatif(
         model=model,
         group_sizes={s.rank: sizes_by_name(s.facts.process_groups) for s in modelled},
         world=next((s.world_size for s in modelled if s.world_size), None),
+        nodes=nodes,
     )
 
 
@@ -188,12 +203,14 @@ def replay_change(
     model: ModelFacts | None = None,
     group_sizes: Mapping[int, Mapping[str, int]] | None = None,
     world: int | None = None,
+    nodes: Sequence[Sequence[int]] = (),
 ) -> WhatIfResult:
     """The replay of `change` over each rank's step models (`run_whatif` on summaries);
     `overlap` overrides the platform's judgement of whether gathers can overlap (and why);
     `model`, the captured model, gives a finer wrap its blocks' sizes and a mesh shape the
     parameter bytes and the optimizer; `group_sizes` (per rank, its process groups' sizes by
-    name) and `world` give a mesh shape the groups' sizes."""
+    name) and `world` give a mesh shape the groups' sizes, `nodes` (each node's ranks) its
+    links inside and across nodes."""
     by_rank = {r: list(ms) for r, ms in models_by_rank.items() if ms}
     if not by_rank:
         raise WhatIfError(
@@ -244,8 +261,17 @@ def replay_change(
         notes += checks.bf16_reduce_notes(models, model, device)
     if change.bf16_params:
         notes += checks.bf16_params_notes(models, model, device)
+    fabric = None
     if change.mesh_shape is not None:
-        notes += checks.mesh_notes(by_rank, groups, change.mesh_shape)
+        fabric = fabric_of(nodes, change)
+        spans = {g.replicate * g.shard for g in groups.values()}
+        if fabric is not None and spans != {sum(len(n) for n in nodes)}:
+            fabric = None  # FSDP beside other dimensions: its groups are not consecutive ranks
+            notes.append(
+                "FSDP's groups share the mesh with other dimensions: where they sit on the "
+                "nodes is not modelled, every group keeps its measured link"
+            )
+        notes += checks.mesh_notes(by_rank, groups, change.mesh_shape, fabric)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops
     ):
@@ -276,7 +302,9 @@ def replay_change(
             "every call blocks (CPU) the predicted cost is low by their hooks"
         )
     delta, basis = memory_delta(models, change, split, groups, model)
-    changed_by_rank = _changed_models(by_rank, change, platform, fits, overhead, split, groups)
+    changed_by_rank = _changed_models(
+        by_rank, change, platform, fits, overhead, split, groups, fabric
+    )
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
     for rank in sorted(changed_by_rank):
@@ -312,6 +340,7 @@ def _changed_models(
     overhead: OverheadFit | None,
     split: WrapSplit | None = None,
     groups: Mapping[int, DpGroups] | None = None,
+    fabric: Fabric | None = None,
 ) -> dict[int, list[StepModel]]:
     """Each replayed rank's steps with `change` applied (the stragglers it removes are left out:
     `_stragglers_as_peers` gives them their peers' figures)."""
@@ -319,7 +348,9 @@ def _changed_models(
         by_rank = cf.without_stragglers(by_rank, change.without_stragglers)
     return {
         rank: [
-            apply_change(m, change, platform, fits, overhead, split, (groups or {}).get(rank))
+            apply_change(
+                m, change, platform, fits, overhead, split, (groups or {}).get(rank), fabric
+            )
             for m in steps
         ]
         for rank, steps in by_rank.items()

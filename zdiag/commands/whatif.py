@@ -11,6 +11,7 @@ with the replayed timeline. The step model and its limits: docs/whatif.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ examples:
   zdiag whatif runs/a --checkpoint model.layers    # activation checkpointing of each layer
   zdiag whatif runs/a --micro-batches 2            # each batch as 2 accumulated halves
   zdiag whatif runs/a --mesh-shape 2,4             # HSDP: 2 replicas of 4-way sharding
+  zdiag whatif runs/a --mesh-shape 4,8 --intra-node-speedup 10   # multi-node: NVLink vs network
   zdiag whatif runs/a --all-reduce-once            # HSDP + accumulation: last micro-batch only
   zdiag whatif runs/a --reduce-dtype bf16          # gradients reduced in bf16
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
@@ -76,6 +78,16 @@ def _mesh_shape(text: str) -> tuple[int, int]:
     if r < 1 or s < 1:
         raise argparse.ArgumentTypeError(f"mesh dimensions are 1 or more, got {text!r}")
     return r, s
+
+
+def _speedup(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (e.g. 2 or 8.5)") from exc
+    if not 1.0 <= x <= 1000.0:
+        raise argparse.ArgumentTypeError(f"a speedup is between 1 and 1000, got {text!r}")
+    return x
 
 
 def _ranks(text: str) -> tuple[int, ...]:
@@ -145,6 +157,14 @@ class WhatIfCommand:
             metavar="R,S",
             help="FSDP's ranks as R replicas of S-way sharding (HSDP; 1,N: flat FSDP over N): "
             "gathers and reduce-scatters over S ranks, gradient shards all-reduced over R",
+        )
+        parser.add_argument(
+            "--intra-node-speedup",
+            type=_speedup,
+            metavar="X",
+            help="with --mesh-shape on a multi-node run: a group inside one node moves bytes X "
+            "times as fast as one across nodes (default 2, a floor; NVLink against the network "
+            "is often 5-20)",
         )
         parser.add_argument(
             "--all-reduce-once",
@@ -245,6 +265,7 @@ class WhatIfCommand:
                 unshard_async_op=_async_op(config),
                 peaks=measured_peaks(run.report),
                 model=model,
+                nodes=run.context.sheet.nodes if run.context is not None else (),
             )
         except WhatIfError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc
@@ -270,6 +291,13 @@ def _change(args: argparse.Namespace) -> Change:
         bf16_reduce=args.reduce_dtype == "bf16",
         bf16_params=args.param_dtype == "bf16",
     )
+    if args.intra_node_speedup is not None:
+        if change.mesh_shape is None:
+            raise ConfigError(
+                "--intra-node-speedup sets the links a mesh shape's groups use: give it with "
+                "--mesh-shape R,S."
+            )
+        change = dataclasses.replace(change, intra_node_speedup=args.intra_node_speedup)
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "

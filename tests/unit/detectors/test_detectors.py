@@ -887,3 +887,43 @@ def test_activation_oom_counts_blocks_of_layers_the_description_collapsed() -> N
     assert f.evidence["blocks_done_at_failure"] == "6.50 of 16"
     assert f.units[:5] == [*(f"layers.0.experts.{i}" for i in range(4)), "layers.1.experts.0"]
     assert f.units[-1] == "layers.3.experts.3"
+
+
+def test_flat_sharding_gains_what_the_hsdp_shape_replays_to_when_the_steps_are_modelled() -> None:
+    """With modelled steps, the gain is the replay of the HSDP shape (nodes x ranks per node)
+    on the run's nodes, the shard groups' bytes INTRA_NODE_SPEEDUP times as fast inside a
+    node; the formula stays for runs without them."""
+    from types import SimpleNamespace
+
+    from zdiag.analyzers.detectors import flat_sharding
+    from zdiag.analyzers.rank.declared_groups import ProcessGroupInfo
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
+    from zdiag.analyzers.rank.step_model import ModelOp, StepModel
+
+    def op(kind: str, family: str, pos: float, dur: float) -> ModelOp:
+        return ModelOp(
+            kind=kind, lane=f"0|{kind}", issue_pos_us=pos, after=-1, delay_us=0.0, dur_us=dur,
+            wait_pos_us=pos, bytes=4000, unit="layers.0", family=family,
+            phase="forward" if family == "all_gather" else "backward",
+        )  # fmt: skip
+
+    step = StepModel(
+        step=1, start_us=0.0, duration_us=1700.0, work_us=1000.0,
+        ops=[op("all_gather", "all_gather", 100.0, 300.0), op("all_reduce", "reduce", 600.0, 400.0)],
+    )  # fmt: skip
+    record = SimpleNamespace(exposed_us=700.0)
+    ledger = SimpleNamespace(
+        rank=0, framework="fsdp2", records=[record], steps=[1], unit_order=[], gathers=[],
+        reduces=[],
+    )  # fmt: skip
+    ranks = [{"rank": r, "node_rank": r // 2, "host": "h"} for r in range(4)]
+    manifest = Manifest.from_json({"world_size": 4, "nnodes": 2, "ranks": ranks})
+    facts = {r: RankFacts(process_groups=[ProcessGroupInfo(name="0", size=4)]) for r in range(4)}
+    ctx = DetectorContext(
+        ledgers={0: ledger}, manifest=manifest, facts=facts,
+        step_models={r: [step] for r in range(4)}, device="cpu",
+    )  # type: ignore[dict-item]  # fmt: skip
+    (f,) = flat_sharding.detect(ctx)
+    assert (f.gain_method or "").startswith("replayed (zdiag whatif --mesh-shape 2,2)")
+    assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
+    assert f.expected_gain_ms != pytest.approx(0.35)  # not the formula's half of 0.7 ms

@@ -8,6 +8,7 @@ import pytest
 from zdiag.analyzers.rank.step_model import ModelOp, StepModel
 from zdiag.analyzers.whatif.mesh_shape import (
     DpGroups,
+    Fabric,
     MeshShapeError,
     check_shape,
     dp_groups,
@@ -262,3 +263,49 @@ def test_a_coarser_wrap_merges_an_hsdp_units_reduces_per_group() -> None:
     out = coarser_wrap(model, "layers", {}, Platform("cpu", False, "test"))
     # layers.0's two units' reduce-scatters merge, and so do their all-reduces: one of each
     assert sorted(op.lane for op in out.ops) == ["1|all_reduce", "3|all_reduce"]
+
+
+def test_on_two_nodes_hsdp_moves_the_shard_groups_inside_a_node_at_the_stated_speedup() -> None:
+    """Flat over 2 nodes of 2 ranks -> 2 x 2: the gathers and reduce-scatters now run inside a
+    node, their bytes 4x as fast; the new all-reduce crosses nodes as the old reduce did, so it
+    keeps that link. Back from 2 x 2 to flat, the shard group crosses nodes: 4x as slow."""
+    fabric = Fabric(ranks_per_node=2, intra_node_speedup=4.0)
+    assert fabric.crosses((1, 4), "shard") and not fabric.crosses((2, 2), "shard")
+    assert fabric.crosses((2, 2), "replicate") and not fabric.crosses((1, 4), "replicate")
+    assert not fabric.crosses((1, 2), "shard")  # one node's worth
+    model = flat_step()
+    fits = {"0|all_gather": fit("0|all_gather", 60.0), "0|all_reduce": fit("0|all_reduce", 90.0)}
+    plain = reshaped(model, DpGroups("0", 4, None, 1), (2, 2), fits)
+    out = reshaped(model, DpGroups("0", 4, None, 1), (2, 2), fits, fabric)
+    assert out.ops[0].dur_us == pytest.approx(60.0 / 3 + 240.0 * (1 / 2) / (3 / 4) / 4)
+    assert out.ops[1].dur_us == pytest.approx(90.0 / 3 + 310.0 * (1 / 2) / (3 / 4) / 4)
+    assert out.ops[2].dur_us == pytest.approx(plain.ops[2].dur_us)
+    back = reshaped(hsdp_step(), DpGroups("3", 2, "1", 2), (1, 4), {}, fabric)
+    assert back.ops[0].dur_us == pytest.approx(300.0 * 1.5 * 4)
+    # one node: nothing crosses, every link as measured
+    one = reshaped(model, DpGroups("0", 4, None, 1), (2, 2), fits, Fabric(4, 4.0))
+    assert [op.dur_us for op in one.ops] == pytest.approx([op.dur_us for op in plain.ops])
+
+
+def test_replay_change_takes_the_fabric_from_the_nodes_only_when_fsdp_spans_them() -> None:
+    sizes = {r: {"0": 4} for r in range(4)}
+    models = {r: [flat_step()] for r in range(4)}
+    change = Change(mesh_shape=(2, 2))
+    plain = replay_change(models, "cpu", change, group_sizes=sizes)
+    nodes = ((0, 1), (2, 3))
+    two = replay_change(models, "cpu", change, group_sizes=sizes, nodes=nodes)
+    assert two.gain_ms > plain.gain_ms
+    assert any("moves bytes 2x as fast" in n and "replicate groups none" in n for n in two.notes)
+    faster = replay_change(
+        models, "cpu", Change(mesh_shape=(2, 2), intra_node_speedup=8.0), group_sizes=sizes,
+        nodes=nodes,
+    )  # fmt: skip
+    assert faster.gain_ms > two.gain_ms
+    assert faster.change.label() == "--mesh-shape 2,2 --intra-node-speedup 8"
+    # FSDP over 4 of 8 ranks (TP beside it): where its groups sit is not modelled
+    wide = replay_change(
+        {0: [flat_step()]}, "cpu", Change(mesh_shape=(2, 2)), group_sizes={0: {"0": 4}},
+        nodes=((0, 1, 2, 3), (4, 5, 6, 7)),
+    )  # fmt: skip
+    assert wide.gain_ms == pytest.approx(plain.gain_ms)
+    assert any("not modelled" in n for n in wide.notes)
