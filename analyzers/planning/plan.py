@@ -16,11 +16,13 @@ The grid (exact: every combination is replayed on every modelled step of every r
   (`memory_delta.checkpoint_saving`); its time is the replay's recompute, which needs the blocks
   to be FSDP units as measured.
 
-Mesh shapes are replayed (`zdiag whatif --mesh-shape`) but not searched: the replay keeps each
-group's links, so it cannot rank shapes whose groups cross nodes differently; micro-batches
-are modelled in time only (their memory saving is not estimated), so they are not searched
-either (docs/whatif.md). The predicted peak is the run's measured peak (the largest over
-ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
+Mesh shapes are replayed (`zdiag whatif --mesh-shape`) but not searched: across nodes their
+links are a stated assumption (`--intra-node-speedup`), not a measurement; micro-batches change
+the batch each pass computes on, not the schedule, so they are not searched either
+(docs/whatif.md). On a CPU run, plans that split a unit the run shows alone rank after the plans predicted
+exactly (within the budget): their predicted step leaves out the new units' hooks, which every
+blocking call pays there, so it is a lower bound. The predicted peak is the run's measured peak
+(the largest over ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
 plans are ranked by step time alone (a note says so); when no plan fits, by predicted peak, the
 lowest first. The best plan's code comes from the
 framework's own remedies, so it names the run's modules and mesh as the findings' code does.
@@ -64,6 +66,8 @@ class Plan:
     result: WhatIfResult
     predicted_peak_bytes: int | None
     fits_budget: bool | None  # None: no budget, or no measured peak to judge it
+    # the predicted step is a lower bound (a CPU run's split: its new units' hooks not counted)
+    at_least: bool = False
 
     @property
     def predicted_ms(self) -> float:
@@ -220,20 +224,30 @@ def search(
             if budget_bytes is None or predicted_peak is None
             else predicted_peak <= budget_bytes
         )
-        plans.append(Plan(change, result, predicted_peak, fits))
+        at_least = ctx.sheet.cpu_only and result.lower_bound
+        plans.append(Plan(change, result, predicted_peak, fits, at_least))
     if not plans:
         raise PlanError("the replay could not run on this run's step models")
     baseline = next(pl for pl in plans if pl.change == Change())
     none_fit = budget_bytes is not None and all(pl.fits_budget is False for pl in plans)
+    # on CPU every call blocks, so a split's new units cost their hooks, which a one-unit run
+    # does not show: its predicted step is a lower bound and cannot beat an exact prediction
     plans.sort(
         key=lambda pl: (
             pl.fits_budget is False,
             (pl.predicted_peak_bytes or 0) if none_fit else 0,  # then the nearest the budget
+            pl.at_least,
             round(pl.predicted_ms, 3),
             _size(pl.change),
         )
     )
     notes: list[str] = []
+    if any(pl.at_least for pl in plans):
+        notes.append(
+            "on this CPU run a plan that splits a unit the run shows alone predicts only a lower "
+            "bound of its step (the new units' hooks are not counted): such plans rank after "
+            "the plans predicted exactly, within the budget"
+        )
     if budget_bytes is not None and peak is None:
         notes.append(
             "the run recorded no peak memory (zdiag run --profile-memory, or CUDA snapshots): the "
@@ -244,7 +258,7 @@ def search(
             "no plan fits the budget: the plans are ranked by predicted peak, the lowest first"
         )
     best = plans[0]
-    if best.result.lower_bound:
+    if best.result.lower_bound and not best.at_least:
         notes.append(
             "the best plan splits a unit the run shows alone: its predicted step leaves out the "
             "new units' hooks (a one-unit run does not show them), so the step will be longer"

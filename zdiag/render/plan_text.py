@@ -27,6 +27,11 @@ def _peak(pl: Plan) -> str:
     return ("+" if delta >= 0 else "-") + fmt_bytes(abs(delta))
 
 
+def _step(plan: Plan) -> str:
+    """The predicted step, ">=" where it is a lower bound."""
+    return (">=" if plan.at_least else "") + fmt_ms(plan.predicted_ms)
+
+
 def _fits(fits: bool | None) -> str:
     return "-" if fits is None else "yes" if fits else "no"
 
@@ -39,11 +44,12 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         lines.append(
             f"no faster plan: the run as it is ({fmt_ms(s.measured_ms)} per step) is the fastest "
             f"of the {len(s.plans)} plans replayed"
+            + (" whose step is predicted, not bounded" if any(p.at_least for p in s.plans) else "")
         )
     else:
         lines.append(
             f"best plan ({s.framework}): {best.change.label()}: step {fmt_ms(s.measured_ms)} -> "
-            f"{fmt_ms(best.predicted_ms)} ({_pct(best.predicted_ms, s.measured_ms)}), peak "
+            f"{_step(best)} ({_pct(best.predicted_ms, s.measured_ms)}), peak "
             + (
                 f"{fmt_bytes(s.measured_peak_bytes)} -> {fmt_bytes(best.predicted_peak_bytes)}"
                 if s.measured_peak_bytes is not None
@@ -64,7 +70,7 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         lines.extend(
             w.rstrip()
             for w in textwrap.wrap(
-                f"{fmt_ms(pl.predicted_ms):>10} {_pct(pl.predicted_ms, s.measured_ms):>8} "
+                f"{_step(pl):>10} {_pct(pl.predicted_ms, s.measured_ms):>8} "
                 f"{_peak(pl):>10} {_fits(pl.fits_budget):>5}  {pl.change.label()}",
                 max(width, 60),
                 subsequent_indent=" " * 38,
@@ -75,9 +81,9 @@ def render_plan_text(search: PlanSearch, width: int = 100) -> str:
         lines.append(f"(+{len(s.plans) - RUNNERS_UP - 1} more in --json)")
     tail = [
         "searched exactly, every combination replayed: " + "; ".join(s.grid) + ".",
-        "Not searched: mesh shapes (zdiag whatif --mesh-shape; the replay keeps each group's "
-        "links, so it cannot rank shapes that cross nodes differently); micro-batches (their "
-        "cost in time: zdiag whatif --micro-batches; their memory saving is not estimated) "
+        "Not searched: mesh shapes (zdiag whatif --mesh-shape; across nodes their links are an "
+        "assumption, --intra-node-speedup, not a measurement); micro-batches (they change the "
+        "batch each pass computes on, not the schedule: zdiag whatif --micro-batches) "
         "(docs/whatif.md). Check the plan: apply it and run again.",
         *(f"note: {n}" for n in s.notes),
     ]
@@ -106,6 +112,7 @@ def plan_json(search: PlanSearch) -> dict[str, Any]:
                 "predicted_ms": round(pl.predicted_ms, 4),
                 "predicted_peak_bytes": pl.predicted_peak_bytes,
                 "fits_budget": pl.fits_budget,
+                "predicted_ms_is_lower_bound": pl.at_least,
                 "memory_delta_bytes": pl.result.memory_delta_bytes,
             }
             for pl in s.plans
