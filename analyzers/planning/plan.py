@@ -19,13 +19,16 @@ The grid (exact: every combination is replayed on every modelled step of every r
 Mesh shapes are replayed (`zdiag whatif --mesh-shape`) but not searched: across nodes their
 links are a stated assumption (`--intra-node-speedup`), not a measurement; micro-batches change
 the batch each pass computes on, not the schedule, so they are not searched either
-(docs/whatif.md). On a CPU run, plans that split a unit the run shows alone rank after the plans predicted
-exactly (within the budget): their predicted step leaves out the new units' hooks, which every
-blocking call pays there, so it is a lower bound. The predicted peak is the run's measured peak
-(the largest over ranks) plus the change's estimated delta; without a measured peak the budget cannot be judged and
-plans are ranked by step time alone (a note says so); when no plan fits, by predicted peak, the
-lowest first. The best plan's code comes from the
-framework's own remedies, so it names the run's modules and mesh as the findings' code does.
+(docs/whatif.md).
+
+Ranking: by predicted step time. On a CPU run, plans that split a unit the run shows alone rank
+after the plans predicted exactly (within the budget): their predicted step leaves out the new
+units' hooks, which every blocking call pays there, so it is a lower bound (`Plan.at_least`).
+The predicted peak is the run's measured peak (the largest over ranks) plus the change's
+estimated delta; without a measured peak the budget cannot be judged and plans are ranked by
+step time alone (a note says so); when no plan fits, by predicted peak, the lowest first. The
+best plan's code comes from the framework's own remedies, so it names the run's modules and
+mesh as the findings' code does.
 """
 
 from __future__ import annotations
