@@ -271,6 +271,11 @@ def replay_change(
                 "FSDP's groups share the mesh with other dimensions: where they sit on the "
                 "nodes is not modelled, every group keeps its measured link"
             )
+        if fabric is None and change.intra_node_speedup is not None:
+            notes.append(
+                "--intra-node-speedup changes nothing here: it applies to runs of two or more "
+                "nodes of equal size with FSDP over every rank"
+            )
         notes += checks.mesh_notes(by_rank, groups, change.mesh_shape, fabric)
     if (change.prefetch or change.reshard_after_forward is False or change.wrap) and not any(
         op.family for m in models for op in m.ops

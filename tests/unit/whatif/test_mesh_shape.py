@@ -309,3 +309,10 @@ def test_replay_change_takes_the_fabric_from_the_nodes_only_when_fsdp_spans_them
     )  # fmt: skip
     assert wide.gain_ms == pytest.approx(plain.gain_ms)
     assert any("not modelled" in n for n in wide.notes)
+    # one node: the speedup changes nothing, and the text says so
+    alone = replay_change(
+        models, "cpu", Change(mesh_shape=(2, 2), intra_node_speedup=8.0), group_sizes=sizes,
+        nodes=((0, 1, 2, 3),),
+    )  # fmt: skip
+    assert alone.gain_ms == pytest.approx(plain.gain_ms)
+    assert any("--intra-node-speedup changes nothing here" in n for n in alone.notes)
