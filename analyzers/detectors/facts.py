@@ -119,16 +119,20 @@ def model_block_set(
 
 
 def block_paths(model: ModelFacts, blocks: BlockSet) -> set[str] | None:
-    """The module paths of every block of `blocks` (None when the description does not list
-    them all: a container whose children it does not name)."""
+    """The module paths of every block of `blocks` (None when the description does not name
+    them all). The description names a container's first few children only; where those are
+    0, 1, 2, ... (a ModuleList or Sequential), the rest are the indices up to its count."""
     out: set[str] = set()
     for rep in model.description.repeated:
         if rep.path in blocks.containers and (
             not blocks.classes or rep.child_class in blocks.classes
         ):
-            if len(rep.child_names) < rep.count:
-                return None
-            out |= {f"{rep.path}.{n}" if rep.path else n for n in rep.child_names}
+            names = list(rep.child_names)
+            if len(names) < rep.count:
+                if names != [str(k) for k in range(len(names))]:
+                    return None
+                names = [str(k) for k in range(rep.count)]
+            out |= {f"{rep.path}.{n}" if rep.path else n for n in names}
     return out or None
 
 

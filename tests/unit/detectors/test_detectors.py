@@ -927,3 +927,16 @@ def test_flat_sharding_gains_what_the_hsdp_shape_replays_to_when_the_steps_are_m
     assert (f.gain_method or "").startswith("replayed (zdiag whatif --mesh-shape 2,2)")
     assert f.expected_gain_ms is not None and f.expected_gain_ms > 0
     assert f.expected_gain_ms != pytest.approx(0.35)  # not the formula's half of 0.7 ms
+
+
+def test_a_container_of_more_blocks_than_the_description_names_is_known_by_index() -> None:
+    """The description names a container's first 8 children; a ModuleList's are its indices,
+    so all 12 blocks are known, and whether each is an FSDP unit can be told."""
+    from zdiag.analyzers.detectors.facts import block_paths, model_block_set
+
+    facts = ModelFacts(describe_model(_BlockModel(12)))
+    (rep,) = [r for r in facts.description.repeated if r.path == "blocks"]
+    assert len(rep.child_names) < rep.count == 12
+    blocks = model_block_set(facts)
+    assert blocks is not None and blocks.containers == ("blocks",)
+    assert block_paths(facts, blocks) == {f"blocks.{k}" for k in range(12)}
