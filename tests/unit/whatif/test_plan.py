@@ -133,6 +133,13 @@ def test_on_cpu_a_split_predicts_a_bound_and_ranks_after_exact_plans_unless_only
     assert any("lower bound" in n for n in found.notes)
     text = render_plan_text(found)
     assert ">=" in text  # the split's rows
+    slow = dataclasses.replace(found, plans=[p for p in found.plans if p.change.wrap or
+                                             p.change == Change()])  # fmt: skip
+    slow.plans.sort(key=lambda p: p.at_least)  # the run as it is first: no faster exact plan
+    headline = " ".join(render_plan_text(slow).split("\n\n")[0].split())
+    assert f"fastest of the 1 plans replayed whose step is predicted ({len(splits)} more" in (
+        headline
+    )
     peak = 22 * MIB  # the split frees a third of the 52 kB unit: only it fits 10 kB less
     tight = search(ctx, budget_bytes=peak - 10_000, peaks={0: peak})
     assert tight.best.change.wrap == "layers" and tight.best.fits_budget is True
