@@ -16,6 +16,8 @@ count of parameter state + gathered FSDP2 parameters + saved activations; on CUD
     .venv/bin/python bench/user_zoo.py --faults                         # + crash/hang cases
     .venv/bin/python bench/user_zoo.py --fix-verify --repeats 3 --only cnn_fsdp2:whole
         # variant vs its fix, interleaved, medians: predicted vs measured gain
+    .venv/bin/python bench/user_zoo.py --fix-verify --repeats 3 --steps 20
+        # each run's median over 18 steps, not 4: a smaller run-to-run spread
 
 DeepSpeed cases need a Python with deepspeed (`--ds-python /work/venv-ds/bin/python`, run with
 PYTHONPATH set to this checkout and DS_ACCELERATOR=cpu on CPU); without one they are skipped.
@@ -287,6 +289,7 @@ class CaseResult:
     exit_code: int | None = None
     seconds: float = 0.0
     step_ms: float | None = None
+    cpu_share: float | None = None  # the process's CPU time per step over the step (step log)
     peak_mib: float | None = None
     findings: list[Finding] = field(default_factory=list)
     error: str = ""  # the run or the analysis failed in a way the case does not expect
@@ -315,11 +318,12 @@ def parse_summaries(text: str) -> tuple[float | None, float | None]:
     return (max(steps) if steps else None, max(peaks) if peaks else None)
 
 
-def step_log_ms(run_dir: Path, skip: int = 2) -> float | None:
-    """Median step duration after `skip` steps, taken on the slowest rank (zdiag's step logs)."""
-    medians = []
+def step_log_ms(run_dir: Path, skip: int = 2) -> tuple[float | None, float | None]:
+    """Median step duration after `skip` steps, taken on the slowest rank (zdiag's step logs),
+    and that rank's median CPU time per step over its median step (None: not logged)."""
+    medians: list[tuple[float, float | None]] = []
     for path in sorted((run_dir / "steps").glob("rank-*.jsonl")):
-        durations = []
+        durations, cpu = [], []
         for line in path.read_text().splitlines():
             try:
                 rec = json.loads(line)
@@ -327,9 +331,12 @@ def step_log_ms(run_dir: Path, skip: int = 2) -> float | None:
                 continue
             if rec.get("step", 0) >= skip and rec.get("duration_ms") is not None:
                 durations.append(float(rec["duration_ms"]))
+                if rec.get("cpu_ms") is not None:
+                    cpu.append(float(rec["cpu_ms"]))
         if durations:
-            medians.append(statistics.median(durations))
-    return max(medians) if medians else None
+            step = statistics.median(durations)
+            medians.append((step, statistics.median(cpu) / step if cpu and step else None))
+    return max(medians, key=lambda m: m[0]) if medians else (None, None)
 
 
 def zdiag_command(python: str, out: Path, case_script: str, args: Sequence[str]) -> list[str]:
@@ -348,11 +355,15 @@ def run_case(
     ds_python: str | None = None,
     timeout_s: float = 300.0,
     reanalyze: bool = False,
+    steps: int | None = None,
 ) -> CaseResult:
     """Run `case` (or the same script with `args`) under `zdiag run`, then `zdiag analyze`.
     With `reanalyze`, a run directory already in `root` is analyzed again (no summary or cache
-    reused: the analysis is today's code) instead of running the script."""
+    reused: the analysis is today's code) instead of running the script. `steps` sets the
+    script's `--steps` (else its default, 6)."""
     run_args = tuple(case.args if args is None else args)
+    if steps is not None:
+        run_args += ("--steps", str(steps))
     result = CaseResult(case, run_args)
     python = sys.executable
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -369,7 +380,7 @@ def run_case(
         result.exit_code, result.peak_mib = recorded_exit_and_peak(out)
     else:
         _run_script(result, python, out, case.script, run_args, env, timeout_s)
-    logged = step_log_ms(out) if out.exists() else None
+    logged, result.cpu_share = step_log_ms(out) if out.exists() else (None, None)
     if logged is not None:
         result.step_ms = logged
     expects_failure = bool(case.expected & {"activation-oom", "crash", "hang"}) and args is None
@@ -608,6 +619,7 @@ class FixRow:
     finding_gone: bool
     runs: int
     noise_ms: float | None = None  # run-to-run spread of one side's step time (max - min)
+    cpu_share: float | None = None  # the variant's CPU time per step over its step (median)
 
 
 def in_noise(pred: float | None, meas: float | None, noise: float | None) -> bool:
@@ -634,6 +646,7 @@ def fix_verify(
     ds_python: str | None,
     timeout_s: float,
     reanalyze: bool = False,
+    steps: int | None = None,
 ) -> FixRow:
     """Run the variant and its fix `repeats` times each, interleaved; compare medians. The
     prediction is the median of the variant runs' predictions (the OOM variant, measured without
@@ -650,12 +663,12 @@ def fix_verify(
     for k in range(repeats):
         if k == 0 and measure != list(case.args):
             # the OOM variant: its finding comes from the run with the budget
-            predicted.append(run_case(case, root, tag="pred", ds_python=ds_python,
-                                      timeout_s=timeout_s, reanalyze=reanalyze))  # fmt: skip
+            predicted.append(run_case(case, root, tag="pred", ds_python=ds_python, timeout_s=timeout_s,
+                                      reanalyze=reanalyze, steps=steps))  # fmt: skip
         bad.append(run_case(case, root, args=measure, tag=f"bad{k}", ds_python=ds_python,
-                            timeout_s=timeout_s, reanalyze=reanalyze))  # fmt: skip
+                            timeout_s=timeout_s, reanalyze=reanalyze, steps=steps))  # fmt: skip
         good.append(run_case(case, root, args=case.fix, tag=f"fix{k}", ds_python=ds_python,
-                             timeout_s=timeout_s, reanalyze=reanalyze))  # fmt: skip
+                             timeout_s=timeout_s, reanalyze=reanalyze, steps=steps))  # fmt: skip
     if not predicted:
         predicted = bad  # the same command: each run's prediction, their median below
 
@@ -684,6 +697,7 @@ def fix_verify(
         all(fid not in r.fired for r in good),
         repeats,
         max(spreads) if spreads else None,
+        med(r.cpu_share for r in bad),
     )
 
 
@@ -691,8 +705,9 @@ def markdown_fix(rows: list[FixRow]) -> str:
     """Predicted vs measured gain per case."""
     lines = [
         "| case | fix flags | predicted ms/step | measured ms/step | run-to-run spread ms "
-        "| within 2x | predicted MiB | measured MiB | within 2x | finding gone after fix |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| within 2x | predicted MiB | measured MiB | within 2x | finding gone after fix "
+        "| variant's CPU time / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(w: bool | str | None) -> str:
@@ -708,7 +723,8 @@ def markdown_fix(rows: list[FixRow]) -> str:
         lines.append(
             f"| `{r.case.name}` | {fix_flags} | {_fmt(r.predicted_ms)} "
             f"| {_fmt(r.measured_ms)} | {_fmt(r.noise_ms)} | {cell(w_ms)} "
-            f"| {_fmt(r.predicted_mib)} | {_fmt(r.measured_mib)} | {cell(w_mb)} | {gone} |"
+            f"| {_fmt(r.predicted_mib)} | {_fmt(r.measured_mib)} | {cell(w_mb)} | {gone} "
+            f"| {'-' if r.cpu_share is None else f'{r.cpu_share:.0%}'} |"
         )
     verdicts = [w for r in rows for w in _within(r)]
     checked = [w for w in verdicts if isinstance(w, bool)]
@@ -772,6 +788,9 @@ def main() -> int:
                    help="a Python with deepspeed installed, for the DeepSpeed cases")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None, help="keep run directories here")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per zdiag run")
+    p.add_argument("--steps", type=int, default=None,
+                   help="the scripts' --steps (default: theirs, 6): more steps measure each "
+                   "run's median step over more of them")  # fmt: skip
     p.add_argument("--reanalyze", action="store_true",
                    help="analyze the run directories already in --workdir again (today's "
                    "analysis, no cache) instead of running the scripts (also with "
@@ -794,14 +813,22 @@ def main() -> int:
                 continue
             print(f"fix-verify {c.name} ...", file=sys.stderr, flush=True)
             rows.append(
-                fix_verify(c, root, args.repeats, args.ds_python, args.timeout_s, args.reanalyze)
+                fix_verify(
+                    c,
+                    root,
+                    args.repeats,
+                    args.ds_python,
+                    args.timeout_s,
+                    args.reanalyze,
+                    args.steps,
+                )
             )
         body = markdown_fix(rows)
     else:
         results = []
         for c in cases:
             r = run_case(c, root, ds_python=args.ds_python, timeout_s=args.timeout_s,
-                         reanalyze=args.reanalyze)  # fmt: skip
+                         reanalyze=args.reanalyze, steps=args.steps)  # fmt: skip
             print(f"{c.name}: {outcome(r, detectors)} ({r.seconds:.1f} s)", file=sys.stderr,
                   flush=True)  # fmt: skip
             results.append(r)

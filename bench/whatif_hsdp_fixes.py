@@ -69,7 +69,7 @@ def record(out: Path, script: Path, steps: int) -> float | None:
     if proc.returncode != 0:
         print(f"{out}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
         return None
-    return step_log_ms(out)
+    return step_log_ms(out)[0]
 
 
 def row(workdir: Path, case: str, repeats: int, steps: int) -> str:

@@ -11,14 +11,21 @@ class StepClock:
     def __init__(self) -> None:
         self.step_index = 0  # steps finished so far, so also the index of the current one
         self.step_start = time.perf_counter()
+        self._cpu_start = (time.process_time(), time.thread_time())
+        self.cpu_ms: tuple[float, float] = (0.0, 0.0)  # the last finished step's CPU time
 
     def restart(self) -> None:
         """The current step starts now (at the session's start)."""
         self.step_start = time.perf_counter()
+        self._cpu_start = (time.process_time(), time.thread_time())
 
     def tick(self) -> tuple[int, float, float]:
-        """End the current step: (its index, its start, its end); the next one starts now."""
+        """End the current step: (its index, its start, its end); the next one starts now.
+        `cpu_ms` then holds the step's CPU time: (every thread of the process, this thread)."""
         now = time.perf_counter()
+        cpu = (time.process_time(), time.thread_time())
+        self.cpu_ms = ((cpu[0] - self._cpu_start[0]) * 1e3, (cpu[1] - self._cpu_start[1]) * 1e3)
+        self._cpu_start = cpu
         step, start = self.step_index, self.step_start
         self.step_index += 1
         self.step_start = now

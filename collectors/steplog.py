@@ -48,6 +48,7 @@ class StepLog:
         allocated: int | None,
         reserved: int | None,
         peak: int | None,
+        cpu_ms: tuple[float, float] | None = None,
     ) -> bool:
         """Append one step line (the step log schema), formatted without json for speed.
 
@@ -61,7 +62,13 @@ class StepLog:
         line = (
             f'{{"step":{int(step)},"time_unix":{time_unix!r},"duration_ms":{round(duration_ms, 4)!r},'
             f'"mem_allocated_bytes":{_int_or_null(allocated)},"mem_reserved_bytes":{_int_or_null(reserved)},'
-            f'"mem_peak_bytes":{_int_or_null(peak)}}}\n'
+            f'"mem_peak_bytes":{_int_or_null(peak)}'
+            + (
+                ""
+                if cpu_ms is None
+                else f',"cpu_ms":{round(cpu_ms[0], 3)!r},"main_cpu_ms":{round(cpu_ms[1], 3)!r}'
+            )
+            + "}\n"
         ).encode()
         try:
             fd = self._fd if self._fd is not None else self._open()

@@ -209,6 +209,27 @@ def test_within_factor_and_summaries() -> None:
     assert uz.parse_summaries("nothing") == (None, None)
 
 
+def test_step_log_median_is_the_slowest_ranks_with_its_cpu_share(tmp_path: Path) -> None:
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    # warm-up steps 0-1 skipped; rank 1 is slower; rank 0's lines lack the CPU keys
+    (steps / "rank-0.jsonl").write_text(
+        "".join(json.dumps({"step": i, "duration_ms": 50.0}) + "\n" for i in range(5))
+    )
+    (steps / "rank-1.jsonl").write_text(
+        "".join(
+            json.dumps({"step": i, "duration_ms": 900.0 if i < 2 else 100.0 + i, "cpu_ms": 80.0})
+            + "\n"
+            for i in range(5)
+        )
+        + "not json\n"
+    )
+    step, share = uz.step_log_ms(tmp_path)
+    assert step == 103.0 and share == pytest.approx(80.0 / 103.0)
+    (steps / "rank-1.jsonl").unlink()
+    assert uz.step_log_ms(tmp_path) == (50.0, None)
+
+
 def test_markdown_tables_hold_every_case_and_detector() -> None:
     results = [
         _result("cnn_fsdp2:healthy", []),
@@ -227,7 +248,7 @@ def test_fix_table_compares_prediction_and_measurement() -> None:
     oom = next(c for c in uz.CASES if c.name == "trunk_ddp:act-oom")
     sync = next(c for c in uz.CASES if c.name == "cnn_ddp:host-sync")
     rows = [
-        uz.FixRow(case, 10.0, None, 15.0, 0.0, True, True, 3, 4.0),  # within 2x, finding gone
+        uz.FixRow(case, 10.0, None, 15.0, 0.0, True, True, 3, 4.0, 0.85),  # within 2x, gone
         uz.FixRow(case, 10.0, None, 25.0, 0.0, True, False, 3, 4.0),  # off by 2.5x, still there
         uz.FixRow(oom, None, 30.0, None, 64.0, False, True, 3),  # never raised
         uz.FixRow(sync, 0.01, None, -9.0, 0.0, True, True, 3, 20.0),  # both inside the spread
@@ -238,11 +259,11 @@ def test_fix_table_compares_prediction_and_measurement() -> None:
     assert lines[0].startswith(
         "| `cnn_fsdp2:prefetch-off` | `--unshard-async` | 10.0 | 15.0 | 4.0 | yes"
     )
-    assert lines[0].endswith("| yes |")
-    assert "| 25.0 | 4.0 | no |" in lines[1] and lines[1].endswith("| no |")
+    assert lines[0].endswith("| yes | 85% |")
+    assert "| 25.0 | 4.0 | no |" in lines[1] and lines[1].endswith("| no | - |")
     assert "`--batch 1024 --mem-budget-mib 90 --checkpoint-cells`" in lines[2]
     assert "| 30.0 | 64.0 | no |" in lines[2]
-    assert lines[2].endswith("| not raised before the fix |")
+    assert lines[2].endswith("| not raised before the fix | - |")
     assert "| -9.0 | 20.0 | noise |" in lines[3]
     assert "| -30.0 | 20.0 | no |" in lines[4]
     words = " ".join(text.split())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from zdiag.collectors.api import default_out_dir
 from zdiag.collectors.config import CollectorConfig, config_from_env, parse_profile_steps
 from zdiag.collectors.fsio import write_atomically, write_json_atomically
 from zdiag.collectors.run_records import Manifest
+from zdiag.collectors.step_clock import StepClock
 from zdiag.collectors.steplog import StepLog
 from zdiag.errors import ConfigError
 
@@ -68,6 +70,25 @@ def test_step_log_is_capped(tmp_path: Path) -> None:
     lines = (tmp_path / "s.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
     assert log.truncated and log.written
+
+
+def test_step_log_holds_the_step_cpu_time(tmp_path: Path) -> None:
+    """A busy step's CPU time (every thread, and the thread that ends the step) reaches its line;
+    a line written without it has neither key."""
+    clock = StepClock()
+    deadline = time.perf_counter() + 0.05
+    while time.perf_counter() < deadline:  # 50 ms of this thread's CPU
+        pass
+    clock.tick()
+    process_ms, thread_ms = clock.cpu_ms
+    assert 25.0 < thread_ms <= process_ms + 1.0
+    log = StepLog(tmp_path / "s.jsonl", max_lines=3)
+    log.write_step(0, 0.0, 50.0, None, None, None, cpu_ms=clock.cpu_ms)
+    log.write_step(1, 0.0, 1.0, None, None, None)
+    log.close()
+    first, second = (json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines())
+    assert (first["cpu_ms"], first["main_cpu_ms"]) == (round(process_ms, 3), round(thread_ms, 3))
+    assert "cpu_ms" not in second and "main_cpu_ms" not in second
 
 
 def test_run_info_is_json_safe_and_notifies() -> None:
