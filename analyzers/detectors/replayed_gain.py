@@ -10,7 +10,7 @@ counterfactual that ran, for the finding's `gain_method`.
 
 from __future__ import annotations
 
-from ..rank.declared_groups import sizes_by_name
+from ..rank.declared_groups import members_by_name, sizes_by_name
 from ..whatif.run_whatif import (
     CORE_SHARING_NOTE,
     Change,
@@ -52,6 +52,7 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
             overlap=(can, why),
             model=sheet.model,
             group_sizes={r: sizes_by_name(f.process_groups) for r, f in ctx.facts.items()},
+            group_members={r: members_by_name(f.process_groups) for r, f in ctx.facts.items()},
             world=sheet.world_size,
             nodes=sheet.nodes,
         )

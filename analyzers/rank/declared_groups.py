@@ -159,3 +159,9 @@ def sizes_by_name(infos: Iterable[ProcessGroupInfo]) -> dict[str, int]:
         if size:
             out[g.name] = size
     return out
+
+
+def members_by_name(infos: Iterable[ProcessGroupInfo]) -> dict[str, tuple[int, ...]]:
+    """Each declared group's member ranks by its name; groups that do not list them are left
+    out."""
+    return {g.name: tuple(g.ranks) for g in infos if g.ranks}

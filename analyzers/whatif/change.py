@@ -22,8 +22,9 @@ class Change:
     all_reduce_once: bool = False  # HSDP: replicate all-reduces in the last micro-batch only
     bf16_reduce: bool = False  # FSDP's gradient reduces in bf16 (MixedPrecisionPolicy)
     bf16_params: bool = False  # FSDP's parameter gathers in bf16 (MixedPrecisionPolicy)
-    # a mesh shape's groups inside one node move bytes this many times faster than across
-    # nodes (None: mesh_shape.INTRA_NODE_SPEEDUP); read on multi-node runs only
+    mesh_order: tuple[str, ...] | None = None  # the captured mesh's dimensions in this order
+    # a mesh shape's or order's groups inside one node move bytes this many times faster than
+    # across nodes (None: mesh_shape.INTRA_NODE_SPEEDUP); read on multi-node runs only
     intra_node_speedup: float | None = None
 
     def label(self) -> str:
@@ -49,6 +50,8 @@ class Change:
             parts.append(f"--micro-batches {self.micro_batches}")
         if self.mesh_shape is not None:
             parts.append("--mesh-shape {},{}".format(*self.mesh_shape))
+        if self.mesh_order is not None:
+            parts.append("--mesh-order " + ",".join(self.mesh_order))
         if self.all_reduce_once:
             parts.append("--all-reduce-once")
         if self.bf16_reduce:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..inputs.model_facts import ModelFacts
-from ..rank.declared_groups import sizes_by_name
+from ..rank.declared_groups import members_by_name, sizes_by_name
 from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
 from . import change_checks as checks
@@ -32,6 +32,7 @@ from .finer_wrap import (
     wrap_split,
 )
 from .memory_delta import memory_delta
+from .mesh_order import MeshOrderError, Regrouping, check_order, order_notes, regrouping, reordered
 from .mesh_shape import INTRA_NODE_SPEEDUP, DpGroups, Fabric, all_reduced_once, reshaped
 from .micro_batch import micro_batched
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
@@ -121,11 +122,12 @@ def apply_change(
     split: WrapSplit | None = None,
     groups: DpGroups | None = None,
     fabric: Fabric | None = None,
+    regroup: Regrouping | None = None,
 ) -> StepModel:
     """`model` with `change` applied (the wrap first: finer where `split` says, else coarser;
     then checkpointing, reshard, micro-batches, prefetch, syncs, and last the replicate
     all-reduces and the mesh shape, on the rank's data-parallel `groups` and the run's
-    `fabric`)."""
+    `fabric`, or the mesh order, on the rank's `regroup`)."""
     if split is not None:
         model = finer_wrap(model, split, fits, platform, overhead)
     elif change.wrap is not None:
@@ -148,6 +150,8 @@ def apply_change(
         model, _ = all_reduced_once(model, groups)
     if change.mesh_shape is not None and groups is not None:
         model = reshaped(model, groups, change.mesh_shape, fits, fabric)
+    if regroup is not None:
+        model, _ = reordered(model, regroup, fits)
     return model
 
 
@@ -186,6 +190,7 @@ def run_whatif(
         peaks=peaks,
         model=model,
         group_sizes={s.rank: sizes_by_name(s.facts.process_groups) for s in modelled},
+        group_members={s.rank: members_by_name(s.facts.process_groups) for s in modelled},
         world=next((s.world_size for s in modelled if s.world_size), None),
         nodes=nodes,
     )
@@ -202,6 +207,7 @@ def replay_change(
     overlap: tuple[bool, str] | None = None,
     model: ModelFacts | None = None,
     group_sizes: Mapping[int, Mapping[str, int]] | None = None,
+    group_members: Mapping[int, Mapping[str, tuple[int, ...]]] | None = None,
     world: int | None = None,
     nodes: Sequence[Sequence[int]] = (),
 ) -> WhatIfResult:
@@ -210,7 +216,8 @@ def replay_change(
     `model`, the captured model, gives a finer wrap its blocks' sizes and a mesh shape the
     parameter bytes and the optimizer; `group_sizes` (per rank, its process groups' sizes by
     name) and `world` give a mesh shape the groups' sizes, `nodes` (each node's ranks) its
-    links inside and across nodes."""
+    links inside and across nodes; `group_members` (per rank, its process groups' ranks by
+    name) tell a mesh order which dimension each collective's group is."""
     by_rank = {r: list(ms) for r, ms in models_by_rank.items() if ms}
     if not by_rank:
         raise WhatIfError(
@@ -252,6 +259,7 @@ def replay_change(
         notes += checks.checkpoint_notes(models, change.checkpoint)
     if change.micro_batches is not None:
         notes += checks.micro_batch_notes(models, change.micro_batches)
+    regroups = _regroups(by_rank, change, model, nodes, group_members or {}, notes)
     groups: dict[int, DpGroups] = {}
     if change.mesh_shape is not None or change.all_reduce_once:
         groups = checks.mesh_groups(by_rank, change.mesh_shape, group_sizes or {}, world, model)
@@ -271,7 +279,7 @@ def replay_change(
                 "FSDP's groups share the mesh with other dimensions: where they sit on the "
                 "nodes is not modelled, every group keeps its measured link"
             )
-        if fabric is None and change.intra_node_speedup is not None:
+        if fabric is None and change.intra_node_speedup is not None and not regroups:
             notes.append(
                 "--intra-node-speedup changes nothing here: it applies to runs of two or more "
                 "nodes of equal size with FSDP over every rank"
@@ -308,7 +316,7 @@ def replay_change(
         )
     delta, basis = memory_delta(models, change, split, groups, model)
     changed_by_rank = _changed_models(
-        by_rank, change, platform, fits, overhead, split, groups, fabric
+        by_rank, change, platform, fits, overhead, split, groups, fabric, regroups
     )
     ranks: list[RankPrediction] = []
     timeline: StepReplay | None = None
@@ -346,6 +354,7 @@ def _changed_models(
     split: WrapSplit | None = None,
     groups: Mapping[int, DpGroups] | None = None,
     fabric: Fabric | None = None,
+    regroups: Mapping[int, Regrouping] | None = None,
 ) -> dict[int, list[StepModel]]:
     """Each replayed rank's steps with `change` applied (the stragglers it removes are left out:
     `_stragglers_as_peers` gives them their peers' figures)."""
@@ -354,12 +363,53 @@ def _changed_models(
     return {
         rank: [
             apply_change(
-                m, change, platform, fits, overhead, split, (groups or {}).get(rank), fabric
+                m,
+                change,
+                platform,
+                fits,
+                overhead,
+                split,
+                (groups or {}).get(rank),
+                fabric,
+                (regroups or {}).get(rank),
             )
             for m in steps
         ]
         for rank, steps in by_rank.items()
     }
+
+
+def _regroups(
+    by_rank: Mapping[int, list[StepModel]],
+    change: Change,
+    model: ModelFacts | None,
+    nodes: Sequence[Sequence[int]],
+    members: Mapping[int, Mapping[str, tuple[int, ...]]],
+    notes: list[str],
+) -> dict[int, Regrouping]:
+    """Each rank under the change's mesh order (empty without one; WhatIfError where the run
+    cannot be reordered), its notes appended to `notes`."""
+    if change.mesh_order is None:
+        return {}
+    if change.mesh_shape is not None:
+        raise WhatIfError("give --mesh-order or --mesh-shape, not both")
+    speedup = change.intra_node_speedup or INTRA_NODE_SPEEDUP
+    try:
+        mesh = check_order(model.mesh if model is not None else None, change.mesh_order, nodes)
+    except MeshOrderError as exc:
+        raise WhatIfError(str(exc)) from exc
+    out = {
+        r: regrouping(mesh, change.mesh_order, r, nodes, members.get(r, {}), speedup)
+        for r in by_rank
+        if r in mesh.ranks
+    }
+    if not out:
+        raise WhatIfError("none of the modelled ranks is in the captured mesh")
+    first = min(out)
+    counts = reordered(by_rank[first][0], out[first], {})[1]
+    kept = counts.pop("", 0)
+    notes += order_notes(mesh, change.mesh_order, out[first], kept, sum(counts.values()))
+    return out
 
 
 def _prediction(

@@ -35,6 +35,7 @@ examples:
   zdiag whatif runs/a --micro-batches 2            # each batch as 2 accumulated halves
   zdiag whatif runs/a --mesh-shape 2,4             # HSDP: 2 replicas of 4-way sharding
   zdiag whatif runs/a --mesh-shape 4,8 --intra-node-speedup 10   # multi-node: NVLink vs network
+  zdiag whatif runs/a --mesh-order dp,tp           # multi-node: the mesh with "tp" last
   zdiag whatif runs/a --all-reduce-once            # HSDP + accumulation: last micro-batch only
   zdiag whatif runs/a --reduce-dtype bf16          # gradients reduced in bf16
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
@@ -78,6 +79,15 @@ def _mesh_shape(text: str) -> tuple[int, int]:
     if r < 1 or s < 1:
         raise argparse.ArgumentTypeError(f"mesh dimensions are 1 or more, got {text!r}")
     return r, s
+
+
+def _mesh_order(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(","))
+    if len(names) < 2 or not all(names):
+        raise argparse.ArgumentTypeError(
+            f"a mesh order is the mesh's dimension names, comma-separated, e.g. dp,tp; got {text!r}"
+        )
+    return names
 
 
 def _speedup(text: str) -> float:
@@ -159,12 +169,20 @@ class WhatIfCommand:
             "gathers and reduce-scatters over S ranks, gradient shards all-reduced over R",
         )
         parser.add_argument(
+            "--mesh-order",
+            type=_mesh_order,
+            metavar="DIMS",
+            help="the run's device mesh with its dimensions in this order (names, e.g. dp,tp), "
+            "each rank on its node: init_device_mesh lays ranks out row-major, so the order "
+            "decides which groups stay inside a node (multi-node runs)",
+        )
+        parser.add_argument(
             "--intra-node-speedup",
             type=_speedup,
             metavar="X",
-            help="with --mesh-shape on a multi-node run: a group inside one node moves bytes X "
-            "times as fast as one across nodes (default 2, a floor; NVLink against the network "
-            "is often 5-20)",
+            help="with --mesh-shape or --mesh-order on a multi-node run: a group inside one node "
+            "moves bytes X times as fast as one across nodes (default 2, a floor; NVLink "
+            "against the network is often 5-20)",
         )
         parser.add_argument(
             "--all-reduce-once",
@@ -287,21 +305,23 @@ def _change(args: argparse.Namespace) -> Change:
         checkpoint=args.checkpoint.strip(".") if args.checkpoint else None,
         micro_batches=args.micro_batches,
         mesh_shape=args.mesh_shape,
+        mesh_order=args.mesh_order,
         all_reduce_once=args.all_reduce_once,
         bf16_reduce=args.reduce_dtype == "bf16",
         bf16_params=args.param_dtype == "bf16",
     )
     if args.intra_node_speedup is not None:
-        if change.mesh_shape is None:
+        if change.mesh_shape is None and change.mesh_order is None:
             raise ConfigError(
-                "--intra-node-speedup sets the links a mesh shape's groups use: give it with "
-                "--mesh-shape R,S."
+                "--intra-node-speedup sets the links a mesh shape's or order's groups use: give "
+                "it with --mesh-shape R,S or --mesh-order DIMS."
             )
         change = dataclasses.replace(change, intra_node_speedup=args.intra_node_speedup)
     if change == Change():
         raise ConfigError(
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
-            "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --all-reduce-once, "
+            "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --mesh-order DIMS, "
+            "--all-reduce-once, "
             "--reduce-dtype bf16, --no-host-syncs, --unshard-async-op or --without-straggler "
             "RANK."
         )

@@ -8,7 +8,7 @@ The script is examples/mesh/fsdp_tp.py with its mesh built ("tp", "dp") instead 
 init_device_mesh lays ranks out row-major, so the TP groups become {0, 2} and {1, 3}, across the
 two nodes {0, 1} and {2, 3}. `tp-across-nodes` says so; its code (the mesh rebuilt with "tp"
 last), pasted in place of the script's mesh line, trains on the same two nodes and no longer
-raises it.
+raises it. Its gain is the replay of that order (`zdiag whatif --mesh-order dp,tp`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
-from support.processes import analyze_json, two_nodes
+from support.processes import analyze_json, two_nodes, zdiag
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
 
@@ -56,6 +56,13 @@ def test_tp_across_two_nodes_on_one_machine_is_found_and_its_code_fixes_it(
     assert code.endswith('mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))')
     # the dp groups {0, 1}, {2, 3} sit on one node each: no HSDP advice
     assert "flat-sharding-multinode" not in findings
+    # the gain comes from the replay of that mesh order (whatever its sign on one machine's
+    # loopback), which `zdiag whatif` runs on its own and explains
+    assert "zdiag whatif --mesh-order dp,tp" in tp["gain_method"]
+    whatif = zdiag("whatif", str(out), "--mesh-order", "dp,tp")
+    assert whatif.returncode == 0, whatif.stderr
+    text = " ".join(whatif.stdout.split())
+    assert '"dp" inside a node -> across nodes; "tp" across nodes -> inside a node' in text
 
     fixed = tmp_path / "fsdp_tp_fixed.py"
     fixed.write_text(source.replace(MESH_LINE, "    " + code.splitlines()[-1] + "\n"))

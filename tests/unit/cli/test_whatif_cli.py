@@ -77,7 +77,12 @@ def test_overlay_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ([str(TINY), "--mesh-shape", "2,2"], "needs R x S = 2 (got 2,2)"),
         ([str(TINY), "--mesh-shape", "1,2"], "the run is already 1 x 2"),
         ([str(TINY), "--mesh-shape", "two"], "a mesh shape is REPLICATE,SHARD"),
-        ([str(TINY), "--intra-node-speedup", "4"], "give it with --mesh-shape R,S"),
+        (
+            [str(TINY), "--intra-node-speedup", "4"],
+            "give it with --mesh-shape R,S or --mesh-order DIMS",
+        ),
+        ([str(TINY), "--mesh-order", "dp"], "a mesh order is the mesh's dimension names"),
+        ([str(TINY), "--mesh-order", "dp,tp"], "needs the run's device mesh"),
         ([str(TINY), "--intra-node-speedup", "0.5"], "a speedup is between 1 and 1000"),
     ],
 )
@@ -85,7 +90,12 @@ def test_refusals_are_one_sentence_and_exit_2(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argparse_exits = (
-        "99" in argv or "x" in argv or "--micro-batches" in argv or "two" in argv or "0.5" in argv
+        "99" in argv
+        or "x" in argv
+        or "--micro-batches" in argv
+        or "two" in argv
+        or "0.5" in argv
+        or "dp" in argv
     )
     with pytest.raises(SystemExit) if argparse_exits else _nullcontext() as exc:
         code, _, err = _whatif(argv, capsys)
