@@ -279,7 +279,7 @@ def replay_change(
                 "FSDP's groups share the mesh with other dimensions: where they sit on the "
                 "nodes is not modelled, every group keeps its measured link"
             )
-        if fabric is None and change.intra_node_speedup is not None and not regroups:
+        if fabric is None and change.intra_node_speedup is not None:
             notes.append(
                 "--intra-node-speedup changes nothing here: it applies to runs of two or more "
                 "nodes of equal size with FSDP over every rank"
@@ -408,6 +408,11 @@ def _regroups(
     first = min(out)
     counts = reordered(by_rank[first][0], out[first], {})[1]
     kept = counts.pop("", 0)
+    if not counts:
+        raise WhatIfError(
+            "no collective's process group is one of the mesh's dimensions (the traces' "
+            "process-group table lists no members, or other groups): nothing to re-time"
+        )
     notes += order_notes(mesh, change.mesh_order, out[first], kept, sum(counts.values()))
     return out
 

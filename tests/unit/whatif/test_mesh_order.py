@@ -107,3 +107,6 @@ def test_replay_change_reorders_every_rank_and_says_which_groups_move() -> None:
         replayed(Change(mesh_order=("dp", "tp"), mesh_shape=(1, 4)))
     with pytest.raises(WhatIfError, match="this run has one node"):
         replayed(change, nodes=((0, 1, 2, 3),))
+    # a process-group table without members: no collective can be placed on a dimension
+    with pytest.raises(WhatIfError, match="nothing to re-time"):
+        replay_change({r: [step()] for r in range(4)}, "cpu", change, model=tp_first(), nodes=NODES)
