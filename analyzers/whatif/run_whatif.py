@@ -108,7 +108,8 @@ class WhatIfResult:
 CORE_SHARING_NOTE = (
     "compute keeps its measured time: gloo's worker thread now runs the gathers beside it and "
     "shares the host's cores, which a blocking run does not show; where the ranks fill the "
-    "cores the gain is an upper bound (docs/whatif.md)"
+    "cores (the step log's cpu_ms near the step times each rank's cores) the gain is an upper "
+    "bound (docs/whatif.md)"
 )
 """The note on a CPU replay that turns the unshard async op on (docs/whatif.md, limits)."""
 
