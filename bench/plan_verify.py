@@ -17,6 +17,7 @@ less than the larger run-to-run spread of the two sides ("noise").
 
     .venv/bin/python bench/plan_verify.py --workdir /tmp/fv2 -o /tmp/plan_verify.md
     .venv/bin/python bench/plan_verify.py --only cnn_fsdp2 --repeats 3
+    .venv/bin/python bench/plan_verify.py --workdir /tmp/fv8 --steps 20   # 18 measured steps
 """
 
 from __future__ import annotations
@@ -89,13 +90,16 @@ def plan_of(run_dir: Path, timeout_s: float) -> dict[str, Any]:
     return out
 
 
-def verify(case: Any, root: Path, repeats: int, timeout_s: float) -> PlanRow:
-    """Plan the misconfigured run, apply the plan, race it against the fix."""
+def verify(
+    case: Any, root: Path, repeats: int, timeout_s: float, steps: int | None = None
+) -> PlanRow:
+    """Plan the misconfigured run, apply the plan, race it against the fix (`steps`: the
+    scripts' --steps, else theirs)."""
     name = case.name
     fix = " ".join(case.fix) or "(the script's defaults)"
     bad_dir = root / (name.replace(":", "__") + "__bad0")
     if not (bad_dir / "manifest.json").is_file():
-        bad = uz.run_case(case, root, args=case.args, tag="bad0", timeout_s=timeout_s)
+        bad = uz.run_case(case, root, args=case.args, tag="bad0", timeout_s=timeout_s, steps=steps)
         if bad.error:
             return PlanRow(name, fix, "-", None, None, [], [], bad.error)
     try:
@@ -111,8 +115,12 @@ def verify(case: Any, root: Path, repeats: int, timeout_s: float) -> PlanRow:
         args += ["--paste", str(paste)]
     row = PlanRow(name, fix, str(plan["best"]), predicted, plan.get("measured_ms"), [], [])
     for k in range(repeats):
-        applied = uz.run_case(case, root, args=args, tag=f"plan{k}", timeout_s=timeout_s)
-        fixed = uz.run_case(case, root, args=case.fix, tag=f"pfix{k}", timeout_s=timeout_s)
+        applied = uz.run_case(
+            case, root, args=args, tag=f"plan{k}", timeout_s=timeout_s, steps=steps
+        )
+        fixed = uz.run_case(
+            case, root, args=case.fix, tag=f"pfix{k}", timeout_s=timeout_s, steps=steps
+        )
         for r, side in ((applied, row.plan_ms), (fixed, row.fix_ms)):
             if r.error or r.step_ms is None:
                 row.error = r.error or f"{r.run_dir}: no step time"
@@ -152,6 +160,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs of each side")
     p.add_argument("--workdir", type=Path, required=True, help="run directories (reused)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per zdiag run")
+    p.add_argument("--steps", type=int, default=None,
+                   help="the scripts' --steps (default: theirs, 6); a --workdir of "
+                   "user_zoo.py --fix-verify --steps N reuses its variant runs")  # fmt: skip
     p.add_argument("-o", "--output", type=Path, default=None, help="markdown file (else stdout)")
     args = p.parse_args()
     cases = [
@@ -167,7 +178,7 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     for case in cases:
-        row = verify(case, args.workdir, args.repeats, args.timeout_s)
+        row = verify(case, args.workdir, args.repeats, args.timeout_s, args.steps)
         print(f"{row.case}: {row.plan} -> {row.verdict()}", file=sys.stderr, flush=True)
         rows.append(row)
     head = (
