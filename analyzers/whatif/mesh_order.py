@@ -22,8 +22,9 @@ measured; groups sharing a link at once are not modelled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import msgspec
 
@@ -41,17 +42,27 @@ class MeshOrderError(ValueError):
 @dataclass(frozen=True)
 class Regrouping:
     """One rank under the reorder: its group along each mesh dimension ({name: (members as run,
-    members in the new layout)}), its process groups' members by name, each rank's node, and
-    the stated link speed inside a node against across nodes."""
+    members in the new layout)}), its process groups' members by name, each rank's node (one
+    map shared by every rank), and the stated link speed inside a node against across nodes."""
 
     groups: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
     members: Mapping[str, tuple[int, ...]]
-    node_of: dict[int, int]
+    node_of: Mapping[int, int]
     speedup: float
 
     def crosses(self, ranks: Sequence[int]) -> bool:
         """Whether `ranks` sit on two or more nodes."""
         return len({self.node_of.get(r, -1) for r in ranks}) > 1
+
+    @cached_property
+    def _by_members(self) -> dict[frozenset[int], tuple[tuple[int, ...], tuple[int, ...]]]:
+        return {frozenset(b): (b, a) for b, a in self.groups.values()}
+
+    def regrouped(self, lane: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(members as run, members in the new layout) of the mesh-dimension group a collective
+        on `lane` ran on; None when its group is no one dimension's."""
+        ranks = self.members.get(lane.rsplit("|", 1)[0])
+        return self._by_members.get(frozenset(ranks)) if ranks else None
 
 
 def check_order(
@@ -80,48 +91,49 @@ def check_order(
     return mesh
 
 
-def regrouping(
+def regroupings(
     mesh: MeshFacts,
     order: Sequence[str],
-    rank: int,
+    ranks: Iterable[int],
     nodes: Sequence[Sequence[int]],
-    members: Mapping[str, tuple[int, ...]],
+    members: Mapping[int, Mapping[str, tuple[int, ...]]],
     speedup: float,
-) -> Regrouping:
-    """`rank` under the mesh laid out in `order` (`members`: its process groups' ranks)."""
+) -> dict[int, Regrouping]:
+    """Each of `ranks` under the mesh laid out in `order` (`members`: per rank, its process
+    groups' ranks by name); the new layout's groups and the nodes are worked out once."""
     shape = tuple(next(d.size for d in mesh.dims if d.name == n) for n in order)
-    ranks = tuple(mesh.ranks)
-    groups: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    for i, name in enumerate(order):
-        dim = mesh.dim(name)
-        before = dim.group_of(rank) if dim is not None else None
-        after = next((tuple(g) for g in groups_along(shape, ranks, i) if rank in g), None)
-        if before is not None and after is not None:
-            groups[name] = (tuple(before), after)
+    layout = tuple(mesh.ranks)
+    after_of = {
+        name: {r: tuple(g) for g in groups_along(shape, layout, i) for r in g}
+        for i, name in enumerate(order)
+    }
     node_of = {r: k for k, node in enumerate(nodes) for r in node}
-    return Regrouping(groups, members, node_of, speedup)
+    out = {}
+    for rank in ranks:
+        groups: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        for name in order:
+            dim = mesh.dim(name)
+            before = dim.group_of(rank) if dim is not None else None
+            after = after_of[name].get(rank)
+            if before is not None and after is not None:
+                groups[name] = (tuple(before), after)
+        out[rank] = Regrouping(groups, members.get(rank, {}), node_of, speedup)
+    return out
 
 
-def reordered(
-    model: StepModel, regroup: Regrouping, fits: Mapping[str, CommFit]
-) -> tuple[StepModel, dict[str, int]]:
-    """The step with each mesh dimension's collectives on the link of the rank's new group, and
-    how many collectives of each dimension it re-timed ("": of no one dimension, kept)."""
-    by_members = {frozenset(b): (name, a) for name, (b, a) in regroup.groups.items()}
-    counts: dict[str, int] = {}
+def reordered(model: StepModel, regroup: Regrouping, fits: Mapping[str, CommFit]) -> StepModel:
+    """The step with each mesh dimension's collectives on the link of the rank's new group
+    (the others as measured)."""
     ops = []
     for op in model.ops:
-        ranks = regroup.members.get(op.lane.rsplit("|", 1)[0], ())
-        found = by_members.get(frozenset(ranks)) if ranks else None
-        name = found[0] if found is not None else ""
-        counts[name] = counts.get(name, 0) + 1
+        found = regroup.regrouped(op.lane)
         if found is None:
             ops.append(op)
             continue
-        link = link_factor(regroup.crosses(ranks), regroup.crosses(found[1]), regroup.speedup)
+        link = link_factor(regroup.crosses(found[0]), regroup.crosses(found[1]), regroup.speedup)
         a = latency_part(op, fits)
         ops.append(msgspec.structs.replace(op, dur_us=a + (op.dur_us - a) * link))
-    return msgspec.structs.replace(model, ops=ops), counts
+    return msgspec.structs.replace(model, ops=ops)
 
 
 def order_notes(

@@ -32,7 +32,7 @@ from .finer_wrap import (
     wrap_split,
 )
 from .memory_delta import memory_delta
-from .mesh_order import MeshOrderError, Regrouping, check_order, order_notes, regrouping, reordered
+from .mesh_order import MeshOrderError, Regrouping, check_order, order_notes, regroupings, reordered
 from .mesh_shape import INTRA_NODE_SPEEDUP, DpGroups, Fabric, all_reduced_once, reshaped
 from .micro_batch import micro_batched
 from .platform import CommFit, OverheadFit, Platform, fit_comm, fit_unit_overhead, platform_of
@@ -152,7 +152,7 @@ def apply_change(
     if change.mesh_shape is not None and groups is not None:
         model = reshaped(model, groups, change.mesh_shape, fits, fabric)
     if regroup is not None:
-        model, _ = reordered(model, regroup, fits)
+        model = reordered(model, regroup, fits)
     return model
 
 
@@ -399,22 +399,19 @@ def _regroups(
         mesh = check_order(model.mesh if model is not None else None, change.mesh_order, nodes)
     except MeshOrderError as exc:
         raise WhatIfError(str(exc)) from exc
-    out = {
-        r: regrouping(mesh, change.mesh_order, r, nodes, members.get(r, {}), speedup)
-        for r in by_rank
-        if r in mesh.ranks
-    }
-    if not out:
+    ranks = [r for r in by_rank if r in mesh.ranks]
+    if not ranks:
         raise WhatIfError("none of the modelled ranks is in the captured mesh")
+    out = regroupings(mesh, change.mesh_order, ranks, nodes, members, speedup)
     first = min(out)
-    counts = reordered(by_rank[first][0], out[first], {})[1]
-    kept = counts.pop("", 0)
-    if not counts:
+    ops = by_rank[first][0].ops
+    retimed = sum(1 for op in ops if out[first].regrouped(op.lane) is not None)
+    if not retimed:
         raise WhatIfError(
             "no collective's process group is one of the mesh's dimensions (the traces' "
             "process-group table lists no members, or other groups): nothing to re-time"
         )
-    notes += order_notes(mesh, change.mesh_order, out[first], kept, sum(counts.values()))
+    notes += order_notes(mesh, change.mesh_order, out[first], len(ops) - retimed, retimed)
     return out
 
 

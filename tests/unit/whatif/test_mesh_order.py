@@ -10,7 +10,7 @@ from zdiag.analyzers.rank.step_model import ModelOp, StepModel
 from zdiag.analyzers.whatif.mesh_order import (
     MeshOrderError,
     check_order,
-    regrouping,
+    regroupings,
     reordered,
 )
 from zdiag.analyzers.whatif.platform import CommFit
@@ -62,13 +62,21 @@ def step() -> StepModel:
 
 def test_tp_last_moves_tp_inside_a_node_and_dp_across_at_the_stated_speedup() -> None:
     mesh = check_order(tp_first().mesh, ("dp", "tp"), NODES)
-    regroup = regrouping(mesh, ("dp", "tp"), 0, NODES, members(0), 4.0)
+    every = regroupings(mesh, ("dp", "tp"), range(4), NODES, {r: members(r) for r in range(4)}, 4.0)
+    regroup = every[0]
     assert regroup.groups == {"dp": ((0, 1), (0, 2)), "tp": ((0, 2), (0, 1))}
+    assert every[3].groups == {"dp": ((2, 3), (1, 3)), "tp": ((1, 3), (2, 3))}
+    assert all(g.node_of is regroup.node_of for g in every.values())  # worked out once
     fits = {"1|all_reduce": CommFit("1|all_reduce", 100.0, 1.0, 10, 2, 0.1, True)}
-    out, counts = reordered(step(), regroup, fits)
+    out = reordered(step(), regroup, fits)
     # TP: its 100 us latency kept, its 300 us of bytes 4x as fast; DP: 4x as slow; world kept
     assert [o.dur_us for o in out.ops] == pytest.approx([100.0 + 300.0 / 4, 300.0 * 4, 100.0])
-    assert counts == {"tp": 1, "dp": 1, "": 1}
+    # the TP all-reduce is the "tp" group's, the gather the "dp" group's, the world's none
+    assert [regroup.regrouped(o.lane) for o in step().ops] == [
+        ((0, 2), (0, 1)),
+        ((0, 1), (0, 2)),
+        None,
+    ]
 
 
 def test_runs_that_cannot_be_reordered_are_refused_with_the_reason() -> None:
