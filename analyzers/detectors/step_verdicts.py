@@ -5,9 +5,12 @@ mostly host-bound or exposed-comm must not end without a finding that says why a
 
 - `host-bound` (>= HOST_BOUND_STEP_SHARE of all ranks' steps): the device idles waiting for the
   host. The idle time per step is split by cause from what the map measured: data loading (the
-  DataLoader `next()` ranges), host syncs (the syncs' own host time, optimizer's included) and,
-  for the rest, launch and Python overhead (kernels too small or too many to keep the device
-  busy). The recommendation follows the largest part.
+  DataLoader `next()` ranges), host syncs (the syncs' own host time, optimizer's included),
+  pipeline waits (a pipeline stage's rank waiting for its neighbours' tensors, or for them to
+  take its own) and, for the rest,
+  launch and Python overhead (kernels too small or too many to keep the device busy). The
+  recommendation follows the largest part; when the pipeline waits are the largest, the idle is
+  the pipeline's bubble and no host-bound finding is made (`pipeline-bubble` says it).
 - `exposed-comm` (>= EXPOSED_COMM_STEP_SHARE of the steps): communication is exposed although
   compute could hide it. Fires only when neither `straggler`, `missing-overlap` nor `comm-bound`
   explains that time (the reconcile step drops it otherwise).
@@ -58,23 +61,29 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
     idle = sum(b.idle_ms for bds in ctx.breakdowns.values() for b in bds) / n
     step_ms = sum(b.duration_ms for bds in ctx.breakdowns.values() for b in bds) / n
     per_rank_steps = {r: max(1, len(b)) for r, b in ctx.breakdowns.items()}
-    data = syncs = 0.0
+    data = syncs = pipe = 0.0
     for r, k in per_rank_steps.items():
         f = ctx.facts.get(r)
         if f is None:
             continue
         data += f.data_loading_ms / k
         syncs += f.host_sync_sites.blocked_ms / k
+        pipe += sum(t.neighbour_wait_ms for t in f.pipeline) / max(1, len(f.pipeline))
     m = max(1, len(per_rank_steps))
     data, syncs = min(idle, data / m), syncs / m
     syncs = min(syncs, idle - data)
-    launch = max(0.0, idle - data - syncs)
+    pipe = min(pipe / m, idle - data - syncs)
+    launch = max(0.0, idle - data - syncs - pipe)
     parts = {
         "data loading": data,
         "host syncs": syncs,
         "launch, Python and other host work": launch,
     }
     top = max(parts, key=lambda k: parts[k])
+    if pipe >= parts[top]:  # waits for pipeline neighbours: the bubble, `pipeline-bubble`'s
+        return []
+    if pipe > 0:
+        parts = {"pipeline waits": pipe, **parts}
     advice = {
         "data loading": (
             "the input pipeline: more DataLoader workers (num_workers), pin_memory=True, "
@@ -108,6 +117,7 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
                 "data_loading_ms_per_step": round(data, 3),
                 "host_sync_ms_per_step": round(syncs, 3),
                 "launch_overhead_ms_per_step": round(launch, 3),
+                "pipeline_wait_ms_per_step": round(pipe, 3),
                 "threshold_step_share": HOST_BOUND_STEP_SHARE,
             },
             recommendation=(
@@ -292,7 +302,8 @@ HOST_BOUND_RULE = Rule(
     gain=(
         "The largest cause's share of the idle per step: data loading from the "
         "`enumerate(DataLoader)` ranges, host syncs from their own host time, the rest of the "
-        "idle as launch, Python and other host work."
+        "idle (less any pipeline waits) as launch, Python and other host work. No finding "
+        "when the pipeline waits are the largest part (the pipeline's bubble)."
     ),
     scope="any run with step markers (the per-step verdicts)",
     thresholds=(

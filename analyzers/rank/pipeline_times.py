@@ -17,7 +17,19 @@ Per step (the rank's step windows), over the actions in it:
   its micro-batches, its FSDP/DP collectives inside them included);
 - `wait_ms` = `window_ms - busy_ms`: recv waits, send waits and gaps between actions
   (the bubble);
-- `step_ms`: the step window; `actions`: the number of action ranges.
+- `step_ms`: the step window; `actions`: the number of action ranges;
+- `neighbour_wait_ms`: the time the training thread waits for its neighbours in the step: the
+  recv waits, and the send waits between and after the actions (`gloo:send`: the schedules wait
+  there until the neighbour has taken the tensor; inside an action a send runs beside the
+  compute);
+- `timeline`: each action in the order the rank ran it (`PipelineAction`: what it was, when, its
+  recv waits inside and in the gap before it, its host cost per op), which the schedule replay
+  re-times (analyzers/whatif/pipeline_schedule.py).
+
+An action's host cost per op (`host_fixed_us`) is what does not shrink with a smaller
+micro-batch: the time inside it that no op covers (Python between the ops, recv waits left
+out) plus, for each op it runs, the dispatch cost of one op (the median time of the trace's ops
+that move no data: views, transposes, detach, ...).
 
 Schedule1F1B in torch 2.13 wraps its actions in no range: under `zdiag run` the collectors label
 its stage's `forward_one_chunk` / `backward_one_chunk` with the same `Forward <i>` / `Backward
@@ -28,6 +40,7 @@ detector then says the pipeline was captured but not timed).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -38,8 +51,36 @@ from .steps import StepWindows
 
 ACTION_RE = re.compile(r"^(?:(?:Forward|Backward) \d+|PP:.+)$")
 """The micro-batch action ranges of torch's pipeline schedules."""
+LABEL_RE = re.compile(r"^(?:(Forward|Backward) (\d+)|PP:(\d+)(F|I|B|W)(\d+))$")
+"""A compute action's label: `Forward 3` (the rank's own stage) or `PP:1B0` (stage 1, full
+backward, micro-batch 0; `I` / `W`: backward for input / for weights). Other `PP:` actions
+(sends, receives, unshard, reshard, grad reduce) are no micro-batch's compute."""
+NO_DATA_OPS = frozenset(
+    {
+        "aten::view", "aten::_unsafe_view", "aten::t", "aten::transpose", "aten::permute",
+        "aten::as_strided", "aten::detach", "aten::alias", "aten::expand", "aten::unsqueeze",
+        "aten::squeeze", "aten::slice", "aten::select",
+    }
+)  # fmt: skip
+"""Ops that only make a new view of their input: their time is the dispatch of one op."""
+SEND_NAMES = frozenset({"gloo:send", "c10d::send", "nccl:send"})
+"""The pipeline send on the training thread: between actions the thread blocks on it until the
+neighbour has taken the tensor (the schedules wait for their sends there)."""
 RECV_NAMES = frozenset({"gloo:recv", "c10d::recv_", "c10d::recv", "nccl:recv"})
 """The pipeline receive on the training thread (the wait for a neighbour's tensor)."""
+
+
+class PipelineAction(msgspec.Struct, array_like=True):
+    """One action range of a pipeline rank's step, in trace microseconds."""
+
+    kind: str  # "F", "B", "I", "W" (compute on a micro-batch), else "" (a PP:<action> of no kind)
+    stage: int  # the stage it ran (-1: the rank's own, for labels that name none)
+    microbatch: int  # -1 for actions on no micro-batch
+    start_us: float
+    end_us: float
+    recv_us: float  # pipeline recv waits inside the action
+    recv_before_us: float  # pipeline recv waits between the previous action's end and its start
+    host_fixed_us: float = 0.0  # host time that does not shrink with the micro-batch (docstring)
 
 
 class PipelineStepTimes(msgspec.Struct, kw_only=True):
@@ -51,6 +92,67 @@ class PipelineStepTimes(msgspec.Struct, kw_only=True):
     busy_ms: float
     wait_ms: float
     actions: int
+    start_us: float = 0.0  # the step's start on the host (trace microseconds)
+    neighbour_wait_ms: float = 0.0  # recv waits, and send waits outside the actions
+    timeline: list[PipelineAction] = msgspec.field(default_factory=list)
+
+
+def parse_label(name: str) -> tuple[str, int, int]:
+    """(kind, stage, micro-batch) of an action's label (module docstring); ("", -1, -1) for
+    the actions of no micro-batch."""
+    m = LABEL_RE.match(name)
+    if m is None:
+        return "", -1, -1
+    if m.group(1):
+        return ("F" if m.group(1) == "Forward" else "B"), -1, int(m.group(2))
+    return m.group(4), int(m.group(3)), int(m.group(5))
+
+
+@dataclass(frozen=True)
+class _HostOps:
+    """The training thread's ops, sorted by start, and the dispatch cost of one op (µs)."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    dispatch_us: float
+
+    @classmethod
+    def of(cls, trace: RankTrace, lane: int) -> _HostOps:
+        ops = np.flatnonzero((trace.kind == int(EventKind.CPU_OP)) & (trace.lane_id == lane))
+        ops = ops[np.argsort(trace.ts_us[ops], kind="stable")]
+        no_data = [i for i, n in enumerate(trace.names) if n in NO_DATA_OPS]
+        views = ops[np.isin(trace.name_id[ops], np.asarray(no_data, np.int32))]
+        durations = trace.end_us[views] - trace.ts_us[views]
+        return cls(
+            trace.ts_us[ops], trace.end_us[ops], float(np.median(durations)) if len(views) else 0.0
+        )
+
+    def fixed_us(self, start: float, end: float, waits: iv.IntervalSet) -> float:
+        """The host time of [start, end) that no op covers (waits left out), plus one dispatch
+        per op that starts in it."""
+        i, j = np.searchsorted(self.starts, [start, end])
+        covered = iv.join(iv.union(self.starts[i:j], np.minimum(self.ends[i:j], end)), waits)
+        uncovered = (end - start) - iv.total(iv.clip(covered, start, end))
+        return float(max(0.0, uncovered) + (j - i) * self.dispatch_us)
+
+
+def _timeline(
+    trace: RankTrace, acts: np.ndarray, waits: iv.IntervalSet, lo: float, ops: _HostOps
+) -> list[PipelineAction]:
+    """The step's actions in the order they ran, each with its recv waits (inside, before) and
+    its host cost per op."""
+    order = acts[np.argsort(trace.ts_us[acts], kind="stable")]
+    out = []
+    prev = lo
+    for i in order:
+        start, end = float(trace.ts_us[i]), float(trace.end_us[i])
+        kind, stage, mb = parse_label(trace.names[int(trace.name_id[i])])
+        inside = iv.total(iv.clip(waits, start, end))
+        before = iv.total(iv.clip(waits, prev, start)) if start > prev else 0.0
+        fixed = ops.fixed_us(start, end, waits)
+        out.append(PipelineAction(kind, stage, mb, start, end, inside, before, fixed))
+        prev = max(prev, end)
+    return out
 
 
 def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepTimes]:
@@ -64,11 +166,15 @@ def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepT
     )
     recv_ids = [i for i, n in enumerate(trace.names) if n in RECV_NAMES]
     is_recv = np.isin(trace.name_id, np.asarray(recv_ids, np.int32))
+    send_ids = [i for i, n in enumerate(trace.names) if n in SEND_NAMES]
+    is_send = np.isin(trace.name_id, np.asarray(send_ids, np.int32))
     acts = np.flatnonzero(is_action)
     lane = np.bincount(trace.lane_id[acts]).argmax()  # the training thread
     acts = acts[trace.lane_id[acts] == lane]
     recvs = np.flatnonzero(is_recv & (trace.lane_id == lane))
+    sends = np.flatnonzero(is_send & (trace.lane_id == lane))
     starts, ends = trace.ts_us, trace.end_us
+    ops = _HostOps.of(trace, int(lane))
     out = []
     for k in range(len(windows)):
         lo, hi = float(windows.cpu_start_us[k]), float(windows.cpu_end_us[k])
@@ -77,7 +183,11 @@ def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepT
             continue
         span = iv.union(starts[a], ends[a])
         r = recvs[(starts[recvs] >= lo) & (starts[recvs] < hi)]
-        waits = iv.intersect(iv.union(starts[r], ends[r]), span)
+        sent = sends[(starts[sends] >= lo) & (starts[sends] < hi)]
+        send_waits = iv.subtract(iv.union(starts[sent], np.minimum(ends[sent], hi)), span)
+        all_waits = iv.union(starts[r], ends[r])
+        neighbours = iv.join(all_waits, send_waits)
+        waits = iv.intersect(all_waits, span)
         window = float(ends[a].max() - starts[a].min())
         busy = iv.total(span) - iv.total(waits)
         out.append(
@@ -88,6 +198,9 @@ def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepT
                 busy_ms=round(busy / 1000.0, 4),
                 wait_ms=round(max(0.0, window - busy) / 1000.0, 4),
                 actions=len(a),
+                start_us=lo,
+                neighbour_wait_ms=round(iv.total(iv.clip(neighbours, lo, hi)) / 1000.0, 4),
+                timeline=_timeline(trace, a, all_waits, lo, ops),
             )
         )
     return out

@@ -99,3 +99,47 @@ def test_host_bound_only_on_the_straggler_is_the_stragglers_idle() -> None:
     hb2 = _f("host-bound", 180.0)
     hb2.ranks = [0, 1]  # idle on a rank that is not late: its own finding
     assert [f.id for f in reconcile([_f("straggler", 300.0), hb2])] == ["straggler", "host-bound"]
+
+
+def test_a_pipeline_ranks_waits_for_its_neighbours_are_not_host_bound() -> None:
+    """A pipeline stage's rank idles waiting for its neighbours: listed as pipeline waits, and
+    when they are the largest part, no host-bound finding (the bubble is pipeline-bubble's)."""
+    from zdiag.analyzers.detectors import run_context
+    from zdiag.analyzers.detectors.context import DetectorContext
+    from zdiag.analyzers.rank.pipeline_times import PipelineStepTimes
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
+    from zdiag.analyzers.report import StepBreakdown
+
+    def ctx(waits: float) -> DetectorContext:
+        pipe = [
+            PipelineStepTimes(
+                step=i,
+                step_ms=100.0,
+                window_ms=80.0,
+                busy_ms=20.0,
+                wait_ms=60.0,
+                actions=8,
+                neighbour_wait_ms=waits,
+            )
+            for i in range(3)
+        ]
+        bds = [
+            StepBreakdown(
+                step=i,
+                duration_ms=100.0,
+                compute_ms=40.0,
+                comm_ms=0.0,
+                overlapped_ms=0.0,
+                exposed_comm_ms=0.0,
+                idle_ms=60.0,
+                verdict="host-bound",
+            )
+            for i in range(3)
+        ]
+        return DetectorContext(ledgers={}, facts={1: RankFacts(pipeline=pipe)}, breakdowns={1: bds})
+
+    assert [f for f in run_context(ctx(45.0)).findings if f.id == "host-bound"] == []
+    (f,) = [f for f in run_context(ctx(20.0)).findings if f.id == "host-bound"]
+    assert f.evidence["pipeline_wait_ms_per_step"] == 20.0
+    assert f.evidence["launch_overhead_ms_per_step"] == 40.0 and f.expected_gain_ms == 40.0
+    assert "(pipeline waits 20.00 ms, data loading 0.00 ms" in f.title
