@@ -11,24 +11,29 @@ runs), medians over steps, averaged over its ranks:
 - the work per micro-batch: `t = busy / m` (forward and backward of one micro-batch);
 - the stage that makes the others wait: the one with the largest `t`.
 
-With `p` positions and `m` micro-batches, a fill-and-drain schedule (GPipe, 1F1B) runs its phase
-in about `T(m) = sum(t) + (m - 1) * max(t)`: the first micro-batch crosses every stage, the rest
-follow at the slowest stage's pace. Balanced (`t` equal), the idle share of the phase is the
-well-known `(p - 1) / (m + p - 1)`. Two changes shrink it, each with its gain from `T`:
+With `p` positions and `m` micro-batches a fill-and-drain schedule (GPipe, 1F1B) idles each
+stage `(p - 1) / (m + p - 1)` of its phase even when balanced. Two changes shrink the bubble;
+each one's gain comes from the schedule replay (analyzers/whatif/pipeline_schedule.py), which
+re-times every pipeline's recorded actions across its ranks, as measured and changed, and takes
+the difference (the median over steps of the slowest pipeline's phase):
 
-- more micro-batches (`m' = 2m`, the same batch cut finer, each `t` scaled by `m / m'`):
-  `T(m) - T(m') = (sum(t) - max(t)) * (1 - m / m')`;
-- a balanced split (every `t` at their mean): `T(m) - T_balanced = (m - 1) * (max(t) - mean(t))`.
+- more micro-batches (`m' = 2m`, the same batch cut finer: each action's work halves, its FSDP
+  all-gathers, which every micro-batch repeats, do not), in the schedule's own order for `2m`;
+- a balanced split (every stage's work per step at the stages' mean), in the recorded order.
+
+The replay of the unchanged step is reported beside the measured phase (`replay_error`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import median
 
 from ..inputs.pipeline_facts import PipelineFacts
-from ..rank.pipeline_times import PipelineStepTimes
+from ..rank.pipeline_times import PipelineAction, PipelineStepTimes
 from ..report import Finding, Severity
+from ..whatif.pipeline_replay import Move, Replayed, gather_time, replay_pipeline
 from .context import DetectorContext
 from .rule import Rule, Threshold
 
@@ -83,27 +88,6 @@ def positions(pf: PipelineFacts, timings: dict[int, list[PipelineStepTimes]]) ->
     return out
 
 
-def phase_ms(per_mb: list[float], m: int) -> float:
-    """T(m) = sum(t) + (m - 1) * max(t): a fill-and-drain phase of m micro-batches."""
-    return sum(per_mb) + (m - 1) * max(per_mb)
-
-
-def more_microbatches_gain(
-    per_mb: list[float], m: int, m_new: int, fixed: list[float] | None = None
-) -> float:
-    """T(m) - T(m_new): each stage's time per micro-batch t = a + f, where the work a scales by
-    m / m_new and `fixed` f (the FSDP all-gathers each micro-batch repeats, whose size does not
-    depend on the batch) stays; can be negative (more micro-batches cost more)."""
-    f = fixed or [0.0] * len(per_mb)
-    new = [(t - min(x, t)) * m / m_new + min(x, t) for t, x in zip(per_mb, f, strict=True)]
-    return phase_ms(per_mb, m) - phase_ms(new, m_new)
-
-
-def rebalance_gain(per_mb: list[float], m: int) -> float:
-    """T(m) - T with every stage at the mean time per micro-batch."""
-    return (m - 1) * (max(per_mb) - sum(per_mb) / len(per_mb))
-
-
 def ideal_bubble(p: int, m: int) -> float:
     """The idle share of a balanced fill-and-drain phase: (p - 1) / (m + p - 1)."""
     return (p - 1) / (m + p - 1)
@@ -143,8 +127,7 @@ class Bubble:
     per_mb: list[float]  # work per micro-batch per position
     slow: Position
     imbalanced: bool
-    gain_mb: float  # doubling the micro-batches
-    gain_bal: float  # a balanced split (0 when balanced)
+    replayed: Replayed | str  # the schedule replay, or why it did not run
     slow_blocks: tuple[str, str, int] | None = None  # the slow stage's (class, container, count)
 
     @property
@@ -158,9 +141,27 @@ class Bubble:
         return self.pf.schedule.cls if self.pf.schedule is not None else "?"
 
     @property
+    def gain_mb(self) -> float | None:
+        """Doubling the micro-batches, replayed (None: not replayed)."""
+        return self.replayed.gain_mb if isinstance(self.replayed, Replayed) else None
+
+    @property
+    def gain_bal(self) -> float | None:
+        """A balanced split, replayed (0 when the stages are balanced; None: not replayed)."""
+        if not self.imbalanced:
+            return 0.0
+        return self.replayed.gain_bal if isinstance(self.replayed, Replayed) else None
+
+    @property
+    def gain(self) -> float | None:
+        """The larger replayed gain (None: neither was replayed)."""
+        gains = [g for g in (self.gain_mb, self.gain_bal) if g is not None]
+        return max(gains) if gains else None
+
+    @property
     def more_microbatches(self) -> bool:
         """Whether doubling the micro-batches is worth proposing."""
-        return self.gain_mb >= MIN_GAIN_SHARE * self.step
+        return self.gain_mb is not None and self.gain_mb >= MIN_GAIN_SHARE * self.step
 
     def waits(self) -> str:
         """Each position's bubble share, in words."""
@@ -173,18 +174,21 @@ def measure(
     pf: PipelineFacts,
     pos: list[Position],
     m: int,
+    timings: dict[int, list[PipelineStepTimes]],
     blocks: tuple[str, str, int] | None = None,
-    gathers: list[float] | None = None,
+    gathers: Callable[[int, PipelineAction], float] | None = None,
+    hosts: dict[int, str | None] | None = None,
 ) -> Bubble:
-    """The bubble arithmetic of measured positions (at least one); `blocks` (class, container,
-    count): the repeated blocks of the captured rank's stage, when it knows them; `gathers`:
-    per position, its FSDP all-gather time per step (repeated in every micro-batch)."""
+    """The bubble of measured positions (at least one) and the run's schedule replay;
+    `blocks` (class, container, count): the repeated blocks of the captured rank's stage, when
+    it knows them; `gathers` and `hosts` as `replay_pipeline` takes them."""
     per_mb = [q.busy_ms / m for q in pos]
-    fixed = [g / m for g in gathers] if gathers else None
     mean_t = sum(per_mb) / len(per_mb)
-    imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
     slow = pos[per_mb.index(max(per_mb))]
     captured = {s.stage_index for s in pf.stages}
+    slow_blocks = blocks if captured & set(slow.stages) else None
+    imbalanced = max(per_mb) >= IMBALANCE_RATIO * mean_t
+    move = _move(pos, per_mb, slow, slow_blocks) if imbalanced else None
     return Bubble(
         pf=pf,
         pos=pos,
@@ -193,53 +197,79 @@ def measure(
         per_mb=per_mb,
         slow=slow,
         imbalanced=imbalanced,
-        gain_mb=more_microbatches_gain(per_mb, m, 2 * m, fixed),
-        gain_bal=rebalance_gain(per_mb, m) if imbalanced else 0.0,
-        slow_blocks=blocks if captured & set(slow.stages) else None,
+        replayed=replay_pipeline(pf, timings, gathers, hosts, move),
+        slow_blocks=slow_blocks,
     )
 
 
-def _gathers_per_step(ctx: DetectorContext, ranks: tuple[int, ...]) -> float:
-    """The ranks' mean FSDP all-gather time per step (ms): each micro-batch gathers again."""
-    per_rank = []
-    for rank in ranks:
-        lg = ctx.ledgers.get(rank)
-        if lg is None or not lg.steps:
-            continue
-        total_us = sum(r.end_us - r.start_us for r in lg.gathers)
-        per_rank.append(total_us / 1e3 / len(lg.steps))
-    return sum(per_rank) / len(per_rank) if per_rank else 0.0
-
-
-def blocks_to_move(b: Bubble) -> int | None:
-    """How many of the slow stage's blocks to move so it works about the mean per micro-batch,
-    each block taken as an equal share of its work (None when its blocks are unknown)."""
-    if b.slow_blocks is None or b.slow_blocks[2] < 2:
+def _blocks_to_move(per_mb: list[float], count: int) -> int | None:
+    """How many of the slow stage's `count` blocks to move so it works about the mean per
+    micro-batch, each block taken as an equal share of its work."""
+    if count < 2:
         return None
-    t_slow, count = max(b.per_mb), b.slow_blocks[2]
-    k = round((t_slow - sum(b.per_mb) / b.p) / (t_slow / count))
+    t_slow = max(per_mb)
+    k = round((t_slow - sum(per_mb) / len(per_mb)) / (t_slow / count))
     return min(max(k, 1), count - 1)
 
 
-def detect(ctx: DetectorContext) -> list[Finding]:
-    """The pipeline-bubble finding, or none."""
+def _move(
+    pos: list[Position], per_mb: list[float], slow: Position, blocks: tuple[str, str, int] | None
+) -> Move | None:
+    """The blocks to move from the slow stage to its faster neighbour across the split (None
+    when its blocks are unknown or it runs more than one stage)."""
+    k = _blocks_to_move(per_mb, blocks[2]) if blocks is not None else None
+    if k is None or blocks is None or len(slow.stages) != 1:
+        return None
+    (source,) = slow.stages
+    near = [
+        (t, q.stages[0])
+        for q, t in zip(pos, per_mb, strict=True)
+        if len(q.stages) == 1 and abs(q.stages[0] - source) == 1
+    ]
+    return Move(source, min(near)[1], k, blocks[2]) if near else None
+
+
+def blocks_to_move(b: Bubble) -> int | None:
+    """How many of the slow stage's blocks to move so it works about the mean per micro-batch
+    (None when its blocks are unknown)."""
+    if b.slow_blocks is None:
+        return None
+    return _blocks_to_move(b.per_mb, b.slow_blocks[2])
+
+
+def bubble_of(ctx: DetectorContext) -> Bubble | None:
+    """The run's measured pipeline and its schedule replay (None: no captured pipeline with
+    a schedule, or fewer than two timed positions)."""
     pf = ctx.model.pipeline if ctx.model is not None else None
     m = pf.n_microbatches if pf is not None else None
     if pf is None or not m:
-        return []
-    pos = positions(pf, {r: f.pipeline for r, f in ctx.facts.items() if f.pipeline})
+        return None
+    timings = {r: f.pipeline for r, f in ctx.facts.items() if f.pipeline}
+    pos = positions(pf, timings)
     if len(pos) < 2:
-        return []
+        return None
     best = ctx.model.best_block() if ctx.model is not None else None
     blocks = (
         (best.child_class, best.containers[0], best.count) if best and best.child_class else None
     )
-    b = measure(pf, pos, m, blocks, [_gathers_per_step(ctx, q.ranks) for q in pos])
-    gain = max(b.gain_mb, b.gain_bal)
-    worst = max(q.bubble_share for q in pos)
-    if worst < BUBBLE_MIN_SHARE or b.step <= 0 or gain < MIN_GAIN_SHARE * b.step:
+    hosts = {r: f.host for r, f in ctx.facts.items()}
+    return measure(pf, pos, m, timings, blocks, gather_time(ctx.ledgers), hosts)
+
+
+def detect(ctx: DetectorContext) -> list[Finding]:
+    """The pipeline-bubble finding, or none."""
+    b = bubble_of(ctx)
+    if b is None:
         return []
-    severity: Severity = "warning" if gain >= WARNING_GAIN_SHARE * b.step else "info"
+    pf, pos, m = b.pf, b.pos, b.m
+    gain = b.gain
+    worst = max(q.bubble_share for q in pos)
+    if worst < BUBBLE_MIN_SHARE or b.step <= 0:
+        return []
+    if gain is not None and gain < MIN_GAIN_SHARE * b.step:
+        return []
+    big = gain is not None and gain >= WARNING_GAIN_SHARE * b.step
+    severity: Severity = "warning" if big else "info"
     if b.imbalanced:
         fast = [t for q, t in zip(pos, b.per_mb, strict=True) if q is not b.slow]
         title = (
@@ -258,17 +288,45 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             evidence=_finding_evidence(b),
             recommendation=_recommendation(b),
             code=_code(pf, m, 2 * m, b.p) if b.more_microbatches else None,
-            expected_gain_ms=round(gain, 3),
-            gain_method=(
-                "from the measured work per micro-batch t of each stage (median over steps): "
-                "the phase takes T(m) = sum(t) + (m-1)*max(t); doubling m halves each t's work "
-                "but not its FSDP all-gathers, which every micro-batch repeats (t = a + f, "
-                "t' = a/2 + f, gain T(m) - T'(2m)), a balanced split sets every t to their mean "
-                "(gain (m-1)*(max(t)-mean(t))); the larger is reported. Smaller micro-batches "
-                "run less efficiently on GPUs: an upper bound there"
-            ),
+            expected_gain_ms=round(gain, 3) if gain is not None else None,
+            gain_method=_gain_method(b),
         )
     ]
+
+
+def _gain_method(b: Bubble) -> str:
+    """How the gain was replayed, with the unchanged replay's error and each change's phase."""
+    r = b.replayed
+    if not isinstance(r, Replayed):
+        return f"not estimated: the schedule replay did not run ({r})"
+    parts = [
+        f"replayed: every pipeline's recorded actions re-timed across its ranks, each wait for "
+        f"a neighbour derived from the schedule's dependencies (over {r.steps} step(s), the "
+        f"slowest pipeline's phase: {r.unchanged_ms:.1f} ms replayed unchanged against "
+        f"{r.measured_ms:.1f} ms measured, {r.error:.1%} apart)"
+    ]
+    if r.more_mb_ms is not None:
+        parts.append(
+            f"{2 * b.m} micro-batches (each action's work halved but for its fixed part, its "
+            f"FSDP all-gathers and its host cost per op, in {b.schedule}'s order): "
+            f"{r.more_mb_ms:.1f} ms"
+        )
+    else:
+        parts.append(f"{2 * b.m} micro-batches not replayed: {r.more_mb_why}")
+    if b.imbalanced and r.balanced_ms is not None and r.move is not None:
+        mv = r.move
+        parts.append(
+            f"{mv.count} of stage {mv.source}'s {mv.of} blocks moved to stage {mv.target} (each "
+            f"block an equal share of its work): {r.balanced_ms:.1f} ms"
+        )
+    elif b.imbalanced and r.balanced_ms is not None:
+        parts.append(f"the stages balanced (each at their mean work): {r.balanced_ms:.1f} ms")
+    return (
+        "; ".join(parts)
+        + ". The larger saving is reported. The rest of a micro-batch's work is taken as linear "
+        "in its size: smaller micro-batches run kernels less efficiently on GPUs, so there the "
+        "micro-batch gain is an upper bound"
+    )
 
 
 def _recommendation(b: Bubble) -> str:
@@ -286,7 +344,8 @@ def _recommendation(b: Bubble) -> str:
             f"{sum(b.per_mb) / p:.1f} ms: every other stage waits for it. Move layers out of it "
             f"to the faster stages (split the model where the work per micro-batch is equal"
             + _move_text(b)
-            + f"): about {b.gain_bal:.1f} ms per step."
+            + ")"
+            + (f": about {b.gain_bal:.1f} ms per step." if b.gain_bal is not None else ".")
         )
     if b.more_microbatches:
         text.append(
@@ -314,7 +373,9 @@ def _move_text(b: Bubble) -> str:
         return ""
     cls, container, count = b.slow_blocks
     where = f" (`{container}`)" if container else ""
-    return f"; about {k} of its {count} `{cls}` blocks{where}"
+    move = b.replayed.move if isinstance(b.replayed, Replayed) else None
+    to = f", to stage {move.target}" if move is not None else ""
+    return f"; about {k} of its {count} `{cls}` blocks{where}{to}"
 
 
 def _finding_evidence(b: Bubble) -> dict[str, object]:
@@ -328,13 +389,36 @@ def _finding_evidence(b: Bubble) -> dict[str, object]:
         "blocks_to_move": blocks_to_move(b) if b.imbalanced else None,
         "median_step_ms": round(b.step, 3),
         "ideal_bubble_share_of_phase": round(ideal_bubble(b.p, b.m), 4),
-        "model_phase_ms": round(phase_ms(b.per_mb, b.m), 3),
-        "gain_more_microbatches_ms": round(b.gain_mb, 3),
-        "gain_rebalance_ms": round(b.gain_bal, 3),
+        **_replay_evidence(b.replayed),
+        "gain_more_microbatches_ms": _ms(b.gain_mb),
+        "gain_rebalance_ms": _ms(b.gain_bal),
         "threshold_bubble_share": BUBBLE_MIN_SHARE,
         "threshold_min_gain_share": MIN_GAIN_SHARE,
         "threshold_imbalance_ratio": IMBALANCE_RATIO,
         "threshold_warning_gain_share": WARNING_GAIN_SHARE,
+    }
+
+
+def _ms(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
+def _replay_evidence(r: Replayed | str) -> dict[str, object]:
+    if not isinstance(r, Replayed):
+        return {"replay_not_run": r}
+    return {
+        "replay_steps": r.steps,
+        "measured_phase_ms": round(r.measured_ms, 3),
+        "replayed_phase_ms": round(r.unchanged_ms, 3),
+        "replay_error": round(r.error, 4),
+        "replayed_more_microbatches_phase_ms": _ms(r.more_mb_ms),
+        "more_microbatches_not_replayed": r.more_mb_why or None,
+        "replayed_balanced_phase_ms": _ms(r.balanced_ms),
+        "rebalanced_by": (
+            {"source": r.move.source, "target": r.move.target, "blocks": r.move.count}
+            if r.move is not None
+            else "every stage at the mean work"
+        ),
     }
 
 
@@ -375,21 +459,26 @@ RULE = Rule(
         "14.8 ms); waiting per stage: stage 0 (ranks [0, 2]) 15%; stage 1 (ranks [1, 3]) 40%."
     ),
     fix=(
-        "Move layers from the slow stage to the others; double `n_microbatches` (code); on "
+        "Move layers from the slow stage to its faster neighbour (how many of its blocks, when "
+        "the captured rank runs it); double `n_microbatches` (code, when the replay says it "
+        "pays); on "
         "ScheduleGPipe, Schedule1F1B keeps activation memory flat as micro-batches grow; "
         "ScheduleInterleaved1F1B with 2 stages per rank halves the balanced bubble."
     ),
     gain=(
-        "From the measured work per micro-batch t per stage: T(m) = sum(t) + (m-1)*max(t); "
-        "doubling m halves each t's work but not its FSDP all-gathers (t' = a/2 + f: gain "
-        "T(m) - T'(2m), negative when the gathers dominate), balancing gains "
-        "(m-1)*(max(t)-mean(t)); the larger is reported."
+        "Replayed (analyzers/whatif/pipeline_schedule.py): every pipeline's recorded actions "
+        "re-timed across its ranks, each wait for a neighbour derived from the schedule, as "
+        "measured (reported beside the measured phase) and changed: twice the micro-batches "
+        "(each action's work halved but for its FSDP all-gathers and host cost per op, in the "
+        "schedule's own order; ScheduleGPipe and Schedule1F1B) and the split rebalanced (the "
+        "blocks it names moved, else every stage at the mean). The larger saving is reported; "
+        "without a replay, none."
     ),
     scope=(
         "runs recorded with `zdiag run` whose script builds pipeline stages (the model "
-        "description's `pipeline`), with schedules that label their actions (ScheduleGPipe, "
-        "the multi-stage runtime schedules; Schedule1F1B in torch 2.13 does not); the waits "
-        "are host ranges (CPU/gloo runs; on GPUs the host view of the recv)"
+        "description's `pipeline`), with schedules whose actions are labelled (ScheduleGPipe, "
+        "the multi-stage runtime schedules, and Schedule1F1B, whose chunks `zdiag run` labels); "
+        "the waits are host ranges (CPU/gloo runs; on GPUs the host view of the recv)"
     ),
     thresholds=(
         Threshold(
@@ -402,7 +491,8 @@ RULE = Rule(
         Threshold(
             "MIN_GAIN_SHARE",
             MIN_GAIN_SHARE,
-            "The best change gains at least this share of the median step.",
+            "The best change gains at least this share of the median step (a bubble the "
+            "replay cannot time is reported as info, without a gain).",
             evidence="threshold_min_gain_share",
         ),
         Threshold(

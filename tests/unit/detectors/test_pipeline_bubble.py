@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from zdiag.analyzers.detectors import BY_ID, run_context
@@ -14,9 +15,15 @@ from zdiag.analyzers.detectors import pipeline_bubble as pb
 from zdiag.analyzers.detectors.context import DetectorContext
 from zdiag.analyzers.inputs.loader import load_rank_trace
 from zdiag.analyzers.inputs.model_facts import ModelFacts
-from zdiag.analyzers.rank.pipeline_times import PipelineStepTimes, pipeline_times
+from zdiag.analyzers.rank.pipeline_times import (
+    PipelineAction,
+    PipelineStepTimes,
+    parse_label,
+    pipeline_times,
+)
 from zdiag.analyzers.rank.rank_analysis import RankFacts
 from zdiag.analyzers.rank.steps import find_steps
+from zdiag.analyzers.whatif.pipeline_replay import Move, Replayed, replay_pipeline
 from zdiag.collectors.model_schema import (
     DeviceMeshInfo,
     MeshDim,
@@ -62,6 +69,44 @@ def test_times_split_the_phase_into_work_and_wait(tmp_path: Path) -> None:
     assert t.window_ms == pytest.approx(9.0)  # 1 ms .. 10 ms
     assert t.busy_ms == pytest.approx(6.0)  # 2 x 2 ms forward work + 2 x 1 ms backward
     assert t.wait_ms == pytest.approx(3.0)  # 2 x 1 ms recv + the 1 ms gap
+    # each action in order, with its recv waits: what the schedule replay re-times
+    assert t.start_us == 0.0
+    assert [(a.kind, a.stage, a.microbatch) for a in t.timeline] == [
+        ("F", -1, 0), ("F", -1, 1), ("B", -1, 0), ("B", -1, 1),
+    ]  # fmt: skip
+    assert [a.recv_us for a in t.timeline] == [1000.0, 1000.0, 0.0, 0.0]
+    assert [(a.start_us, a.end_us) for a in t.timeline][2] == (8000.0, 9000.0)
+
+
+def test_send_waits_between_actions_and_the_host_cost_per_op(tmp_path: Path) -> None:
+    """Between actions a schedule waits for its sends (the neighbour taking the tensor): a
+    wait on the neighbour, counted in `neighbour_wait_ms`, never an action's recv. Each action's
+    host cost per op: the time no op covers, plus one dispatch (a view's time) per op."""
+    ev: list[dict[str, object]] = [_x("ProfilerStep#0", 0, 20_000.0)]
+    ev.append(_x("Forward 0", 1_000, 4_000.0))
+    ev.append(_x("aten::view", 1_000, 10.0, "cpu_op"))
+    ev.append(_x("aten::addmm", 2_000, 2_000.0, "cpu_op"))  # 1 000 + 990 uncovered + 3 ops
+    ev.append(_x("aten::t", 4_500, 10.0, "cpu_op"))
+    ev.append(_x("gloo:send", 4_800, 3_200.0))  # beside the compute, then 3 ms after it
+    ev.append(_x("Backward 0", 9_000, 2_000.0))
+    ev.append(_x("aten::mm", 9_000, 2_000.0, "cpu_op"))
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    trace = load_rank_trace(path)
+    (t,) = pipeline_times(trace, find_steps(trace)[0])
+    assert t.neighbour_wait_ms == pytest.approx(3.0)  # 5 000 .. 8 000
+    assert [a.recv_us + a.recv_before_us for a in t.timeline] == [0.0, 0.0]
+    # Forward 0: 4 000 - (10 + 2 000 + 10) covered = 1 980 uncovered, + 3 ops x 10 (a view)
+    assert t.timeline[0].host_fixed_us == pytest.approx(1_980.0 + 30.0)
+    assert t.timeline[1].host_fixed_us == pytest.approx(10.0)  # one op, all covered
+
+
+def test_runtime_schedule_labels_name_their_stage() -> None:
+    assert parse_label("PP:1B0") == ("B", 1, 0)
+    assert parse_label("PP:0W12") == ("W", 0, 12)
+    assert parse_label("Forward 3") == ("F", -1, 3)
+    assert parse_label("PP:0SEND_F1") == ("", -1, -1)
+    assert parse_label("PP:0UNSHARD") == ("", -1, -1)
 
 
 def test_no_actions_no_times(tmp_path: Path) -> None:
@@ -71,20 +116,9 @@ def test_no_actions_no_times(tmp_path: Path) -> None:
     assert pipeline_times(trace, find_steps(trace)[0]) == []
 
 
-def test_fill_and_drain_arithmetic() -> None:
+def test_the_balanced_bubble() -> None:
     assert pb.ideal_bubble(2, 4) == pytest.approx(1 / 5)
     assert pb.ideal_bubble(4, 8) == pytest.approx(3 / 11)
-    # balanced: T = (m + p - 1) t, and the idle share of T is the ideal bubble
-    t = [10.0, 10.0, 10.0, 10.0]
-    assert pb.phase_ms(t, 8) == pytest.approx(110.0)
-    assert 1 - 8 * 10.0 / pb.phase_ms(t, 8) == pytest.approx(pb.ideal_bubble(4, 8))
-    # doubling m: (sum - max) * (1 - m / m') = 30 * 0.5
-    assert pb.more_microbatches_gain(t, 8, 16) == pytest.approx(15.0)
-    assert pb.phase_ms(t, 8) - pb.phase_ms([5.0] * 4, 16) == pytest.approx(15.0)
-    # imbalanced 30 / 10: balancing to 20 each gains (m - 1) * (30 - 20)
-    assert pb.rebalance_gain([30.0, 10.0], 4) == pytest.approx(30.0)
-    assert pb.phase_ms([30.0, 10.0], 4) - pb.phase_ms([20.0, 20.0], 4) == pytest.approx(30.0)
-    assert pb.rebalance_gain([10.0, 10.0], 4) == 0.0
 
 
 def _description(schedule: str = "ScheduleGPipe", m: int = 4) -> ModelDescription:
@@ -105,17 +139,47 @@ def _description(schedule: str = "ScheduleGPipe", m: int = 4) -> ModelDescriptio
     )
 
 
-def _steps(busy: float, wait: float, step: float = 100.0) -> list[PipelineStepTimes]:
-    return [
-        PipelineStepTimes(
-            step=k, step_ms=step, window_ms=busy + wait, busy_ms=busy, wait_ms=wait, actions=8
-        )
-        for k in range(3)
-    ]
+def _gpipe(t: list[float], m: int = 4, step: float = 70.0) -> dict[int, list[PipelineStepTimes]]:
+    """Three steps of the (2, 2) mesh's two pipelines running ScheduleGPipe, each stage s
+    working t[s] / 2 ms per forward and per backward, every wait a recv inside the action (as
+    torch's GPipe receives): the timings the map gives, in ms -> µs."""
+    f = [x / 2 * 1e3 for x in t]
+    ends: dict[tuple[str, int, int], float] = {}
+    actions: dict[int, list[PipelineAction]] = {0: [], 1: []}
+    free = [0.0, 0.0]
+    order = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    for kind, i in order:  # stage 0's forwards lead, stage 1's backwards lead
+        for s in (0, 1) if kind == "F" else (1, 0):
+            dep = ends.get((kind, s - 1, i)) if kind == "F" else ends.get((kind, s + 1, i))
+            start = free[s]
+            wait = max(0.0, (dep or 0.0) - start)
+            end = start + wait + f[s]
+            actions[s].append(PipelineAction(kind, -1, i, start, end, wait, 0.0))
+            ends[(kind, s, i)] = free[s] = end
+    out = {}
+    for s, acts in actions.items():
+        busy = sum(a.end_us - a.start_us - a.recv_us for a in acts) / 1e3
+        window = (acts[-1].end_us - acts[0].start_us) / 1e3
+        steps = [
+            PipelineStepTimes(
+                step=k,
+                step_ms=step,
+                window_ms=window,
+                busy_ms=busy,
+                wait_ms=step - busy,
+                actions=len(acts),
+                start_us=0.0,
+                timeline=acts,
+            )
+            for k in range(3)
+        ]
+        for rank in (s, s + 2):
+            out[rank] = steps
+    return out
 
 
-def _ctx(busy: dict[int, float], wait: dict[int, float], **kw: object) -> DetectorContext:
-    facts = {r: RankFacts(pipeline=_steps(busy[r], wait[r])) for r in busy}
+def _ctx(t: list[float], step: float = 70.0, **kw: object) -> DetectorContext:
+    facts = {r: RankFacts(host="node0", pipeline=p) for r, p in _gpipe(t, step=step).items()}
     return DetectorContext(ledgers={}, facts=facts, model=ModelFacts(_description(**kw)))  # type: ignore[arg-type]
 
 
@@ -128,23 +192,30 @@ def test_stages_are_placed_on_every_pipeline() -> None:
 
 
 def test_slow_stage_is_named_with_the_bubble_per_stage() -> None:
-    # stage 0 works 60 ms per step (15 per micro-batch), stage 1 28 ms (7) and waits 45 ms
-    ctx = _ctx({0: 60.0, 2: 60.0, 1: 28.0, 3: 28.0}, {0: 10.0, 2: 10.0, 1: 45.0, 3: 45.0})
-    (f,) = pb.detect(ctx)
+    # stage 0 works 60 ms per step (15 per micro-batch), stage 1 28 ms (7), in 70 ms steps
+    (f,) = pb.detect(_ctx([15.0, 7.0]))
     assert f.id == "pipeline-bubble" and f.ranks == [0, 2]
     assert "stage 0 makes the others wait" in f.title
     ev = f.evidence
     assert ev["slow_stage"] == [0]
     by = {tuple(s["stages"]): s for s in ev["stages"]}
     assert by[(0,)]["ranks"] == [0, 2] and by[(1,)]["ranks"] == [1, 3]
-    assert by[(0,)]["bubble_share"] == pytest.approx(0.10)
-    assert by[(1,)]["bubble_share"] == pytest.approx(0.45)
+    assert by[(0,)]["bubble_share"] == pytest.approx(10 / 70, abs=1e-4)
+    assert by[(1,)]["bubble_share"] == pytest.approx(42 / 70, abs=1e-4)
     assert by[(0,)]["busy_per_microbatch_ms"] == pytest.approx(15.0)
     assert by[(0,)]["submodule_class"] == "TabResNet" and by[(1,)]["submodule_class"] is None
-    # t = [15, 7]: balancing gains 3 * (15 - 11) = 12 ms; 8 micro-batches gain 7 * 0.5 = 3.5 ms
+    # the replay of the unchanged step: stage 0's forwards end at 30, its last backward at 67
+    assert ev["replayed_phase_ms"] == pytest.approx(67.0) == ev["measured_phase_ms"]
+    assert ev["replay_error"] == 0.0 and ev["replay_steps"] == 3
+    # balanced (each stage 11 per micro-batch) the phase is 55; 8 micro-batches of half the
+    # work: stage 0's forwards end at 30, stage 1's first backward at 33.5, stage 0's last 63.5
+    assert ev["replayed_balanced_phase_ms"] == pytest.approx(55.0)
+    assert ev["replayed_more_microbatches_phase_ms"] == pytest.approx(63.5)
     assert ev["gain_rebalance_ms"] == pytest.approx(12.0)
     assert ev["gain_more_microbatches_ms"] == pytest.approx(3.5)
     assert f.expected_gain_ms == pytest.approx(12.0)
+    assert f.gain_method.startswith("replayed: every pipeline's recorded actions re-timed")
+    assert "67.0 ms replayed unchanged against 67.0 ms measured" in f.gain_method
     assert f.code is not None and "n_microbatches=8" in f.code and "ScheduleGPipe" in f.code
     assert "Schedule1F1B" in f.recommendation
     assert f.evidence["blocks_to_move"] is None  # the description lists no repeated blocks
@@ -153,51 +224,77 @@ def test_slow_stage_is_named_with_the_bubble_per_stage() -> None:
 def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     pf = ModelFacts(_description()).pipeline
     assert pf is not None
-    pos = pb.positions(pf, {r: _steps(60.0 if r in (0, 2) else 28.0, 10.0) for r in range(4)})
+    timings = _gpipe([15.0, 7.0])
+    pos = pb.positions(pf, timings)
     # t = [15, 7], mean 11; 6 blocks of 2.5 ms each: move round(4 / 2.5) = 2
-    b = pb.measure(pf, pos, 4, ("ResidualMLP", "encoder.stages", 6))
+    b = pb.measure(pf, pos, 4, timings, ("ResidualMLP", "encoder.stages", 6))
     assert b.slow.stages == (0,) and pb.blocks_to_move(b) == 2
-    assert "about 2 of its 6 `ResidualMLP` blocks (`encoder.stages`)" in pb._recommendation(b)
+    text = pb._recommendation(b)
+    assert "about 2 of its 6 `ResidualMLP` blocks (`encoder.stages`), to stage 1" in text
+    # the replay moves those 2 blocks: stage 0 works 10, stage 1 12 per micro-batch (now the
+    # slower: 2 blocks overshoot the mean). Stage 1's forwards end at 29, its backwards at 35,
+    # 41, 47, 53; stage 0's follow each by 5 (the last 53-58): 9 ms under the measured 67, not
+    # the 12 of a perfect split
+    assert isinstance(b.replayed, Replayed) and b.replayed.move == Move(0, 1, 2, 6)
+    assert b.gain_bal == pytest.approx(9.0)
+    assert "2 of stage 0's 6 blocks moved to stage 1" in pb._gain_method(b)
     # the captured rank runs stage 0; were stage 1 the slow one, its blocks are unknown
-    pos = pb.positions(pf, {r: _steps(28.0 if r in (0, 2) else 60.0, 10.0) for r in range(4)})
-    b = pb.measure(pf, pos, 4, ("ResidualMLP", "encoder.stages", 6))
+    timings = _gpipe([7.0, 15.0])
+    pos = pb.positions(pf, timings)
+    b = pb.measure(pf, pos, 4, timings, ("ResidualMLP", "encoder.stages", 6))
     assert b.slow.stages == (1,) and pb.blocks_to_move(b) is None
+    assert isinstance(b.replayed, Replayed) and b.replayed.move is None  # the mean instead
 
 
 def test_no_microbatch_code_when_it_gains_next_to_nothing() -> None:
-    # t = [15, 5]: 8 micro-batches gain 5 * 0.5 = 2.5 ms, under 3% of the 100 ms step
-    ctx = _ctx({0: 60.0, 2: 60.0, 1: 20.0, 3: 20.0}, {0: 10.0, 2: 10.0, 1: 45.0, 3: 45.0})
-    (f,) = pb.detect(ctx)
-    assert f.evidence["gain_rebalance_ms"] == pytest.approx(15.0)
+    # t = [15, 5]: 8 micro-batches replay 2.5 ms faster, under 3% of the 100 ms step
+    (f,) = pb.detect(_ctx([15.0, 5.0], step=100.0))
+    assert f.evidence["gain_more_microbatches_ms"] == pytest.approx(2.5)
+    assert f.evidence["gain_rebalance_ms"] == pytest.approx(15.0)  # 65 -> 50 ms
     assert f.code is None and "micro-batches instead" not in f.recommendation
 
 
 def test_balanced_stages_get_more_microbatches_not_a_slow_stage() -> None:
-    ctx = _ctx({r: 40.0 for r in range(4)}, {r: 30.0 for r in range(4)})
-    (f,) = pb.detect(ctx)
+    (f,) = pb.detect(_ctx([10.0, 10.0]))
     assert f.evidence["slow_stage"] is None and "makes the others wait" not in f.title
     assert f.evidence["gain_rebalance_ms"] == 0.0
-    assert f.expected_gain_ms == pytest.approx(5.0)  # (20 - 10) * (1 - 4 / 8)
+    assert f.expected_gain_ms == pytest.approx(5.0)  # 50 -> 45 ms
     assert f.ranks == [0, 1, 2, 3]
+    assert "the stages balanced" not in f.gain_method
 
 
 def test_no_finding_below_the_bubble_threshold_or_without_capture() -> None:
-    assert pb.detect(_ctx({r: 80.0 for r in range(4)}, {r: 5.0 for r in range(4)})) == []
-    no_model = DetectorContext(ledgers={}, facts={0: RankFacts(pipeline=_steps(10.0, 50.0))})
+    assert pb.detect(_ctx([20.0, 20.0], step=85.0)) == []  # each stage waits 5 of 85 ms
+    no_model = DetectorContext(ledgers={}, facts={0: RankFacts(pipeline=_gpipe([10.0, 10.0])[0])})
     assert pb.detect(no_model) == []
 
 
-def test_a_1f1b_run_is_not_told_to_use_1f1b() -> None:
-    ctx = _ctx({r: 40.0 for r in range(4)}, {r: 30.0 for r in range(4)}, schedule="Schedule1F1B")
+def test_a_bubble_the_replay_cannot_time_is_reported_without_a_gain() -> None:
+    """Timings without their actions (no replay): the bubble is still reported, as info, with
+    no gain and the reason; no code is proposed on a gain nobody computed."""
+    facts = {
+        r: RankFacts(
+            pipeline=[PipelineStepTimes(**{**msgspec.structs.asdict(t), "timeline": []}) for t in p]
+        )
+        for r, p in _gpipe([15.0, 7.0]).items()
+    }
+    ctx = DetectorContext(ledgers={}, facts=facts, model=ModelFacts(_description()))  # type: ignore[arg-type]
     (f,) = pb.detect(ctx)
+    assert f.severity == "info" and f.expected_gain_ms is None and f.code is None
+    assert f.gain_method.startswith("not estimated: the schedule replay did not run (no step's")
+    assert f.evidence["replay_not_run"].startswith("no step's actions")
+
+
+def test_a_1f1b_run_is_not_told_to_use_1f1b() -> None:
+    (f,) = pb.detect(_ctx([10.0, 10.0], schedule="Schedule1F1B"))
     assert "Schedule1F1B (same arguments)" not in f.recommendation
     assert f.code is not None and "Schedule1F1B(stage, n_microbatches=8" in f.code
+    assert "in Schedule1F1B's order" in f.gain_method
 
 
 def test_registered_and_runs_in_the_registry() -> None:
     assert BY_ID["pipeline-bubble"].detect is pb.detect
-    ctx = _ctx({0: 60.0, 2: 60.0, 1: 20.0, 3: 20.0}, {0: 10.0, 2: 10.0, 1: 45.0, 3: 45.0})
-    results = run_context(ctx)
+    results = run_context(_ctx([15.0, 5.0]))
     assert not results.failed
     assert [f.id for f in results.findings if f.id == "pipeline-bubble"] == ["pipeline-bubble"]
 
@@ -205,18 +302,16 @@ def test_registered_and_runs_in_the_registry() -> None:
 def test_more_micro_batches_repeat_the_fsdp_gathers() -> None:
     """Measured on a user's FSDP2 + Schedule1F1B script (4 gloo ranks): 16 micro-batches instead
     of 8 made the step 2.4x slower, because each micro-batch gathers the stage's parameters
-    again. With the gathers in the model, doubling is a loss, not the 33 ms gain the work-only
-    model predicted."""
-    from zdiag.analyzers.detectors.pipeline_bubble import more_microbatches_gain, phase_ms
+    again. With the gathers inside each action kept whole, doubling replays as a loss."""
+    pf = ModelFacts(_description()).pipeline
+    assert pf is not None
+    timings = _gpipe([10.0, 10.0])
+    work_only = replay_pipeline(pf, timings)
+    assert isinstance(work_only, Replayed) and work_only.gain_mb == pytest.approx(5.0)
 
-    per_mb, m = [66.1, 85.0], 8
-    work_only = more_microbatches_gain(per_mb, m, 2 * m)
-    assert work_only == pytest.approx((sum(per_mb) - max(per_mb)) * (1 - m / (2 * m)))
-    assert work_only > 0
-    fixed = [58.0, 60.0]  # the stages' all-gather time per step / m
-    assert more_microbatches_gain(per_mb, m, 2 * m, fixed) < 0
-    # no gathers: the same as the work-only model; gathers never above t
-    assert more_microbatches_gain(per_mb, m, 2 * m, [0.0, 0.0]) == pytest.approx(work_only)
-    assert more_microbatches_gain(per_mb, m, 2 * m, [500.0, 500.0]) == pytest.approx(
-        phase_ms(per_mb, m) - phase_ms(per_mb, 2 * m)
-    )
+    def gathers(rank: int, a: PipelineAction) -> float:
+        return 0.8 * (a.end_us - a.start_us - a.recv_us)  # 80% of each action gathers
+
+    gathered = replay_pipeline(pf, timings, gathers)
+    assert isinstance(gathered, Replayed) and gathered.gain_mb is not None
+    assert gathered.gain_mb < 0 and gathered.unchanged_ms == pytest.approx(50.0)
