@@ -17,9 +17,12 @@ each one's gain comes from the schedule replay (analyzers/whatif/pipeline_schedu
 re-times every pipeline's recorded actions across its ranks, as measured and changed, and takes
 the difference (the median over steps of the slowest pipeline's phase):
 
-- more micro-batches (`m' = 2m`, the same batch cut finer: each action's work halves, its FSDP
-  all-gathers, which every micro-batch repeats, do not), in the schedule's own order for `2m`;
-- a balanced split (every stage's work per step at the stages' mean), in the recorded order.
+- more micro-batches (`m' = 2m`, the same batch cut finer: each action's work halves but for
+  its FSDP all-gathers, which every micro-batch repeats, and its host cost per op), in the
+  schedule's own order for `2m`;
+- a rebalanced split, in the recorded order: the slow stage's blocks the recommendation names
+  moved to its faster neighbour (each block an equal share of its stage's work), or, when the
+  captured rank does not run the slow stage, every stage at the stages' mean work.
 
 The replay of the unchanged step is reported beside the measured phase (`replay_error`).
 """
@@ -178,10 +181,12 @@ def measure(
     blocks: tuple[str, str, int] | None = None,
     gathers: Callable[[int, PipelineAction], float] | None = None,
     hosts: dict[int, str | None] | None = None,
+    factor: int = 2,
 ) -> Bubble:
     """The bubble of measured positions (at least one) and the run's schedule replay;
     `blocks` (class, container, count): the repeated blocks of the captured rank's stage, when
-    it knows them; `gathers` and `hosts` as `replay_pipeline` takes them."""
+    it knows them; `gathers`, `hosts` and `factor` (the micro-batches' multiple replayed) as
+    `replay_pipeline` takes them."""
     per_mb = [q.busy_ms / m for q in pos]
     mean_t = sum(per_mb) / len(per_mb)
     slow = pos[per_mb.index(max(per_mb))]
@@ -197,7 +202,7 @@ def measure(
         per_mb=per_mb,
         slow=slow,
         imbalanced=imbalanced,
-        replayed=replay_pipeline(pf, timings, gathers, hosts, move),
+        replayed=replay_pipeline(pf, timings, gathers, hosts, move, factor),
         slow_blocks=slow_blocks,
     )
 
@@ -237,9 +242,10 @@ def blocks_to_move(b: Bubble) -> int | None:
     return _blocks_to_move(b.per_mb, b.slow_blocks[2])
 
 
-def bubble_of(ctx: DetectorContext) -> Bubble | None:
-    """The run's measured pipeline and its schedule replay (None: no captured pipeline with
-    a schedule, or fewer than two timed positions)."""
+def bubble_of(ctx: DetectorContext, factor: int = 2) -> Bubble | None:
+    """The run's measured pipeline and its schedule replay, with `factor` times the
+    micro-batches (None: no captured pipeline with a schedule, or fewer than two timed
+    positions)."""
     pf = ctx.model.pipeline if ctx.model is not None else None
     m = pf.n_microbatches if pf is not None else None
     if pf is None or not m:
@@ -253,7 +259,7 @@ def bubble_of(ctx: DetectorContext) -> Bubble | None:
         (best.child_class, best.containers[0], best.count) if best and best.child_class else None
     )
     hosts = {r: f.host for r, f in ctx.facts.items()}
-    return measure(pf, pos, m, timings, blocks, gather_time(ctx.ledgers), hosts)
+    return measure(pf, pos, m, timings, blocks, gather_time(ctx.ledgers), hosts, factor)
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -289,12 +295,12 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             recommendation=_recommendation(b),
             code=_code(pf, m, 2 * m, b.p) if b.more_microbatches else None,
             expected_gain_ms=round(gain, 3) if gain is not None else None,
-            gain_method=_gain_method(b),
+            gain_method=gain_method(b),
         )
     ]
 
 
-def _gain_method(b: Bubble) -> str:
+def gain_method(b: Bubble) -> str:
     """How the gain was replayed, with the unchanged replay's error and each change's phase."""
     r = b.replayed
     if not isinstance(r, Replayed):
@@ -307,12 +313,12 @@ def _gain_method(b: Bubble) -> str:
     ]
     if r.more_mb_ms is not None:
         parts.append(
-            f"{2 * b.m} micro-batches (each action's work halved but for its fixed part, its "
-            f"FSDP all-gathers and its host cost per op, in {b.schedule}'s order): "
+            f"{r.factor * b.m} micro-batches (each action's work cut by {r.factor} but for its "
+            f"FSDP all-gathers and host cost per op, in {b.schedule}'s order): "
             f"{r.more_mb_ms:.1f} ms"
         )
     else:
-        parts.append(f"{2 * b.m} micro-batches not replayed: {r.more_mb_why}")
+        parts.append(f"{r.factor * b.m} micro-batches not replayed: {r.more_mb_why}")
     if b.imbalanced and r.balanced_ms is not None and r.move is not None:
         mv = r.move
         parts.append(
@@ -323,9 +329,10 @@ def _gain_method(b: Bubble) -> str:
         parts.append(f"the stages balanced (each at their mean work): {r.balanced_ms:.1f} ms")
     return (
         "; ".join(parts)
-        + ". The larger saving is reported. The rest of a micro-batch's work is taken as linear "
-        "in its size: smaller micro-batches run kernels less efficiently on GPUs, so there the "
-        "micro-batch gain is an upper bound"
+        + ". The larger saving is reported (`zdiag whatif RUN --pipeline-microbatches "
+        f"{r.factor * b.m}` or `--pipeline-rebalance` prints each). The rest of a micro-batch's "
+        "work is taken as linear in its size: smaller micro-batches run kernels less "
+        "efficiently on GPUs, so there the micro-batch gain is an upper bound"
     )
 
 

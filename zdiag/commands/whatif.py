@@ -38,6 +38,8 @@ examples:
   zdiag whatif runs/a --mesh-order dp,tp           # multi-node: the mesh with "tp" last
   zdiag whatif runs/a --all-reduce-once            # HSDP + accumulation: last micro-batch only
   zdiag whatif runs/a --reduce-dtype bf16          # gradients reduced in bf16
+  zdiag whatif runs/a --pipeline-microbatches 8    # pipeline stages: 8 micro-batches per step
+  zdiag whatif runs/a --pipeline-rebalance         # ... the split pipeline-bubble proposes
   zdiag whatif runs/a --prefetch 2 --json          # zdiag.whatif/1
   zdiag whatif runs/a --prefetch 2 --perfetto replay.json --html replay.html
 """
@@ -227,6 +229,20 @@ class WhatIfCommand:
             default=(),
             help="these ranks arrive with the others: the waits for them go",
         )
+        parser.add_argument(
+            "--pipeline-microbatches",
+            type=_micro_batches,
+            metavar="N",
+            help="pipeline stages (torch.distributed.pipelining): the schedule with N "
+            "micro-batches per step, a multiple of the run's (each action's work cut but for "
+            "its FSDP gathers and host cost per op; ScheduleGPipe, Schedule1F1B)",
+        )
+        parser.add_argument(
+            "--pipeline-rebalance",
+            action="store_true",
+            help="pipeline stages: the split `pipeline-bubble` proposes (the slow stage's "
+            "blocks it names moved to its faster neighbour, else every stage at the mean work)",
+        )
         parser.add_argument("--json", action="store_true", help="write the result as JSON")
         parser.add_argument(
             "--output", "-o", type=Path, metavar="FILE", help="write the text (or JSON) to FILE"
@@ -255,7 +271,10 @@ class WhatIfCommand:
 
         if args.run is None:
             raise ConfigError("give a run: zdiag whatif RUN --prefetch 2 (see --help).")
-        change = _change(args)
+        pipeline = args.pipeline_microbatches is not None or args.pipeline_rebalance
+        if pipeline:
+            _pipeline_only(args)
+        change = None if pipeline else _change(args)
         targets = [
             OutputTarget(flag, path)
             for flag, path in (
@@ -273,6 +292,8 @@ class WhatIfCommand:
         use_cache = not (args.no_cache or cache_disabled_by_env())
         options = SummaryOptions(use_stored=use_cache, write_cache=use_cache)
         run = analyze_via_summaries([args.run], options)
+        if change is None:
+            return _pipeline_whatif(run.context, args)
         config = (run.report.run or {}).get("config") or {}
         model = run.context.model if run.context is not None else None
         try:
@@ -291,10 +312,11 @@ class WhatIfCommand:
         return 0
 
 
-def _change(args: argparse.Namespace) -> Change:
+def _change_fields(args: argparse.Namespace) -> Change:
+    """The FSDP step changes the options ask for (Change(): none)."""
     from zdiag.analyzers.whatif.run_whatif import Change
 
-    change = Change(
+    return Change(
         prefetch=args.prefetch,
         reshard_after_forward=args.reshard_after_forward,
         wrap=args.wrap.strip(".") if args.wrap else None,
@@ -310,6 +332,12 @@ def _change(args: argparse.Namespace) -> Change:
         bf16_reduce=args.reduce_dtype == "bf16",
         bf16_params=args.param_dtype == "bf16",
     )
+
+
+def _change(args: argparse.Namespace) -> Change:
+    from zdiag.analyzers.whatif.run_whatif import Change
+
+    change = _change_fields(args)
     if args.intra_node_speedup is not None:
         if change.mesh_shape is None and change.mesh_order is None:
             raise ConfigError(
@@ -322,10 +350,69 @@ def _change(args: argparse.Namespace) -> Change:
             "say what to change: --prefetch N, --reshard-after-forward off, --wrap MODULE, "
             "--checkpoint MODULE, --micro-batches K, --mesh-shape R,S, --mesh-order DIMS, "
             "--all-reduce-once, "
-            "--reduce-dtype bf16, --no-host-syncs, --unshard-async-op or --without-straggler "
-            "RANK."
+            "--reduce-dtype bf16, --no-host-syncs, --unshard-async-op, --without-straggler "
+            "RANK, --pipeline-microbatches N or --pipeline-rebalance."
         )
     return change
+
+
+def _pipeline_only(args: argparse.Namespace) -> None:
+    """The pipeline changes replay the schedule across ranks, not the FSDP step model: refused
+    with any other change, with both at once, and with the timeline outputs."""
+    from zdiag.analyzers.whatif.run_whatif import Change
+
+    if args.pipeline_microbatches is not None and args.pipeline_rebalance:
+        raise ConfigError(
+            "give one pipeline change: --pipeline-microbatches N or --pipeline-rebalance."
+        )
+    if _change_fields(args) != Change() or args.intra_node_speedup is not None:
+        raise ConfigError(
+            "the pipeline changes replay the schedule across the ranks, not the FSDP step: give "
+            "--pipeline-microbatches or --pipeline-rebalance without the other changes."
+        )
+    if args.perfetto is not None or args.html is not None:
+        raise ConfigError("--perfetto and --html draw the FSDP step replay, not a pipeline's.")
+
+
+def _pipeline_whatif(context: Any, args: argparse.Namespace) -> int:
+    """Replay the run's pipeline schedule with the change, and write it."""
+    from zdiag.analyzers.detectors.pipeline_bubble import bubble_of
+    from zdiag.analyzers.whatif.pipeline_replay import Replayed
+    from zdiag.render.output import deliver
+    from zdiag.render.pipeline_whatif import (
+        render_pipeline_whatif_json,
+        render_pipeline_whatif_text,
+    )
+
+    base = bubble_of(context) if context is not None else None
+    if base is None:
+        raise InputError(
+            f"{args.run}: no pipeline to replay: the run has no pipeline stages and schedule "
+            "captured by `zdiag run`, or fewer than two stages timed."
+        )
+    factor = 2
+    if args.pipeline_microbatches is not None:
+        if args.pipeline_microbatches % base.m or args.pipeline_microbatches == base.m:
+            raise ConfigError(
+                f"--pipeline-microbatches must be a multiple of the run's {base.m} "
+                f"micro-batches (e.g. {2 * base.m}), got {args.pipeline_microbatches}."
+            )
+        factor = args.pipeline_microbatches // base.m
+    b = bubble_of(context, factor) if factor != 2 else base
+    if b is None or not isinstance(b.replayed, Replayed):
+        why = b.replayed if b is not None else "no pipeline"
+        raise InputError(f"{args.run}: the pipeline schedule replay did not run ({why}).")
+    rebalance = args.pipeline_rebalance
+    deliver(
+        lambda width: (
+            render_pipeline_whatif_json(b, rebalance)
+            if args.json
+            else render_pipeline_whatif_text(b, rebalance, width)
+        ).encode(),
+        args.output,
+        "the what-if",
+    )
+    return 0
 
 
 def _async_op(config: dict[str, Any]) -> bool | None:

@@ -64,6 +64,46 @@ def test_pipeline_stages_are_captured_and_the_slow_stage_named(tmp_path: Path) -
     assert (
         f"about {ev['blocks_to_move']} of its 6 `ResidualMLP` blocks" in finding["recommendation"]
     )
+    # the gains are the schedule replay's; unchanged, it gives back the measured phase
+    assert finding["gain_method"].startswith("replayed: every pipeline's recorded actions")
+    assert ev["replay_error"] < 0.05
+    assert ev["rebalanced_by"] == {"source": 0, "target": 1, "blocks": ev["blocks_to_move"]}
+    # `zdiag whatif --pipeline-rebalance` prints the same replay
+    proc = zdiag("whatif", str(out), "--pipeline-rebalance", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    w = json.loads(proc.stdout)
+    assert w["schema"] == "zdiag.whatif-pipeline/1"
+    assert w["change"] == f"{ev['blocks_to_move']} of stage 0's 6 blocks moved to stage 1"
+    assert w["replayed_phase_ms"] - w["changed_phase_ms"] == pytest.approx(
+        ev["gain_rebalance_ms"], abs=0.01
+    )
+
+
+def test_a_1f1b_gpt_split_unevenly_is_replayed_across_its_stages(tmp_path: Path) -> None:
+    """examples/mesh/pipeline_gpt.py on 2 ranks, Schedule1F1B (its micro-batch chunks labelled
+    by the collectors; its receives wait outside them), 6 blocks on stage 0 and 2 on stage 1:
+    the finding names stage 0 and 2 of its blocks; the replay of the unchanged step gives back
+    the measured phase, and host-bound does not blame stage 1's waits on launch overhead."""
+    out = tmp_path / "gpt"
+    proc = zdiag(
+        "run", "--nproc-per-node", "2", "--out", str(out), "examples/mesh/pipeline_gpt.py",
+        "--split", "6,2", "--steps", "8",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = zdiag("analyze", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    findings = json.loads(proc.stdout)["findings"]
+    assert "host-bound" not in [f["id"] for f in findings]
+    (finding,) = [f for f in findings if f["id"] == "pipeline-bubble"]
+    ev = finding["evidence"]
+    assert ev["schedule"] == "Schedule1F1B" and ev["slow_stage"] == [0]
+    assert ev["replay_error"] < 0.05
+    assert ev["rebalanced_by"] == {"source": 0, "target": 1, "blocks": 2}
+    assert (
+        "about 2 of its 6 `TransformerEncoderLayer` blocks (`blocks`), to stage 1"
+        in (finding["recommendation"])
+    )
+    assert finding["expected_gain_ms"] == pytest.approx(ev["gain_rebalance_ms"])
 
 
 SCHEDULE_LINE = (

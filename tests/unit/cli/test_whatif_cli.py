@@ -84,6 +84,19 @@ def test_overlay_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ([str(TINY), "--mesh-order", "dp"], "a mesh order is the mesh's dimension names"),
         ([str(TINY), "--mesh-order", "dp,tp"], "needs the run's device mesh"),
         ([str(TINY), "--intra-node-speedup", "0.5"], "a speedup is between 1 and 1000"),
+        ([str(TINY), "--pipeline-rebalance"], "no pipeline to replay: the run has no pipeline"),
+        (
+            [str(TINY), "--pipeline-rebalance", "--prefetch", "1"],
+            "give --pipeline-microbatches or --pipeline-rebalance without the other changes",
+        ),
+        (
+            [str(TINY), "--pipeline-rebalance", "--pipeline-microbatches", "8"],
+            "give one pipeline change",
+        ),
+        (
+            [str(TINY), "--pipeline-rebalance", "--html", "/tmp/never.html"],
+            "--perfetto and --html draw the FSDP step replay",
+        ),
     ],
 )
 def test_refusals_are_one_sentence_and_exit_2(

@@ -237,7 +237,7 @@ def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     # the 12 of a perfect split
     assert isinstance(b.replayed, Replayed) and b.replayed.move == Move(0, 1, 2, 6)
     assert b.gain_bal == pytest.approx(9.0)
-    assert "2 of stage 0's 6 blocks moved to stage 1" in pb._gain_method(b)
+    assert "2 of stage 0's 6 blocks moved to stage 1" in pb.gain_method(b)
     # the captured rank runs stage 0; were stage 1 the slow one, its blocks are unknown
     timings = _gpipe([7.0, 15.0])
     pos = pb.positions(pf, timings)
