@@ -64,9 +64,10 @@ def test_pipeline_stages_are_captured_and_the_slow_stage_named(tmp_path: Path) -
     assert (
         f"about {ev['blocks_to_move']} of its 6 `ResidualMLP` blocks" in finding["recommendation"]
     )
-    # the gains are the schedule replay's; unchanged, it gives back the measured phase
+    # the gains are the schedule replay's; unchanged, it gives back the measured phase (4 ranks
+    # share 2 cores on the test host: within 8% in the benchmark's runs, docs/benchmarks.md)
     assert finding["gain_method"].startswith("replayed: every pipeline's recorded actions")
-    assert ev["replay_error"] < 0.05
+    assert ev["replay_error"] < 0.10
     assert ev["rebalanced_by"] == {"source": 0, "target": 1, "blocks": ev["blocks_to_move"]}
     # `zdiag whatif --pipeline-rebalance` prints the same replay
     proc = zdiag("whatif", str(out), "--pipeline-rebalance", "--json")
