@@ -52,6 +52,9 @@ from dataclasses import dataclass, replace
 from ..rank.pipeline_times import PipelineAction, PipelineStepTimes
 
 COMPUTE_KINDS = frozenset({"F", "B", "I", "W"})
+PRODUCING_KINDS = frozenset({"F", "B", "I"})
+"""The actions a neighbour waits for: a forward's output, a backward's (full, or for the input)
+gradient; a backward for the weights (W) sends nothing."""
 GENERATED_SCHEDULES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
 """The schedules whose order for another micro-batch count the replay generates."""
 
@@ -68,7 +71,7 @@ class Op:
     stage: int
     microbatch: int
     work_us: float  # the action minus its recv waits
-    fixed_us: float  # of the work: the FSDP all-gathers inside it
+    fixed_us: float  # of the work: what a smaller micro-batch does not shrink (module docstring)
     gap_us: float  # host time before it on its rank (recv waits left out)
 
 
@@ -103,7 +106,7 @@ def _needs(op: Op, n_stages: int) -> tuple[str, int, int] | None:
 def replay(step: PipelineStep, n_stages: int) -> dict[int, float]:
     """Each rank's replayed phase (µs from the step's start to its last action's end)."""
     ops = step.ops
-    produced = {_key(op): r for r, seq in ops.items() for op in seq if op.kind in COMPUTE_KINDS}
+    produced = {_key(op): r for r, seq in ops.items() for op in seq if op.kind in PRODUCING_KINDS}
     done: dict[tuple[str, int, int], float] = {}
     pos = dict.fromkeys(ops, 0)
     free = dict.fromkeys(ops, 0.0)
@@ -121,7 +124,7 @@ def replay(step: PipelineStep, n_stages: int) -> dict[int, float]:
                     if produced[need] != r:
                         start = max(start, done[need]) + step.recv_us.get(r, 0.0)
                 free[r] = start + op.work_us
-                if op.kind in COMPUTE_KINDS:
+                if op.kind in PRODUCING_KINDS:
                     done[_key(op)] = free[r]
                 pos[r] += 1
                 remaining -= 1
@@ -198,7 +201,7 @@ def _receives(
     ends: dict[tuple[str, int, int], tuple[int, float]] = {}
     for r, t in steps.items():
         for op, a in zip(ops[r], t.timeline, strict=True):
-            if op.kind in COMPUTE_KINDS:
+            if op.kind in PRODUCING_KINDS:
                 ends[_key(op)] = (r, a.end_us)
     n_stages = 1 + max(op.stage for seq in ops.values() for op in seq)
     out = []

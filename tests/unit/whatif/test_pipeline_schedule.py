@@ -60,6 +60,18 @@ def test_a_receive_costs_only_across_ranks_and_gaps_are_kept() -> None:
     assert ps.replayed_phase_us(one, 2) == pytest.approx(48.0)
 
 
+def test_a_backward_for_the_weights_sends_nothing() -> None:
+    """Zero-bubble schedules split the backward: stage 0's backward for the input waits for
+    stage 1's (I), not for stage 1's backward for the weights (W) that follows it."""
+    ops = {
+        0: (_op("F", 0, 0, 10.0), _op("I", 0, 0, 4.0), _op("W", 0, 0, 4.0)),
+        1: (_op("F", 1, 0, 10.0), _op("I", 1, 0, 5.0), _op("W", 1, 0, 20.0)),
+    }
+    step = ps.PipelineStep(0, ops, {0: 0.0, 1: 0.0}, {})
+    # stage 1: F 10-20, I 20-25, W 25-45; stage 0: I 25-29 (after stage 1's I), W 29-33
+    assert ps.replay(step, 2) == {0: pytest.approx(33.0), 1: pytest.approx(45.0)}
+
+
 def test_an_order_the_dependencies_cannot_run_is_refused() -> None:
     # stage 0 runs its backward before its forward: it waits on stage 1, which waits on it
     ops = {
