@@ -2,7 +2,7 @@
 `PipelineStepTimes`, each rank's actions) re-timed by analyzers/whatif/pipeline_schedule.py as
 measured, with more micro-batches, and with the split rebalanced; the figures are medians over
 steps of the slowest pipeline's phase. `pipeline-bubble` takes its gains from it, `zdiag whatif
---pipeline-microbatches N` / `--pipeline-balanced` print it.
+--pipeline-microbatches N` / `--pipeline-rebalance` print it.
 """
 
 from __future__ import annotations
