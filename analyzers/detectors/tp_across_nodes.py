@@ -10,7 +10,7 @@ ranks per node).
 
 from __future__ import annotations
 
-from ..frameworks.hsdp_layout import groups_along, quoted
+from ..frameworks.hsdp_layout import groups_along, node_map, nodes_spanned, quoted
 from ..inputs.mesh_facts import MeshFacts
 from ..report import Finding
 from ..whatif.run_whatif import Change
@@ -25,18 +25,14 @@ NOT_ESTIMATED = (
 )
 
 
-def _spans(group: tuple[int, ...], node_of: dict[int, int]) -> int:
-    return len({node_of.get(r, -1) for r in group})
-
-
 def _inner_tp_mesh(mesh: MeshFacts, tp: str, nodes: tuple[tuple[int, ...], ...]) -> str | None:
     """`init_device_mesh` arguments with the TP dimension last (its groups consecutive ranks),
     when every TP group then sits on one node; None otherwise."""
     order = [d for d in mesh.dims if d.name != tp] + [d for d in mesh.dims if d.name == tp]
     shape = tuple(d.size for d in order)
     ranks = tuple(range(len(mesh.ranks)))
-    node_of = {r: k for k, node in enumerate(nodes) for r in node}
-    if any(_spans(tuple(g), node_of) > 1 for g in groups_along(shape, ranks, len(shape) - 1)):
+    node_of = node_map(nodes)
+    if any(nodes_spanned(g, node_of) > 1 for g in groups_along(shape, ranks, len(shape) - 1)):
         return None
     names = ", ".join(f'"{d.name}"' for d in order)
     return f"{shape}, mesh_dim_names=({names})"
@@ -51,8 +47,8 @@ def _finding(
     gain: tuple[float | None, str] = (None, NOT_ESTIMATED),
 ) -> Finding | None:
     """The finding for one TP dimension's `groups`, None when none spans two nodes."""
-    node_of = {r: k for k, node in enumerate(nodes) for r in node}
-    crossing = [g for g in groups if _spans(g, node_of) > 1]
+    node_of = node_map(nodes)
+    crossing = [g for g in groups if nodes_spanned(g, node_of) > 1]
     if not crossing:
         return None
     per_node = sorted({len(n) for n in nodes})

@@ -11,6 +11,7 @@ that does not divide).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,21 +78,26 @@ def groups_along(shape: tuple[int, ...], ranks: tuple[int, ...], dim: int) -> li
     return groups
 
 
-def _node_of(nodes: tuple[tuple[int, ...], ...]) -> dict[int, int]:
+def node_map(nodes: Sequence[Sequence[int]]) -> dict[int, int]:
+    """{rank: the index of its node} from each node's ranks."""
     return {r: k for k, node in enumerate(nodes) for r in node}
+
+
+def nodes_spanned(group: Sequence[int], node_of: Mapping[int, int]) -> int:
+    """How many nodes a group's ranks sit on (a rank on no known node counts as one more)."""
+    return len({node_of.get(r, -1) for r in group})
 
 
 def _fits(layout: HsdpLayout, nodes: tuple[tuple[int, ...], ...]) -> bool:
     """Whether every shard group lies on one node and every replicate group on distinct ones."""
-    node_of = _node_of(nodes)
+    node_of = node_map(nodes)
     if set(node_of) != set(layout.ranks):
         return False
     rep, shard = (layout.dim_names.index(d) for d in layout.fsdp_dims)
     return all(
-        len({node_of[r] for r in g}) == 1 for g in groups_along(layout.shape, layout.ranks, shard)
+        nodes_spanned(g, node_of) == 1 for g in groups_along(layout.shape, layout.ranks, shard)
     ) and all(
-        len({node_of[r] for r in g}) == len(g)
-        for g in groups_along(layout.shape, layout.ranks, rep)
+        nodes_spanned(g, node_of) == len(g) for g in groups_along(layout.shape, layout.ranks, rep)
     )
 
 
@@ -119,10 +125,10 @@ def split_dp(mesh: FsdpMesh, nodes: tuple[tuple[int, ...], ...]) -> HsdpLayout |
     if len(mesh.fsdp_dims) != 1 or not mesh.dim_names:
         return None
     i = mesh.dim_names.index(mesh.fsdp_dims[0])
-    node_of = _node_of(nodes)
+    node_of = node_map(nodes)
     if set(node_of) != set(mesh.ranks):
         return None
-    spans = {len({node_of[r] for r in g}) for g in groups_along(mesh.shape, mesh.ranks, i)}
+    spans = {nodes_spanned(g, node_of) for g in groups_along(mesh.shape, mesh.ranks, i)}
     replicas = max(spans)
     size = mesh.shape[i]
     if replicas < 2 or size % replicas or size // replicas < 2:

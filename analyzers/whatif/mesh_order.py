@@ -28,7 +28,7 @@ from functools import cached_property
 
 import msgspec
 
-from ..frameworks.hsdp_layout import groups_along
+from ..frameworks.hsdp_layout import groups_along, node_map, nodes_spanned
 from ..inputs.mesh_facts import MeshFacts
 from ..rank.step_model import StepModel
 from .mesh_shape import link_factor
@@ -52,7 +52,7 @@ class Regrouping:
 
     def crosses(self, ranks: Sequence[int]) -> bool:
         """Whether `ranks` sit on two or more nodes."""
-        return len({self.node_of.get(r, -1) for r in ranks}) > 1
+        return nodes_spanned(ranks, self.node_of) > 1
 
     @cached_property
     def _by_members(self) -> dict[frozenset[int], tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -107,7 +107,7 @@ def regroupings(
         name: {r: tuple(g) for g in groups_along(shape, layout, i) for r in g}
         for i, name in enumerate(order)
     }
-    node_of = {r: k for k, node in enumerate(nodes) for r in node}
+    node_of = node_map(nodes)
     out = {}
     for rank in ranks:
         groups: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
