@@ -352,7 +352,7 @@ def _recommendation(b: Bubble) -> str:
             f"to the faster stages (split the model where the work per micro-batch is equal"
             + _move_text(b)
             + ")"
-            + (f": about {b.gain_bal:.1f} ms per step." if b.gain_bal is not None else ".")
+            + _move_gain(b.gain_bal)
         )
     if b.more_microbatches:
         text.append(
@@ -372,6 +372,15 @@ def _recommendation(b: Bubble) -> str:
             f"shrinks the balanced bubble to (p-1)/(2m+p-1) = {(p - 1) / (2 * m + p - 1):.0%}."
         )
     return " ".join(text)
+
+
+def _move_gain(gain: float | None) -> str:
+    """The replayed gain of the move, in words (none predicted when the replay says slower)."""
+    if gain is None:
+        return "."
+    if gain <= 0:
+        return f"; the replay predicts no gain from that move ({-gain:.1f} ms per step slower)."
+    return f": about {gain:.1f} ms per step."
 
 
 def _move_text(b: Bubble) -> str:

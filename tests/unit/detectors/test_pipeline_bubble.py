@@ -246,6 +246,12 @@ def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     assert isinstance(b.replayed, Replayed) and b.replayed.move is None  # the mean instead
 
 
+def test_a_move_the_replay_says_is_slower_is_not_sold_as_a_gain() -> None:
+    assert pb._move_gain(9.0) == ": about 9.0 ms per step."
+    assert pb._move_gain(-5.8).startswith("; the replay predicts no gain from that move (5.8 ms")
+    assert pb._move_gain(None) == "."
+
+
 def test_no_microbatch_code_when_it_gains_next_to_nothing() -> None:
     # t = [15, 5]: 8 micro-batches replay 2.5 ms faster, under 3% of the 100 ms step
     (f,) = pb.detect(_ctx([15.0, 5.0], step=100.0))
