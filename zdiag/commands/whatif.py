@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from zdiag.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
+    from zdiag.analyzers.detectors.context import DetectorContext
     from zdiag.analyzers.report import Report
     from zdiag.analyzers.whatif.run_whatif import Change
 
@@ -374,7 +375,7 @@ def _pipeline_only(args: argparse.Namespace) -> None:
         raise ConfigError("--perfetto and --html draw the FSDP step replay, not a pipeline's.")
 
 
-def _pipeline_whatif(context: Any, args: argparse.Namespace) -> int:
+def _pipeline_whatif(context: DetectorContext | None, args: argparse.Namespace) -> int:
     """Replay the run's pipeline schedule with the change, and write it."""
     from zdiag.analyzers.detectors.pipeline_bubble import bubble_of
     from zdiag.analyzers.whatif.pipeline_replay import Replayed
@@ -385,7 +386,7 @@ def _pipeline_whatif(context: Any, args: argparse.Namespace) -> int:
     )
 
     base = bubble_of(context) if context is not None else None
-    if base is None:
+    if context is None or base is None:
         raise InputError(
             f"{args.run}: no pipeline to replay: the run has no pipeline stages and schedule "
             "captured by `zdiag run`, or fewer than two stages timed."
