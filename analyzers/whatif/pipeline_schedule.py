@@ -152,8 +152,8 @@ def pipeline_steps(
     """Each pipeline's steps that every one of its ranks timed. `stage_of(rank, position)`: the
     stage a single-stage label means on that rank; `fixed_us(rank, action)`: the all-gather time
     inside the action (0 without it; added to the action's host cost per op as the part that
-    does not shrink with the micro-batch); `same_clock(ranks)`: whether their timestamps compare (one
-    host)."""
+    does not shrink with the micro-batch); `same_clock(ranks)`: whether their timestamps
+    compare (one host)."""
     out = []
     for group in groups:
         ranks = [r for r in group if timings.get(r)]
