@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import platform
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+
+import user_zoo as uz  # bench/, beside this script
 
 from zdiag.analyzers.detectors.pipeline_bubble import Bubble, bubble_of
 from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
@@ -39,15 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 MESH = REPO / "examples" / "mesh"
 SKIP_STEPS = 10
 STEPS = "30"
-
-
-def _user_zoo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("user_zoo", REPO / "bench" / "user_zoo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass(frozen=True)
@@ -157,8 +148,6 @@ def main() -> int:
         print(text)
     return 0
 
-
-uz = _user_zoo()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -34,23 +33,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+import user_zoo as uz  # bench/, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 PLANNED = {"whole-model-wrap", "tiny-layer-wrap", "missing-overlap"}
-
-
-def _user_zoo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("user_zoo", REPO / "bench" / "user_zoo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-uz = _user_zoo()
 
 
 @dataclass
