@@ -385,24 +385,27 @@ def _pipeline_whatif(context: DetectorContext | None, args: argparse.Namespace) 
         render_pipeline_whatif_text,
     )
 
-    base = bubble_of(context) if context is not None else None
-    if context is None or base is None:
-        raise InputError(
-            f"{args.run}: no pipeline to replay: the run has no pipeline stages and schedule "
-            "captured by `zdiag run`, or fewer than two stages timed."
-        )
+    pf = context.model.pipeline if context is not None and context.model is not None else None
+    m = pf.n_microbatches if pf is not None else None
+    no_pipeline = InputError(
+        f"{args.run}: no pipeline to replay: the run has no pipeline stages and schedule "
+        "captured by `zdiag run`, or fewer than two stages timed."
+    )
+    if context is None or not m:
+        raise no_pipeline
     factor = 2
     if args.pipeline_microbatches is not None:
-        if args.pipeline_microbatches % base.m or args.pipeline_microbatches == base.m:
+        if args.pipeline_microbatches % m or args.pipeline_microbatches == m:
             raise ConfigError(
-                f"--pipeline-microbatches must be a multiple of the run's {base.m} "
-                f"micro-batches (e.g. {2 * base.m}), got {args.pipeline_microbatches}."
+                f"--pipeline-microbatches must be a multiple of the run's {m} "
+                f"micro-batches (e.g. {2 * m}), got {args.pipeline_microbatches}."
             )
-        factor = args.pipeline_microbatches // base.m
-    b = bubble_of(context, factor) if factor != 2 else base
-    if b is None or not isinstance(b.replayed, Replayed):
-        why = b.replayed if b is not None else "no pipeline"
-        raise InputError(f"{args.run}: the pipeline schedule replay did not run ({why}).")
+        factor = args.pipeline_microbatches // m
+    b = bubble_of(context, factor)  # one replay, with the micro-batches asked for
+    if b is None:
+        raise no_pipeline
+    if not isinstance(b.replayed, Replayed):
+        raise InputError(f"{args.run}: the pipeline schedule replay did not run ({b.replayed}).")
     rebalance = args.pipeline_rebalance
     deliver(
         lambda width: (
