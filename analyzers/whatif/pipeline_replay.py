@@ -101,9 +101,7 @@ def replay_pipeline(
 
     m = pf.n_microbatches or 0
     cls = pf.schedule.cls if pf.schedule is not None else "?"
-    steps = ps.pipeline_steps(
-        pf.groups, lambda rank, position: position, timings, gathers, same_clock
-    )
+    steps = ps.pipeline_steps(pf.groups, timings, gathers, same_clock)
     if not steps:
         return "no step's actions were timed on every rank of a pipeline"
     by_step: dict[int, list[ps.PipelineStep]] = {}

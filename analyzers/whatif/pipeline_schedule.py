@@ -144,13 +144,13 @@ def replayed_phase_us(step: PipelineStep, n_stages: int) -> float:
 
 def pipeline_steps(
     groups: Sequence[Sequence[int]],
-    stage_of: Callable[[int, int], int],
     timings: Mapping[int, Sequence[PipelineStepTimes]],
     fixed_us: Callable[[int, PipelineAction], float] | None = None,
     same_clock: Callable[[Sequence[int]], bool] = lambda ranks: False,
 ) -> list[PipelineStep]:
-    """Each pipeline's steps that every one of its ranks timed. `stage_of(rank, position)`: the
-    stage a single-stage label means on that rank; `fixed_us(rank, action)`: the all-gather time
+    """Each pipeline's steps that every one of its ranks timed (a label that names no stage,
+    a single-stage schedule's, means the stage of the rank's position in its pipeline: torch
+    puts stage `s` on group rank `s`); `fixed_us(rank, action)`: the all-gather time
     inside the action (0 without it; added to the action's host cost per op as the part that
     does not shrink with the micro-batch); `same_clock(ranks)`: whether their timestamps
     compare (one host)."""
@@ -164,8 +164,7 @@ def pipeline_steps(
             steps = {r: d[k] for r, d in zip(ranks, by_step, strict=True)}
             if any(not t.timeline for t in steps.values()):
                 continue
-            stages = {r: stage_of(r, group.index(r)) for r in ranks}
-            ops = {r: _rank_ops(r, t, stages[r], fixed_us) for r, t in steps.items()}
+            ops = {r: _rank_ops(r, t, group.index(r), fixed_us) for r, t in steps.items()}
             measured = {r: t.timeline[-1].end_us - t.start_us for r, t in steps.items()}
             receives = _receives(steps, ops)
             offsets = clock_offsets(ranks, receives, same_clock)

@@ -145,10 +145,7 @@ def test_steps_from_timed_actions_and_the_receive_cost() -> None:
     t1 = _times(95.0, [("F", 115.0, 120.0, 0.0, 5.0), ("B", 132.0, 142.0, 0.0, 0.0)])
     timings = {0: [t0], 1: [t1]}
 
-    def stage_of(rank: int, position: int) -> int:
-        return position
-
-    (aligned,) = ps.pipeline_steps([(0, 1)], stage_of, timings, same_clock=lambda ranks: True)
+    (aligned,) = ps.pipeline_steps([(0, 1)], timings, same_clock=lambda ranks: True)
     assert [op.work_us for op in aligned.ops[0]] == [10.0, 16.0]
     # rank 0's gap before B: 140 - 110 = 30 of host time (no receive was counted before it)
     assert [op.gap_us for op in aligned.ops[0]] == [0.0, 30.0]
@@ -160,17 +157,17 @@ def test_steps_from_timed_actions_and_the_receive_cost() -> None:
     # across clocks the offset is estimated from the receives: rank 1's wait ended 5 after
     # rank 0's F, rank 0's 2 after rank 1's B: rank 1's clock reads (5 - 2) / 2 = 1.5 ahead,
     # and each receive costs 3.5
-    (apart,) = ps.pipeline_steps([(0, 1)], stage_of, timings)
+    (apart,) = ps.pipeline_steps([(0, 1)], timings)
     assert apart.recv_us == {1: 3.5, 0: 3.5}
     # the same step with rank 1's clock 1000 ahead: the same offset found, the same costs
     late = _times(1095.0, [("F", 1115.0, 1120.0, 0.0, 5.0), ("B", 1132.0, 1142.0, 0.0, 0.0)])
-    (shifted,) = ps.pipeline_steps([(0, 1)], stage_of, {0: [t0], 1: [late]})
+    (shifted,) = ps.pipeline_steps([(0, 1)], {0: [t0], 1: [late]})
     assert shifted.recv_us == {1: 3.5, 0: 3.5}
     assert shifted.measured_us == aligned.measured_us
     receives = ps._receives({0: t0, 1: late}, shifted.ops)
     assert ps.clock_offsets([0, 1], receives, lambda ranks: False) == {0: 0.0, 1: 1001.5}
     # gathers inside an action are its fixed part, never above its work
-    (fixed,) = ps.pipeline_steps([(0, 1)], stage_of, timings, fixed_us=lambda r, a: 50.0)
+    (fixed,) = ps.pipeline_steps([(0, 1)], timings, fixed_us=lambda r, a: 50.0)
     assert [op.fixed_us for op in fixed.ops[0]] == [10.0, 16.0]
     # a pipeline with an untimed rank gives no step
-    assert ps.pipeline_steps([(0, 1)], stage_of, {0: [t0]}) == []
+    assert ps.pipeline_steps([(0, 1)], {0: [t0]}) == []
