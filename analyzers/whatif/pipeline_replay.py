@@ -109,17 +109,16 @@ def replay_pipeline(
         by_step.setdefault(st.step, []).append(st)
     measured, unchanged, more, bal = [], [], [], []
     why = ""
-    n = pf.num_stages
     try:
         for group in by_step.values():
             measured.append(max(st.measured_phase_us for st in group))
-            unchanged.append(max(ps.replayed_phase_us(st, n) for st in group))
+            unchanged.append(max(ps.replayed_phase_us(st) for st in group))
             even = [ps.moved(st, *move.args) if move else ps.balanced(st) for st in group]
-            bal.append(max(ps.replayed_phase_us(st, n) for st in even))
+            bal.append(max(ps.replayed_phase_us(st) for st in even))
             if not why:
                 try:
-                    doubled = [ps.more_microbatches(st, cls, n, m, factor) for st in group]
-                    more.append(max(ps.replayed_phase_us(st, n) for st in doubled))
+                    doubled = [ps.more_microbatches(st, cls, m, factor) for st in group]
+                    more.append(max(ps.replayed_phase_us(st) for st in doubled))
                 except ps.ScheduleError as exc:
                     why = str(exc)
     except ps.ScheduleError as exc:

@@ -89,6 +89,15 @@ class PipelineStep:
         """The slowest rank's measured phase."""
         return max(self.measured_us.values())
 
+    @property
+    def n_stages(self) -> int:
+        """The pipeline's stages: every one of them runs on one of its ranks."""
+        return _stage_count(self.ops)
+
+
+def _stage_count(ops: Mapping[int, Sequence[Op]]) -> int:
+    return 1 + max(op.stage for seq in ops.values() for op in seq)
+
 
 def _key(op: Op) -> tuple[str, int, int]:
     """What a dependent action waits for: the forward, or the backward (full or for input)."""
@@ -103,9 +112,9 @@ def _needs(op: Op, n_stages: int) -> tuple[str, int, int] | None:
     return None
 
 
-def replay(step: PipelineStep, n_stages: int) -> dict[int, float]:
+def replay(step: PipelineStep) -> dict[int, float]:
     """Each rank's replayed phase (µs from the step's start to its last action's end)."""
-    ops = step.ops
+    ops, n_stages = step.ops, step.n_stages
     produced = {_key(op): r for r, seq in ops.items() for op in seq if op.kind in PRODUCING_KINDS}
     done: dict[tuple[str, int, int], float] = {}
     pos = dict.fromkeys(ops, 0)
@@ -137,9 +146,9 @@ def replay(step: PipelineStep, n_stages: int) -> dict[int, float]:
     return free
 
 
-def replayed_phase_us(step: PipelineStep, n_stages: int) -> float:
+def replayed_phase_us(step: PipelineStep) -> float:
     """The slowest rank's replayed phase."""
-    return max(replay(step, n_stages).values())
+    return max(replay(step).values())
 
 
 def pipeline_steps(
@@ -202,7 +211,7 @@ def _receives(
         for op, a in zip(ops[r], t.timeline, strict=True):
             if op.kind in PRODUCING_KINDS:
                 ends[_key(op)] = (r, a.end_us)
-    n_stages = 1 + max(op.stage for seq in ops.values() for op in seq)
+    n_stages = _stage_count(ops)
     out = []
     for r, t in steps.items():
         for op, a in zip(ops[r], t.timeline, strict=True):
@@ -252,9 +261,7 @@ def _receive_costs(
     return {r: statistics.median(v) for r, v in samples.items()}
 
 
-def more_microbatches(
-    step: PipelineStep, schedule: str, n_stages: int, m: int, factor: int = 2
-) -> PipelineStep:
+def more_microbatches(step: PipelineStep, schedule: str, m: int, factor: int = 2) -> PipelineStep:
     """The step with each micro-batch cut in `factor` (module docstring); ScheduleError for a
     schedule whose order is not generated here."""
     if schedule not in GENERATED_SCHEDULES:
@@ -271,7 +278,7 @@ def more_microbatches(
             raise ScheduleError("a rank runs more than one stage or actions other than F and B")
         (stage,) = stages
         new = []
-        for kind, j in _order(schedule, stage, n_stages, m * factor):
+        for kind, j in _order(schedule, stage, step.n_stages, m * factor):
             src = source.get((kind, j // factor))
             if src is None:
                 raise ScheduleError(

@@ -41,14 +41,14 @@ def test_replay_derives_every_wait_from_the_dependencies() -> None:
     # stage 0 F0 0-10, F1 10-20; stage 1 F0 10-15, F1 20-25, B0 25-35, B1 35-45;
     # stage 0 B0 waits for stage 1's B0: 35-55, B1 55-75.
     step = _gpipe([10.0, 5.0], [20.0, 10.0], 2)
-    assert ps.replay(step, 2) == {0: pytest.approx(75.0), 1: pytest.approx(45.0)}
-    assert ps.replayed_phase_us(step, 2) == pytest.approx(75.0)
+    assert ps.replay(step) == {0: pytest.approx(75.0), 1: pytest.approx(45.0)}
+    assert ps.replayed_phase_us(step) == pytest.approx(75.0)
 
 
 def test_a_receive_costs_only_across_ranks_and_gaps_are_kept() -> None:
     # a receive of 1 on every dependent action, also when its data was sent long before:
     # stage 1 F0 11-16, F1 21-26, B0 26-36, B1 36-46; stage 0 B0 37-57, B1 58-78
-    assert ps.replayed_phase_us(_gpipe([10.0, 5.0], [20.0, 10.0], 2, recv=1.0), 2) == 78.0
+    assert ps.replayed_phase_us(_gpipe([10.0, 5.0], [20.0, 10.0], 2, recv=1.0)) == 78.0
     # one rank running both stages receives nothing: the work and the gaps, in order
     ops = (
         ps.Op("F", 0, 0, 10.0, 0.0, 2.0),
@@ -57,7 +57,7 @@ def test_a_receive_costs_only_across_ranks_and_gaps_are_kept() -> None:
         ps.Op("B", 0, 0, 20.0, 0.0, 0.0),
     )
     one = ps.PipelineStep(0, {0: ops}, {0: 0.0}, {0: 9.0})
-    assert ps.replayed_phase_us(one, 2) == pytest.approx(48.0)
+    assert ps.replayed_phase_us(one) == pytest.approx(48.0)
 
 
 def test_a_backward_for_the_weights_sends_nothing() -> None:
@@ -69,7 +69,7 @@ def test_a_backward_for_the_weights_sends_nothing() -> None:
     }
     step = ps.PipelineStep(0, ops, {0: 0.0, 1: 0.0}, {})
     # stage 1: F 10-20, I 20-25, W 25-45; stage 0: I 25-29 (after stage 1's I), W 29-33
-    assert ps.replay(step, 2) == {0: pytest.approx(33.0), 1: pytest.approx(45.0)}
+    assert ps.replay(step) == {0: pytest.approx(33.0), 1: pytest.approx(45.0)}
 
 
 def test_an_order_the_dependencies_cannot_run_is_refused() -> None:
@@ -79,19 +79,19 @@ def test_an_order_the_dependencies_cannot_run_is_refused() -> None:
         1: (_op("F", 1, 0, 1.0), _op("B", 1, 0, 1.0)),
     }
     with pytest.raises(ps.ScheduleError, match="circle"):
-        ps.replay(ps.PipelineStep(0, ops, {0: 0.0, 1: 0.0}, {}), 2)
+        ps.replay(ps.PipelineStep(0, ops, {0: 0.0, 1: 0.0}, {}))
 
 
 def test_twice_the_micro_batches_halve_the_work_but_not_the_gathers() -> None:
     step = _gpipe([10.0, 5.0], [20.0, 10.0], 2)
-    doubled = ps.more_microbatches(step, "ScheduleGPipe", 2, 2)
+    doubled = ps.more_microbatches(step, "ScheduleGPipe", 2)
     assert [(op.kind, op.microbatch, op.work_us) for op in doubled.ops[1]] == [
         ("F", 0, 2.5), ("F", 1, 2.5), ("F", 2, 2.5), ("F", 3, 2.5),
         ("B", 0, 5.0), ("B", 1, 5.0), ("B", 2, 5.0), ("B", 3, 5.0),
     ]  # fmt: skip
     # stage 0 F 5 each: 0..20; stage 1 F3 20-22.5, B 22.5..42.5 (B0 ends 27.5);
     # stage 0 B0 27.5-37.5, then 10 each: ends 67.5
-    assert ps.replayed_phase_us(doubled, 2) == pytest.approx(67.5)
+    assert ps.replayed_phase_us(doubled) == pytest.approx(67.5)
     # the gathers inside an action stay whole: 4 of stage 0's 10 ms forward
     gathered = ps.PipelineStep(
         0,
@@ -99,10 +99,10 @@ def test_twice_the_micro_batches_halve_the_work_but_not_the_gathers() -> None:
         {0: 0.0, 1: 0.0},
         {},
     )
-    works = [op.work_us for op in ps.more_microbatches(gathered, "ScheduleGPipe", 2, 1).ops[0]]
+    works = [op.work_us for op in ps.more_microbatches(gathered, "ScheduleGPipe", 1).ops[0]]
     assert works == [4.0 + 3.0, 4.0 + 3.0, 10.0, 10.0]
     # 1F1B's order for the new count
-    one_f = ps.more_microbatches(step, "Schedule1F1B", 2, 2)
+    one_f = ps.more_microbatches(step, "Schedule1F1B", 2)
     assert [(op.kind, op.microbatch) for op in one_f.ops[0]][:4] == [
         ("F", 0), ("F", 1), ("B", 0), ("F", 2),
     ]  # fmt: skip
@@ -111,7 +111,7 @@ def test_twice_the_micro_batches_halve_the_work_but_not_the_gathers() -> None:
 def test_more_micro_batches_are_refused_for_schedules_not_generated() -> None:
     step = _gpipe([10.0, 5.0], [20.0, 10.0], 2)
     with pytest.raises(ps.ScheduleError, match="ScheduleInterleaved1F1B's order"):
-        ps.more_microbatches(step, "ScheduleInterleaved1F1B", 2, 2)
+        ps.more_microbatches(step, "ScheduleInterleaved1F1B", 2)
 
 
 def test_balanced_gives_every_stage_the_mean_work() -> None:
@@ -121,7 +121,7 @@ def test_balanced_gives_every_stage_the_mean_work() -> None:
     assert sum(op.work_us for op in even.ops[1]) == pytest.approx(45.0)
     # F 7.5 / B 15 on stage 0, F 7.5 / B 15 on stage 1: stage 0 F 0..15; stage 1 F1 15-22.5,
     # B 22.5..52.5 (B0 ends 37.5); stage 0 B0 37.5-52.5, B1 52.5-67.5
-    assert ps.replayed_phase_us(even, 2) == pytest.approx(67.5)
+    assert ps.replayed_phase_us(even) == pytest.approx(67.5)
 
 
 def _times(
