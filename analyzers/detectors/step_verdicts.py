@@ -7,9 +7,8 @@ mostly host-bound or exposed-comm must not end without a finding that says why a
   host. The idle time per step is split by cause from what the map measured: data loading (the
   DataLoader `next()` ranges), host syncs (the syncs' own host time, optimizer's included),
   pipeline waits (a pipeline stage's rank waiting for its neighbours' tensors, or for them to
-  take its own) and, for the rest,
-  launch and Python overhead (kernels too small or too many to keep the device busy). The
-  recommendation follows the largest part; when the pipeline waits are the largest, the idle is
+  take its own) and, for the rest, launch and Python overhead (kernels too small or too many to
+  keep the device busy). The recommendation follows the largest part; when the pipeline waits are the largest, the idle is
   the pipeline's bubble and no host-bound finding is made (`pipeline-bubble` says it).
 - `exposed-comm` (>= EXPOSED_COMM_STEP_SHARE of the steps): communication is exposed although
   compute could hide it. Fires only when neither `straggler`, `missing-overlap` nor `comm-bound`
@@ -80,7 +79,7 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
         "launch, Python and other host work": launch,
     }
     top = max(parts, key=lambda k: parts[k])
-    if pipe >= parts[top]:  # waits for pipeline neighbours: the bubble, `pipeline-bubble`'s
+    if pipe > 0 and pipe >= parts[top]:  # waits for neighbours: the bubble, pipeline-bubble's
         return []
     if pipe > 0:
         parts = {"pipeline waits": pipe, **parts}
