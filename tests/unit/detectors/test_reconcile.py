@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from zdiag.analyzers.detectors.comm_bound import NO_OVERLAP_FIX
 from zdiag.analyzers.detectors.reconcile import reconcile
-from zdiag.analyzers.report import Finding
+from zdiag.analyzers.report import Finding, StepBreakdown
+
+
+def _step(i: int, verdict: str, idle: float, exposed: float) -> StepBreakdown:
+    """A 100 ms step: `idle` idle, `exposed` exposed communication, the rest compute."""
+    return StepBreakdown(
+        step=i, duration_ms=100.0, compute_ms=100.0 - idle - exposed, comm_ms=exposed,
+        overlapped_ms=0.0, exposed_comm_ms=exposed, idle_ms=idle, verdict=verdict,
+    )  # fmt: skip
 
 
 def _f(id_: str, gain: float | None, **evidence: object) -> Finding:
@@ -62,19 +70,12 @@ def test_bad_verdicts_on_most_steps_come_with_a_finding() -> None:
     from zdiag.analyzers.detectors.context import DetectorContext
     from zdiag.analyzers.rank.host_syncs import HostSyncSites
     from zdiag.analyzers.rank.rank_analysis import RankFacts
-    from zdiag.analyzers.report import StepBreakdown
-
-    def step(i: int, verdict: str, idle: float, exposed: float) -> StepBreakdown:
-        return StepBreakdown(
-            step=i, duration_ms=100.0, compute_ms=100.0 - idle - exposed, comm_ms=exposed,
-            overlapped_ms=0.0, exposed_comm_ms=exposed, idle_ms=idle, verdict=verdict,
-        )  # fmt: skip
 
     facts = RankFacts(data_loading_ms=120.0, host_sync_sites=HostSyncSites(blocked_ms=30.0))
     host = DetectorContext(
         ledgers={},
         facts={0: facts},
-        breakdowns={0: [step(i, "host-bound", 60.0, 0.0) for i in range(3)]},
+        breakdowns={0: [_step(i, "host-bound", 60.0, 0.0) for i in range(3)]},
     )
     (f,) = [f for f in run_context(host).findings if f.id == "host-bound"]
     assert f.evidence["data_loading_ms_per_step"] == 40.0
@@ -82,7 +83,7 @@ def test_bad_verdicts_on_most_steps_come_with_a_finding() -> None:
     assert f.evidence["launch_overhead_ms_per_step"] == 10.0
     assert "num_workers" in f.recommendation and f.expected_gain_ms == 40.0
     comm = DetectorContext(
-        ledgers={}, breakdowns={0: [step(i, "exposed-comm", 0.0, 30.0) for i in range(3)]}
+        ledgers={}, breakdowns={0: [_step(i, "exposed-comm", 0.0, 30.0) for i in range(3)]}
     )
     (e,) = [f for f in run_context(comm).findings if f.id == "exposed-comm"]
     assert e.evidence["exposed_comm_ms_per_step"] == 30.0
@@ -108,7 +109,6 @@ def test_a_pipeline_ranks_waits_for_its_neighbours_are_not_host_bound() -> None:
     from zdiag.analyzers.detectors.context import DetectorContext
     from zdiag.analyzers.rank.pipeline_times import PipelineStepTimes
     from zdiag.analyzers.rank.rank_analysis import RankFacts
-    from zdiag.analyzers.report import StepBreakdown
 
     def ctx(waits: float) -> DetectorContext:
         pipe = [
@@ -123,19 +123,7 @@ def test_a_pipeline_ranks_waits_for_its_neighbours_are_not_host_bound() -> None:
             )
             for i in range(3)
         ]
-        bds = [
-            StepBreakdown(
-                step=i,
-                duration_ms=100.0,
-                compute_ms=40.0,
-                comm_ms=0.0,
-                overlapped_ms=0.0,
-                exposed_comm_ms=0.0,
-                idle_ms=60.0,
-                verdict="host-bound",
-            )
-            for i in range(3)
-        ]
+        bds = [_step(i, "host-bound", 60.0, 0.0) for i in range(3)]
         return DetectorContext(ledgers={}, facts={1: RankFacts(pipeline=pipe)}, breakdowns={1: bds})
 
     assert [f for f in run_context(ctx(45.0)).findings if f.id == "host-bound"] == []
