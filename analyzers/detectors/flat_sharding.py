@@ -54,6 +54,20 @@ def shards_across_nodes(ctx: DetectorContext) -> bool:
     return False
 
 
+def hsdp_change(ctx: DetectorContext) -> Change | None:
+    """The HSDP shape the replay can run on this run: (nodes, ranks per node) when FSDP shards
+    over the whole world on two or more nodes of equal size; None otherwise (sub-groups, one
+    node, or a mesh whose FSDP groups sit beside other dimensions)."""
+    ledgers = ctx.fsdp_ledgers()
+    group = fsdp_group(ctx, ledgers[0].rank) if ledgers else None
+    if group is None:
+        return None
+    spanned = nodes_spanned(ctx, group)
+    if spanned < 2 or len(group) != ctx.sheet.world_size or len(group) % spanned:
+        return None
+    return Change(mesh_shape=(spanned, len(group) // spanned))
+
+
 def cross_node_bytes(lg: RankLedger, replicas: int, shard_size: int) -> dict[str, int] | None:
     """Bytes per step one rank exchanges with other nodes: now (of every gather it receives and
     every reduce-scatter it sends, the share held by the other nodes: 1 - 1/nodes) and with HSDP
@@ -104,7 +118,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         cut = cross_node_bytes(lg, layout.replicas, layout.shard_size)
         if cut is not None:
             evidence["cross_node_bytes_per_step_per_rank"] = cut
-    gain, method = _gain(ctx, len(group), spanned, exposed)
+    gain, method = _gain(ctx, exposed)
     return [
         Finding(
             id="flat-sharding-multinode",
@@ -124,15 +138,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     ]
 
 
-def _gain(
-    ctx: DetectorContext, group: int, spanned: int, exposed: float
-) -> tuple[float | None, str]:
+def _gain(ctx: DetectorContext, exposed: float) -> tuple[float | None, str]:
     """(ms per step, how): the replay of the HSDP shape (`zdiag whatif --mesh-shape
     nodes,ranks-per-node`: the shard groups inside a node, their bytes INTRA_NODE_SPEEDUP times
     as fast, a replicate all-reduce across nodes); where the run cannot be replayed on another
     shape, the exposed FSDP comm time x (1 - 1/INTRA_NODE_SPEEDUP)."""
-    if group == ctx.sheet.world_size and group % spanned == 0:  # (the replay's node layout)
-        result = replayed(ctx, Change(mesh_shape=(spanned, group // spanned)))
+    change = hsdp_change(ctx)
+    if change is not None:
+        result = replayed(ctx, change)
         if result is not None and result.ranks:
             if result.gain_ms <= 0:
                 return None, (

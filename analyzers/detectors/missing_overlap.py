@@ -31,12 +31,12 @@ from dataclasses import dataclass, replace
 from ..frameworks import Framework, Remedy, RunFacts
 from ..rank.fsdp_ledger import CollectiveRecord, RankLedger
 from ..report import Finding, Severity, StepBreakdown
-from ..whatif.run_whatif import Change, WhatIfResult
+from ..whatif.run_whatif import WhatIfResult
 from .blocks import find_block_pattern
 from .context import DetectorContext
 from .facts import block_set, blocks_are_units
 from .prefetch_lists import name_self_prefetch
-from .replayed_gain import gain_text, replayed
+from .replayed_gain import gain_text, prefetch_change, replayed
 from .rule import Rule, Threshold
 from .unshard_async_op import ASYNC_OP_LINE, with_unshard_async_op
 
@@ -155,12 +155,6 @@ class _Measured:
         return self.late / self.could if self.could else 0.0
 
 
-def _needs_async(ctx: DetectorContext) -> bool:
-    """Whether the replay must set the unshard async op for gathers to overlap: a CPU run
-    whose gathers cannot overlap as configured."""
-    return ctx.sheet.cpu_only and not ctx.sheet.gathers_can_overlap()
-
-
 def _measure(ctx: DetectorContext) -> _Measured | None:
     """Gating: >= EXPOSED_SHARE of the gather time exposed, lateness measured (or a framework
     whose labels name no consumer), and a replayed gain of at least the minimum."""
@@ -178,7 +172,7 @@ def _measure(ctx: DetectorContext) -> _Measured | None:
     n_steps = max(1, len(lg.steps) or len({r.step for r in gathers}))
     # prefetch depth 1 where gathers can overlap: on a CPU run that cannot, with the unshard
     # async op the FSDP2 remedy adds (FSDP1's blocking gathers: what a GPU would hide)
-    result = replayed(ctx, Change(prefetch=1, unshard_async_op=_needs_async(ctx)))
+    result = replayed(ctx, prefetch_change(ctx))
     if result is None:
         return None
     gain_ms = max(0.0, result.gain_ms)

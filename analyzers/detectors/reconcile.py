@@ -9,7 +9,8 @@ every detector ran, most specific cause first:
 1. `straggler` keeps its gain. The wait it causes is not overlap the others could gain:
    `missing-overlap` and `comm-bound` lose the straggler's gain per step from theirs.
 2. `missing-overlap` keeps what is left. `comm-bound`'s excess loses the `missing-overlap` gain
-   (prefetch recovers that part first), and its "no prefetch setting can fix this" becomes
+   (prefetch recovers that part first; a gain `comm-bound` replayed on top of that prefetch
+   already leaves it out and is kept), and its "no prefetch setting can fix this" becomes
    "beyond what prefetch recovers": the two never advise opposite things for the same time.
 3. `host-bound` steps found only on straggler ranks are the straggler's own idle time (its
    diagnosis already names the host side): `host-bound` is dropped, listed under the straggler.
@@ -40,6 +41,15 @@ def _reduce(f: Finding, by: Finding) -> bool:
     """Take `by`'s gain out of `f`'s; False when nothing is left of `f` (drop it)."""
     if f.expected_gain_ms is None or not by.expected_gain_ms:
         return True  # nothing claimed by `by`: no overlap of claims
+    if f.id == "comm-bound" and by.id == "missing-overlap":
+        f.recommendation = f.recommendation.replace(
+            NO_OVERLAP_FIX,
+            f"Beyond the {by.expected_gain_ms:.2f} ms per step that prefetch recovers "
+            "(`missing-overlap`), communication stays longer than the compute it could hide "
+            "under; no prefetch setting removes the rest.",
+        )
+        if f.evidence.get("replayed_beyond_prefetch"):
+            return True  # its gain was replayed on top of that prefetch: nothing to take out
     left = f.expected_gain_ms - by.expected_gain_ms
     floor = f.evidence.get("min_gain_ms_per_step")
     floor_ms = float(floor) if isinstance(floor, int | float) else 0.0
@@ -52,13 +62,6 @@ def _reduce(f: Finding, by: Finding) -> bool:
         f"; minus the {by.expected_gain_ms:.2f} ms per step that `{by.id}` claims for the same "
         "exposed communication (detectors/reconcile.py)"
     )
-    if f.id == "comm-bound" and by.id == "missing-overlap":
-        f.recommendation = f.recommendation.replace(
-            NO_OVERLAP_FIX,
-            f"Beyond the {by.expected_gain_ms:.2f} ms per step that prefetch recovers "
-            "(`missing-overlap`), communication stays longer than the compute it could hide "
-            "under; no prefetch setting removes the rest.",
-        )
     return True
 
 

@@ -5,7 +5,8 @@ detector context's step models with the change the finding recommends.
 when no rank has a modelled step or the change does not apply), once per context and change. The platform is the fact
 sheet's: on a CPU-only run, gathers overlap only where it says they can (the unshard async op
 the run sets, ZeRO-3), or where the change itself sets the async op; elsewhere they can. `gain_text` states the
-counterfactual that ran, for the finding's `gain_method`.
+counterfactual that ran, for the finding's `gain_method`. `prefetch_change` is the overlap
+change `missing-overlap` replays, which `comm-bound` replays its remedies beyond.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
         )
     except WhatIfError:
         return None
+
+
+def prefetch_change(ctx: DetectorContext) -> Change:
+    """The overlap change `missing-overlap` replays: gathers prefetched one unit ahead, with
+    FSDP2's unshard async op on a CPU run whose gathers cannot overlap as configured."""
+    lacks_overlap = ctx.sheet.cpu_only and not ctx.sheet.gathers_can_overlap()
+    return Change(prefetch=1, unshard_async_op=lacks_overlap)
 
 
 def gain_text(result: WhatIfResult) -> str:
