@@ -6,9 +6,11 @@ more compute per byte (a bigger batch per rank), or cheaper links (HSDP on multi
 FSDP still shards across nodes).
 
 The expected gain is replayed where a remedy it names can be: bf16 parameter gathers (not on a
-CPU-only run, whose math would change too) and the HSDP shape (multi-node runs), each on top of
-the prefetch `missing-overlap` replays, so the gain is what the remedy saves beyond what
-prefetch recovers. Otherwise it is the upper bound: the comm time in excess of compute.
+CPU-only run, whose math would change too) and the HSDP shape (multi-node runs). Each is
+replayed alone and on top of the prefetch `missing-overlap` replays; `settle` (run again by the
+reconcile step, which knows the report's other findings) takes the best remedy no other finding
+proposes, beyond prefetch when `missing-overlap` is reported. Otherwise the gain is the upper
+bound: the comm time in excess of compute.
 
 On a run with a tensor-parallel dimension, the step verdicts count the TP collectives too: those
 are not FSDP traffic (no FSDP setting changes them), so each step is judged again on the FSDP
@@ -18,6 +20,7 @@ collectives alone (the ledger's), with the same verdict rule (rank/verdict.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import numpy as np
 
@@ -25,7 +28,7 @@ from ..rank import intervals
 from ..rank.fsdp_ledger import RankLedger
 from ..rank.verdict import COMM_BOUND_STEP_SHARE, decide
 from ..report import Finding, StepBreakdown
-from ..whatif.run_whatif import Change
+from ..whatif.run_whatif import Change, WhatIfResult
 from .context import DetectorContext
 from .flat_sharding import hsdp_change, shards_across_nodes
 from .fp32_collectives import bf16_remedy, is_fp32
@@ -76,49 +79,110 @@ UPPER_BOUND = (
 )
 
 
-def _remedies(ctx: DetectorContext, bf16: bool) -> list[tuple[str, Change]]:
-    """The remedies the replay can run on this run, each as (its name, its change)."""
+def _remedies(ctx: DetectorContext, bf16: bool) -> list[tuple[str, str, Change]]:
+    """The remedies the replay can run on this run: (name, the finding that proposes the same
+    change on its own, the change)."""
     out = []
     if bf16 and not ctx.sheet.cpu_only:
-        out.append(("bf16 parameter gathers", Change(bf16_params=True)))
+        out.append(("bf16 parameter gathers", "fp32-collectives", Change(bf16_params=True)))
     hsdp = hsdp_change(ctx)
     if hsdp is not None:
-        out.append(("HSDP", hsdp))
+        out.append(("HSDP", "flat-sharding-multinode", hsdp))
     return out
 
 
-def replayed_gain(ctx: DetectorContext, bf16: bool) -> tuple[float, str] | None:
-    """(ms per step, how) of the best remedy the replay can run (`_remedies`), each replayed on
-    top of `missing-overlap`'s prefetch change against that change alone (what the remedy saves
-    beyond what prefetch recovers; against the measured step where prefetch recovers nothing).
-    None when no remedy can be replayed on this run."""
-    base_change = prefetch_change(ctx)
-    base = replayed(ctx, base_change)
-    if base is None or not base.ranks or base.gain_ms <= 0:
-        base_change, base = Change(), None  # prefetch recovers nothing: the measured step
-    best: tuple[float, str] | None = None
-    for name, remedy in _remedies(ctx, bf16):
-        both = replayed(
-            ctx,
-            dataclasses.replace(
-                remedy,
-                prefetch=base_change.prefetch,
-                unshard_async_op=base_change.unshard_async_op,
-            ),
-        )
-        if both is None or not both.ranks:
+def _leg(before: WhatIfResult | None, after: WhatIfResult) -> dict[str, object]:
+    """One replayed comparison, as evidence: the command, what it is compared with, the times."""
+    return {
+        "command": after.change.label(),
+        "against": before.change.label() if before is not None else "",
+        "before_ms": round(before.predicted_ms if before is not None else after.measured_ms, 3),
+        "after_ms": round(after.predicted_ms, 3),
+    }
+
+
+def replayed_remedies(ctx: DetectorContext, bf16: bool) -> list[dict[str, object]]:
+    """Each remedy the replay can run (`_remedies`), replayed alone against the measured step
+    and, where `missing-overlap`'s prefetch change replays, on top of it against it alone
+    (what the remedy saves beyond what prefetch recovers): the evidence `settle` chooses from."""
+    prefetch = prefetch_change(ctx)
+    base = replayed(ctx, prefetch)
+    out = []
+    for name, finding, remedy in _remedies(ctx, bf16):
+        alone = replayed(ctx, remedy)
+        if alone is None or not alone.ranks:
             continue
-        before = base.predicted_ms if base is not None else both.measured_ms
-        gain = before - both.predicted_ms
-        how = (
-            f"replayed: {name} (zdiag whatif {both.change.label()}) against "
-            + (f"{base_change.label()} alone" if base is not None else "the measured step")
-            + f", {before:.1f} -> {both.predicted_ms:.1f} ms, median over {len(both.ranks)} "
-            f"rank(s); {both.platform.reason}"
+        entry: dict[str, object] = {
+            "remedy": name,
+            "finding": finding,
+            "ranks": len(alone.ranks),
+            "alone": _leg(None, alone),
+        }
+        if base is not None and base.ranks:
+            both = replayed(
+                ctx,
+                dataclasses.replace(
+                    remedy, prefetch=prefetch.prefetch, unshard_async_op=prefetch.unshard_async_op
+                ),
+            )
+            if both is not None and both.ranks:
+                entry["beyond_prefetch"] = _leg(base, both)
+        out.append(entry)
+    return out
+
+
+def _gain_of(leg: object) -> float:
+    """The saving of one replayed comparison (`_leg`), in ms per step."""
+    assert isinstance(leg, dict)
+    return float(leg["before_ms"]) - float(leg["after_ms"])
+
+
+def settle(f: Finding, present: Collection[str]) -> None:
+    """Set a comm-bound finding's gain from its replayed remedies, given the findings in the
+    report (`present`): a remedy another finding proposes keeps its gain there (one claim per
+    millisecond); of the others, the best, replayed on top of prefetch where `missing-overlap`
+    is in the report. Without replayed remedies the gain stays the upper bound."""
+    remedies = [r for r in f.evidence.get("replayed_remedies", []) if isinstance(r, dict)]
+    if not remedies:
+        return
+    excess = float(f.evidence.get("comm_excess_ms_per_step", 0.0))
+    bigger_batch = (
+        "a bigger batch per rank is not replayed: the comm excess, "
+        f"{excess:.2f} ms per step, bounds what it can save (docs/whatif.md)"
+    )
+    free = [r for r in remedies if r["finding"] not in present]
+    claimed = [r for r in remedies if r["finding"] in present]
+    f.evidence.pop("replayed_beyond_prefetch", None)
+    if not free:
+        f.expected_gain_ms = None
+        f.gain_method = (
+            "none of its own: "
+            + ", ".join(
+                f"`{r['finding']}` gives the replayed gain of {r['remedy']}" for r in claimed
+            )
+            + "; "
+            + bigger_batch
         )
-        if best is None or gain > best[0]:
-            best = (gain, how)
-    return best
+        return
+    beyond = "missing-overlap" in present and all("beyond_prefetch" in r for r in free)
+    leg_name = "beyond_prefetch" if beyond else "alone"
+    best = max(free, key=lambda r: _gain_of(r[leg_name]))
+    leg = best[leg_name]
+    assert isinstance(leg, dict)
+    gain = _gain_of(leg)
+    against = f"{leg['against']} alone" if beyond else "the measured step"
+    f.expected_gain_ms = round(max(0.0, gain), 3)
+    f.gain_method = (
+        f"replayed: {best['remedy']} (zdiag whatif {leg['command']}) against {against}, "
+        f"{leg['before_ms']:.1f} -> {leg['after_ms']:.1f} ms, median over {best['ranks']} "
+        "rank(s)"
+        + (" (no gain)" if gain <= 0 else "")
+        + "; "
+        + "".join(f"`{r['finding']}` gives the gain of {r['remedy']}; " for r in claimed)
+        + bigger_batch
+    )
+    if beyond:
+        f.evidence["replayed_beyond_prefetch"] = True
 
 
 def detect(ctx: DetectorContext) -> list[Finding]:
@@ -161,44 +225,34 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if shards_across_nodes(ctx):  # never proposed to a run that already replicates
         options.append("HSDP (shard within a node, replicate across nodes)")
     excess = max(0.0, comm - compute) / n
-    replay = replayed_gain(ctx, bf16 is not None)
-    if replay is None:
-        gain, method = excess, UPPER_BOUND
-    else:
-        gain = max(0.0, replay[0])
-        method = (
-            replay[1]
-            + (" (no gain)" if replay[0] <= 0 else "")
-            + f"; a bigger batch per rank is not replayed: the comm excess, {excess:.2f} ms "
-            "per step, bounds what it can save (docs/whatif.md)"
-        )
-    return [
-        Finding(
-            id="comm-bound",
-            severity="warning",
-            title=(  # the comm-bound steps' own means: the other steps' can invert them
-                f"{bound} of {n} steps are comm-bound: {what} "
-                f"({hit_comm / bound:.1f} ms/step) exceeds compute ({hit_compute / bound:.1f} "
-                "ms/step)" + (" in those steps" if bound < n else "")
-            ),
-            ranks=ranks,
-            steps=sorted(steps),
-            evidence={
-                **({"tensor_parallel_left_out": True} if fsdp_only else {}),
-                "comm_bound_steps": bound,
-                "steps": n,
-                "comm_ms_per_step": round(comm / n, 3),
-                "compute_ms_per_step": round(compute / n, 3),
-                "threshold_step_share": COMM_BOUND_STEP_SHARE,
-                "comm_excess_ms_per_step": round(excess, 3),
-                **({"replayed_beyond_prefetch": True} if replay is not None else {}),
-            },
-            recommendation=(NO_OVERLAP_FIX + " What would: " + "; ".join(options) + "."),
-            code=bf16.code if bf16 is not None else None,
-            expected_gain_ms=round(gain, 3),
-            gain_method=method,
-        )
-    ]
+    remedies = replayed_remedies(ctx, bf16 is not None)
+    finding = Finding(
+        id="comm-bound",
+        severity="warning",
+        title=(  # the comm-bound steps' own means: the other steps' can invert them
+            f"{bound} of {n} steps are comm-bound: {what} "
+            f"({hit_comm / bound:.1f} ms/step) exceeds compute ({hit_compute / bound:.1f} "
+            "ms/step)" + (" in those steps" if bound < n else "")
+        ),
+        ranks=ranks,
+        steps=sorted(steps),
+        evidence={
+            **({"tensor_parallel_left_out": True} if fsdp_only else {}),
+            "comm_bound_steps": bound,
+            "steps": n,
+            "comm_ms_per_step": round(comm / n, 3),
+            "compute_ms_per_step": round(compute / n, 3),
+            "threshold_step_share": COMM_BOUND_STEP_SHARE,
+            "comm_excess_ms_per_step": round(excess, 3),
+            **({"replayed_remedies": remedies} if remedies else {}),
+        },
+        recommendation=(NO_OVERLAP_FIX + " What would: " + "; ".join(options) + "."),
+        code=bf16.code if bf16 is not None else None,
+        expected_gain_ms=round(excess, 3),
+        gain_method=UPPER_BOUND,
+    )
+    settle(finding, ())
+    return [finding]
 
 
 RULE = Rule(
@@ -225,9 +279,11 @@ RULE = Rule(
     ),
     gain=(
         "Replayed where a remedy it names can be (bf16 parameter gathers off CPU-only runs, the "
-        "HSDP shape on multi-node runs): the best remedy on top of `missing-overlap`'s prefetch, "
-        "against that prefetch alone. Otherwise an upper bound: the communication time in "
-        "excess of compute per step."
+        "HSDP shape on multi-node runs): the best remedy that no other finding in the report "
+        "proposes (`fp32-collectives` and `flat-sharding-multinode` keep theirs), against the "
+        "measured step, or on top of `missing-overlap`'s prefetch against that prefetch alone "
+        "when `missing-overlap` is reported. Otherwise an upper bound: the communication time "
+        "in excess of compute per step."
     ),
     scope="FSDP/ZeRO runs (the ranks with FSDP traffic)",
     fsdp_only=True,

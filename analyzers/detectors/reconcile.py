@@ -21,7 +21,10 @@ every detector ran, most specific cause first:
    what the re-wrap changes), so `missing-overlap` is dropped and the wrap finding says to
    re-profile after re-wrapping and add prefetch if gathers stay exposed. Wrap findings also
    explain `exposed-comm`.
-5. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
+5. `comm-bound`'s replayed remedies are settled against the report (detectors/comm_bound.py
+   `settle`): a remedy `fp32-collectives` or `flat-sharding-multinode` proposes keeps its gain
+   there, and the best of the others is taken beyond prefetch when `missing-overlap` is here.
+6. A finding whose remaining gain falls to zero (or below its own firing minimum, when it
    records one as `min_gain_ms_per_step`) is dropped; the finding that took its time lists it
    in `evidence["explains"]`. Every reduced finding keeps its measured gain as
    `evidence["gain_before_reconcile_ms"]` and says why in its `gain_method`.
@@ -30,7 +33,7 @@ every detector ran, most specific cause first:
 from __future__ import annotations
 
 from ..report import Finding
-from .comm_bound import NO_OVERLAP_FIX
+from .comm_bound import NO_OVERLAP_FIX, settle
 
 # The order in which findings claim exposed communication time: earlier claims first.
 CLAIM_ORDER = ("straggler", "missing-overlap", "comm-bound")
@@ -87,6 +90,9 @@ def reconcile(findings: list[Finding]) -> list[Finding]:
         )
         dropped.add("missing-overlap")
         del by_id["missing-overlap"]
+    cb = by_id.get("comm-bound")
+    if cb is not None:
+        settle(cb, set(by_id) - dropped)
     explainer = next((by_id[i] for i in (*CLAIM_ORDER, *WRAP_FINDINGS) if i in by_id), None)
     if "exposed-comm" in by_id and explainer is not None:
         explainer.evidence.setdefault("explains", []).append("exposed-comm")

@@ -57,18 +57,41 @@ def _ctx(*, modelled: bool, manifest: Manifest | None = None) -> DetectorContext
     )  # type: ignore[dict-item]  # fmt: skip
 
 
-def test_on_a_gpu_the_gain_is_the_bf16_replay_beyond_prefetch() -> None:
+def test_on_a_gpu_the_gain_is_the_bf16_replay() -> None:
     (f,) = comm_bound.detect(_ctx(modelled=True))
     assert f.evidence["comm_excess_ms_per_step"] == pytest.approx(0.8)
-    assert f.evidence["replayed_beyond_prefetch"] is True
     method = f.gain_method or ""
-    assert method.startswith("replayed: bf16 parameter gathers (zdiag whatif --prefetch 1 ")
-    assert "--param-dtype bf16" in method and "against --prefetch 1 alone" in method
-    # by hand: prefetch issues each gather as the previous unit's compute starts, on one lane:
-    # 0.3 + 3 x 0.3 + 0.1 = 1.3 ms; with half the bytes 0.15 + 3 x 0.15 + 0.1 = 0.7 ms
-    assert "1.3 -> 0.7 ms" in method
+    # by hand: four gathers of 0.3 ms, each exposed before its unit's 0.1 ms: 1.6 ms; with
+    # half the bytes, 4 x 0.15 + 0.4 = 1.0 ms
+    assert method.startswith(
+        "replayed: bf16 parameter gathers (zdiag whatif --param-dtype bf16) against the "
+        "measured step, 1.6 -> 1.0 ms"
+    )
     assert f.expected_gain_ms == pytest.approx(0.6)
     assert "a bigger batch per rank is not replayed" in method
+    assert "replayed_beyond_prefetch" not in f.evidence
+
+
+def test_beside_missing_overlap_the_gain_is_beyond_prefetch() -> None:
+    (f,) = comm_bound.detect(_ctx(modelled=True))
+    comm_bound.settle(f, {"comm-bound", "missing-overlap"})
+    # by hand: prefetch issues each gather as the previous unit's compute starts, on one lane:
+    # 0.3 + 3 x 0.3 + 0.1 = 1.3 ms; with half the bytes 0.15 + 3 x 0.15 + 0.1 = 0.7 ms
+    assert (f.gain_method or "").startswith(
+        "replayed: bf16 parameter gathers (zdiag whatif --prefetch 1 --param-dtype bf16) "
+        "against --prefetch 1 alone, 1.3 -> 0.7 ms"
+    )
+    assert f.expected_gain_ms == pytest.approx(0.6)
+    assert f.evidence["replayed_beyond_prefetch"] is True
+
+
+def test_a_remedy_another_finding_proposes_keeps_its_gain_there() -> None:
+    (f,) = comm_bound.detect(_ctx(modelled=True))
+    comm_bound.settle(f, {"comm-bound", "fp32-collectives"})
+    assert f.expected_gain_ms is None
+    assert (f.gain_method or "").startswith(
+        "none of its own: `fp32-collectives` gives the replayed gain of bf16 parameter gathers"
+    )
 
 
 def test_without_modelled_steps_the_gain_stays_the_upper_bound() -> None:
@@ -89,27 +112,29 @@ def test_on_two_nodes_hsdp_is_replayed_too() -> None:
         {"rank": r, "node_rank": r // 2, "host": f"h{r // 2}", "device": "cuda"} for r in range(4)
     ]
     manifest = Manifest.from_json({"world_size": 4, "nnodes": 2, "ranks": ranks})
-    ctx = _ctx(modelled=True, manifest=manifest)
-    best = comm_bound.replayed_gain(ctx, bf16=False)  # HSDP alone
-    assert best is not None and best[1].startswith("replayed: HSDP (zdiag whatif ")
-    assert "--mesh-shape 2,2" in best[1]
-    # the shard group inside a node: half the ranks, and bytes INTRA_NODE_SPEEDUP (2x) faster
-    assert best[0] > comm_bound.replayed_gain(_ctx(modelled=True), bf16=True)[0]  # type: ignore[index]
+    (f,) = comm_bound.detect(_ctx(modelled=True, manifest=manifest))
+    # the shard group inside a node: half the ranks' bytes, INTRA_NODE_SPEEDUP (2x) faster: the
+    # gathers take a quarter of their time, more than bf16's half saves
+    assert (f.gain_method or "").startswith("replayed: HSDP (zdiag whatif --mesh-shape 2,2)")
+    hsdp = f.expected_gain_ms
+    assert hsdp is not None and hsdp > 0.6
+    comm_bound.settle(f, {"comm-bound", "flat-sharding-multinode"})
+    method = f.gain_method or ""
+    assert method.startswith("replayed: bf16 parameter gathers")
+    assert "`flat-sharding-multinode` gives the gain of HSDP" in method
+    assert f.expected_gain_ms == pytest.approx(0.6)
 
 
-def _finding(fid: str, gain: float, **evidence: object) -> Finding:
-    return Finding(
-        id=fid, severity="warning", title=fid, ranks=[0], steps=[1], evidence=dict(evidence),
-        recommendation=comm_bound.NO_OVERLAP_FIX + " What would: x.", expected_gain_ms=gain,
-        gain_method="m",
-    )  # fmt: skip
+def _missing_overlap(gain: float) -> Finding:
+    return Finding(id="missing-overlap", severity="warning", title="t", expected_gain_ms=gain)
 
 
-def test_reconcile_keeps_a_gain_replayed_beyond_prefetch() -> None:
-    replayed = _finding("comm-bound", 5.0, replayed_beyond_prefetch=True)
-    bound = _finding("comm-bound", 5.0)
-    for cb, kept in ((replayed, 5.0), (bound, 2.0)):
-        out = reconcile([_finding("missing-overlap", 3.0), cb])
+def test_reconcile_takes_nothing_from_a_gain_replayed_beyond_prefetch() -> None:
+    (replayed,) = comm_bound.detect(_ctx(modelled=True))
+    (bound,) = comm_bound.detect(_ctx(modelled=False))
+    for cb, kept in ((replayed, 0.6), (bound, 0.8 - 0.3)):
+        out = reconcile([_missing_overlap(0.3), cb])
         (got,) = [f for f in out if f.id == "comm-bound"]
         assert got.expected_gain_ms == pytest.approx(kept)
-        assert got.recommendation.startswith("Beyond the 3.00 ms per step that prefetch recovers")
+        assert got.recommendation.startswith("Beyond the 0.30 ms per step that prefetch recovers")
+    assert "against --prefetch 1 alone" in replayed.gain_method
