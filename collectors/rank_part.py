@@ -71,6 +71,22 @@ def torch_versions() -> dict[str, str | None]:
     }
 
 
+def cpu_set_text() -> str | None:
+    """The CPU cores this process may run on, as ranges ("0-3,8"); None where the OS does not
+    say (no `sched_getaffinity`: macOS, Windows)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    ranges: list[list[int]] = []
+    for c in cores:
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges) or None
+
+
 def write_rank_part(
     run_dir: Path,
     who: RankIdentity,
@@ -93,6 +109,7 @@ def write_rank_part(
             # cuda:<index> once it initialized CUDA, cpu if it finished without; None while
             # that is not known yet (a part written before CUDA).
             device=None if device == "cpu" and not ended else device,
+            cpu_set=cpu_set_text(),
             started_at=who.started_at,
             ended_at=utc_now_iso() if ended else None,
             **entry,

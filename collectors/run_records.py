@@ -163,6 +163,9 @@ class RankEntry(JsonRecord):
     host: str | None = None
     pid: int | None = None
     device: str | None = None  # "cpu" | "cuda:<index>"; None: not known (yet)
+    # the CPU cores the rank may run on, as ranges ("0-3,8"): its affinity when its part was
+    # written; None where the OS does not say (analyzers/run/core_use.py reads it)
+    cpu_set: str | None = field(default=None, metadata=WRITTEN_WHEN_SET)
     trace: str | None = run_path()
     memory_timeline: str | None = run_path()
     memory_snapshot: str | None = run_path()

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..rank.rank_analysis import RankFacts
     from ..rank.step_model import StepModel
     from ..rank.summary import RankSummary
+    from ..run.core_use import HostCores
     from ..run.crossrank import CrossRankResult
     from ..run.wait_graph import HangAnalysis
     from ..whatif.run_whatif import Change, WhatIfResult
@@ -80,6 +81,8 @@ class DetectorContext:
       re-times for the findings' expected gains (detectors/replayed_gain.py), their FSDP units
       named by module path where the captured model says (FSDP1's are named by position in a
       trace); `device`: the ranks' device kind
+    - `host_cores`: how busy each host's CPU cores were, where the run's step logs and manifest
+      say (run/core_use.py)
     - `sheet`: the run's facts, derived once from the values above (detectors/fact_sheet.py)
     - `group_roles`: {group members: mesh role} (detectors/mesh_dims.py); `tensor_parallel`:
       whether the run has a TP dimension (derived)
@@ -98,6 +101,7 @@ class DetectorContext:
     record_members: dict[int, dict[float, Members]] = field(default_factory=dict)
     step_models: dict[int, list[StepModel]] = field(default_factory=dict)
     device: str = "unknown"
+    host_cores: tuple[HostCores, ...] = ()
     sheet: RunFactSheet = field(init=False)
     group_roles: dict[Members, str] = field(init=False, repr=False)
     tensor_parallel: bool = field(init=False, repr=False)
@@ -178,6 +182,7 @@ def build_context(
     memory_breakdowns: Sequence[MemoryBreakdown] = (),
     crossrank: CrossRankResult | None = None,
     flight_recorder: HangAnalysis | None = None,
+    host_cores: Sequence[HostCores] = (),
 ) -> DetectorContext:
     """The DetectorContext of a run's rank summaries, its matching, manifest, the OOM records
     the engine read and the memory data."""
@@ -209,6 +214,7 @@ def build_context(
             s.rank: with_unit_paths(s.step_models, paths) for s in summaries if s.step_models
         },
         device=summaries[0].device if summaries else "unknown",
+        host_cores=tuple(host_cores),
     )
 
 

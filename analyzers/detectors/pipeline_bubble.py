@@ -36,6 +36,7 @@ from statistics import median
 from ..inputs.pipeline_facts import PipelineFacts
 from ..rank.pipeline_times import PipelineAction, PipelineStepTimes
 from ..report import Finding, Severity
+from ..run.core_use import HostCores, busiest
 from ..whatif.pipeline_replay import Move, Replayed, gather_time, replay_pipeline
 from .context import DetectorContext
 from .rule import Rule, Threshold
@@ -295,13 +296,15 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             recommendation=_recommendation(b),
             code=_code(pf, m, 2 * m, b.p) if b.more_microbatches else None,
             expected_gain_ms=round(gain, 3) if gain is not None else None,
-            gain_method=gain_method(b),
+            gain_method=gain_method(b, busiest(ctx.host_cores) if ctx.sheet.cpu_only else None),
         )
     ]
 
 
-def gain_method(b: Bubble) -> str:
-    """How the gain was replayed, with the unchanged replay's error and each change's phase."""
+def gain_method(b: Bubble, cores: HostCores | None = None) -> str:
+    """How the gain was replayed, with the unchanged replay's error and each change's phase;
+    `cores` (a CPU run's busiest host, measured) says whether a rebalanced split, which keeps
+    more ranks busy at once, has cores to run on."""
     r = b.replayed
     if not isinstance(r, Replayed):
         return f"not estimated: the schedule replay did not run ({r})"
@@ -327,6 +330,17 @@ def gain_method(b: Bubble) -> str:
         )
     elif b.imbalanced and r.balanced_ms is not None:
         parts.append(f"the stages balanced (each at their mean work): {r.balanced_ms:.1f} ms")
+    if b.imbalanced and r.balanced_ms is not None and cores is not None:
+        parts.append(
+            "CPU cores are not modelled: "
+            + cores.sentence()
+            + (
+                ": the cores are full, and a balanced split keeps more ranks busy at once, so "
+                "the rebalance's gain is an upper bound"
+                if cores.full
+                else ": room for the ranks a balanced split keeps busy at once"
+            )
+        )
     return (
         "; ".join(parts)
         + ". The larger saving is reported (`zdiag whatif RUN --pipeline-microbatches "

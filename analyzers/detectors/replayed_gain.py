@@ -14,9 +14,11 @@ from __future__ import annotations
 from ..rank.declared_groups import members_by_name, sizes_by_name
 from ..whatif.run_whatif import (
     CORE_SHARING_NOTE,
+    CORES_MEASURED,
     Change,
     WhatIfError,
     WhatIfResult,
+    note_core_use,
     replay_change,
 )
 from .context import DetectorContext
@@ -45,7 +47,7 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
     else:
         can, why = True, "collectives run on their own streams (not a CPU-only run)"
     try:
-        return replay_change(
+        result = replay_change(
             ctx.step_models,
             ctx.device,
             change,
@@ -59,6 +61,7 @@ def _replay(ctx: DetectorContext, change: Change) -> WhatIfResult | None:
         )
     except WhatIfError:
         return None
+    return note_core_use(result, ctx.host_cores)
 
 
 def prefetch_change(ctx: DetectorContext) -> Change:
@@ -74,11 +77,15 @@ def gain_text(result: WhatIfResult) -> str:
         f"replayed (zdiag whatif {result.change.label()}): the measured step re-timed with "
         f"the change, {result.measured_ms:.1f} -> {result.predicted_ms:.1f} ms, median over "
         f"{len(result.ranks)} rank(s); {result.platform.reason}"
-        + (
-            "; compute kept as measured, though gloo's worker thread shares the host's cores: "
-            "an upper bound where the ranks fill them"
-            if CORE_SHARING_NOTE in result.notes
-            else ""
-        )
+        + (_core_sharing(result.notes) if CORE_SHARING_NOTE in result.notes else "")
         + " (docs/whatif.md)"
+    )
+
+
+def _core_sharing(notes: list[str]) -> str:
+    """What a replay that runs gloo's worker thread beside compute assumes of the cores: the
+    measured use where the run's step logs give it, else the caveat."""
+    measured = [n.removeprefix(CORES_MEASURED) for n in notes if n.startswith(CORES_MEASURED)]
+    return "; compute kept as measured, though gloo's worker thread shares the host's cores" + (
+        f"; {measured[0]}" if measured else ": an upper bound where the ranks fill them"
     )

@@ -39,6 +39,7 @@ from ..memory.preexisting import infer_preexisting
 from ..memory.snapshot_input import SNAPSHOT_SKIPPED, SnapshotResult, load_breakdowns
 from ..rank.summary import RankSummary
 from ..report import MemoryTimeline
+from ..run.core_use import host_cores
 from ..run.run_data import RunData
 from ..run.wait_graph import analyze_dumps
 from .reduce import RunFacts
@@ -210,6 +211,7 @@ def run_facts(
         manifest_summary=manifest_summary(run.manifest) if run.manifest else {},
         flight_recorder=run.flight_recorder,
         flight_recorder_inputs=tuple(run.flight_recorder_inputs),
+        host_cores=host_cores(run.manifest, run.step_logs),
     )
 
 

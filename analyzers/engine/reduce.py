@@ -27,6 +27,7 @@ from ..rank.summary import RankSummary
 from ..rank.timeline import select_timelines
 from ..report import MemoryBreakdown, MemoryTimeline, Report, StepTimeline
 from ..run.comm_dimensions import comm_dimensions
+from ..run.core_use import HostCores
 from ..run.crossrank import CrossRankResult
 from ..run.crossrank_match import match_collectives
 from ..run.process_groups import process_group_stats
@@ -70,6 +71,7 @@ class RunFacts:
     flight_recorder: HangAnalysis | None = None
     flight_recorder_inputs: tuple[str, ...] = ()
     flight_recorder_only: bool = False
+    host_cores: tuple[HostCores, ...] = ()  # how busy each host's cores were (run/core_use.py)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ def reduce_run(summaries: Sequence[RankSummary], run: RunFacts) -> Reduction:
         memory_breakdowns=breakdowns,
         crossrank=matching,
         flight_recorder=run.flight_recorder,
+        host_cores=run.host_cores,
     )
     detected = run_context(ctx)
 

@@ -20,6 +20,7 @@ from ..inputs.model_facts import ModelFacts
 from ..rank.declared_groups import members_by_name, sizes_by_name
 from ..rank.step_model import StepModel, with_unit_paths
 from ..rank.summary import RankSummary
+from ..run.core_use import HostCores, busiest
 from . import change_checks as checks
 from . import counterfactuals as cf
 from .change import Change as Change
@@ -112,6 +113,26 @@ CORE_SHARING_NOTE = (
     "bound (docs/whatif.md)"
 )
 """The note on a CPU replay that turns the unshard async op on (docs/whatif.md, limits)."""
+
+CORES_MEASURED = "cores: "
+"""The prefix of the note `note_core_use` adds beside CORE_SHARING_NOTE."""
+
+
+def note_core_use(result: WhatIfResult, hosts: Sequence[HostCores]) -> WhatIfResult:
+    """`result`, with the busiest host's measured core use noted where the replay runs gloo's
+    worker thread beside compute (CORE_SHARING_NOTE) and the run's step logs measured cores."""
+    host = busiest(hosts)
+    if CORE_SHARING_NOTE in result.notes and host is not None:
+        result.notes.append(
+            CORES_MEASURED
+            + host.sentence()
+            + (
+                ": the cores are full, the gain an upper bound"
+                if host.full
+                else ": room for gloo's thread"
+            )
+        )
+    return result
 
 
 def apply_change(

@@ -267,7 +267,7 @@ class WhatIfCommand:
         """Analyze, replay, write; returns the exit code."""
         from zdiag.analyzers.engine.summary_pipeline import SummaryOptions, analyze_via_summaries
         from zdiag.analyzers.engine.summary_store import cache_disabled_by_env
-        from zdiag.analyzers.whatif.run_whatif import WhatIfError, run_whatif
+        from zdiag.analyzers.whatif.run_whatif import WhatIfError, note_core_use, run_whatif
         from zdiag.render.output import OutputTarget, check_outputs
 
         if args.run is None:
@@ -309,6 +309,8 @@ class WhatIfCommand:
             )
         except WhatIfError as exc:
             raise InputError(f"{args.run}: {exc}.") from exc
+        if run.context is not None:
+            note_core_use(result, run.context.host_cores)
         _write(result, args)
         return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT
+from zdiag.analyzers.run.core_use import parse_cpu_set
 
 pytestmark = pytest.mark.slow  # real processes or engines: seconds per test (make integration)
 
@@ -72,6 +74,8 @@ def check_common_manifest(m: dict[str, Any], world_size: int) -> None:
     for r in m["ranks"]:
         assert r["exit_code"] == 0 and r["oom"] is False and r["collector_errors"] == []
         assert r["device"] == "cpu"
+        if hasattr(os, "sched_getaffinity"):  # the cores the rank could run on (core_use.py)
+            assert parse_cpu_set(r["cpu_set"]) == frozenset(os.sched_getaffinity(0))
 
 
 def test_unmodified_script_steps_found_by_the_optimizer_hook(tmp_path: Path) -> None:

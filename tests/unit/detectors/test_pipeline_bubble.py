@@ -23,6 +23,7 @@ from zdiag.analyzers.rank.pipeline_times import (
 )
 from zdiag.analyzers.rank.rank_analysis import RankFacts
 from zdiag.analyzers.rank.steps import find_steps
+from zdiag.analyzers.run.core_use import HostCores
 from zdiag.analyzers.whatif.pipeline_replay import Move, Replayed, replay_pipeline
 from zdiag.collectors.model_schema import (
     DeviceMeshInfo,
@@ -238,6 +239,13 @@ def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     assert isinstance(b.replayed, Replayed) and b.replayed.move == Move(0, 1, 2, 6)
     assert b.gain_bal == pytest.approx(9.0)
     assert "2 of stage 0's 6 blocks moved to stage 1" in pb.gain_method(b)
+    assert "CPU cores" not in pb.gain_method(b)
+    # a CPU run's measured cores: full, the rebalance (more ranks busy at once) is an upper bound
+    full = pb.gain_method(b, HostCores("vm", (0, 1), 2, 1.9, 30))
+    assert "CPU cores are not modelled: the 2 ranks on vm kept 1.9 of its 2 cores busy" in full
+    assert "the rebalance's gain is an upper bound" in full
+    room = pb.gain_method(b, HostCores("vm", (0, 1), 8, 1.9, 30))
+    assert "room for the ranks a balanced split keeps busy at once" in room
     # the captured rank runs stage 0; were stage 1 the slow one, its blocks are unknown
     timings = _gpipe([7.0, 15.0])
     pos = pb.positions(pf, timings)
