@@ -338,7 +338,7 @@ def gain_method(b: Bubble, cores: HostCores | None = None) -> str:
                 ": the cores are full, and a balanced split keeps more ranks busy at once, so "
                 "the rebalance's gain is an upper bound"
                 if cores.full
-                else ": room for the ranks a balanced split keeps busy at once"
+                else ": not full, though a balanced split keeps more ranks busy at once, which the replay does not slow"
             )
         )
     return (

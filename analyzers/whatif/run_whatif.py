@@ -126,11 +126,7 @@ def note_core_use(result: WhatIfResult, hosts: Sequence[HostCores]) -> WhatIfRes
         result.notes.append(
             CORES_MEASURED
             + host.sentence()
-            + (
-                ": the cores are full, the gain an upper bound"
-                if host.full
-                else ": room for gloo's thread"
-            )
+            + (": the cores are full, the gain an upper bound" if host.full else ": not full")
         )
     return result
 

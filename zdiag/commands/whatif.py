@@ -380,6 +380,7 @@ def _pipeline_only(args: argparse.Namespace) -> None:
 def _pipeline_whatif(context: DetectorContext | None, args: argparse.Namespace) -> int:
     """Replay the run's pipeline schedule with the change, and write it."""
     from zdiag.analyzers.detectors.pipeline_bubble import bubble_of
+    from zdiag.analyzers.run.core_use import busiest
     from zdiag.analyzers.whatif.pipeline_replay import Replayed
     from zdiag.render.output import deliver
     from zdiag.render.pipeline_whatif import (
@@ -409,11 +410,12 @@ def _pipeline_whatif(context: DetectorContext | None, args: argparse.Namespace) 
     if not isinstance(b.replayed, Replayed):
         raise InputError(f"{args.run}: the pipeline schedule replay did not run ({b.replayed}).")
     rebalance = args.pipeline_rebalance
+    cores = busiest(context.host_cores) if context.sheet.cpu_only else None
     deliver(
         lambda width: (
-            render_pipeline_whatif_json(b, rebalance)
+            render_pipeline_whatif_json(b, rebalance, cores)
             if args.json
-            else render_pipeline_whatif_text(b, rebalance, width)
+            else render_pipeline_whatif_text(b, rebalance, width, cores)
         ).encode(),
         args.output,
         "the what-if",

@@ -8,6 +8,7 @@ import textwrap
 from typing import Any
 
 from zdiag.analyzers.detectors.pipeline_bubble import Bubble
+from zdiag.analyzers.run.core_use import HostCores
 from zdiag.analyzers.whatif.pipeline_replay import Replayed
 
 PIPELINE_WHATIF_SCHEMA = "zdiag.whatif-pipeline/1"
@@ -27,8 +28,10 @@ def _changed(b: Bubble, rebalance: bool) -> tuple[str, float | None, str]:
     return what, r.balanced_ms, ""
 
 
-def pipeline_whatif_json(b: Bubble, rebalance: bool) -> dict[str, Any]:
-    """The replay as `zdiag.whatif-pipeline/1`."""
+def pipeline_whatif_json(
+    b: Bubble, rebalance: bool, cores: HostCores | None = None
+) -> dict[str, Any]:
+    """The replay as `zdiag.whatif-pipeline/1`; `cores`: a CPU run's busiest host, measured."""
     r = b.replayed
     assert isinstance(r, Replayed)
     what, changed, why = _changed(b, rebalance)
@@ -57,17 +60,30 @@ def pipeline_whatif_json(b: Bubble, rebalance: bool) -> dict[str, Any]:
             }
             for q, t in zip(b.pos, b.per_mb, strict=True)
         ],
+        "cores": None
+        if cores is None
+        else {
+            "host": cores.host,
+            "ranks": list(cores.ranks),
+            "cores": cores.cores,
+            "busy": round(cores.busy, 3),
+            "full": cores.full,
+            "sentence": cores.sentence(),
+        },
     }
 
 
-def render_pipeline_whatif_json(b: Bubble, rebalance: bool) -> str:
+def render_pipeline_whatif_json(b: Bubble, rebalance: bool, cores: HostCores | None = None) -> str:
     """The JSON text."""
-    return json.dumps(pipeline_whatif_json(b, rebalance), indent=2) + "\n"
+    return json.dumps(pipeline_whatif_json(b, rebalance, cores), indent=2) + "\n"
 
 
-def render_pipeline_whatif_text(b: Bubble, rebalance: bool, width: int = 100) -> str:
-    """The text: the change's phase and step against the measured ones, the model check."""
-    d = pipeline_whatif_json(b, rebalance)
+def render_pipeline_whatif_text(
+    b: Bubble, rebalance: bool, width: int = 100, cores: HostCores | None = None
+) -> str:
+    """The text: the change's phase and step against the measured ones, the model check, and
+    the measured cores (`cores`) where a rebalanced split keeps more ranks busy at once."""
+    d = pipeline_whatif_json(b, rebalance, cores)
     check = (
         f"model check: the slowest pipeline's phase replays unchanged in "
         f"{d['replayed_phase_ms']:.1f} ms, measured {d['measured_phase_ms']:.1f} ms "
@@ -95,6 +111,18 @@ def render_pipeline_whatif_text(b: Bubble, rebalance: bool, width: int = 100) ->
             f"    stage {', '.join(map(str, s['stages']))} (ranks {s['ranks']}): "
             f"{s['work_per_microbatch_ms']:.1f} ms, {s['bubble_share']:.0%}"
         )
+    if cores is not None and rebalance:
+        note = (
+            "cores: "
+            + cores.sentence()
+            + (
+                ": full; the replay does not model cores, and a balanced split keeps more ranks "
+                "busy at once: its gain is an upper bound"
+                if cores.full
+                else ": not full, though a balanced split keeps more ranks busy at once, which the replay does not slow"
+            )
+        )
+        lines += textwrap.wrap(note, width, initial_indent="  ", subsequent_indent="    ")
     how = (
         "Each rank's recorded actions are re-timed across its pipeline, every wait for a "
         "neighbour derived from the schedule (docs/whatif.md, 'Pipeline schedules')."

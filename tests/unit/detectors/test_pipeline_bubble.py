@@ -245,7 +245,7 @@ def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     assert "CPU cores are not modelled: the 2 ranks on vm kept 1.9 of its 2 cores busy" in full
     assert "the rebalance's gain is an upper bound" in full
     room = pb.gain_method(b, HostCores("vm", (0, 1), 8, 1.9, 30))
-    assert "room for the ranks a balanced split keeps busy at once" in room
+    assert ": not full, though a balanced split keeps more ranks busy at once" in room
     # the captured rank runs stage 0; were stage 1 the slow one, its blocks are unknown
     timings = _gpipe([7.0, 15.0])
     pos = pb.positions(pf, timings)
@@ -329,3 +329,20 @@ def test_more_micro_batches_repeat_the_fsdp_gathers() -> None:
     gathered = replay_pipeline(pf, timings, gathers)
     assert isinstance(gathered, Replayed) and gathered.gain_mb is not None
     assert gathered.gain_mb < 0 and gathered.unchanged_ms == pytest.approx(50.0)
+
+
+def test_zdiag_whatif_pipeline_rebalance_states_the_measured_cores() -> None:
+    from zdiag.render.pipeline_whatif import pipeline_whatif_json, render_pipeline_whatif_text
+
+    pf = ModelFacts(_description()).pipeline
+    assert pf is not None
+    timings = _gpipe([15.0, 7.0])
+    b = pb.measure(pf, pb.positions(pf, timings), 4, timings, ("ResidualMLP", "encoder.stages", 6))
+    assert pipeline_whatif_json(b, True)["cores"] is None
+    full = HostCores("vm", (0, 1), 2, 1.9, 30)
+    assert pipeline_whatif_json(b, True, full)["cores"]["full"] is True
+    text = " ".join(render_pipeline_whatif_text(b, True, 100, full).split())
+    assert "cores: the 2 ranks on vm kept 1.9 of its 2 cores busy per step" in text
+    assert "its gain is an upper bound" in text
+    # the micro-batch change keeps as many ranks busy: no line
+    assert "cores:" not in render_pipeline_whatif_text(b, False, 100, full)

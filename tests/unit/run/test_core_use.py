@@ -100,13 +100,16 @@ def test_hosts_sum_their_ranks_busy_cores_over_the_union_of_their_affinities(
 
 @pytest.mark.parametrize(
     "busy, says",
-    [(1.9, "the cores are full, the gain an upper bound"), (1.2, "room for gloo's thread")],
+    [
+        (1.9, "the cores are full, the gain an upper bound"),
+        (1.2, "busy per step (the step logs' cpu_ms, median over 30 steps): not full"),
+    ],
 )
 def test_a_core_sharing_gain_states_the_measured_cores(
     tmp_path: Path, busy: float, says: str
 ) -> None:
     """missing-overlap on a CPU FSDP2 run replays the unshard async op: gloo's worker thread
-    then runs beside compute, and the gain says whether the cores had room for it."""
+    then runs beside compute, and the gain says whether the cores were full."""
     ctx = trace_context(write(tmp_path, fsdp2_cpu_trace(BLOCKS, steps=2)))
     cpu_step = StepBreakdown(
         step=1, duration_ms=10.0, compute_ms=5.0, comm_ms=5.0, overlapped_ms=0.0,
