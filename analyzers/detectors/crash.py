@@ -50,17 +50,23 @@ def _where(entry: RankEntry) -> str:
     return f"{name}:{src.line}{code}"
 
 
+def culprit_ranks(entries: list[RankEntry]) -> list[RankEntry]:
+    """The ranks whose exception is not a consequence of a peer's failure (module docstring),
+    or, when every failing rank's is, the one that ended first; [] when no rank raised (or
+    only out of memory)."""
+    failed = [e for e in sorted(entries, key=lambda e: e.rank) if _failed(e) and e.error]
+    own = [e for e in failed if not COLLATERAL_ERRORS.search(e.error or "")]
+    return own or sorted(failed, key=lambda e: (e.ended_at or "~", e.rank))[:1]
+
+
 def detect(ctx: DetectorContext) -> list[Finding]:
     """One `crash` finding when ranks of a `zdiag run` raised (not out of memory)."""
     if ctx.manifest is None:
         return []
     entries = sorted(ctx.manifest.ranks, key=lambda e: e.rank)
-    failed = [e for e in entries if _failed(e) and e.error]
-    if not failed or _ended_a_hang(entries):
+    culprits = culprit_ranks(entries)
+    if not culprits or _ended_a_hang(entries):
         return []  # nothing raised, or the errors are a hang's timeouts (the `hang` finding)
-    culprits = [e for e in failed if not COLLATERAL_ERRORS.search(e.error or "")]
-    if not culprits:  # only consequences: name the rank that ended first
-        culprits = sorted(failed, key=lambda e: (e.ended_at or "~", e.rank))[:1]
     names = {e.rank for e in culprits}
     torn = [e.rank for e in entries if e.rank not in names and _torn_down(e)]
     first = culprits[0]
@@ -137,5 +143,8 @@ RULE = Rule(
     ),
     fix="Fix the exception on the culprit rank, at the line it was raised.",
     gain="None: not a performance finding (the run did not finish).",
-    scope="run directories of `zdiag run` (the manifest records each rank's exit)",
+    scope=(
+        "run directories of `zdiag run` (the manifest records each rank's exit), traces or not: "
+        "a script that fails in its setup, before the profiler writes one, is diagnosed too"
+    ),
 )

@@ -57,10 +57,14 @@ def run_level_data(found: Inputs, ranks: list[int], warnings: list[str]) -> RunD
     run.warnings.extend(warnings)
     _add_snapshots(run, found.snapshots, ranks)
     if not files and run_dir is not None and not run.snapshots:
+        stepped = manifest is None or any(e.steps for e in manifest.ranks)
         run.warnings.append(
-            f"{run_dir}: no trace was written (the run ran out of memory before the profiler's "
-            "active steps); only its memory records are analyzed. Profile from the first step "
-            "with 'zdiag run --profile-steps 0:0:N' to see the steps before the failure."
+            f"{run_dir}: no trace was written (the run failed before the profiler's active "
+            "steps); only its manifest and memory records are analyzed. Profile from the first "
+            "step with 'zdiag run --profile-steps 0:0:N' to see the steps before the failure."
+            if stepped
+            else f"{run_dir}: no trace was written (no rank finished a step before the run "
+            "failed); only its manifest and memory records are analyzed."
         )
     seen: dict[int, int] = {}
     for r in ranks:

@@ -72,6 +72,20 @@ def _oom_records(run_dir: Path) -> list[Path]:
     return sorted((run_dir / MEMORY_DIR).glob(OOM_RECORD_GLOB))
 
 
+def _recorded_failure(manifest: Manifest | None) -> bool:
+    """Whether the manifest records a rank that raised (not out of memory: its records say
+    more), hung, or was ended by a signal: the `crash` and `hang` findings read it without any
+    trace (a script that fails before the profiler's first active step)."""
+    if manifest is None:
+        return False
+    return any(
+        (e.exit_code not in (None, 0) and bool(e.error) and not e.oom)
+        or e.hang is not None
+        or e.ended_by is not None
+        for e in manifest.ranks
+    )
+
+
 def _walk_traces(folder: Path, warnings: list[str]) -> list[Path]:
     """Trace-named files anywhere under `folder`; an unreadable subfolder is a warning."""
 
@@ -114,8 +128,9 @@ def _run_dir_traces(run_dir: Path, warnings: list[str]) -> list[Path]:
 def discover(paths: list[Path]) -> Inputs:
     """The inputs under the given paths; InputError when none is usable.
 
-    A run directory that ran out of memory before the profiler wrote any trace is usable: its
-    out-of-memory records and manifest are still analyzed (the traces list is then empty).
+    A run directory that failed before the profiler wrote any trace is usable: its
+    out-of-memory records, or the manifest's record of the ranks that raised, hung or were
+    signalled, are still analyzed (the traces list is then empty).
     """
     if not paths:
         raise InputError("no input given; pass a trace file, several, or a run directory.")
@@ -148,7 +163,8 @@ def discover(paths: list[Path]) -> Inputs:
                 if not found:
                     found = _walk_traces(p, warnings)
                 snapshots.extend(_folder_snapshots(p))
-            if not found and not (run_like and _oom_records(p)) and not snapshots:
+            usable_without_traces = run_like and (_oom_records(p) or _recorded_failure(m))
+            if not found and not usable_without_traces and not snapshots:
                 raise InputError(
                     f"{p}: the folder holds no trace files (*.json or *.json.gz) and no memory "
                     "snapshots; pass a run directory written by 'zdiag run', a folder of "

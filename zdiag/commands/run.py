@@ -30,7 +30,7 @@ from typing import Any
 from zdiag.collectors.config import ENV_CONFIG, ENV_RUN_DIR, FLAG, CollectorConfig, Flag
 from zdiag.collectors.fsio import write_json_atomically
 from zdiag.collectors.manifest import build_manifest, merge_manifest, read_part, utc_now_iso
-from zdiag.collectors.run_records import LauncherPart, Manifest, RankPart
+from zdiag.collectors.run_records import LauncherPart, Manifest, RankEntry, RankPart
 from zdiag.collectors.rundir import (
     MANIFEST,
     PARTS_DIR,
@@ -527,6 +527,15 @@ class LaunchPlan:
                 "or a crash of the interpreter): their steps are counted from their step logs, "
                 "and a profiler window still open then is lost"
             )
+        raised = _culprits(manifest)
+        if raised:
+            first = raised[0]
+            error = (first.error or "").splitlines()[0][:160]
+            notes.append(
+                f"rank {first.rank} raised {error}"
+                + (f" (and {len(raised) - 1} more rank(s))" if len(raised) > 1 else "")
+                + f"; 'zdiag analyze {self.out}' says where and which ranks it tore down"
+            )
         if self.config.profile and traces < len(ranks) and not manifest.exit.oom:
             steps = min(r.steps for r in ranks) if ranks else 0
             notes.append(
@@ -541,6 +550,16 @@ class LaunchPlan:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _culprits(manifest: Manifest) -> list[RankEntry]:
+    """The ranks that raised (not the ones torn down by it), as the `crash` finding names
+    them; the analysis is imported only when some rank recorded an error."""
+    if not any(r.error for r in manifest.ranks):
+        return []
+    from zdiag.analyzers.detectors.crash import culprit_ranks
+
+    return culprit_ranks(list(manifest.ranks))
 
 
 COMMAND = RunCommand()

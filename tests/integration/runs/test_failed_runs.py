@@ -161,6 +161,8 @@ def test_crash_in_one_rank_keeps_the_torn_down_peer(tmp_path: Path) -> None:
         "--crash-at-step", "3", "--crash-rank", "1",
     )  # fmt: skip
     assert res.returncode != 0
+    # the launcher's last line names the culprit, not the torn-down peer
+    assert "rank 1 raised " in res.stderr and f"'zdiag analyze {run}'" in res.stderr
     ranks = manifest_ranks(run)
     assert "injected failure on rank 1" in ranks[1]["error"]
     # rank 0 ended by the peer's failure or torchrun's SIGTERM, and wrote what it had
