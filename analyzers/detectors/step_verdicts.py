@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..frameworks import Framework
 from ..report import Finding
+from ..run.core_use import busiest
 from ..whatif.run_whatif import Change
 from .context import DetectorContext
 from .replayed_gain import gain_text, replayed
@@ -97,6 +98,23 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
             "micro-batch per rank, fused optimizers (`foreach=True` / `fused=True`)"
         ),
     }[top]
+    hosts = [h for h in ctx.host_cores if set(h.ranks) & set(ranks)]
+    full = busiest(hosts)
+    full = full if full is not None and full.full else None
+    if full is not None and top == "data loading":
+        advice = (
+            "the input pipeline: the host's cores are full, so more DataLoader workers would "
+            "compete with the ranks for them; cheaper or pre-computed transforms, faster "
+            "storage, or more cores per rank"
+        )
+    cores_text = (
+        ""
+        if full is None
+        else f" The host's CPU cores are full ({full.sentence()}): the ranks and their "
+        "threads compete for them, so host work runs slower than it would alone; fewer threads "
+        "per rank (OMP_NUM_THREADS, torch.set_num_threads) or fewer ranks per host leaves each "
+        "a core."
+    )
     split = ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items())
     return [
         Finding(
@@ -118,10 +136,11 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
                 "launch_overhead_ms_per_step": round(launch, 3),
                 "pipeline_wait_ms_per_step": round(pipe, 3),
                 "threshold_step_share": HOST_BOUND_STEP_SHARE,
+                **({} if full is None else {"host_cores_busy": [round(full.busy, 2), full.cores]}),
             },
             recommendation=(
                 f"The largest part of the idle time is {top} ({parts[top]:.2f} ms per step): "
-                f"look at {advice}."
+                f"look at {advice}.{cores_text}"
             ),
             expected_gain_ms=round(parts[top], 3),
             gain_method=(
@@ -296,7 +315,9 @@ HOST_BOUND_RULE = Rule(
     fix=(
         "The largest part of the idle time: data loading (DataLoader workers, pin_memory), "
         "host syncs, or launch/Python overhead (torch.compile, CUDA graphs, larger "
-        "micro-batches, fused optimizers)."
+        "micro-batches, fused optimizers). Where the run's step logs show the host's CPU cores "
+        "full (analyzers/run/core_use.py), it says so, proposes fewer threads per rank, and "
+        "does not propose more DataLoader workers."
     ),
     gain=(
         "The largest cause's share of the idle per step: data loading from the "

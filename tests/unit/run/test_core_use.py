@@ -122,3 +122,32 @@ def test_a_core_sharing_gain_states_the_measured_cores(
     (g,) = missing_overlap.detect(measured)
     assert f"the 2 ranks on vm kept {busy:.1f} of its 2 cores busy per step" in g.gain_method
     assert g.gain_method.count(says) == 1 and "where the ranks fill them" not in g.gain_method
+
+
+def test_host_bound_on_a_host_whose_cores_are_full_says_so_and_adds_no_workers() -> None:
+    """A host-bound run whose host kept every core busy: the finding states the measured cores
+    and proposes fewer threads per rank; for data loading, not more DataLoader workers."""
+    from zdiag.analyzers.detectors.context import DetectorContext
+    from zdiag.analyzers.detectors.step_verdicts import detect_host_bound
+    from zdiag.analyzers.rank.rank_analysis import RankFacts
+
+    bds = [
+        StepBreakdown(step=i, duration_ms=100.0, compute_ms=40.0, comm_ms=0.0, overlapped_ms=0.0,
+                      exposed_comm_ms=0.0, idle_ms=60.0, verdict="host-bound")
+        for i in range(3)
+    ]  # fmt: skip
+    loader = RankFacts(data_loading_ms=150.0)  # 50 ms per step: the largest part
+
+    def finding(busy: float) -> str:
+        ctx = DetectorContext(
+            ledgers={}, facts={0: loader}, breakdowns={0: bds},
+            host_cores=(HostCores("vm", (0,), 2, busy, 20),),
+        )  # fmt: skip
+        (f,) = detect_host_bound(ctx)
+        return " ".join(f.recommendation.split())
+
+    full, room = finding(1.9), finding(1.0)
+    assert "The host's CPU cores are full (the 1 rank on vm kept 1.9 of its 2 cores" in full
+    assert "more DataLoader workers would compete with the ranks" in full
+    assert "OMP_NUM_THREADS" in full and "num_workers" not in full
+    assert "cores are full" not in room and "more DataLoader workers (num_workers)" in room
