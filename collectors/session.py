@@ -341,7 +341,14 @@ class RankSession:
 
     def _log_step(self, step: int, duration_ms: float, reading: memory.MemoryReading) -> None:
         log = self._step_log
-        if not log.write_step(step, time.time(), duration_ms, *reading, cpu_ms=self._clock.cpu_ms):
+        if not log.write_step(
+            step,
+            time.time(),
+            duration_ms,
+            *reading,
+            cpu_ms=self._clock.cpu_ms,
+            children_cpu_ms=self._clock.children_cpu_ms,
+        ):
             if log.error is not None and not self._step_log_failed:
                 self._step_log_failed = True  # only the step log stops; the rest goes on
                 self._errors.report(f"step log write failed ({log.error}); the step log stops here")

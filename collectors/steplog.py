@@ -49,6 +49,7 @@ class StepLog:
         reserved: int | None,
         peak: int | None,
         cpu_ms: tuple[float, float] | None = None,
+        children_cpu_ms: float | None = None,
     ) -> bool:
         """Append one step line (the step log schema), formatted without json for speed.
 
@@ -67,6 +68,11 @@ class StepLog:
                 ""
                 if cpu_ms is None
                 else f',"cpu_ms":{round(cpu_ms[0], 3)!r},"main_cpu_ms":{round(cpu_ms[1], 3)!r}'
+            )
+            + (
+                ""
+                if children_cpu_ms is None
+                else f',"children_cpu_ms":{round(children_cpu_ms, 3)!r}'
             )
             + "}\n"
         ).encode()

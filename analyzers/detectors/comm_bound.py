@@ -28,6 +28,7 @@ from ..rank import intervals
 from ..rank.fsdp_ledger import RankLedger
 from ..rank.verdict import COMM_BOUND_STEP_SHARE, decide
 from ..report import Finding, StepBreakdown
+from ..run.core_use import busiest
 from ..whatif.run_whatif import Change, WhatIfResult
 from .context import DetectorContext
 from .flat_sharding import hsdp_change, shards_across_nodes
@@ -226,6 +227,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         options.append("HSDP (shard within a node, replicate across nodes)")
     excess = max(0.0, comm - compute) / n
     remedies = replayed_remedies(ctx, bf16 is not None)
+    full = busiest([h for h in ctx.host_cores if set(h.ranks) & set(ranks)])
+    cores_text = (
+        f" On this CPU run the host's cores are full ({full.sentence()}): gloo's collectives "
+        "run on those cores and wait for them, so part of this communication time is contention "
+        "for the cores, not the links."
+        if ctx.sheet.cpu_only and full is not None and full.full
+        else ""
+    )
     finding = Finding(
         id="comm-bound",
         severity="warning",
@@ -244,9 +253,14 @@ def detect(ctx: DetectorContext) -> list[Finding]:
             "compute_ms_per_step": round(compute / n, 3),
             "threshold_step_share": COMM_BOUND_STEP_SHARE,
             "comm_excess_ms_per_step": round(excess, 3),
+            **(
+                {"host_cores_busy": [round(full.busy, 2), full.cores]}
+                if cores_text and full
+                else {}
+            ),
             **({"replayed_remedies": remedies} if remedies else {}),
         },
-        recommendation=(NO_OVERLAP_FIX + " What would: " + "; ".join(options) + "."),
+        recommendation=(NO_OVERLAP_FIX + " What would: " + "; ".join(options) + "." + cores_text),
         code=bf16.code if bf16 is not None else None,
         expected_gain_ms=round(excess, 3),
         gain_method=UPPER_BOUND,
@@ -275,7 +289,10 @@ RULE = Rule(
     fix=(
         "Says no overlap fixes it; fewer bytes (bf16, with the same code as `fp32-collectives` "
         "when the gathers are fp32), a bigger batch per rank, HSDP on multi-node jobs whose "
-        "FSDP still shards across nodes (never to a run that already replicates across them)."
+        "FSDP still shards across nodes (never to a run that already replicates across them). "
+        "On a CPU run whose step logs show the host's cores full, it says gloo's collectives "
+        "wait for those cores (no remedy proposed: fewer DataLoader workers slowed a "
+        "data-bound run)."
     ),
     gain=(
         "Replayed where a remedy it names can be (bf16 parameter gathers off CPU-only runs, the "

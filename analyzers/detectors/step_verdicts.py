@@ -110,10 +110,9 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
     cores_text = (
         ""
         if full is None
-        else f" The host's CPU cores are full ({full.sentence()}): the ranks and their "
-        "threads compete for them, so host work runs slower than it would alone; fewer threads "
-        "per rank (OMP_NUM_THREADS, torch.set_num_threads) or fewer ranks per host leaves each "
-        "a core."
+        else f" The host's CPU cores are full ({full.sentence()}): the ranks, their threads "
+        "and their worker processes compete for them, so host work runs slower than it would "
+        "alone."
     )
     split = ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items())
     return [
@@ -316,8 +315,8 @@ HOST_BOUND_RULE = Rule(
         "The largest part of the idle time: data loading (DataLoader workers, pin_memory), "
         "host syncs, or launch/Python overhead (torch.compile, CUDA graphs, larger "
         "micro-batches, fused optimizers). Where the run's step logs show the host's CPU cores "
-        "full (analyzers/run/core_use.py), it says so, proposes fewer threads per rank, and "
-        "does not propose more DataLoader workers."
+        "full (analyzers/run/core_use.py), it says so and does not propose more DataLoader "
+        "workers."
     ),
     gain=(
         "The largest cause's share of the idle per step: data loading from the "

@@ -1,9 +1,12 @@
 """How busy each host's CPU cores were: the step logs' `cpu_ms` against the cores the ranks had.
 
 Each rank's step log (RUN_DIR/steps/rank-N.jsonl) gives, per step, its process's CPU time
-(`cpu_ms`, every thread) and the step's wall time (`duration_ms`); its manifest entry gives the
-cores it could run on (`cpu_set`, its affinity). On a host, the ranks' median
-`cpu_ms / duration_ms` summed is how many cores they kept busy per step; the union of their
+(`cpu_ms`, every thread), its live child processes' (`children_cpu_ms`: DataLoader workers;
+absent in logs written before zdiag recorded it, and where /proc does not say) and the step's
+wall time (`duration_ms`); its manifest entry gives the cores it could run on (`cpu_set`, its
+affinity). On a host, the ranks' median `cpu_ms / duration_ms`, plus their children's CPU over
+the same steps' time, summed is how many cores they kept busy per step (other jobs on the host
+are not counted); the union of their
 affinities is how many they had. Where the two meet (CORES_FULL_SHARE) the cores are full: a
 change that runs more work at once (gloo's worker thread beside compute, a pipeline split that
 keeps more stages busy) cannot run it for free, which no replay models (docs/whatif.md, limits).
@@ -40,6 +43,7 @@ class HostCores:
     cores: int  # the union of the ranks' affinities
     busy: float  # cores kept busy per step: the ranks' median cpu_ms / duration_ms, summed
     steps: int  # the fewest steps a rank's log gave
+    children: bool = True  # every rank's step log recorded its child processes' CPU too
 
     @property
     def full(self) -> bool:
@@ -48,12 +52,17 @@ class HostCores:
 
     def sentence(self) -> str:
         """The measurement in words, e.g. "the 4 ranks on vm kept 1.9 of its 2 cores busy per
-        step (the step logs' cpu_ms, median over 30 steps)"."""
+        step (the step logs' cpu_ms and children_cpu_ms, over 30 steps)"."""
         n = len(self.ranks)
+        counted = (
+            "cpu_ms and children_cpu_ms"
+            if self.children
+            else "cpu_ms; child processes such as DataLoader workers not recorded"
+        )
         return (
             f"the {n} rank{'s' if n > 1 else ''} on {self.host} kept {self.busy:.1f} of its "
             f"{self.cores} core{'s' if self.cores > 1 else ''} busy per step (the step logs' "
-            f"cpu_ms, median over {self.steps} steps)"
+            f"{counted}, over {self.steps} steps)"
         )
 
 
@@ -74,25 +83,37 @@ def parse_cpu_set(text: str | None) -> frozenset[int] | None:
     return frozenset(cores)
 
 
-def busy_cores(path: Path) -> tuple[float, int] | None:
-    """(median cpu_ms / duration_ms over the logged steps after step 0, how many) from one step
-    log; None when it has no such step or cannot be read."""
+def busy_cores(path: Path) -> tuple[float, int, bool] | None:
+    """(cores busy: the median cpu_ms / duration_ms over the logged steps after step 0, plus
+    their children_cpu_ms summed over their duration summed (the children are read at most
+    every 0.1 s, a reading holding the steps since the last); how many steps; whether any line
+    recorded the children) from one step log; None when it has no such step or cannot be
+    read."""
     try:
         with path.open("rb") as fh:
             data = fh.read(MAX_STEP_LOG_BYTES)
     except OSError:
         return None
     shares = []
+    kids_ms = wall_ms = 0.0
+    children = False
     for line in data.splitlines():
         try:
             rec = json.loads(line)
             step, cpu, wall = rec["step"], rec["cpu_ms"], rec["duration_ms"]
-        except (ValueError, KeyError, TypeError):
+            kids = rec.get("children_cpu_ms")
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
         ok = all(isinstance(v, int | float) for v in (step, cpu, wall))
         if ok and step > 0 and wall > 0 and cpu >= 0:
             shares.append(cpu / wall)
-    return (statistics.median(shares), len(shares)) if shares else None
+            wall_ms += wall
+            if isinstance(kids, int | float) and kids >= 0:  # read at most every 0.1 s
+                kids_ms += kids
+                children = True
+    if not shares:
+        return None
+    return statistics.median(shares) + kids_ms / wall_ms, len(shares), children
 
 
 def host_cores(manifest: Manifest | None, step_logs: Mapping[int, Path]) -> tuple[HostCores, ...]:
@@ -112,18 +133,20 @@ def host_cores(manifest: Manifest | None, step_logs: Mapping[int, Path]) -> tupl
         measured = _measured(entries, step_logs)
         if measured is None:
             continue
-        cores, busy, steps = measured
+        cores, busy, steps, children = measured
         host = entries[0].host or key
-        out.append(HostCores(host, tuple(e.rank for e in entries), len(cores), busy, steps))
+        ranks = tuple(e.rank for e in entries)
+        out.append(HostCores(host, ranks, len(cores), busy, steps, children))
     return tuple(out)
 
 
 def _measured(
     entries: Sequence[RankEntry], step_logs: Mapping[int, Path]
-) -> tuple[frozenset[int], float, int] | None:
-    """(the union of the ranks' cores, cores busy, fewest steps) or None when a rank lacks one."""
+) -> tuple[frozenset[int], float, int, bool] | None:
+    """(the union of the ranks' cores, cores busy, fewest steps, children counted everywhere)
+    or None when a rank lacks one."""
     cores: set[int] = set()
-    busy, steps = 0.0, None
+    busy, steps, children = 0.0, None, True
     for e in entries:
         mine = parse_cpu_set(e.cpu_set)
         log = step_logs.get(e.rank)
@@ -133,7 +156,8 @@ def _measured(
         cores |= mine
         busy += share[0]
         steps = share[1] if steps is None else min(steps, share[1])
-    return (frozenset(cores), busy, steps or 0) if cores else None
+        children = children and share[2]
+    return (frozenset(cores), busy, steps or 0, children) if cores else None
 
 
 def busiest(hosts: Sequence[HostCores]) -> HostCores | None:

@@ -138,3 +138,28 @@ def test_reconcile_takes_nothing_from_a_gain_replayed_beyond_prefetch() -> None:
         assert got.expected_gain_ms == pytest.approx(kept)
         assert got.recommendation.startswith("Beyond the 0.30 ms per step that prefetch recovers")
     assert "against --prefetch 1 alone" in replayed.gain_method
+
+
+def test_on_a_cpu_host_whose_cores_are_full_it_says_the_collectives_wait_for_them() -> None:
+    import dataclasses
+
+    from zdiag.analyzers.run.core_use import HostCores
+
+    manifest = Manifest.from_json({"world_size": 1, "ranks": [{"rank": 0, "device": "cpu"}]})
+    ctx = _ctx(modelled=True, manifest=manifest)
+    (quiet,) = comm_bound.detect(
+        dataclasses.replace(ctx, host_cores=(HostCores("vm", (0,), 2, 1.0, 9),))
+    )
+    assert "cores are full" not in quiet.recommendation
+    (full,) = comm_bound.detect(
+        dataclasses.replace(ctx, host_cores=(HostCores("vm", (0,), 2, 1.9, 9),))
+    )
+    assert (
+        "On this CPU run the host's cores are full (the 1 rank on vm kept 1.9"
+        in full.recommendation
+    )
+    assert full.evidence["host_cores_busy"] == [1.9, 2]
+    (gpu,) = comm_bound.detect(
+        dataclasses.replace(_ctx(modelled=True), host_cores=(HostCores("vm", (0,), 2, 1.9, 9),))
+    )
+    assert "cores are full" not in gpu.recommendation  # on GPUs NCCL's links, not these cores

@@ -20,10 +20,14 @@ from zdiag.collectors.rank_part import cpu_set_text
 from zdiag.collectors.run_records import Manifest
 
 
-def _log(path: Path, steps: list[tuple[float, float]], extra: str = "") -> Path:
-    """A step log of (duration_ms, cpu_ms) steps, numbered from 0."""
+def _log(
+    path: Path, steps: list[tuple[float, float]], extra: str = "", children: float | None = None
+) -> Path:
+    """A step log of (duration_ms, cpu_ms) steps, numbered from 0; `children`: each step's
+    children_cpu_ms (None: the key absent, as in logs from before zdiag recorded it)."""
+    kids = {} if children is None else {"children_cpu_ms": children}
     lines = [
-        json.dumps({"step": i, "time_unix": 1.0 + i, "duration_ms": d, "cpu_ms": c})
+        json.dumps({"step": i, "time_unix": 1.0 + i, "duration_ms": d, "cpu_ms": c, **kids})
         for i, (d, c) in enumerate(steps)
     ]
     path.write_text("\n".join(lines) + "\n" + extra)
@@ -45,8 +49,11 @@ def test_a_step_logs_busy_share_leaves_out_step_0_and_damaged_lines(tmp_path: Pa
         [(1000.0, 10_000.0), (100.0, 150.0), (100.0, 170.0), (100.0, 160.0)],
         extra='{"step": 4, "duration_ms": "x", "cpu_ms": 1}\nnot json\n{"step": 5}\n',
     )
-    share, n = busy_cores(log) or (0.0, 0)
-    assert n == 3 and share == pytest.approx(1.6)
+    share, n, children = busy_cores(log) or (0.0, 0, True)
+    assert n == 3 and share == pytest.approx(1.6) and not children
+    # DataLoader workers' CPU (children_cpu_ms) counts: 0.4 cores more
+    kids = _log(tmp_path / "kids.jsonl", [(100.0, 150.0)] * 4, children=40.0)
+    assert busy_cores(kids) == (pytest.approx(1.9), 3, True)
     old = _log(tmp_path / "old.jsonl", [(100.0, 1.0)])  # step 0 only
     assert busy_cores(old) is None
     assert busy_cores(tmp_path / "absent.jsonl") is None
@@ -86,9 +93,10 @@ def test_hosts_sum_their_ranks_busy_cores_over_the_union_of_their_affinities(
     assert hosts[1].busy == pytest.approx(0.7) and not hosts[1].full
     assert core_use.busiest(hosts) is hosts[0]
     assert hosts[0].sentence() == (
-        "the 2 ranks on h0 kept 1.9 of its 2 cores busy per step (the step logs' cpu_ms, median "
-        "over 3 steps)"
+        "the 2 ranks on h0 kept 1.9 of its 2 cores busy per step (the step logs' cpu_ms; child "
+        "processes such as DataLoader workers not recorded, over 3 steps)"
     )
+    assert not hosts[0].children
     # a rank without an affinity or a log leaves its host unmeasured
     assert [
         h.host for h in host_cores(_manifest(["0-1", None, "0-1", "2-3"], [0, 0, 1, 1]), logs)
@@ -102,7 +110,7 @@ def test_hosts_sum_their_ranks_busy_cores_over_the_union_of_their_affinities(
     "busy, says",
     [
         (1.9, "the cores are full, the gain an upper bound"),
-        (1.2, "busy per step (the step logs' cpu_ms, median over 30 steps): not full"),
+        (1.2, "(the step logs' cpu_ms and children_cpu_ms, over 30 steps): not full"),
     ],
 )
 def test_a_core_sharing_gain_states_the_measured_cores(
@@ -126,7 +134,7 @@ def test_a_core_sharing_gain_states_the_measured_cores(
 
 def test_host_bound_on_a_host_whose_cores_are_full_says_so_and_adds_no_workers() -> None:
     """A host-bound run whose host kept every core busy: the finding states the measured cores
-    and proposes fewer threads per rank; for data loading, not more DataLoader workers."""
+    and, for data loading, does not propose more DataLoader workers."""
     from zdiag.analyzers.detectors.context import DetectorContext
     from zdiag.analyzers.detectors.step_verdicts import detect_host_bound
     from zdiag.analyzers.rank.rank_analysis import RankFacts
@@ -149,5 +157,6 @@ def test_host_bound_on_a_host_whose_cores_are_full_says_so_and_adds_no_workers()
     full, room = finding(1.9), finding(1.0)
     assert "The host's CPU cores are full (the 1 rank on vm kept 1.9 of its 2 cores" in full
     assert "more DataLoader workers would compete with the ranks" in full
-    assert "OMP_NUM_THREADS" in full and "num_workers" not in full
+    assert "the ranks, their threads and their worker processes compete" in full
+    assert "num_workers" not in full
     assert "cores are full" not in room and "more DataLoader workers (num_workers)" in room

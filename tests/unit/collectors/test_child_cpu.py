@@ -1,0 +1,56 @@
+"""The CPU time of a rank's child processes (collectors/child_cpu.py): a real child burning CPU
+is counted once, and a platform without /proc gives None without raising."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from zdiag.collectors import child_cpu
+from zdiag.collectors.child_cpu import ChildCpu
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+@pytest.mark.slow  # it starts a program
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{os.getpid()}/children"),
+    reason="the kernel lists no children in /proc",
+)
+def test_a_childs_cpu_is_counted_in_the_step_it_is_spent() -> None:
+    clock = ChildCpu()
+    assert clock.step_ms(time.perf_counter()) == 0.0  # no child yet
+    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.3) + "time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        spent = 0.0
+        while spent < 250 and time.monotonic() < deadline:  # its burn, read across steps
+            time.sleep(child_cpu.MIN_INTERVAL_S)
+            step = clock.step_ms(time.perf_counter())
+            assert step is not None
+            spent += step
+        assert 250 <= spent < 1000  # 0.3 s burnt (and its interpreter's start-up)
+        time.sleep(0.2)
+        now = time.perf_counter()
+        assert (clock.step_ms(now) or 0.0) < 50  # sleeping now: counted once, not again
+        assert clock.step_ms(now + child_cpu.MIN_INTERVAL_S / 2) is None  # too soon to read
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_without_proc_it_says_nothing_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(child_cpu, "_TICKS_PER_S", 0.0)
+    assert ChildCpu().step_ms(time.perf_counter()) is None
+    clock = ChildCpu.__new__(ChildCpu)
+    clock._last, clock._off, clock._read_at = {}, False, -1.0
+
+    def gone() -> list[int]:
+        raise FileNotFoundError("/proc/1/task/1/children")
+
+    monkeypatch.setattr(clock, "_children", gone)
+    assert clock.step_ms(time.perf_counter()) is None and clock._off  # off from now on
