@@ -270,6 +270,9 @@ def test_multiprocessing_pool_and_dataloader_workers(tmp_path: Path, method: str
     assert rank["exit_code"] == 0 and rank["steps"] == 6, rank  # 1 + 4 batches + 1
     assert logged_steps(out) == list(range(6)) and rank["collector_errors"] == []
     assert [p["pid"] for p in rank_parts(out)] == [rank["pid"]]
+    if os.path.exists(f"/proc/self/task/{os.getpid()}/children"):  # the workers' CPU is read
+        lines = (out / rank["step_log"]).read_text().splitlines()
+        assert any('"children_cpu_ms":' in line for line in lines)
 
 
 # --- abrupt ends ----------------------------------------------------------------------------
