@@ -361,6 +361,17 @@ def _captures(out: TextOut, report: Report) -> None:
             out.add("    no finding")
 
 
+def _cores_line(report: Report) -> str | None:
+    """ "cores: ..." for the busiest host (Report.run's host_cores), None without a measure."""
+    hosts = (report.run or {}).get("host_cores") or []
+    hosts = [h for h in hosts if isinstance(h, dict) and h.get("cores")]
+    if not hosts:
+        return None
+    top = max(hosts, key=lambda h: float(h.get("busy", 0)) / float(h["cores"]))
+    more = f" (the busiest of {len(hosts)} hosts)" if len(hosts) > 1 else ""
+    return f"cores: {top.get('sentence', '')}{': full' if top.get('full') else ''}{more}"
+
+
 def render_text(
     report: Report, *, width: int = DEFAULT_WIDTH, color: bool = False, verbose: bool = False
 ) -> str:
@@ -377,6 +388,9 @@ def render_text(
         if bits:
             out.wrap("run: " + ", ".join(bits), hang="  ")
     out.add(f"inputs: {len(report.inputs)} file(s), {len(report.ranks)} rank(s)")
+    cores = _cores_line(report)
+    if cores:
+        out.wrap(cores, hang="  ")
     _summary(out, report)
     detailed = _large_run_section(out, report)
     columns = shown_columns(r.device for r in report.ranks)

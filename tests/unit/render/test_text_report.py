@@ -190,3 +190,25 @@ def test_verbose_shows_all_evidence_and_thresholds_and_verdicts_say_why() -> Non
     assert "(+4 more: --verbose, or --json)" in short and "k13" not in short
     assert "k13" in full and "more: --verbose" not in full
     assert "Verdict thresholds" not in short and "Verdict thresholds" in full
+
+
+def test_the_busiest_hosts_cores_get_their_own_line() -> None:
+    """Report.run's host_cores (analyzers/run/core_use.py): one line for the busiest host,
+    which says when its cores are full and how many hosts were measured."""
+
+    def host(name: str, busy: float, cores: int, full: bool) -> dict[str, object]:
+        return {"host": name, "ranks": [0], "cores": cores, "busy": busy, "full": full,
+                "sentence": f"the 1 rank on {name} kept {busy} of its {cores} cores busy"}  # fmt: skip
+
+    report = sample_report()
+    report.run = {
+        "world_size": 2,
+        "host_cores": [host("a", 1.0, 8, False), host("b", 1.9, 2, True)],
+    }
+    text = " ".join(render_text(report, width=100).split())
+    assert (
+        "cores: the 1 rank on b kept 1.9 of its 2 cores busy: full (the busiest of 2 hosts)" in text
+    )
+    assert "host_cores=" not in text  # not in the run line's key=value list
+    report.run = {"world_size": 2}
+    assert "cores:" not in render_text(report, width=100)
