@@ -6,10 +6,10 @@ absent in logs written before zdiag recorded it, and where /proc does not say) a
 wall time (`duration_ms`); its manifest entry gives the cores it could run on (`cpu_set`, its
 affinity). On a host, the ranks' median `cpu_ms / duration_ms`, plus their children's CPU over
 the same steps' time, summed is how many cores they kept busy per step (other jobs on the host
-are not counted); the union of their
-affinities is how many they had. Where the two meet (CORES_FULL_SHARE) the cores are full: a
-change that runs more work at once (gloo's worker thread beside compute, a pipeline split that
-keeps more stages busy) cannot run it for free, which no replay models (docs/whatif.md, limits).
+are not counted); the union of their affinities is how many they had. Where the two meet
+(CORES_FULL_SHARE) the cores are full: a change that runs more work at once (gloo's worker
+thread beside compute, a pipeline split that keeps more stages busy) cannot run it for free,
+which no replay models (docs/whatif.md, limits).
 
 Step 0 is left out (it holds the imports and the model build). A host is measured only when
 every one of its ranks has both a `cpu_set` and steps with `cpu_ms`; each step log is read up to
@@ -41,7 +41,7 @@ class HostCores:
     host: str
     ranks: tuple[int, ...]
     cores: int  # the union of the ranks' affinities
-    busy: float  # cores kept busy per step: the ranks' median cpu_ms / duration_ms, summed
+    busy: float  # cores kept busy per step by the ranks and their children, summed
     steps: int  # the fewest steps a rank's log gave
     children: bool = True  # every rank's step log recorded its child processes' CPU too
 
@@ -118,15 +118,15 @@ def busy_cores(path: Path) -> tuple[float, int, bool] | None:
 
 def host_cores(manifest: Manifest | None, step_logs: Mapping[int, Path]) -> tuple[HostCores, ...]:
     """Each host whose every rank has a `cpu_set` and a step log with `cpu_ms`: its cores and
-    how many its ranks kept busy (module docstring). Hosts are told apart by node rank where the
-    manifest has one, else by host name."""
+    how many its ranks kept busy (module docstring). Hosts are told apart by host name (two
+    launchers on one machine share its cores), else by node rank."""
     if manifest is None:
         return ()
     by_host: dict[str, list[RankEntry]] = {}
     for e in manifest.ranks:
         if e.missing:
             continue
-        key = f"node {e.node_rank}" if e.node_rank is not None else (e.host or "")
+        key = e.host or (f"node {e.node_rank}" if e.node_rank is not None else "")
         by_host.setdefault(key, []).append(e)
     out = []
     for key, entries in sorted(by_host.items()):

@@ -104,6 +104,13 @@ def test_hosts_sum_their_ranks_busy_cores_over_the_union_of_their_affinities(
     del logs[3]
     assert [h.host for h in host_cores(_manifest(["0-1"] * 4, [0, 0, 1, 1]), logs)] == ["h0"]
     assert host_cores(None, logs) == ()
+    # two launchers on one machine: node ranks 0 and 1, one host name, its cores shared
+    one_machine = Manifest.from_json(
+        {"world_size": 3, "ranks": [{"rank": r, "host": "vm", "node_rank": r // 2,
+                                     "cpu_set": "0-1"} for r in range(3)]}
+    )  # fmt: skip
+    (vm,) = host_cores(one_machine, logs)
+    assert vm.ranks == (0, 1, 2) and vm.cores == 2 and vm.busy == pytest.approx(2.25)
 
 
 @pytest.mark.parametrize(
