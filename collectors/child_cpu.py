@@ -8,7 +8,8 @@ thread) spent since its previous reading, at most one reading per MIN_INTERVAL_S
 utime and stime (in clock ticks, 10 ms on most kernels: a single reading is coarse, their sum
 over a run is not).
 
-Bounded and contained: at most MAX_CHILDREN children are read per step, a child that ends
+zdiag's own children (`ignore_child`: the in-job trace summary) are left out. Bounded and
+contained: at most MAX_CHILDREN children are read per reading, a child that ends
 between two reads loses only its last interval, and the first error (no /proc: macOS, Windows,
 or a kernel without the `children` file) switches the reading off for the rest of the run, so it
 never raises into the training step. Its cost per step is in docs/benchmarks.md.
@@ -25,6 +26,16 @@ MAX_CHILDREN = 64
 MIN_INTERVAL_S = 0.1
 """At most one reading per this many seconds: a step shorter than that gets no reading (None),
 and the next reading holds the CPU of every step since the last (the analysis sums them)."""
+
+_ZDIAG_CHILDREN: set[int] = set()
+"""zdiag's own child processes (the in-job trace summary): their CPU is zdiag's, not the
+training's, and is left out."""
+
+
+def ignore_child(pid: int) -> None:
+    """Leave child `pid` out of the readings (a process zdiag itself started)."""
+    _ZDIAG_CHILDREN.add(pid)
+
 
 try:
     _TICKS_PER_S = float(os.sysconf("SC_CLK_TCK"))
@@ -63,7 +74,7 @@ class ChildCpu:
         found: list[int] = []
         for tid in sorted(tids):
             found += [int(p) for p in _read(f"/proc/{pid}/task/{tid}/children", 4096).split()]
-        return found[:MAX_CHILDREN]
+        return [p for p in found if p not in _ZDIAG_CHILDREN][:MAX_CHILDREN]
 
     def step_ms(self, now: float) -> float | None:
         """CPU ms the live children spent since the previous reading (a child first seen:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .child_cpu import ignore_child
 from .rundir import summary_path_for
 
 SUMMARIZER_MODULE = "zdiag.analyzers.engine.summarize_trace"
@@ -34,7 +35,7 @@ def start_summary(trace: Path) -> subprocess.Popen[bytes] | None:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "off", "no", "false"):
         return None
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         summary_command(trace),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -42,3 +43,5 @@ def start_summary(trace: Path) -> subprocess.Popen[bytes] | None:
         start_new_session=True,
         env=env,
     )
+    ignore_child(proc.pid)  # zdiag's CPU, not the training's (child_cpu.py)
+    return proc

@@ -54,3 +54,22 @@ def test_without_proc_it_says_nothing_and_never_raises(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(clock, "_children", gone)
     assert clock.step_ms(time.perf_counter()) is None and clock._off  # off from now on
+
+
+@pytest.mark.slow  # it starts a program
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{os.getpid()}/children"),
+    reason="the kernel lists no children in /proc",
+)
+def test_zdiags_own_children_are_left_out() -> None:
+    """The in-job trace summary is zdiag's CPU, not the training's."""
+    clock = ChildCpu()
+    clock.step_ms(time.perf_counter())
+    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.3)])
+    child_cpu.ignore_child(child.pid)
+    try:
+        time.sleep(0.6)
+        assert clock.step_ms(time.perf_counter()) == 0.0
+    finally:
+        child.kill()
+        child.wait()
