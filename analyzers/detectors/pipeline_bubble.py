@@ -301,6 +301,18 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     ]
 
 
+def rebalance_cores_text(cores: HostCores) -> str:
+    """The measured cores, and what they mean for a rebalanced split (which keeps more ranks
+    busy at once, and which no replay slows for lack of cores)."""
+    return cores.sentence() + (
+        ": the cores are full, and a balanced split keeps more ranks busy at once, so the "
+        "rebalance's gain is an upper bound"
+        if cores.full
+        else ": not full, though a balanced split keeps more ranks busy at once, which the "
+        "replay does not slow"
+    )
+
+
 def gain_method(b: Bubble, cores: HostCores | None = None) -> str:
     """How the gain was replayed, with the unchanged replay's error and each change's phase;
     `cores` (a CPU run's busiest host, measured) says whether a rebalanced split, which keeps
@@ -331,16 +343,7 @@ def gain_method(b: Bubble, cores: HostCores | None = None) -> str:
     elif b.imbalanced and r.balanced_ms is not None:
         parts.append(f"the stages balanced (each at their mean work): {r.balanced_ms:.1f} ms")
     if b.imbalanced and r.balanced_ms is not None and cores is not None:
-        parts.append(
-            "CPU cores are not modelled: "
-            + cores.sentence()
-            + (
-                ": the cores are full, and a balanced split keeps more ranks busy at once, so "
-                "the rebalance's gain is an upper bound"
-                if cores.full
-                else ": not full, though a balanced split keeps more ranks busy at once, which the replay does not slow"
-            )
-        )
+        parts.append("CPU cores are not modelled: " + rebalance_cores_text(cores))
     return (
         "; ".join(parts)
         + ". The larger saving is reported (`zdiag whatif RUN --pipeline-microbatches "

@@ -196,18 +196,7 @@ def run_summary(summaries: Sequence[RankSummary], run: RunFacts) -> dict[str, An
     if config:  # the flat configuration `zdiag diff` compares (a dict: the text view skips it)
         summary["config"] = config
     if run.host_cores:  # how busy each host's cores were (run/core_use.py)
-        summary["host_cores"] = [
-            {
-                "host": h.host,
-                "ranks": list(h.ranks),
-                "cores": h.cores,
-                "busy": round(h.busy, 3),
-                "full": h.full,
-                "children_counted": h.children,
-                "sentence": h.sentence(),
-            }
-            for h in run.host_cores
-        ]
+        summary["host_cores"] = [h.as_json() for h in run.host_cores]
     if "model_facts" in summary:  # one line for the text view, which shows scalars only
         summary["facts"] = summary["model_facts"]["source"]
     return summary or None

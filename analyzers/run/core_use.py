@@ -65,6 +65,18 @@ class HostCores:
             f"{counted}, over {self.steps} steps)"
         )
 
+    def as_json(self) -> dict[str, object]:
+        """The measurement as the report's and `zdiag whatif`'s JSON give it."""
+        return {
+            "host": self.host,
+            "ranks": list(self.ranks),
+            "cores": self.cores,
+            "busy": round(self.busy, 3),
+            "full": self.full,
+            "children_counted": self.children,
+            "sentence": self.sentence(),
+        }
+
 
 def parse_cpu_set(text: str | None) -> frozenset[int] | None:
     """The cores of a `cpu_set` ("0-3,8"); None when absent or not of that form."""

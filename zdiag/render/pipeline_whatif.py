@@ -7,7 +7,7 @@ import json
 import textwrap
 from typing import Any
 
-from zdiag.analyzers.detectors.pipeline_bubble import Bubble
+from zdiag.analyzers.detectors.pipeline_bubble import Bubble, rebalance_cores_text
 from zdiag.analyzers.run.core_use import HostCores
 from zdiag.analyzers.whatif.pipeline_replay import Replayed
 
@@ -60,16 +60,7 @@ def pipeline_whatif_json(
             }
             for q, t in zip(b.pos, b.per_mb, strict=True)
         ],
-        "cores": None
-        if cores is None
-        else {
-            "host": cores.host,
-            "ranks": list(cores.ranks),
-            "cores": cores.cores,
-            "busy": round(cores.busy, 3),
-            "full": cores.full,
-            "sentence": cores.sentence(),
-        },
+        "cores": None if cores is None else cores.as_json(),
     }
 
 
@@ -112,16 +103,7 @@ def render_pipeline_whatif_text(
             f"{s['work_per_microbatch_ms']:.1f} ms, {s['bubble_share']:.0%}"
         )
     if cores is not None and rebalance:
-        note = (
-            "cores: "
-            + cores.sentence()
-            + (
-                ": full; the replay does not model cores, and a balanced split keeps more ranks "
-                "busy at once: its gain is an upper bound"
-                if cores.full
-                else ": not full, though a balanced split keeps more ranks busy at once, which the replay does not slow"
-            )
-        )
+        note = "cores: " + rebalance_cores_text(cores)
         lines += textwrap.wrap(note, width, initial_indent="  ", subsequent_indent="    ")
     how = (
         "Each rank's recorded actions are re-timed across its pipeline, every wait for a "

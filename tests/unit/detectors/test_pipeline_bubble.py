@@ -343,6 +343,6 @@ def test_zdiag_whatif_pipeline_rebalance_states_the_measured_cores() -> None:
     assert pipeline_whatif_json(b, True, full)["cores"]["full"] is True
     text = " ".join(render_pipeline_whatif_text(b, True, 100, full).split())
     assert "cores: the 2 ranks on vm kept 1.9 of its 2 cores busy per step" in text
-    assert "its gain is an upper bound" in text
+    assert "the rebalance's gain is an upper bound" in text
     # the micro-batch change keeps as many ranks busy: no line
     assert "cores:" not in render_pipeline_whatif_text(b, False, 100, full)
