@@ -106,10 +106,13 @@ def replayed_remedies(ctx: DetectorContext, bf16: bool) -> list[dict[str, object
     """Each remedy the replay can run (`_remedies`), replayed alone against the measured step
     and, where `missing-overlap`'s prefetch change replays, on top of it against it alone
     (what the remedy saves beyond what prefetch recovers): the evidence `settle` chooses from."""
+    remedies = _remedies(ctx, bf16)
+    if not remedies:
+        return []  # (no prefetch replay for nothing: the common single-node CPU run)
     prefetch = prefetch_change(ctx)
     base = replayed(ctx, prefetch)
     out = []
-    for name, finding, remedy in _remedies(ctx, bf16):
+    for name, finding, remedy in remedies:
         alone = replayed(ctx, remedy)
         if alone is None or not alone.ranks:
             continue
@@ -227,7 +230,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         options.append("HSDP (shard within a node, replicate across nodes)")
     excess = max(0.0, comm - compute) / n
     remedies = replayed_remedies(ctx, bf16 is not None)
-    full = busiest([h for h in ctx.host_cores if set(h.ranks) & set(ranks)])
+    full = busiest(ctx.host_cores, ranks)
     cores_text = (
         f" On this CPU run the host's cores are full ({full.sentence()}): gloo's collectives "
         "run on those cores and wait for them, so part of this communication time is contention "

@@ -98,8 +98,7 @@ def detect_host_bound(ctx: DetectorContext) -> list[Finding]:
             "micro-batch per rank, fused optimizers (`foreach=True` / `fused=True`)"
         ),
     }[top]
-    hosts = [h for h in ctx.host_cores if set(h.ranks) & set(ranks)]
-    full = busiest(hosts)
+    full = busiest(ctx.host_cores, ranks)
     full = full if full is not None and full.full else None
     if full is not None and top == "data loading":
         advice = (

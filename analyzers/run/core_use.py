@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,6 +172,10 @@ def _measured(
     return (frozenset(cores), busy, steps or 0, children) if cores else None
 
 
-def busiest(hosts: Sequence[HostCores]) -> HostCores | None:
-    """The host whose ranks kept the largest share of its cores busy (None: none measured)."""
+def busiest(hosts: Sequence[HostCores], ranks: Iterable[int] | None = None) -> HostCores | None:
+    """The host whose ranks kept the largest share of its cores busy, among the hosts of
+    `ranks` when given (None: none measured)."""
+    if ranks is not None:
+        wanted = set(ranks)
+        hosts = [h for h in hosts if wanted & set(h.ranks)]
     return max(hosts, key=lambda h: h.busy / h.cores) if hosts else None

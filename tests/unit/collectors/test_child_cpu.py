@@ -3,10 +3,12 @@ is counted once, and a platform without /proc gives None without raising."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,17 +17,29 @@ from zdiag.collectors.child_cpu import ChildCpu
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
-
-@pytest.mark.slow  # it starts a program
-@pytest.mark.skipif(
+NEEDS_PROC_CHILDREN = pytest.mark.skipif(
     not os.path.exists(f"/proc/self/task/{os.getpid()}/children"),
     reason="the kernel lists no children in /proc",
 )
+
+
+@contextlib.contextmanager
+def burning_child(seconds: float, then: str = "") -> Iterator[subprocess.Popen[bytes]]:
+    """A child process that burns `seconds` of CPU, then runs `then`; killed on the way out."""
+    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=seconds) + then])
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.slow  # it starts a program
+@NEEDS_PROC_CHILDREN
 def test_a_childs_cpu_is_counted_in_the_step_it_is_spent() -> None:
     clock = ChildCpu()
     assert clock.step_ms(time.perf_counter()) == 0.0  # no child yet
-    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.3) + "time.sleep(30)"])
-    try:
+    with burning_child(0.3, then="time.sleep(30)"):
         deadline = time.monotonic() + 20
         spent = 0.0
         while spent < 250 and time.monotonic() < deadline:  # its burn, read across steps
@@ -38,9 +52,6 @@ def test_a_childs_cpu_is_counted_in_the_step_it_is_spent() -> None:
         now = time.perf_counter()
         assert (clock.step_ms(now) or 0.0) < 50  # sleeping now: counted once, not again
         assert clock.step_ms(now + child_cpu.MIN_INTERVAL_S / 2) is None  # too soon to read
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_without_proc_it_says_nothing_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,19 +68,12 @@ def test_without_proc_it_says_nothing_and_never_raises(monkeypatch: pytest.Monke
 
 
 @pytest.mark.slow  # it starts a program
-@pytest.mark.skipif(
-    not os.path.exists(f"/proc/self/task/{os.getpid()}/children"),
-    reason="the kernel lists no children in /proc",
-)
+@NEEDS_PROC_CHILDREN
 def test_zdiags_own_children_are_left_out() -> None:
     """The in-job trace summary is zdiag's CPU, not the training's."""
     clock = ChildCpu()
     clock.step_ms(time.perf_counter())
-    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.3)])
-    child_cpu.ignore_child(child.pid)
-    try:
+    with burning_child(0.3) as child:
+        child_cpu.ignore_child(child.pid)
         time.sleep(0.6)
         assert clock.step_ms(time.perf_counter()) == 0.0
-    finally:
-        child.kill()
-        child.wait()
