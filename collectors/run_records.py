@@ -200,6 +200,12 @@ class RankEntry(JsonRecord):
         obj = as_object(data, where)
         return cls.read(obj, where, warnings, rank=_rank_of(obj, where, world_size))
 
+    @property
+    def raised(self) -> bool:
+        """Whether the rank exited non-zero with a recorded exception other than out of memory
+        (the `crash` finding's ranks; an OOM is explained by its memory records)."""
+        return self.exit_code not in (None, 0) and bool(self.error) and not self.oom
+
     def thread_groups(self) -> dict[int, str]:
         """{OS thread id: process-group name} from `group_threads`; entries that are not a list
         of whole numbers, and threads claimed by two groups, are left out."""

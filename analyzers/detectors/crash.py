@@ -22,10 +22,6 @@ from .rule import Rule
 MAX_ERROR_CHARS = 300
 
 
-def _failed(entry: RankEntry) -> bool:
-    return entry.exit_code not in (None, 0) and not entry.oom
-
-
 def _torn_down(entry: RankEntry) -> bool:
     """Ended by a signal, or by a peer's failure, or never recorded how it ended."""
     if entry.hang is not None:
@@ -34,7 +30,7 @@ def _torn_down(entry: RankEntry) -> bool:
         return True
     if entry.exit_code is None and not entry.missing:
         return True
-    return _failed(entry) and bool(COLLATERAL_ERRORS.search(entry.error or ""))
+    return entry.raised and bool(COLLATERAL_ERRORS.search(entry.error or ""))
 
 
 def _ended_a_hang(entries: list[RankEntry]) -> bool:
@@ -54,7 +50,7 @@ def culprit_ranks(entries: list[RankEntry]) -> list[RankEntry]:
     """The ranks whose exception is not a consequence of a peer's failure (module docstring),
     or, when every failing rank's is, the one that ended first; [] when no rank raised (or
     only out of memory)."""
-    failed = [e for e in sorted(entries, key=lambda e: e.rank) if _failed(e) and e.error]
+    failed = [e for e in sorted(entries, key=lambda e: e.rank) if e.raised]
     own = [e for e in failed if not COLLATERAL_ERRORS.search(e.error or "")]
     return own or sorted(failed, key=lambda e: (e.ended_at or "~", e.rank))[:1]
 

@@ -78,12 +78,7 @@ def _recorded_failure(manifest: Manifest | None) -> bool:
     trace (a script that fails before the profiler's first active step)."""
     if manifest is None:
         return False
-    return any(
-        (e.exit_code not in (None, 0) and bool(e.error) and not e.oom)
-        or e.hang is not None
-        or e.ended_by is not None
-        for e in manifest.ranks
-    )
+    return any(e.raised or e.hang is not None or e.ended_by is not None for e in manifest.ranks)
 
 
 def _walk_traces(folder: Path, warnings: list[str]) -> list[Path]:

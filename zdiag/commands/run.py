@@ -555,7 +555,7 @@ class LaunchPlan:
 def _culprits(manifest: Manifest) -> list[RankEntry]:
     """The ranks that raised (not the ones torn down by it), as the `crash` finding names
     them; the analysis is imported only when some rank recorded an error."""
-    if not any(r.error for r in manifest.ranks):
+    if not any(r.raised for r in manifest.ranks):
         return []
     from zdiag.analyzers.detectors.crash import culprit_ranks
 
