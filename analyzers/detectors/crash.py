@@ -46,6 +46,13 @@ def _where(entry: RankEntry) -> str:
     return f"{name}:{src.line}{code}"
 
 
+def _when(entry: RankEntry) -> str:
+    """When the rank raised, from the steps it finished: "at step 3", or "before its first step
+    ended" (a rank that finished no step raised while setting up or in its first step, which
+    the manifest does not tell apart)."""
+    return f"at step {entry.steps}" if entry.steps else "before its first step ended"
+
+
 def culprit_ranks(entries: list[RankEntry]) -> list[RankEntry]:
     """The ranks whose exception is not a consequence of a peer's failure (module docstring),
     or, when every failing rank's is, the one that ended first; [] when no rank raised (or
@@ -88,7 +95,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     who = "rank" if len(culprits) == 1 else "ranks"
     ranks_text = ", ".join(str(e.rank) for e in culprits)
     kind = (first.error or "an exception").split(":")[0]
-    title = f"{who} {ranks_text} raised {kind} at step {first.steps} ({_where(first)})"
+    title = f"{who} {ranks_text} raised {kind} {_when(first)} ({_where(first)})"
     if torn:
         title += (
             f"; rank {torn[0]} was torn down by it"
@@ -97,7 +104,7 @@ def detect(ctx: DetectorContext) -> list[Finding]:
         )
     recommendation = (
         f"Fix the exception on {who} {ranks_text}: {(first.error or '')[:160]} "
-        f"raised at {_where(first)} during step {first.steps}."
+        f"raised at {_where(first)} {_when(first)}."
     )
     if torn:
         recommendation += (

@@ -48,7 +48,7 @@ def test_crash_names_the_raising_rank_not_the_torn_down_peers() -> None:
     assert f.id == "crash" and f.severity == "critical"
     assert f.ranks == [1] and f.steps == [3]
     assert f.evidence["torn_down"] == [0, 2]
-    assert "train.py:70" in f.title and "ValueError" in f.title
+    assert "train.py:70" in f.title and "ValueError at step 3" in f.title
     assert f.evidence["raised"][0]["line"] == 70
 
 

@@ -60,6 +60,8 @@ def test_a_script_that_raises_before_its_first_trace_is_diagnosed_from_the_manif
     report = analyze_paths([run])
     (crash,) = [f for f in report.findings if f.id == "crash"]
     assert crash.ranks == [0] and "train.py:24 `model = FSDP(model)`" in crash.title
+    # it finished no step: set-up or its first step, which the manifest does not tell apart
+    assert "RuntimeError before its first step ended" in crash.title, crash.title
     assert any("no rank finished a step before the run failed" in w for w in report.warnings)
     assert main(["analyze", str(run)]) == 0
 
