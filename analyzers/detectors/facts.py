@@ -92,11 +92,16 @@ def model_block_set(
 ) -> BlockSet | None:
     """The blocks to wrap, from a captured description (`cands`, default `wrap_candidates`),
     with the user's container paths and classes and the import of each class where it is
-    defined."""
+    defined; several containers in the order the model defines them (where the description
+    places them all)."""
     cands = wrap_candidates(model) if cands is None else cands
     if not cands:
         return None
     containers = [p for c in cands for p in c.containers]
+    keys = {p: model.definition_key(p) for p in containers}
+    if all(k is not None for k in keys.values()):  # in definition order, as a forward runs them
+        containers.sort(key=lambda p: keys[p] or ())
+        cands = sorted(cands, key=lambda c: min(keys[p] or () for p in c.containers))
     classes = list(dict.fromkeys(c.child_class for c in cands if c.child_class))
     imports = tuple(
         dict.fromkeys(

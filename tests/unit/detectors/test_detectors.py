@@ -859,6 +859,49 @@ def test_activation_oom_counts_an_encoders_blocks_before_a_decoders() -> None:
     ]
 
 
+class _WidthBlock(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mix = nn.Linear(width, width)
+
+
+class _Stage(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_WidthBlock(width) for _ in range(2))
+
+
+class _Pyramid(nn.Module):
+    """timm's ConvNeXt shape: stages of blocks, each stage wider than the last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(_Stage(w) for w in (8, 16, 32, 64))
+
+
+class _SmallEncoderBigDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder, self.decoder = _Encoder(), _Decoder()
+        self.decoder.towers.extend(_DecoderTower() for _ in range(3))  # 5 towers to the 3
+
+
+def test_blocks_in_several_containers_are_named_in_the_models_order() -> None:
+    """The description lists repeated sets largest first; the wrap code names them as the model
+    defines and runs them (stages 0 to 3, the encoder before the decoder), not by size."""
+    from zdiag.analyzers.detectors.facts import model_block_set
+
+    pyramid = model_block_set(ModelFacts(describe_model(_Pyramid())))
+    assert pyramid is not None and pyramid.python == (
+        "[*model.stages[0].blocks, *model.stages[1].blocks, *model.stages[2].blocks, "
+        "*model.stages[3].blocks]"
+    )
+    seq2seq = model_block_set(ModelFacts(describe_model(_SmallEncoderBigDecoder())))
+    assert seq2seq is not None
+    assert seq2seq.python == "[*model.encoder.towers, *model.decoder.towers]"
+    assert seq2seq.classes == ("_EncoderTower", "_DecoderTower")
+
+
 class _Experts(nn.Module):
     def __init__(self) -> None:
         super().__init__()
