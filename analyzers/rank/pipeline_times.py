@@ -31,6 +31,13 @@ micro-batch: the time inside it that no op covers (Python between the ops, recv 
 out) plus, for each op it runs, the dispatch cost of one op (the median time of the trace's ops
 that move no data: views, transposes, detach, ...).
 
+The multi-stage runtime schedules (`PP:` labels) post their receives and sends ahead, as
+actions of their own (`PP:2RECV_F1`, `PP:0SEND_F0`), and gloo records each as a range from the
+post to its completion, while the thread runs other actions. Such a receive is no wait until
+its consumer (`PP:2F1`) starts: from then to its completion (within that action) the thread
+waits on it. A send posted ahead is no wait at all (the schedule waits for its sends at the
+step's end, in no action).
+
 Schedule1F1B in torch 2.13 wraps its actions in no range: under `zdiag run` the collectors label
 its stage's `forward_one_chunk` / `backward_one_chunk` with the same `Forward <i>` / `Backward
 <i>` ranges (collectors/pipeline_capture.py); a trace recorded elsewhere gives no timings (the
@@ -55,6 +62,9 @@ LABEL_RE = re.compile(r"^(?:(Forward|Backward) (\d+)|PP:(\d+)(F|I|B|W)(\d+))$")
 """A compute action's label: `Forward 3` (the rank's own stage) or `PP:1B0` (stage 1, full
 backward, micro-batch 0; `I` / `W`: backward for input / for weights). Other `PP:` actions
 (sends, receives, unshard, reshard, grad reduce) are no micro-batch's compute."""
+POST_RE = re.compile(r"^PP:(\d+)(RECV|SEND)_(F|B)(\d+)$")
+"""A runtime schedule's action that posts a receive or a send ahead (`PP:2RECV_F1`: stage 2's
+receive of micro-batch 1's forward input)."""
 NO_DATA_OPS = frozenset(
     {
         "aten::view", "aten::_unsafe_view", "aten::t", "aten::transpose", "aten::permute",
@@ -155,6 +165,61 @@ def _timeline(
     return out
 
 
+@dataclass(frozen=True)
+class _Posted:
+    """A step's actions sorted by start, and which of them post a receive or a send ahead."""
+
+    trace: RankTrace
+    starts: np.ndarray
+    ends: np.ndarray
+    posts: list[re.Match[str] | None]  # per action: its POST_RE match
+    compute: dict[tuple[str, int, int], tuple[float, float]]  # (kind, stage, mb) -> its span
+
+    @classmethod
+    def of(cls, trace: RankTrace, acts: np.ndarray) -> _Posted:
+        order = acts[np.argsort(trace.ts_us[acts], kind="stable")]
+        names = [trace.names[int(trace.name_id[i])] for i in order]
+        compute = {}
+        for i, name in zip(order, names, strict=True):
+            kind, stage, mb = parse_label(name)
+            if kind:  # a backward for the input consumes the gradient as a full backward does
+                compute[("F" if kind == "F" else "B", stage, mb)] = (
+                    float(trace.ts_us[i]),
+                    float(trace.end_us[i]),
+                )
+        return cls(
+            trace, trace.ts_us[order], trace.end_us[order], [POST_RE.match(n) for n in names],
+            compute,
+        )  # fmt: skip
+
+    def _post(self, t: float) -> re.Match[str] | None:
+        """The posting action that holds time `t`, if any."""
+        k = int(np.searchsorted(self.starts, t, side="right")) - 1
+        return self.posts[k] if k >= 0 and t <= self.ends[k] else None
+
+    def ahead(self, times: np.ndarray) -> np.ndarray:
+        """Which of these events (by start) a posting action issued ahead."""
+        return np.asarray([self._post(float(t)) is not None for t in times], dtype=bool)
+
+    def recv_waits(self, recvs: np.ndarray) -> iv.IntervalSet:
+        """The thread's waits on these receives: a blocking one's range; one posted ahead,
+        from its consumer's start to its completion (within the consumer), if it ends later."""
+        lo: list[float] = []
+        hi: list[float] = []
+        for i in recvs:
+            start, end = float(self.trace.ts_us[i]), float(self.trace.end_us[i])
+            post = self._post(start)
+            if post is None:
+                lo.append(start)
+                hi.append(end)
+                continue
+            consumer = self.compute.get((post.group(3), int(post.group(1)), int(post.group(4))))
+            if consumer is not None and end > consumer[0]:
+                lo.append(consumer[0])
+                hi.append(min(end, consumer[1]))
+        return iv.union(np.asarray(lo, np.float64), np.asarray(hi, np.float64))
+
+
 def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepTimes]:
     """The rank's pipeline timings per step; [] when its trace holds no pipeline action."""
     action_ids = [i for i, n in enumerate(trace.names) if ACTION_RE.match(n)]
@@ -184,8 +249,10 @@ def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepT
         span = iv.union(starts[a], ends[a])
         r = recvs[(starts[recvs] >= lo) & (starts[recvs] < hi)]
         sent = sends[(starts[sends] >= lo) & (starts[sends] < hi)]
+        posted = _Posted.of(trace, a)
+        sent = sent[~posted.ahead(starts[sent])]
         send_waits = iv.subtract(iv.union(starts[sent], np.minimum(ends[sent], hi)), span)
-        all_waits = iv.union(starts[r], ends[r])
+        all_waits = posted.recv_waits(r)
         neighbours = iv.join(all_waits, send_waits)
         waits = iv.intersect(all_waits, span)
         window = float(ends[a].max() - starts[a].min())
