@@ -66,6 +66,9 @@ CASES = (
     Case("fsdp-pp-4r-6,1-to-4,3", 4, FSDP_PP, ("--stage-blocks", "6,1"), ("--stage-blocks", "4,3"), "split"),
     Case("gpt-gpipe-4,4-m2-to-m4", 2, GPT, ("--split", "4,4", "--schedule", "gpipe", "--microbatches", "2"), ("--split", "4,4", "--schedule", "gpipe", "--microbatches", "4"), "microbatches"),
     Case("gpt-4,4-m2-to-m4", 2, GPT, ("--split", "4,4", "--microbatches", "2"), ("--split", "4,4", "--microbatches", "4"), "microbatches"),
+    Case("gpt-il-2,2,2,2-m8", 2, GPT, ("--split", "2,2,2,2", "--schedule", "interleaved"), ("--split", "2,2,2,2", "--schedule", "interleaved", "--microbatches", "8"), "microbatches"),
+    Case("gpt-bfs-2,2,2,2-m8", 2, GPT, ("--split", "2,2,2,2", "--schedule", "bfs"), ("--split", "2,2,2,2", "--schedule", "bfs", "--microbatches", "8"), "microbatches"),
+    Case("gpt-il-4r-8x1-m8", 4, GPT, ("--split", "1,1,1,1,1,1,1,1", "--schedule", "interleaved"), ("--split", "1,1,1,1,1,1,1,1", "--schedule", "interleaved", "--microbatches", "8"), "microbatches"),
 )  # fmt: skip
 
 

@@ -92,9 +92,15 @@ def positions(pf: PipelineFacts, timings: dict[int, list[PipelineStepTimes]]) ->
     return out
 
 
-def ideal_bubble(p: int, m: int) -> float:
-    """The idle share of a balanced fill-and-drain phase: (p - 1) / (m + p - 1)."""
-    return (p - 1) / (m + p - 1)
+def ideal_bubble(p: int, m: int, v: int = 1) -> float:
+    """The idle share of a balanced fill-and-drain phase: (p - 1) / (v m + p - 1), with `v`
+    stages per rank (the interleaved and looped schedules run `v` chunks of each micro-batch
+    on a rank, which fill the pipeline `v` times faster)."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def _bubble_formula(v: int) -> str:
+    return "(p-1)/(m+p-1)" if v == 1 else f"(p-1)/({v}m+p-1) with {v} stages per rank"
 
 
 def _name(pos: Position) -> str:
@@ -138,6 +144,11 @@ class Bubble:
     def p(self) -> int:
         """Pipeline positions (ranks per pipeline)."""
         return len(self.pos)
+
+    @property
+    def v(self) -> int:
+        """Stages per rank (1, or the interleaved and looped schedules' loop)."""
+        return min(len(pos.stages) for pos in self.pos)
 
     @property
     def schedule(self) -> str:
@@ -354,10 +365,10 @@ def gain_method(b: Bubble, cores: HostCores | None = None) -> str:
 
 
 def _recommendation(b: Bubble) -> str:
-    p, m, cls = b.p, b.m, b.schedule
+    p, m, cls, v = b.p, b.m, b.schedule, b.v
     text = [
-        f"{cls} runs {m} micro-batches over {p} pipeline stages: a fill-and-drain schedule "
-        f"leaves each stage idle (p-1)/(m+p-1) = {ideal_bubble(p, m):.0%} of the pipeline phase "
+        f"{cls} runs {m} micro-batches over {p} pipeline ranks: a fill-and-drain schedule leaves "
+        f"each stage idle {_bubble_formula(v)} = {ideal_bubble(p, m, v):.0%} of the pipeline phase "
         f"even when balanced. Measured per stage (share of the step not spent on micro-batches): "
         f"{b.waits()}."
     ]
@@ -374,7 +385,7 @@ def _recommendation(b: Bubble) -> str:
     if b.more_microbatches:
         text.append(
             f"Cut the batch into {2 * m} micro-batches instead of {m} (code): the idle share "
-            f"drops to {ideal_bubble(p, 2 * m):.0%} when balanced; about {b.gain_mb:.1f} ms per "
+            f"drops to {ideal_bubble(p, 2 * m, v):.0%} when balanced; about {b.gain_mb:.1f} ms per "
             "step."
         )
     if cls == "ScheduleGPipe":
@@ -421,7 +432,7 @@ def _finding_evidence(b: Bubble) -> dict[str, object]:
         "slow_stage": list(b.slow.stages) if b.imbalanced else None,
         "blocks_to_move": blocks_to_move(b) if b.imbalanced else None,
         "median_step_ms": round(b.step, 3),
-        "ideal_bubble_share_of_phase": round(ideal_bubble(b.p, b.m), 4),
+        "ideal_bubble_share_of_phase": round(ideal_bubble(b.p, b.m, b.v), 4),
         **_replay_evidence(b.replayed),
         "gain_more_microbatches_ms": _ms(b.gain_mb),
         "gain_rebalance_ms": _ms(b.gain_bal),
@@ -485,7 +496,7 @@ RULE = Rule(
     ),
     why=(
         "A fill-and-drain schedule idles every stage (p-1)/(m+p-1) of its phase even when "
-        "balanced, and an unbalanced split makes every stage run at the slowest stage's pace."
+        "balanced ((p-1)/(vm+p-1) with v stages per rank, interleaved or looped), and an unbalanced split makes every stage run at the slowest stage's pace."
     ),
     example=(
         "Pipeline bubble: stage 0 makes the others wait (31.2 ms per micro-batch, the others "

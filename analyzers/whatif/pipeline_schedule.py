@@ -30,7 +30,12 @@ alike.
   action's work other than its fixed part shrinks by the factor, the fixed part stays, and the
   order is the schedule's own for the new count (ScheduleGPipe: every forward, then every
   backward; Schedule1F1B: `num_stages - stage` forwards, then one backward and one forward in
-  turn). The multi-stage runtime schedules are not generated here: for them it is refused.
+  turn; ScheduleInterleaved1F1B and ScheduleLoopedBFS, whose ranks run a loop of stages (stage
+  `s` on rank `s % ranks`): torch's own orders, ported and checked against torch's). It is
+  refused where a rank's recorded order is not the schedule's own for the recorded count, and
+  for the other runtime schedules (the zero-bubble and V-shaped ones). A runtime schedule's
+  sends and receives (actions of no micro-batch's compute) are kept with the action after them,
+  once per micro-batch.
 - `balanced`: every stage does the same work per step (their mean), each action scaled by its
   stage's mean over its own: the model split where the work is equal. The order is kept.
 - `moved`: a share of one stage's work moved to another (blocks moved across the split, each
@@ -55,8 +60,12 @@ COMPUTE_KINDS = frozenset({"F", "B", "I", "W"})
 PRODUCING_KINDS = frozenset({"F", "B", "I"})
 """The actions a neighbour waits for: a forward's output, a backward's (full, or for the input)
 gradient; a backward for the weights (W) sends nothing."""
-GENERATED_SCHEDULES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
+GENERATED_SCHEDULES = frozenset(
+    {"ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS"}
+)
 """The schedules whose order for another micro-batch count the replay generates."""
+Action = tuple[str, int, int]
+"""A compute action: kind ("F", "B"), stage, micro-batch."""
 
 
 class ScheduleError(ValueError):
@@ -263,49 +272,131 @@ def _receive_costs(
 
 def more_microbatches(step: PipelineStep, schedule: str, m: int, factor: int = 2) -> PipelineStep:
     """The step with each micro-batch cut in `factor` (module docstring); ScheduleError for a
-    schedule whose order is not generated here."""
+    schedule whose order is not generated here, for stages not placed as torch places them, or
+    for a rank whose recorded actions are not the schedule's own order for `m` (a custom or
+    changed schedule: its order for another count is not known)."""
     if schedule not in GENERATED_SCHEDULES:
-        raise ScheduleError(
-            f"{schedule}'s order for another micro-batch count is not generated here (only "
-            + " and ".join(sorted(GENERATED_SCHEDULES))
-            + ")"
-        )
+        raise _not_generated(schedule)
+    pp, n_stages = len(step.ops), step.n_stages
     ops = {}
     for r, seq in step.ops.items():
-        source = {(op.kind, op.microbatch): op for op in seq if op.kind in ("F", "B")}
-        stages = {op.stage for op in seq if op.kind in ("F", "B")}
-        if len(stages) != 1 or any(op.kind not in ("F", "B") for op in seq):
-            raise ScheduleError("a rank runs more than one stage or actions other than F and B")
-        (stage,) = stages
+        compute, tail = _folded(seq)
+        if any(op.kind not in ("F", "B") for op in compute):
+            raise ScheduleError(f"rank {r} runs compute actions other than F and B")
+        source = {(op.kind, op.stage, op.microbatch): op for op in compute}
+        own = _pipeline_rank(r, {op.stage for op in compute}, pp, n_stages)
+        recorded = [(op.kind, op.stage, op.microbatch) for op in compute]
+        if recorded != rank_order(schedule, own, pp, n_stages, m):
+            raise ScheduleError(
+                f"rank {r}'s recorded actions are not {schedule}'s order for {m} micro-batches "
+                "(a custom or changed schedule: its order for another count is not known)"
+            )
         new = []
-        for kind, j in _order(schedule, stage, step.n_stages, m * factor):
-            src = source.get((kind, j // factor))
-            if src is None:
-                raise ScheduleError(
-                    f"stage {stage} recorded no {kind} on micro-batch {j // factor}"
-                )
+        for kind, stage, j in rank_order(schedule, own, pp, n_stages, m * factor):
+            src = source[(kind, stage, j // factor)]
             scaled = src.fixed_us + (src.work_us - src.fixed_us) / factor
             new.append(replace(src, microbatch=j, work_us=scaled))
-        ops[r] = tuple(new)
+        ops[r] = (*new, *tail)
     return replace(step, ops=ops)
 
 
-def _order(schedule: str, stage: int, n_stages: int, m: int) -> list[tuple[str, int]]:
-    """A single-stage schedule's actions on `stage` for `m` micro-batches."""
+def _folded(seq: Sequence[Op]) -> tuple[list[Op], tuple[Op, ...]]:
+    """A rank's compute actions, each with the actions run in place before it (a runtime
+    schedule's sends and receives: no micro-batch's compute) added to its host gap, and the
+    in-place actions after the last one. Each micro-batch keeps its sends' and receives' cost
+    (a receive's cost does not change with its bytes, module docstring)."""
+    out: list[Op] = []
+    pending: list[Op] = []
+    for op in seq:
+        if op.kind in COMPUTE_KINDS:
+            out.append(replace(op, gap_us=op.gap_us + sum(p.gap_us + p.work_us for p in pending)))
+            pending = []
+        else:
+            pending.append(op)
+    return out, tuple(pending)
+
+
+def _pipeline_rank(rank: int, stages: set[int], pp: int, n_stages: int) -> int:
+    """The rank's place in its pipeline from the stages it ran: torch puts stage `s` on
+    pipeline rank `s % pp` (one stage per rank, or a loop of them); ScheduleError otherwise."""
+    own = min(stages, default=0)
+    if n_stages % pp or stages != set(range(own, n_stages, pp)):
+        raise ScheduleError(
+            f"rank {rank} runs stages {sorted(stages)}: not one stage per rank or a loop of "
+            f"them (stage s on pipeline rank s % {pp})"
+        )
+    return own
+
+
+def rank_order(schedule: str, rank: int, pp: int, n_stages: int, m: int) -> list[Action]:
+    """The compute actions (kind, stage, micro-batch) `schedule` runs on pipeline rank `rank` of
+    `pp` for `m` micro-batches, in order: torch.distributed.pipelining's own (the runtime
+    schedules' `_calculate_single_rank_operations` less their idle slots); stage `s` on rank
+    `s % pp`. ScheduleError for a count the schedule refuses."""
+    stages = range(rank, n_stages, pp)
     if schedule == "ScheduleGPipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warmup = min(m, n_stages - stage)
-    order = [("F", i) for i in range(warmup)]
-    f, b = warmup, 0
-    while True:
-        order.append(("B", b))
-        b += 1
-        if f == m:
-            break
-        order.append(("F", f))
-        f += 1
-    order += [("B", i) for i in range(b, m)]
-    return order
+        return [("F", rank, i) for i in range(m)] + [("B", rank, i) for i in range(m)]
+    if schedule == "Schedule1F1B":
+        warmup = min(m, n_stages - rank)
+        order = [("F", rank, i) for i in range(warmup)]
+        f, b = warmup, 0
+        while True:
+            order.append(("B", rank, b))
+            b += 1
+            if f == m:
+                break
+            order.append(("F", rank, f))
+            f += 1
+        return order + [("B", rank, i) for i in range(b, m)]
+    if schedule == "ScheduleLoopedBFS":
+        return [("F", s, i) for s in stages for i in range(m)] + [
+            ("B", s, i) for s in reversed(stages) for i in reversed(range(m))
+        ]
+    if schedule == "ScheduleInterleaved1F1B":
+        return _interleaved_1f1b(rank, pp, len(stages), m)
+    raise _not_generated(schedule)
+
+
+def _not_generated(schedule: str) -> ScheduleError:
+    return ScheduleError(
+        f"{schedule}'s order for another micro-batch count is not generated here (only "
+        + ", ".join(sorted(GENERATED_SCHEDULES))
+        + ")"
+    )
+
+
+def _interleaved_1f1b(rank: int, pp: int, n_local: int, m: int) -> list[Action]:
+    """ScheduleInterleaved1F1B's actions on pipeline rank `rank` (depth first: the micro-batches
+    go round the local stages in rounds of `m // rounds`)."""
+    rounds = max(1, m // pp)
+    if m % rounds:
+        raise ScheduleError(
+            f"ScheduleInterleaved1F1B refuses {m} micro-batches on {pp} ranks (not a multiple "
+            f"of its {rounds} rounds)"
+        )
+    per_round = m // rounds
+    total = n_local * m
+    warmup = min((n_local - 1) * per_round + 2 * (pp - 1 - rank), total)
+    fwd: dict[int, int] = {}
+    bwd: dict[int, int] = {}
+    out: list[Action] = []
+
+    def forward(op: int) -> None:
+        stage = ((op // per_round) % n_local) * pp + rank
+        fwd[stage] = fwd.get(stage, -1) + 1
+        out.append(("F", stage, fwd[stage]))
+
+    def backward(op: int) -> None:
+        stage = (n_local - 1 - ((op - warmup) // per_round) % n_local) * pp + rank
+        bwd[stage] = bwd.get(stage, -1) + 1
+        out.append(("B", stage, bwd[stage]))
+
+    for op in range(total + warmup):  # warmup, then 1F1B (total - warmup), then cool-down
+        if op < total:
+            forward(op)
+        if op >= warmup:
+            backward(op)
+    return out
 
 
 def stage_work(step: PipelineStep) -> dict[int, float]:

@@ -1,24 +1,34 @@
-"""A small GPT cut into pipeline stages, one per rank (pure pipeline parallelism, no FSDP):
-`torch.distributed.pipelining` PipelineStage + Schedule1F1B (or ScheduleGPipe), the blocks
-split across the stages as `--split` says.
+"""A small GPT cut into pipeline stages (pure pipeline parallelism, no FSDP):
+`torch.distributed.pipelining` PipelineStage + Schedule1F1B (or ScheduleGPipe), one stage per
+rank, or ScheduleInterleaved1F1B (or ScheduleLoopedBFS), a loop of stages per rank (stage s on
+rank s % world), the blocks split across the stages as `--split` says.
 
 torchrun --standalone --nproc-per-node 2 examples/mesh/pipeline_gpt.py
 zdiag run --nproc-per-node 2 examples/mesh/pipeline_gpt.py --split 6,2 [--microbatches 8]
 zdiag run --nproc-per-node 4 examples/mesh/pipeline_gpt.py --split 3,1,1,1 --schedule gpipe
+zdiag run --nproc-per-node 2 examples/mesh/pipeline_gpt.py --split 2,2,2,2 --schedule interleaved
 
-`--split A,B,...` gives each stage's number of transformer blocks (one entry per rank); stage 0
-also runs the token embedding, the last stage the final norm, the LM head and the loss.
+`--split A,B,...` gives each stage's number of transformer blocks (one entry per stage: as many
+as ranks, or a multiple of them for the interleaved and looped schedules); stage 0 also runs
+the token embedding, the last stage the final norm, the LM head and the loss.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
 
 VOCAB = 512
 
@@ -55,41 +65,65 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
+def stage_model(split: list[int], index: int) -> GPT:
+    """Stage `index`'s part of the GPT: its blocks, the embedding on the first stage, the norm
+    and head on the last."""
+    model = GPT(layers=sum(split))
+    first = sum(split[:index])
+    for key in list(model.blocks.keys()):  # keep this stage's blocks only
+        if not first <= int(key) < first + split[index]:
+            del model.blocks[key]
+    if index != 0:
+        model.tok = None
+    if index != len(split) - 1:
+        model.norm, model.lm_head = None, None
+    return model
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--split", default="4,4", help="blocks per stage, one entry per rank")
+    p.add_argument(
+        "--split", default="4,4", help="blocks per stage, one entry per stage (module docstring)"
+    )
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe", "interleaved", "bfs"), default="1f1b")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     split = [int(n) for n in args.split.split(",")]
-    if len(split) != world:
-        raise SystemExit(f"--split gives {len(split)} stages for {world} ranks")
+    looped = args.schedule in ("interleaved", "bfs")
+    if len(split) != world and not (looped and len(split) % world == 0):
+        raise SystemExit(
+            f"--split gives {len(split)} stages for {world} ranks (one per rank"
+            + (", or a multiple of them)" if looped else ")")
+        )
     torch.manual_seed(0)
-    model = GPT(layers=sum(split))
-    first = sum(split[:rank])
-    for key in list(model.blocks.keys()):  # keep this stage's blocks only
-        if not first <= int(key) < first + split[rank]:
-            del model.blocks[key]
-    if rank != 0:
-        model.tok = None
-    if rank != world - 1:
-        model.norm, model.lm_head = None, None
-    stage = PipelineStage(model, rank, world, torch.device("cpu"))
-    cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
-    schedule = cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    stages: list[Any] = []  # torch types the list by its private stage base class
+    params: list[nn.Parameter] = []
+    for index in range(rank, len(split), world):  # stage s on rank s % world
+        model = stage_model(split, index)
+        params += list(model.parameters())
+        stages.append(PipelineStage(model, index, len(split), torch.device("cpu")))
+    schedule: Schedule1F1B | ScheduleGPipe | ScheduleInterleaved1F1B | ScheduleLoopedBFS
+    if looped:
+        many = ScheduleInterleaved1F1B if args.schedule == "interleaved" else ScheduleLoopedBFS
+        schedule = many(stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    else:
+        stage = stages[0]
+        cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
+        schedule = cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    last = (len(split) - 1) % world  # the rank of the last stage
 
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    opt = torch.optim.SGD(params, lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     for step in range(args.steps):
         tokens = torch.randint(0, VOCAB, (16, 64), generator=gen)
         target = torch.randint(0, VOCAB, (16, 64), generator=gen)
         if rank == 0:
             schedule.step(tokens)
-        elif rank == world - 1:
+        elif rank == last:
             losses: list[torch.Tensor] = []
             schedule.step(target=target, losses=losses)
             print(f"step {step} loss {torch.stack(losses).mean().item():.4f}", flush=True)

@@ -108,10 +108,10 @@ def test_a_1f1b_gpt_split_unevenly_is_replayed_across_its_stages(tmp_path: Path)
 
 
 SCHEDULE_LINE = (
-    '    cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe\n'
-    "    schedule = cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)\n"
+    '        cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe\n'
+    "        schedule = cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)\n"
 )
-"""The script's schedule construction, which the finding's code replaces."""
+"""The script's single-stage schedule construction, which the finding's code replaces."""
 
 
 def _bubble(out: Path) -> dict[str, object] | None:
@@ -142,10 +142,34 @@ def test_the_micro_batch_code_runs_pasted_into_the_script(tmp_path: Path) -> Non
     script = (Path(__file__).parents[3] / "examples" / "mesh" / "pipeline_gpt.py").read_text()
     assert SCHEDULE_LINE in script
     patched = tmp_path / "pipeline_gpt_4.py"
-    indented = "".join(f"    {line}\n" for line in code.splitlines())
+    indented = "".join(f"        {line}\n" for line in code.splitlines())
     patched.write_text(script.replace(SCHEDULE_LINE, indented))
     after = tmp_path / "after"
     proc = zdiag(*run, str(after), str(patched), "--microbatches", "2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     model = json.loads((after / "model" / "rank-0.json").read_text())
     assert model["pipeline"]["schedules"][0]["n_microbatches"] == 4
+
+
+def test_an_interleaved_gpt_is_replayed_with_twice_the_micro_batches(tmp_path: Path) -> None:
+    """examples/mesh/pipeline_gpt.py on 2 ranks, 4 stages (rank r runs stages r and r + 2),
+    ScheduleInterleaved1F1B over 4 micro-batches. Its receives are posted ahead (`PP:2RECV_F1`)
+    and recorded until their data came while the rank computed: read as waits, they made a
+    balanced run look idle most of its step. `zdiag whatif --pipeline-microbatches 8` replays
+    it in the schedule's own order for 8 (generated, not refused), and the unchanged replay
+    gives back the measured phase."""
+    out = tmp_path / "interleaved"
+    proc = zdiag(
+        "run", "--nproc-per-node", "2", "--out", str(out), "examples/mesh/pipeline_gpt.py",
+        "--split", "2,2,2,2", "--schedule", "interleaved", "--steps", "8",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = zdiag("whatif", str(out), "--pipeline-microbatches", "8", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    w = json.loads(proc.stdout)
+    assert w["schedule"] == "ScheduleInterleaved1F1B" and w["num_stages"] == 4
+    assert w["not_replayed"] is None and w["changed_phase_ms"] > 0
+    assert w["replay_error"] < 0.05
+    assert [s["stages"] for s in w["stages"]] == [[0, 2], [1, 3]]
+    # the stages are even: neither waits most of its step
+    assert all(s["bubble_share"] < 0.4 for s in w["stages"]), w["stages"]

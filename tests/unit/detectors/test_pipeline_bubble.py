@@ -24,6 +24,7 @@ from zdiag.analyzers.rank.pipeline_times import (
 from zdiag.analyzers.rank.rank_analysis import RankFacts
 from zdiag.analyzers.rank.steps import find_steps
 from zdiag.analyzers.run.core_use import HostCores
+from zdiag.analyzers.whatif import pipeline_schedule as ps
 from zdiag.analyzers.whatif.pipeline_replay import Move, Replayed, replay_pipeline
 from zdiag.collectors.model_schema import (
     DeviceMeshInfo,
@@ -102,6 +103,32 @@ def test_send_waits_between_actions_and_the_host_cost_per_op(tmp_path: Path) -> 
     assert t.timeline[1].host_fixed_us == pytest.approx(10.0)  # one op, all covered
 
 
+def test_receives_and_sends_posted_ahead_wait_only_from_their_consumer(tmp_path: Path) -> None:
+    """A runtime schedule posts stage 2's receive (PP:2RECV_F0) before running stage 0's forward,
+    and gloo records the receive until its data came (6 ms), while the thread computed. The
+    thread waits on it only from its consumer's start (PP:2F0, 5 ms) to then: 1 ms, not 6. The
+    send posted after stage 0's forward runs on to 20 ms and is no wait at all."""
+    ev: list[dict[str, object]] = [_x("ProfilerStep#0", 0, 20_000.0)]
+    ev.append(_x("PP:2RECV_F0", 0, 50.0))
+    ev.append(_x("gloo:recv", 30, 5_970.0))  # posted ahead, done at 6 000
+    ev.append(_x("PP:0F0", 100, 3_000.0))
+    ev.append(_x("aten::addmm", 100, 3_000.0, "cpu_op"))
+    ev.append(_x("PP:0SEND_F0", 3_100, 50.0))
+    ev.append(_x("gloo:send", 3_120, 16_000.0))  # posted ahead
+    ev.append(_x("PP:2F0", 5_000, 3_000.0))
+    ev.append(_x("aten::addmm", 6_000, 2_000.0, "cpu_op"))
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    trace = load_rank_trace(path)
+    (t,) = pipeline_times(trace, find_steps(trace)[0])
+    assert [(a.kind, a.stage, a.microbatch) for a in t.timeline] == [
+        ("", -1, -1), ("F", 0, 0), ("", -1, -1), ("F", 2, 0),
+    ]  # fmt: skip
+    assert [a.recv_us for a in t.timeline] == [0.0, 0.0, 0.0, 1_000.0]
+    assert t.neighbour_wait_ms == pytest.approx(1.0)
+    assert t.busy_ms == pytest.approx(6.1 - 1.0)  # the actions' 6.1 ms less the wait
+
+
 def test_runtime_schedule_labels_name_their_stage() -> None:
     assert parse_label("PP:1B0") == ("B", 1, 0)
     assert parse_label("PP:0W12") == ("W", 0, 12)
@@ -120,6 +147,7 @@ def test_no_actions_no_times(tmp_path: Path) -> None:
 def test_the_balanced_bubble() -> None:
     assert pb.ideal_bubble(2, 4) == pytest.approx(1 / 5)
     assert pb.ideal_bubble(4, 8) == pytest.approx(3 / 11)
+    assert pb.ideal_bubble(2, 4, v=2) == pytest.approx(1 / 9)  # 2 stages per rank
 
 
 def _description(schedule: str = "ScheduleGPipe", m: int = 4) -> ModelDescription:
@@ -140,23 +168,31 @@ def _description(schedule: str = "ScheduleGPipe", m: int = 4) -> ModelDescriptio
     )
 
 
-def _gpipe(t: list[float], m: int = 4, step: float = 70.0) -> dict[int, list[PipelineStepTimes]]:
-    """Three steps of the (2, 2) mesh's two pipelines running ScheduleGPipe, each stage s
-    working t[s] / 2 ms per forward and per backward, every wait a recv inside the action (as
-    torch's GPipe receives): the timings the map gives, in ms -> µs."""
+def _two_pipelines(
+    t: list[float], m: int = 4, step: float = 70.0, schedule: str = "ScheduleGPipe"
+) -> dict[int, list[PipelineStepTimes]]:
+    """Three steps of the (2, 2) mesh's two pipelines running `schedule` (its own order on each
+    stage), each stage s working t[s] / 2 ms per forward and per backward, every wait a recv
+    inside the action (as torch's single-stage schedules receive): the timings the map gives,
+    in ms -> µs."""
     f = [x / 2 * 1e3 for x in t]
     ends: dict[tuple[str, int, int], float] = {}
     actions: dict[int, list[PipelineAction]] = {0: [], 1: []}
     free = [0.0, 0.0]
-    order = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    for kind, i in order:  # stage 0's forwards lead, stage 1's backwards lead
-        for s in (0, 1) if kind == "F" else (1, 0):
-            dep = ends.get((kind, s - 1, i)) if kind == "F" else ends.get((kind, s + 1, i))
-            start = free[s]
-            wait = max(0.0, (dep or 0.0) - start)
-            end = start + wait + f[s]
-            actions[s].append(PipelineAction(kind, -1, i, start, end, wait, 0.0))
-            ends[(kind, s, i)] = free[s] = end
+    todo = {s: ps.rank_order(schedule, s, 2, 2, m) for s in (0, 1)}
+    while any(todo.values()):
+        for s in (0, 1):  # each stage runs its next actions while their inputs are there
+            while todo[s]:
+                kind, _, i = todo[s][0]
+                need = (kind, s - 1, i) if kind == "F" else (kind, s + 1, i)
+                if need[1] in (0, 1) and need not in ends:
+                    break
+                start = free[s]
+                wait = max(0.0, ends.get(need, 0.0) - start)
+                end = start + wait + f[s]
+                actions[s].append(PipelineAction(kind, -1, i, start, end, wait, 0.0))
+                ends[(kind, s, i)] = free[s] = end
+                todo[s].pop(0)
     out = {}
     for s, acts in actions.items():
         busy = sum(a.end_us - a.start_us - a.recv_us for a in acts) / 1e3
@@ -180,7 +216,9 @@ def _gpipe(t: list[float], m: int = 4, step: float = 70.0) -> dict[int, list[Pip
 
 
 def _ctx(t: list[float], step: float = 70.0, **kw: object) -> DetectorContext:
-    facts = {r: RankFacts(host="node0", pipeline=p) for r, p in _gpipe(t, step=step).items()}
+    schedule = str(kw.get("schedule", "ScheduleGPipe"))
+    timed = _two_pipelines(t, step=step, schedule=schedule)
+    facts = {r: RankFacts(host="node0", pipeline=p) for r, p in timed.items()}
     return DetectorContext(ledgers={}, facts=facts, model=ModelFacts(_description(**kw)))  # type: ignore[arg-type]
 
 
@@ -225,7 +263,7 @@ def test_slow_stage_is_named_with_the_bubble_per_stage() -> None:
 def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     pf = ModelFacts(_description()).pipeline
     assert pf is not None
-    timings = _gpipe([15.0, 7.0])
+    timings = _two_pipelines([15.0, 7.0])
     pos = pb.positions(pf, timings)
     # t = [15, 7], mean 11; 6 blocks of 2.5 ms each: move round(4 / 2.5) = 2
     b = pb.measure(pf, pos, 4, timings, ("ResidualMLP", "encoder.stages", 6))
@@ -247,7 +285,7 @@ def test_blocks_to_move_from_the_slow_stages_repeated_blocks() -> None:
     room = pb.gain_method(b, HostCores("vm", (0, 1), 8, 1.9, 30))
     assert ": not full, though a balanced split keeps more ranks busy at once" in room
     # the captured rank runs stage 0; were stage 1 the slow one, its blocks are unknown
-    timings = _gpipe([7.0, 15.0])
+    timings = _two_pipelines([7.0, 15.0])
     pos = pb.positions(pf, timings)
     b = pb.measure(pf, pos, 4, timings, ("ResidualMLP", "encoder.stages", 6))
     assert b.slow.stages == (1,) and pb.blocks_to_move(b) is None
@@ -279,7 +317,9 @@ def test_balanced_stages_get_more_microbatches_not_a_slow_stage() -> None:
 
 def test_no_finding_below_the_bubble_threshold_or_without_capture() -> None:
     assert pb.detect(_ctx([20.0, 20.0], step=85.0)) == []  # each stage waits 5 of 85 ms
-    no_model = DetectorContext(ledgers={}, facts={0: RankFacts(pipeline=_gpipe([10.0, 10.0])[0])})
+    no_model = DetectorContext(
+        ledgers={}, facts={0: RankFacts(pipeline=_two_pipelines([10.0, 10.0])[0])}
+    )
     assert pb.detect(no_model) == []
 
 
@@ -290,7 +330,7 @@ def test_a_bubble_the_replay_cannot_time_is_reported_without_a_gain() -> None:
         r: RankFacts(
             pipeline=[PipelineStepTimes(**{**msgspec.structs.asdict(t), "timeline": []}) for t in p]
         )
-        for r, p in _gpipe([15.0, 7.0]).items()
+        for r, p in _two_pipelines([15.0, 7.0]).items()
     }
     ctx = DetectorContext(ledgers={}, facts=facts, model=ModelFacts(_description()))  # type: ignore[arg-type]
     (f,) = pb.detect(ctx)
@@ -319,7 +359,7 @@ def test_more_micro_batches_repeat_the_fsdp_gathers() -> None:
     again. With the gathers inside each action kept whole, doubling replays as a loss."""
     pf = ModelFacts(_description()).pipeline
     assert pf is not None
-    timings = _gpipe([10.0, 10.0])
+    timings = _two_pipelines([10.0, 10.0])
     work_only = replay_pipeline(pf, timings)
     assert isinstance(work_only, Replayed) and work_only.gain_mb == pytest.approx(5.0)
 
@@ -336,7 +376,7 @@ def test_zdiag_whatif_pipeline_rebalance_states_the_measured_cores() -> None:
 
     pf = ModelFacts(_description()).pipeline
     assert pf is not None
-    timings = _gpipe([15.0, 7.0])
+    timings = _two_pipelines([15.0, 7.0])
     b = pb.measure(pf, pb.positions(pf, timings), 4, timings, ("ResidualMLP", "encoder.stages", 6))
     assert pipeline_whatif_json(b, True)["cores"] is None
     full = HostCores("vm", (0, 1), 2, 1.9, 30)

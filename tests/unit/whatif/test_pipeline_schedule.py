@@ -24,16 +24,83 @@ def _gpipe(f: list[float], b: list[float], m: int, recv: float = 0.0) -> ps.Pipe
     return ps.PipelineStep(0, ops, dict.fromkeys(ops, 0.0), dict.fromkeys(ops, recv))
 
 
+def _pairs(actions: list[ps.Action]) -> list[tuple[str, int]]:
+    return [(kind, mb) for kind, _, mb in actions]
+
+
 def test_the_single_stage_schedules_orders() -> None:
-    assert ps._order("ScheduleGPipe", 0, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert ps.rank_order("ScheduleGPipe", 0, 2, 2, 2) == [
+        ("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1),
+    ]  # fmt: skip
     # Schedule1F1B: num_stages - stage forwards first, then a backward and a forward in turn
-    assert ps._order("Schedule1F1B", 0, 2, 4) == [
+    assert _pairs(ps.rank_order("Schedule1F1B", 0, 2, 2, 4)) == [
         ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3),
     ]  # fmt: skip
-    assert ps._order("Schedule1F1B", 1, 2, 4) == [
+    assert _pairs(ps.rank_order("Schedule1F1B", 1, 2, 2, 4)) == [
         ("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3),
     ]  # fmt: skip
-    assert ps._order("Schedule1F1B", 0, 4, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert _pairs(ps.rank_order("Schedule1F1B", 0, 4, 4, 2)) == [
+        ("F", 0), ("F", 1), ("B", 0), ("B", 1),
+    ]  # fmt: skip
+
+
+def test_the_interleaved_order_is_the_one_a_recorded_run_ran() -> None:
+    """Rank 0 of 2, stages 0 and 2, 4 micro-batches: the compute actions a ScheduleInterleaved1F1B
+    run recorded (a GPT on 2 gloo ranks, torch 2.13), in order."""
+    assert ps.rank_order("ScheduleInterleaved1F1B", 0, 2, 4, 4) == [
+        ("F", 0, 0), ("F", 0, 1), ("F", 2, 0), ("F", 2, 1), ("F", 0, 2), ("B", 2, 0),
+        ("F", 0, 3), ("B", 2, 1), ("F", 2, 2), ("B", 0, 0), ("F", 2, 3), ("B", 0, 1),
+        ("B", 2, 2), ("B", 2, 3), ("B", 0, 2), ("B", 0, 3),
+    ]  # fmt: skip
+    # breadth first: every forward of stage 0, of stage 2, then the backwards the other way
+    assert ps.rank_order("ScheduleLoopedBFS", 1, 2, 4, 2) == [
+        ("F", 1, 0), ("F", 1, 1), ("F", 3, 0), ("F", 3, 1),
+        ("B", 3, 1), ("B", 3, 0), ("B", 1, 1), ("B", 1, 0),
+    ]  # fmt: skip
+    # 5 micro-batches on 2 ranks: 2 rounds, which 5 is not a multiple of (torch refuses it)
+    with pytest.raises(ps.ScheduleError, match="refuses 5 micro-batches"):
+        ps.rank_order("ScheduleInterleaved1F1B", 0, 2, 4, 5)
+
+
+def _torch_order(name: str, rank: int, pp: int, n_local: int, m: int) -> list[ps.Action] | None:
+    """torch's own order for one rank (its `_calculate_single_rank_operations`, idle slots
+    left out); None where torch refuses the count."""
+    from torch.distributed.pipelining import schedules as tps
+
+    cls = getattr(tps, name)
+    sched = object.__new__(cls)  # the order needs no stages, only these counts
+    sched.pp_group_size, sched._n_microbatches, sched.n_local_stages = pp, m, n_local
+    sched._stages = [None] * n_local
+    sched.number_of_rounds = max(1, m // pp)
+    if name == "ScheduleInterleaved1F1B" and m % sched.number_of_rounds:
+        return None
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    kinds = {tps._ComputationType.FORWARD: "F", tps._ComputationType.FULL_BACKWARD: "B"}
+    return [
+        (kinds[a.computation_type], a.stage_index, a.microbatch_index)
+        for a in sched._calculate_single_rank_operations(rank)
+        if a is not None
+    ]
+
+
+@pytest.mark.parametrize("name", ["ScheduleInterleaved1F1B", "ScheduleLoopedBFS"])
+def test_the_runtime_schedules_orders_are_torchs_own(name: str) -> None:
+    for pp, n_local, m in [
+        (2, 2, 4),
+        (2, 3, 6),
+        (2, 2, 5),
+        (4, 2, 8),
+        (4, 2, 6),
+        (3, 2, 5),
+        (8, 4, 16),
+    ]:
+        for rank in range(pp):
+            expected = _torch_order(name, rank, pp, n_local, m)
+            if expected is None:
+                with pytest.raises(ps.ScheduleError):
+                    ps.rank_order(name, rank, pp, pp * n_local, m)
+            else:
+                assert ps.rank_order(name, rank, pp, pp * n_local, m) == expected, (pp, m, rank)
 
 
 def test_replay_derives_every_wait_from_the_dependencies() -> None:
@@ -102,16 +169,52 @@ def test_twice_the_micro_batches_halve_the_work_but_not_the_gathers() -> None:
     works = [op.work_us for op in ps.more_microbatches(gathered, "ScheduleGPipe", 1).ops[0]]
     assert works == [4.0 + 3.0, 4.0 + 3.0, 10.0, 10.0]
     # 1F1B's order for the new count
-    one_f = ps.more_microbatches(step, "Schedule1F1B", 2)
+    one_f = ps.more_microbatches(_recorded("Schedule1F1B", 2, 1, 2), "Schedule1F1B", 2)
     assert [(op.kind, op.microbatch) for op in one_f.ops[0]][:4] == [
         ("F", 0), ("F", 1), ("B", 0), ("F", 2),
     ]  # fmt: skip
 
 
-def test_more_micro_batches_are_refused_for_schedules_not_generated() -> None:
+def _recorded(schedule: str, pp: int, n_local: int, m: int, **extra: float) -> ps.PipelineStep:
+    """A step as `schedule` runs it (F 10, B 20 on every stage), with an in-place action (a
+    send, 1 µs) after each forward when `extra` says so."""
+    ops = {}
+    for r in range(pp):
+        seq: list[ps.Op] = []
+        for kind, stage, mb in ps.rank_order(schedule, r, pp, pp * n_local, m):
+            seq.append(_op(kind, stage, mb, 10.0 if kind == "F" else 20.0))
+            if kind == "F" and extra.get("send"):
+                seq.append(ps.Op("", -1, -1, extra["send"], 0.0, 0.0))
+        ops[r] = tuple(seq)
+    return ps.PipelineStep(0, ops, dict.fromkeys(ops, 0.0), dict.fromkeys(ops, 0.0))
+
+
+def test_more_micro_batches_are_refused_for_orders_not_generated() -> None:
     step = _gpipe([10.0, 5.0], [20.0, 10.0], 2)
-    with pytest.raises(ps.ScheduleError, match="ScheduleInterleaved1F1B's order"):
-        ps.more_microbatches(step, "ScheduleInterleaved1F1B", 2)
+    with pytest.raises(ps.ScheduleError, match="ScheduleZBVZeroBubble's order"):
+        ps.more_microbatches(step, "ScheduleZBVZeroBubble", 2)
+    # a run whose recorded order is not the schedule's own (GPipe's, called 1F1B)
+    with pytest.raises(ps.ScheduleError, match="not Schedule1F1B's order for 2 micro-batches"):
+        ps.more_microbatches(step, "Schedule1F1B", 2)
+    # stages that are not a loop over the ranks
+    odd = {0: (_op("F", 0, 0, 1.0), _op("F", 1, 0, 1.0)), 1: (_op("F", 2, 0, 1.0),)}
+    with pytest.raises(ps.ScheduleError, match="not one stage per rank or a loop"):
+        ps.more_microbatches(ps.PipelineStep(0, odd, {}, {}), "ScheduleLoopedBFS", 1)
+
+
+def test_an_interleaved_run_doubled_keeps_each_micro_batchs_sends() -> None:
+    """2 ranks, 2 stages each, 4 micro-batches: doubled, each rank runs its stages' 16 forwards
+    and 16 backwards at half the work, in the schedule's order for 8, and each forward keeps the
+    1 µs send posted after it (folded into the host time before the next action)."""
+    step = _recorded("ScheduleInterleaved1F1B", 2, 2, 4, send=1.0)
+    doubled = ps.more_microbatches(step, "ScheduleInterleaved1F1B", 4)
+    for r in (0, 1):
+        got = [(op.kind, op.stage, op.microbatch) for op in doubled.ops[r]]
+        assert got == ps.rank_order("ScheduleInterleaved1F1B", r, 2, 4, 8)
+        assert {op.work_us for op in doubled.ops[r]} == {5.0, 10.0}
+        sends = sum(op.gap_us for op in doubled.ops[r])  # each send before the next action
+        assert sends == pytest.approx(16.0 - (1.0 if got[-1][0] == "F" else 0.0))
+    assert ps.replayed_phase_us(doubled) > 0
 
 
 def test_balanced_gives_every_stage_the_mean_work() -> None:
