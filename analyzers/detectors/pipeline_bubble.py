@@ -12,7 +12,8 @@ runs), medians over steps, averaged over its ranks:
 - the stage that makes the others wait: the one with the largest `t`.
 
 With `p` positions and `m` micro-batches a fill-and-drain schedule (GPipe, 1F1B) idles each
-stage `(p - 1) / (m + p - 1)` of its phase even when balanced. Two changes shrink the bubble;
+stage `(p - 1) / (m + p - 1)` of its phase even when balanced (`(p - 1) / (v m + p - 1)` with
+`v` stages per rank: the interleaved and looped schedules). Two changes shrink the bubble;
 each one's gain comes from the schedule replay (analyzers/whatif/pipeline_schedule.py), which
 re-times every pipeline's recorded actions across its ranks, as measured and changed, and takes
 the difference (the median over steps of the slowest pipeline's phase):
@@ -105,6 +106,11 @@ def _bubble_formula(v: int) -> str:
 
 def _name(pos: Position) -> str:
     return ("stage " if len(pos.stages) == 1 else "stages ") + ", ".join(map(str, pos.stages))
+
+
+def _verb(pos: Position, verb: str) -> str:
+    """`verb` agreeing with `_name(pos)`: "makes" for one stage, "make" for a loop of them."""
+    return verb + ("s" if len(pos.stages) == 1 else "")
 
 
 def _code(pf: PipelineFacts, m: int, m_new: int, p: int) -> str:
@@ -291,7 +297,8 @@ def detect(ctx: DetectorContext) -> list[Finding]:
     if b.imbalanced:
         fast = [t for q, t in zip(pos, b.per_mb, strict=True) if q is not b.slow]
         title = (
-            f"Pipeline bubble: {_name(b.slow)} makes the others wait ({max(b.per_mb):.1f} ms "
+            f"Pipeline bubble: {_name(b.slow)} {_verb(b.slow, 'make')} the others wait "
+            f"({max(b.per_mb):.1f} ms "
             f"per micro-batch, the others {sum(fast) / len(fast):.1f} ms); waiting per stage: "
             f"{b.waits()}"
         )
@@ -374,7 +381,7 @@ def _recommendation(b: Bubble) -> str:
     ]
     if b.imbalanced:
         text.append(
-            f"{_name(b.slow).capitalize()} (ranks {list(b.slow.ranks)}) works "
+            f"{_name(b.slow).capitalize()} (ranks {list(b.slow.ranks)}) {_verb(b.slow, 'work')} "
             f"{max(b.per_mb):.1f} ms per micro-batch against a mean of "
             f"{sum(b.per_mb) / p:.1f} ms: every other stage waits for it. Move layers out of it "
             f"to the faster stages (split the model where the work per micro-batch is equal"
@@ -496,7 +503,8 @@ RULE = Rule(
     ),
     why=(
         "A fill-and-drain schedule idles every stage (p-1)/(m+p-1) of its phase even when "
-        "balanced ((p-1)/(vm+p-1) with v stages per rank, interleaved or looped), and an unbalanced split makes every stage run at the slowest stage's pace."
+        "balanced ((p-1)/(vm+p-1) with v stages per rank, interleaved or looped), and an "
+        "unbalanced split makes every stage run at the slowest stage's pace."
     ),
     example=(
         "Pipeline bubble: stage 0 makes the others wait (31.2 ms per micro-batch, the others "
