@@ -236,7 +236,8 @@ class WhatIfCommand:
             metavar="N",
             help="pipeline stages (torch.distributed.pipelining): the schedule with N "
             "micro-batches per step, a multiple of the run's (each action's work cut but for "
-            "its FSDP gathers and host cost per op; ScheduleGPipe, Schedule1F1B)",
+            "its FSDP gathers and host cost per op; ScheduleGPipe, Schedule1F1B, "
+            "ScheduleInterleaved1F1B, ScheduleLoopedBFS)",
         )
         parser.add_argument(
             "--pipeline-rebalance",
