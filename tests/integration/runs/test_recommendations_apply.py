@@ -45,7 +45,7 @@ NAMES = {
     "tabular": ("model.encoder.stages", "ResidualMLP"),
     "trunk": ("model.trunk.cells", "GatedCell"),
     "convnet": ("model.backbone.stages", "ConvUnit"),
-    "seq2seq": ("model.encoder.towers", "DecoderTower, EncoderTower"),
+    "seq2seq": ("model.encoder.towers", "EncoderTower, DecoderTower"),  # in definition order
     "moe": ("model.body.mixers", "MoEMixer"),
     "recsys": ("model.interaction.towers", "CrossUnit"),
     "harness": ("model.layers", "TransformerBlock"),
