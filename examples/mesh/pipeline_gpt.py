@@ -1,7 +1,9 @@
 """A small GPT cut into pipeline stages (pure pipeline parallelism, no FSDP):
 `torch.distributed.pipelining` PipelineStage + Schedule1F1B (or ScheduleGPipe), one stage per
-rank, or ScheduleInterleaved1F1B (or ScheduleLoopedBFS), a loop of stages per rank (stage s on
-rank s % world), the blocks split across the stages as `--split` says.
+rank, or ScheduleInterleaved1F1B (`interleaved`; `bfs`: ScheduleLoopedBFS; `zb`:
+ScheduleInterleavedZeroBubble), a loop of stages per rank (stage s on rank s % world), or
+ScheduleZBVZeroBubble (`zbv`), two stages per rank in a V (rank r runs stages r and
+2 world - 1 - r), the blocks split across the stages as `--split` says.
 
 torchrun --standalone --nproc-per-node 2 examples/mesh/pipeline_gpt.py
 zdiag run --nproc-per-node 2 examples/mesh/pipeline_gpt.py --split 6,2 [--microbatches 8]
@@ -9,8 +11,9 @@ zdiag run --nproc-per-node 4 examples/mesh/pipeline_gpt.py --split 3,1,1,1 --sch
 zdiag run --nproc-per-node 2 examples/mesh/pipeline_gpt.py --split 2,2,2,2 --schedule interleaved
 
 `--split A,B,...` gives each stage's number of transformer blocks (one entry per stage: as many
-as ranks, or a multiple of them for the interleaved and looped schedules); stage 0 also runs
-the token embedding, the last stage the final norm, the LM head and the loss.
+as ranks, or a multiple of them for the schedules of several stages per rank, twice as many for
+zbv); stage 0 also runs the token embedding, the last stage the final norm, the LM head and the
+loss.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from torch.distributed.pipelining import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
     ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
 )
 
 VOCAB = 512
@@ -65,6 +70,23 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
+MULTI_STAGE: dict[str, Any] = {
+    "interleaved": ScheduleInterleaved1F1B,
+    "bfs": ScheduleLoopedBFS,
+    "zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+}
+"""The schedules that run several stages per rank."""
+
+
+def stage_indices(schedule: str, rank: int, world: int, n_stages: int) -> list[int]:
+    """The stages `rank` runs: a loop (stage s on rank s % world), or for zbv a V (rank r runs
+    stages r and 2 world - 1 - r)."""
+    if schedule == "zbv":
+        return [rank, 2 * world - 1 - rank]
+    return list(range(rank, n_stages, world))
+
+
 def stage_model(split: list[int], index: int) -> GPT:
     """Stage `index`'s part of the GPT: its blocks, the embedding on the first stage, the norm
     and head on the last."""
@@ -87,48 +109,54 @@ def main() -> None:
     )
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--schedule", choices=("1f1b", "gpipe", "interleaved", "bfs"), default="1f1b")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe", *MULTI_STAGE), default="1f1b")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     split = [int(n) for n in args.split.split(",")]
-    looped = args.schedule in ("interleaved", "bfs")
+    looped = args.schedule in MULTI_STAGE
     if len(split) != world and not (looped and len(split) % world == 0):
         raise SystemExit(
             f"--split gives {len(split)} stages for {world} ranks (one per rank"
             + (", or a multiple of them)" if looped else ")")
         )
+    if args.schedule == "zbv" and len(split) != 2 * world:
+        raise SystemExit(f"zbv runs 2 stages per rank: --split needs {2 * world} entries")
     torch.manual_seed(0)
     stages: list[Any] = []  # torch types the list by its private stage base class
     params: list[nn.Parameter] = []
-    for index in range(rank, len(split), world):  # stage s on rank s % world
+    for index in stage_indices(args.schedule, rank, world, len(split)):
         model = stage_model(split, index)
         params += list(model.parameters())
         stages.append(PipelineStage(model, index, len(split), torch.device("cpu")))
-    schedule: Schedule1F1B | ScheduleGPipe | ScheduleInterleaved1F1B | ScheduleLoopedBFS
+    schedule: Any
     if looped:
-        many = ScheduleInterleaved1F1B if args.schedule == "interleaved" else ScheduleLoopedBFS
-        schedule = many(stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
+        schedule = MULTI_STAGE[args.schedule](
+            stages, n_microbatches=args.microbatches, loss_fn=loss_fn
+        )
     else:
         stage = stages[0]
         cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
         schedule = cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
-    last = (len(split) - 1) % world  # the rank of the last stage
+    last = next(
+        r
+        for r in range(world)
+        if len(split) - 1 in stage_indices(args.schedule, r, world, len(split))
+    )
 
     opt = torch.optim.SGD(params, lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     for step in range(args.steps):
         tokens = torch.randint(0, VOCAB, (16, 64), generator=gen)
         target = torch.randint(0, VOCAB, (16, 64), generator=gen)
-        if rank == 0:
-            schedule.step(tokens)
-        elif rank == last:
+        inputs = (tokens,) if rank == 0 else ()  # the first stage's rank feeds the batch
+        if rank == last:  # the last stage's rank takes the targets (zbv: rank 0 runs both)
             losses: list[torch.Tensor] = []
-            schedule.step(target=target, losses=losses)
+            schedule.step(*inputs, target=target, losses=losses)
             print(f"step {step} loss {torch.stack(losses).mean().item():.4f}", flush=True)
         else:
-            schedule.step()
+            schedule.step(*inputs)
         opt.step()
         opt.zero_grad()
     dist.destroy_process_group()
