@@ -17,6 +17,7 @@ line); traces decoded elsewhere are reported only when their output arrives.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -65,7 +66,10 @@ class LocalEngine:
                 task = _with_decode_workers(t, None if len(tasks) == 1 else 1)
                 yield map_trace(task, _for_path(on_fraction, t.path))
             return
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(tasks))) as pool:
+        # a forked worker's inherited heap frozen out of its garbage collector (as
+        # inputs/plain_pickle._child)
+        workers = min(self.workers, len(tasks))
+        with ProcessPoolExecutor(max_workers=workers, initializer=gc.freeze) as pool:
             futures = [pool.submit(map_trace, t) for t in tasks]
             for fut in as_completed(futures):
                 yield fut.result()

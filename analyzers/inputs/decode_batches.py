@@ -20,6 +20,7 @@ this process (`madvise(MADV_DONTNEED)`): they stay in the OS page cache, not in 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import mmap
 import multiprocessing
@@ -327,7 +328,8 @@ def _decode_forked(job: _Job[T], spans: list[Span], workers: int) -> Iterator[T]
     _FORK_JOB = job
     try:
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(workers) as pool:
+        # the inherited heap frozen out of each worker's garbage collector (plain_pickle._child)
+        with ctx.Pool(workers, initializer=gc.freeze) as pool:
             _FORK_JOB = None  # the children have their copy; the parent needs none
             for results in pool.imap(_run_group, groups):
                 yield from results

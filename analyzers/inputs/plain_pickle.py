@@ -21,6 +21,7 @@ Any bound exceeded is an InputError (one sentence).
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -260,9 +261,13 @@ def run_isolated(fn: Callable[..., T], *args: Any, path: Path, what: str) -> T:
 
 
 def _child(fn: Callable[..., Any], args: tuple[Any, ...], w: int, r: int, budget: int) -> None:
-    """The forked child: run `fn` under the memory budget, send (status, value), exit."""
+    """The forked child: run `fn` under the memory budget, send (status, value), exit. The
+    objects it inherited are frozen out of the cyclic garbage collector: a collection that
+    the load triggers walks only what the child made, not the parent's whole heap (whose
+    extension objects need not survive a fork; a pytest worker's once crashed it there)."""
     code = 0
     try:
+        gc.freeze()
         os.close(r)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:

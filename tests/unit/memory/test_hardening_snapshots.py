@@ -13,6 +13,7 @@ lets a few bytes reference one object millions of times) or on a hand-built snap
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import json
 import os
@@ -423,6 +424,16 @@ def test_a_frame_field_nested_100k_deep_is_read_as_absent(tmp_path: Path) -> Non
     (b,) = report["memory_breakdowns"]
     assert b["allocated_bytes"] == 4096 and b["category_bytes"] == {"UNKNOWN": 4096}
     assert summarize_snapshot(read_snapshot(path)).category_bytes == {"UNKNOWN": 4096}
+
+
+@pytest.mark.skipif(not pp.fork_available(), reason="the isolated reader forks only on Linux")
+def test_the_isolated_reader_keeps_the_inherited_heap_out_of_its_collector(tmp_path: Path) -> None:
+    """The test above once died of a segfault in a pytest worker's child, garbage-collecting
+    during the load: a collection there walked the whole heap the worker had built. The child
+    freezes what it inherited first, so its collections walk only what it makes."""
+    path = tmp_path / "any.pickle"
+    path.write_bytes(b"")
+    assert pp.run_isolated(gc.get_freeze_count, path=path, what="test") > 0
 
 
 def test_giant_strings_in_frames_make_short_labels(tmp_path: Path) -> None:
