@@ -264,7 +264,8 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], w: int, r: int, budget
     """The forked child: run `fn` under the memory budget, send (status, value), exit. The
     objects it inherited are frozen out of the cyclic garbage collector: a collection that
     the load triggers walks only what the child made, not the parent's whole heap (whose
-    extension objects need not survive a fork; a pytest worker's once crashed it there)."""
+    extension objects need not survive a fork; a pytest worker's child once died of a
+    segfault while collecting during a load)."""
     code = 0
     try:
         gc.freeze()
