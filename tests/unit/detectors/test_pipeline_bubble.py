@@ -80,6 +80,15 @@ def test_times_split_the_phase_into_work_and_wait(tmp_path: Path) -> None:
     assert [(a.start_us, a.end_us) for a in t.timeline][2] == (8000.0, 9000.0)
 
 
+def _one_step(tmp_path: Path, ev: list[dict[str, object]]) -> PipelineStepTimes:
+    """The pipeline times of a one-step trace of these events (rank 0)."""
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    trace = load_rank_trace(path)
+    (t,) = pipeline_times(trace, find_steps(trace)[0])
+    return t
+
+
 def test_send_waits_between_actions_and_the_host_cost_per_op(tmp_path: Path) -> None:
     """Between actions a schedule waits for its sends (the neighbour taking the tensor): a
     wait on the neighbour, counted in `neighbour_wait_ms`, never an action's recv. Each action's
@@ -92,10 +101,7 @@ def test_send_waits_between_actions_and_the_host_cost_per_op(tmp_path: Path) -> 
     ev.append(_x("gloo:send", 4_800, 3_200.0))  # beside the compute, then 3 ms after it
     ev.append(_x("Backward 0", 9_000, 2_000.0))
     ev.append(_x("aten::mm", 9_000, 2_000.0, "cpu_op"))
-    path = tmp_path / "rank-0.json"
-    path.write_text(json.dumps({"traceEvents": ev}))
-    trace = load_rank_trace(path)
-    (t,) = pipeline_times(trace, find_steps(trace)[0])
+    t = _one_step(tmp_path, ev)
     assert t.neighbour_wait_ms == pytest.approx(3.0)  # 5 000 .. 8 000
     assert [a.recv_us + a.recv_before_us for a in t.timeline] == [0.0, 0.0]
     # Forward 0: 4 000 - (10 + 2 000 + 10) covered = 1 980 uncovered, + 3 ops x 10 (a view)
@@ -117,10 +123,7 @@ def test_receives_and_sends_posted_ahead_wait_only_from_their_consumer(tmp_path:
     ev.append(_x("gloo:send", 3_120, 16_000.0))  # posted ahead
     ev.append(_x("PP:2F0", 5_000, 3_000.0))
     ev.append(_x("aten::addmm", 6_000, 2_000.0, "cpu_op"))
-    path = tmp_path / "rank-0.json"
-    path.write_text(json.dumps({"traceEvents": ev}))
-    trace = load_rank_trace(path)
-    (t,) = pipeline_times(trace, find_steps(trace)[0])
+    t = _one_step(tmp_path, ev)
     assert [(a.kind, a.stage, a.microbatch) for a in t.timeline] == [
         ("", -1, -1), ("F", 0, 0), ("", -1, -1), ("F", 2, 0),
     ]  # fmt: skip
