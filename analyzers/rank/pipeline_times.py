@@ -147,16 +147,14 @@ class _HostOps:
 
 
 def _timeline(
-    trace: RankTrace, acts: np.ndarray, waits: iv.IntervalSet, lo: float, ops: _HostOps
+    acts: _StepActions, waits: iv.IntervalSet, lo: float, ops: _HostOps
 ) -> list[PipelineAction]:
     """The step's actions in the order they ran, each with its recv waits (inside, before) and
     its host cost per op."""
-    order = acts[np.argsort(trace.ts_us[acts], kind="stable")]
     out = []
     prev = lo
-    for i in order:
-        start, end = float(trace.ts_us[i]), float(trace.end_us[i])
-        kind, stage, mb = parse_label(trace.names[int(trace.name_id[i])])
+    for start, end, (kind, stage, mb) in zip(acts.starts, acts.ends, acts.labels, strict=True):
+        start, end = float(start), float(end)
         inside = iv.total(iv.clip(waits, start, end))
         before = iv.total(iv.clip(waits, prev, start)) if start > prev else 0.0
         fixed = ops.fixed_us(start, end, waits)
@@ -166,31 +164,29 @@ def _timeline(
 
 
 @dataclass(frozen=True)
-class _Posted:
-    """A step's actions sorted by start, and which of them post a receive or a send ahead."""
+class _StepActions:
+    """A step's actions sorted by start: their spans and labels, and which of them post a
+    receive or a send ahead."""
 
     trace: RankTrace
     starts: np.ndarray
     ends: np.ndarray
+    labels: list[tuple[str, int, int]]  # per action: parse_label's (kind, stage, micro-batch)
     posts: list[re.Match[str] | None]  # per action: its POST_RE match
     compute: dict[tuple[str, int, int], tuple[float, float]]  # (kind, stage, mb) -> its span
 
     @classmethod
-    def of(cls, trace: RankTrace, acts: np.ndarray) -> _Posted:
+    def of(cls, trace: RankTrace, acts: np.ndarray) -> _StepActions:
         order = acts[np.argsort(trace.ts_us[acts], kind="stable")]
         names = [trace.names[int(trace.name_id[i])] for i in order]
-        compute = {}
-        for i, name in zip(order, names, strict=True):
-            kind, stage, mb = parse_label(name)
-            if kind:  # a backward for the input consumes the gradient as a full backward does
-                compute[("F" if kind == "F" else "B", stage, mb)] = (
-                    float(trace.ts_us[i]),
-                    float(trace.end_us[i]),
-                )
-        return cls(
-            trace, trace.ts_us[order], trace.end_us[order], [POST_RE.match(n) for n in names],
-            compute,
-        )  # fmt: skip
+        starts, ends = trace.ts_us[order], trace.end_us[order]
+        labels = [parse_label(name) for name in names]
+        compute = {  # a backward for the input consumes the gradient as a full backward does
+            ("F" if kind == "F" else "B", stage, mb): (float(a), float(b))
+            for (kind, stage, mb), a, b in zip(labels, starts, ends, strict=True)
+            if kind
+        }
+        return cls(trace, starts, ends, labels, [POST_RE.match(n) for n in names], compute)
 
     def _post(self, t: float) -> re.Match[str] | None:
         """The posting action that holds time `t`, if any."""
@@ -249,10 +245,10 @@ def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepT
         span = iv.union(starts[a], ends[a])
         r = recvs[(starts[recvs] >= lo) & (starts[recvs] < hi)]
         sent = sends[(starts[sends] >= lo) & (starts[sends] < hi)]
-        posted = _Posted.of(trace, a)
-        sent = sent[~posted.ahead(starts[sent])]
+        actions = _StepActions.of(trace, a)
+        sent = sent[~actions.ahead(starts[sent])]
         send_waits = iv.subtract(iv.union(starts[sent], np.minimum(ends[sent], hi)), span)
-        all_waits = posted.recv_waits(r)
+        all_waits = actions.recv_waits(r)
         neighbours = iv.join(all_waits, send_waits)
         waits = iv.intersect(all_waits, span)
         window = float(ends[a].max() - starts[a].min())
@@ -267,7 +263,7 @@ def pipeline_times(trace: RankTrace, windows: StepWindows) -> list[PipelineStepT
                 actions=len(a),
                 start_us=lo,
                 neighbour_wait_ms=round(iv.total(iv.clip(neighbours, lo, hi)) / 1000.0, 4),
-                timeline=_timeline(trace, a, all_waits, lo, ops),
+                timeline=_timeline(actions, all_waits, lo, ops),
             )
         )
     return out
